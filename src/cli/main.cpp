@@ -1,1 +1,25 @@
-int main() { return 0; }
+// dsv41: the command-line front end. Every subcommand reports bad input as one line naming what
+// was expected and what was found, and exits non-zero.
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+
+#include "base/error.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsv41: an inference engine for DeepSeek-V4.1-Flash"};
+  app.require_subcommand(1);
+  dsv41::cli::add_inspect(app);
+  dsv41::cli::add_init_random(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dsv41: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,10 @@
+#pragma once
+// The subcommands of `dsv41`, one file each; main.cpp only wires them up.
+#include <CLI/CLI.hpp>
+
+namespace dsv41::cli {
+
+void add_inspect(CLI::App& app);
+void add_init_random(CLI::App& app);
+
+}  // namespace dsv41::cli

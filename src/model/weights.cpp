@@ -1,0 +1,271 @@
+#include "model/weights.h"
+
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include "base/error.h"
+#include "model/checkpoint.h"
+
+namespace dsv41 {
+
+const char* weight_group_name(WeightGroup group) {
+  switch (group) {
+    case WeightGroup::Backbone: return "backbone";
+    case WeightGroup::Engram: return "engram";
+    case WeightGroup::DSpark: return "dspark";
+    case WeightGroup::Vision: return "vision";
+  }
+  return "?";
+}
+
+double flop_weight(Precision p) {
+  switch (p) {
+    case Precision::FP32:
+    case Precision::BF16: return 1.0;
+    case Precision::FP8: return 0.5;
+    case Precision::FP4: return 0.25;
+  }
+  return 1.0;
+}
+
+int64_t TensorSpec::nbytes() const {
+  int64_t n = int64_t(dtype_size(dtype));
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+constexpr int kBlock = 32;  // fp8 weights: 32x32 ue8m0 blocks; fp4 experts: ue8m0 per 32 along K
+int64_t blocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
+
+// Builds the map for one Config; `group` and `layer` say where the tensors being added belong.
+class MapBuilder {
+ public:
+  explicit MapBuilder(const Config& c) : c_(c) {}
+
+  WeightGroup group = WeightGroup::Backbone;
+  int layer = -1;
+
+  // A plain tensor kept in the given dtype (norm weights, biases, hc_* and the like).
+  void plain(const std::string& name, DType dtype, std::vector<int64_t> shape, WeightRole role = WeightRole::Dense,
+             Precision compute = Precision::BF16) {
+    int64_t params = 1;
+    for (int64_t d : shape) params *= d;
+    out.push_back({name, dtype, std::move(shape), group, role, compute, layer, params});
+  }
+
+  // A Linear in the checkpoint's default format: fp8 with 32x32 scales, or bf16.
+  void linear(const std::string& name, int64_t out_f, int64_t in_f, WeightRole role = WeightRole::Dense,
+              std::optional<Precision> compute = std::nullopt) {
+    if (c_.quantized()) {
+      plain(name + ".weight", DType::F8_E4M3, {out_f, in_f}, role, compute.value_or(Precision::FP8));
+      scale(name + ".scale", {blocks(out_f), blocks(in_f)});
+    } else {
+      plain(name + ".weight", DType::BF16, {out_f, in_f}, role, compute.value_or(Precision::BF16));
+    }
+  }
+
+  // A routed-expert Linear: fp4 (two e2m1 per byte, one ue8m0 per 32 along K) when the config
+  // says so, else the default format.
+  void expert_linear(const std::string& name, int64_t out_f, int64_t in_f) {
+    if (!c_.fp4_experts()) return linear(name, out_f, in_f, WeightRole::RoutedExpert);
+    plain(name + ".weight", DType::I8, {out_f, in_f / 2}, WeightRole::RoutedExpert, Precision::FP4);
+    out.back().params = out_f * in_f;
+    scale(name + ".scale", {out_f, in_f / kBlock});
+  }
+
+  void scale(const std::string& name, std::vector<int64_t> shape) {
+    plain(name, DType::F8_E8M0, std::move(shape), WeightRole::Scale);
+    out.back().params = 0;
+  }
+
+  void norm(const std::string& name, int64_t dim) { plain(name + ".weight", DType::BF16, {dim}); }
+
+  std::vector<TensorSpec> out;
+
+ private:
+  const Config& c_;
+};
+
+void add_attention(MapBuilder& m, const Config& c, const std::string& p, int id) {
+  const int64_t dim = c.dim, hd = c.head_dim;
+  m.plain(p + "attn_sink", DType::F32, {c.n_heads}, WeightRole::Dense, Precision::FP32);
+  m.linear(p + "wq_a", c.q_lora_rank, dim);
+  m.norm(p + "q_norm", c.q_lora_rank);
+  m.linear(p + "wq_b", int64_t(c.n_heads) * hd, c.q_lora_rank);
+  m.linear(p + "wkv", hd, dim);
+  m.norm(p + "kv_norm", hd);
+  // wo_a is block-diagonal over groups; the reference dequantizes it and multiplies in bf16.
+  m.linear(p + "wo_a", int64_t(c.o_groups) * c.o_lora_rank, int64_t(c.n_heads) * hd / c.o_groups,
+           WeightRole::Dense, Precision::BF16);
+  m.linear(p + "wo_b", dim, int64_t(c.o_groups) * c.o_lora_rank);
+  if (c.is_kv_source(id)) {
+    // Stored bf16; at ratio > 1 the reference pools in fp32, so it multiplies in fp32 there.
+    bool pooled = c.compress_ratios[id] > 1;
+    Precision prec = pooled ? Precision::FP32 : Precision::BF16;
+    m.plain(p + "compressor.wkv.weight", DType::BF16, {hd, dim}, WeightRole::Dense, prec);
+    if (pooled) m.plain(p + "compressor.wgate.weight", DType::BF16, {hd, dim}, WeightRole::Dense, prec);
+    m.norm(p + "compressor.norm", hd);
+  }
+  if (c.is_index_source(id)) {
+    m.linear(p + "indexer.wq_b", int64_t(c.index_n_heads) * c.index_head_dim, c.q_lora_rank);
+    m.plain(p + "indexer.weights_proj.weight", DType::BF16, {c.index_n_heads, dim});
+    if (c.is_kv_source(id)) {
+      m.plain(p + "indexer.wk.weight", DType::BF16, {c.index_head_dim, hd});
+      m.norm(p + "indexer.k_norm", c.index_head_dim);
+    }
+  }
+}
+
+void add_moe(MapBuilder& m, const Config& c, const std::string& p, int id) {
+  const int64_t dim = c.dim, inter = c.moe_inter_dim, experts = c.routed_experts(id);
+  // The gate multiplies in fp32 (the reference promotes both operands).
+  m.plain(p + "gate.weight", DType::BF16, {experts, dim}, WeightRole::Dense, Precision::FP32);
+  m.plain(p + "gate.bias", DType::F32, {experts}, WeightRole::Lookup, Precision::FP32);
+  if (c.has_vision()) m.plain(p + "gate.bias_vl", DType::F32, {experts}, WeightRole::Lookup, Precision::FP32);
+  for (int64_t e = 0; e < experts; ++e) {
+    std::string ep = p + "experts." + std::to_string(e) + ".";
+    m.expert_linear(ep + "w1", inter, dim);
+    m.expert_linear(ep + "w2", dim, inter);
+    m.expert_linear(ep + "w3", inter, dim);
+  }
+  m.linear(p + "shared_experts.w1", inter, dim);
+  m.linear(p + "shared_experts.w2", dim, inter);
+  m.linear(p + "shared_experts.w3", inter, dim);
+}
+
+void add_block(MapBuilder& m, const Config& c, const std::string& p, int id) {
+  const int64_t mix = int64_t(2 + c.hc_mult) * c.hc_mult, hc_dim = int64_t(c.hc_mult) * c.dim;
+  m.norm(p + "attn_norm", c.dim);
+  m.norm(p + "ffn_norm", c.dim);
+  for (const char* site : {"attn", "ffn"}) {
+    std::string s = p + "hc_" + site;
+    m.plain(s + "_fn", DType::F32, {mix, hc_dim}, WeightRole::Dense, Precision::FP32);
+    m.plain(s + "_base", DType::F32, {mix}, WeightRole::Dense, Precision::FP32);
+    m.plain(s + "_scale", DType::F32, {3}, WeightRole::Dense, Precision::FP32);
+  }
+  add_attention(m, c, p + "attn.", id);
+  add_moe(m, c, p + "ffn.", id);
+}
+
+void add_engram(MapBuilder& m, const Config& c, const std::string& p, int64_t rows) {
+  const int64_t hd = c.engram_head_dim;
+  m.plain(p + "embed.weight", DType::F8_E4M3, {rows, hd}, WeightRole::Lookup, Precision::FP8);
+  m.scale(p + "embed.scale", {rows, hd / kBlock});
+  m.linear(p + "wkv", int64_t(c.dim) * (c.hc_mult + 1), int64_t(c.engram_hash_columns()) * hd);
+  m.plain(p + "q_weight", DType::BF16, {c.hc_mult, c.dim}, WeightRole::Dense, Precision::FP32);
+  m.plain(p + "k_weight", DType::BF16, {c.hc_mult, c.dim}, WeightRole::Dense, Precision::FP32);
+}
+
+void add_vision(MapBuilder& m, const Config& c) {
+  const VisionConfig& v = c.vision;
+  const int64_t d = v.dim, inter = v.inter_dim;
+  auto dense = [&](const std::string& name, int64_t out_f, int64_t in_f, bool bias) {
+    m.plain(name + ".weight", DType::BF16, {out_f, in_f});
+    if (bias) m.plain(name + ".bias", DType::BF16, {out_f});
+  };
+  dense("vision.patch_embed.proj", d, 3LL * v.patch_size * v.patch_size, true);
+  for (int i = 0; i < v.n_layers; ++i) {
+    std::string p = "vision.blocks." + std::to_string(i) + ".";
+    m.norm(p + "norm1", d);
+    dense(p + "attn.wqkv", 3 * d, d, true);
+    dense(p + "attn.wo", d, d, true);
+    m.norm(p + "norm2", d);
+    dense(p + "mlp.w1", 2 * inter, d, false);
+    dense(p + "mlp.w2", d, inter, false);
+  }
+  m.norm("vision.norm", d);
+  dense("aligner.w1", c.dim, d * v.downsample_ratio * v.downsample_ratio, true);
+  dense("aligner.w2", c.dim, c.dim, true);
+  for (const char* name : {"image_start", "image_end", "image_newline"}) m.plain(name, DType::BF16, {c.dim});
+}
+
+}  // namespace
+
+std::vector<TensorSpec> expected_tensors(const Config& c) {
+  MapBuilder m(c);
+  m.plain("embed.weight", DType::BF16, {c.vocab_size, c.dim}, WeightRole::Lookup);
+  m.norm("norm", c.dim);
+  // Stored bf16, multiplied in fp32 by the reference so that logits come out in fp32.
+  m.plain("head.weight", DType::BF16, {c.vocab_size, c.dim}, WeightRole::Head, Precision::FP32);
+
+  std::vector<int64_t> rows = c.engram_num_embeddings;
+  for (int i = 0; i < c.n_layers; ++i) {
+    std::string p = "layers." + std::to_string(i) + ".";
+    m.layer = i;
+    m.group = WeightGroup::Backbone;
+    add_block(m, c, p, i);
+    for (size_t e = 0; e < c.engram_layer_ids.size(); ++e)
+      if (c.engram_layer_ids[e] == i) {
+        m.group = WeightGroup::Engram;
+        add_engram(m, c, p + "engram.", rows[e]);
+      }
+  }
+
+  if (c.has_dspark()) {
+    m.group = WeightGroup::DSpark;
+    for (int j = 0; j < c.n_mtp_layers; ++j) {
+      std::string p = "mtp." + std::to_string(j) + ".";
+      m.layer = c.n_layers + j;
+      add_block(m, c, p, m.layer);
+      if (j == 0) {
+        m.linear(p + "main_proj", c.dim, int64_t(c.dim) * c.dspark_target_layer_ids.size());
+        m.norm(p + "main_norm", c.dim);
+      }
+      if (j == c.n_mtp_layers - 1) {
+        m.norm(p + "norm", c.dim);
+        m.plain(p + "markov_head.embed.weight", DType::BF16, {c.vocab_size, c.dspark_markov_rank}, WeightRole::Lookup);
+        m.plain(p + "markov_head.head.weight", DType::BF16, {c.vocab_size, c.dspark_markov_rank}, WeightRole::Head,
+                Precision::FP32);
+        m.plain(p + "confidence_head.proj.weight", DType::BF16, {1, c.dim + c.dspark_markov_rank}, WeightRole::Dense,
+                Precision::FP32);
+      }
+    }
+  }
+
+  if (c.has_vision()) {
+    m.group = WeightGroup::Vision;
+    m.layer = -1;
+    add_vision(m, c);
+  }
+  return std::move(m.out);
+}
+
+static std::string shape_text(DType dtype, const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << dtype_name(dtype) << '[';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+void check_weights(const Config& c, const Checkpoint& ckpt) {
+  std::vector<std::string> problems;
+  std::map<std::string, const TensorSpec*> expected;
+  std::vector<TensorSpec> specs = expected_tensors(c);
+  for (const TensorSpec& s : specs) expected[s.name] = &s;
+
+  for (const TensorSpec& s : specs) {
+    const TensorView* t = ckpt.find(s.name);
+    if (!t) {
+      problems.push_back("tensor '" + s.name + "': expected " + shape_text(s.dtype, s.shape) + ", found missing");
+    } else if (t->dtype != s.dtype || t->shape != s.shape) {
+      problems.push_back("tensor '" + s.name + "': expected " + shape_text(s.dtype, s.shape) + ", found " +
+                         shape_text(t->dtype, t->shape));
+    }
+  }
+  for (const std::string& name : ckpt.names())
+    if (!expected.count(name))
+      problems.push_back("tensor '" + name + "': expected no such tensor for this config, found one in the checkpoint");
+  if (problems.empty()) return;
+
+  constexpr size_t kShown = 20;
+  std::string msg = ckpt.dir() + ": " + std::to_string(problems.size()) + " tensor(s) do not match config " + c.source + ":";
+  for (size_t i = 0; i < problems.size() && i < kShown; ++i) msg += "\n  " + problems[i];
+  if (problems.size() > kShown) msg += "\n  ... and " + std::to_string(problems.size() - kShown) + " more";
+  throw Error(msg);
+}
+
+}  // namespace dsv41
