@@ -116,6 +116,8 @@ std::string range_text(double lo, double hi) {
   return os.str();
 }
 
+std::string range_text(int64_t lo, int64_t hi) { return "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"; }
+
 // Reads the keys of one JSON object into Config fields, each with its type and range, and
 // remembers which keys it consumed so that an unknown key can be refused by name.
 class Fields {
@@ -129,9 +131,9 @@ class Fields {
   void integer(const char* key, int64_t& out, int64_t lo, int64_t hi) {
     const json* v = take(key);
     if (!v) return;
-    if (!v->is_number_integer()) fail(at(key), "an integer " + range_text(double(lo), double(hi)), show(*v));
+    if (!v->is_number_integer()) fail(at(key), "an integer " + range_text(lo, hi), show(*v));
     int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) fail(at(key), "an integer " + range_text(double(lo), double(hi)), show(*v));
+    if (x < lo || x > hi) fail(at(key), "an integer " + range_text(lo, hi), show(*v));
     out = x;
   }
   void integer(const char* key, int& out, int64_t lo, int64_t hi) {
@@ -194,13 +196,13 @@ class Fields {
   void integers(const char* key, std::vector<T>& out, int64_t lo, int64_t hi) {
     const json* v = take(key);
     if (!v) return;
-    std::string expect = "a list of integers " + range_text(double(lo), double(hi));
+    std::string expect = "a list of integers " + range_text(lo, hi);
     if (!v->is_array()) fail(at(key), expect, show(*v));
     std::vector<T> xs;
     for (size_t i = 0; i < v->size(); ++i) {
       const json& e = (*v)[i];
       if (!e.is_number_integer() || e.get<int64_t>() < lo || e.get<int64_t>() > hi)
-        fail(at(key) + "[" + std::to_string(i) + "]", expect, show(e));
+        fail(at(std::string(key) + "[" + std::to_string(i) + "]"), expect, show(e));
       xs.push_back(T(e.get<int64_t>()));
     }
     out = std::move(xs);
@@ -410,7 +412,8 @@ Config parse_hf(const json& root, const std::string& where) {
   const json* quant = top.object("quantization_config");
   top.finish();
 
-  Fields f(text ? *text : json::object(), where + ": text_config");
+  const json no_text = json::object();
+  Fields f(text ? *text : no_text, where + ": text_config");
   f.ignore({"model_type", "initializer_range", "use_cache", "pad_token_id", "bos_token_id", "eos_token_id",
             "output_router_logits", "router_aux_loss_coef", "router_jitter_noise", "attention_dropout",
             "layer_types", "transformers_version", "torch_dtype", "dtype"});
