@@ -68,10 +68,11 @@ class MapBuilder {
   }
 
   // A routed-expert Linear: fp4 (two e2m1 per byte, one ue8m0 per 32 along K) when the config
-  // says so, else the default format.
+  // says so, else the default format. Its products are fp8 x fp4 (the activation is quantized to
+  // fp8 first), which runs at the fp8 rate: an operation counts at the wider of its operands.
   void expert_linear(const std::string& name, int64_t out_f, int64_t in_f) {
     if (!c_.fp4_experts()) return linear(name, out_f, in_f, WeightRole::RoutedExpert);
-    plain(name + ".weight", DType::I8, {out_f, in_f / 2}, WeightRole::RoutedExpert, Precision::FP4);
+    plain(name + ".weight", DType::I8, {out_f, in_f / 2}, WeightRole::RoutedExpert, Precision::FP8);
     out.back().params = out_f * in_f;
     scale(name + ".scale", {out_f, in_f / kBlock});
   }

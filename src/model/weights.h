@@ -27,7 +27,8 @@ enum class WeightRole {
 };
 
 // The precision a tensor's products are computed in, for the report's weighted FLOPs
-// (Figure 2: BF16 = 1, FP8 = 0.5, FP4 = 0.25; fp32 counts as 1).
+// (Figure 2: BF16 = 1, FP8 = 0.5, FP4 = 0.25; fp32 counts as 1). A product of two formats counts
+// at the wider one: fp8 activations times fp4 weights is an FP8 operation.
 enum class Precision { FP32, BF16, FP8, FP4 };
 double flop_weight(Precision p);
 
