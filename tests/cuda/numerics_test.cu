@@ -1,0 +1,145 @@
+// The scalar conversions of src/numerics/types.h and the block scale rules of codecs.h run inside a
+// CUDA kernel and must agree bit for bit with the same functions on the host: the CUDA backend
+// quantizes with them, the CPU reference checks it with them.
+#include <cuda_bf16.h>
+#include <cuda_fp4.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "numerics/codecs.h"
+#include "numerics/types.h"
+
+namespace dsv41 {
+namespace {
+
+// Everything computed from one float input and one byte code, as raw bits.
+struct Conversions {
+  uint32_t e4m3_value, e2m1_value, e8m0_value, bf16_value;  // decoders, on the code
+  uint32_t e4m3_code, e2m1_code, bf16_code, e8m0_code;      // encoders, on the float
+  uint32_t pow2, kv_fp4_scale, mxfp4_scale, swa_fp8_scale, fp8_weight_scale;
+};
+
+// A NaN that comes out of float arithmetic (a scale rule fed a NaN amax) carries a payload that
+// differs between the CPU and the GPU; only its being NaN is part of the contract.
+DSV41_HD uint32_t value_bits(float x) { return is_nan(x) ? 0x7FC00000u : float_bits(x); }
+
+DSV41_HD Conversions convert(float x, uint8_t code) {
+  const float magnitude = float_from_bits(float_bits(x) & 0x7FFFFFFFu);
+  Conversions c;
+  c.e4m3_value = float_bits(e4m3_to_float(code));
+  c.e2m1_value = float_bits(e2m1_to_float(code));
+  c.e8m0_value = float_bits(e8m0_to_float(code));
+  c.bf16_value = float_bits(bf16_to_float(uint16_t(code << 8 | code)));
+  c.e4m3_code = e4m3_from_float(x);
+  c.e2m1_code = e2m1_from_float(x);
+  c.bf16_code = bf16_from_float(x);
+  c.e8m0_code = e8m0_from_pow2(pow2_ceil(magnitude));
+  c.pow2 = float_bits(pow2_ceil(magnitude));
+  c.kv_fp4_scale = value_bits(kv_fp4::block_scale(magnitude));
+  c.mxfp4_scale = value_bits(mxfp4::block_scale(magnitude));
+  c.swa_fp8_scale = value_bits(swa_fp8::block_scale(magnitude));
+  c.fp8_weight_scale = value_bits(fp8_weight_block_scale(magnitude));
+  return c;
+}
+
+__global__ void convert_all(const float* x, Conversions* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = convert(x[i], uint8_t(i));
+}
+
+// Every bf16 bit pattern, each with several different low halves (RNE ties, just above and below
+// them), so every exponent, both signs, zeros, subnormals, infinities and NaNs are covered.
+std::vector<float> inputs() {
+  std::vector<float> xs;
+  for (uint32_t high = 0; high < 0x10000; ++high)
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu})
+      xs.push_back(float_from_bits(high << 16 | low));
+  return xs;
+}
+
+// kernel(x, out, n) over xs, one thread per input; empty on any CUDA error.
+template <typename T>
+std::vector<T> run_on_device(void (*kernel)(const float*, T*, int), const std::vector<float>& xs) {
+  const int n = int(xs.size());
+  float* x = nullptr;
+  T* out = nullptr;
+  std::vector<T> result(n);
+  bool ok = cudaMalloc(&x, n * sizeof(float)) == cudaSuccess && cudaMalloc(&out, n * sizeof(T)) == cudaSuccess &&
+            cudaMemcpy(x, xs.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
+  if (ok) {
+    kernel<<<(n + 255) / 256, 256>>>(x, out, n);
+    ok = cudaGetLastError() == cudaSuccess &&
+         cudaMemcpy(result.data(), out, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+  cudaFree(x);
+  cudaFree(out);
+  if (!ok) result.clear();
+  return result;
+}
+
+bool have_device() {
+  int devices = 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+}
+
+#define EXPECT_SAME_FIELD(field) EXPECT_EQ(device[i].field, host.field) << #field << " for input " << i
+
+TEST(NumericsCuda, DeviceConversionsMatchTheHostBitForBit) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<float> xs = inputs();
+  const int n = int(xs.size());
+  const std::vector<Conversions> device = run_on_device(convert_all, xs);
+  ASSERT_EQ(int(device.size()), n) << "CUDA error";
+
+  // Stops at the first input that differs, after reporting each of its fields that differ.
+  for (int i = 0; i < n && !HasFailure(); ++i) {
+    const Conversions host = convert(xs[i], uint8_t(i));
+    EXPECT_SAME_FIELD(e4m3_value);
+    EXPECT_SAME_FIELD(e2m1_value);
+    EXPECT_SAME_FIELD(e8m0_value);
+    EXPECT_SAME_FIELD(bf16_value);
+    EXPECT_SAME_FIELD(e4m3_code);
+    EXPECT_SAME_FIELD(e2m1_code);
+    EXPECT_SAME_FIELD(bf16_code);
+    EXPECT_SAME_FIELD(e8m0_code);
+    EXPECT_SAME_FIELD(pow2);
+    EXPECT_SAME_FIELD(kv_fp4_scale);
+    EXPECT_SAME_FIELD(mxfp4_scale);
+    EXPECT_SAME_FIELD(swa_fp8_scale);
+    EXPECT_SAME_FIELD(fp8_weight_scale);
+  }
+}
+
+// NVIDIA's own conversions (satfinite e4m3, round-to-nearest e2m1 and bf16), packed into one word.
+__global__ void convert_with_cuda(const float* x, uint32_t* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const __nv_bfloat16 bf16 = __float2bfloat16_rn(x[i]);
+  out[i] = uint32_t(__nv_cvt_float_to_fp8(x[i], __NV_SATFINITE, __NV_E4M3)) |
+           uint32_t(__nv_cvt_float_to_fp4(x[i], __NV_E2M1, cudaRoundNearest)) << 8 |
+           uint32_t(__bfloat16_as_ushort(bf16)) << 16;
+}
+
+// Our encoders are NVIDIA's conversions, saturation and the sign of zero included. NaN is the one
+// input where they part: cvt gives +6 for e2m1 (which has no NaN) and a canonical bf16 NaN, so
+// NaN inputs are only checked for e4m3 (both give 0x7F).
+TEST(NumericsCuda, EncodersMatchCudaConversions) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<float> xs = inputs();
+  const std::vector<uint32_t> cuda = run_on_device(convert_with_cuda, xs);
+  ASSERT_EQ(cuda.size(), xs.size()) << "CUDA error";
+  for (std::size_t i = 0; i < xs.size() && !HasFailure(); ++i) {
+    const float x = xs[i];
+    EXPECT_EQ(cuda[i] & 0xFF, e4m3_from_float(x)) << "e4m3 of bits " << std::hex << float_bits(x);
+    if (is_nan(x)) continue;
+    EXPECT_EQ((cuda[i] >> 8) & 0xF, e2m1_from_float(x)) << "e2m1 of bits " << std::hex << float_bits(x);
+    EXPECT_EQ(cuda[i] >> 16, bf16_from_float(x)) << "bf16 of bits " << std::hex << float_bits(x);
+  }
+}
+
+}  // namespace
+}  // namespace dsv41
