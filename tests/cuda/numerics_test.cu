@@ -89,7 +89,7 @@ bool have_device() {
 #define EXPECT_SAME_FIELD(field) EXPECT_EQ(device[i].field, host.field) << #field << " for input " << i
 
 TEST(NumericsCuda, DeviceConversionsMatchTheHostBitForBit) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(have_device()) << "no CUDA device: GPU tests run only where one is present (scripts/test.sh)";
   const std::vector<float> xs = inputs();
   const int n = int(xs.size());
   const std::vector<Conversions> device = run_on_device(convert_all, xs);
@@ -128,7 +128,7 @@ __global__ void convert_with_cuda(const float* x, uint32_t* out, int n) {
 // input where they part: cvt gives +6 for e2m1 (which has no NaN) and a canonical bf16 NaN, so
 // NaN inputs are only checked for e4m3 (both give 0x7F).
 TEST(NumericsCuda, EncodersMatchCudaConversions) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(have_device()) << "no CUDA device: GPU tests run only where one is present (scripts/test.sh)";
   const std::vector<float> xs = inputs();
   const std::vector<uint32_t> cuda = run_on_device(convert_with_cuda, xs);
   ASSERT_EQ(cuda.size(), xs.size()) << "CUDA error";
