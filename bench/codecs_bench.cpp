@@ -12,13 +12,21 @@ namespace {
 
 using namespace dsv41;
 
-template <void (*Encode)(const float*, int, uint8_t*), size_t (*Bytes)(int)>
-void BM_Encode(benchmark::State& state) {
-  const int d = int(state.range(0)), entries = 4096;
-  std::vector<float> x(size_t(d) * entries);
+constexpr int kEntries = 4096;
+
+// kEntries vectors of d normal values: the shape of activations entering a cache.
+std::vector<float> random_entries(int d) {
+  std::vector<float> x(size_t(d) * kEntries);
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   for (float& v : x) v = normal(rng);
+  return x;
+}
+
+template <void (*Encode)(const float*, int, uint8_t*), size_t (*Bytes)(int)>
+void BM_Encode(benchmark::State& state) {
+  const int d = int(state.range(0)), entries = kEntries;
+  std::vector<float> x = random_entries(d);
   std::vector<uint8_t> out(Bytes(d) * entries);
   for (auto _ : state) {
     for (int e = 0; e < entries; ++e) Encode(x.data() + size_t(e) * d, d, out.data() + Bytes(d) * e);
@@ -30,11 +38,8 @@ void BM_Encode(benchmark::State& state) {
 
 template <void (*Encode)(const float*, int, uint8_t*), void (*Decode)(const uint8_t*, int, float*), size_t (*Bytes)(int)>
 void BM_Decode(benchmark::State& state) {
-  const int d = int(state.range(0)), entries = 4096;
-  std::vector<float> x(size_t(d) * entries);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  for (float& v : x) v = normal(rng);
+  const int d = int(state.range(0)), entries = kEntries;
+  std::vector<float> x = random_entries(d);
   std::vector<uint8_t> packed(Bytes(d) * entries);
   for (int e = 0; e < entries; ++e) Encode(x.data() + size_t(e) * d, d, packed.data() + Bytes(d) * e);
   for (auto _ : state) {

@@ -1,12 +1,13 @@
 // The dsv41 command as a user runs it: output, exit status, and refusals that name the problem.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "test_util.h"
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -18,7 +19,7 @@ struct Outcome {
   std::string output;  // stdout and stderr together
 };
 
-Outcome dsv41(const std::string& args) {
+Outcome run_dsv41(const std::string& args) {
   std::string cmd = std::string(DSV41_BINARY) + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
@@ -29,16 +30,10 @@ Outcome dsv41(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-fs::path fresh_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("dsv41_cli_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p;
-}
-
 }  // namespace
 
 TEST(Cli, InspectJsonOfTheReleasedModel) {
-  Outcome r = dsv41("inspect --preset deepseek-v4.1-flash --json");
+  Outcome r = run_dsv41("inspect --preset deepseek-v4.1-flash --json");
   ASSERT_EQ(r.status, 0) << r.output;
   json j = json::parse(r.output);
   EXPECT_EQ(j["kv"]["global_bytes_per_token"], 890);
@@ -51,48 +46,45 @@ TEST(Cli, InspectJsonOfTheReleasedModel) {
 }
 
 TEST(Cli, InitRandomThenInspectTheCheckpoint) {
-  fs::path dir = fresh_dir("tiny");
-  Outcome w = dsv41("init-random --preset tiny --out " + dir.string() + " --seed 3 --quantized");
+  dsv41::test::TempDir dir("cli_test");
+  Outcome w = run_dsv41("init-random --preset tiny --out " + dir.string() + " --seed 3 --quantized");
   ASSERT_EQ(w.status, 0) << w.output;
-  Outcome r = dsv41("inspect --model " + dir.string());
+  Outcome r = run_dsv41("inspect --model " + dir.string());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("every one as the config expects"), std::string::npos) << r.output;
-  Outcome again = dsv41("init-random --preset tiny --out " + dir.string());
+  Outcome again = run_dsv41("init-random --preset tiny --out " + dir.string());
   EXPECT_NE(again.status, 0) << "overwrote an existing checkpoint";
-  fs::remove_all(dir);
 }
 
 TEST(Cli, RefusesATruncatedCheckpoint) {
-  fs::path dir = fresh_dir("truncated");
-  ASSERT_EQ(dsv41("init-random --preset tiny --out " + dir.string()).status, 0);
+  dsv41::test::TempDir dir("cli_test");
+  ASSERT_EQ(run_dsv41("init-random --preset tiny --out " + dir.string()).status, 0);
   fs::path file = dir / "model.safetensors";
   fs::resize_file(file, fs::file_size(file) - 100);
-  Outcome r = dsv41("inspect --model " + dir.string());
+  Outcome r = run_dsv41("inspect --model " + dir.string());
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("model.safetensors"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
-  fs::remove_all(dir);
 }
 
 TEST(Cli, RefusesAConfigWithTheWrongNumberOfRatios) {
-  fs::path dir = fresh_dir("ratios");
-  ASSERT_EQ(dsv41("init-random --preset tiny --out " + dir.string()).status, 0);
+  dsv41::test::TempDir dir("cli_test");
+  ASSERT_EQ(run_dsv41("init-random --preset tiny --out " + dir.string()).status, 0);
   json config = json::parse(std::ifstream(dir / "config.json"));
   config["compress_ratios"].erase(0);
   std::ofstream(dir / "config.json") << config.dump();
-  Outcome r = dsv41("inspect --model " + dir.string());
+  Outcome r = run_dsv41("inspect --model " + dir.string());
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("'compress_ratios': expected 9 entries (n_layers 8 + n_mtp_layers 1), found 8 entries"),
             std::string::npos)
       << r.output;
-  fs::remove_all(dir);
 }
 
 TEST(Cli, UsageErrorsSayWhatIsExpected) {
-  Outcome none = dsv41("inspect");
+  Outcome none = run_dsv41("inspect");
   EXPECT_NE(none.status, 0);
   EXPECT_NE(none.output.find("--preset P or --model DIR"), std::string::npos) << none.output;
-  Outcome bad = dsv41("inspect --preset nope");
+  Outcome bad = run_dsv41("inspect --preset nope");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("deepseek-v4.1-flash"), std::string::npos) << bad.output;
 }

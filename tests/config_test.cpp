@@ -2,27 +2,19 @@
 // and what was found.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "base/error.h"
 #include "model/config.h"
+#include "test_util.h"
 
 using namespace dsv41;
 using json = nlohmann::json;
 
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::string fixture_config(const std::string& name) {
-  return read_file(std::string(DSV41_TEST_DATA) + "/fixtures/" + name + "/config.json");
+  return test::read_text(std::string(DSV41_TEST_DATA) + "/fixtures/" + name + "/config.json");
 }
 
 // Parses `text` expecting a refusal whose message contains every one of `parts`.

@@ -1,36 +1,19 @@
 // init-random: a checkpoint in the official layout, reproducible from its seed, with weights
 // scaled so activations stay finite.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "model/checkpoint.h"
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
+#include "test_util.h"
 
 using namespace dsv41;
-namespace fs = std::filesystem;
 
 namespace {
-
-fs::path fresh_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("dsv41_random_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p;
-}
-
-std::string bytes_of(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 double stddev(const std::vector<float>& v) {
   double s = 0, s2 = 0;
@@ -42,7 +25,7 @@ double stddev(const std::vector<float>& v) {
 }  // namespace
 
 TEST(RandomCheckpoint, IsReproducibleFromItsSeed) {
-  fs::path a = fresh_dir("a"), b = fresh_dir("b"), other = fresh_dir("other");
+  test::TempDir a("random_test"), b("random_test"), other("random_test");
   RandomCheckpointOptions opt;
   opt.quantized = true;
   opt.seed = 7;
@@ -50,14 +33,13 @@ TEST(RandomCheckpoint, IsReproducibleFromItsSeed) {
   write_random_checkpoint(preset("tiny"), b.string(), opt);
   opt.seed = 8;
   write_random_checkpoint(preset("tiny"), other.string(), opt);
-  EXPECT_EQ(bytes_of(a / "model.safetensors"), bytes_of(b / "model.safetensors"));
-  EXPECT_NE(bytes_of(a / "model.safetensors"), bytes_of(other / "model.safetensors"));
-  for (auto& d : {a, b, other}) fs::remove_all(d);
+  EXPECT_EQ(test::read_text(a / "model.safetensors"), test::read_text(b / "model.safetensors"));
+  EXPECT_NE(test::read_text(a / "model.safetensors"), test::read_text(other / "model.safetensors"));
 }
 
 TEST(RandomCheckpoint, LoadsAsTheConfigItWrote) {
   for (bool quantized : {false, true}) {
-    fs::path dir = fresh_dir(quantized ? "q" : "bf16");
+    test::TempDir dir("random_test");
     RandomCheckpointOptions opt;
     opt.quantized = quantized;
     write_random_checkpoint(preset("tiny"), dir.string(), opt);
@@ -67,12 +49,11 @@ TEST(RandomCheckpoint, LoadsAsTheConfigItWrote) {
     EXPECT_NO_THROW(check_weights(c, ckpt));
     EXPECT_EQ(ckpt.get("layers.2.attn.wq_a.weight").dtype, quantized ? DType::F8_E4M3 : DType::BF16);
     EXPECT_EQ(ckpt.get("layers.0.ffn.experts.0.w1.weight").dtype, quantized ? DType::I8 : DType::BF16);
-    fs::remove_all(dir);
   }
 }
 
 TEST(RandomCheckpoint, WeightsAreScaledForFiniteActivations) {
-  fs::path dir = fresh_dir("scale");
+  test::TempDir dir("random_test");
   RandomCheckpointOptions opt;
   opt.quantized = true;
   write_random_checkpoint(preset("tiny"), dir.string(), opt);
@@ -104,5 +85,4 @@ TEST(RandomCheckpoint, WeightsAreScaledForFiniteActivations) {
     std::memcpy(&b, norm.data + 2 * i, 2);
     ASSERT_EQ(bf16_to_float(b), 1.0f);
   }
-  fs::remove_all(dir);
 }

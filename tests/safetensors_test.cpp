@@ -16,6 +16,7 @@
 #include "model/checkpoint.h"
 #include "model/dtype.h"
 #include "model/safetensors.h"
+#include "test_util.h"
 
 namespace dsv41 {
 namespace {
@@ -29,18 +30,11 @@ constexpr DType kAllDTypes[] = {DType::F32,     DType::F16, DType::BF16, DType::
 // Each test works in a fresh directory of its own, removed afterwards.
 class TempDirTest : public ::testing::Test {
  protected:
-  TempDirTest() {
-    static int counter = 0;
-    dir_ = fs::temp_directory_path() /
-           ("dsv41_safetensors_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~TempDirTest() override { fs::remove_all(dir_); }
+  TempDirTest() { fs::create_directories(dir_.path()); }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
-  fs::path dir_;
+  test::TempDir dir_{"safetensors_test"};
 };
 
 class SafetensorsTest : public TempDirTest {};
@@ -365,7 +359,7 @@ TEST_F(CheckpointTest, WritesThreeShardsAndOpensThemThroughTheIndex) {
   write_sharded(dir_.string(), 6, 128);
   for (int i = 1; i <= 3; ++i) EXPECT_TRUE(fs::exists(path(numbered("model-0000", i) + "-of-00003.safetensors")));
   EXPECT_FALSE(fs::exists(path("model.safetensors")));
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir_))
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_.path()))
     EXPECT_EQ(entry.path().extension() == ".partial" || entry.path().extension() == ".tmp", false) << entry.path();
 
   const json index = read_json(path("model.safetensors.index.json"));

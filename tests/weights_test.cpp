@@ -2,39 +2,23 @@
 // checkpoint check that names every missing, unexpected or mis-shaped tensor.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "base/error.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
+#include "test_util.h"
 
 using namespace dsv41;
 using json = nlohmann::json;
-namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::string fixture(const std::string& name, const std::string& file) {
   return std::string(DSV41_TEST_DATA) + "/fixtures/" + name + "/" + file;
-}
-
-fs::path fresh_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("dsv41_weights_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p;
 }
 
 }  // namespace
@@ -44,8 +28,8 @@ class WeightsMapOfFixture : public testing::TestWithParam<std::string> {};
 // Every tensor the official reference wrote for a fixture is in the map with the same dtype and
 // shape, and the map asks for nothing else.
 TEST_P(WeightsMapOfFixture, EqualsTheReferenceCheckpointLayout) {
-  Config c = parse_config(read_file(fixture(GetParam(), "config.json")), GetParam());
-  json official = json::parse(read_file(fixture(GetParam(), "tensors.json")));
+  Config c = parse_config(test::read_text(fixture(GetParam(), "config.json")), GetParam());
+  json official = json::parse(test::read_text(fixture(GetParam(), "tensors.json")));
   std::map<std::string, const TensorSpec*> ours;
   std::vector<TensorSpec> specs = expected_tensors(c);
   for (const TensorSpec& s : specs) ours[s.name] = &s;
@@ -84,7 +68,7 @@ TEST(WeightsMap, CountsLogicalParametersOfPackedFp4) {
 
 TEST(WeightsMap, CheckNamesEveryMismatch) {
   Config c = random_checkpoint_config(preset("tiny"), true);
-  fs::path dir = fresh_dir("mismatch");
+  test::TempDir dir("weights_test");
   {
     ShardedWriter out(dir.string(), size_t(1) << 30);
     for (const TensorSpec& s : expected_tensors(c)) {
@@ -109,5 +93,4 @@ TEST(WeightsMap, CheckNamesEveryMismatch) {
     EXPECT_NE(msg.find("'layers.5.ffn_norm.weight': expected BF16[128], found BF16[129]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("'layers.0.attn.surprise': expected no such tensor"), std::string::npos) << msg;
   }
-  fs::remove_all(dir);
 }
