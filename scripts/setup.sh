@@ -7,6 +7,9 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
+  libopenblas-dev
+  libutf8proc-dev libpcre2-dev
+  bible-kjv bible-kjv-text
 )
 
 missing=()
