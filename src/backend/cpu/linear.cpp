@@ -1,0 +1,111 @@
+#include "backend/cpu/linear.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "base/error.h"
+#include "numerics/codecs.h"
+#include "numerics/types.h"
+
+namespace dsv41 {
+
+namespace {
+
+constexpr int kBlock = 32;
+
+// The 32-term dot product of one K block, in fp32. Eight lanes, summed pairwise: a fixed order
+// the compiler can vectorize (the reference's order inside a block is its GEMM's, unspecified).
+inline float dot32(const float* a, const float* b) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < kBlock; i += 8)
+    for (int l = 0; l < 8; ++l) s[l] += a[i + l] * b[i + l];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+struct Tables {
+  float e4m3[256];
+  float e2m1[16];
+  Tables() {
+    for (int i = 0; i < 256; ++i) e4m3[i] = e4m3_to_float(uint8_t(i));
+    for (int i = 0; i < 16; ++i) e2m1[i] = e2m1_to_float(uint8_t(i));
+  }
+};
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+
+// Row n of a quantized weight as unscaled element values, and its per-block scales.
+void quantized_row(const Weight& w, int64_t n, float* values, float* scales) {
+  const Tables& t = tables();
+  const int64_t K = w.cols, blocks = K / kBlock;
+  if (w.format == WeightFormat::FP8) {
+    const uint8_t* q = w.data + n * K;
+    for (int64_t k = 0; k < K; ++k) values[k] = t.e4m3[q[k]];
+    const uint8_t* s = w.scale + (n / kBlock) * ((K + kBlock - 1) / kBlock);
+    for (int64_t b = 0; b < blocks; ++b) scales[b] = e8m0_to_float(s[b]);
+  } else {
+    const uint8_t* q = w.data + n * K / 2;
+    for (int64_t k = 0; k < K / 2; ++k) {
+      values[2 * k] = t.e2m1[q[k] & 0x0F];
+      values[2 * k + 1] = t.e2m1[q[k] >> 4];
+    }
+    const uint8_t* s = w.scale + n * blocks;
+    for (int64_t b = 0; b < blocks; ++b) scales[b] = e8m0_to_float(s[b]);
+  }
+}
+
+void quantized_linear(const float* x, int64_t M, const Weight& w, float* y) {
+  const int64_t N = w.rows, K = w.cols, blocks = K / kBlock;
+  if (K % kBlock != 0) fail("linear", "K a multiple of 32 for a quantized weight", std::to_string(K));
+  // act_quant: e4m3 values times their power-of-two block scale. Keeping the product (exact) lets
+  // the block partial carry the activation scale, as `partial * a_s` does in the reference.
+  std::vector<float> xq(x, x + M * K);
+  for (int64_t m = 0; m < M; ++m) act_quant_fp8(xq.data() + m * K, int(K), kBlock);
+
+#pragma omp parallel
+  {
+    std::vector<float> values(K), scales(blocks);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      quantized_row(w, n, values.data(), scales.data());
+      for (int64_t m = 0; m < M; ++m) {
+        const float* a = xq.data() + m * K;
+        float acc = 0;
+        for (int64_t b = 0; b < blocks; ++b) acc += dot32(a + b * kBlock, values.data() + b * kBlock) * scales[b];
+        y[m * N + n] = round_bf16(acc);
+      }
+    }
+  }
+}
+
+// fp32 GEMM through OpenBLAS, dequantizing the weight to fp32 a slab of rows at a time so that a
+// large matrix (the LM head) never exists in fp32 all at once.
+void float_linear(const float* x, int64_t M, const Weight& w, float* y) {
+  const int64_t N = w.rows, K = w.cols;
+  const int64_t slab = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(1) << 24) / std::max<int64_t>(K, 1)));
+  std::vector<float> wf(size_t(slab * K));
+  std::vector<float> yslab(size_t(M * slab));
+  for (int64_t n0 = 0; n0 < N; n0 += slab) {
+    const int64_t rows = std::min(slab, N - n0);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) w.row(n0 + r, wf.data() + r * K);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(rows), int(K), 1.0f, x, int(K), wf.data(), int(K),
+                0.0f, yslab.data(), int(rows));
+    for (int64_t m = 0; m < M; ++m) std::copy_n(yslab.data() + m * rows, rows, y + m * N + n0);
+  }
+}
+
+}  // namespace
+
+void linear(const float* x, int64_t M, const Weight& w, float* y) {
+  if (w.quantized()) return quantized_linear(x, M, w, y);
+  float_linear(x, M, w, y);
+  for (int64_t i = 0; i < M * w.rows; ++i) y[i] = round_bf16(y[i]);
+}
+
+void linear_f32(const float* x, int64_t M, const Weight& w, float* y) { float_linear(x, M, w, y); }
+
+}  // namespace dsv41

@@ -1,0 +1,21 @@
+#pragma once
+// Matrix products against checkpoint weights, with the reference's precision (model.py `linear`).
+#include <cstdint>
+
+#include "backend/cpu/weight.h"
+
+namespace dsv41 {
+
+// y[M, N] = x[M, K] · Wᵀ, W = [N, K], as model.py's linear() computes it:
+//  * fp8 / fp4 weights: x is quantized to e4m3 per 32 along K with a power-of-two scale (act_quant),
+//    each 32-wide K block is multiplied in fp32, and the block partials, times the weight block
+//    scale, are added in K order into an fp32 accumulator (kernel.py fp8_gemm / fp4_gemm);
+//  * bf16 / fp32 weights: an fp32 product (OpenBLAS), as torch's bf16 GEMM accumulates in fp32.
+// The output is rounded to bf16, the activations' dtype. x must hold bf16 values.
+void linear(const float* x, int64_t M, const Weight& w, float* y);
+
+// y[M, N] = x[M, K] · Wᵀ in fp32 with no rounding (F.linear on fp32 tensors): the compressor at
+// ratio > 1, the MoE gate, the LM head, mHC's hc_fn.
+void linear_f32(const float* x, int64_t M, const Weight& w, float* y);
+
+}  // namespace dsv41

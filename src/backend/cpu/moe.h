@@ -1,0 +1,31 @@
+#pragma once
+// Mixture of experts (model.py Gate, Expert): routing by sqrt-softplus scores with a selection-only
+// bias, and the clamped SwiGLU expert.
+#include <cstdint>
+#include <string>
+
+#include "backend/cpu/weight.h"
+
+namespace dsv41 {
+
+struct GateOptions {
+  int topk = 6;
+  std::string score_func = "sqrtsoftplus";
+  float gate_temp = 1.0f;
+  bool norm_topk_prob = true;
+  float route_scale = 1.0f;
+};
+
+// For each row of x [rows, dim]: experts [rows, topk] (best biased score first) and their weights
+// [rows, topk]: the unbiased scores, normalized over the chosen k, times route_scale. With
+// `forced` [rows, topk], those experts are taken instead of the best, weighted the same way. `margin`
+// [rows], optional: the k-th minus the (k+1)-th biased score (a small one is a near-tie).
+void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
+           int32_t* experts, float* weights, float* margin = nullptr, const int32_t* forced = nullptr);
+
+// y [rows, dim] (bf16 values) = w2(bf16(weight · silu(min(w1 x, L)) · clamp(w3 x, -L, L))), the
+// clamp only when limit > 0, the weight only when row_weights is given.
+void expert_ffn(const float* x, int64_t rows, const Weight& w1, const Weight& w2, const Weight& w3, float limit,
+                const float* row_weights, float* y);
+
+}  // namespace dsv41

@@ -1,0 +1,388 @@
+#include "forward/forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/compressor.h"
+#include "backend/cpu/engram.h"
+#include "backend/cpu/indexer.h"
+#include "backend/cpu/linear.h"
+#include "backend/cpu/moe.h"
+#include "backend/cpu/norm.h"
+#include "backend/cpu/sparse_attention.h"
+#include "base/error.h"
+#include "numerics/codecs.h"
+#include "numerics/types.h"
+
+namespace dsv41 {
+
+namespace {
+
+using Rows = std::vector<float>;
+
+// One forward call of one sequence: `rows` tokens at positions start .. start + rows - 1.
+// Sources hand their results down the stack here (model.py SharedAttentionRuntime): the latest
+// index source's top-k, and the candidate source's block mask.
+struct Pass {
+  const Model& model;
+  const Config& c;
+  SequenceState& state;
+  const int64_t start, rows;
+  Trace* trace;
+  std::vector<std::vector<int64_t>> topk;        // [row] compressed entries attended, -1 = none
+  std::vector<std::vector<uint8_t>> candidates;  // [row] mask over compressed entries
+
+  int64_t pos(int64_t row) const { return start + row; }
+  float eps() const { return float(c.norm_eps); }
+};
+
+Rows linear_rows(const Rows& x, int64_t rows, const Weight& w) {
+  Rows y(size_t(rows * w.rows));
+  linear(x.data(), rows, w, y.data());
+  return y;
+}
+
+Rows normed_linear(const Rows& x, int64_t rows, const Weight& w, const Weight& norm, float eps) {
+  Rows y = linear_rows(x, rows, w);
+  rms_norm(y.data(), rows, w.rows, &norm, eps, y.data());
+  return y;
+}
+
+// --- CSA2: the compressor of a kv-source layer ------------------------------------------------------
+
+// Runs the compressor over this call's rows and appends every completed group to the layer's
+// cache: the index key (from the latent before RoPE) and the main KV entry (after RoPE).
+void compress(Pass& p, int l, const Rows& x) {
+  const Config& c = p.c;
+  const AttentionWeights& a = p.model.layer(l).attn;
+  const RopeTable& rope = p.model.rope(l);
+  const int ratio = c.compress_ratios[size_t(l)];
+  const int64_t hd = c.head_dim, rd = c.rope_head_dim, ihd = c.index_head_dim;
+  CompressedCache& cache = p.state.compressed.at(l);
+
+  // New latents (pre-RoPE, bf16 values) with the position of their group's first token.
+  Rows latents;
+  std::vector<int64_t> group_pos;
+  if (ratio == 1) {
+    latents = normed_linear(x, p.rows, a.compressor_wkv, a.compressor_norm, p.eps());
+    for (int64_t r = 0; r < p.rows; ++r) group_pos.push_back(p.pos(r));
+  } else {
+    // Gated pooling in fp32 over each group of `ratio` tokens; the open group waits in the cache.
+    Rows kv(size_t(p.rows * hd)), score(size_t(p.rows * hd));
+    linear_f32(x.data(), p.rows, a.compressor_wkv, kv.data());
+    linear_f32(x.data(), p.rows, a.compressor_wgate, score.data());
+    cache.pending_kv.resize(size_t(ratio * hd));
+    cache.pending_score.resize(size_t(ratio * hd));
+    Rows pooled(static_cast<size_t>(hd));
+    for (int64_t r = 0; r < p.rows; ++r) {
+      std::copy_n(kv.data() + r * hd, hd, cache.pending_kv.data() + cache.pending * hd);
+      std::copy_n(score.data() + r * hd, hd, cache.pending_score.data() + cache.pending * hd);
+      if (++cache.pending < ratio) continue;
+      pool_group(cache.pending_kv.data(), cache.pending_score.data(), ratio, int(hd), pooled.data());
+      for (float& v : pooled) v = round_bf16(v);
+      latents.resize(latents.size() + size_t(hd));
+      rms_norm(pooled.data(), 1, hd, &a.compressor_norm, p.eps(), latents.data() + latents.size() - hd);
+      group_pos.push_back(p.pos(r) + 1 - ratio);
+      cache.pending = 0;
+    }
+  }
+  const int64_t n_new = int64_t(group_pos.size());
+  if (n_new == 0) return;
+
+  // Index keys: k = RoPE(k_norm(wk(latent))), stored MXFP4.
+  Rows k = normed_linear(latents, n_new, a.indexer_wk, a.indexer_k_norm, p.eps());
+  const size_t key_bytes = mxfp4::bytes(int(ihd)), entry_bytes = kv_fp4::bytes(int(hd));
+  cache.index_k.resize(size_t(cache.entries + n_new) * key_bytes);
+  cache.kv.resize(size_t(cache.entries + n_new) * entry_bytes);
+  for (int64_t g = 0; g < n_new; ++g) {
+    float* key = k.data() + g * ihd;
+    rope.apply(key + ihd - rd, group_pos[g]);
+    mxfp4::encode(key, int(ihd), cache.index_k.data() + size_t(cache.entries + g) * key_bytes);
+    // Main KV: the latent, RoPE'd at its group's first position, stored KV-FP4.
+    float* latent = latents.data() + g * hd;
+    rope.apply(latent + hd - rd, group_pos[g]);
+    kv_fp4::encode(latent, int(hd), cache.kv.data() + size_t(cache.entries + g) * entry_bytes);
+  }
+  cache.entries += n_new;
+}
+
+// --- CSA2: the indexer of an index-source layer -----------------------------------------------------
+
+void index(Pass& p, int l, const Rows& x, const Rows& qr) {
+  const Config& c = p.c;
+  const AttentionWeights& a = p.model.layer(l).attn;
+  const RopeTable& rope = p.model.rope(l);
+  const int ratio = c.compress_ratios[size_t(l)];
+  const int heads = c.index_n_heads, ihd = c.index_head_dim, rd = c.rope_head_dim;
+  const CompressedCache& cache = p.state.compressed.at(c.kv_source_of(l));
+  const int64_t n = cache.entries;  // (start + rows) / ratio: every entry this call can see
+  const bool candidate_source = l == c.candidate_source_layer;
+  const bool uses_candidates = c.candidate_source_layer >= 0 && l > c.candidate_source_layer;
+
+  Rows keys(size_t(n * ihd));
+  for (int64_t t = 0; t < n; ++t) mxfp4::decode(cache.index_k.data() + t * mxfp4::bytes(ihd), ihd, keys.data() + t * ihd);
+  Rows q = linear_rows(qr, p.rows, a.indexer_wq_b);
+  Rows w = linear_rows(x, p.rows, a.indexer_weights_proj);
+  const float weight_scale = float(std::pow(double(ihd), -0.5) * std::pow(double(heads), -0.5));
+
+  p.topk.assign(size_t(p.rows), {});
+  if (candidate_source) p.candidates.assign(size_t(p.rows), {});
+  Rows scores(static_cast<size_t>(n));
+  for (int64_t r = 0; r < p.rows; ++r) {
+    float* qh = q.data() + r * heads * ihd;
+    for (int h = 0; h < heads; ++h) {
+      rope.apply(qh + h * ihd + ihd - rd, p.pos(r));
+      mxfp4::quantize_dequantize(qh + h * ihd, ihd);
+    }
+    float* wr = w.data() + r * heads;
+    for (int h = 0; h < heads; ++h) wr[h] = round_bf16(wr[h] * weight_scale);
+
+    const int64_t visible = (p.pos(r) + 1) / ratio;
+    index_scores(qh, wr, heads, ihd, keys.data(), n, scores.data());
+    for (int64_t t = visible; t < n; ++t) scores[t] = -INFINITY;
+    if (candidate_source) {
+      p.candidates[r] = candidate_mask(scores.data(), n, visible, c.candidate_topk_blocks, c.candidate_block_size);
+    } else if (uses_candidates) {
+      for (int64_t t = 0; t < n; ++t)
+        if (!p.candidates[r][t]) scores[t] = -INFINITY;
+    }
+    std::vector<int64_t> chosen = top_positions(scores.data(), n, std::min<int64_t>(c.index_topk, n));
+    for (int64_t& t : chosen)
+      if (t >= visible) t = -1;  // not yet visible to this query: an empty slot (sorted last)
+    if (p.trace && p.trace->forced_topk && p.trace->forced_topk->count(l)) chosen = p.trace->forced_topk->at(l).at(r);
+    p.topk[r] = std::move(chosen);
+  }
+  if (p.trace) p.trace->topk[l] = p.topk;
+}
+
+// --- attention --------------------------------------------------------------------------------------
+
+void attention(Pass& p, int l, const Rows& x, Rows& out) {
+  const Config& c = p.c;
+  const AttentionWeights& a = p.model.layer(l).attn;
+  const RopeTable& rope = p.model.rope(l);
+  const int64_t H = c.n_heads, hd = c.head_dim, rd = c.rope_head_dim, W = c.window_size, R = p.rows;
+  const int ratio = c.compress_ratios[size_t(l)];
+
+  Rows qr = normed_linear(x, R, a.wq_a, a.q_norm, p.eps());
+  Rows q = linear_rows(qr, R, a.wq_b);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < H; ++h) rope.apply(q.data() + (r * H + h) * hd + hd - rd, p.pos(r));
+
+  // This call's window entries: kv_norm(wkv(x)), RoPE'd, fp8-quantized (the SWA-FP8 cache values).
+  Rows kv = normed_linear(x, R, a.wkv, a.kv_norm, p.eps());
+  for (int64_t r = 0; r < R; ++r) {
+    rope.apply(kv.data() + r * hd + hd - rd, p.pos(r));
+    swa_fp8::quantize_dequantize(kv.data() + r * hd, int(hd));
+  }
+  // Entries of earlier calls, from the ring (slot = position mod W).
+  std::vector<uint8_t>& ring = p.state.window[size_t(l)];
+  const size_t slot_bytes = swa_fp8::bytes(int(hd));
+  Rows ring_kv;
+  if (p.start > 0) {
+    ring_kv.resize(size_t(W * hd));
+    for (int64_t s = 0; s < W; ++s) swa_fp8::decode(ring.data() + s * slot_bytes, int(hd), ring_kv.data() + s * hd);
+  }
+
+  Rows compressed_kv;
+  if (ratio > 0) {
+    if (c.is_kv_source(l)) compress(p, l, x);
+    if (c.is_index_source(l)) index(p, l, x, qr);
+    const CompressedCache& cache = p.state.compressed.at(c.kv_source_of(l));
+    compressed_kv.resize(size_t(cache.entries * hd));
+    for (int64_t t = 0; t < cache.entries; ++t)
+      kv_fp4::decode(cache.kv.data() + t * kv_fp4::bytes(int(hd)), int(hd), compressed_kv.data() + t * hd);
+  }
+
+  Rows sink(static_cast<size_t>(H)), o(size_t(R * H * hd));
+  a.attn_sink.row(0, sink.data());
+  const float scale = float(std::pow(double(hd), -0.5));
+  std::vector<const float*> entries;
+  for (int64_t r = 0; r < R; ++r) {
+    // The window, in the reference's slot order: a prefill from position 0 lists min(R, W) slots
+    // from max(0, i - W + 1) with the not-yet-existing ones empty at the end; any later call lists
+    // the W positions up to its own, oldest first, the not-yet-existing ones empty at the front
+    // (the decode ring's order).
+    entries.clear();
+    const int64_t pos = p.pos(r);
+    if (p.start == 0) {
+      const int64_t base = std::max<int64_t>(0, r - W + 1);
+      for (int64_t j = 0; j < std::min(R, W); ++j) entries.push_back(base + j > r ? nullptr : kv.data() + (base + j) * hd);
+    } else {
+      for (int64_t t = pos - W + 1; t <= pos; ++t)
+        entries.push_back(t < 0 ? nullptr : t < p.start ? ring_kv.data() + (t % W) * hd : kv.data() + (t - p.start) * hd);
+    }
+    if (ratio > 0)
+      for (int64_t t : p.topk[r]) entries.push_back(t < 0 ? nullptr : compressed_kv.data() + t * hd);
+    float* orow = o.data() + r * H * hd;
+    sparse_attention(q.data() + r * H * hd, int(H), int(hd), entries, sink.data(), scale, orow);
+    for (int64_t h = 0; h < H; ++h) rope.apply(orow + h * hd + hd - rd, pos, /*inverse=*/true);
+  }
+
+  // The ring keeps the last W entries for the calls to come.
+  for (int64_t r = std::max<int64_t>(0, R - W); r < R; ++r)
+    swa_fp8::encode(kv.data() + r * hd, int(hd), ring.data() + (p.pos(r) % W) * slot_bytes);
+
+  // Grouped low-rank output: group g's heads through wo_a's rows [g·r, (g+1)·r), then wo_b.
+  const int64_t G = c.o_groups, olr = c.o_lora_rank, in_g = H * hd / G;
+  Rows og(size_t(R * in_g)), yg(size_t(R * olr)), ya(size_t(R * G * olr));
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t r = 0; r < R; ++r) std::copy_n(o.data() + r * H * hd + g * in_g, in_g, og.data() + r * in_g);
+    Weight wg = a.wo_a;
+    wg.rows = olr;
+    wg.data = a.wo_a.data + g * olr * in_g * 2;  // bf16 rows
+    linear(og.data(), R, wg, yg.data());
+    for (int64_t r = 0; r < R; ++r) std::copy_n(yg.data() + r * olr, olr, ya.data() + (r * G + g) * olr);
+  }
+  out = linear_rows(ya, R, a.wo_b);
+}
+
+// --- MoE --------------------------------------------------------------------------------------------
+
+void moe(Pass& p, int l, const Rows& x, Rows& out) {
+  const Config& c = p.c;
+  const LayerWeights& L = p.model.layer(l);
+  const int64_t R = p.rows, d = c.dim;
+  GateOptions opt;
+  opt.topk = c.activated_experts(l);
+  opt.score_func = c.score_func;
+  opt.gate_temp = float(c.gate_temp);
+  opt.norm_topk_prob = c.norm_topk_prob;
+  opt.route_scale = float(c.route_scale);
+  const int k = opt.topk;
+  std::vector<int32_t> experts(size_t(R * k));
+  Rows weights(size_t(R * k)), margin(static_cast<size_t>(R));
+  const int32_t* forced = p.trace && p.trace->forced_experts ? p.trace->forced_experts->at(static_cast<size_t>(l)).data() : nullptr;
+  route(x.data(), R, L.gate, L.gate_bias, opt, experts.data(), weights.data(), margin.data(), forced);
+  if (p.trace) {
+    p.trace->route_experts[size_t(l)] = experts;
+    p.trace->route_margin[size_t(l)] = margin;
+  }
+
+  // Each expert runs on the rows routed to it; outputs are added in expert order, in fp32.
+  Rows y(size_t(R * d), 0.0f), xe, ye, we;
+  std::vector<int64_t> rows_of;
+  const float limit = float(c.swiglu_limit);
+  for (int e = 0; e < int(L.experts.size()); ++e) {
+    rows_of.clear();
+    we.clear();
+    for (int64_t r = 0; r < R; ++r)
+      for (int j = 0; j < k; ++j)
+        if (experts[r * k + j] == e) {
+          rows_of.push_back(r);
+          we.push_back(weights[r * k + j]);
+        }
+    if (rows_of.empty()) continue;
+    const int64_t n = int64_t(rows_of.size());
+    xe.resize(size_t(n * d));
+    ye.resize(size_t(n * d));
+    for (int64_t i = 0; i < n; ++i) std::copy_n(x.data() + rows_of[i] * d, d, xe.data() + i * d);
+    const ExpertWeights& ew = L.experts[size_t(e)];
+    expert_ffn(xe.data(), n, ew.w1, ew.w2, ew.w3, limit, we.data(), ye.data());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < d; ++j) y[rows_of[i] * d + j] += ye[i * d + j];
+  }
+  ye.resize(size_t(R * d));
+  expert_ffn(x.data(), R, L.shared.w1, L.shared.w2, L.shared.w3, limit, nullptr, ye.data());
+  out.resize(size_t(R * d));
+  for (int64_t i = 0; i < R * d; ++i) out[i] = round_bf16(y[i] + ye[i]);
+}
+
+// --- Engram -----------------------------------------------------------------------------------------
+
+void engram(Pass& p, int l, const int64_t* ids, Rows& X) {
+  const Config& c = p.c;
+  const EngramWeights& g = *p.model.layer(l).engram;
+  const int n_engram = int(c.engram_layer_ids.size()), cols = c.engram_hash_columns();
+  const int e = int(std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), l) - c.engram_layer_ids.begin());
+  const int64_t hd = c.engram_head_dim, d = c.dim, hc = c.hc_mult, R = p.rows;
+  Rows emb(size_t(R * cols * hd));
+  for (int64_t r = 0; r < R; ++r)
+    engram_gather(g.table, g.table_scale, hd, ids + (r * n_engram + e) * cols, cols, emb.data() + r * cols * hd);
+  Rows kv = linear_rows(emb, R, g.wkv);
+  for (int64_t r = 0; r < R; ++r) engram_gate(X.data() + r * hc * d, kv.data() + r * (hc + 1) * d, g.qk.data(), int(hc), d, p.eps());
+}
+
+}  // namespace
+
+std::vector<float> forward(const Model& model, SequenceState& state, std::span<const int> tokens, const int64_t* engram_ids,
+                           const ForwardOptions& options) {
+  const Config& c = model.config();
+  const int64_t R = int64_t(tokens.size()), d = c.dim, hc = c.hc_mult;
+  if (R == 0) fail("forward", "at least one token", "none");
+  if (c.has_engram() && !engram_ids) fail("forward", "Engram hash ids for a model with Engram", "none");
+  Pass p{model, c, state, state.length, R, options.trace, {}, {}};
+  if (p.trace) {
+    p.trace->block_out.assign(size_t(c.n_layers), {});
+    p.trace->block_pre_mix.assign(size_t(c.n_layers), {});
+    p.trace->route_experts.assign(size_t(c.n_layers), {});
+    p.trace->route_margin.assign(size_t(c.n_layers), {});
+    p.trace->topk.clear();
+  }
+
+  // The residual: hc identical copies of the embedding; the first input mix is the one-hot e0.
+  Rows X(size_t(R * hc * d)), emb(static_cast<size_t>(d));
+  for (int64_t r = 0; r < R; ++r) {
+    const int t = tokens[size_t(r)];
+    if (t < 0 || t >= c.vocab_size) fail("forward", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
+    model.embed().row(t, emb.data());
+    for (int64_t m = 0; m < hc; ++m) std::copy_n(emb.data(), d, X.data() + (r * hc + m) * d);
+  }
+  Rows pre_mix(size_t(R * hc), 0.0f);
+  for (int64_t r = 0; r < R; ++r) pre_mix[r * hc] = 1.0f;
+
+  Rows a_pre(size_t(R * hc)), a_post(size_t(R * hc)), a_comb(size_t(R * hc * hc));
+  Rows f_pre(size_t(R * hc)), f_post(size_t(R * hc)), f_comb(size_t(R * hc * hc));
+  Rows h(size_t(R * d)), y, mixed(size_t(hc * d));
+  // X_r ← hc_post(f_r, X_r): the streams are rewritten from themselves, so through a scratch row.
+  auto write_back = [&](const Rows& f, const Rows& post, const Rows& comb) {
+    for (int64_t r = 0; r < R; ++r) {
+      hc_post(f.data() + r * d, X.data() + r * hc * d, post.data() + r * hc, comb.data() + r * hc * hc, int(hc), d,
+              mixed.data());
+      std::copy(mixed.begin(), mixed.end(), X.begin() + r * hc * d);
+    }
+  };
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = model.layer(l);
+    if (L.engram) engram(p, l, engram_ids, X);
+
+    // Single-pass mHC: this block's attention reads the streams with the `pre` the previous
+    // block's FFN computed; its FFN with the `pre` its attention computed.
+    hc_mixes(X.data(), R, int(hc), d, L.hc_attn, p.eps(), c.hc_sinkhorn_iters, float(c.hc_eps), a_pre.data(),
+             a_post.data(), a_comb.data());
+    for (int64_t r = 0; r < R; ++r) hc_pre(X.data() + r * hc * d, pre_mix.data() + r * hc, int(hc), d, h.data() + r * d);
+    rms_norm(h.data(), R, d, &L.attn_norm, p.eps(), h.data());
+    attention(p, l, h, y);
+    write_back(y, a_post, a_comb);
+
+    hc_mixes(X.data(), R, int(hc), d, L.hc_ffn, p.eps(), c.hc_sinkhorn_iters, float(c.hc_eps), f_pre.data(),
+             f_post.data(), f_comb.data());
+    for (int64_t r = 0; r < R; ++r) hc_pre(X.data() + r * hc * d, a_pre.data() + r * hc, int(hc), d, h.data() + r * d);
+    rms_norm(h.data(), R, d, &L.ffn_norm, p.eps(), h.data());
+    moe(p, l, h, y);
+    write_back(y, f_post, f_comb);
+    pre_mix = f_pre;
+    if (p.trace) {
+      p.trace->block_out[size_t(l)] = X;
+      p.trace->block_pre_mix[size_t(l)] = pre_mix;
+    }
+  }
+  state.length += R;
+
+  // The last FFN's `pre` folds the streams; then the final norm and the fp32 head.
+  const int64_t first = options.all_logits ? 0 : R - 1, n = R - first;
+  Rows last(size_t(n * d));
+  for (int64_t r = first; r < R; ++r) hc_pre(X.data() + r * hc * d, pre_mix.data() + r * hc, int(hc), d, last.data() + (r - first) * d);
+  rms_norm(last.data(), n, d, &model.norm(), p.eps(), last.data());
+  Rows logits(size_t(n * c.vocab_size));
+  linear_f32(last.data(), n, model.head(), logits.data());
+  return logits;
+}
+
+std::vector<std::vector<float>> forward_batch(const Model& model, const std::vector<BatchItem>& batch) {
+  std::vector<std::vector<float>> logits;
+  for (const BatchItem& item : batch) logits.push_back(forward(model, *item.state, item.tokens, item.engram_ids));
+  return logits;
+}
+
+}  // namespace dsv41

@@ -1,0 +1,53 @@
+#pragma once
+// The V4.1 network over the op set, exact mode: every layer on every position, as the official
+// inference/model.py computes it (DESIGN §3). Prefill of any length in chunks of any size, then
+// incremental decode, for a batch of sequences each with its own SequenceState.
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "forward/model.h"
+#include "forward/sequence_state.h"
+
+namespace dsv41 {
+
+// What a test may observe of one forward call, and the discrete choices it may impose (the
+// fixtures' recorded indexer top-k and experts), so that the arithmetic can be compared with the
+// reference's without near-tie flips cascading.
+struct Trace {
+  // Recorded, per backbone layer, for every row of the call.
+  std::vector<std::vector<float>> block_out;        // [layer][row, hc, dim] streams after the block
+  std::vector<std::vector<float>> block_pre_mix;    // [layer][row, hc] the ffn `pre` it passes on
+  std::vector<std::vector<int32_t>> route_experts;  // [layer][row, topk] in gate order
+  std::vector<std::vector<float>> route_margin;     // [layer][row]
+  std::map<int, std::vector<std::vector<int64_t>>> topk;  // index source -> [row] chosen entries, -1 padded
+
+  // Imposed, when set: per index-source layer the entries each row attends to (-1 = none), and per
+  // layer the experts of each row.
+  const std::map<int, std::vector<std::vector<int64_t>>>* forced_topk = nullptr;
+  const std::vector<std::vector<int32_t>>* forced_experts = nullptr;
+};
+
+struct ForwardOptions {
+  bool all_logits = false;  // logits of every row, not only the last
+  Trace* trace = nullptr;
+};
+
+// Runs `tokens` at positions state.length, state.length + 1, ... and advances the state. Returns
+// the logits [rows, vocab] (fp32): every row with all_logits, else the last one. `engram_ids`
+// [rows, engram layers, hash columns] holds the Engram hash rows of the tokens when the model has
+// Engram (nullptr otherwise).
+std::vector<float> forward(const Model& model, SequenceState& state, std::span<const int> tokens,
+                           const int64_t* engram_ids, const ForwardOptions& options = {});
+
+struct BatchItem {
+  SequenceState* state;
+  std::span<const int> tokens;
+  const int64_t* engram_ids = nullptr;
+};
+
+// A batch of sequences, each advanced by its own tokens; returns each one's last logits.
+std::vector<std::vector<float>> forward_batch(const Model& model, const std::vector<BatchItem>& batch);
+
+}  // namespace dsv41

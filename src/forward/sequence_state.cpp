@@ -1,0 +1,19 @@
+#include "forward/sequence_state.h"
+
+#include "numerics/codecs.h"
+
+namespace dsv41 {
+
+SequenceState::SequenceState(const Config& c) {
+  window.assign(size_t(c.n_layers), std::vector<uint8_t>(size_t(c.window_size) * swa_fp8::bytes(c.head_dim)));
+  for (int s : c.kv_source_layers) compressed[s];
+}
+
+int64_t SequenceState::kv_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& w : window) bytes += int64_t(w.size());
+  for (const auto& [layer, c] : compressed) bytes += int64_t(c.kv.size() + c.index_k.size());
+  return bytes;
+}
+
+}  // namespace dsv41

@@ -1,0 +1,34 @@
+#pragma once
+// Everything one sequence carries from one forward call to the next, kept in the caches' real
+// encoded formats (docs/formats.md), so its memory per token is the deployed one:
+//  * per layer, the sliding-window ring of the last W entries (SWA-FP8, slot = position mod W);
+//  * per kv-source layer, the compressed main KV (KV-FP4) and index keys (MXFP4), one entry per
+//    completed group of m tokens, and the fp32 rows of the group still filling up.
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "model/config.h"
+
+namespace dsv41 {
+
+struct CompressedCache {
+  int64_t entries = 0;
+  std::vector<uint8_t> kv;       // entries × kv_fp4::bytes(head_dim)
+  std::vector<uint8_t> index_k;  // entries × mxfp4::bytes(index_head_dim)
+  std::vector<float> pending_kv, pending_score;  // the open group's rows (m > 1), fp32 [pending, head_dim]
+  int pending = 0;
+};
+
+struct SequenceState {
+  explicit SequenceState(const Config& config);
+
+  int64_t length = 0;                            // tokens already run
+  std::vector<std::vector<uint8_t>> window;      // per backbone layer: W × swa_fp8::bytes(head_dim)
+  std::map<int, CompressedCache> compressed;     // by kv-source layer
+
+  // Bytes held for this sequence's KV (what the allocator would report).
+  int64_t kv_bytes() const;
+};
+
+}  // namespace dsv41
