@@ -83,19 +83,17 @@ std::vector<uint64_t> SeedSequence::generate_state_u64(size_t n_words) const {
 
 namespace {
 
-using u128 = unsigned __int128;
-
-constexpr u128 make_u128(uint64_t high, uint64_t low) { return u128(high) << 64 | low; }
+constexpr uint128 make_u128(uint64_t high, uint64_t low) { return uint128(high) << 64 | low; }
 
 // PCG_DEFAULT_MULTIPLIER_128
-constexpr u128 kPcgMultiplier = make_u128(2549297995355413924ULL, 4865540595714422341ULL);
+constexpr uint128 kPcgMultiplier = make_u128(2549297995355413924ULL, 4865540595714422341ULL);
 
 }  // namespace
 
 Pcg64::Pcg64(const SeedSequence& seed) {
   std::vector<uint64_t> words = seed.generate_state_u64(4);
-  u128 initstate = make_u128(words[0], words[1]);
-  u128 initseq = make_u128(words[2], words[3]);
+  uint128 initstate = make_u128(words[0], words[1]);
+  uint128 initseq = make_u128(words[2], words[3]);
   // pcg_setseq_128_srandom_r: the increment must be odd; the seed enters between two steps.
   inc_ = initseq << 1 | 1;
   state_ = 0;
@@ -132,12 +130,12 @@ namespace {
 // are rejected. `rng` must not be 2^64 - 1 (rng + 1 would wrap to 0).
 uint64_t bounded_lemire_uint64(Pcg64& gen, uint64_t rng) {
   const uint64_t rng_excl = rng + 1;
-  u128 m = u128(gen.next64()) * rng_excl;
+  uint128 m = uint128(gen.next64()) * rng_excl;
   uint64_t leftover = uint64_t(m);
   if (leftover < rng_excl) {  // rng_excl bounds the threshold: only then is the modulo needed
     const uint64_t threshold = (std::numeric_limits<uint64_t>::max() - rng) % rng_excl;
     while (leftover < threshold) {
-      m = u128(gen.next64()) * rng_excl;
+      m = uint128(gen.next64()) * rng_excl;
       leftover = uint64_t(m);
     }
   }

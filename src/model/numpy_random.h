@@ -16,6 +16,9 @@
 
 namespace dsv41::numpy {
 
+// PCG64's 128-bit state; GCC and Clang provide the type (`__extension__` keeps -Wpedantic quiet).
+__extension__ typedef unsigned __int128 uint128;
+
 // SeedSequence(entropy): the entropy words are mixed into a pool of four 32-bit words
 // (O'Neill's seed_seq alternative); generate_state hashes the pool into as many words as asked.
 class SeedSequence {
@@ -47,8 +50,8 @@ class Pcg64 {
   uint32_t next32();
 
  private:
-  unsigned __int128 state_ = 0;
-  unsigned __int128 inc_ = 0;
+  uint128 state_ = 0;
+  uint128 inc_ = 0;
   bool has_uint32_ = false;
   uint32_t uinteger_ = 0;
 };
