@@ -40,9 +40,7 @@ class EngramHasher {
 
   int n_layers() const { return int(multipliers_.size()); }  // Engram layers, in engram_layer_ids order
   int columns() const { return columns_; }                   // hash ids per position and layer
-  int max_ngram_size() const { return max_ngram_size_; }
   int32_t pad_id() const { return pad_id_; }  // compressed id of engram_pad_id
-  const std::vector<int32_t>& token_map() const { return token_map_; }
   // Per Engram layer `index` (into engram_layer_ids): max_ngram_size odd multipliers, and per
   // column (order-major, then head) its prime and its first row in the layer's table.
   const std::vector<int64_t>& multipliers(int index) const { return multipliers_.at(index); }
