@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   dsv41::cli::add_inspect(app);
   dsv41::cli::add_init_random(app);
+  dsv41::cli::add_tokenize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,146 @@
+// Our tokenizer against the independent oracle, transformers.js (@lenml/tokenizers, installed by
+// scripts/setup-oracle.sh into tests/oracle/node_modules), on the real tokenizer.json files of
+// DeepSeek-V3, Qwen3 and Llama 3 and on the v41-tiny fixture's: identical ids on every line of
+// the King James Bible (made at test time with the `bible` command) and of the adversarial
+// file tests/data/tokenizer/adversarial.jsonl. Also decode(encode(x)) == x on every line where
+// the tokenizer is lossless, and the streaming decoder gives the same text as decode.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "model/tokenizer/tokenizer.h"
+#include "model/tokenizer/unicode.h"
+#include "test_util.h"
+
+namespace dsv41 {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const fs::path kData = fs::path(DSV41_TEST_DATA) / "tokenizer";
+const fs::path kOracle = fs::path(DSV41_TEST_DATA).parent_path() / "oracle";
+
+fs::path build_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
+
+// The KJV as JSON lines, one verse (or heading) per line, made once per build directory. Written
+// under a temporary name and renamed, so that tests running at once never see half a file.
+fs::path kjv_corpus() {
+  fs::path out = build_dir() / "tokenizer_corpus" / "kjv.jsonl";
+  if (fs::exists(out)) return out;
+  fs::create_directories(out.parent_path());
+  std::string tmp = out.string() + "." + std::to_string(::getpid());
+  std::string txt = tmp + ".txt";
+  std::string cmd = "COLUMNS=100000 bible -l100000 'gen1:1-rev22:21' > '" + txt + "'";
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("`" + cmd + "` failed (Debian package bible-kjv)");
+  std::ifstream in(txt);
+  std::ofstream o(tmp);
+  for (std::string line; std::getline(in, line);) o << json(line).dump() << "\n";
+  o.close();
+  fs::remove(txt);
+  fs::rename(tmp, out);
+  return out;
+}
+
+std::vector<std::string> read_jsonl(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line).get<std::string>());
+  return lines;
+}
+
+// transformers.js's ids for every line of `corpus`, from one node process.
+std::vector<std::vector<int>> oracle_ids(const std::string& tokenizer, const fs::path& corpus) {
+  if (!fs::exists(kOracle / "node_modules" / "@lenml" / "tokenizers"))
+    throw std::runtime_error("the oracle is not installed: run scripts/setup-oracle.sh");
+  std::string cmd = "node '" + (kOracle / "encode.js").string() + "' '" + tokenizer + "' '" + corpus.string() + "'";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) throw std::runtime_error("cannot run " + cmd);
+  std::vector<std::vector<int>> ids;
+  std::string line;
+  char buffer[1 << 16];
+  while (std::fgets(buffer, sizeof buffer, pipe)) {
+    line += buffer;
+    if (line.empty() || line.back() != '\n') continue;
+    ids.push_back(json::parse(line).get<std::vector<int>>());
+    line.clear();
+  }
+  if (::pclose(pipe) != 0) throw std::runtime_error(cmd + " failed");
+  return ids;
+}
+
+struct Case {
+  std::string name;       // gtest name
+  std::string tokenizer;  // the oracle's name for it
+  fs::path json;          // our tokenizer.json
+  bool nfc;               // the tokenizer normalizes to NFC (lossless only on NFC text)
+};
+
+std::string tokenizer_path(const std::string& package) {
+  return (kOracle / "node_modules" / "@lenml" / ("tokenizer-" + package) / "models" / "tokenizer.json").string();
+}
+
+const Case kCases[] = {
+    {"deepseek_v3", "deepseek_v3", tokenizer_path("deepseek_v3"), false},
+    {"qwen3", "qwen3", tokenizer_path("qwen3"), true},
+    {"llama3", "llama3", tokenizer_path("llama3"), false},
+    {"v41_tiny", (kData / "v41-tiny.json").string(), kData / "v41-tiny.json", false},
+};
+
+std::string show(const std::vector<int>& ids) { return json(ids).dump(); }
+
+// Runs one corpus through both tokenizers; returns how many lines were compared.
+void check_corpus(const Case& c, const fs::path& corpus) {
+  std::vector<std::string> lines = read_jsonl(corpus);
+  ASSERT_FALSE(lines.empty()) << corpus;
+  std::vector<std::vector<int>> expected = oracle_ids(c.tokenizer, corpus);
+  ASSERT_EQ(expected.size(), lines.size()) << "the oracle answered a different number of lines";
+  Tokenizer tok = Tokenizer::from_file(c.json.string());
+
+  int mismatches = 0, not_lossless = 0, stream_mismatches = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::vector<int> ids = tok.encode(lines[i]);
+    if (ids != expected[i] && ++mismatches <= 5)
+      ADD_FAILURE() << c.name << " line " << i + 1 << ": " << json(lines[i]).dump() << "\n  ours:   " << show(ids)
+                    << "\n  oracle: " << show(expected[i]);
+
+    std::string decoded = tok.decode(ids);
+    std::string original = c.nfc ? unicode::normalize(lines[i], unicode::Form::NFC) : lines[i];
+    if (decoded != original && ++not_lossless <= 5)
+      ADD_FAILURE() << c.name << " line " << i + 1 << ": decode(encode(x)) != x\n  x:      " << json(original).dump()
+                    << "\n  decode: " << json(decoded).dump();
+
+    StreamDecoder stream(tok);
+    std::string streamed;
+    for (int id : ids) {
+      std::string piece = stream.push(id);
+      EXPECT_TRUE(unicode::is_valid_utf8(piece));
+      streamed += piece;
+    }
+    streamed += stream.flush();
+    if (streamed != decoded && ++stream_mismatches <= 5)
+      ADD_FAILURE() << c.name << " line " << i + 1 << ": streamed " << json(streamed).dump() << " != decoded "
+                    << json(decoded).dump();
+  }
+  EXPECT_EQ(mismatches, 0) << "lines whose ids differ from transformers.js, of " << lines.size();
+  EXPECT_EQ(not_lossless, 0);
+  EXPECT_EQ(stream_mismatches, 0);
+  std::printf("%s: %zu lines of %s, ids identical to transformers.js on %zu\n", c.name.c_str(), lines.size(),
+              corpus.filename().c_str(), lines.size() - size_t(mismatches));
+}
+
+class OracleTest : public testing::TestWithParam<Case> {};
+
+TEST_P(OracleTest, Kjv) { check_corpus(GetParam(), kjv_corpus()); }
+
+TEST_P(OracleTest, Adversarial) { check_corpus(GetParam(), kData / "adversarial.jsonl"); }
+
+INSTANTIATE_TEST_SUITE_P(Tokenizers, OracleTest, testing::ValuesIn(kCases),
+                         [](const testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace dsv41
