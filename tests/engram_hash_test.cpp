@@ -4,16 +4,23 @@
 // ids the reference engram.py wrote into the golden fixtures (tests/data/fixtures/*/engram.json).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
 #include "model/config.h"
+#include "model/engram_compress.h"
 #include "model/engram_hash.h"
 #include "model/numpy_random.h"
+#include "model/tokenizer/normalizers.h"
+#include "model/tokenizer/tokenizer.h"
 #include "test_util.h"
 
 namespace dsv41 {
@@ -269,6 +276,53 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngramFixture, ::testing::Values("v41-tiny", 
                              if (ch == '-') ch = '_';
                            return s;
                          });
+
+// --- the compressed vocabulary -----------------------------------------------------------------
+
+// The fixture tokenizer (600 ids: specials, byte symbols and their merges, added tokens) gives
+// the reference's map id for id, its size and pad id; and hashing through the computed map gives
+// the reference's ids.
+TEST(EngramVocabulary, MatchesTheReferenceTokenMap) {
+  Fixture f = load_fixture("v41-tiny");
+  Tokenizer tok = Tokenizer::from_file(std::string(DSV41_TEST_DATA) + "/tokenizer/v41-tiny.json");
+  EngramVocabulary vocab = engram_compress_vocabulary(tok);
+  ASSERT_EQ(vocab.token_map.size(), 600u);
+  EXPECT_EQ(vocab.token_map, f.token_map);
+  EXPECT_EQ(vocab.size, 522);
+  EXPECT_EQ(vocab.size, f.config.engram_compressed_vocab_size);
+
+  EngramHasher h(f.config, vocab.token_map);
+  EXPECT_EQ(h.pad_id(), f.data.at("pad_id").at(0).get<int32_t>());
+  for (const Prompt& p : f.prompts) {
+    EngramHistory history;
+    EXPECT_EQ(hash_in_chunks(h, p.tokens, p.tokens.size(), history), p.prefill_hash);
+    EXPECT_EQ(hash_in_chunks(h, p.decode_tokens, 1, history), p.decode_hash);
+  }
+}
+
+// The normalizer on texts the fixture's tokens do not reach. Expected keys by hand from the HF
+// components: NFKC folds compatibility forms (full-width letters, ligatures, no-break and
+// ideographic spaces), NFD + StripAccents drop accents, Lowercase, runs of [ \t\r\n] become one
+// space, a lone space survives Strip, other whitespace does not.
+TEST(EngramVocabulary, NormalizerKeys) {
+  std::unique_ptr<Normalizer> n = normalizer_from_json(engram_normalizer_spec());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {" The", "the"},
+      {"THE", "the"},
+      {" ", " "},
+      {"\t", " "},
+      {" \r\n\t  ", " "},
+      {"\xC2\xA0", " "},                  // U+00A0 no-break space
+      {"\xE3\x80\x80", " "},             // U+3000 ideographic space
+      {"\xE2\x80\xA8", ""},              // U+2028: whitespace, but not folded, so stripped
+      {"  a \n b  ", "a b"},
+      {"\xEF\xBC\xA3" "af\xC3\xA9", "cafe"},  // full-width C, e with acute
+      {"\xEF\xAC\x81", "fi"},             // U+FB01 ligature
+      {"\xC3\x84rger", "arger"},           // A with diaeresis
+      {"\xEE\x80\x80", " "},             // the sentinel itself reads as a space
+  };
+  for (const auto& [text, key] : cases) EXPECT_EQ(n->normalize(text), key) << "text '" << text << "'";
+}
 
 // --- image positions, by hand -------------------------------------------------------------------
 
