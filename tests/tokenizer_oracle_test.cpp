@@ -1,8 +1,8 @@
 // Our tokenizer against the independent oracle, transformers.js (@lenml/tokenizers, installed by
 // scripts/setup-oracle.sh into tests/oracle/node_modules), on the real tokenizer.json files of
 // DeepSeek-V3, Qwen3 and Llama 3 and on the v41-tiny fixture's: identical ids on every line of
-// the King James Bible (made at test time with the `bible` command) and of the adversarial
-// file tests/data/tokenizer/adversarial.jsonl. Also decode(encode(x)) == x on every line where
+// the King James Bible (made at test time with the `bible` command), of the adversarial file
+// tests/data/tokenizer/adversarial.jsonl, and of lines made from every added token. Also decode(encode(x)) == x on every line where
 // the tokenizer is lossless, and the streaming decoder gives the same text as decode.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -42,6 +42,26 @@ fs::path kjv_corpus() {
   for (std::string line; std::getline(in, line);) o << json(line).dump() << "\n";
   o.close();
   fs::remove(txt);
+  fs::rename(tmp, out);
+  return out;
+}
+
+// Every added token of a tokenizer.json, alone, inside text, doubled, and cut short by one
+// character (text that looks like it but is not), as JSON lines made for this tokenizer.
+fs::path added_tokens_corpus(const std::string& name, const fs::path& tokenizer_json) {
+  fs::path out = build_dir() / "tokenizer_corpus" / ("added_tokens_" + name + ".jsonl");
+  fs::create_directories(out.parent_path());
+  json root = json::parse(test::read_text(tokenizer_json));
+  std::string tmp = out.string() + "." + std::to_string(::getpid());
+  std::ofstream o(tmp);
+  for (const json& t : root["added_tokens"]) {
+    std::string s = t["content"].get<std::string>();
+    size_t cut = s.size() - 1;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+    for (const std::string& line : {s, "a " + s + " b", "x" + s + s + "y", s.substr(0, cut), "<" + s.substr(0, cut) + s})
+      o << json(line).dump() << "\n";
+  }
+  o.close();
   fs::rename(tmp, out);
   return out;
 }
@@ -93,7 +113,7 @@ const Case kCases[] = {
 
 std::string show(const std::vector<int>& ids) { return json(ids).dump(); }
 
-// Runs one corpus through both tokenizers; returns how many lines were compared.
+// Runs one corpus through both tokenizers, line by line.
 void check_corpus(const Case& c, const fs::path& corpus) {
   std::vector<std::string> lines = read_jsonl(corpus);
   ASSERT_FALSE(lines.empty()) << corpus;
@@ -138,6 +158,8 @@ class OracleTest : public testing::TestWithParam<Case> {};
 TEST_P(OracleTest, Kjv) { check_corpus(GetParam(), kjv_corpus()); }
 
 TEST_P(OracleTest, Adversarial) { check_corpus(GetParam(), kData / "adversarial.jsonl"); }
+
+TEST_P(OracleTest, AddedTokens) { check_corpus(GetParam(), added_tokens_corpus(GetParam().name, GetParam().json)); }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, OracleTest, testing::ValuesIn(kCases),
                          [](const testing::TestParamInfo<Case>& info) { return info.param.name; });
