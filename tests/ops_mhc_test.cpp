@@ -164,8 +164,8 @@ TEST(OpsHcMixes, MatchesDoubleSinkhorn) {
 // within 1e-5. Rows are only approximately 1 after 20 sweeps: they must sum to what the double
 // Sinkhorn's rows sum to (the convergence of the algorithm, not an error of the op), within the
 // comb tolerance times hc. For this data (logits spread over a few units) 20 sweeps bring them
-// within ~1e-6 of 1 (the eps offsets); 1e-4 is asserted. (Sharper logits converge more slowly: with
-// the comb scale at 2 rows still miss 1 by ~1e-2 after 20 sweeps, in the reference as well.)
+// within ~1e-4 of 1; 1e-3 is asserted. (Sharper logits converge more slowly: with the comb scale at
+// 2, rows still miss 1 by ~1e-2 after 20 sweeps, in the double version as well.)
 TEST(OpsHcMixes, CombIsDoublyStochastic) {
   const int hc = 4, d = 32, rows = 8;
   const HcCase c = random_case(hc, d, 3);
@@ -185,7 +185,7 @@ TEST(OpsHcMixes, CombIsDoublyStochastic) {
       }
       EXPECT_NEAR(col, 1.0, 1e-5) << "token " << r << " column " << j;
       EXPECT_NEAR(row, ref_row, hc * (4 * ref.mix_error + 40 * (hc + 2) * kF32Unit)) << "token " << r << " row " << j;
-      EXPECT_NEAR(row, 1.0, 1e-4) << "token " << r << " row " << j;
+      EXPECT_NEAR(row, 1.0, 1e-3) << "token " << r << " row " << j;
     }
     for (int j = 0; j < hc; ++j) {
       EXPECT_GT(pre[size_t(r * hc + j)], kHcEps);
