@@ -1,129 +1,314 @@
-// The CPU forward against DeepSeek's reference on the golden fixtures (tests/data/fixtures/*/README.md
-// gives every tensor and the reference's call sequence).
+// The CPU forward against DeepSeek's reference on the golden fixtures. Each fixture's README
+// (shared/fixtures/<name>/README.md) lists its tensors and the reference's call sequence: a prefill
+// of the whole prompt at position 0, then 8 teacher-forced decode steps.
+//
+// The model makes discrete choices on rounded values (indexer top-k, candidate blocks, experts), so
+// two correct implementations part wherever a near-tie flips. Three levels, as the README asks:
+//  * exact  — the short prompt (no choice is close) end to end;
+//  * forced — the reference's recorded top-k and experts imposed, everything else computed here:
+//             within baseline.json's forced_topk_routing figures (the reference on CUDA vs its CPU
+//             fixtures: a second correct implementation);
+//  * free   — our own choices: statistics within baseline.json's `free` figures, and every choice
+//             of ours that differs from the reference's, with its inputs the reference's own
+//             (under forcing), is a near-tie of our scores.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "fixture.h"
 #include "forward/forward.h"
 
 using namespace dsv41;
 using namespace dsv41::test;
+using json = nlohmann::json;
 
 namespace {
 
-struct PromptRun {
-  std::vector<float> prefill_logits, decode_logits;
+// Allowed excess over a baseline.json figure. The baseline is one other correct implementation
+// (the reference on CUDA); ours is another with its own fp32 summation orders, so its distance to
+// the CPU fixtures is of the same order but not below it by construction: 25% of headroom.
+constexpr double kHeadroom = 1.25;
+
+struct Logits {
+  std::vector<float> prefill, decode;
 };
 
-// The reference's recorded choices for a forward call: index-source top-k and routed experts.
-struct Forced {
+// The reference's recorded choices for one forward call.
+struct Choices {
   std::map<int, std::vector<std::vector<int64_t>>> topk;
   std::vector<std::vector<int32_t>> experts;
 };
 
-// Rows [first, first + rows) of the prefill dumps, or decode step `step` (rows = 1).
-Forced recorded(const Config& c, const Expected& ex, const std::string& p, bool decode, int64_t first, int64_t rows) {
-  Forced f;
-  const int k = c.n_activated_experts, K = c.index_topk, L = c.n_layers;
-  for (int l : c.index_source_layers) {
-    std::vector<int64_t> t = ex.ints(p + (decode ? "decode" : "prefill") + ".layer" + std::to_string(l) + ".topk");
-    auto& rowsv = f.topk[l];
-    for (int64_t r = 0; r < rows; ++r) rowsv.emplace_back(t.begin() + (first + r) * K, t.begin() + (first + r + 1) * K);
-  }
-  std::vector<int64_t> e = ex.ints(p + (decode ? "decode" : "prefill") + ".route_experts");
-  const int64_t P = decode ? 0 : int64_t(e.size()) / (L * k);
-  f.experts.resize(size_t(L));
-  for (int l = 0; l < L; ++l)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int j = 0; j < k; ++j)
-        f.experts[l].push_back(int32_t(decode ? e[(first * L + l) * k + j] : e[(l * P + first + r) * k + j]));
-  return f;
-}
+class Fixture {
+ public:
+  explicit Fixture(const std::string& name)
+      : name(name), model(Model::load(fixture_dir(name))), ex(name),
+        baseline(json::parse(std::ifstream(fixture_dir(name) + "/baseline.json"))) {}
 
-PromptRun run_prompt(const Model& model, const Expected& ex, int prompt, Trace* prefill_trace = nullptr,
-                     bool force = false) {
-  const Config& c = model.config();
-  const std::string p = "prompt" + std::to_string(prompt) + ".";
-  std::vector<int64_t> tokens64 = ex.ints(p + "tokens");
-  std::vector<int> tokens(tokens64.begin(), tokens64.end());
-  std::vector<int64_t> hashes = c.has_engram() ? ex.ints(p + "prefill.engram_hash") : std::vector<int64_t>{};
-  SequenceState state(c);
-  PromptRun run;
-  ForwardOptions opt;
-  opt.all_logits = true;
-  Trace forced_trace;
-  Forced f;
-  opt.trace = prefill_trace ? prefill_trace : &forced_trace;
-  if (force) {
-    f = recorded(c, ex, p, false, 0, int64_t(tokens.size()));
-    opt.trace->forced_topk = &f.topk;
-    opt.trace->forced_experts = &f.experts;
-  }
-  run.prefill_logits = forward(model, state, tokens, c.has_engram() ? hashes.data() : nullptr, opt);
+  const Config& config() const { return model->config(); }
+  std::string prefix(int prompt) const { return "prompt" + std::to_string(prompt) + "."; }
 
-  std::vector<int64_t> decode = ex.ints(p + "decode.tokens");
-  std::vector<int64_t> dhash = c.has_engram() ? ex.ints(p + "decode.engram_hash") : std::vector<int64_t>{};
-  const int64_t per_step = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-  for (size_t k = 0; k < decode.size(); ++k) {
-    int t = int(decode[k]);
-    ForwardOptions dopt;
-    Trace dtrace;
-    if (force) {
-      f = recorded(c, ex, p, true, int64_t(k), 1);
-      dtrace.forced_topk = &f.topk;
-      dtrace.forced_experts = &f.experts;
-      dopt.trace = &dtrace;
+  std::vector<int> tokens(int prompt) const {
+    std::vector<int64_t> t = ex.ints(prefix(prompt) + "tokens");
+    return {t.begin(), t.end()};
+  }
+
+  // The recorded choices of the prefill rows [first, first + rows), or of decode step `step`.
+  Choices recorded(int prompt, bool decode, int64_t first, int64_t rows) const {
+    const Config& c = config();
+    const std::string p = prefix(prompt) + (decode ? "decode." : "prefill.");
+    const int k = c.n_activated_experts, K = c.index_topk, L = c.n_layers;
+    Choices f;
+    for (int l : c.index_source_layers) {
+      std::vector<int64_t> t = ex.ints(p + "layer" + std::to_string(l) + ".topk");
+      for (int64_t r = first; r < first + rows; ++r) f.topk[l].emplace_back(t.begin() + r * K, t.begin() + (r + 1) * K);
     }
-    std::vector<float> logits =
-        forward(model, state, std::span<const int>(&t, 1), c.has_engram() ? dhash.data() + k * per_step : nullptr, dopt);
-    run.decode_logits.insert(run.decode_logits.end(), logits.begin(), logits.end());
+    std::vector<int64_t> e = ex.ints(p + "route_experts");  // prefill [L, P, k]; decode [N, L, k]
+    const int64_t P = int64_t(e.size()) / (int64_t(L) * k);
+    f.experts.resize(size_t(L));
+    for (int l = 0; l < L; ++l)
+      for (int64_t r = first; r < first + rows; ++r)
+        for (int j = 0; j < k; ++j) f.experts[l].push_back(int32_t(decode ? e[(r * L + l) * k + j] : e[(l * P + r) * k + j]));
+    return f;
   }
-  return run;
+
+  // Prefill in chunks of `chunk` tokens (0: the whole prompt at once), then the teacher-forced
+  // decode steps. With `force`, the reference's choices are imposed; `traces` collects one Trace
+  // per forward call.
+  Logits run(int prompt, bool force, int64_t chunk = 0, std::vector<Trace>* traces = nullptr) const {
+    const Config& c = config();
+    const std::string p = prefix(prompt);
+    const std::vector<int> prompt_tokens = tokens(prompt);
+    const int64_t P = int64_t(prompt_tokens.size()), per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+    std::vector<int64_t> hashes = c.has_engram() ? ex.ints(p + "prefill.engram_hash") : std::vector<int64_t>{};
+    std::vector<int64_t> decode_hashes = c.has_engram() ? ex.ints(p + "decode.engram_hash") : std::vector<int64_t>{};
+    SequenceState state(c);
+    Logits out;
+    auto call = [&](std::span<const int> tokens, const int64_t* ids, bool decode, int64_t first, bool all) {
+      Trace trace;
+      Choices f;
+      ForwardOptions opt;
+      opt.all_logits = all;
+      opt.trace = &trace;
+      if (force) {
+        f = recorded(prompt, decode, first, int64_t(tokens.size()));
+        trace.forced_topk = &f.topk;
+        trace.forced_experts = &f.experts;
+      }
+      std::vector<float> logits = forward(*model, state, tokens, c.has_engram() ? ids : nullptr, opt);
+      if (traces) traces->push_back(std::move(trace));
+      return logits;
+    };
+    const int64_t step = chunk > 0 ? chunk : P;
+    for (int64_t s = 0; s < P; s += step) {
+      const int64_t n = std::min(step, P - s);
+      std::vector<float> l = call(std::span<const int>(prompt_tokens).subspan(size_t(s), size_t(n)),
+                                  hashes.data() + s * per_token, false, s, true);
+      out.prefill.insert(out.prefill.end(), l.begin(), l.end());
+    }
+    std::vector<int64_t> decode = ex.ints(p + "decode.tokens");
+    for (size_t k = 0; k < decode.size(); ++k) {
+      const int t = int(decode[k]);
+      std::vector<float> l = call(std::span<const int>(&t, 1), decode_hashes.data() + k * per_token, true, int64_t(k), false);
+      out.decode.insert(out.decode.end(), l.begin(), l.end());
+    }
+    return out;
+  }
+
+  const json& base(const std::string& mode, int prompt, const std::string& what) const {
+    return baseline["modes"][mode]["prompt" + std::to_string(prompt)][what];
+  }
+
+  std::string name;
+  std::unique_ptr<Model> model;
+  Expected ex;
+  json baseline;
+};
+
+// Baseline figures over several blocks of rows (prefill and decode of several prompts) pooled:
+// the row-weighted mean, and the largest max and p99 (an upper bound of the pooled p99).
+struct Bound {
+  double mean = 0, p99 = 0, max = 0, argmax_agree = 0;
+  int64_t rows = 0;
+  // Free choices: one flip decides the largest single deviation, so it is not compared, and the
+  // argmax agreement rate is; with the choices forced, max is compared and each disagreement is
+  // checked as a near-tie row by row.
+  bool free = false;
+  void add(const json& b) {
+    const int64_t n = b["rows"].get<int64_t>();
+    mean = (mean * double(rows) + b["mean"].get<double>() * double(n)) / double(rows + n);
+    argmax_agree = (argmax_agree * double(rows) + b["argmax_agree"].get<double>() * double(n)) / double(rows + n);
+    p99 = std::max(p99, b["p99"].get<double>());
+    max = std::max(max, b["max"].get<double>());
+    rows += n;
+  }
+};
+
+// Our logits against the reference's over the same rows: mean, p99 and max (or, with free choices,
+// the argmax agreement rate instead of max) within kHeadroom × the baseline's (a baseline of 0,
+// two bit-identical runs, still leaves us last-ulp fp32 differences: 1e-5); every argmax
+// disagreement on a row whose reference top-1/top-2 margin is within twice our largest deviation
+// on that row, i.e. a near-tie.
+void expect_close(const std::string& what, const std::vector<float>& ours, const std::vector<float>& ref, int64_t V,
+                  const Bound& base) {
+  LogitStats s = compare_logits(ours, ref, V);
+  std::printf("%s: %d rows, max %.6f mean %.6f p99 %.6f argmax %.4f | baseline max %.6f mean %.6f p99 %.6f argmax %.4f\n",
+              what.c_str(), s.rows, s.max, s.mean, s.p99, s.argmax_agree, base.max, base.mean, base.p99, base.argmax_agree);
+  auto bound = [](double b) { return std::max(kHeadroom * b, 1e-5); };
+  EXPECT_LE(s.mean, bound(base.mean)) << what;
+  EXPECT_LE(s.p99, bound(base.p99)) << what;
+  if (!base.free) EXPECT_LE(s.max, bound(base.max)) << what;
+  if (base.free) EXPECT_LE(1 - s.argmax_agree, kHeadroom * (1 - base.argmax_agree) + 1e-9) << what;
+  for (int64_t r = 0; r < s.rows; ++r) {
+    const float* a = ours.data() + r * V;
+    const float* b = ref.data() + r * V;
+    const int64_t top = std::max_element(b, b + V) - b;
+    if (std::max_element(a, a + V) - a == top) continue;
+    double row_max = 0, second = -INFINITY;
+    for (int64_t i = 0; i < V; ++i) {
+      row_max = std::max(row_max, std::fabs(double(a[i]) - double(b[i])));
+      if (i != top) second = std::max(second, double(b[i]));
+    }
+    const double margin = double(b[top]) - second;
+    EXPECT_LE(margin, 2 * row_max) << what << " row " << r << ": argmax differs on a row with margin " << margin;
+  }
 }
+
+// Runs prompts in `mode` ("forced_topk_routing" or "free") and compares all their rows, prefill and
+// decode pooled, against the same mode's baseline figures.
+void expect_mode(const Fixture& f, const std::string& mode, std::vector<int> prompts) {
+  std::vector<float> ours, ref;
+  Bound base;
+  base.free = mode == "free";
+  for (int prompt : prompts) {
+    Logits l = f.run(prompt, mode != "free");
+    const std::string p = f.prefix(prompt);
+    for (const char* part : {"prefill", "decode"}) {
+      const std::vector<float>& o = std::string(part) == "prefill" ? l.prefill : l.decode;
+      std::vector<float> r = f.ex.floats(p + part + ".logits");
+      ours.insert(ours.end(), o.begin(), o.end());
+      ref.insert(ref.end(), r.begin(), r.end());
+      base.add(f.base(mode, prompt, std::string(part) + ".logits"));
+    }
+  }
+  std::string prompt_names;
+  for (int prompt : prompts) prompt_names += " prompt" + std::to_string(prompt);
+  expect_close(f.name + " " + mode + prompt_names, ours, ref, f.config().vocab_size, base);
+}
+
+class ForwardFixture : public testing::TestWithParam<std::string> {};
+
+// Exact: the 5-token prompt's prefill makes no near-tied choice, and the reference agrees with
+// itself across devices there (baseline.json: 1e-6 on the fp8 fixtures, 0.052 on the bf16 one,
+// whose CPU run multiplies in bf16). On v41-tiny no choice is near-tied in decode either: the whole
+// run, and its greedy tokens, match.
+TEST_P(ForwardFixture, ShortPromptEndToEnd) {
+  Fixture f(GetParam());
+  const int64_t V = f.config().vocab_size;
+  Logits ours = f.run(0, false);
+  Bound prefill;
+  prefill.add(f.base("free", 0, "prefill.logits"));
+  expect_close(f.name + " exact prompt0 prefill", ours.prefill, f.ex.floats("prompt0.prefill.logits"), V, prefill);
+  EXPECT_EQ(std::max_element(ours.prefill.end() - V, ours.prefill.end()) - (ours.prefill.end() - V),
+            f.ex.ints("prompt0.prefill.next_token")[0]);
+  if (f.name != "v41-tiny") return;
+  LogitStats dec = compare_logits(ours.decode, f.ex.floats("prompt0.decode.logits"), V);
+  EXPECT_LE(dec.max, 1e-5);
+  std::vector<int64_t> next = f.ex.ints("prompt0.decode.next_tokens");
+  for (size_t k = 0; k < next.size(); ++k) {
+    const float* row = ours.decode.data() + k * V;
+    EXPECT_EQ(std::max_element(row, row + V) - row, next[k]) << "decode step " << k;
+  }
+}
+
+// Forced: with the reference's top-k and experts imposed, each prompt within the baseline's
+// forced_topk_routing figures.
+TEST_P(ForwardFixture, ForcedChoices) {
+  Fixture f(GetParam());
+  for (int prompt = 0; prompt < 3; ++prompt) expect_mode(f, "forced_topk_routing", {prompt});
+}
+
+// Free: our own choices, all prompts pooled (a single near-tie flip in 8 decode rows moves one
+// prompt's figures arbitrarily; the near-tie test below accounts for every flip).
+TEST_P(ForwardFixture, FreeChoices) {
+  Fixture f(GetParam());
+  expect_mode(f, "free", {0, 1, 2});
+}
+
+// Under forcing, every forward call sees the reference's own inputs up to rounding noise; where our
+// own pick still differs from the recorded one, the two must be nearly tied under our scores.
+TEST_P(ForwardFixture, OwnChoicesDifferOnlyAtNearTies) {
+  Fixture f(GetParam());
+  const Config& c = f.config();
+  double reference_flip_margin = 0;
+  for (auto& [prompt, figures] : f.baseline["modes"]["forced_topk"].items())
+    for (const char* key : {"prefill.routing_flip_max_margin", "decode.routing_flip_max_margin"})
+      if (figures.contains(key)) reference_flip_margin = std::max(reference_flip_margin, figures[key].get<double>());
+  for (int prompt = 0; prompt < 3; ++prompt) {
+    std::vector<Trace> traces;
+    f.run(prompt, true, 0, &traces);
+    const int64_t P = int64_t(f.tokens(prompt).size());
+    int topk_rows = 0, topk_differ = 0, expert_rows = 0, expert_differ = 0;
+    double topk_gap = 0, topk_rel = 0, expert_gap = 0;
+    for (size_t call = 0; call < traces.size(); ++call) {
+      const Trace& t = traces[call];
+      const bool decode = call > 0;
+      const int64_t first = decode ? int64_t(call) - 1 : 0, rows = decode ? 1 : P;
+      Choices rec = f.recorded(prompt, decode, first, rows);
+      for (auto& [l, ours] : t.topk) {
+        for (int64_t r = 0; r < rows; ++r) {
+          std::set<int64_t> a, b;
+          for (int64_t x : ours[r]) if (x >= 0) a.insert(x);
+          for (int64_t x : rec.topk[l][r]) if (x >= 0) b.insert(x);
+          ++topk_rows;
+          if (a == b) continue;
+          ++topk_differ;
+          const std::vector<float>& s = t.index_scores.at(l)[r];
+          for (int64_t x : a)
+            for (int64_t y : b)
+              if (!b.count(x) && !a.count(y)) {
+                topk_gap = std::max(topk_gap, double(s[x]) - double(s[y]));
+                topk_rel = std::max(topk_rel, (double(s[x]) - double(s[y])) / std::max(1e-30, std::fabs(double(s[x]))));
+              }
+        }
+      }
+      const int k = c.n_activated_experts;
+      for (int l = 0; l < c.n_layers; ++l) {
+        const int64_t E = c.routed_experts(l);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::set<int32_t> a(t.route_experts[l].begin() + r * k, t.route_experts[l].begin() + (r + 1) * k);
+          std::set<int32_t> b(rec.experts[l].begin() + r * k, rec.experts[l].begin() + (r + 1) * k);
+          ++expert_rows;
+          if (a == b) continue;
+          ++expert_differ;
+          const float* s = t.route_scores[l].data() + r * E;
+          for (int32_t x : a)
+            for (int32_t y : b)
+              if (!b.count(x) && !a.count(y)) expert_gap = std::max(expert_gap, double(s[x]) - double(s[y]));
+        }
+      }
+    }
+    std::printf("%s prompt%d: top-k rows differing %d/%d (max score gap %.6f, relative %.6f); expert rows differing %d/%d "
+                "(max biased-score gap %.6f)\n",
+                f.name.c_str(), prompt, topk_differ, topk_rows, topk_gap, topk_rel, expert_differ, expert_rows, expert_gap);
+    // Index scores are bf16: a pick we make over the reference's is within 4 bf16 ulps of it.
+    EXPECT_LE(topk_rel, std::ldexp(1.0, -6)) << "prompt " << prompt;
+    // An expert pick differing from the reference's is closer than the flips the reference itself
+    // makes between its CPU and CUDA runs (baseline.json forced_topk routing_flip_max_margin).
+    EXPECT_LE(expert_gap, reference_flip_margin) << "prompt " << prompt;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ForwardFixture, testing::Values("v41-tiny", "v41-tiny-bf16", "v41-tiny-noengram"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& ch : s)
+                             if (ch == '-') ch = '_';
+                           return s;
+                         });
 
 }  // namespace
-
-TEST(ForwardFixture, Forced) {
-  auto model = Model::load(fixture_dir("v41-tiny"));
-  Expected ex("v41-tiny");
-  const int64_t V = model->config().vocab_size;
-  for (int prompt = 0; prompt < 3; ++prompt) {
-    PromptRun run = run_prompt(*model, ex, prompt, nullptr, true);
-    const std::string p = "prompt" + std::to_string(prompt) + ".";
-    LogitStats pre = compare_logits(run.prefill_logits, ex.floats(p + "prefill.logits"), V);
-    LogitStats dec = compare_logits(run.decode_logits, ex.floats(p + "decode.logits"), V);
-    std::printf("FORCED prompt%d prefill max %.6f mean %.6f p99 %.6f argmax %.3f | decode max %.6f mean %.6f argmax %.3f\n", prompt,
-                pre.max, pre.mean, pre.p99, pre.argmax_agree, dec.max, dec.mean, dec.argmax_agree);
-  }
-}
-
-TEST(ForwardFixture, Diagnostics) {
-  auto model = Model::load(fixture_dir("v41-tiny"));
-  Expected ex("v41-tiny");
-  const int64_t V = model->config().vocab_size;
-  for (int prompt = 0; prompt < 3; ++prompt) {
-    Trace trace;
-    PromptRun run = run_prompt(*model, ex, prompt, &trace);
-    const std::string p = "prompt" + std::to_string(prompt) + ".";
-    LogitStats pre = compare_logits(run.prefill_logits, ex.floats(p + "prefill.logits"), V);
-    LogitStats dec = compare_logits(run.decode_logits, ex.floats(p + "decode.logits"), V);
-    std::printf("prompt%d prefill max %.6f mean %.6f p99 %.6f argmax %.3f | decode max %.6f mean %.6f argmax %.3f\n", prompt,
-                pre.max, pre.mean, pre.p99, pre.argmax_agree, dec.max, dec.mean, dec.argmax_agree);
-    // per-layer block_out relative max diff on the dumped positions
-    std::vector<int64_t> pos = ex.ints(p + "prefill.block_pos");
-    std::vector<float> ref = ex.floats(p + "prefill.block_out");
-    const int64_t hcd = int64_t(model->config().hc_mult) * model->config().dim, T = int64_t(pos.size());
-    for (int l = 0; l < model->config().n_layers; ++l) {
-      double maxd = 0, maxr = 0;
-      for (int64_t i = 0; i < T; ++i)
-        for (int64_t j = 0; j < hcd; ++j) {
-          double a = trace.block_out[l][pos[i] * hcd + j], b = ref[(l * T + i) * hcd + j];
-          maxd = std::max(maxd, std::fabs(a - b));
-          maxr = std::max(maxr, std::fabs(b));
-        }
-      std::printf("  layer %d block_out maxdiff %.6f (rel %.6f)\n", l, maxd, maxd / maxr);
-    }
-  }
-}

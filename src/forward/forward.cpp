@@ -251,12 +251,14 @@ void moe(Pass& p, int l, const Rows& x, Rows& out) {
   opt.route_scale = float(c.route_scale);
   const int k = opt.topk;
   std::vector<int32_t> experts(size_t(R * k));
-  Rows weights(size_t(R * k)), margin(static_cast<size_t>(R));
-  const int32_t* forced = p.trace && p.trace->forced_experts ? p.trace->forced_experts->at(static_cast<size_t>(l)).data() : nullptr;
-  route(x.data(), R, L.gate, L.gate_bias, opt, experts.data(), weights.data(), margin.data(), forced);
-  if (p.trace) {
-    p.trace->route_experts[size_t(l)] = experts;
-    p.trace->route_margin[size_t(l)] = margin;
+  Rows weights(size_t(R * k));
+  Rows* scores = p.trace ? &p.trace->route_scores[size_t(l)] : nullptr;
+  if (scores) scores->resize(size_t(R) * L.experts.size());
+  route(x.data(), R, L.gate, L.gate_bias, opt, experts.data(), weights.data(), scores ? scores->data() : nullptr);
+  if (p.trace) p.trace->route_experts[size_t(l)] = experts;
+  if (p.trace && p.trace->forced_experts) {
+    route(x.data(), R, L.gate, L.gate_bias, opt, experts.data(), weights.data(), nullptr,
+          p.trace->forced_experts->at(size_t(l)).data());
   }
 
   // Each expert runs on the rows routed to it; outputs are added in expert order, in fp32.
@@ -316,8 +318,9 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
     p.trace->block_out.assign(size_t(c.n_layers), {});
     p.trace->block_pre_mix.assign(size_t(c.n_layers), {});
     p.trace->route_experts.assign(size_t(c.n_layers), {});
-    p.trace->route_margin.assign(size_t(c.n_layers), {});
+    p.trace->route_scores.assign(size_t(c.n_layers), {});
     p.trace->topk.clear();
+    p.trace->index_scores.clear();
   }
 
   // The residual: hc identical copies of the embedding; the first input mix is the one-hot e0.

@@ -23,7 +23,7 @@ float score_of(float logit, const std::string& func) {
 }  // namespace
 
 void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
-           int32_t* experts, float* weights, float* margin, const int32_t* forced) {
+           int32_t* experts, float* weights, float* biased_out, const int32_t* forced) {
   const int64_t E = gate.rows;
   const int k = opt.topk;
   if (opt.score_func == "softmax") fail("route", "score_func sqrtsoftplus or sigmoid", "softmax (not a V4.1 gate)");
@@ -38,9 +38,9 @@ void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias,
       biased[e] = scores[e] + b[e];
     }
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + std::min<int64_t>(k + 1, E), order.end(),
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [&](int a, int c) { return biased[a] > biased[c] || (biased[a] == biased[c] && a < c); });
-    if (margin) margin[r] = k < E ? biased[order[k - 1]] - biased[order[k]] : INFINITY;
+    if (biased_out) std::copy(biased.begin(), biased.end(), biased_out + r * E);
     if (forced) std::copy_n(forced + r * k, k, order.begin());
     float sum = 0;
     for (int j = 0; j < k; ++j) sum += scores[order[j]];

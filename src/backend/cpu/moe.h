@@ -18,10 +18,10 @@ struct GateOptions {
 
 // For each row of x [rows, dim]: experts [rows, topk] (best biased score first) and their weights
 // [rows, topk]: the unbiased scores, normalized over the chosen k, times route_scale. With
-// `forced` [rows, topk], those experts are taken instead of the best, weighted the same way. `margin`
-// [rows], optional: the k-th minus the (k+1)-th biased score (a small one is a near-tie).
+// `forced` [rows, topk], those experts are taken instead of the best, weighted the same way.
+// `biased` [rows, experts], optional: the scores plus bias that selection ranks.
 void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
-           int32_t* experts, float* weights, float* margin = nullptr, const int32_t* forced = nullptr);
+           int32_t* experts, float* weights, float* biased = nullptr, const int32_t* forced = nullptr);
 
 // y [rows, dim] (bf16 values) = w2(bf16(weight · silu(min(w1 x, L)) · clamp(w3 x, -L, L))), the
 // clamp only when limit > 0, the weight only when row_weights is given.
