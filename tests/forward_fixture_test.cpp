@@ -15,6 +15,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -42,6 +43,10 @@ struct Choices {
   std::map<int, std::vector<std::vector<int64_t>>> topk;
   std::vector<std::vector<int32_t>> experts;
 };
+
+// Where imposed choices come from: the rows [first, first + rows) of the prefill, or decode step
+// `first` (rows = 1).
+using ChoiceSource = std::function<Choices(bool decode, int64_t first, int64_t rows)>;
 
 class Fixture {
  public:
@@ -77,9 +82,10 @@ class Fixture {
   }
 
   // Prefill in chunks of `chunk` tokens (0: the whole prompt at once), then the teacher-forced
-  // decode steps. With `force`, the reference's choices are imposed; `traces` collects one Trace
-  // per forward call.
-  Logits run(int prompt, bool force, int64_t chunk = 0, std::vector<Trace>* traces = nullptr) const {
+  // decode steps. With `force`, choices are imposed: the reference's, or those of `source`;
+  // `traces` collects one Trace per forward call.
+  Logits run(int prompt, bool force, int64_t chunk = 0, std::vector<Trace>* traces = nullptr,
+             const ChoiceSource* source = nullptr) const {
     const Config& c = config();
     const std::string p = prefix(prompt);
     const std::vector<int> prompt_tokens = tokens(prompt);
@@ -95,7 +101,7 @@ class Fixture {
       opt.all_logits = all;
       opt.trace = &trace;
       if (force) {
-        f = recorded(prompt, decode, first, int64_t(tokens.size()));
+        f = source ? (*source)(decode, first, int64_t(tokens.size())) : recorded(prompt, decode, first, int64_t(tokens.size()));
         trace.forced_topk = &f.topk;
         trace.forced_experts = &f.experts;
       }
@@ -239,67 +245,124 @@ TEST_P(ForwardFixture, FreeChoices) {
   expect_mode(f, "free", {0, 1, 2});
 }
 
-// Under forcing, every forward call sees the reference's own inputs up to rounding noise; where our
-// own pick still differs from the recorded one, the two must be nearly tied under our scores.
-TEST_P(ForwardFixture, OwnChoicesDifferOnlyAtNearTies) {
-  Fixture f(GetParam());
-  const Config& c = f.config();
+// How far our own choices are from imposed ones, over the forward calls of one run made under
+// forcing: the rows that differ, and the largest score by which we preferred ours.
+struct Gaps {
+  int topk_rows = 0, topk_differ = 0, expert_rows = 0, expert_differ = 0;
+  double topk_rel = 0;    // (our score of our pick - our score of the imposed one) / |ours|
+  double expert_gap = 0;  // the same for experts, on biased gate scores
+};
+
+Gaps choice_gaps(const Config& c, const std::vector<Trace>& traces, const std::vector<int64_t>& call_rows,
+                 const ChoiceSource& imposed) {
+  Gaps g;
+  int64_t prefill_row = 0, decode_step = 0;
+  for (size_t call = 0; call < traces.size(); ++call) {
+    const Trace& t = traces[call];
+    const int64_t rows = call_rows[call];
+    const bool decode = call + 8 >= traces.size();  // the last 8 calls are the decode steps
+    Choices rec = decode ? imposed(true, decode_step++, 1) : imposed(false, prefill_row, rows);
+    if (!decode) prefill_row += rows;
+    for (auto& [l, ours] : t.topk)
+      for (int64_t r = 0; r < rows; ++r) {
+        std::set<int64_t> a, b;
+        for (int64_t x : ours[r])
+          if (x >= 0) a.insert(x);
+        for (int64_t x : rec.topk[l][r])
+          if (x >= 0) b.insert(x);
+        ++g.topk_rows;
+        if (a == b) continue;
+        ++g.topk_differ;
+        const std::vector<float>& s = t.index_scores.at(l)[r];
+        for (int64_t x : a)
+          for (int64_t y : b)
+            if (!b.count(x) && !a.count(y))
+              g.topk_rel = std::max(g.topk_rel, (double(s[x]) - double(s[y])) / std::max(1e-30, std::fabs(double(s[x]))));
+      }
+    const int k = c.n_activated_experts;
+    for (int l = 0; l < c.n_layers; ++l) {
+      const int64_t E = c.routed_experts(l);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::set<int32_t> a(t.route_experts[l].begin() + r * k, t.route_experts[l].begin() + (r + 1) * k);
+        std::set<int32_t> b(rec.experts[l].begin() + r * k, rec.experts[l].begin() + (r + 1) * k);
+        ++g.expert_rows;
+        if (a == b) continue;
+        ++g.expert_differ;
+        const float* s = t.route_scores[l].data() + r * E;
+        for (int32_t x : a)
+          for (int32_t y : b)
+            if (!b.count(x) && !a.count(y)) g.expert_gap = std::max(g.expert_gap, double(s[x]) - double(s[y]));
+      }
+    }
+  }
+  return g;
+}
+
+// Near-ties: index scores are bf16, so a pick we prefer is within 4 bf16 ulps of the imposed one;
+// an expert pick is closer than the flips the reference itself makes between its CPU and CUDA runs
+// (baseline.json forced_topk routing_flip_max_margin).
+void expect_near_ties(const Fixture& f, const Gaps& g, const std::string& what) {
   double reference_flip_margin = 0;
   for (auto& [prompt, figures] : f.baseline["modes"]["forced_topk"].items())
     for (const char* key : {"prefill.routing_flip_max_margin", "decode.routing_flip_max_margin"})
       if (figures.contains(key)) reference_flip_margin = std::max(reference_flip_margin, figures[key].get<double>());
+  std::printf("%s: top-k rows differing %d/%d (max relative score gap %.6f); expert rows differing %d/%d (max gap %.6f)\n",
+              what.c_str(), g.topk_differ, g.topk_rows, g.topk_rel, g.expert_differ, g.expert_rows, g.expert_gap);
+  EXPECT_LE(g.topk_rel, std::ldexp(1.0, -6)) << what;
+  EXPECT_LE(g.expert_gap, reference_flip_margin) << what;
+}
+
+// Under forcing, every forward call sees the reference's own inputs up to rounding noise; where our
+// own pick still differs from the recorded one, the two must be nearly tied under our scores.
+TEST_P(ForwardFixture, OwnChoicesDifferOnlyAtNearTies) {
+  Fixture f(GetParam());
   for (int prompt = 0; prompt < 3; ++prompt) {
     std::vector<Trace> traces;
     f.run(prompt, true, 0, &traces);
-    const int64_t P = int64_t(f.tokens(prompt).size());
-    int topk_rows = 0, topk_differ = 0, expert_rows = 0, expert_differ = 0;
-    double topk_gap = 0, topk_rel = 0, expert_gap = 0;
-    for (size_t call = 0; call < traces.size(); ++call) {
-      const Trace& t = traces[call];
-      const bool decode = call > 0;
-      const int64_t first = decode ? int64_t(call) - 1 : 0, rows = decode ? 1 : P;
-      Choices rec = f.recorded(prompt, decode, first, rows);
-      for (auto& [l, ours] : t.topk) {
-        for (int64_t r = 0; r < rows; ++r) {
-          std::set<int64_t> a, b;
-          for (int64_t x : ours[r]) if (x >= 0) a.insert(x);
-          for (int64_t x : rec.topk[l][r]) if (x >= 0) b.insert(x);
-          ++topk_rows;
-          if (a == b) continue;
-          ++topk_differ;
-          const std::vector<float>& s = t.index_scores.at(l)[r];
-          for (int64_t x : a)
-            for (int64_t y : b)
-              if (!b.count(x) && !a.count(y)) {
-                topk_gap = std::max(topk_gap, double(s[x]) - double(s[y]));
-                topk_rel = std::max(topk_rel, (double(s[x]) - double(s[y])) / std::max(1e-30, std::fabs(double(s[x]))));
-              }
-        }
-      }
-      const int k = c.n_activated_experts;
-      for (int l = 0; l < c.n_layers; ++l) {
-        const int64_t E = c.routed_experts(l);
-        for (int64_t r = 0; r < rows; ++r) {
-          std::set<int32_t> a(t.route_experts[l].begin() + r * k, t.route_experts[l].begin() + (r + 1) * k);
-          std::set<int32_t> b(rec.experts[l].begin() + r * k, rec.experts[l].begin() + (r + 1) * k);
-          ++expert_rows;
-          if (a == b) continue;
-          ++expert_differ;
-          const float* s = t.route_scores[l].data() + r * E;
-          for (int32_t x : a)
-            for (int32_t y : b)
-              if (!b.count(x) && !a.count(y)) expert_gap = std::max(expert_gap, double(s[x]) - double(s[y]));
-        }
-      }
+    std::vector<int64_t> rows(traces.size(), 1);
+    rows[0] = int64_t(f.tokens(prompt).size());
+    ChoiceSource reference = [&](bool decode, int64_t first, int64_t n) { return f.recorded(prompt, decode, first, n); };
+    expect_near_ties(f, choice_gaps(f.config(), traces, rows, reference), f.name + " prompt" + std::to_string(prompt));
+  }
+}
+
+// Chunked prefill (chunks of 1, 7 and 64 tokens, then the same decode steps) against one-shot
+// prefill. Batching other rows together changes fp32 summation orders (the BLAS kernel, the window
+// slots a later chunk lists in decode-ring order), so the two agree up to rounding, which a
+// near-tie can turn into another choice. So: with the one-shot run's own choices imposed, the
+// chunked logits are as close to the one-shot ones as the reference's CPU and CUDA runs are to
+// each other under forcing; and the chunked run's own picks differ from them only at near-ties.
+TEST_P(ForwardFixture, ChunkedPrefillEqualsOneShot) {
+  Fixture f(GetParam());
+  const Config& c = f.config();
+  const int k = c.n_activated_experts;
+  for (int prompt = 1; prompt < 3; ++prompt) {
+    std::vector<Trace> whole_traces;
+    Logits whole = f.run(prompt, false, 0, &whole_traces);
+    ChoiceSource one_shot = [&](bool decode, int64_t first, int64_t n) {
+      const Trace& t = whole_traces[decode ? size_t(1 + first) : 0];
+      const int64_t r0 = decode ? 0 : first;
+      Choices ch;
+      for (auto& [l, rows] : t.topk) ch.topk[l].assign(rows.begin() + r0, rows.begin() + r0 + n);
+      for (auto& e : t.route_experts) ch.experts.emplace_back(e.begin() + r0 * k, e.begin() + (r0 + n) * k);
+      return ch;
+    };
+    Bound base;
+    for (const char* part : {"prefill.logits", "decode.logits"}) base.add(f.base("forced_topk_routing", prompt, part));
+    for (int64_t chunk : {1, 7, 64}) {
+      std::vector<Trace> traces;
+      Logits pieces = f.run(prompt, true, chunk, &traces, &one_shot);
+      std::vector<float> ours = pieces.prefill, ref = whole.prefill;
+      ours.insert(ours.end(), pieces.decode.begin(), pieces.decode.end());
+      ref.insert(ref.end(), whole.decode.begin(), whole.decode.end());
+      const std::string what = f.name + " prompt" + std::to_string(prompt) + " chunks of " + std::to_string(chunk);
+      expect_close(what, ours, ref, c.vocab_size, base);
+      std::vector<int64_t> rows;
+      const int64_t P = int64_t(f.tokens(prompt).size());
+      for (int64_t s0 = 0; s0 < P; s0 += chunk) rows.push_back(std::min(chunk, P - s0));
+      rows.insert(rows.end(), 8, 1);
+      expect_near_ties(f, choice_gaps(c, traces, rows, one_shot), what);
     }
-    std::printf("%s prompt%d: top-k rows differing %d/%d (max score gap %.6f, relative %.6f); expert rows differing %d/%d "
-                "(max biased-score gap %.6f)\n",
-                f.name.c_str(), prompt, topk_differ, topk_rows, topk_gap, topk_rel, expert_differ, expert_rows, expert_gap);
-    // Index scores are bf16: a pick we make over the reference's is within 4 bf16 ulps of it.
-    EXPECT_LE(topk_rel, std::ldexp(1.0, -6)) << "prompt " << prompt;
-    // An expert pick differing from the reference's is closer than the flips the reference itself
-    // makes between its CPU and CUDA runs (baseline.json forced_topk routing_flip_max_margin).
-    EXPECT_LE(expert_gap, reference_flip_margin) << "prompt " << prompt;
   }
 }
 
