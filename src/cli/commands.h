@@ -7,5 +7,6 @@ namespace dsv41::cli {
 void add_inspect(CLI::App& app);
 void add_init_random(CLI::App& app);
 void add_tokenize(CLI::App& app);
+void add_generate(CLI::App& app);
 
 }  // namespace dsv41::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   dsv41::cli::add_inspect(app);
   dsv41::cli::add_init_random(app);
   dsv41::cli::add_tokenize(app);
+  dsv41::cli::add_generate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -258,7 +258,7 @@ void moe(Pass& p, int l, const Rows& x, Rows& out) {
   if (p.trace) p.trace->route_experts[size_t(l)] = experts;
   if (p.trace && p.trace->forced_experts) {
     route(x.data(), R, L.gate, L.gate_bias, opt, experts.data(), weights.data(), nullptr,
-          p.trace->forced_experts->at(size_t(l)).data());
+          p.trace->forced_experts->at(static_cast<size_t>(l)).data());
   }
 
   // Each expert runs on the rows routed to it; outputs are added in expert order, in fp32.

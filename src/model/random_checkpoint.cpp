@@ -8,6 +8,9 @@
 
 #include "base/error.h"
 #include "model/checkpoint.h"
+#include "model/engram_compress.h"
+#include "model/random_tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "model/weights.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
@@ -154,8 +157,26 @@ Config random_checkpoint_config(const Config& config, bool quantized) {
   Config c = config;
   c.dtype = quantized ? "fp8" : "bf16";
   c.expert_dtype = quantized ? std::optional<std::string>("fp4") : std::nullopt;
+  // Engram hashes over the compressed vocabulary of the checkpoint's own tokenizer.
+  if (c.has_engram())
+    c.engram_compressed_vocab_size =
+        engram_compress_vocabulary(Tokenizer::from_json(random_tokenizer_json(c.vocab_size), "random tokenizer")).size;
   return c;
 }
+
+namespace {
+
+void write_text(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    if (!f) fail(tmp, "a writable file", "a write error");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace
 
 void write_random_checkpoint(const Config& config, const std::string& dir, const RandomCheckpointOptions& opt) {
   const Config c = random_checkpoint_config(config, opt.quantized);
@@ -177,14 +198,9 @@ void write_random_checkpoint(const Config& config, const std::string& dir, const
     if (opt.progress) opt.progress(done, total);
   }
   out.finish();
-
-  std::string path = dir + "/config.json", tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << to_official_json(c);
-    if (!f) fail(tmp, "a writable file", "a write error");
-  }
-  std::filesystem::rename(tmp, path);
+  write_text(dir + "/tokenizer.json", random_tokenizer_json(c.vocab_size));
+  write_text(dir + "/tokenizer_config.json", random_tokenizer_config_json());
+  write_text(dir + "/config.json", to_official_json(c));  // last: a directory with a config is complete
 }
 
 }  // namespace dsv41

@@ -17,10 +17,12 @@ struct RandomCheckpointOptions {
   std::function<void(int64_t done_bytes, int64_t total_bytes)> progress;
 };
 
-// The config as written: `config` with dtype / expert_dtype set by `quantized`.
+// The config as written: `config` with dtype / expert_dtype set by `quantized`, and Engram's
+// compressed vocabulary size that of the random tokenizer written beside it.
 Config random_checkpoint_config(const Config& config, bool quantized);
 
-// Writes DIR/config.json (official inference/config.json keys) and DIR/model*.safetensors.
+// Writes DIR/model*.safetensors, DIR/tokenizer.json + tokenizer_config.json (random_tokenizer.h)
+// and DIR/config.json (official inference/config.json keys).
 // Every tensor's values depend only on (seed, tensor name), not on write order or sharding.
 void write_random_checkpoint(const Config& config, const std::string& dir, const RandomCheckpointOptions& options);
 
