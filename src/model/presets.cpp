@@ -136,9 +136,40 @@ Config tiny() {
   return c;
 }
 
+// The tiny schedule at sizes where matrix products dominate, as in the real model: the CPU
+// benchmark's larger configuration (~150M parameters).
+Config small() {
+  Config c = tiny();
+  c.vocab_size = 8192;
+  c.dim = 1024;
+  c.moe_inter_dim = 512;
+  c.n_heads = 8;
+  c.head_dim = 128;
+  c.rope_head_dim = 64;
+  c.q_lora_rank = 256;
+  c.o_lora_rank = 256;
+  c.n_routed_experts = 16;
+  c.n_activated_experts = 2;
+  c.window_size = 64;
+  c.index_n_heads = 8;
+  c.index_head_dim = 64;
+  c.index_topk = 64;
+  c.candidate_topk_blocks = 16;
+  c.candidate_block_size = 8;
+  c.engram_n_heads = 4;
+  c.engram_head_dim = 64;
+  c.engram_num_embeddings = engram_table_rows(c);
+  c.engram_compressed_vocab_size = c.vocab_size;
+  c.image_token_id = 8190;
+  c.dspark_noise_token_id = 8000;
+  c.dspark_markov_rank = 64;
+  c.dspark_n_routed_experts = 8;
+  return c;
+}
+
 const std::map<std::string, std::function<Config()>>& presets() {
   static const std::map<std::string, std::function<Config()>> all = {
-      {"deepseek-v4.1-flash", flash}, {"bench-1gpu", bench_1gpu}, {"tiny", tiny}};
+      {"deepseek-v4.1-flash", flash}, {"bench-1gpu", bench_1gpu}, {"tiny", tiny}, {"small", small}};
   return all;
 }
 

@@ -9,7 +9,7 @@
 namespace dsv41 {
 
 void index_scores(const float* q, const float* w, int heads, int hd, const float* keys, int64_t n, float* scores) {
-#pragma omp parallel for schedule(static) if (n > 256)
+#pragma omp parallel for schedule(static) if (n * heads * hd >= (int64_t(1) << 18))
   for (int64_t t = 0; t < n; ++t) {
     const float* k = keys + t * hd;
     float sum = 0;

@@ -14,6 +14,8 @@ namespace dsv41 {
 namespace {
 
 constexpr int kBlock = 32;
+// Below this many multiply-adds a product runs on one thread: waking the other core costs more.
+constexpr int64_t kParallelWork = int64_t(1) << 20;
 
 // The 32-term dot product of one K block, in fp32. Eight lanes, summed pairwise: a fixed order
 // the compiler can vectorize (the reference's order inside a block is its GEMM's, unspecified).
@@ -65,7 +67,7 @@ void quantized_linear(const float* x, int64_t M, const Weight& w, float* y) {
   std::vector<float> xq(x, x + M * K);
   for (int64_t m = 0; m < M; ++m) act_quant_fp8(xq.data() + m * K, int(K), kBlock);
 
-#pragma omp parallel
+#pragma omp parallel if (M * N * K >= kParallelWork)
   {
     std::vector<float> values(K), scales(blocks);
 #pragma omp for schedule(static)
@@ -90,7 +92,7 @@ void float_linear(const float* x, int64_t M, const Weight& w, float* y) {
   std::vector<float> yslab(size_t(M * slab));
   for (int64_t n0 = 0; n0 < N; n0 += slab) {
     const int64_t rows = std::min(slab, N - n0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * K >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) w.row(n0 + r, wf.data() + r * K);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(rows), int(K), 1.0f, x, int(K), wf.data(), int(K),
                 0.0f, yslab.data(), int(rows));

@@ -1,0 +1,44 @@
+// Loading a checkpoint into the forward, and the KV memory a sequence really holds.
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "engine/session.h"
+#include "model/accounting.h"
+#include "model/random_checkpoint.h"
+#include "numerics/codecs.h"
+#include "test_util.h"
+
+using namespace dsv41;
+
+// A feature the engine does not implement is refused by name, not silently skipped.
+TEST(ForwardModel, RefusesAVisionTowerByName) {
+  Config c = preset("tiny");
+  c.vision = VisionConfig{1, 64, 4, 64, 14, 10000.0, 3, 16, 544 * 544, std::nullopt};
+  test::TempDir dir("forward_model_test");
+  write_random_checkpoint(c, dir.string(), {});
+  try {
+    Model::load(dir.string());
+    ADD_FAILURE() << "a checkpoint with a vision tower was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vision"), std::string::npos) << e.what();
+  }
+}
+
+// The caches hold their real encoded formats: after N tokens a sequence holds exactly the
+// accounting's global KV bytes per token × N in compressed entries (KV-FP4 main + MXFP4 index
+// keys), plus one SWA-FP8 ring of W entries per layer, whatever N is.
+TEST(ForwardModel, SequenceHoldsTheAccountedKvBytes) {
+  test::TempDir dir("forward_model_test");
+  write_random_checkpoint(preset("tiny"), dir.string(), {});
+  auto model = Model::load(dir.string());
+  const Config& c = model->config();
+  Tokenizer tokenizer = Tokenizer::from_file(dir.string() + "/tokenizer.json");
+  Session session(*model, &tokenizer);
+  const int64_t ring = int64_t(c.n_layers) * c.window_size * int64_t(swa_fp8::bytes(c.head_dim));
+  for (int64_t n : {64, 128}) {
+    std::vector<int> ids(static_cast<size_t>(n - session.length()), 7);
+    session.run(ids);
+    const double global = account(c, 1).kv.global_bytes_per_token;
+    EXPECT_EQ(double(session.state().kv_bytes() - ring), global * double(n)) << n << " tokens";
+  }
+}
