@@ -14,6 +14,18 @@ namespace dsv41::test {
 
 inline std::string fixture_dir(const std::string& name) { return std::string(DSV41_TEST_DATA) + "/fixtures/" + name; }
 
+// The fixtures every parity test runs on, and their names as gtest parameter names.
+inline const std::vector<std::string> kFixtures = {"v41-tiny", "v41-tiny-bf16", "v41-tiny-noengram"};
+struct FixtureName {
+  template <class Info>
+  std::string operator()(const Info& info) const {
+    std::string s = info.param;
+    for (char& ch : s)
+      if (ch == '-') ch = '_';
+    return s;
+  }
+};
+
 class Expected {
  public:
   explicit Expected(const std::string& fixture)

@@ -366,12 +366,6 @@ TEST_P(ForwardFixture, ChunkedPrefillEqualsOneShot) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ForwardFixture, testing::Values("v41-tiny", "v41-tiny-bf16", "v41-tiny-noengram"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           for (char& ch : s)
-                             if (ch == '-') ch = '_';
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, ForwardFixture, testing::ValuesIn(test::kFixtures), test::FixtureName());
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
+#include "fixture.h"
 #include "test_util.h"
 
 using namespace dsv41;
@@ -17,9 +18,7 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string fixture(const std::string& name, const std::string& file) {
-  return std::string(DSV41_TEST_DATA) + "/fixtures/" + name + "/" + file;
-}
+std::string fixture(const std::string& name, const std::string& file) { return test::fixture_dir(name) + "/" + file; }
 
 }  // namespace
 
@@ -47,13 +46,7 @@ TEST_P(WeightsMapOfFixture, EqualsTheReferenceCheckpointLayout) {
   for (auto& [name, spec] : ours) EXPECT_TRUE(official.contains(name)) << "not in the reference checkpoint: " << name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, WeightsMapOfFixture, testing::Values("v41-tiny", "v41-tiny-bf16", "v41-tiny-noengram"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           for (char& ch : s)
-                             if (ch == '-') ch = '_';
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, WeightsMapOfFixture, testing::ValuesIn(test::kFixtures), test::FixtureName());
 
 TEST(WeightsMap, CountsLogicalParametersOfPackedFp4) {
   Config c = preset("tiny");
