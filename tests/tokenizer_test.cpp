@@ -386,12 +386,11 @@ TEST(Tokenizer, InvalidUtf8IsReadAsReplacementCharacters) {
   EXPECT_EQ(tok.encode("\xed\xa0\x80"), tok.encode("\ufffd\ufffd\ufffd"));  // a surrogate: three
 }
 
-TEST(Unicode, RepairAndCompletePrefix) {
-  EXPECT_EQ(unicode::to_valid_utf8("a\xc0\xafz"), "a\ufffd\ufffdz");
-  EXPECT_EQ(unicode::to_valid_utf8("\xf0\x9f\x98"), "\ufffd");
-  EXPECT_EQ(unicode::complete_prefix_length("ab\xe4\xbd"), 2u);
-  EXPECT_EQ(unicode::complete_prefix_length("ab\xe4\xbd\xa0"), 5u);
-  EXPECT_EQ(unicode::complete_prefix_length("ab\xff"), 3u);  // never completable: not held back
+TEST(Unicode, RepairIsMaximalSubparts) {
+  EXPECT_EQ(unicode::to_valid_utf8("a\xc0\xafz"), "a\ufffd\ufffdz");  // overlong: two bytes, two U+FFFD
+  EXPECT_EQ(unicode::to_valid_utf8("\xf0\x9f\x98"), "\ufffd");         // truncated: one
+  EXPECT_EQ(unicode::to_valid_utf8("\xf4\x90\x80\x80"), "\ufffd\ufffd\ufffd\ufffd");  // above U+10FFFF
+  EXPECT_TRUE(unicode::is_valid_utf8("h\xc3\xa9\xf0\x9f\x98\x80"));
 }
 
 TEST(StreamDecoder, HoldsBackHalfCharacters) {

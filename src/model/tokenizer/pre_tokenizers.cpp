@@ -1,6 +1,6 @@
 #include "model/tokenizer/pre_tokenizers.h"
 
-#include <cstring>
+#include <algorithm>
 
 #include "base/error.h"
 #include "model/tokenizer/byte_level.h"
@@ -33,11 +33,13 @@ struct Span {
 };
 
 // Cuts `piece` at the matches (offsets relative to the piece) and appends the non-empty
-// resulting pieces to `out`, following HF's rules for each behaviour.
+// resulting pieces to `out`, following HF's rules for each behaviour. `spans` and `merged` are
+// scratch space, passed in to be reused from piece to piece.
 void split_piece(const Piece& piece, const std::vector<Match>& matches, Behavior behavior, bool invert,
-                 std::vector<Piece>& out) {
+                 std::vector<Span>& spans, std::vector<Span>& merged, std::vector<Piece>& out) {
   // The piece as alternating spans: the gaps between matches and the matches themselves.
-  std::vector<Span> spans;
+  spans.clear();
+  merged.clear();
   size_t prev = 0, length = piece.end - piece.begin;
   for (const Match& m : matches) {
     if (prev < m.begin) spans.push_back({prev, m.begin, false});
@@ -48,14 +50,13 @@ void split_piece(const Piece& piece, const std::vector<Match>& matches, Behavior
   if (invert)
     for (Span& s : spans) s.is_match = !s.is_match;
 
-  std::vector<Span> merged;
   switch (behavior) {
     case Behavior::Removed:
       for (const Span& s : spans)
         if (!s.is_match) merged.push_back(s);
       break;
     case Behavior::Isolated:
-      merged = spans;
+      merged.swap(spans);
       break;
     case Behavior::MergedWithPrevious: {
       // A match joins the piece before it, unless that piece is itself a match.
@@ -72,15 +73,14 @@ void split_piece(const Piece& piece, const std::vector<Match>& matches, Behavior
     case Behavior::MergedWithNext: {
       // Mirror image: a match joins the piece after it, unless that piece is a match.
       bool next_match = false;
-      std::vector<Span> reversed;
       for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
-        if (it->is_match && !next_match && !reversed.empty())
-          reversed.back().begin = it->begin;
+        if (it->is_match && !next_match && !merged.empty())
+          merged.back().begin = it->begin;
         else
-          reversed.push_back(*it);
+          merged.push_back(*it);
         next_match = it->is_match;
       }
-      merged.assign(reversed.rbegin(), reversed.rend());
+      std::reverse(merged.begin(), merged.end());
       break;
     }
     case Behavior::Contiguous: {
@@ -104,10 +104,11 @@ void split_all(PreTokenized& s, Behavior behavior, bool invert, Find&& find) {
   std::vector<Piece> out;
   out.reserve(s.pieces.size() * 2);
   std::vector<Match> matches;
+  std::vector<Span> spans, merged;
   for (const Piece& p : s.pieces) {
     matches.clear();
     find(std::string_view(s.text).substr(p.begin, p.end - p.begin), matches);
-    split_piece(p, matches, behavior, invert, out);
+    split_piece(p, matches, behavior, invert, spans, merged, out);
   }
   s.pieces = std::move(out);
 }

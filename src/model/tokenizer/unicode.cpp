@@ -111,20 +111,6 @@ std::string to_valid_utf8(std::string_view text) {
   return out;
 }
 
-size_t complete_prefix_length(std::string_view text) {
-  // Only the last 3 bytes can belong to an unfinished sequence.
-  auto s = reinterpret_cast<const unsigned char*>(text.data());
-  size_t n = text.size();
-  for (size_t back = 1; back <= 3 && back <= n; ++back) {
-    size_t start = n - back;
-    if ((s[start] & 0xC0) == 0x80) continue;  // a continuation byte: look further back
-    int full;
-    int k = valid_prefix(s + start, back, full);
-    return (k == int(back) && full > int(back)) ? start : n;
-  }
-  return n;
-}
-
 std::string normalize(std::string_view text, Form form) {
   if (is_ascii(text)) return std::string(text);
   int options = UTF8PROC_STABLE;

@@ -26,10 +26,6 @@ bool is_valid_utf8(std::string_view text);
 // String::from_utf8_lossy and the WHATWG decoder do (so one bad byte gives one U+FFFD).
 std::string to_valid_utf8(std::string_view text);
 
-// Length of the longest prefix of `text` that does not end inside a UTF-8 sequence that more
-// bytes could still complete. Used to hold back half a character.
-size_t complete_prefix_length(std::string_view text);
-
 enum class Form { NFC, NFD, NFKC, NFKD };
 std::string normalize(std::string_view text, Form form);
 
