@@ -1,5 +1,6 @@
-// The exact-mode CPU forward on random checkpoints (quantized as released: fp8 dense, fp4
-// experts): prefill tokens/s and decode tokens/s for `tiny` and the larger `small` preset.
+// The CPU forward on random checkpoints (quantized as released: fp8 dense, fp4 experts): prefill
+// tokens/s in exact and default (decoder bounded replay) mode, and decode tokens/s, for `tiny` and
+// the larger `small` preset.
 // Weights are read straight from the mapped checkpoint, so decode is bounded by how fast the
 // active weights stream from memory; the counters report the active bytes per token.
 #include <benchmark/benchmark.h>
@@ -42,12 +43,12 @@ std::vector<int> prompt(int64_t n, int64_t vocab) {
   return ids;
 }
 
-void BM_Prefill(benchmark::State& state, const std::string& name) {
+void BM_Prefill(benchmark::State& state, const std::string& name, Mode mode) {
   const Loaded& l = loaded(name);
   const std::vector<int> ids = prompt(state.range(0), l.model->config().vocab_size);
   for (auto _ : state) {
-    Session session(*l.model, l.tokenizer.get());
-    benchmark::DoNotOptimize(session.run(ids));
+    Session session(*l.model, l.tokenizer.get(), mode);
+    benchmark::DoNotOptimize(session.prefill(ids));
   }
   state.counters["tokens/s"] = benchmark::Counter(double(state.iterations() * state.range(0)), benchmark::Counter::kIsRate);
 }
@@ -55,16 +56,18 @@ void BM_Prefill(benchmark::State& state, const std::string& name) {
 void BM_Decode(benchmark::State& state, const std::string& name) {
   const Loaded& l = loaded(name);
   Session session(*l.model, l.tokenizer.get());
-  session.run(prompt(state.range(0), l.model->config().vocab_size));
+  session.prefill(prompt(state.range(0), l.model->config().vocab_size));
   int next = 5;
-  for (auto _ : state) benchmark::DoNotOptimize(session.run(std::span<const int>(&next, 1)));
+  for (auto _ : state) benchmark::DoNotOptimize(session.decode(next));
   state.counters["tokens/s"] = benchmark::Counter(double(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["active_params"] = double(account(l.model->config(), 1).params.active_decode);
 }
 
-BENCHMARK_CAPTURE(BM_Prefill, tiny, std::string("tiny"))->Arg(256)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Prefill, tiny_exact, std::string("tiny"), Mode::Exact)->Arg(256)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Prefill, tiny_default, std::string("tiny"), Mode::Default)->Arg(256)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Decode, tiny, std::string("tiny"))->Arg(256)->Iterations(64)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Prefill, small, std::string("small"))->Arg(256)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Prefill, small_exact, std::string("small"), Mode::Exact)->Arg(256)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Prefill, small_default, std::string("small"), Mode::Default)->Arg(256)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Decode, small, std::string("small"))->Arg(256)->Iterations(32)->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -37,7 +37,7 @@ TEST(ForwardModel, SequenceHoldsTheAccountedKvBytes) {
   const int64_t ring = int64_t(c.n_layers) * c.window_size * int64_t(swa_fp8::bytes(c.head_dim));
   for (int64_t n : {64, 128}) {
     std::vector<int> ids(static_cast<size_t>(n - session.length()), 7);
-    session.run(ids);
+    session.prefill(ids);
     const double global = account(c, 1).kv.global_bytes_per_token;
     EXPECT_EQ(double(session.state().kv_bytes() - ring), global * double(n)) << n << " tokens";
   }

@@ -27,10 +27,12 @@ struct Pass {
   const Model& model;
   const Config& c;
   SequenceState& state;
-  const int64_t start, rows;
+  int64_t start, rows;  // the rows still running: decoder bounded replay drops the first ones
   Trace* trace;
   std::vector<std::vector<int64_t>> topk;        // [row] compressed entries attended, -1 = none
   std::vector<std::vector<uint8_t>> candidates;  // [row] mask over compressed entries
+  int64_t window_floor = 0;   // positions below it are outside the current layer's window
+  bool kv_projected = false;  // the decoder kv-source already compressed this call's rows
 
   int64_t pos(int64_t row) const { return start + row; }
   float eps() const { return float(c.norm_eps); }
@@ -186,7 +188,7 @@ void attention(Pass& p, int l, const Rows& x, Rows& out) {
 
   Rows compressed_kv;
   if (ratio > 0) {
-    if (c.is_kv_source(l)) compress(p, l, x);
+    if (c.is_kv_source(l) && !p.kv_projected) compress(p, l, x);
     if (c.is_index_source(l)) index(p, l, x, qr);
     const CompressedCache& cache = p.state.compressed.at(c.kv_source_of(l));
     compressed_kv.resize(size_t(cache.entries * hd));
@@ -205,12 +207,17 @@ void attention(Pass& p, int l, const Rows& x, Rows& out) {
     // (the decode ring's order).
     entries.clear();
     const int64_t pos = p.pos(r);
+    // Bounded replay truncates the window at its segment start s = window_floor: positions
+    // before it are empty slots.
     if (p.start == 0) {
       const int64_t base = std::max<int64_t>(0, r - W + 1);
-      for (int64_t j = 0; j < std::min(R, W); ++j) entries.push_back(base + j > r ? nullptr : kv.data() + (base + j) * hd);
+      for (int64_t j = 0; j < std::min(R, W); ++j)
+        entries.push_back(base + j > r || base + j < p.window_floor ? nullptr : kv.data() + (base + j) * hd);
     } else {
       for (int64_t t = pos - W + 1; t <= pos; ++t)
-        entries.push_back(t < 0 ? nullptr : t < p.start ? ring_kv.data() + (t % W) * hd : kv.data() + (t - p.start) * hd);
+        entries.push_back(t < std::max<int64_t>(0, p.window_floor) ? nullptr
+                          : t < p.start                           ? ring_kv.data() + (t % W) * hd
+                                                                  : kv.data() + (t - p.start) * hd);
     }
     if (ratio > 0)
       for (int64_t t : p.topk[r]) entries.push_back(t < 0 ? nullptr : compressed_kv.data() + t * hd);
@@ -307,10 +314,31 @@ void engram(Pass& p, int l, const int64_t* ids, Rows& X) {
 
 }  // namespace
 
+// Decoder bounded replay (DESIGN §3): the rows before `from` run the encoder and the decoder's KV
+// projection only (the kv-source at the decoder start compresses the collapsed stream entering it),
+// then leave the call. Returns how many rows were dropped.
+int64_t drop_encoder_only_rows(Pass& p, int64_t from, Rows& X, Rows& pre_mix, Rows& h) {
+  const Config& c = p.c;
+  const int64_t hc = c.hc_mult, d = c.dim, ds = c.decoder_start();
+  const int64_t cut = std::clamp<int64_t>(from - p.start, 0, p.rows);
+  if (cut == 0) return 0;
+  const LayerWeights& L = p.model.layer(int(ds));
+  for (int64_t r = 0; r < p.rows; ++r) hc_pre(X.data() + r * hc * d, pre_mix.data() + r * hc, int(hc), d, h.data() + r * d);
+  rms_norm(h.data(), p.rows, d, &L.attn_norm, p.eps(), h.data());
+  compress(p, int(ds), h);
+  p.kv_projected = true;
+  X.erase(X.begin(), X.begin() + cut * hc * d);
+  pre_mix.erase(pre_mix.begin(), pre_mix.begin() + cut * hc);
+  p.start += cut;
+  p.rows -= cut;
+  return cut;
+}
+
 std::vector<float> forward(const Model& model, SequenceState& state, std::span<const int> tokens, const int64_t* engram_ids,
                            const ForwardOptions& options) {
   const Config& c = model.config();
-  const int64_t R = int64_t(tokens.size()), d = c.dim, hc = c.hc_mult;
+  const int64_t d = c.dim, hc = c.hc_mult, n_tokens = int64_t(tokens.size());
+  int64_t R = n_tokens;
   if (R == 0) fail("forward", "at least one token", "none");
   if (c.has_engram() && !engram_ids) fail("forward", "Engram hash ids for a model with Engram", "none");
   Pass p{model, c, state, state.length, R, options.trace, {}, {}};
@@ -345,8 +373,19 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
       std::copy(mixed.begin(), mixed.end(), X.begin() + r * hc * d);
     }
   };
+  const int ds = c.decoder_start();
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = model.layer(l);
+    if (l == ds) {
+      state.decoder_window_floor = std::max(state.decoder_window_floor, options.decoder_from);
+      if (!options.keep_replayed_rows) {
+        const int64_t cut = drop_encoder_only_rows(p, options.decoder_from, X, pre_mix, h);
+        if (engram_ids) engram_ids += cut * int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+        R = p.rows;
+        if (R == 0) break;
+      }
+    }
+    p.window_floor = l >= ds ? state.decoder_window_floor : 0;
     if (L.engram) engram(p, l, engram_ids, X);
 
     // Single-pass mHC: this block's attention reads the streams with the `pre` the previous
@@ -370,7 +409,8 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
       p.trace->block_pre_mix[size_t(l)] = pre_mix;
     }
   }
-  state.length += R;
+  state.length += n_tokens;
+  if (R == 0) return {};
 
   // The last FFN's `pre` folds the streams; then the final norm and the fp32 head.
   const int64_t first = options.all_logits ? 0 : R - 1, n = R - first;

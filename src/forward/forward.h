@@ -35,10 +35,19 @@ struct Trace {
 struct ForwardOptions {
   bool all_logits = false;  // logits of every row, not only the last
   Trace* trace = nullptr;
+  // Decoder bounded replay (DESIGN §3, default mode): decoder layers run only on positions >=
+  // decoder_from, and their sliding windows never reach before it (the sequence remembers the
+  // truncation). Earlier positions run the encoder and the decoder's KV projection only.
+  // 0 = exact mode.
+  int64_t decoder_from = 0;
+  // Measurement hook: keep the truncation but run the decoder on every row, so that the effect of
+  // truncating the window can be told apart from that of dropping rows.
+  bool keep_replayed_rows = false;
 };
 
 // Runs `tokens` at positions state.length, state.length + 1, ... and advances the state. Returns
-// the logits [rows, vocab] (fp32): every row with all_logits, else the last one. `engram_ids`
+// the logits [rows, vocab] (fp32): every row with all_logits, else the last one (rows dropped by
+// bounded replay have none; a call whose rows all precede decoder_from returns none). `engram_ids`
 // [rows, engram layers, hash columns] holds the Engram hash rows of the tokens when the model has
 // Engram (nullptr otherwise).
 std::vector<float> forward(const Model& model, SequenceState& state, std::span<const int> tokens,

@@ -24,6 +24,7 @@ struct SequenceState {
   explicit SequenceState(const Config& config);
 
   int64_t length = 0;                            // tokens already run
+  int64_t decoder_window_floor = 0;              // decoder windows start here (bounded replay)
   std::vector<std::vector<uint8_t>> window;      // per backbone layer: W × swa_fp8::bytes(head_dim)
   std::map<int, CompressedCache> compressed;     // by kv-source layer
 
