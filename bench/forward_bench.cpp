@@ -63,11 +63,11 @@ void BM_Decode(benchmark::State& state, const std::string& name) {
   state.counters["active_params"] = double(account(l.model->config(), 1).params.active_decode);
 }
 
-BENCHMARK_CAPTURE(BM_Prefill, tiny_exact, std::string("tiny"), Mode::Exact)->Arg(256)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Prefill, tiny_default, std::string("tiny"), Mode::Default)->Arg(256)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Decode, tiny, std::string("tiny"))->Arg(256)->Iterations(64)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Prefill, small_exact, std::string("small"), Mode::Exact)->Arg(256)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Prefill, small_default, std::string("small"), Mode::Default)->Arg(256)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Decode, small, std::string("small"))->Arg(256)->Iterations(32)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Prefill, tiny_exact, std::string("tiny"), Mode::Exact)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Prefill, tiny_default, std::string("tiny"), Mode::Default)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Decode, tiny, std::string("tiny"))->Arg(256)->Iterations(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Prefill, small_exact, std::string("small"), Mode::Exact)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Prefill, small_default, std::string("small"), Mode::Default)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Decode, small, std::string("small"))->Arg(256)->Iterations(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
