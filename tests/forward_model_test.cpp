@@ -42,3 +42,20 @@ TEST(ForwardModel, SequenceHoldsTheAccountedKvBytes) {
     EXPECT_EQ(double(session.state().kv_bytes() - ring), global * double(n)) << n << " tokens";
   }
 }
+
+// A batch advances each sequence by its own tokens, as if each ran alone.
+TEST(ForwardModel, BatchEqualsSequencesRunAlone) {
+  test::TempDir dir("forward_model_test");
+  Config c = preset("tiny");
+  c.engram_layer_ids.clear();  // hash ids are the session's business; this is the forward's
+  c.engram_num_embeddings.clear();
+  write_random_checkpoint(c, dir.string(), {});
+  auto model = Model::load(dir.string());
+  const std::vector<int> a = {0, 11, 12, 13, 14}, b = {0, 99, 98};
+  SequenceState sa(model->config()), sb(model->config()), alone_a(model->config()), alone_b(model->config());
+  std::vector<std::vector<float>> batched = forward_batch(*model, {{&sa, a}, {&sb, b}});
+  EXPECT_EQ(batched[0], forward(*model, alone_a, a, nullptr));
+  EXPECT_EQ(batched[1], forward(*model, alone_b, b, nullptr));
+  EXPECT_EQ(sa.length, 5);
+  EXPECT_EQ(sb.length, 3);
+}
