@@ -9,6 +9,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libopenblas-dev
   libutf8proc-dev libpcre2-dev
+  libxxhash-dev
   bible-kjv bible-kjv-text
 )
 
