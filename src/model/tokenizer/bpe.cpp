@@ -189,17 +189,14 @@ int BpeModel::symbol_id(std::string_view s) const {
 
 void BpeModel::tokenize(std::string_view word, std::vector<int>& out) const {
   if (word.empty()) return;
-  if (ignore_merges_) {
-    int id = symbol_id(word);
-    if (id >= 0) {
-      out.push_back(id);
-      return;
-    }
-  }
   bool cacheable = word.size() <= kMaxCachedWordBytes;
   if (cacheable && cache_->get(word, out)) return;
   size_t start = out.size();
-  merge_word(word, out);
+  int whole = ignore_merges_ ? symbol_id(word) : -1;
+  if (whole >= 0)
+    out.push_back(whole);
+  else
+    merge_word(word, out);
   if (cacheable) cache_->put(word, out.data() + start, out.size() - start);
 }
 

@@ -10,7 +10,7 @@ namespace dsv41::byte_level {
 namespace {
 
 struct Alphabet {
-  std::array<std::string, 256> chars;
+  std::array<std::string, 256> chars;  // UTF-8, one or two bytes each
   std::array<int16_t, 512> bytes;  // every code point of the alphabet is below 512
 
   Alphabet() {
@@ -32,7 +32,10 @@ const Alphabet& alphabet() {
 
 }  // namespace
 
-std::string_view char_of(uint8_t b) { return alphabet().chars[b]; }
+void append_mapped(std::string_view bytes, std::string& out) {
+  const Alphabet& a = alphabet();
+  for (unsigned char b : bytes) out.append(a.chars[b]);
+}
 
 int byte_of(char32_t cp) { return cp < 512 ? alphabet().bytes[cp] : -1; }
 

@@ -98,34 +98,47 @@ void split_piece(const Piece& piece, const std::vector<Match>& matches, Behavior
     if (s.end > s.begin) out.push_back({piece.begin + s.begin, piece.begin + s.end, piece.at_start && s.begin == 0});
 }
 
+// Buffers reused from call to call on each thread: without them, allocation would cost more
+// than the splitting of a short line. Swapped with the PreTokenized ones, so both keep their
+// capacity.
+struct Scratch {
+  std::string text;
+  std::vector<Piece> pieces;
+  std::vector<Match> matches;
+  std::vector<Span> spans, merged;
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
 // Applies `find` (which lists the matches of one piece) and the behaviour to every piece.
 template <class Find>
 void split_all(PreTokenized& s, Behavior behavior, bool invert, Find&& find) {
-  std::vector<Piece> out;
-  out.reserve(s.pieces.size() * 2);
-  std::vector<Match> matches;
-  std::vector<Span> spans, merged;
+  Scratch& x = scratch();
+  x.pieces.clear();
   for (const Piece& p : s.pieces) {
-    matches.clear();
-    find(std::string_view(s.text).substr(p.begin, p.end - p.begin), matches);
-    split_piece(p, matches, behavior, invert, spans, merged, out);
+    x.matches.clear();
+    find(std::string_view(s.text).substr(p.begin, p.end - p.begin), x.matches);
+    split_piece(p, x.matches, behavior, invert, x.spans, x.merged, x.pieces);
   }
-  s.pieces = std::move(out);
+  s.pieces.swap(x.pieces);
 }
 
 // Rebuilds the text from its pieces, each passed through `rewrite(piece_text, piece, out)`,
 // which appends the new text of the piece to `out`.
 template <class Rewrite>
 void rewrite_all(PreTokenized& s, Rewrite&& rewrite) {
-  std::string text;
-  text.reserve(s.text.size() + s.text.size() / 4);
+  std::string& text = scratch().text;
+  text.clear();
   for (Piece& p : s.pieces) {
     size_t begin = text.size();
     rewrite(std::string_view(s.text).substr(p.begin, p.end - p.begin), p, text);
     p.begin = begin;
     p.end = text.size();
   }
-  s.text = std::move(text);
+  s.text.swap(text);
 }
 
 class Split final : public PreTokenizer {
@@ -176,9 +189,7 @@ class ByteLevel final : public PreTokenizer {
       });
     if (regex_)
       split_all(s, Behavior::Isolated, false, [&](std::string_view t, std::vector<Match>& m) { regex_->find_all(t, m); });
-    rewrite_all(s, [](std::string_view t, const Piece&, std::string& out) {
-      for (unsigned char b : t) out.append(byte_level::char_of(b));
-    });
+    rewrite_all(s, [](std::string_view t, const Piece&, std::string& out) { byte_level::append_mapped(t, out); });
   }
 
  private:

@@ -143,7 +143,9 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_special_token
   }
   std::vector<int> ids;
   ids.reserve(text.size() / 3 + 4);
-  PreTokenized scratch;
+  // Kept per thread so that its buffers outlive one call (encode is const and may run on
+  // several threads; it never re-enters itself).
+  thread_local PreTokenized scratch;
   auto push_token = [&](int id) { ids.push_back(id); };
   // 1. Added tokens matched on the raw text; 2. the text between them normalized, and added
   // tokens with normalized = true matched in it; 3. what is left pre-tokenized and encoded.
