@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <shared_mutex>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"

@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -49,7 +48,7 @@ class BpeModel {
   class WordCache;
 
   BpeModel();
-  // The id of one initial symbol (a character with its prefix/suffix), or -1.
+  // The id of a string of the vocabulary, or -1.
   int symbol_id(std::string_view s) const;
   void merge_word(std::string_view word, std::vector<int>& out) const;
 
