@@ -1,0 +1,303 @@
+#include "kv/persistent_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string_view>
+#include <utility>
+
+#include "base/error.h"
+#include "kv/block_file.h"
+#include "model/safetensors.h"
+
+namespace dsv41 {
+namespace {
+
+constexpr std::string_view kBlockSuffix = ".blk";
+// write_file_atomically writes to path + ".tmp" before renaming.
+constexpr std::string_view kTempSuffix = ".blk.tmp";
+constexpr size_t kShards = 256;
+
+std::string errno_text() { return std::strerror(errno); }
+
+// A shard is named by the first byte of its keys, as to_hex spells it.
+std::string shard_name(size_t shard) {
+  constexpr char kDigits[] = "0123456789abcdef";
+  return {kDigits[shard >> 4 & 15], kDigits[shard & 15]};
+}
+
+bool ends_with(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+// Closes a descriptor when it goes out of scope.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// The whole file, or nothing if it does not exist (evicted or deleted meanwhile). A read that
+// fails part way returns what it got, which then fails the block's checks like any damage.
+std::optional<std::vector<uint8_t>> read_whole_file(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return std::nullopt;
+    fail(path, "a readable block file", errno_text());
+  }
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) fail(path, "a block file we can stat", errno_text());
+  std::vector<uint8_t> bytes(static_cast<size_t>(info.st_size));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t got = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    done += static_cast<size_t>(got);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
+// Deletes a block file; one already gone is fine (the goal is its absence).
+void remove_file(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) fail(path, "a block file we can delete", errno_text());
+}
+
+}  // namespace
+
+PersistentStore::PersistentStore(PersistentStoreOptions options) : options_(std::move(options)) {
+  const std::string& dir = options_.dir;
+  if (options_.fingerprint.empty() || options_.fingerprint.size() > kMaxFingerprintBytes)
+    fail(dir, "a fingerprint of 1 to " + std::to_string(kMaxFingerprintBytes) + " bytes",
+         std::to_string(options_.fingerprint.size()) + " bytes");
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) fail(dir, "a directory we can create", error.message());
+
+  // Two processes on one directory would delete each other's temporary files as crash
+  // leftovers, and evict without seeing each other's budget.
+  const std::string lock_path = dir + "/LOCK";
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) fail(lock_path, "a lock file we can create", errno_text());
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    const std::string why = errno == EWOULDBLOCK ? "it open in another process" : errno_text();
+    ::close(lock_fd_);
+    fail(dir, "a store directory no other process has open", why);
+  }
+
+  try {
+    // The shard directories are made once, here, and the store directory synced, so that a
+    // block's rename (which syncs only its shard) is durable without syncing the parent each time.
+    for (size_t shard = 0; shard < kShards; ++shard) {
+      std::filesystem::create_directory(dir + "/" + shard_name(shard), error);
+      if (error) fail(dir + "/" + shard_name(shard), "a directory we can create", error.message());
+    }
+    Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) fail(dir, "a directory we can sync", errno_text());
+    scan();
+  } catch (...) {
+    ::close(lock_fd_);
+    throw;
+  }
+}
+
+PersistentStore::~PersistentStore() { ::close(lock_fd_); }
+
+std::string PersistentStore::path_of(const BlockKey& key) const {
+  const std::string hex = to_hex(key);
+  return options_.dir + "/" + hex.substr(0, 2) + "/" + hex + std::string(kBlockSuffix);
+}
+
+// Rebuilds the index from the headers alone (one small read per file): the payload checksum is
+// verified when a block is read, so that opening a store of tens of thousands of blocks does
+// not read all of their bytes.
+void PersistentStore::scan() {
+  struct Found {
+    BlockKey key;
+    uint64_t file_bytes;
+    int64_t created_ms;
+  };
+  std::vector<Found> found;
+  const int64_t now = options_.clock->now_ms();
+  for (size_t shard = 0; shard < kShards; ++shard) {
+    const std::string shard_dir = options_.dir + "/" + shard_name(shard);
+    std::error_code error;
+    for (const auto& item : std::filesystem::directory_iterator(shard_dir, error)) {
+      const std::string name = item.path().filename().string();
+      const std::string path = item.path().string();
+      if (ends_with(name, kTempSuffix)) {
+        remove_file(path);
+        ++counters_.removed_temp_files;
+        continue;
+      }
+      // Files not named as blocks are not ours to delete, whatever they hold.
+      if (name.size() != 32 + kBlockSuffix.size() || !ends_with(name, kBlockSuffix)) continue;
+
+      std::optional<BlockHeader> header;
+      {
+        Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+        struct stat info {};
+        if (fd.get() >= 0 && ::fstat(fd.get(), &info) == 0 && S_ISREG(info.st_mode))
+          header = read_block_header(fd.get(), static_cast<uint64_t>(info.st_size), options_.fingerprint);
+      }
+      // The name must be the key's, in the key's shard: a block found under another name
+      // would be served for a prefix it does not hold.
+      if (!header || to_hex(header->key) + std::string(kBlockSuffix) != name || name.substr(0, 2) != shard_name(shard)) {
+        remove_file(path);
+        ++counters_.dropped_files;
+        continue;
+      }
+      // A creation time in the future (a clock set back) would keep the block young for longer
+      // than the lifetime; it counts from now instead.
+      found.push_back(Found{header->key, header->file_bytes(), std::min(header->created_ms, now)});
+    }
+    if (error) fail(shard_dir, "a directory we can list", error.message());
+  }
+  // Until a block is used in this process, its creation time stands for its last use.
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.created_ms < b.created_ms; });
+  for (const Found& block : found) insert_locked(block.key, block.file_bytes, block.created_ms);
+}
+
+void PersistentStore::insert_locked(const BlockKey& key, uint64_t file_bytes, int64_t created_ms) {
+  lru_.push_front(key);
+  index_.emplace(key, Entry{file_bytes, created_ms, next_generation_++, lru_.begin()});
+  bytes_ += file_bytes;
+}
+
+void PersistentStore::erase_locked(const BlockKey& key) {
+  const auto it = index_.find(key);
+  bytes_ -= it->second.file_bytes;
+  lru_.erase(it->second.lru);
+  index_.erase(it);
+}
+
+PutResult PersistentStore::put(const BlockKey& key, std::span<const int32_t> tokens,
+                               std::span<const uint8_t> payload) {
+  const uint64_t file_bytes = block_file_bytes(options_.fingerprint.size(), tokens.size(), payload.size());
+  const int64_t now = options_.clock->now_ms();
+  const std::string path = path_of(key);
+  {
+    std::lock_guard lock(mutex_);
+    if (index_.contains(key) || writing_.contains(key)) return PutResult::kPresent;
+
+    // Choose victims first, and evict only if they make enough room: a refused write must not
+    // cost the store any blocks.
+    const uint64_t budget = options_.budget_bytes;
+    const uint64_t used = bytes_ + reserved_;
+    uint64_t freed = 0;
+    std::vector<BlockKey> victims;
+    auto fits = [&] { return file_bytes <= budget && used - freed <= budget - file_bytes; };
+    for (auto it = lru_.rbegin(); it != lru_.rend() && !fits() && file_bytes <= budget; ++it) {
+      const Entry& entry = index_.at(*it);
+      if (now - entry.created_ms < options_.lifetime_ms) continue;  // young: never evicted
+      victims.push_back(*it);
+      freed += entry.file_bytes;
+    }
+    if (!fits()) {
+      ++counters_.refused_writes;
+      return PutResult::kRefused;
+    }
+    for (const BlockKey& victim : victims) {
+      remove_file(path_of(victim));
+      erase_locked(victim);
+      ++counters_.evictions;
+    }
+    writing_.insert(key);
+    reserved_ += file_bytes;
+  }
+
+  auto release = [&] {
+    writing_.erase(key);
+    reserved_ -= file_bytes;
+  };
+  try {
+    const EncodedBlock block = encode_block(key, now, options_.fingerprint, tokens, payload);
+    const std::span<const uint8_t> parts[] = {block.header, block.payload, block.trailer};
+    write_file_atomically(path, parts);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    release();
+    throw;
+  }
+  std::lock_guard lock(mutex_);
+  release();
+  insert_locked(key, file_bytes, now);
+  return PutResult::kStored;
+}
+
+std::optional<std::vector<uint8_t>> PersistentStore::get(const BlockKey& key, std::span<const int32_t> tokens) {
+  uint64_t generation = 0;
+  {
+    std::lock_guard lock(mutex_);
+    const auto it = index_.find(key);
+    if (it == index_.end()) {
+      ++counters_.misses;
+      return std::nullopt;
+    }
+    generation = it->second.generation;
+  }
+
+  // Read and check outside the lock: a block is large, and other keys need not wait for it.
+  const std::string path = path_of(key);
+  const std::optional<std::vector<uint8_t>> file = read_whole_file(path);
+  std::optional<DecodedBlock> block;
+  if (file) block = decode_block(*file, options_.fingerprint, key);
+
+  std::lock_guard lock(mutex_);
+  const auto it = index_.find(key);
+  const bool current = it != index_.end() && it->second.generation == generation;
+  if (!block) {
+    // Damaged, or deleted behind the store's back. Unless a new write replaced it meanwhile,
+    // the entry goes, and the damaged file with it, so that it is never read again.
+    if (current) {
+      remove_file(path);
+      erase_locked(key);
+      if (file) ++counters_.dropped_files;
+    }
+    ++counters_.misses;
+    return std::nullopt;
+  }
+  if (!std::ranges::equal(block->tokens, tokens)) {
+    ++counters_.collisions;
+    ++counters_.misses;
+    return std::nullopt;
+  }
+  if (current) lru_.splice(lru_.begin(), lru_, it->second.lru);
+  ++counters_.hits;
+  return std::vector<uint8_t>(block->payload.begin(), block->payload.end());
+}
+
+bool PersistentStore::contains(const BlockKey& key) const {
+  std::lock_guard lock(mutex_);
+  return index_.contains(key);
+}
+
+PersistentStoreStats PersistentStore::stats() const {
+  std::lock_guard lock(mutex_);
+  PersistentStoreStats stats = counters_;
+  stats.blocks = index_.size();
+  stats.bytes = bytes_;
+  if (!index_.empty()) {
+    int64_t oldest = index_.begin()->second.created_ms;
+    for (const auto& [key, entry] : index_) oldest = std::min(oldest, entry.created_ms);
+    stats.oldest_age_ms = options_.clock->now_ms() - oldest;
+  }
+  return stats;
+}
+
+}  // namespace dsv41
