@@ -101,14 +101,18 @@ PersistentStore::PersistentStore(PersistentStoreOptions options) : options_(std:
   }
 
   try {
-    // The shard directories are made once, here, and the store directory synced, so that a
-    // block's rename (which syncs only its shard) is durable without syncing the parent each time.
+    // The shard directories are made once, here, and the store directory synced if any was
+    // new, so that a block's rename (which syncs only its shard) is durable without syncing the
+    // parent each time.
+    bool created = false;
     for (size_t shard = 0; shard < kShards; ++shard) {
-      std::filesystem::create_directory(dir + "/" + shard_name(shard), error);
+      created |= std::filesystem::create_directory(dir + "/" + shard_name(shard), error);
       if (error) fail(dir + "/" + shard_name(shard), "a directory we can create", error.message());
     }
-    Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) fail(dir, "a directory we can sync", errno_text());
+    if (created) {
+      Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) fail(dir, "a directory we can sync", errno_text());
+    }
     scan();
   } catch (...) {
     ::close(lock_fd_);
