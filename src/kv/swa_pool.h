@@ -1,0 +1,105 @@
+#pragma once
+// The SWA pool (DESIGN §4): snapshots of a sequence's sliding-window KV, taken at two points of
+// every turn (the end of the prompt and the end of the output), kept in host DRAM for a short time
+// so that the next turn of the same conversation continues exactly instead of replaying the
+// encoder over the last W positions (DESIGN §3). Never written to disk: a snapshot is ~2.8 MB for
+// V4.1-Flash and worth keeping only while a user is likely to come back.
+//
+// An entry is keyed by the prefix it ends (PrefixKeys::prefix_key of all its tokens) and by its
+// exact position (the token count), and holds two opaque byte strings: every layer's SWA ring and
+// the small per-sequence state needed to continue (Engram history, published candidates and top-k,
+// drafter window).
+//
+// Policies (docs/kv-tiers.md):
+//  * TTL from the last use: put and every hit set an entry's expiry to now + ttl. An expired entry
+//    is never served, and its space is released before any live entry is evicted. Expiry is
+//    checked at every put and get, so expired space is reused at once.
+//  * A byte budget; when a put does not fit after releasing the expired, live entries are evicted
+//    least recently used first. An entry larger than the whole budget is refused and counted.
+// Since the TTL runs from the last use, least recently used is also soonest to expire: the expired
+// entries are always the tail of the LRU list, and releasing them costs only what is released.
+//
+// All members are safe to call from several threads at once.
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/block_key.h"
+#include "kv/clock.h"
+#include "kv/host_cache.h"
+
+namespace dsv41 {
+
+struct SwaSnapshot {
+  std::vector<uint8_t> rings;  // every layer's SWA ring, as the caller lays them out
+  std::vector<uint8_t> state;  // the small per-sequence state, likewise opaque
+  int64_t bytes() const { return int64_t(rings.size() + state.size()); }
+};
+
+struct SwaPoolStats {
+  int64_t entries = 0, bytes = 0;  // held now (expired ones included until the next put or get)
+  int64_t hits = 0, misses = 0;    // misses include gets of an expired entry
+  int64_t ttl_expiries = 0;        // entries released because their TTL ran out
+  int64_t evictions = 0;           // live entries dropped to make room
+  int64_t refused = 0;             // puts of an entry larger than the whole budget
+};
+
+struct SwaPoolOptions {
+  int64_t budget_bytes = default_dram_budget_bytes();  // 10% of RAM
+  int64_t ttl_ms = 5 * 60 * 1000;                      // 5 minutes
+  const Clock* clock = &SystemClock::instance();       // tests inject a ManualClock
+};
+
+class SwaPool {
+ public:
+  explicit SwaPool(SwaPoolOptions options = {});
+
+  // Stores the snapshot at (prefix, position), replacing any entry there, as the most recently
+  // used, with a fresh TTL. Returns false (and counts it) if it is larger than the budget.
+  bool put(const BlockKey& prefix, int64_t position, SwaSnapshot snapshot);
+  // The live snapshot at (prefix, position), its TTL renewed; null if absent or expired.
+  std::shared_ptr<const SwaSnapshot> get(const BlockKey& prefix, int64_t position);
+  // Releases every expired entry now; returns how many. put and get do this themselves; a server
+  // may also call it from a timer so that idle memory is returned without waiting for traffic.
+  int64_t release_expired();
+
+  int64_t budget_bytes() const { return options_.budget_bytes; }
+  int64_t ttl_ms() const { return options_.ttl_ms; }
+  SwaPoolStats stats() const;
+
+ private:
+  struct Slot {
+    BlockKey prefix;
+    int64_t position = 0;
+    friend bool operator==(const Slot&, const Slot&) = default;
+  };
+  struct SlotHash {
+    size_t operator()(const Slot& s) const noexcept {
+      return std::hash<BlockKey>()(s.prefix) ^ (size_t(s.position) * 0x9e3779b97f4a7c15ull);
+    }
+  };
+  struct Entry {
+    Slot slot;
+    std::shared_ptr<const SwaSnapshot> snapshot;
+    int64_t expires_ms = 0;
+  };
+  using Lru = std::list<Entry>;  // front = most recently used = latest expiry
+
+  // The clock, never allowed to run backwards here: a step back of the wall clock would otherwise
+  // put a fresh entry's expiry before an older one's and break the LRU tail = soonest expiry order.
+  int64_t now_ms();
+  int64_t release_expired_locked(int64_t now);
+  void erase(Lru::iterator it);
+
+  const SwaPoolOptions options_;
+  mutable std::mutex mutex_;
+  int64_t latest_ms_;
+  Lru lru_;
+  std::unordered_map<Slot, Lru::iterator, SlotHash> index_;
+  SwaPoolStats stats_;
+};
+
+}  // namespace dsv41
