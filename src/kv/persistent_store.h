@@ -77,7 +77,6 @@ class PersistentStore {
 
   bool contains(const BlockKey& key) const;
   PersistentStoreStats stats() const;
-  const std::string& dir() const { return options_.dir; }
 
   // Where the block with this key lives: <dir>/<first two hex digits>/<32 hex digits>.blk.
   std::string path_of(const BlockKey& key) const;
