@@ -29,7 +29,7 @@
 
 #include "kv/block_key.h"
 #include "kv/clock.h"
-#include "kv/host_cache.h"
+#include "kv/host_cache.h"  // default_dram_budget_bytes
 
 namespace dsv41 {
 
