@@ -250,20 +250,23 @@ TEST(PersistentStore, StrayFilesAreHandled) {
     path = store.path_of(key_of(1));
   }
   // Block 2's valid file under block 3's name would serve block 2's KV for block 3's prefix.
-  std::string renamed;
+  std::string renamed, folder;
   {
     PersistentStore probe(options(dir, 1 << 20));
     renamed = probe.path_of(key_of(3));
+    folder = probe.path_of(key_of(4));  // a directory named like a block: not ours
     fs::copy_file(probe.path_of(key_of(2)), renamed);
   }
   const fs::path temp = path + ".tmp";  // a write interrupted by a crash
   std::ofstream(temp) << "half a block";
   const fs::path notes = fs::path(path).parent_path() / "notes.txt";  // not ours: left alone
   std::ofstream(notes) << "keep me";
+  fs::create_directory(folder);
 
   PersistentStore store(options(dir, 1 << 20));
   EXPECT_FALSE(fs::exists(temp));
   EXPECT_TRUE(fs::exists(notes));
+  EXPECT_TRUE(fs::is_directory(folder));
   EXPECT_FALSE(fs::exists(renamed));
   EXPECT_EQ(store.stats().removed_temp_files, 1u);
   EXPECT_EQ(store.stats().dropped_files, 1u);

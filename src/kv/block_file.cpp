@@ -5,6 +5,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <new>
 
 namespace dsv41 {
 namespace {
@@ -92,12 +94,12 @@ EncodedBlock encode_block(const BlockKey& key, int64_t created_ms, std::string_v
   for (size_t i = 0; i < tokens.size(); ++i) store_le(token_bytes + 4 * i, static_cast<uint32_t>(tokens[i]), 4);
 
   // The trailer covers header and payload as one byte string; streaming avoids copying the payload.
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  XXH3_64bits_update(state, block.header.data(), block.header.size());
-  XXH3_64bits_update(state, payload.data(), payload.size());
-  store_le(block.trailer, XXH3_64bits_digest(state), 8);
-  XXH3_freeState(state);
+  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+  if (!state) throw std::bad_alloc();
+  XXH3_64bits_reset(state.get());
+  XXH3_64bits_update(state.get(), block.header.data(), block.header.size());
+  XXH3_64bits_update(state.get(), payload.data(), payload.size());
+  store_le(block.trailer, XXH3_64bits_digest(state.get()), 8);
   block.payload = payload;
   return block;
 }

@@ -142,6 +142,8 @@ void PersistentStore::scan() {
     const std::string shard_dir = options_.dir + "/" + shard_name(shard);
     std::error_code error;
     for (const auto& item : std::filesystem::directory_iterator(shard_dir, error)) {
+      // Directories, devices and the like are not ours, whatever their names.
+      if (!item.is_regular_file()) continue;
       const std::string name = item.path().filename().string();
       const std::string path = item.path().string();
       if (ends_with(name, kTempSuffix)) {
@@ -156,7 +158,7 @@ void PersistentStore::scan() {
       {
         Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
         struct stat info {};
-        if (fd.get() >= 0 && ::fstat(fd.get(), &info) == 0 && S_ISREG(info.st_mode))
+        if (fd.get() >= 0 && ::fstat(fd.get(), &info) == 0)
           header = read_block_header(fd.get(), static_cast<uint64_t>(info.st_size), options_.fingerprint);
       }
       // The name must be the key's, in the key's shard: a block found under another name
