@@ -95,7 +95,7 @@ PersistentStore::PersistentStore(PersistentStoreOptions options) : options_(std:
   lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd_ < 0) fail(lock_path, "a lock file we can create", errno_text());
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    const std::string why = errno == EWOULDBLOCK ? "it open in another process" : errno_text();
+    const std::string why = errno == EWOULDBLOCK ? "it locked by another opener" : errno_text();
     ::close(lock_fd_);
     fail(dir, "a store directory no other process has open", why);
   }
@@ -163,7 +163,9 @@ void PersistentStore::scan() {
       }
       // The name must be the key's, in the key's shard: a block found under another name
       // would be served for a prefix it does not hold.
-      if (!header || to_hex(header->key) + std::string(kBlockSuffix) != name || name.substr(0, 2) != shard_name(shard)) {
+      const bool named_right = header && to_hex(header->key) + std::string(kBlockSuffix) == name &&
+                               name.substr(0, 2) == shard_name(shard);
+      if (!named_right) {
         remove_file(path);
         ++counters_.dropped_files;
         continue;
