@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -377,6 +378,37 @@ TEST(Tokenizer, FixtureVocabulary) {
   EXPECT_EQ(ids.front(), 0);
   EXPECT_EQ(ids.back(), 512);
   EXPECT_EQ(tok.decode(ids, true), "Hi");
+}
+
+TEST(Tokenizer, UnknownIdsDecodeToNothing) {
+  Tokenizer tok = Tokenizer::from_file(kTiny);
+  std::vector<int> ids = tok.encode("abc");
+  std::vector<int> with_holes = {-1, ids[0], 600, 1 << 20};
+  with_holes.insert(with_holes.end(), ids.begin() + 1, ids.end());
+  EXPECT_EQ(tok.decode(with_holes), "abc");
+}
+
+// encode is const and shared: threads encoding at once (sharing the word cache) agree with one
+// thread alone.
+TEST(Tokenizer, ConcurrentEncodesAgree) {
+  Tokenizer tok = Tokenizer::from_file(kTiny);
+  std::vector<std::string> lines;
+  for (int i = 0; i < 400; ++i)
+    lines.push_back("line " + std::to_string(i * 7919) + " héllo wörld " + std::string(size_t(i % 13), '!'));
+  Tokenizer alone = Tokenizer::from_file(kTiny);  // its own word cache
+  std::vector<std::vector<int>> expected;
+  for (const std::string& l : lines) expected.push_back(alone.encode(l));
+  std::vector<int> wrong(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (size_t i = 0; i < lines.size(); ++i) {
+        size_t k = (i + size_t(t) * 97) % lines.size();  // each thread starts elsewhere
+        if (tok.encode(lines[k]) != expected[k]) ++wrong[size_t(t)];
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
 }
 
 TEST(Tokenizer, InvalidUtf8IsReadAsReplacementCharacters) {
