@@ -95,6 +95,8 @@ TEST(Normalizers, ReplaceStringAndRegex) {
   EXPECT_EQ(normalize({{"type", "Replace"}, {"pattern", {{"Regex", "[ \\t\\r\\n]+"}}}, {"content", " "}}, "a \t\r\n b\n"),
             "a b ");
   EXPECT_EQ(normalize({{"type", "Replace"}, {"pattern", {{"String", "."}}}, {"content", "!"}}, "a.b"), "a!b");  // literal
+  // ^ and $ anchor lines, as in Oniguruma.
+  EXPECT_EQ(normalize({{"type", "Replace"}, {"pattern", {{"Regex", "^a|b$"}}}, {"content", "X"}}, "a\nab\nb"), "X\nXX\nX");
 }
 
 TEST(Normalizers, PrependStripSequence) {

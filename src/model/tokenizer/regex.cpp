@@ -49,8 +49,10 @@ Regex::Regex(std::string_view pattern, const std::string& where) : compiled_(std
   int error = 0;
   PCRE2_SIZE offset = 0;
   compiled_->where = where;
+  // PCRE2_MULTILINE: in Oniguruma's syntax, which HF's regexes are written for, ^ and $ match
+  // at every line start and end, not only at the ends of the text.
   compiled_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                  PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+                                  PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &error, &offset, nullptr);
   if (!compiled_->code)
     fail(where, "a regex PCRE2 accepts", "'" + std::string(pattern) + "' (" + pcre2_message(error) +
                                             " at offset " + std::to_string(offset) + ")");

@@ -2,8 +2,8 @@
 // Patterns of tokenizer.json (`{"Regex": ...}` or `{"String": ...}`), found in text.
 //
 // Regexes are compiled by PCRE2 with PCRE2_UTF | PCRE2_UCP (so \s, \w, \d and \p{..} are
-// Unicode-aware, as in the Oniguruma engine HF tokenizers uses) and JIT-compiled where PCRE2
-// supports it. Matching follows HF's iteration: leftmost matches, left to right, never
+// Unicode-aware, as in the Oniguruma engine HF tokenizers uses) and PCRE2_MULTILINE (^ and $
+// are line anchors, as in Oniguruma), and JIT-compiled where PCRE2 supports it. Matching follows HF's iteration: leftmost matches, left to right, never
 // overlapping, and an empty match right after the previous match is skipped.
 #include <memory>
 #include <string>
