@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/fd.h"
 #include "kv/block_file.h"
 #include "model/safetensors.h"
 
@@ -32,24 +33,6 @@ std::string shard_name(size_t shard) {
   return {kDigits[shard >> 4 & 15], kDigits[shard & 15]};
 }
 
-bool ends_with(std::string_view text, std::string_view suffix) {
-  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
-}
-
-// Closes a descriptor when it goes out of scope.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // The whole file, or nothing if it does not exist (evicted or deleted meanwhile). A read that
 // fails part way returns what it got, which then fails the block's checks like any damage.
@@ -146,13 +129,13 @@ void PersistentStore::scan() {
       if (!item.is_regular_file()) continue;
       const std::string name = item.path().filename().string();
       const std::string path = item.path().string();
-      if (ends_with(name, kTempSuffix)) {
+      if (name.ends_with(kTempSuffix)) {
         remove_file(path);
         ++counters_.removed_temp_files;
         continue;
       }
       // Files not named as blocks are not ours to delete, whatever they hold.
-      if (name.size() != 32 + kBlockSuffix.size() || !ends_with(name, kBlockSuffix)) continue;
+      if (name.size() != 32 + kBlockSuffix.size() || !name.ends_with(kBlockSuffix)) continue;
 
       std::optional<BlockHeader> header;
       {

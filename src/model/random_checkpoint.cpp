@@ -50,10 +50,6 @@ struct Fill {
   }
 };
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 // Initial values chosen so that a forward pass on random weights keeps every activation O(1):
 // linears at 1/sqrt(fan-in) (unit-variance outputs for unit-variance inputs), norm weights at 1,
 // and mHC close to its identity-like start (comb's base favours the diagonal).
@@ -62,21 +58,21 @@ Fill fill_for(const Config& c, const TensorSpec& t, uint64_t seed) {
   f.key = name_key(seed, t.name);
   const std::string& n = t.name;
   int64_t fan_in = t.shape.size() == 2 ? t.shape[1] * (t.dtype == DType::I8 ? 2 : 1) : 1;
-  if (ends_with(n, "norm.weight") || ends_with(n, "norm1.weight") || ends_with(n, "norm2.weight") ||
-      ends_with(n, "q_weight") || ends_with(n, "k_weight")) {
+  if (n.ends_with("norm.weight") || n.ends_with("norm1.weight") || n.ends_with("norm2.weight") ||
+      n.ends_with("q_weight") || n.ends_with("k_weight")) {
     f.mean = 1;
-  } else if (ends_with(n, "_base")) {
+  } else if (n.ends_with("_base")) {
     const int hc = c.hc_mult;
     f.custom = [hc](int64_t i) {
       if (i < 2 * hc) return 0.0f;  // pre = sigmoid(0) + eps, post = 2 sigmoid(0) = 1
       int64_t j = i - 2 * hc;
       return j / hc == j % hc ? 2.0f : 0.0f;  // comb: mostly the identity after Sinkhorn
     };
-  } else if (ends_with(n, "_scale") && t.dtype == DType::F32) {
+  } else if (n.ends_with("_scale") && t.dtype == DType::F32) {
     f.mean = 0.1;
-  } else if (ends_with(n, "attn_sink") || (ends_with(n, ".bias") && t.group == WeightGroup::Vision)) {
+  } else if (n.ends_with("attn_sink") || (n.ends_with(".bias") && t.group == WeightGroup::Vision)) {
     f.mean = 0;
-  } else if (ends_with(n, "gate.bias") || ends_with(n, "gate.bias_vl")) {
+  } else if (n.ends_with("gate.bias") || n.ends_with("gate.bias_vl")) {
     f.std = 0.01;
   } else if (t.role == WeightRole::Lookup || t.shape.size() == 1) {
     f.std = 1;  // embeddings, Engram rows, image delimiters: unit-variance rows

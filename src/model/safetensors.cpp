@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/fd.h"
 
 namespace dsv41 {
 
@@ -67,23 +68,6 @@ uint64_t read_le64(const uint8_t* p) {
   for (int i = 7; i >= 0; --i) value = (value << 8) | p[i];
   return value;
 }
-
-// Owns a POSIX file descriptor; close() reports the error that a destructor would have to drop.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-
-  int get() const { return fd_; }
-  int close() { return ::close(std::exchange(fd_, -1)); }
-
- private:
-  int fd_;
-};
 
 void write_all(const Fd& fd, std::span<const uint8_t> bytes, const std::string& path) {
   while (!bytes.empty()) {
