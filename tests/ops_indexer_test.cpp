@@ -48,18 +48,6 @@ std::vector<float> naive_index_scores(const std::vector<float>& q, const std::ve
   return out;
 }
 
-// MXFP4 values as the fake-quantized q and k hold them: e2m1 × 2^-3, multiples of 1/16 up to 0.75.
-std::vector<float> mxfp4_values(size_t n, uint32_t seed) {
-  static const float grid[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
-  std::mt19937 rng(seed);
-  std::vector<float> x(n);
-  for (float& v : x) {
-    const uint32_t r = rng();
-    v = (r & 8 ? -1.0f : 1.0f) * grid[r & 7] * 0.125f;
-  }
-  return x;
-}
-
 // Exact equality by design: q and k are multiples of 2^-4 with |·| <= 0.75, so every dot product
 // over 128 channels is a multiple of 2^-8 below 72 (15 bits: exact in fp32 in any order, and in
 // double); bf16 rounding keeps multiples of 2^-8; the weights are multiples of 2^-4 in [-2, 2], so
@@ -69,8 +57,8 @@ std::vector<float> mxfp4_values(size_t n, uint32_t seed) {
 TEST(OpsIndexScores, EqualTheReferenceRoundingsExactly) {
   const int heads = 16, hd = 128;
   const int64_t n = 300;
-  const std::vector<float> q = mxfp4_values(size_t(heads) * hd, 1);
-  const std::vector<float> keys = mxfp4_values(size_t(n) * hd, 2);
+  const std::vector<float> q = test::e2m1_eighths(size_t(heads) * hd, 1);
+  const std::vector<float> keys = test::e2m1_eighths(size_t(n) * hd, 2);
   std::vector<float> w(heads);
   std::mt19937 rng(3);
   for (float& v : w) v = float(int(rng() % 65) - 32) / 16.0f;

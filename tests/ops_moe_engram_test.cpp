@@ -244,16 +244,6 @@ std::vector<float> expert_input(size_t n, uint32_t seed) {
   return x;
 }
 
-std::vector<float> expert_weight(size_t n, uint32_t seed) {
-  static const float grid[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
-  std::mt19937 rng(seed);
-  std::vector<float> w(n);
-  for (float& v : w) {
-    const uint32_t r = rng();
-    v = (r & 8 ? -1.0f : 1.0f) * grid[r & 7] * 0.125f;
-  }
-  return w;
-}
 
 std::vector<float> identity(int n) {
   std::vector<float> I(size_t(n) * n, 0.0f);
@@ -278,7 +268,7 @@ TEST(OpsExpertFfn, SwigluMatchesNaiveThroughAnIdentityW2) {
   const std::vector<float> x = expert_input(size_t(rows) * dim, 1);
   const OwnedWeight w2 = make_weight(WeightFormat::BF16, identity(dim), dim, dim);
   const std::vector<float> row_weights = {0.3f, 1.0f, 2.7f};
-  const std::vector<float> w1v = expert_weight(size_t(dim) * dim, 2), w3v = expert_weight(size_t(dim) * dim, 3);
+  const std::vector<float> w1v = test::e2m1_eighths(size_t(dim) * dim, 2), w3v = test::e2m1_eighths(size_t(dim) * dim, 3);
   for (WeightFormat f : {WeightFormat::FP4, WeightFormat::FP8, WeightFormat::BF16}) {
     const OwnedWeight w1 = make_weight(f, w1v, dim, dim);
     const OwnedWeight w3 = make_weight(f, w3v, dim, dim);

@@ -115,4 +115,17 @@ inline const char* format_name(WeightFormat f) {
   return "?";
 }
 
+// Random e2m1 values × 2^-3 (multiples of 1/16 up to 0.75): products and short sums of them are
+// exact in fp32, so a naive reference rounds exactly as the op does.
+inline std::vector<float> e2m1_eighths(size_t n, uint32_t seed) {
+  static const float grid[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  std::mt19937 rng(seed);
+  std::vector<float> x(n);
+  for (float& v : x) {
+    const uint32_t r = rng();
+    v = (r & 8 ? -1.0f : 1.0f) * grid[r & 7] * 0.125f;
+  }
+  return x;
+}
+
 }  // namespace dsv41::test
