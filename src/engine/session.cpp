@@ -25,6 +25,14 @@ std::vector<float> Session::prefill(std::span<const int> tokens) {
 
 std::vector<float> Session::decode(int token) { return run(std::span<const int>(&token, 1), 0); }
 
+void Session::resume(std::span<const int> tokens, SequenceState state) {
+  if (state.length != int64_t(tokens.size()))
+    fail("resume", "the tokens of the restored state (" + std::to_string(state.length) + ")",
+         std::to_string(tokens.size()) + " tokens");
+  state_ = std::move(state);
+  if (hasher_) history_ = hasher_->history_after(tokens, {});
+}
+
 std::vector<float> Session::run(std::span<const int> tokens, int64_t decoder_from) {
   std::vector<int64_t> ids;
   if (hasher_) {

@@ -26,6 +26,9 @@ class Session {
   std::vector<float> prefill(std::span<const int> tokens);
   // One token at the next position, through every layer. Returns its logits.
   std::vector<float> decode(int token);
+  // Continues a sequence whose state comes from the KV tiers (kv/sequence_blocks.h): `tokens`
+  // are all the tokens that state holds; the Engram history is rebuilt from them.
+  void resume(std::span<const int> tokens, SequenceState state);
 
   // Tokens run through the encoder and through the decoder layers so far: the work bounded
   // replay saves is the difference between the two.

@@ -1,0 +1,29 @@
+#pragma once
+// A sequence's KV state cut the way the tiers keep it (DESIGN §4):
+//  * global blocks: for each complete block of B tokens, the compressed entries every kv-source
+//    layer made for it (KV-FP4 main + MXFP4 index key) — what the host cache and the persistent
+//    store hold, shared between requests with the same prefix;
+//  * the tail: everything else a sequence needs to go on exactly — the SWA rings, the entries of
+//    the incomplete last block, the compressor's open groups, the bounded-replay floor — what the
+//    SWA pool holds for minutes.
+// B must be a multiple of every compression ratio (PrefixKeys::block_tokens guarantees it), so a
+// block owns whole entries.
+#include <cstdint>
+#include <vector>
+
+#include "forward/sequence_state.h"
+
+namespace dsv41 {
+
+// The global-KV payload of block `block` (tokens [block·B, (block+1)·B)) of a state holding them.
+std::vector<uint8_t> global_block(const Config& config, const SequenceState& state, int64_t block, int block_tokens);
+
+// Everything beyond the state's complete blocks.
+std::vector<uint8_t> sequence_tail(const Config& config, const SequenceState& state, int block_tokens);
+
+// Rebuilds a state from its global blocks (in order) and, optionally, its tail. Without a tail the
+// state holds the blocks' global KV only (length = blocks · B, no SWA): an SWA miss.
+SequenceState restore_sequence(const Config& config, const std::vector<std::vector<uint8_t>>& blocks, int block_tokens,
+                               const std::vector<uint8_t>* tail = nullptr);
+
+}  // namespace dsv41
