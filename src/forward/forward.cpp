@@ -33,6 +33,7 @@ struct Pass {
   std::vector<std::vector<uint8_t>> candidates;  // [row] mask over compressed entries
   int64_t window_floor = 0;   // positions below it are outside the current layer's window
   bool kv_projected = false;  // the decoder kv-source already compressed this call's rows
+  int64_t replay_until = 0;   // rows before it regenerate SWA KV only (encoder bounded replay)
 
   int64_t pos(int64_t row) const { return start + row; }
   float eps() const { return float(c.norm_eps); }
@@ -61,22 +62,28 @@ void compress(Pass& p, int l, const Rows& x) {
   const int ratio = c.compress_ratios[size_t(l)];
   const int64_t hd = c.head_dim, rd = c.rope_head_dim, ihd = c.index_head_dim;
   CompressedCache& cache = p.state.compressed.at(l);
+  // Encoder bounded replay: rows before replay_until only regenerate SWA KV; the global KV of
+  // their positions is already in the cache and is read, never rewritten.
+  const int64_t first = std::clamp<int64_t>(p.replay_until - p.start, 0, p.rows), rows = p.rows - first;
+  if (rows == 0) return;
+  const Rows xs(x.begin() + first * c.dim, x.begin() + p.rows * c.dim);
+  auto pos = [&](int64_t r) { return p.pos(first + r); };
 
   // New latents (pre-RoPE, bf16 values) with the position of their group's first token.
   Rows latents;
   std::vector<int64_t> group_pos;
   if (ratio == 1) {
-    latents = normed_linear(x, p.rows, a.compressor_wkv, a.compressor_norm, p.eps());
-    for (int64_t r = 0; r < p.rows; ++r) group_pos.push_back(p.pos(r));
+    latents = normed_linear(xs, rows, a.compressor_wkv, a.compressor_norm, p.eps());
+    for (int64_t r = 0; r < rows; ++r) group_pos.push_back(pos(r));
   } else {
     // Gated pooling in fp32 over each group of `ratio` tokens; the open group waits in the cache.
-    Rows kv(size_t(p.rows * hd)), score(size_t(p.rows * hd));
-    linear_f32(x.data(), p.rows, a.compressor_wkv, kv.data());
-    linear_f32(x.data(), p.rows, a.compressor_wgate, score.data());
+    Rows kv(size_t(rows * hd)), score(size_t(rows * hd));
+    linear_f32(xs.data(), rows, a.compressor_wkv, kv.data());
+    linear_f32(xs.data(), rows, a.compressor_wgate, score.data());
     cache.pending_kv.resize(size_t(ratio * hd));
     cache.pending_score.resize(size_t(ratio * hd));
     Rows pooled(static_cast<size_t>(hd));
-    for (int64_t r = 0; r < p.rows; ++r) {
+    for (int64_t r = 0; r < rows; ++r) {
       std::copy_n(kv.data() + r * hd, hd, cache.pending_kv.data() + cache.pending * hd);
       std::copy_n(score.data() + r * hd, hd, cache.pending_score.data() + cache.pending * hd);
       if (++cache.pending < ratio) continue;
@@ -84,7 +91,7 @@ void compress(Pass& p, int l, const Rows& x) {
       for (float& v : pooled) v = round_bf16(v);
       latents.resize(latents.size() + size_t(hd));
       rms_norm(pooled.data(), 1, hd, &a.compressor_norm, p.eps(), latents.data() + latents.size() - hd);
-      group_pos.push_back(p.pos(r) + 1 - ratio);
+      group_pos.push_back(pos(r) + 1 - ratio);
       cache.pending = 0;
     }
   }
@@ -374,18 +381,28 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
     }
   };
   const int ds = c.decoder_start();
+  if (options.replay_until > 0) {
+    // Encoder bounded replay: the call starts at s = the replay start; the encoder's windows are
+    // truncated there, and the rows up to replay_until read the cached global KV.
+    if (options.replay_until <= p.start || options.replay_until > p.start + R)
+      fail("forward", "replay_until inside the call's positions (" + std::to_string(p.start) + ", " +
+                          std::to_string(p.start + R) + "]", std::to_string(options.replay_until));
+    p.replay_until = options.replay_until;
+    state.encoder_window_floor = p.start;
+  }
+  const int64_t decoder_from = std::max(options.decoder_from, p.replay_until);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = model.layer(l);
     if (l == ds) {
-      state.decoder_window_floor = std::max(state.decoder_window_floor, options.decoder_from);
+      state.decoder_window_floor = std::max(state.decoder_window_floor, decoder_from);
       if (!options.keep_replayed_rows) {
-        const int64_t cut = drop_encoder_only_rows(p, options.decoder_from, X, pre_mix, h);
+        const int64_t cut = drop_encoder_only_rows(p, decoder_from, X, pre_mix, h);
         if (engram_ids) engram_ids += cut * int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
         R = p.rows;
         if (R == 0) break;
       }
     }
-    p.window_floor = l >= ds ? state.decoder_window_floor : 0;
+    p.window_floor = l >= ds ? state.decoder_window_floor : state.encoder_window_floor;
     if (L.engram) engram(p, l, engram_ids, X);
 
     // Single-pass mHC: this block's attention reads the streams with the `pre` the previous

@@ -43,6 +43,11 @@ struct ForwardOptions {
   // Measurement hook: keep the truncation but run the decoder on every row, so that the effect of
   // truncating the window can be told apart from that of dropping rows.
   bool keep_replayed_rows = false;
+  // Encoder bounded replay (DESIGN §3, on a global-KV hit at H with an SWA miss): the call starts
+  // at s = H - W on a state that holds the global KV up to H = replay_until but no SWA KV; the rows
+  // before H run the encoder only, with its windows truncated at s, to regenerate the SWA rings,
+  // reading the cached global KV and never rewriting it. 0 = no replay.
+  int64_t replay_until = 0;
 };
 
 // Runs `tokens` at positions state.length, state.length + 1, ... and advances the state. Returns

@@ -25,6 +25,7 @@ struct SequenceState {
 
   int64_t length = 0;                            // tokens already run
   int64_t decoder_window_floor = 0;              // decoder windows start here (bounded replay)
+  int64_t encoder_window_floor = 0;              // encoder windows start here (encoder replay)
   std::vector<std::vector<uint8_t>> window;      // per backbone layer: W × swa_fp8::bytes(head_dim)
   std::map<int, CompressedCache> compressed;     // by kv-source layer
 

@@ -87,6 +87,7 @@ std::vector<uint8_t> sequence_tail(const Config& c, const SequenceState& state, 
   Writer w;
   w.i64(state.length);
   w.i64(state.decoder_window_floor);
+  w.i64(state.encoder_window_floor);
   for (const auto& ring : state.window) w.blob(ring);
   for (int s : c.kv_source_layers) {
     const CompressedCache& cache = state.compressed.at(s);
@@ -132,6 +133,7 @@ SequenceState restore_sequence(const Config& c, const std::vector<std::vector<ui
          "one for a sequence of " + std::to_string(length) + " tokens");
   state.length = length;
   state.decoder_window_floor = r.i64();
+  state.encoder_window_floor = r.i64();
   for (auto& ring : state.window) {
     std::vector<uint8_t> bytes = r.blob();
     if (bytes.size() != ring.size()) fail("KV tail", std::to_string(ring.size()) + " ring bytes", std::to_string(bytes.size()));
