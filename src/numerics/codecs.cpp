@@ -58,59 +58,49 @@ void fake_quant_e4m3(float* x, int n, float scale) {
 
 }  // namespace
 
-// ---- KV-FP4 ----
+// ---- KV-FP4 and MXFP4: e2m1 elements, one scale per block ----
+// The two differ only in block size and in how a block's scale is chosen and stored (an e4m3 value
+// for KV-FP4, a power of two as ue8m0 for MXFP4): one set of loops serves both.
 
-void kv_fp4::encode(const float* x, int d, uint8_t* out) {
-  require_blocks("kv_fp4::encode", d, kBlock);
-  uint8_t* scales = out + scales_offset(d);
-  for (int b = 0; b < d / kBlock; ++b) {
-    const float scale = block_scale(block_amax(x + b * kBlock, kBlock));
-    scales[b] = e4m3_from_float(scale);  // exact: the scale is an e4m3 value
-    encode_e2m1(x + b * kBlock, kBlock, scale, out + b * kBlock / 2);
+namespace {
+
+template <int Block, float (*Scale)(float), uint8_t (*StoreScale)(float), float (*LoadScale)(uint8_t)>
+struct E2m1Codec {
+  static void encode(const char* name, const float* x, int d, uint8_t* out) {
+    require_blocks(name, d, Block);
+    uint8_t* scales = out + std::size_t(d) / 2;
+    for (int b = 0; b < d / Block; ++b) {
+      const float scale = Scale(block_amax(x + b * Block, Block));
+      scales[b] = StoreScale(scale);  // exact: the scale is a value of its own format
+      encode_e2m1(x + b * Block, Block, scale, out + b * Block / 2);
+    }
   }
-}
-
-void kv_fp4::decode(const uint8_t* in, int d, float* out) {
-  require_blocks("kv_fp4::decode", d, kBlock);
-  const uint8_t* scales = in + scales_offset(d);
-  for (int b = 0; b < d / kBlock; ++b)
-    decode_e2m1(in + b * kBlock / 2, kBlock, e4m3_to_float(scales[b]), out + b * kBlock);
-}
-
-void kv_fp4::quantize_dequantize(float* x, int d) {
-  require_blocks("kv_fp4::quantize_dequantize", d, kBlock);
-  for (int b = 0; b < d / kBlock; ++b) {
-    float* block = x + b * kBlock;
-    fake_quant_e2m1(block, kBlock, block_scale(block_amax(block, kBlock)));
+  static void decode(const char* name, const uint8_t* in, int d, float* out) {
+    require_blocks(name, d, Block);
+    const uint8_t* scales = in + std::size_t(d) / 2;
+    for (int b = 0; b < d / Block; ++b) decode_e2m1(in + b * Block / 2, Block, LoadScale(scales[b]), out + b * Block);
   }
-}
-
-// ---- MXFP4 ----
-
-void mxfp4::encode(const float* x, int d, uint8_t* out) {
-  require_blocks("mxfp4::encode", d, kBlock);
-  uint8_t* scales = out + scales_offset(d);
-  for (int b = 0; b < d / kBlock; ++b) {
-    const float scale = block_scale(block_amax(x + b * kBlock, kBlock));
-    scales[b] = e8m0_from_pow2(scale);
-    encode_e2m1(x + b * kBlock, kBlock, scale, out + b * kBlock / 2);
+  static void quantize_dequantize(const char* name, float* x, int d) {
+    require_blocks(name, d, Block);
+    for (int b = 0; b < d / Block; ++b) {
+      float* block = x + b * Block;
+      fake_quant_e2m1(block, Block, Scale(block_amax(block, Block)));
+    }
   }
-}
+};
 
-void mxfp4::decode(const uint8_t* in, int d, float* out) {
-  require_blocks("mxfp4::decode", d, kBlock);
-  const uint8_t* scales = in + scales_offset(d);
-  for (int b = 0; b < d / kBlock; ++b)
-    decode_e2m1(in + b * kBlock / 2, kBlock, e8m0_to_float(scales[b]), out + b * kBlock);
-}
+using KvFp4 = E2m1Codec<kv_fp4::kBlock, kv_fp4::block_scale, e4m3_from_float, e4m3_to_float>;
+using MxFp4 = E2m1Codec<mxfp4::kBlock, mxfp4::block_scale, e8m0_from_pow2, e8m0_to_float>;
 
-void mxfp4::quantize_dequantize(float* x, int d) {
-  require_blocks("mxfp4::quantize_dequantize", d, kBlock);
-  for (int b = 0; b < d / kBlock; ++b) {
-    float* block = x + b * kBlock;
-    fake_quant_e2m1(block, kBlock, block_scale(block_amax(block, kBlock)));
-  }
-}
+}  // namespace
+
+void kv_fp4::encode(const float* x, int d, uint8_t* out) { KvFp4::encode("kv_fp4::encode", x, d, out); }
+void kv_fp4::decode(const uint8_t* in, int d, float* out) { KvFp4::decode("kv_fp4::decode", in, d, out); }
+void kv_fp4::quantize_dequantize(float* x, int d) { KvFp4::quantize_dequantize("kv_fp4::quantize_dequantize", x, d); }
+
+void mxfp4::encode(const float* x, int d, uint8_t* out) { MxFp4::encode("mxfp4::encode", x, d, out); }
+void mxfp4::decode(const uint8_t* in, int d, float* out) { MxFp4::decode("mxfp4::decode", in, d, out); }
+void mxfp4::quantize_dequantize(float* x, int d) { MxFp4::quantize_dequantize("mxfp4::quantize_dequantize", x, d); }
 
 // ---- SWA-FP8 and the activation quantization ----
 
