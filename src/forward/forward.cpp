@@ -197,10 +197,17 @@ void attention(Pass& p, int l, const Rows& x, Rows& out) {
   if (ratio > 0) {
     if (c.is_kv_source(l) && !p.kv_projected) compress(p, l, x);
     if (c.is_index_source(l)) index(p, l, x, qr);
+    // Decode only the entries some row attends to: at most rows × top-k of them, not the whole
+    // (context-long) cache, and not once more for every Reuse layer than the top-k requires.
     const CompressedCache& cache = p.state.compressed.at(c.kv_source_of(l));
     compressed_kv.resize(size_t(cache.entries * hd));
-    for (int64_t t = 0; t < cache.entries; ++t)
-      kv_fp4::decode(cache.kv.data() + t * kv_fp4::bytes(int(hd)), int(hd), compressed_kv.data() + t * hd);
+    std::vector<uint8_t> decoded(size_t(cache.entries), 0);
+    for (const std::vector<int64_t>& row : p.topk)
+      for (int64_t t : row)
+        if (t >= 0 && !decoded[size_t(t)]) {
+          decoded[size_t(t)] = 1;
+          kv_fp4::decode(cache.kv.data() + t * kv_fp4::bytes(int(hd)), int(hd), compressed_kv.data() + t * hd);
+        }
   }
 
   Rows sink(static_cast<size_t>(H)), o(size_t(R * H * hd));
@@ -351,7 +358,6 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
   Pass p{model, c, state, state.length, R, options.trace, {}, {}};
   if (p.trace) {
     p.trace->block_out.assign(size_t(c.n_layers), {});
-    p.trace->block_pre_mix.assign(size_t(c.n_layers), {});
     p.trace->route_experts.assign(size_t(c.n_layers), {});
     p.trace->route_scores.assign(size_t(c.n_layers), {});
     p.trace->topk.clear();
@@ -423,7 +429,6 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
     pre_mix = f_pre;
     if (p.trace) {
       p.trace->block_out[size_t(l)] = X;
-      p.trace->block_pre_mix[size_t(l)] = pre_mix;
     }
   }
   state.length += n_tokens;

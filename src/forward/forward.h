@@ -20,7 +20,6 @@ struct Trace {
   // also when others are imposed, with the scores they were made on, so that a test can tell a
   // near-tie from a real disagreement.
   std::vector<std::vector<float>> block_out;        // [layer][row, hc, dim] streams after the block
-  std::vector<std::vector<float>> block_pre_mix;    // [layer][row, hc] the ffn `pre` it passes on
   std::vector<std::vector<int32_t>> route_experts;  // [layer][row, topk] in gate order
   std::vector<std::vector<float>> route_scores;     // [layer][row, experts] biased gate scores
   std::map<int, std::vector<std::vector<int64_t>>> topk;  // index source -> [row] chosen entries, -1 padded
