@@ -10,6 +10,7 @@ packages=(
   libopenblas-dev
   libutf8proc-dev libpcre2-dev
   libxxhash-dev
+  libcpp-httplib-dev
   bible-kjv bible-kjv-text
 )
 
