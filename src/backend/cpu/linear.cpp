@@ -1,6 +1,8 @@
 #include "backend/cpu/linear.h"
 
+#if defined(DSV41_HAVE_BLAS)
 #include <cblas.h>
+#endif
 
 #include <algorithm>
 #include <vector>
@@ -83,6 +85,26 @@ void quantized_linear(const float* x, int64_t M, const Weight& w, float* y) {
   }
 }
 
+// ys[M, rows] = x[M, K] · wsᵀ in fp32: OpenBLAS where the build has it. Without it (the GPU
+// machine's core-only build, where the CPU ops serve as the CUDA tests' reference) a plain loop
+// over fp32 dot products, one output per (m, n), parallel over n: correct, far slower.
+void slab_product(const float* x, int64_t M, const float* ws, int64_t rows, int64_t K, float* ys) {
+#if defined(DSV41_HAVE_BLAS)
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(rows), int(K), 1.0f, x, int(K), ws, int(K), 0.0f, ys,
+              int(rows));
+#else
+#pragma omp parallel for schedule(static) if (M * rows * K >= kParallelWork)
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      const float* a = x + m * K;
+      const float* b = ws + n * K;
+      float acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += a[k] * b[k];
+      ys[m * rows + n] = acc;
+    }
+#endif
+}
+
 // fp32 GEMM through OpenBLAS, dequantizing the weight to fp32 a slab of rows at a time so that a
 // large matrix (the LM head) never exists in fp32 all at once.
 void float_linear(const float* x, int64_t M, const Weight& w, float* y) {
@@ -94,8 +116,7 @@ void float_linear(const float* x, int64_t M, const Weight& w, float* y) {
     const int64_t rows = std::min(slab, N - n0);
 #pragma omp parallel for schedule(static) if (rows * K >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) w.row(n0 + r, wf.data() + r * K);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(rows), int(K), 1.0f, x, int(K), wf.data(), int(K),
-                0.0f, yslab.data(), int(rows));
+    slab_product(x, M, wf.data(), rows, K, yslab.data());
     for (int64_t m = 0; m < M; ++m) std::copy_n(yslab.data() + m * rows, rows, y + m * N + n0);
   }
 }
