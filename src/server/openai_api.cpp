@@ -1,0 +1,522 @@
+#include "server/openai_api.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace dsv41 {
+
+using nlohmann::json;
+
+ApiError::ApiError(int status, const std::string& message, std::string param, std::string code, std::string type)
+    : std::runtime_error(message), status_(status), param_(std::move(param)), code_(std::move(code)),
+      type_(std::move(type)) {}
+
+json ApiError::body() const {
+  auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
+  return {{"error", {{"message", what()}, {"type", type_}, {"param", or_null(param_)}, {"code", or_null(code_)}}}};
+}
+
+std::string json_text(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+namespace {
+
+// Deeper documents are refused before they are built: the OpenAI bodies nest a handful of levels
+// (tool schemas a few more), and an unbounded depth would let one request exhaust the stack of
+// whatever walks the tree recursively afterwards.
+constexpr int kMaxDepth = 128;
+constexpr int kMaxStop = 4;
+constexpr int kMaxTopLogprobs = 20;
+// OpenAI's default for /v1/completions (chat has none: it runs to a stop or the context's end).
+constexpr int32_t kCompletionsDefaultMaxTokens = 16;
+
+// What a JSON value is, for "found ...": the type, and the value when it is short.
+std::string describe(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return v.get<bool>() ? "boolean true" : "boolean false";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "integer " + v.dump();
+    case json::value_t::number_float: return "number " + v.dump();
+    case json::value_t::string: {
+      std::string s = v.get<std::string>();
+      constexpr size_t kShown = 40;
+      if (s.size() > kShown) return "string " + json_text(s.substr(0, kShown)) + "... (" + std::to_string(s.size()) + " bytes)";
+      return "string " + json_text(s);
+    }
+    case json::value_t::array: return "an array of " + std::to_string(v.size()) + " element" + (v.size() == 1 ? "" : "s");
+    case json::value_t::object: return "an object";
+    default: return "a binary value";
+  }
+}
+
+[[noreturn]] void bad_type(const std::string& param, const std::string& expected, const json& found) {
+  throw ApiError(400, param + ": expected " + expected + ", found " + describe(found), param, "invalid_type");
+}
+[[noreturn]] void bad_value(const std::string& param, const std::string& expected, const json& found) {
+  throw ApiError(400, param + ": expected " + expected + ", found " + describe(found), param, "invalid_value");
+}
+[[noreturn]] void unsupported(const std::string& param, const std::string& expected, const json& found) {
+  throw ApiError(400, param + ": expected " + expected + ", found " + describe(found), param, "unsupported_value");
+}
+
+json parse_body(std::string_view body) {
+  json::parser_callback_t limit_depth = [](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxDepth)
+      throw ApiError(400, "request body: expected JSON nested at most " + std::to_string(kMaxDepth) +
+                              " levels deep, found deeper nesting", {}, "invalid_json");
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(body, limit_depth);
+  } catch (const json::parse_error& e) {
+    // nlohmann's text starts with "[json.exception.parse_error.101] "; the rest says where.
+    std::string what = e.what();
+    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    throw ApiError(400, "request body: expected a JSON object, found invalid JSON (" + what + ")", {}, "invalid_json");
+  }
+  if (!j.is_object()) throw ApiError(400, "request body: expected a JSON object, found " + describe(j), {}, "invalid_json");
+  return j;
+}
+
+// A field that is absent or null reads as absent: OpenAI treats an explicit null as the default.
+const json* field(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string range_text(double lo, double hi, bool lo_open) {
+  auto num = [](double x) { return json(x).dump(); };
+  return (lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + "]";
+}
+
+double number_in(const json& v, const std::string& param, double lo, double hi, bool lo_open = false) {
+  const std::string expected = "a number in " + range_text(lo, hi, lo_open);
+  if (!v.is_number()) bad_type(param, expected, v);
+  const double x = v.get<double>();
+  if (x < lo || x > hi || (lo_open && x == lo)) bad_value(param, expected, v);
+  return x;
+}
+
+// Integers only: 2.0 is a number, not an integer, as in OpenAI's schema.
+int64_t integer_in(const json& v, const std::string& param, int64_t lo, int64_t hi, const std::string& expected) {
+  if (!v.is_number_integer()) bad_type(param, expected, v);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    bad_value(param, expected, v);
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) bad_value(param, expected, v);
+  return x;
+}
+
+bool boolean(const json& v, const std::string& param) {
+  if (!v.is_boolean()) bad_type(param, "a boolean", v);
+  return v.get<bool>();
+}
+
+void parse_model(const json& body, const ApiConfig& config, GenerationParams& gen) {
+  const json* v = field(body, "model");
+  std::string known;
+  for (const std::string& m : config.models) known += (known.empty() ? "" : ", ") + json_text(m);
+  const std::string expected = "one of " + known;
+  if (!v) throw ApiError(400, "model: expected " + expected + ", found nothing (the field is required)", "model",
+                         "missing_required_parameter");
+  if (!v->is_string()) bad_type("model", "a string, " + expected, *v);
+  gen.model = v->get<std::string>();
+  for (const std::string& m : config.models)
+    if (m == gen.model) return;
+  throw ApiError(404, "model: expected " + expected + ", found " + describe(*v), "model", "model_not_found");
+}
+
+void parse_stream(const json& body, GenerationParams& gen) {
+  if (const json* v = field(body, "stream")) gen.stream = boolean(*v, "stream");
+  if (const json* v = field(body, "stream_options")) {
+    if (!v->is_object()) bad_type("stream_options", "an object", *v);
+    if (!gen.stream)
+      throw ApiError(400, "stream_options: expected only together with \"stream\": true, found it with stream off",
+                     "stream_options", "invalid_value");
+    if (const json* u = field(*v, "include_usage")) gen.include_usage = boolean(*u, "stream_options.include_usage");
+  }
+}
+
+std::vector<std::string> parse_stop(const json& v) {
+  const std::string expected = "a non-empty string or an array of at most 4 non-empty strings";
+  std::vector<std::string> stop;
+  if (v.is_string()) {
+    if (v.get<std::string>().empty()) bad_value("stop", expected, v);
+    stop.push_back(v.get<std::string>());
+    return stop;
+  }
+  if (!v.is_array()) bad_type("stop", expected, v);
+  if (v.size() > kMaxStop) bad_value("stop", expected, v);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string param = "stop[" + std::to_string(i) + "]";
+    if (!v[i].is_string()) bad_type(param, "a non-empty string", v[i]);
+    if (v[i].get<std::string>().empty()) bad_value(param, "a non-empty string", v[i]);
+    stop.push_back(v[i].get<std::string>());
+  }
+  return stop;
+}
+
+void parse_sampling(const json& body, SamplingParams& s) {
+  if (const json* v = field(body, "temperature")) s.temperature = number_in(*v, "temperature", 0, 2);
+  if (const json* v = field(body, "top_p")) s.top_p = number_in(*v, "top_p", 0, 1, /*lo_open=*/true);
+  if (const json* v = field(body, "top_k")) {
+    const int64_t k = integer_in(*v, "top_k", -1, std::numeric_limits<int32_t>::max(),
+                                 "an integer >= 0, or -1 (0 and -1 both turn top-k off)");
+    s.top_k = k < 0 ? 0 : static_cast<int32_t>(k);
+  }
+  if (const json* v = field(body, "min_p")) s.min_p = number_in(*v, "min_p", 0, 1);
+  if (const json* v = field(body, "seed"))
+    s.seed = integer_in(*v, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                        "a 64-bit signed integer");
+  if (const json* v = field(body, "stop")) s.stop = parse_stop(*v);
+  // max_completion_tokens is the newer name; when both are sent it wins, as in OpenAI's API.
+  for (const char* key : {"max_tokens", "max_completion_tokens"})
+    if (const json* v = field(body, key))
+      s.max_tokens = static_cast<int32_t>(
+          integer_in(*v, key, 1, std::numeric_limits<int32_t>::max(), "a positive integer"));
+}
+
+// Parameters whose only supported value is the default: refused when set to anything else, so
+// that a client never gets a silently different result from the one it asked for.
+void refuse_unsupported(const json& body) {
+  if (const json* v = field(body, "n")) {
+    integer_in(*v, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), "the integer 1");
+    if (v->get<int64_t>() != 1) unsupported("n", "1 (dsv41 returns one choice per request)", *v);
+  }
+  for (const char* key : {"presence_penalty", "frequency_penalty"})
+    if (const json* v = field(body, key)) {
+      const std::string expected = "0 (dsv41 does not apply repetition penalties)";
+      if (!v->is_number()) bad_type(key, expected, *v);
+      if (v->get<double>() != 0) unsupported(key, expected, *v);
+    }
+  if (const json* v = field(body, "logit_bias")) {
+    if (!v->is_object()) bad_type("logit_bias", "an object", *v);
+    if (!v->empty()) unsupported("logit_bias", "an empty object (dsv41 does not apply logit biases)", *v);
+  }
+}
+
+void parse_common(const json& body, const ApiConfig& config, GenerationParams& gen) {
+  parse_model(body, config, gen);
+  parse_stream(body, gen);
+  parse_sampling(body, gen.sampling);
+  refuse_unsupported(body);
+}
+
+}  // namespace
+
+ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
+  const json body = parse_body(text);
+  ChatRequest req;
+  parse_common(body, config, req.gen);
+
+  const json* messages = field(body, "messages");
+  const std::string expected = "a non-empty array of message objects";
+  if (!messages)
+    throw ApiError(400, "messages: expected " + expected + ", found nothing (the field is required)", "messages",
+                   "missing_required_parameter");
+  if (!messages->is_array()) bad_type("messages", expected, *messages);
+  if (messages->empty()) bad_value("messages", expected, *messages);
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad_type(param, "an object", m);
+    auto role = m.find("role");
+    if (role == m.end())
+      throw ApiError(400, param + ".role: expected a string, found nothing (the field is required)", param + ".role",
+                     "missing_required_parameter");
+    if (!role->is_string()) bad_type(param + ".role", "a string", *role);
+  }
+  req.messages = *messages;
+
+  if (const json* v = field(body, "tools")) {
+    if (!v->is_array()) bad_type("tools", "an array", *v);
+    req.tools = *v;
+  }
+  if (const json* v = field(body, "tool_choice")) {
+    if (!v->is_string() && !v->is_object()) bad_type("tool_choice", "a string or an object", *v);
+    req.tool_choice = *v;
+  }
+  if (const json* v = field(body, "chat_template_kwargs")) {
+    if (!v->is_object()) bad_type("chat_template_kwargs", "an object", *v);
+    req.chat_template_kwargs = *v;
+  }
+  if (const json* v = field(body, "response_format")) {
+    if (!v->is_object()) bad_type("response_format", "an object", *v);
+    const json* type = field(*v, "type");
+    if (!type || *type != "text")
+      unsupported("response_format", "{\"type\": \"text\"} (dsv41 does not constrain output to JSON)", *v);
+  }
+
+  const json* logprobs = field(body, "logprobs");
+  if (logprobs) req.gen.logprobs.enabled = boolean(*logprobs, "logprobs");
+  if (const json* v = field(body, "top_logprobs")) {
+    const std::string expected_top = "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]";
+    req.gen.logprobs.top = static_cast<int32_t>(integer_in(*v, "top_logprobs", 0, kMaxTopLogprobs, expected_top));
+    if (!req.gen.logprobs.enabled)
+      throw ApiError(400, "top_logprobs: expected only together with \"logprobs\": true, found it with logprobs " +
+                              std::string(logprobs ? "false" : "absent"),
+                     "top_logprobs", "invalid_value");
+  }
+  return req;
+}
+
+CompletionRequest parse_completion_request(std::string_view text, const ApiConfig& config) {
+  const json body = parse_body(text);
+  CompletionRequest req;
+  parse_common(body, config, req.gen);
+  if (!field(body, "max_tokens") && !field(body, "max_completion_tokens"))
+    req.gen.sampling.max_tokens = kCompletionsDefaultMaxTokens;
+
+  const json* prompt = field(body, "prompt");
+  const std::string expected = "a string, or an array of token ids";
+  if (!prompt)
+    throw ApiError(400, "prompt: expected " + expected + ", found nothing (the field is required)", "prompt",
+                   "missing_required_parameter");
+  // OpenAI also takes a batch (an array of strings or of token arrays); dsv41 serves one prompt
+  // per request, so a batch of one is unwrapped and larger ones are refused.
+  const json* p = prompt;
+  std::string param = "prompt";
+  if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    if (p->size() != 1) unsupported("prompt", "a single prompt (dsv41 serves one prompt per request)", *p);
+    p = &(*p)[0];
+    param = "prompt[0]";
+  }
+  if (p->is_string()) {
+    req.prompt = p->get<std::string>();
+  } else if (p->is_array()) {
+    if (p->empty()) bad_value(param, "a non-empty array of token ids", *p);
+    std::vector<int32_t> tokens;
+    tokens.reserve(p->size());
+    const std::string expected_id = "a token id in [0, " + std::to_string(config.vocab_size) + ")";
+    for (size_t i = 0; i < p->size(); ++i)
+      tokens.push_back(static_cast<int32_t>(
+          integer_in((*p)[i], param + "[" + std::to_string(i) + "]", 0, config.vocab_size - 1, expected_id)));
+    req.prompt = std::move(tokens);
+  } else {
+    bad_type(param, expected, *p);
+  }
+
+  if (const json* v = field(body, "logprobs")) {
+    req.gen.logprobs.enabled = true;
+    req.gen.logprobs.top = static_cast<int32_t>(integer_in(
+        *v, "logprobs", 0, kMaxTopLogprobs, "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]"));
+  }
+  if (const json* v = field(body, "echo"))
+    if (boolean(*v, "echo")) unsupported("echo", "false (dsv41 does not echo the prompt)", *v);
+  if (const json* v = field(body, "best_of")) {
+    integer_in(*v, "best_of", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), "the integer 1");
+    if (v->get<int64_t>() != 1) unsupported("best_of", "1 (dsv41 returns one choice per request)", *v);
+  }
+  if (const json* v = field(body, "suffix")) {
+    if (!v->is_string()) bad_type("suffix", "a string", *v);
+    if (!v->get<std::string>().empty()) unsupported("suffix", "an empty string (dsv41 does not insert text)", *v);
+  }
+  return req;
+}
+
+void check_context_length(int64_t prompt_tokens, std::optional<int32_t> max_tokens, int64_t context_length) {
+  const int64_t wanted = prompt_tokens + (max_tokens ? *max_tokens : 1);
+  if (wanted <= context_length) return;
+  const std::string ctx = std::to_string(context_length);
+  std::string message;
+  if (max_tokens)
+    message = "prompt + max_tokens: expected at most " + ctx + " tokens (the model's context length), found " +
+              std::to_string(prompt_tokens) + " prompt tokens + " + std::to_string(*max_tokens) + " = " +
+              std::to_string(wanted);
+  else
+    message = "prompt: expected fewer than " + ctx + " tokens (the model's context length, less one to generate), found " +
+              std::to_string(prompt_tokens);
+  throw ApiError(400, message, max_tokens ? "max_tokens" : "prompt", "context_length_exceeded");
+}
+
+// ---- responses --------------------------------------------------------------------------------
+
+const char* to_string(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::ToolCalls: return "tool_calls";
+  }
+  return "stop";
+}
+
+std::string new_response_id(std::string_view prefix) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id(prefix);
+  id += '-';
+  for (int word = 0; word < 2; ++word) {
+    uint64_t bits = rng();
+    for (int i = 0; i < 12; ++i, bits >>= 4) id += kHex[bits & 15];
+  }
+  return id;
+}
+
+ResponseMeta new_response_meta(std::string_view prefix, std::string model) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  return {new_response_id(prefix), std::chrono::duration_cast<std::chrono::seconds>(now).count(), std::move(model)};
+}
+
+namespace {
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json header(const ResponseMeta& meta, const char* object) {
+  return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+// OpenAI sends -9999.0 for a probability of zero; JSON has no -inf.
+double finite_logprob(double lp) { return std::isfinite(lp) ? lp : -9999.0; }
+
+json token_bytes(const std::string& token) {
+  json bytes = json::array();
+  for (unsigned char c : token) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+json chat_logprobs_json(const std::vector<TokenLogprob>& tokens) {
+  json content = json::array();
+  for (const TokenLogprob& t : tokens) {
+    json top = json::array();
+    for (const TopLogprob& alt : t.top)
+      top.push_back({{"token", alt.token}, {"logprob", finite_logprob(alt.logprob)}, {"bytes", token_bytes(alt.token)}});
+    content.push_back({{"token", t.token},
+                       {"logprob", finite_logprob(t.logprob)},
+                       {"bytes", token_bytes(t.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// Code points in a byte string: the bytes that do not continue a UTF-8 sequence.
+int64_t code_points(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+json completion_logprobs_json(const std::vector<TokenLogprob>& tokens, int64_t text_offset) {
+  json toks = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob& t : tokens) {
+    toks.push_back(t.token);
+    lps.push_back(finite_logprob(t.logprob));
+    json top = json::object();
+    for (const TopLogprob& alt : t.top) top[alt.token] = finite_logprob(alt.logprob);
+    tops.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += code_points(t.token);
+  }
+  return {{"tokens", std::move(toks)},
+          {"token_logprobs", std::move(lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+json finish_json(const std::optional<FinishReason>& reason) {
+  return reason ? json(to_string(*reason)) : json(nullptr);
+}
+
+}  // namespace
+
+json chat_completion_json(const ResponseMeta& meta, const ChatChoice& choice, const Usage& usage) {
+  json message = {{"role", "assistant"}};
+  message["content"] = choice.content.empty() && !choice.tool_calls.empty() ? json(nullptr) : json(choice.content);
+  if (!choice.reasoning_content.empty()) message["reasoning_content"] = choice.reasoning_content;
+  if (!choice.tool_calls.empty()) {
+    json calls = json::array();
+    for (const ToolCall& c : choice.tool_calls)
+      calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    message["tool_calls"] = std::move(calls);
+  }
+  json out = header(meta, "chat.completion");
+  out["choices"] = json::array({{{"index", 0},
+                                 {"message", std::move(message)},
+                                 {"logprobs", choice.logprobs ? chat_logprobs_json(*choice.logprobs) : json(nullptr)},
+                                 {"finish_reason", to_string(choice.finish_reason)}}});
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+json text_completion_json(const ResponseMeta& meta, const CompletionChoice& choice, const Usage& usage) {
+  json out = header(meta, "text_completion");
+  out["choices"] = json::array({{{"index", 0},
+                                 {"text", choice.text},
+                                 {"logprobs", choice.logprobs ? completion_logprobs_json(*choice.logprobs, 0) : json(nullptr)},
+                                 {"finish_reason", to_string(choice.finish_reason)}}});
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+json chat_chunk_json(const ResponseMeta& meta, const ChatDelta& delta, bool include_usage) {
+  json d = json::object();
+  if (delta.role) d["role"] = "assistant";
+  if (delta.content) d["content"] = *delta.content;
+  if (delta.reasoning_content) d["reasoning_content"] = *delta.reasoning_content;
+  if (!delta.tool_calls.empty()) {
+    json calls = json::array();
+    for (const ToolCallDelta& c : delta.tool_calls) {
+      json call = {{"index", c.index}};
+      json function = {{"arguments", c.arguments}};
+      if (!c.id.empty()) {
+        call["id"] = c.id;
+        call["type"] = "function";
+      }
+      if (!c.name.empty()) function["name"] = c.name;
+      call["function"] = std::move(function);
+      calls.push_back(std::move(call));
+    }
+    d["tool_calls"] = std::move(calls);
+  }
+  json out = header(meta, "chat.completion.chunk");
+  out["choices"] = json::array({{{"index", 0},
+                                 {"delta", std::move(d)},
+                                 {"logprobs", delta.logprobs ? chat_logprobs_json(*delta.logprobs) : json(nullptr)},
+                                 {"finish_reason", finish_json(delta.finish_reason)}}});
+  if (include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json completion_chunk_json(const ResponseMeta& meta, const CompletionDelta& delta, bool include_usage) {
+  json out = header(meta, "text_completion");
+  out["choices"] = json::array(
+      {{{"index", 0},
+        {"text", delta.text},
+        {"logprobs", delta.logprobs ? completion_logprobs_json(*delta.logprobs, delta.text_offset) : json(nullptr)},
+        {"finish_reason", finish_json(delta.finish_reason)}}});
+  if (include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json chat_usage_chunk_json(const ResponseMeta& meta, const Usage& usage) {
+  json out = header(meta, "chat.completion.chunk");
+  out["choices"] = json::array();
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+json completion_usage_chunk_json(const ResponseMeta& meta, const Usage& usage) {
+  json out = header(meta, "text_completion");
+  out["choices"] = json::array();
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+std::string sse_event(const json& value) { return "data: " + json_text(value) + "\n\n"; }
+std::string sse_done() { return "data: [DONE]\n\n"; }
+
+json models_json(std::span<const ModelCard> models) {
+  json data = json::array();
+  for (const ModelCard& m : models)
+    data.push_back({{"id", m.id}, {"object", "model"}, {"created", m.created}, {"owned_by", m.owned_by}});
+  return {{"object", "list"}, {"data", std::move(data)}};
+}
+
+}  // namespace dsv41

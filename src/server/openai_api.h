@@ -1,0 +1,191 @@
+#pragma once
+// The OpenAI-compatible request/response layer, free of HTTP and of the engine: request bodies of
+// POST /v1/chat/completions and POST /v1/completions are validated into plain structs, and
+// results are turned into the JSON objects (and SSE events) that OpenAI clients expect. Every
+// rule is stated in docs/openai-api.md. Only the server's translation units include this header
+// (it brings nlohmann/json with it).
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dsv41 {
+
+// A request the server refuses: the HTTP status and the OpenAI error object
+// {"error": {"message", "type", "param", "code"}}. An empty param or code is sent as null.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, const std::string& message, std::string param = {}, std::string code = {},
+           std::string type = "invalid_request_error");
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }
+  const std::string& code() const { return code_; }
+  const std::string& type() const { return type_; }
+  nlohmann::json body() const;
+
+ private:
+  int status_;
+  std::string param_, code_, type_;
+};
+
+// What the parser needs to know of the server.
+struct ApiConfig {
+  std::vector<std::string> models;  // ids accepted in "model" (anything else is 404)
+  int64_t vocab_size = 0;           // token ids in a completions prompt must be below this
+};
+
+struct SamplingParams {
+  double temperature = 1.0;  // 0 = greedy
+  double top_p = 1.0;        // (0, 1]
+  int32_t top_k = 0;         // 0 = off; a request's -1 also means off and is stored as 0
+  double min_p = 0.0;        // [0, 1]; 0 = off
+  std::optional<int64_t> seed;
+  std::vector<std::string> stop;     // at most 4, none empty
+  std::optional<int32_t> max_tokens;  // none: until a stop or the context ends
+};
+
+struct LogprobsParams {
+  bool enabled = false;  // report the chosen token's logprob
+  int32_t top = 0;       // and this many alternatives (0..20)
+};
+
+// What both endpoints share.
+struct GenerationParams {
+  std::string model;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  SamplingParams sampling;
+  LogprobsParams logprobs;
+};
+
+struct ChatRequest {
+  GenerationParams gen;
+  // Kept as JSON for the chat format (src/engine/chat_format): messages is a non-empty array of
+  // objects with a string "role"; the others are null when the request leaves them out.
+  nlohmann::json messages;
+  nlohmann::json tools;                 // array
+  nlohmann::json tool_choice;           // string or object
+  nlohmann::json chat_template_kwargs;  // object (e.g. {"thinking": true})
+};
+
+struct CompletionRequest {
+  GenerationParams gen;
+  std::variant<std::string, std::vector<int32_t>> prompt;  // text, or token ids
+};
+
+// Both throw ApiError (400; 404 for a model not in config.models).
+ChatRequest parse_chat_request(std::string_view body, const ApiConfig& config);
+CompletionRequest parse_completion_request(std::string_view body, const ApiConfig& config);
+
+// After tokenizing: the prompt plus max_tokens must fit the context (without max_tokens, at least
+// one token must). Throws ApiError 400, code "context_length_exceeded".
+void check_context_length(int64_t prompt_tokens, std::optional<int32_t> max_tokens, int64_t context_length);
+
+// ---- responses --------------------------------------------------------------------------------
+
+enum class FinishReason { Stop, Length, ToolCalls };
+const char* to_string(FinishReason reason);
+
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+// One generated token's logprob and, when asked, the best alternatives at its position. Token
+// texts are raw bytes (a token may hold part of a UTF-8 character); chat logprobs carry them
+// exactly in "bytes", and JSON strings show invalid UTF-8 as U+FFFD. A logprob of -inf is sent
+// as -9999.0, as OpenAI does (JSON has no infinity).
+struct TopLogprob {
+  std::string token;
+  double logprob = 0;
+};
+struct TokenLogprob {
+  std::string token;
+  double logprob = 0;
+  std::vector<TopLogprob> top;
+};
+
+struct ResponseMeta {
+  std::string id;  // new_response_id()
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+// prefix "chatcmpl" or "cmpl": "<prefix>-" and 24 random hex digits.
+std::string new_response_id(std::string_view prefix);
+// A fresh id with the current time.
+ResponseMeta new_response_meta(std::string_view prefix, std::string model);
+
+struct ToolCall {
+  std::string id, name, arguments;  // arguments: the JSON text the model wrote
+};
+
+struct ChatChoice {
+  std::string content;            // null in the message when empty and tool calls are present
+  std::string reasoning_content;  // left out of the message when empty
+  std::vector<ToolCall> tool_calls;
+  FinishReason finish_reason = FinishReason::Stop;
+  std::optional<std::vector<TokenLogprob>> logprobs;  // present iff the request asked
+};
+nlohmann::json chat_completion_json(const ResponseMeta& meta, const ChatChoice& choice, const Usage& usage);
+
+struct CompletionChoice {
+  std::string text;
+  FinishReason finish_reason = FinishReason::Stop;
+  std::optional<std::vector<TokenLogprob>> logprobs;
+};
+nlohmann::json text_completion_json(const ResponseMeta& meta, const CompletionChoice& choice, const Usage& usage);
+
+// ---- streaming --------------------------------------------------------------------------------
+// A stream sends one chunk with role "assistant" first, then content chunks, then one chunk with
+// the finish reason, then (include_usage) the usage chunk, then sse_done(). With include_usage
+// every chunk but the last carries "usage": null, as OpenAI's do.
+
+struct ToolCallDelta {
+  int index = 0;
+  std::string id, name;  // sent only when non-empty (the first delta of a call)
+  std::string arguments;
+};
+
+struct ChatDelta {
+  bool role = false;  // "role": "assistant"
+  std::optional<std::string> content, reasoning_content;
+  std::vector<ToolCallDelta> tool_calls;
+  std::optional<FinishReason> finish_reason;
+  std::optional<std::vector<TokenLogprob>> logprobs;
+};
+nlohmann::json chat_chunk_json(const ResponseMeta& meta, const ChatDelta& delta, bool include_usage);
+
+struct CompletionDelta {
+  std::string text;
+  std::optional<FinishReason> finish_reason;
+  std::optional<std::vector<TokenLogprob>> logprobs;
+  int64_t text_offset = 0;  // code points of completion text sent before this chunk
+};
+nlohmann::json completion_chunk_json(const ResponseMeta& meta, const CompletionDelta& delta, bool include_usage);
+
+// The last chunk before [DONE] when include_usage: "choices": [] and the usage.
+nlohmann::json chat_usage_chunk_json(const ResponseMeta& meta, const Usage& usage);
+nlohmann::json completion_usage_chunk_json(const ResponseMeta& meta, const Usage& usage);
+
+// The JSON text of a body or event: compact (one line), invalid UTF-8 replaced by U+FFFD rather
+// than throwing.
+std::string json_text(const nlohmann::json& value);
+// "data: <json>\n\n" and "data: [DONE]\n\n".
+std::string sse_event(const nlohmann::json& value);
+std::string sse_done();
+
+// ---- GET /v1/models ---------------------------------------------------------------------------
+
+struct ModelCard {
+  std::string id;
+  int64_t created = 0;
+  std::string owned_by = "dsv41";
+};
+nlohmann::json models_json(std::span<const ModelCard> models);
+
+}  // namespace dsv41
