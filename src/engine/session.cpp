@@ -1,11 +1,15 @@
 #include "engine/session.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "base/error.h"
+#include "kv/sequence_blocks.h"
 #include "model/engram_compress.h"
 
 namespace dsv41 {
+
+const char* mode_name(Mode mode) { return mode == Mode::Exact ? "exact" : "default"; }
 
 Session::Session(const Model& model, const Tokenizer* tokenizer, Mode mode)
     : model_(model), mode_(mode), state_(model.config()) {
@@ -17,34 +21,178 @@ Session::Session(const Model& model, const Tokenizer* tokenizer, Mode mode)
   hasher_.emplace(c, std::move(vocab.token_map));
 }
 
-std::vector<float> Session::prefill(std::span<const int> tokens) {
-  const int64_t end = state_.length + int64_t(tokens.size());
-  const int64_t replayed = std::min<int64_t>(model_.config().window_size, int64_t(tokens.size()));
-  return run(tokens, mode_ == Mode::Default ? end - replayed : 0);
+Session::Call Session::append(std::span<const int> tokens, int64_t decoder_from) {
+  const size_t at = tokens_.size();
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  Call call;
+  call.tokens = std::span<const int>(tokens_).subspan(at);
+  if (hasher_) {
+    call.engram_ids.resize(tokens.size() * size_t(hasher_->n_layers() * hasher_->columns()));
+    hasher_->hash(call.tokens, {}, history_, call.engram_ids.data());
+  }
+  call.options.decoder_from = decoder_from;
+  return call;
 }
 
-std::vector<float> Session::decode(int token) { return run(std::span<const int>(&token, 1), 0); }
+void Session::ran(const Call& call) {
+  const int64_t n = int64_t(call.tokens.size()), start = int64_t(tokens_.size()) - n;
+  const int64_t decoder_from = std::max(call.options.decoder_from, call.options.replay_until);
+  work_.encoder_tokens += n;
+  work_.decoder_tokens += start + n - std::clamp(decoder_from, start, start + n);
+}
+
+void Session::start_over(std::span<const int> tokens, SequenceState state) {
+  tokens_.assign(tokens.begin(), tokens.end());
+  state_ = std::move(state);
+  if (hasher_) history_ = hasher_->history_after(tokens, {});
+  stored_blocks_ = 0;
+}
+
+// A prompt segment of n tokens ending at `end`: default mode runs the decoder on its last
+// min(W, n) positions only.
+static int64_t prompt_decoder_from(Mode mode, int64_t end, int64_t n, int64_t W) {
+  return mode == Mode::Default ? end - std::min(W, n) : 0;
+}
+
+std::vector<float> Session::prefill(std::span<const int> tokens) {
+  const int64_t end = state_.length + int64_t(tokens.size());
+  Call call = append(tokens, prompt_decoder_from(mode_, end, int64_t(tokens.size()), model_.config().window_size));
+  std::vector<float> logits =
+      forward(model_, state_, call.tokens, hasher_ ? call.engram_ids.data() : nullptr, call.options);
+  ran(call);
+  return logits;
+}
+
+std::vector<float> Session::decode(int token) {
+  Call call = append(std::span<const int>(&token, 1), 0);
+  std::vector<float> logits = forward(model_, state_, call.tokens, hasher_ ? call.engram_ids.data() : nullptr);
+  ran(call);
+  return logits;
+}
 
 void Session::resume(std::span<const int> tokens, SequenceState state) {
   if (state.length != int64_t(tokens.size()))
     fail("resume", "the tokens of the restored state (" + std::to_string(state.length) + ")",
          std::to_string(tokens.size()) + " tokens");
-  state_ = std::move(state);
-  if (hasher_) history_ = hasher_->history_after(tokens, {});
+  start_over(tokens, std::move(state));
 }
 
-std::vector<float> Session::run(std::span<const int> tokens, int64_t decoder_from) {
-  std::vector<int64_t> ids;
-  if (hasher_) {
-    ids.resize(tokens.size() * size_t(hasher_->n_layers() * hasher_->columns()));
-    hasher_->hash(tokens, {}, history_, ids.data());
+Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use) {
+  const Config& c = model_.config();
+  const int64_t P = int64_t(prompt.size()), W = c.window_size;
+  if (P == 0) fail("prompt", "at least one token", "none");
+  for (int t : prompt)
+    if (t < 0 || t >= c.vocab_size) fail("prompt", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
+  if (cache && cache->mode() != mode_name(mode_))
+    fail("KV cache", std::string("a cache of ") + mode_name(mode_) + "-mode sequences", cache->mode() + "-mode");
+  use = PrefixUse{};
+  use.prompt_tokens = P;
+
+  // The running sequence: continue it when the prompt extends it.
+  const int64_t L = int64_t(tokens_.size());
+  if (L > 0 && L < P && std::equal(tokens_.begin(), tokens_.end(), prompt.begin())) {
+    use.device_tokens = L;
+    return append(prompt.subspan(size_t(L)), prompt_decoder_from(mode_, P, P - L, W));
   }
-  const int64_t start = state_.length, n = int64_t(tokens.size());
-  ForwardOptions options;
-  options.decoder_from = decoder_from;
-  std::vector<float> logits = forward(model_, state_, tokens, hasher_ ? ids.data() : nullptr, options);
-  work_.encoder_tokens += n;
-  work_.decoder_tokens += start + n - std::max(start, decoder_from);
+  start_over({}, SequenceState(c));
+  if (!cache) return append(prompt, prompt_decoder_from(mode_, P, P, W));
+
+  // The blocks the tiers hold, leaving the last token to run.
+  const int B = cache->block_tokens();
+  BlockRun run = cache->find_blocks(prompt, (P - 1) / B);
+  const int64_t H = run.tokens(B);
+  auto count_blocks = [&](int64_t blocks) {
+    for (int64_t b = 0; b < blocks; ++b) (run.from_disk[size_t(b)] ? use.disk_blocks : use.host_blocks) += 1;
+  };
+
+  // An SWA tail continues exactly from any position whose complete blocks were found. In default
+  // mode one at or before H - W is not worth it: replaying from H costs less than computing from there.
+  const int64_t lo = mode_ == Mode::Default ? std::max<int64_t>(1, H - W + 1) : 1;
+  if (auto tail = cache->find_tail(prompt, lo, std::min(P - 1, H + B - 1))) {
+    const int64_t n = tail->position, blocks = n / B;
+    run.blocks.resize(size_t(blocks));
+    start_over(prompt.first(size_t(n)), restore_sequence(c, run.blocks, B, &tail->snapshot->tail));
+    stored_blocks_ = blocks;
+    use.swa_tokens = n;
+    count_blocks(blocks);
+    return append(prompt.subspan(size_t(n)), prompt_decoder_from(mode_, P, P - n, W));
+  }
+
+  // A global hit: encoder bounded replay over [H - W, H), adopted only past the window.
+  if (mode_ == Mode::Default && H > W) {
+    SequenceState state = restore_sequence(c, run.blocks, B);
+    state.length = H - W;
+    start_over(prompt.first(size_t(H - W)), std::move(state));
+    stored_blocks_ = H / B;
+    use.global_tokens = H;
+    use.replayed = W;
+    count_blocks(H / B);
+    Call call = append(prompt.subspan(size_t(H - W)), prompt_decoder_from(mode_, P, P, W));
+    call.options.replay_until = H;
+    return call;
+  }
+  if (mode_ == Mode::Default) use.short_hit = H;
+  return append(prompt, prompt_decoder_from(mode_, P, P, W));
+}
+
+std::vector<float> Session::prefill_prompt(std::span<const int> prompt, KvCache* cache, PrefixUse* use) {
+  Session* self = this;
+  std::vector<PrefixUse> uses;
+  std::vector<std::vector<float>> logits =
+      prefill_prompts(std::span(&self, 1), std::span(&prompt, 1), cache, use ? &uses : nullptr);
+  if (use) *use = uses.front();
+  return std::move(logits.front());
+}
+
+void Session::save(KvCache& cache) {
+  if (cache.mode() != mode_name(mode_))
+    fail("KV cache", std::string("a cache of ") + mode_name(mode_) + "-mode sequences", cache.mode() + "-mode");
+  if (state_.length == 0) return;
+  cache.store_blocks(tokens_, state_, stored_blocks_);
+  stored_blocks_ = state_.length / cache.block_tokens();
+  cache.store_tail(tokens_, state_);
+}
+
+std::vector<std::vector<float>> prefill_prompts(std::span<Session* const> sessions,
+                                                std::span<const std::span<const int>> prompts, KvCache* cache,
+                                                std::vector<PrefixUse>* uses) {
+  if (sessions.size() != prompts.size())
+    fail("prefill_prompts", std::to_string(sessions.size()) + " prompts, one per session", std::to_string(prompts.size()));
+  if (sessions.empty()) return {};
+  const Model& model = sessions.front()->model_;
+  for (Session* s : sessions)
+    if (&s->model_ != &model) fail("prefill_prompts", "sessions of one model", "sessions of several");
+
+  std::vector<PrefixUse> use(sessions.size());
+  std::vector<Session::Call> calls;
+  std::vector<BatchItem> batch;
+  for (size_t i = 0; i < sessions.size(); ++i) calls.push_back(sessions[i]->plan(prompts[i], cache, use[i]));
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    Session& s = *sessions[i];
+    batch.push_back({&s.state_, calls[i].tokens, s.hasher_ ? calls[i].engram_ids.data() : nullptr, calls[i].options});
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::vector<float>> logits = forward_batch(model, batch);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  KvCacheCounters counted;
+  const int64_t B = cache ? cache->block_tokens() : 0;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    sessions[i]->ran(calls[i]);
+    if (!cache) continue;
+    sessions[i]->save(*cache);
+    counted.device_tokens += use[i].device_tokens;
+    counted.host_tokens += use[i].host_blocks * B;
+    counted.disk_tokens += use[i].disk_blocks * B;
+    counted.swa_tokens += use[i].swa_tokens;
+    counted.replayed_tokens += use[i].replayed;
+    counted.short_hits += use[i].short_hit > 0;
+  }
+  if (cache) {
+    if (counted.replayed_tokens > 0) counted.replay_seconds = seconds;
+    cache->count(counted);
+  }
+  if (uses) *uses = std::move(use);
   return logits;
 }
 

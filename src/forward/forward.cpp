@@ -11,6 +11,7 @@
 #include "backend/cpu/norm.h"
 #include "backend/cpu/sparse_attention.h"
 #include "base/error.h"
+#include "forward/window.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -214,25 +215,15 @@ void attention(Pass& p, int l, const Rows& x, Rows& out) {
   a.attn_sink.row(0, sink.data());
   const float scale = float(std::pow(double(hd), -0.5));
   std::vector<const float*> entries;
+  std::vector<int64_t> slots;
   for (int64_t r = 0; r < R; ++r) {
-    // The window, in the reference's slot order: a prefill from position 0 lists min(R, W) slots
-    // from max(0, i - W + 1) with the not-yet-existing ones empty at the end; any later call lists
-    // the W positions up to its own, oldest first, the not-yet-existing ones empty at the front
-    // (the decode ring's order).
     entries.clear();
     const int64_t pos = p.pos(r);
-    // Bounded replay truncates the window at its segment start s = window_floor: positions
-    // before it are empty slots.
-    if (p.start == 0) {
-      const int64_t base = std::max<int64_t>(0, r - W + 1);
-      for (int64_t j = 0; j < std::min(R, W); ++j)
-        entries.push_back(base + j > r || base + j < p.window_floor ? nullptr : kv.data() + (base + j) * hd);
-    } else {
-      for (int64_t t = pos - W + 1; t <= pos; ++t)
-        entries.push_back(t < std::max<int64_t>(0, p.window_floor) ? nullptr
-                          : t < p.start                           ? ring_kv.data() + (t % W) * hd
-                                                                  : kv.data() + (t - p.start) * hd);
-    }
+    window_positions(pos, p.start, R, W, p.window_floor, slots);
+    for (int64_t t : slots)
+      entries.push_back(t == kEmptySlot ? nullptr
+                        : t < p.start   ? ring_kv.data() + (t % W) * hd
+                                        : kv.data() + (t - p.start) * hd);
     if (ratio > 0)
       for (int64_t t : p.topk[r]) entries.push_back(t < 0 ? nullptr : compressed_kv.data() + t * hd);
     float* orow = o.data() + r * H * hd;
@@ -446,7 +437,7 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
 
 std::vector<std::vector<float>> forward_batch(const Model& model, const std::vector<BatchItem>& batch) {
   std::vector<std::vector<float>> logits;
-  for (const BatchItem& item : batch) logits.push_back(forward(model, *item.state, item.tokens, item.engram_ids));
+  for (const BatchItem& item : batch) logits.push_back(forward(model, *item.state, item.tokens, item.engram_ids, item.options));
   return logits;
 }
 

@@ -61,9 +61,12 @@ struct BatchItem {
   SequenceState* state;
   std::span<const int> tokens;
   const int64_t* engram_ids = nullptr;
+  ForwardOptions options = {};
 };
 
-// A batch of sequences, each advanced by its own tokens; returns each one's last logits.
+// A batch of sequences, each advanced by its own tokens under its own options (prefills, decodes
+// and replays mixed); returns each one's logits as forward() does. On the CPU backend the items
+// run one after another; the batch is the unit a device backend fuses.
 std::vector<std::vector<float>> forward_batch(const Model& model, const std::vector<BatchItem>& batch);
 
 }  // namespace dsv41

@@ -66,18 +66,25 @@ bool SwaPool::put(const BlockKey& prefix, int64_t position, SwaSnapshot snapshot
 }
 
 std::shared_ptr<const SwaSnapshot> SwaPool::get(const BlockKey& prefix, int64_t position) {
+  const std::pair<BlockKey, int64_t> one{prefix, position};
+  std::optional<Found> found = get_first(std::span(&one, 1));
+  return found ? found->snapshot : nullptr;
+}
+
+std::optional<SwaPool::Found> SwaPool::get_first(std::span<const std::pair<BlockKey, int64_t>> candidates) {
   std::lock_guard lock(mutex_);
   const int64_t now = now_ms();
   release_expired_locked(now);  // after this, whatever is found is live
-  auto found = index_.find(Slot{prefix, position});
-  if (found == index_.end()) {
-    stats_.misses += 1;
-    return nullptr;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    auto found = index_.find(Slot{candidates[i].first, candidates[i].second});
+    if (found == index_.end()) continue;
+    found->second->expires_ms = now + options_.ttl_ms;
+    lru_.splice(lru_.begin(), lru_, found->second);
+    stats_.hits += 1;
+    return Found{i, lru_.front().snapshot};
   }
-  found->second->expires_ms = now + options_.ttl_ms;
-  lru_.splice(lru_.begin(), lru_, found->second);
-  stats_.hits += 1;
-  return lru_.front().snapshot;
+  stats_.misses += 1;
+  return std::nullopt;
 }
 
 SwaPoolStats SwaPool::stats() const {

@@ -6,9 +6,9 @@
 // V4.1-Flash and worth keeping only while a user is likely to come back.
 //
 // An entry is keyed by the prefix it ends (PrefixKeys::prefix_key of all its tokens) and by its
-// exact position (the token count), and holds two opaque byte strings: every layer's SWA ring and
-// the small per-sequence state needed to continue (Engram history, published candidates and top-k,
-// drafter window).
+// exact position (the token count), and holds one opaque byte string: the sequence's tail
+// (kv/sequence_blocks.h: every layer's SWA ring, the global KV of the incomplete last block, the
+// compressor's open groups, the replay floors), all a sequence needs beyond its global blocks.
 //
 // Policies (docs/kv-tiers.md):
 //  * TTL from the last use: put and every hit set an entry's expiry to now + ttl. An expired entry
@@ -24,6 +24,8 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -34,9 +36,8 @@
 namespace dsv41 {
 
 struct SwaSnapshot {
-  std::vector<uint8_t> rings;  // every layer's SWA ring, as the caller lays them out
-  std::vector<uint8_t> state;  // the small per-sequence state, likewise opaque
-  int64_t bytes() const { return int64_t(rings.size() + state.size()); }
+  std::vector<uint8_t> tail;
+  int64_t bytes() const { return int64_t(tail.size()); }
 };
 
 struct SwaPoolStats {
@@ -62,6 +63,14 @@ class SwaPool {
   bool put(const BlockKey& prefix, int64_t position, SwaSnapshot snapshot);
   // The live snapshot at (prefix, position), its TTL renewed; null if absent or expired.
   std::shared_ptr<const SwaSnapshot> get(const BlockKey& prefix, int64_t position);
+  // The first live snapshot among `candidates` (prefix, position), tried in the order given: one
+  // lookup of a prompt over the positions it could continue from, counted as one hit or one miss.
+  // Returns the index of the candidate found and its snapshot (TTL renewed), or nothing.
+  struct Found {
+    size_t index;
+    std::shared_ptr<const SwaSnapshot> snapshot;
+  };
+  std::optional<Found> get_first(std::span<const std::pair<BlockKey, int64_t>> candidates);
   // Releases every expired entry now; returns how many. put and get do this themselves; a server
   // may also call it from a timer so that idle memory is returned without waiting for traffic.
   int64_t release_expired();

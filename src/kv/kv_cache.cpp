@@ -1,0 +1,98 @@
+#include "kv/kv_cache.h"
+
+#include <algorithm>
+
+#include "kv/sequence_blocks.h"
+
+namespace dsv41 {
+
+KvCache::KvCache(const Config& config, KvCacheOptions options)
+    : config_(config),
+      mode_(options.mode),
+      keys_(config, options.fingerprint + "\nmode=" + options.mode, options.block_tokens),
+      host_(options.host_budget_bytes),
+      swa_(options.swa) {
+  if (!options.store_dir.empty())
+    store_ = std::make_unique<PersistentStore>(PersistentStoreOptions{
+        options.store_dir, keys_.fingerprint(), options.store_budget_bytes, options.store_lifetime_ms, options.clock});
+}
+
+BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {
+  const int B = block_tokens();
+  const std::vector<BlockKey> keys = keys_.keys(tokens.first(size_t(std::min<int64_t>(max_blocks * B, tokens.size()))));
+  BlockRun run;
+  for (size_t b = 0; b < keys.size(); ++b) {
+    const std::span<const int> block = tokens.subspan(b * size_t(B), size_t(B));
+    if (auto hit = host_.get(keys[b], block)) {
+      run.blocks.push_back(hit->payload);
+      run.from_disk.push_back(false);
+      continue;
+    }
+    if (!store_) break;
+    std::optional<std::vector<uint8_t>> payload = store_->get(keys[b], block);
+    if (!payload) break;
+    host_.put(HostBlock{keys[b], std::vector<int>(block.begin(), block.end()), *payload});
+    run.blocks.push_back(std::move(*payload));
+    run.from_disk.push_back(true);
+  }
+  return run;
+}
+
+std::optional<KvCache::TailHit> KvCache::find_tail(std::span<const int> tokens, int64_t lo, int64_t hi) {
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min<int64_t>(hi, int64_t(tokens.size()));
+  if (lo > hi) return std::nullopt;
+  // prefix_key(n) continues the key of the last complete block below n: hash the blocks once.
+  const int B = block_tokens();
+  const std::vector<BlockKey> blocks = keys_.keys(tokens.first(size_t(hi)));
+  std::vector<std::pair<BlockKey, int64_t>> candidates;
+  for (int64_t n = hi; n >= lo; --n) {
+    const int64_t full = n / B;
+    const BlockKey& before = full > 0 ? blocks[size_t(full - 1)] : keys_.salt();
+    const BlockKey key = n % B == 0 ? before : keys_.next(before, tokens.subspan(size_t(full * B), size_t(n - full * B)));
+    candidates.emplace_back(key, n);
+  }
+  std::optional<SwaPool::Found> found = swa_.get_first(candidates);
+  if (!found) return std::nullopt;
+  return TailHit{candidates[found->index].second, std::move(found->snapshot)};
+}
+
+void KvCache::store_blocks(std::span<const int> tokens, const SequenceState& state, int64_t first_block) {
+  const int B = block_tokens();
+  const int64_t blocks = state.length / B;
+  if (first_block >= blocks) return;
+  const std::vector<BlockKey> keys = keys_.keys(tokens.first(size_t(blocks * B)));
+  for (int64_t b = first_block; b < blocks; ++b) {
+    const std::span<const int> block = tokens.subspan(size_t(b * B), size_t(B));
+    std::vector<uint8_t> payload = global_block(config_, state, b, B);
+    if (store_ && !store_->contains(keys[size_t(b)]))
+      store_->put(keys[size_t(b)], std::span<const int32_t>(block.data(), block.size()), payload);
+    host_.put(HostBlock{keys[size_t(b)], std::vector<int>(block.begin(), block.end()), std::move(payload)});
+  }
+}
+
+void KvCache::store_tail(std::span<const int> tokens, const SequenceState& state) {
+  swa_.put(keys_.prefix_key(tokens.first(size_t(state.length))), state.length,
+           SwaSnapshot{sequence_tail(config_, state, block_tokens())});
+}
+
+void KvCache::count(const KvCacheCounters& d) {
+  std::lock_guard lock(mutex_);
+  counters_.device_tokens += d.device_tokens;
+  counters_.host_tokens += d.host_tokens;
+  counters_.disk_tokens += d.disk_tokens;
+  counters_.swa_tokens += d.swa_tokens;
+  counters_.replayed_tokens += d.replayed_tokens;
+  counters_.replay_seconds += d.replay_seconds;
+  counters_.short_hits += d.short_hits;
+}
+
+KvCacheStats KvCache::stats() const {
+  KvCacheStats s{host_.stats(), swa_.stats(), std::nullopt, {}};
+  if (store_) s.store = store_->stats();
+  std::lock_guard lock(mutex_);
+  s.counters = counters_;
+  return s;
+}
+
+}  // namespace dsv41

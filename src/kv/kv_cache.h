@@ -1,0 +1,105 @@
+#pragma once
+// The KV tiers behind one door (DESIGN §4): the host global-KV cache, the persistent store on disk
+// and the SWA pool, addressed by the prefix keys of one model. A prompt's global blocks are looked
+// up host first, then disk (a disk hit is copied up to the host); a sequence's tail at an exact
+// position is looked up in the SWA pool. What to adopt from a lookup is the engine's decision
+// (engine/session.h); this class only finds and stores.
+//
+// One KvCache serves one model in one mode: the mode is part of the fingerprint, so exact-mode
+// sequences only ever see KV that exact-mode runs produced (default mode's encoder replay makes
+// global KV that differs slightly from a cold run's, which exact mode must never read).
+//
+// Thread-safe: every tier is.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "forward/sequence_state.h"
+#include "kv/host_cache.h"
+#include "kv/persistent_store.h"
+#include "kv/prefix_key.h"
+#include "kv/swa_pool.h"
+
+namespace dsv41 {
+
+struct KvCacheOptions {
+  std::string fingerprint;  // the checkpoint's identity; mixed into every key
+  std::string mode;         // the inference mode of the sequences it serves; likewise
+  int block_tokens = 0;     // 0 = block_tokens(config)
+  int64_t host_budget_bytes = default_dram_budget_bytes();
+  SwaPoolOptions swa;
+  std::string store_dir;             // empty = no persistent store
+  uint64_t store_budget_bytes = 64ull << 30;
+  int64_t store_lifetime_ms = 72LL * 3600 * 1000;
+  const Clock* clock = &SystemClock::instance();  // the store's; the pool has its own in `swa`
+};
+
+// Tokens served per tier and the work the cache saved or cost, cumulative (what /metrics shows).
+struct KvCacheCounters {
+  int64_t device_tokens = 0;  // continued from a running sequence's own state
+  int64_t host_tokens = 0;    // global KV from host-cache blocks
+  int64_t disk_tokens = 0;    // global KV from persistent-store blocks
+  int64_t swa_tokens = 0;     // positions continued exactly from an SWA-pool tail
+  int64_t replayed_tokens = 0;  // encoder rows rerun to regenerate SWA KV
+  double replay_seconds = 0;    // wall time of the prefill calls that replayed
+  int64_t short_hits = 0;       // global hits not adopted: no longer than the window
+};
+
+struct KvCacheStats {
+  HostCacheStats host;
+  SwaPoolStats swa;
+  std::optional<PersistentStoreStats> store;
+  KvCacheCounters counters;
+};
+
+// The run of a prompt's blocks found from its start.
+struct BlockRun {
+  std::vector<std::vector<uint8_t>> blocks;  // payloads, in order
+  std::vector<bool> from_disk;               // per block: found in the store, not the host cache
+  int64_t tokens(int block_tokens) const { return int64_t(blocks.size()) * block_tokens; }
+};
+
+class KvCache {
+ public:
+  KvCache(const Config& config, KvCacheOptions options);
+
+  const Config& config() const { return config_; }
+  const std::string& mode() const { return mode_; }
+  const PrefixKeys& keys() const { return keys_; }
+  int block_tokens() const { return keys_.block_tokens(); }
+
+  // The blocks of `tokens` found from the start (at most max_blocks), host first, then disk; the
+  // run stops at the first block found in neither.
+  BlockRun find_blocks(std::span<const int> tokens, int64_t max_blocks);
+  // The live SWA-pool tail at the latest position in [lo, hi] of `tokens`, if any.
+  struct TailHit {
+    int64_t position;
+    std::shared_ptr<const SwaSnapshot> snapshot;
+  };
+  std::optional<TailHit> find_tail(std::span<const int> tokens, int64_t lo, int64_t hi);
+
+  // Stores blocks [first_block, state.length / B) of a state holding `tokens`, in the host cache
+  // and the persistent store (a block the store holds already is not rewritten).
+  void store_blocks(std::span<const int> tokens, const SequenceState& state, int64_t first_block);
+  // Stores the state's tail in the SWA pool at its position.
+  void store_tail(std::span<const int> tokens, const SequenceState& state);
+
+  // The engine's tally (counters are added to, never reset).
+  void count(const KvCacheCounters& delta);
+  KvCacheStats stats() const;
+
+ private:
+  const Config config_;
+  const std::string mode_;
+  PrefixKeys keys_;
+  HostCache host_;
+  SwaPool swa_;
+  std::unique_ptr<PersistentStore> store_;
+  mutable std::mutex mutex_;
+  KvCacheCounters counters_;
+};
+
+}  // namespace dsv41

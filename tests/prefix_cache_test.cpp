@@ -1,0 +1,309 @@
+// The engine over the KV tiers (DESIGN §3–4, §6): a prompt is served from the running sequence,
+// an SWA-pool tail (exactly), or global blocks with encoder bounded replay (default mode, hits
+// past the window only), and stores what it makes. Tested on fixture v41-tiny (W = 16).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "base/error.h"
+#include "engine/session.h"
+#include "fixture.h"
+#include "forward/window.h"
+#include "kv/sequence_blocks.h"
+#include "model/engram_compress.h"
+#include "test_util.h"
+
+using namespace dsv41;
+using namespace dsv41::test;
+
+namespace {
+
+int argmax(const std::vector<float>& logits) {
+  return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+struct PrefixCacheTest : ::testing::Test {
+  std::unique_ptr<Model> model = Model::load(fixture_dir("v41-tiny"));
+  const Config& c = model->config();
+  Tokenizer tokenizer = Tokenizer::from_file(fixture_dir("v41-tiny") + "/tokenizer.json");
+  ManualClock clock{1'000'000};
+  std::vector<int> text;  // fixture prompt2: 300 tokens
+
+  PrefixCacheTest() {
+    std::vector<int64_t> t = Expected("v41-tiny").ints("prompt2.tokens");
+    text.assign(t.begin(), t.end());
+  }
+
+  KvCacheOptions options(Mode mode, int block_tokens = 0) {
+    KvCacheOptions o;
+    o.fingerprint = "v41-tiny fixture";
+    o.mode = mode_name(mode);
+    o.block_tokens = block_tokens;
+    o.host_budget_bytes = 64 << 20;
+    o.swa = SwaPoolOptions{64 << 20, 60'000, &clock};
+    o.clock = &clock;
+    return o;
+  }
+  std::vector<int> first(size_t n) const { return std::vector<int>(text.begin(), text.begin() + n); }
+
+  // Turn one: the first 150 tokens of the text as a prompt, then 10 greedy tokens, then save.
+  // Returns the conversation so far.
+  std::vector<int> turn_one(Session& s, KvCache& cache) {
+    std::vector<int> conversation = first(150);
+    std::vector<float> logits = s.prefill_prompt(conversation, &cache);
+    for (int k = 0; k < 10; ++k) {
+      conversation.push_back(argmax(logits));
+      logits = s.decode(conversation.back());
+    }
+    s.save(cache);
+    return conversation;
+  }
+  // Turn two's prompt: the conversation, then the text's tokens 160..299 as the next input.
+  std::vector<int> turn_two(std::vector<int> conversation) const {
+    conversation.insert(conversation.end(), text.begin() + 160, text.end());
+    return conversation;
+  }
+};
+
+}  // namespace
+
+// "A cache hit with SWA present equals the cold run": a new session that finds the end-of-output
+// tail goes on bit for bit as the session that never stopped.
+TEST_F(PrefixCacheTest, SwaHitContinuesExactly) {
+  for (Mode mode : {Mode::Default, Mode::Exact}) {
+    KvCache cache(c, options(mode));
+    Session a(*model, &tokenizer, mode);
+    const std::vector<int> conversation = turn_one(a, cache);
+    const std::vector<int> prompt = turn_two(conversation);
+
+    Session b(*model, &tokenizer, mode);
+    PrefixUse use;
+    const std::vector<float> restored = b.prefill_prompt(prompt, &cache, &use);
+    EXPECT_EQ(use.swa_tokens, 160);
+    EXPECT_EQ(use.computed(), 140);
+    EXPECT_EQ(use.replayed, 0);
+    EXPECT_EQ(use.host_blocks, 2);  // 160 tokens: two complete blocks of 64 under the tail
+
+    const std::vector<float> live = a.prefill(std::span(prompt).subspan(160));
+    EXPECT_EQ(restored, live) << mode_name(mode);
+    EXPECT_EQ(b.state().kv_bytes(), a.state().kv_bytes());
+  }
+}
+
+// The running sequence is the device tier: a prompt that extends it runs only its new tokens.
+TEST_F(PrefixCacheTest, RunningSequenceIsContinued) {
+  KvCache cache(c, options(Mode::Default));
+  Session a(*model, &tokenizer);
+  const std::vector<int> prompt = turn_two(turn_one(a, cache));
+  PrefixUse use;
+  a.prefill_prompt(prompt, &cache, &use);
+  EXPECT_EQ(use.device_tokens, 160);
+  EXPECT_EQ(use.computed(), 140);
+  EXPECT_EQ(cache.stats().counters.device_tokens, 160);
+
+  // A prompt that does not extend it (an edited history) starts over from the tiers.
+  std::vector<int> edited = prompt;
+  edited[155] = (edited[155] + 1) % c.vocab_size;
+  a.prefill_prompt(edited, &cache, &use);
+  EXPECT_EQ(use.device_tokens, 0);
+  EXPECT_EQ(use.swa_tokens, 150);  // the end-of-prompt tail of turn one, before the edit
+}
+
+// On a global hit with the SWA tail expired, default mode replays the encoder over [H - W, H):
+// the same computation as the forward's replay path given those blocks, leaving the cached global
+// KV as it was.
+TEST_F(PrefixCacheTest, GlobalHitWithSwaMissReplaysTheEncoder) {
+  KvCache cache(c, options(Mode::Default));
+  Session a(*model, &tokenizer);
+  const std::vector<int> prompt = turn_two(turn_one(a, cache));
+  clock.advance_ms(60'000);  // the TTL: both tails of turn one expire
+
+  Session b(*model, &tokenizer);
+  PrefixUse use;
+  const std::vector<float> replayed = b.prefill_prompt(prompt, &cache, &use);
+  const int64_t H = 128, W = c.window_size, P = int64_t(prompt.size());
+  EXPECT_EQ(use.global_tokens, H);
+  EXPECT_EQ(use.swa_tokens, 0);
+  EXPECT_EQ(use.replayed, W);
+  EXPECT_EQ(use.computed(), P - H);
+  EXPECT_EQ(b.work().encoder_tokens, P - H + W);
+  EXPECT_GE(cache.stats().swa.ttl_expiries, 2);
+  EXPECT_EQ(cache.stats().counters.replayed_tokens, W);
+
+  // By hand: the blocks from the session that computed them, replay from H - W.
+  std::vector<std::vector<uint8_t>> blocks;
+  for (int64_t blk = 0; blk < H / 64; ++blk) blocks.push_back(global_block(c, a.state(), blk, 64));
+  SequenceState state = restore_sequence(c, blocks, 64);
+  state.length = H - W;
+  const std::vector<int> suffix(prompt.begin() + (H - W), prompt.end());
+  EngramHasher hasher(c, engram_compress_vocabulary(tokenizer).token_map);
+  EngramHistory history = hasher.history_after(std::span(prompt).first(size_t(H - W)), {});
+  std::vector<int64_t> ids(suffix.size() * size_t(hasher.n_layers() * hasher.columns()));
+  hasher.hash(suffix, {}, history, ids.data());
+  ForwardOptions o;
+  o.replay_until = H;
+  o.decoder_from = P - W;
+  EXPECT_EQ(replayed, forward(*model, state, suffix, ids.data(), o));
+  for (int l : c.kv_source_layers) {
+    const size_t cached = size_t(H / c.compress_ratios[size_t(l)]) * (state.compressed.at(l).kv.size() / state.compressed.at(l).entries);
+    EXPECT_TRUE(std::equal(state.compressed.at(l).kv.begin(), state.compressed.at(l).kv.begin() + cached,
+                           a.state().compressed.at(l).kv.begin()));
+  }
+
+  // The approximation is small next to the cold default run (report §3.2.2).
+  Session cold(*model, &tokenizer);
+  LogitStats d = compare_logits(replayed, cold.prefill(prompt), c.vocab_size);
+  std::printf("replay at H=%ld vs cold default run: max |dlogit| %.4f\n", long(H), d.max);
+  EXPECT_TRUE(std::isfinite(d.max));
+}
+
+// DESIGN §3: hits no longer than the window are not adopted (H <= W: the cold run, to the bit).
+// With blocks of 8 tokens a two-block hit is H = 16 = W; three blocks (24) are adopted.
+TEST_F(PrefixCacheTest, HitsNoLongerThanTheWindowAreNotAdopted) {
+  const int64_t W = c.window_size;
+  ASSERT_EQ(W, 16);
+  KvCache cache(c, options(Mode::Default, 8));
+  Session seed(*model, &tokenizer);
+  seed.prefill_prompt(first(20), &cache);  // stores blocks [0, 8) and [8, 16), tail at 20
+  clock.advance_ms(60'000);
+
+  Session a(*model, &tokenizer);
+  PrefixUse use;
+  const std::vector<float> got = a.prefill_prompt(first(60), &cache, &use);
+  EXPECT_EQ(use.cached(), 0);
+  EXPECT_EQ(use.short_hit, 16);
+  EXPECT_EQ(use.host_blocks, 0);
+  Session cold(*model, &tokenizer);
+  EXPECT_EQ(got, cold.prefill(first(60)));
+
+  clock.advance_ms(60'000);
+  Session b(*model, &tokenizer);
+  b.prefill_prompt(first(70), &cache, &use);  // a's run stored 7 blocks: H = 56 > W
+  EXPECT_EQ(use.global_tokens, 56);
+  EXPECT_EQ(use.replayed, W);
+  EXPECT_EQ(cache.stats().counters.short_hits, 1);
+}
+
+// Exact mode never approximates: global blocks without their SWA tail are not used.
+TEST_F(PrefixCacheTest, ExactModeNeverReplays) {
+  KvCache cache(c, options(Mode::Exact));
+  Session a(*model, &tokenizer, Mode::Exact);
+  const std::vector<int> prompt = turn_two(turn_one(a, cache));
+  clock.advance_ms(60'000);
+  Session b(*model, &tokenizer, Mode::Exact);
+  PrefixUse use;
+  const std::vector<float> got = b.prefill_prompt(prompt, &cache, &use);
+  EXPECT_EQ(use.cached(), 0);
+  EXPECT_EQ(use.replayed, 0);
+  Session cold(*model, &tokenizer, Mode::Exact);
+  EXPECT_EQ(got, cold.prefill(prompt));
+
+  // And a cache of the other mode is refused, changing nothing.
+  KvCache other(c, options(Mode::Default));
+  EXPECT_THROW(b.prefill_prompt(prompt, &other), Error);
+  EXPECT_EQ(b.length(), int64_t(prompt.size()));
+}
+
+// The persistent store serves a prefix after a restart (a new KvCache over the same directory),
+// then the host tier serves it, the block copied up on the disk hit.
+TEST_F(PrefixCacheTest, DiskThenHostAfterRestart) {
+  TempDir dir("prefix_cache");
+  const std::vector<int> prompt = first(300);
+  {
+    KvCacheOptions o = options(Mode::Default);
+    o.store_dir = dir.string();
+    KvCache cache(c, o);
+    Session a(*model, &tokenizer);
+    a.prefill_prompt(first(200), &cache);
+    EXPECT_EQ(cache.stats().store->blocks, 3u);
+  }
+  KvCacheOptions o = options(Mode::Default);
+  o.store_dir = dir.string();
+  KvCache cache(c, o);
+  Session b(*model, &tokenizer);
+  PrefixUse use;
+  b.prefill_prompt(prompt, &cache, &use);
+  EXPECT_EQ(use.disk_blocks, 3);
+  EXPECT_EQ(use.host_blocks, 0);
+  EXPECT_EQ(use.global_tokens, 192);
+  clock.advance_ms(60'000);
+  Session d(*model, &tokenizer);
+  d.prefill_prompt(prompt, &cache, &use);
+  EXPECT_EQ(use.host_blocks, 4);  // b stored its fourth block too
+  EXPECT_EQ(use.disk_blocks, 0);
+  EXPECT_EQ(cache.stats().counters.disk_tokens, 192);
+  EXPECT_EQ(cache.stats().counters.host_tokens, 256);
+}
+
+// Replays of several requests run as one batch, with the same results as one by one.
+TEST_F(PrefixCacheTest, BatchedPrefillsEqualOneByOne) {
+  auto run = [&](bool batched) {
+    KvCache cache(c, options(Mode::Default));
+    Session seed(*model, &tokenizer);
+    seed.prefill_prompt(first(200), &cache);
+    clock.advance_ms(60'000);
+    std::vector<std::vector<int>> prompts = {first(300), first(250), std::vector<int>(text.rbegin(), text.rbegin() + 90)};
+    std::vector<Session> sessions;
+    sessions.reserve(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) sessions.emplace_back(*model, &tokenizer);
+    std::vector<std::vector<float>> logits;
+    std::vector<PrefixUse> uses;
+    if (batched) {
+      std::vector<Session*> ptrs;
+      std::vector<std::span<const int>> spans;
+      for (size_t i = 0; i < prompts.size(); ++i) ptrs.push_back(&sessions[i]), spans.emplace_back(prompts[i]);
+      logits = prefill_prompts(ptrs, spans, &cache, &uses);
+    } else {
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        PrefixUse use;
+        logits.push_back(sessions[i].prefill_prompt(prompts[i], &cache, &use));
+        uses.push_back(use);
+      }
+    }
+    EXPECT_EQ(uses[0].global_tokens, 192);
+    EXPECT_EQ(uses[1].global_tokens, 192);
+    EXPECT_EQ(uses[2].cached(), 0);
+    return logits;
+  };
+  EXPECT_EQ(run(true), run(false));
+}
+
+// Bad input is refused before anything changes: the session and the cache stay as they were.
+TEST_F(PrefixCacheTest, BadPromptChangesNothing) {
+  KvCache cache(c, options(Mode::Default));
+  Session a(*model, &tokenizer);
+  a.prefill_prompt(first(100), &cache);
+  const KvCacheStats before = cache.stats();
+  std::vector<int> bad = first(120);
+  bad[110] = c.vocab_size;
+  EXPECT_THROW(a.prefill_prompt(bad, &cache), Error);
+  EXPECT_THROW(a.prefill_prompt(std::vector<int>{}, &cache), Error);
+  EXPECT_EQ(a.length(), 100);
+  EXPECT_EQ(a.tokens(), first(100));
+  EXPECT_EQ(cache.stats().host.blocks, before.host.blocks);
+  EXPECT_EQ(cache.stats().swa.entries, before.swa.entries);
+}
+
+// The truncation rule by hand (DESIGN §3): a query at i sees window keys in [max(s, i - W + 1), i],
+// in the reference's slot order. W = 4, truncated at s = 5.
+TEST(WindowRule, TruncationAtTheSegmentStart) {
+  std::vector<int64_t> slots;
+  const int64_t E = kEmptySlot;
+  // A later call (positions from 6): W slots up to the query, oldest first.
+  window_positions(7, 6, 3, 4, 5, slots);
+  EXPECT_EQ(slots, (std::vector<int64_t>{E, 5, 6, 7}));  // 4 is before s
+  window_positions(9, 6, 4, 4, 5, slots);
+  EXPECT_EQ(slots, (std::vector<int64_t>{6, 7, 8, 9}));  // the whole window is past s
+  window_positions(7, 6, 3, 4, 0, slots);
+  EXPECT_EQ(slots, (std::vector<int64_t>{4, 5, 6, 7}));  // no truncation
+  window_positions(1, 1, 3, 4, 0, slots);
+  EXPECT_EQ(slots, (std::vector<int64_t>{E, E, 0, 1}));  // before position 0: empty, at the front
+  // A first call (from position 0) of 6 rows: min(6, W) slots from max(0, i - W + 1), the future
+  // ones empty at the end.
+  window_positions(1, 0, 6, 4, 0, slots);
+  EXPECT_EQ(slots, (std::vector<int64_t>{0, 1, E, E}));
+  window_positions(5, 0, 6, 4, 3, slots);
+  EXPECT_EQ(slots, (std::vector<int64_t>{E, 3, 4, 5}));  // 2 is before s = 3
+  window_positions(1, 0, 2, 4, 0, slots);
+  EXPECT_EQ(slots, (std::vector<int64_t>{0, 1}));  // a 2-row call lists 2 slots
+}
