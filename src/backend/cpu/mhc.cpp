@@ -5,55 +5,10 @@
 
 #include "backend/cpu/linear.h"
 #include "backend/cpu/norm.h"
+#include "backend/cpu/sinkhorn.h"
 #include "numerics/types.h"
 
 namespace dsv41 {
-
-namespace {
-
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
-// Splits one token's mixes into pre / post / comb and makes comb doubly stochastic: a row softmax,
-// then alternating column and row normalizations, ending on a column one (20 of each in V4.1).
-void split_sinkhorn(const float* m, const float* scale, const float* base, int hc, int iters, float eps, float* pre,
-                    float* post, float* comb) {
-  for (int j = 0; j < hc; ++j) {
-    pre[j] = sigmoid(m[j] * scale[0] + base[j]) + eps;
-    post[j] = 2 * sigmoid(m[hc + j] * scale[1] + base[hc + j]);
-  }
-  for (int i = 0; i < hc; ++i) {
-    float* row = comb + i * hc;
-    float mx = -INFINITY;
-    for (int j = 0; j < hc; ++j) {
-      row[j] = m[2 * hc + i * hc + j] * scale[2] + base[2 * hc + i * hc + j];
-      mx = std::max(mx, row[j]);
-    }
-    float sum = 0;
-    for (int j = 0; j < hc; ++j) sum += (row[j] = std::exp(row[j] - mx));
-    for (int j = 0; j < hc; ++j) row[j] = row[j] / sum + eps;
-  }
-  auto normalize_columns = [&] {
-    for (int j = 0; j < hc; ++j) {
-      float sum = 0;
-      for (int i = 0; i < hc; ++i) sum += comb[i * hc + j];
-      for (int i = 0; i < hc; ++i) comb[i * hc + j] /= sum + eps;
-    }
-  };
-  auto normalize_rows = [&] {
-    for (int i = 0; i < hc; ++i) {
-      float sum = 0;
-      for (int j = 0; j < hc; ++j) sum += comb[i * hc + j];
-      for (int j = 0; j < hc; ++j) comb[i * hc + j] /= sum + eps;
-    }
-  };
-  normalize_columns();
-  for (int t = 0; t < iters - 1; ++t) {
-    normalize_rows();
-    normalize_columns();
-  }
-}
-
-}  // namespace
 
 void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& w, float norm_eps, int sinkhorn_iters,
               float hc_eps, float* pre, float* post, float* comb) {

@@ -1,0 +1,227 @@
+// CUDA kernel benchmarks at V4.1-Flash shapes: achieved bandwidth of the weight GEMV
+// (cuda::linear) and of sparse attention decode (cuda::sparse_attention), reported as GB/s next to
+// the device's copy bandwidth, which BM_Copy measures in the same run (bytes read + written).
+//
+// Bytes counted are the fewest each call must move: the weight (and its scales) once, x and y;
+// for attention, each token's window and top-k entries in their stored formats, q and out.
+// Inputs rotate among copies whose total exceeds the 60 MB L2, so no run is served from cache.
+// Times are CUDA-event times of one call (manual time), after warm-up; random, non-zero data.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/sparse_attention.h"
+#include "numerics/codecs.h"
+
+namespace dsv41 {
+namespace {
+
+using cuda::check;
+
+constexpr size_t kRotateBytes = size_t(512) << 20;  // copies of the inputs span at least this much
+
+void* device_random(size_t bytes, uint32_t seed) {
+  std::vector<uint8_t> host(bytes);
+  std::mt19937 rng(seed);
+  for (auto& b : host) b = uint8_t(rng());
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "bench alloc");
+  check(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice), "bench upload");
+  return p;
+}
+
+// Random bytes whose e4m3 / e2m1 / ue8m0 codes are all valid and modest: no NaN codes.
+void* device_codes(size_t bytes, uint32_t seed, uint8_t mask, uint8_t base) {
+  std::vector<uint8_t> host(bytes);
+  std::mt19937 rng(seed);
+  for (auto& b : host) b = uint8_t((rng() & mask) | base);
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "bench alloc");
+  check(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice), "bench upload");
+  return p;
+}
+
+// Times `body` (which launches on the default stream) with events, one call per iteration.
+template <typename F>
+void time_calls(benchmark::State& state, double bytes, F body) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event"), check(cudaEventCreate(&stop), "event");
+  for (int i = 0; i < 3; ++i) body(i);
+  check(cudaDeviceSynchronize(), "warm-up");
+  int i = 0;
+  for (auto _ : state) {
+    check(cudaEventRecord(start), "event");
+    body(i++);
+    check(cudaEventRecord(stop), "event");
+    check(cudaEventSynchronize(stop), "event");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "event");
+    state.SetIterationTime(ms / 1e3);
+  }
+  state.SetBytesProcessed(int64_t(bytes) * state.iterations());
+  state.counters["GB/s"] = benchmark::Counter(bytes * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["bytes"] = bytes;
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+}
+
+__global__ void copy_kernel(const float4* __restrict__ in, float4* __restrict__ out, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = in[i];
+}
+
+// Device-to-device copy of 2 GiB: the achievable HBM bandwidth, counting bytes read and written.
+void BM_Copy(benchmark::State& state) {
+  const size_t bytes = size_t(2) << 30;
+  void* in = device_random(bytes, 1);
+  void* out = nullptr;
+  check(cudaMalloc(&out, bytes), "bench alloc");
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "attr");
+  time_calls(state, 2.0 * bytes, [&](int) {
+    copy_kernel<<<sms * 8, 512>>>(static_cast<const float4*>(in), static_cast<float4*>(out), bytes / 16);
+  });
+  cudaFree(in), cudaFree(out);
+}
+
+struct LinearShape {
+  const char* name;
+  WeightFormat format;
+  int N, K;
+};
+const LinearShape kLinear[] = {
+    {"wq_a fp8 1280x5120", WeightFormat::FP8, 1280, 5120},
+    {"wq_b fp8 32768x1280", WeightFormat::FP8, 32768, 1280},
+    {"wkv fp8 512x5120", WeightFormat::FP8, 512, 5120},
+    {"wo_a fp8 8192x4096", WeightFormat::FP8, 8192, 4096},
+    {"wo_b fp8 5120x8192", WeightFormat::FP8, 5120, 8192},
+    {"expert w1 fp4 2304x5120", WeightFormat::FP4, 2304, 5120},
+    {"expert w2 fp4 5120x2304", WeightFormat::FP4, 5120, 2304},
+};
+
+void BM_Linear(benchmark::State& state) {
+  const LinearShape& s = kLinear[state.range(0)];
+  const int M = int(state.range(1));
+  const bool fp8 = s.format == WeightFormat::FP8;
+  const size_t data = fp8 ? size_t(s.N) * s.K : size_t(s.N) * s.K / 2;
+  const size_t scales = fp8 ? fp8_weight_scale_count(s.N, s.K) : fp4_weight_scale_count(s.N, s.K);
+  const int copies = int(std::max<size_t>(1, kRotateBytes / data));
+  // e4m3 codes below the NaN code (sign and 7 bits, top exponent excluded), e2m1 any, scales near 2^0.
+  std::vector<void*> w, sc;
+  for (int c = 0; c < copies; ++c) {
+    w.push_back(fp8 ? device_codes(data, 10 + c, 0xB7, 0) : device_random(data, 10 + c));
+    sc.push_back(device_codes(scales, 1000 + c, 0x3, 125));
+  }
+  std::vector<float> xh(size_t(M) * s.K);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (float& v : xh) v = round_bf16(nd(rng));
+  float *x = nullptr, *y = nullptr;
+  check(cudaMalloc(&x, xh.size() * 4), "alloc"), check(cudaMalloc(&y, size_t(M) * s.N * 4), "alloc");
+  check(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  const double bytes = double(data + scales) + 4.0 * M * s.K + 4.0 * M * s.N;
+  time_calls(state, bytes, [&](int i) {
+    const Weight wt{s.format, s.N, s.K, static_cast<const uint8_t*>(w[size_t(i % copies)]),
+                    static_cast<const uint8_t*>(sc[size_t(i % copies)])};
+    cuda::linear(x, M, wt, y);
+  });
+  state.SetLabel(s.name);
+  for (void* p : w) cudaFree(p);
+  for (void* p : sc) cudaFree(p);
+  cudaFree(x), cudaFree(y);
+}
+
+// Sparse attention decode, V4.1-Flash: 64 heads × 512, window 128 (SWA-FP8), top-k 512 (KV-FP4).
+void BM_SparseAttention(benchmark::State& state) {
+  const int B = int(state.range(0)), H = 64, D = 512, W = 128, K = 512, entries = 4096;
+  const size_t swa = swa_fp8::bytes(D), kv = kv_fp4::bytes(D);
+  const size_t per_token = size_t(W) * swa + size_t(entries) * kv;
+  const int copies = int(std::max<size_t>(1, kRotateBytes / (per_token * B)));
+  // Rings and caches: e4m3 codes without NaN, e2m1 any; scales overwritten below with sane ones.
+  std::vector<uint8_t*> rings(static_cast<size_t>(copies)), caches(static_cast<size_t>(copies));
+  for (int c = 0; c < copies; ++c) {
+    std::vector<uint8_t> r(static_cast<size_t>(B) * W * swa), k(static_cast<size_t>(B) * entries * kv);
+    std::mt19937 rng(c);
+    for (size_t e = 0; e < size_t(B) * W; ++e) {
+      for (int i = 0; i < D; ++i) r[e * swa + i] = uint8_t(rng() & 0xB7);
+      for (int i = 0; i < D / 32; ++i) r[e * swa + D + i] = uint8_t(120 + rng() % 8);
+    }
+    for (size_t e = 0; e < size_t(B) * entries; ++e) {
+      for (int i = 0; i < D / 2; ++i) k[e * kv + i] = uint8_t(rng());
+      for (int i = 0; i < D / 16; ++i) k[e * kv + D / 2 + i] = uint8_t(0x30 + rng() % 16);
+    }
+    check(cudaMalloc(&rings[size_t(c)], r.size()), "alloc"), check(cudaMalloc(&caches[size_t(c)], k.size()), "alloc");
+    check(cudaMemcpy(rings[size_t(c)], r.data(), r.size(), cudaMemcpyHostToDevice), "upload");
+    check(cudaMemcpy(caches[size_t(c)], k.data(), k.size(), cudaMemcpyHostToDevice), "upload");
+  }
+  std::vector<const uint8_t*> ring_ptrs(size_t(copies) * B), cache_ptrs(size_t(copies) * B);
+  for (int c = 0; c < copies; ++c)
+    for (int b = 0; b < B; ++b) {
+      ring_ptrs[size_t(c) * B + b] = rings[size_t(c)] + size_t(b) * W * swa;
+      cache_ptrs[size_t(c) * B + b] = caches[size_t(c)] + size_t(b) * entries * kv;
+    }
+  std::vector<int32_t> window(size_t(B) * W), topk(size_t(B) * K);
+  std::mt19937 rng(3);
+  for (int b = 0; b < B; ++b) {
+    std::iota(window.begin() + size_t(b) * W, window.begin() + size_t(b + 1) * W, 0);
+    std::vector<int32_t> all(static_cast<size_t>(entries));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    std::sort(all.begin(), all.begin() + K);
+    std::copy_n(all.begin(), K, topk.begin() + size_t(b) * K);
+  }
+  std::vector<float> qh(size_t(B) * H * D), sinkh(static_cast<size_t>(H));
+  std::normal_distribution<float> nd;
+  for (float& v : qh) v = round_bf16(nd(rng));
+  for (float& v : sinkh) v = round_bf16(nd(rng));
+  const uint8_t **dring_ptrs = nullptr, **dcache_ptrs = nullptr;
+  int32_t *dwindow = nullptr, *dtopk = nullptr;
+  float *q = nullptr, *sink = nullptr, *out = nullptr;
+  check(cudaMalloc(&dring_ptrs, ring_ptrs.size() * sizeof(void*)), "alloc");
+  check(cudaMalloc(&dcache_ptrs, cache_ptrs.size() * sizeof(void*)), "alloc");
+  check(cudaMalloc(&dwindow, window.size() * 4), "alloc"), check(cudaMalloc(&dtopk, topk.size() * 4), "alloc");
+  check(cudaMalloc(&q, qh.size() * 4), "alloc"), check(cudaMalloc(&sink, sinkh.size() * 4), "alloc");
+  check(cudaMalloc(&out, qh.size() * 4), "alloc");
+  check(cudaMemcpy(dring_ptrs, ring_ptrs.data(), ring_ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(dcache_ptrs, cache_ptrs.data(), cache_ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(dwindow, window.data(), window.size() * 4, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(dtopk, topk.data(), topk.size() * 4, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(q, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(sink, sinkh.data(), sinkh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  const double bytes = double(B) * (double(W) * swa + double(K) * kv + 2.0 * H * D * 4);
+  time_calls(state, bytes, [&](int i) {
+    const int c = i % copies;
+    cuda::SparseAttentionBatch batch;
+    batch.tokens = B, batch.heads = H, batch.dim = D;
+    batch.rings = dring_ptrs + size_t(c) * B, batch.window = dwindow, batch.W = W;
+    batch.caches = dcache_ptrs + size_t(c) * B, batch.topk = dtopk, batch.K = K;
+    cuda::sparse_attention(batch, q, sink, 1.0f / std::sqrt(float(D)), out);
+  });
+  // 2·H·(W + K)·D multiply-adds per token.
+  state.counters["TFLOP/s"] = benchmark::Counter(4.0 * H * (W + K) * D * B * state.iterations() / 1e12,
+                                                 benchmark::Counter::kIsRate);
+  for (auto* p : rings) cudaFree(p);
+  for (auto* p : caches) cudaFree(p);
+  cudaFree(dring_ptrs), cudaFree(dcache_ptrs), cudaFree(dwindow), cudaFree(dtopk), cudaFree(q), cudaFree(sink), cudaFree(out);
+}
+
+BENCHMARK(BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(BM_Linear)
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1, 8}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.3);
+BENCHMARK(BM_SparseAttention)->Arg(1)->Arg(8)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+
+}  // namespace
+}  // namespace dsv41
+
+BENCHMARK_MAIN();

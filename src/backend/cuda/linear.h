@@ -1,0 +1,22 @@
+#pragma once
+// Matrix products against checkpoint weights on the GPU, with the CPU op's precision flow
+// (backend/cpu/linear.h): the weight is read in its checkpoint format and dequantized inside the
+// kernel; no bf16 or fp32 copy of it exists.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cpu/weight.h"
+
+namespace dsv41::cuda {
+
+// y[M, N] = x[M, K] · Wᵀ, as dsv41::linear: for fp8/fp4 weights x is quantized to e4m3 per 32 with
+// a power-of-two scale, each 32-wide block is multiplied in fp32 and scaled by the weight block's
+// scale, the blocks are added in fp32; bf16/fp32 weights give an fp32 product. y is rounded to
+// bf16. x, y and w.data / w.scale are device pointers; x holds bf16 values.
+void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream = nullptr);
+
+// The same product in fp32 with no rounding of y (dsv41::linear_f32); float weights only.
+void linear_f32(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream = nullptr);
+
+}  // namespace dsv41::cuda

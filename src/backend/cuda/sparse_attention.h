@@ -1,0 +1,29 @@
+#pragma once
+// Sparse attention decode with a sink on the GPU, as dsv41::sparse_attention
+// (backend/cpu/sparse_attention.h), reading the caches in their stored formats: the sliding
+// window from the SWA-FP8 ring and the selected compressed entries from the KV-FP4 cache.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace dsv41::cuda {
+
+struct SparseAttentionBatch {
+  int64_t tokens = 0;  // B query positions, each of its own sequence
+  int heads = 0, dim = 0;  // H query heads of `dim` (64 or 512) sharing one K=V entry
+  // Token b attends to the W window entries rings[b] + window[b·W + j]·swa_fp8::bytes(dim), then
+  // the K compressed entries caches[b] + topk[b·K + j]·kv_fp4::bytes(dim), in that order (the
+  // order the CPU op's `entries` list has); an index of -1 is an empty slot.
+  const uint8_t* const* rings = nullptr;  // [B] device pointers, in device memory
+  const int32_t* window = nullptr;        // [B, W]
+  int W = 0;
+  const uint8_t* const* caches = nullptr;  // [B] device pointers, in device memory
+  const int32_t* topk = nullptr;           // [B, K]
+  int K = 0;
+};
+
+// out [B, H, dim] (bf16 values) from q [B, H, dim] (bf16 values), sink [H], scale. Device pointers.
+void sparse_attention(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
+                      cudaStream_t stream = nullptr);
+
+}  // namespace dsv41::cuda

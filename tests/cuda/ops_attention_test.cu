@@ -1,0 +1,119 @@
+// cuda::sparse_attention (decode over the SWA-FP8 ring and the KV-FP4 cache) against the CPU op
+// fed the same entries decoded by the codecs, at the V4.1-Flash shape (64 heads × 512, window
+// 128, top-k 512) for 1 to 40 tokens (every heads-per-block choice of the kernel) and a small
+// shape with empty slots.
+//
+// Tolerance: the GPU runs the CPU's online softmax step for step (tiles of 64, the same running
+// maximum, probabilities rounded to bf16 before P·V, entry order in P·V); the dot products and
+// denominators are fp32 sums in another order and expf may differ in the last bit. A score that
+// moves by a few fp32 units moves its probability by as much, which flips the probability's bf16
+// rounding (2^-8 relative) only when it sits at a boundary; outputs are bf16-rounded too. With
+// ~1e-4 of the probabilities and outputs flipping, NMSE ~ 1e-4 · 2^-16 / 3 ≈ 5e-10; bound 1e-7.
+// Decoding an entry wrongly (a scale, a nibble order) gives NMSE > 1e-3.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "../ops_util.h"
+#include "backend/cpu/sparse_attention.h"
+#include "backend/cuda/sparse_attention.h"
+#include "device_util.h"
+#include "numerics/codecs.h"
+
+namespace dsv41 {
+namespace {
+
+using test::DeviceArray;
+
+struct Case {
+  int B, H, D, W, K, entries;  // `entries` compressed entries per token's cache
+  int empty_window, empty_topk;  // empty slots at the window's front and the top-k's end
+};
+
+double run(const Case& c, uint32_t seed) {
+  const size_t swa = swa_fp8::bytes(c.D), kv = kv_fp4::bytes(c.D);
+  std::vector<uint8_t> rings(size_t(c.B) * c.W * swa), caches(size_t(c.B) * c.entries * kv);
+  std::vector<float> ring_f(size_t(c.B) * c.W * c.D), cache_f(size_t(c.B) * c.entries * c.D);
+  {
+    const std::vector<float> a = test::bf16_normal(ring_f.size(), 1.0, seed), b = test::bf16_normal(cache_f.size(), 1.0, seed + 1);
+    for (size_t e = 0; e < size_t(c.B) * c.W; ++e) {
+      swa_fp8::encode(a.data() + e * c.D, c.D, rings.data() + e * swa);
+      swa_fp8::decode(rings.data() + e * swa, c.D, ring_f.data() + e * c.D);
+    }
+    for (size_t e = 0; e < size_t(c.B) * c.entries; ++e) {
+      kv_fp4::encode(b.data() + e * c.D, c.D, caches.data() + e * kv);
+      kv_fp4::decode(caches.data() + e * kv, c.D, cache_f.data() + e * c.D);
+    }
+  }
+  std::mt19937 rng(seed + 2);
+  std::vector<int32_t> window(size_t(c.B) * c.W), topk(size_t(c.B) * c.K);
+  for (int b = 0; b < c.B; ++b) {
+    int32_t* w = window.data() + size_t(b) * c.W;
+    std::iota(w, w + c.W, 0);
+    std::shuffle(w, w + c.W, rng);
+    std::fill(w, w + std::min(c.empty_window, c.W), -1);
+    std::vector<int32_t> all(static_cast<size_t>(c.entries));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    int32_t* t = topk.data() + size_t(b) * c.K;
+    std::copy_n(all.begin(), c.K, t);
+    std::sort(t, t + c.K);
+    std::fill(t + c.K - std::min(c.empty_topk, c.K), t + c.K, -1);
+  }
+  const std::vector<float> q = test::bf16_normal(size_t(c.B) * c.H * c.D, 1.0, seed + 3);
+  const std::vector<float> sink = test::bf16_normal(size_t(c.H), 1.0, seed + 4);
+  const float scale = 1.0f / std::sqrt(float(c.D));
+
+  std::vector<float> want(q.size());
+  for (int b = 0; b < c.B; ++b) {
+    std::vector<const float*> entries;
+    for (int j = 0; j < c.W; ++j) {
+      const int32_t s = window[size_t(b) * c.W + j];
+      entries.push_back(s < 0 ? nullptr : ring_f.data() + (size_t(b) * c.W + s) * c.D);
+    }
+    for (int j = 0; j < c.K; ++j) {
+      const int32_t t = topk[size_t(b) * c.K + j];
+      entries.push_back(t < 0 ? nullptr : cache_f.data() + (size_t(b) * c.entries + t) * c.D);
+    }
+    sparse_attention(q.data() + size_t(b) * c.H * c.D, c.H, c.D, entries, sink.data(), scale,
+                     want.data() + size_t(b) * c.H * c.D);
+  }
+
+  DeviceArray<uint8_t> drings(rings), dcaches(caches);
+  std::vector<const uint8_t*> ring_ptrs, cache_ptrs;
+  for (int b = 0; b < c.B; ++b) {
+    ring_ptrs.push_back(drings.get() + size_t(b) * c.W * swa);
+    cache_ptrs.push_back(dcaches.get() + size_t(b) * c.entries * kv);
+  }
+  DeviceArray<const uint8_t*> dring_ptrs(ring_ptrs), dcache_ptrs(cache_ptrs);
+  DeviceArray<int32_t> dwindow(window), dtopk(topk);
+  DeviceArray<float> dq(q), dsink(sink), dout(q.size());
+  dout.poison();
+  cuda::SparseAttentionBatch batch;
+  batch.tokens = c.B, batch.heads = c.H, batch.dim = c.D;
+  batch.rings = dring_ptrs.get(), batch.window = dwindow.get(), batch.W = c.W;
+  batch.caches = dcache_ptrs.get(), batch.topk = dtopk.get(), batch.K = c.K;
+  cuda::sparse_attention(batch, dq.get(), dsink.get(), scale, dout.get());
+  return test::nmse(dout.download(), want);
+}
+
+TEST(CudaSparseAttention, MatchesCpuOverTheStoredCaches) {
+  DSV41_REQUIRE_DEVICE();
+  uint32_t seed = 7;
+  for (const Case c : {Case{1, 64, 512, 128, 512, 4096, 0, 0}, Case{9, 64, 512, 128, 512, 600, 5, 3},
+                       Case{20, 64, 512, 128, 512, 600, 0, 100}, Case{40, 64, 512, 128, 512, 520, 127, 0},
+                       Case{3, 4, 64, 16, 8, 40, 4, 2}, Case{2, 4, 64, 16, 8, 8, 16, 0}}) {
+    const double e = run(c, seed += 11);
+    std::printf("sparse_attention B=%d H=%d D=%d W=%d K=%d empty %d/%d NMSE %.3g\n", c.B, c.H, c.D, c.W, c.K,
+                c.empty_window, c.empty_topk, e);
+    EXPECT_LT(e, 1e-7) << "B=" << c.B << " D=" << c.D;
+  }
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -1,0 +1,161 @@
+// cuda::rms_norm, cuda::rope and the mHC ops against the CPU ops on the same random inputs, at the
+// V4.1-Flash shapes (dim 5120, q_lora 1280, 64 heads × 512 with 64 rotated, hc_mult 4) and small ones.
+//
+// Tolerances:
+//  * hc_pre, hc_post: bit for bit. Same operations in the same order, each product rounded (no
+//    FMA contraction on either side), same final bf16 rounding.
+//  * rms_norm: only the order of the fp32 sum of squares differs (a few fp32 units in rsqrt); an
+//    output then moves by one bf16 unit (2^-8) only when its fp32 value sits that close to a
+//    rounding boundary: NMSE ≈ (fraction flipped ~1e-5) · 2^-16 / 3 ≪ 1e-8, the bound.
+//  * rope: CUDA's cosf/sinf and the C library's may differ in the last bit (≤ 2 fp32 units); the
+//    same boundary argument gives NMSE ≪ 1e-8, the bound.
+//  * hc_mixes: the 24 projections over hc·d = 20480 and the sum of squares are fp32 sums in another
+//    order (relative error ~ sqrt(n) fp32 units ≈ 1e-5 of the sum of |terms| in the worst case,
+//    far less typically); Sinkhorn's 20 normalizations are the CPU's own code and expf may differ in
+//    the last bit. NMSE bound 1e-9 on pre, post and comb (outputs O(1), unrounded).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "../ops_util.h"
+#include "backend/cpu/mhc.h"
+#include "backend/cpu/norm.h"
+#include "backend/cpu/rope.h"
+#include "backend/cuda/mhc.h"
+#include "backend/cuda/norm.h"
+#include "backend/cuda/rope.h"
+#include "device_util.h"
+
+namespace dsv41 {
+namespace {
+
+using test::DeviceArray;
+
+TEST(CudaRmsNorm, MatchesCpu) {
+  DSV41_REQUIRE_DEVICE();
+  struct Case {
+    int rows, dim;
+    WeightFormat wf;
+    bool weighted;
+  };
+  uint32_t seed = 1;
+  for (const Case c : {Case{1, 5120, WeightFormat::BF16, true}, Case{7, 1280, WeightFormat::F32, true},
+                       Case{5, 512, WeightFormat::BF16, true}, Case{3, 5120, WeightFormat::F32, false},
+                       Case{2, 100, WeightFormat::F32, true}}) {
+    const std::vector<float> x = test::bf16_normal(size_t(c.rows) * c.dim, 3.0, seed++);
+    const test::OwnedWeight w = test::make_weight(c.wf, test::bf16_normal(c.dim, 1.0, seed++), 1, c.dim);
+    std::vector<float> want(x.size());
+    const Weight hw = w.view();
+    rms_norm(x.data(), c.rows, c.dim, c.weighted ? &hw : nullptr, 1e-6f, want.data());
+    DeviceArray<float> dx(x), dy(x.size());
+    DeviceArray<uint8_t> dwd(w.data);
+    Weight dw = hw;
+    dw.data = dwd.get();
+    dy.poison();
+    cuda::rms_norm(dx.get(), c.rows, c.dim, c.weighted ? &dw : nullptr, 1e-6f, dy.get());
+    const double e = test::nmse(dy.download(), want);
+    std::printf("rms_norm %dx%d NMSE %.3g\n", c.rows, c.dim, e);
+    EXPECT_LT(e, 1e-8) << c.rows << "x" << c.dim;
+  }
+}
+
+TEST(CudaRope, MatchesCpuForwardAndInverse) {
+  DSV41_REQUIRE_DEVICE();
+  // V4.1: 64 query heads of 512, the last 64 channels rotated, YaRN on; positions up to 1M.
+  struct Case {
+    int rows, heads, head_dim, rope_dim;
+    int64_t max_pos;
+  };
+  uint32_t seed = 50;
+  for (const Case c : {Case{3, 64, 512, 64, 1 << 20}, Case{5, 1, 512, 64, 70000}, Case{4, 8, 32, 16, 100}}) {
+    const RopeTable table(c.rope_dim, 10000, 65536, 16, 32, 1);
+    std::mt19937 rng(seed);
+    std::vector<int64_t> pos(static_cast<size_t>(c.rows));
+    for (int64_t& p : pos) p = int64_t(rng() % uint64_t(c.max_pos));
+    for (bool inverse : {false, true}) {
+      std::vector<float> x = test::bf16_normal(size_t(c.rows) * c.heads * c.head_dim, 1.0, seed++);
+      DeviceArray<float> dx(x);
+      DeviceArray<int64_t> dpos(pos);
+      DeviceArray<float> dfreq(table.frequencies());
+      for (int r = 0; r < c.rows; ++r)
+        for (int h = 0; h < c.heads; ++h)
+          table.apply(x.data() + (size_t(r) * c.heads + h) * c.head_dim + c.head_dim - c.rope_dim, pos[size_t(r)], inverse);
+      cuda::rope(dx.get() + (c.head_dim - c.rope_dim), c.rows, c.heads, int64_t(c.heads) * c.head_dim, c.head_dim,
+                 c.rope_dim, dpos.get(), dfreq.get(), inverse);
+      const double e = test::nmse(dx.download(), x);
+      std::printf("rope %dx%dx%d inverse=%d NMSE %.3g\n", c.rows, c.heads, c.head_dim, int(inverse), e);
+      EXPECT_LT(e, 1e-8);
+    }
+  }
+}
+
+struct HcCase {
+  int rows, hc, d;
+};
+
+TEST(CudaMhc, MixesMatchCpu) {
+  DSV41_REQUIRE_DEVICE();
+  uint32_t seed = 200;
+  for (const HcCase c : {HcCase{1, 4, 5120}, HcCase{6, 4, 5120}, HcCase{3, 4, 128}, HcCase{2, 2, 96}}) {
+    const int n = c.hc * c.d, n_mix = (2 + c.hc) * c.hc;
+    const std::vector<float> X = test::bf16_normal(size_t(c.rows) * n, 1.0, seed++);
+    const std::vector<float> fn = test::bf16_normal(size_t(n_mix) * n, 1.0 / std::sqrt(double(n)), seed++);
+    const std::vector<float> base = test::bf16_normal(size_t(n_mix), 1.0, seed++);
+    const std::vector<float> scale = {0.75f, 1.25f, 2.0f};
+    const HcWeights hw{test::f32_view(fn, n_mix, n), test::f32_view(base, 1, n_mix), test::f32_view(scale, 1, 3)};
+    std::vector<float> pre(size_t(c.rows) * c.hc), post(pre.size()), comb(size_t(c.rows) * c.hc * c.hc);
+    hc_mixes(X.data(), c.rows, c.hc, c.d, hw, 1e-20f, 20, 1e-6f, pre.data(), post.data(), comb.data());
+
+    DeviceArray<float> dX(X), dfn(fn), dbase(base), dscale(scale);
+    DeviceArray<float> dpre(pre.size()), dpost(post.size()), dcomb(comb.size());
+    dpre.poison(), dpost.poison(), dcomb.poison();
+    HcWeights dw = hw;
+    dw.fn.data = reinterpret_cast<const uint8_t*>(dfn.get());
+    dw.base.data = reinterpret_cast<const uint8_t*>(dbase.get());
+    dw.scale.data = reinterpret_cast<const uint8_t*>(dscale.get());
+    cuda::hc_mixes(dX.get(), c.rows, c.hc, c.d, dw, 1e-20f, 20, 1e-6f, dpre.get(), dpost.get(), dcomb.get());
+    const double e_pre = test::nmse(dpre.download(), pre), e_post = test::nmse(dpost.download(), post),
+                 e_comb = test::nmse(dcomb.download(), comb);
+    std::printf("hc_mixes %dx%dx%d NMSE pre %.3g post %.3g comb %.3g\n", c.rows, c.hc, c.d, e_pre, e_post, e_comb);
+    EXPECT_LT(e_pre, 1e-9);
+    EXPECT_LT(e_post, 1e-9);
+    EXPECT_LT(e_comb, 1e-9);
+  }
+}
+
+TEST(CudaMhc, PreAndPostMatchCpuBitForBit) {
+  DSV41_REQUIRE_DEVICE();
+  uint32_t seed = 300;
+  for (const HcCase c : {HcCase{1, 4, 5120}, HcCase{9, 4, 5120}, HcCase{3, 2, 96}}) {
+    const size_t n = size_t(c.rows) * c.hc * c.d;
+    const std::vector<float> X = test::bf16_normal(n, 1.0, seed++), f = test::bf16_normal(size_t(c.rows) * c.d, 1.0, seed++);
+    const std::vector<float> pre = test::bf16_uniform(size_t(c.rows) * c.hc, 0.0, 1.0, seed++);
+    const std::vector<float> post = test::bf16_uniform(size_t(c.rows) * c.hc, 0.0, 2.0, seed++);
+    std::vector<float> comb(size_t(c.rows) * c.hc * c.hc);
+    std::mt19937 rng(seed++);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (float& v : comb) v = u(rng);  // fp32, as Sinkhorn leaves it
+
+    std::vector<float> want_pre(size_t(c.rows) * c.d), want_post(n);
+    for (int r = 0; r < c.rows; ++r) {
+      const float* Xr = X.data() + size_t(r) * c.hc * c.d;
+      hc_pre(Xr, pre.data() + r * c.hc, c.hc, c.d, want_pre.data() + size_t(r) * c.d);
+      hc_post(f.data() + size_t(r) * c.d, Xr, post.data() + r * c.hc, comb.data() + r * c.hc * c.hc, c.hc, c.d,
+              want_post.data() + size_t(r) * c.hc * c.d);
+    }
+    DeviceArray<float> dX(X), df(f), dpre(pre), dpost(post), dcomb(comb), ypre(want_pre.size()), ypost(n);
+    ypre.poison(), ypost.poison();
+    cuda::hc_pre(dX.get(), dpre.get(), c.rows, c.hc, c.d, ypre.get());
+    cuda::hc_post(df.get(), dX.get(), dpost.get(), dcomb.get(), c.rows, c.hc, c.d, ypost.get());
+    const std::vector<float> got_pre = ypre.download(), got_post = ypost.download();
+    size_t differ = 0;
+    for (size_t i = 0; i < got_pre.size(); ++i) differ += float_bits(got_pre[i]) != float_bits(want_pre[i]);
+    for (size_t i = 0; i < got_post.size(); ++i) differ += float_bits(got_post[i]) != float_bits(want_post[i]);
+    EXPECT_EQ(differ, 0u) << c.rows << "x" << c.hc << "x" << c.d;
+  }
+}
+
+}  // namespace
+}  // namespace dsv41
