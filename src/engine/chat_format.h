@@ -16,7 +16,6 @@
 //
 // JSON is taken as nlohmann::ordered_json: the official encoder writes tool schemas and
 // arguments in the order the client sent their keys, which a sorted map would lose.
-#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -86,8 +85,8 @@ struct ChatOptions {
   bool add_generation_prompt = true;
 };
 
-// The prompt text, BOS first. Throws dsv41::Error for an empty conversation or an effort
-// outside 1..100.
+// The prompt text, BOS first. Throws dsv41::Error for an empty conversation, an effort outside
+// 1..100, or tool-call arguments that are not the text of a JSON object.
 std::string render_chat(std::span<const ChatMessage> messages, const ChatOptions& options);
 
 // The ids that end a reply: the end-of-sentence token. Throws dsv41::Error when the tokenizer
