@@ -16,6 +16,7 @@ namespace dsv41 {
 namespace {
 
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 const ApiConfig kConfig{{"dsv41-tiny", "dsv41-alias"}, 1000};
 
@@ -68,7 +69,7 @@ TEST(OpenAiRequest, MinimalChatTakesTheDefaults) {
   const json body = chat_body();
   const ChatRequest r = parse_chat_request(body.dump(), kConfig);
   EXPECT_EQ(r.gen.model, "dsv41-tiny");
-  EXPECT_EQ(r.messages, body["messages"]);
+  EXPECT_EQ(r.messages, ojson(body["messages"]));
   EXPECT_FALSE(r.gen.stream);
   EXPECT_FALSE(r.gen.include_usage);
   EXPECT_EQ(r.gen.sampling.temperature, 1.0);
@@ -83,6 +84,7 @@ TEST(OpenAiRequest, MinimalChatTakesTheDefaults) {
   EXPECT_TRUE(r.tools.is_null());
   EXPECT_TRUE(r.tool_choice.is_null());
   EXPECT_TRUE(r.chat_template_kwargs.is_null());
+  EXPECT_TRUE(r.reasoning_effort.is_null());
 }
 
 TEST(OpenAiRequest, ChatReadsEveryParameter) {
@@ -106,6 +108,7 @@ TEST(OpenAiRequest, ChatReadsEveryParameter) {
                               {"tools", json::array({{{"type", "function"}}})},
                               {"tool_choice", "auto"},
                               {"chat_template_kwargs", {{"thinking", true}}},
+                              {"reasoning_effort", "max"},
                               {"response_format", {{"type", "text"}}}});
   EXPECT_EQ(r.gen.model, "dsv41-alias");
   EXPECT_TRUE(r.gen.stream);
@@ -119,9 +122,10 @@ TEST(OpenAiRequest, ChatReadsEveryParameter) {
   EXPECT_EQ(r.gen.sampling.max_tokens, 64);
   EXPECT_TRUE(r.gen.logprobs.enabled);
   EXPECT_EQ(r.gen.logprobs.top, 3);
-  EXPECT_EQ(r.tools, json::array({{{"type", "function"}}}));
+  EXPECT_EQ(r.tools, ojson::array({{{"type", "function"}}}));
   EXPECT_EQ(r.tool_choice, "auto");
-  EXPECT_EQ(r.chat_template_kwargs, json({{"thinking", true}}));
+  EXPECT_EQ(r.chat_template_kwargs, ojson({{"thinking", true}}));
+  EXPECT_EQ(r.reasoning_effort, "max");
 }
 
 TEST(OpenAiRequest, UnknownFieldsAndUserAreIgnored) {
@@ -351,7 +355,19 @@ TEST(OpenAiRequest, Messages) {
   const json messages = {{{"role", "system"}, {"content", "be brief"}},
                          {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi"}}}}},
                          {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array()}}};
-  EXPECT_EQ(chat({{"messages", messages}}).messages, messages);
+  EXPECT_EQ(chat({{"messages", messages}}).messages, ojson(messages));
+}
+
+TEST(OpenAiRequest, KeysKeepTheClientsOrder) {
+  // The chat format writes tool schemas and arguments in the order the client sent their keys.
+  const std::string text = R"({"model": "dsv41-tiny",
+      "messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f",
+                    "arguments": {"zeta": 1, "alpha": 2}}}]}],
+      "tools": [{"type": "function", "function": {"name": "f",
+                 "parameters": {"properties": {"zeta": {}, "alpha": {}}}}}]})";
+  const ChatRequest r = parse_chat_request(text, kConfig);
+  EXPECT_EQ(r.messages[0]["tool_calls"][0]["function"]["arguments"].dump(), R"({"zeta":1,"alpha":2})");
+  EXPECT_EQ(r.tools[0]["function"]["parameters"]["properties"].dump(), R"({"zeta":{},"alpha":{}})");
 }
 
 TEST(OpenAiRequest, ChatPassThroughsHaveTheirTypes) {
@@ -359,7 +375,7 @@ TEST(OpenAiRequest, ChatPassThroughsHaveTheirTypes) {
                {"expected an array", "found an object"});
   expect_error(chat_error({{"tool_choice", 3}}), 400, "tool_choice", "invalid_type",
                {"expected a string or an object", "found integer 3"});
-  EXPECT_EQ(chat({{"tool_choice", {{"type", "function"}}}}).tool_choice, json({{"type", "function"}}));
+  EXPECT_EQ(chat({{"tool_choice", {{"type", "function"}}}}).tool_choice, ojson({{"type", "function"}}));
   expect_error(chat_error({{"chat_template_kwargs", "thinking"}}), 400, "chat_template_kwargs", "invalid_type",
                {"expected an object"});
   expect_error(chat_error({{"response_format", {{"type", "json_object"}}}}), 400, "response_format",

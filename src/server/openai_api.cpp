@@ -8,6 +8,9 @@
 namespace dsv41 {
 
 using nlohmann::json;
+// Requests are read with their keys in the order the client sent them: the chat format writes
+// tool schemas and arguments in that order.
+using ojson = nlohmann::ordered_json;
 
 ApiError::ApiError(int status, const std::string& message, std::string param, std::string code, std::string type)
     : std::runtime_error(message), status_(status), param_(std::move(param)), code_(std::move(code)),
@@ -32,47 +35,47 @@ constexpr int kMaxTopLogprobs = 20;
 constexpr int32_t kCompletionsDefaultMaxTokens = 16;
 
 // What a JSON value is, for "found ...": the type, and the value when it is short.
-std::string describe(const json& v) {
+std::string describe(const ojson& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return v.get<bool>() ? "boolean true" : "boolean false";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer " + v.dump();
-    case json::value_t::number_float: return "number " + v.dump();
-    case json::value_t::string: {
+    case ojson::value_t::null: return "null";
+    case ojson::value_t::boolean: return v.get<bool>() ? "boolean true" : "boolean false";
+    case ojson::value_t::number_integer:
+    case ojson::value_t::number_unsigned: return "integer " + v.dump();
+    case ojson::value_t::number_float: return "number " + v.dump();
+    case ojson::value_t::string: {
       std::string s = v.get<std::string>();
       constexpr size_t kShown = 40;
       if (s.size() > kShown) return "string " + json_text(s.substr(0, kShown)) + "... (" + std::to_string(s.size()) + " bytes)";
       return "string " + json_text(s);
     }
-    case json::value_t::array: return "an array of " + std::to_string(v.size()) + " element" + (v.size() == 1 ? "" : "s");
-    case json::value_t::object: return "an object";
+    case ojson::value_t::array: return "an array of " + std::to_string(v.size()) + " element" + (v.size() == 1 ? "" : "s");
+    case ojson::value_t::object: return "an object";
     default: return "a binary value";
   }
 }
 
-[[noreturn]] void bad_type(const std::string& param, const std::string& expected, const json& found) {
+[[noreturn]] void bad_type(const std::string& param, const std::string& expected, const ojson& found) {
   throw ApiError(400, param + ": expected " + expected + ", found " + describe(found), param, "invalid_type");
 }
-[[noreturn]] void bad_value(const std::string& param, const std::string& expected, const json& found) {
+[[noreturn]] void bad_value(const std::string& param, const std::string& expected, const ojson& found) {
   throw ApiError(400, param + ": expected " + expected + ", found " + describe(found), param, "invalid_value");
 }
-[[noreturn]] void unsupported(const std::string& param, const std::string& expected, const json& found) {
+[[noreturn]] void unsupported(const std::string& param, const std::string& expected, const ojson& found) {
   throw ApiError(400, param + ": expected " + expected + ", found " + describe(found), param, "unsupported_value");
 }
 
-json parse_body(std::string_view body) {
-  json::parser_callback_t limit_depth = [](int depth, json::parse_event_t, json&) {
+ojson parse_body(std::string_view body) {
+  ojson::parser_callback_t limit_depth = [](int depth, ojson::parse_event_t, ojson&) {
     if (depth > kMaxDepth)
       throw ApiError(400, "request body: expected JSON nested at most " + std::to_string(kMaxDepth) +
                               " levels deep, found deeper nesting", {}, "invalid_json");
     return true;
   };
-  json j;
+  ojson j;
   try {
-    j = json::parse(body, limit_depth);
-  } catch (const json::parse_error& e) {
-    // nlohmann's text starts with "[json.exception.parse_error.101] "; the rest says where.
+    j = ojson::parse(body, limit_depth);
+  } catch (const ojson::parse_error& e) {
+    // nlohmann's text starts with "[ojson.exception.parse_error.101] "; the rest says where.
     std::string what = e.what();
     if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
     throw ApiError(400, "request body: expected a JSON object, found invalid JSON (" + what + ")", {}, "invalid_json");
@@ -82,17 +85,17 @@ json parse_body(std::string_view body) {
 }
 
 // A field that is absent or null reads as absent: OpenAI treats an explicit null as the default.
-const json* field(const json& body, const char* key) {
+const ojson* field(const ojson& body, const char* key) {
   auto it = body.find(key);
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
 std::string range_text(double lo, double hi, bool lo_open) {
-  auto num = [](double x) { return json(x).dump(); };
+  auto num = [](double x) { return ojson(x).dump(); };
   return (lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + "]";
 }
 
-double number_in(const json& v, const std::string& param, double lo, double hi, bool lo_open = false) {
+double number_in(const ojson& v, const std::string& param, double lo, double hi, bool lo_open = false) {
   const std::string expected = "a number in " + range_text(lo, hi, lo_open);
   if (!v.is_number()) bad_type(param, expected, v);
   const double x = v.get<double>();
@@ -101,7 +104,7 @@ double number_in(const json& v, const std::string& param, double lo, double hi, 
 }
 
 // Integers only: 2.0 is a number, not an integer, as in OpenAI's schema.
-int64_t integer_in(const json& v, const std::string& param, int64_t lo, int64_t hi, const std::string& expected) {
+int64_t integer_in(const ojson& v, const std::string& param, int64_t lo, int64_t hi, const std::string& expected) {
   if (!v.is_number_integer()) bad_type(param, expected, v);
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
     bad_value(param, expected, v);
@@ -110,13 +113,13 @@ int64_t integer_in(const json& v, const std::string& param, int64_t lo, int64_t 
   return x;
 }
 
-bool boolean(const json& v, const std::string& param) {
+bool boolean(const ojson& v, const std::string& param) {
   if (!v.is_boolean()) bad_type(param, "a boolean", v);
   return v.get<bool>();
 }
 
-void parse_model(const json& body, const ApiConfig& config, GenerationParams& gen) {
-  const json* v = field(body, "model");
+void parse_model(const ojson& body, const ApiConfig& config, GenerationParams& gen) {
+  const ojson* v = field(body, "model");
   std::string known;
   for (const std::string& m : config.models) known += (known.empty() ? "" : ", ") + json_text(m);
   const std::string expected = "one of " + known;
@@ -129,18 +132,18 @@ void parse_model(const json& body, const ApiConfig& config, GenerationParams& ge
   throw ApiError(404, "model: expected " + expected + ", found " + describe(*v), "model", "model_not_found");
 }
 
-void parse_stream(const json& body, GenerationParams& gen) {
-  if (const json* v = field(body, "stream")) gen.stream = boolean(*v, "stream");
-  if (const json* v = field(body, "stream_options")) {
+void parse_stream(const ojson& body, GenerationParams& gen) {
+  if (const ojson* v = field(body, "stream")) gen.stream = boolean(*v, "stream");
+  if (const ojson* v = field(body, "stream_options")) {
     if (!v->is_object()) bad_type("stream_options", "an object", *v);
     if (!gen.stream)
       throw ApiError(400, "stream_options: expected only together with \"stream\": true, found it with stream off",
                      "stream_options", "invalid_value");
-    if (const json* u = field(*v, "include_usage")) gen.include_usage = boolean(*u, "stream_options.include_usage");
+    if (const ojson* u = field(*v, "include_usage")) gen.include_usage = boolean(*u, "stream_options.include_usage");
   }
 }
 
-std::vector<std::string> parse_stop(const json& v) {
+std::vector<std::string> parse_stop(const ojson& v) {
   const std::string expected = "a non-empty string or an array of at most 4 non-empty strings";
   std::vector<std::string> stop;
   if (v.is_string()) {
@@ -159,46 +162,46 @@ std::vector<std::string> parse_stop(const json& v) {
   return stop;
 }
 
-void parse_sampling(const json& body, SamplingParams& s) {
-  if (const json* v = field(body, "temperature")) s.temperature = number_in(*v, "temperature", 0, 2);
-  if (const json* v = field(body, "top_p")) s.top_p = number_in(*v, "top_p", 0, 1, /*lo_open=*/true);
-  if (const json* v = field(body, "top_k")) {
+void parse_sampling(const ojson& body, SamplingParams& s) {
+  if (const ojson* v = field(body, "temperature")) s.temperature = number_in(*v, "temperature", 0, 2);
+  if (const ojson* v = field(body, "top_p")) s.top_p = number_in(*v, "top_p", 0, 1, /*lo_open=*/true);
+  if (const ojson* v = field(body, "top_k")) {
     const int64_t k = integer_in(*v, "top_k", -1, std::numeric_limits<int32_t>::max(),
                                  "an integer >= 0, or -1 (0 and -1 both turn top-k off)");
     s.top_k = k < 0 ? 0 : static_cast<int32_t>(k);
   }
-  if (const json* v = field(body, "min_p")) s.min_p = number_in(*v, "min_p", 0, 1);
-  if (const json* v = field(body, "seed"))
+  if (const ojson* v = field(body, "min_p")) s.min_p = number_in(*v, "min_p", 0, 1);
+  if (const ojson* v = field(body, "seed"))
     s.seed = integer_in(*v, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
                         "a 64-bit signed integer");
-  if (const json* v = field(body, "stop")) s.stop = parse_stop(*v);
+  if (const ojson* v = field(body, "stop")) s.stop = parse_stop(*v);
   // max_completion_tokens is the newer name; when both are sent it wins, as in OpenAI's API.
   for (const char* key : {"max_tokens", "max_completion_tokens"})
-    if (const json* v = field(body, key))
+    if (const ojson* v = field(body, key))
       s.max_tokens = static_cast<int32_t>(
           integer_in(*v, key, 1, std::numeric_limits<int32_t>::max(), "a positive integer"));
 }
 
 // Parameters whose only supported value is the default: refused when set to anything else, so
 // that a client never gets a silently different result from the one it asked for.
-void refuse_unsupported(const json& body) {
-  if (const json* v = field(body, "n")) {
+void refuse_unsupported(const ojson& body) {
+  if (const ojson* v = field(body, "n")) {
     integer_in(*v, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), "the integer 1");
     if (v->get<int64_t>() != 1) unsupported("n", "1 (dsv41 returns one choice per request)", *v);
   }
   for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (const json* v = field(body, key)) {
+    if (const ojson* v = field(body, key)) {
       const std::string expected = "0 (dsv41 does not apply repetition penalties)";
       if (!v->is_number()) bad_type(key, expected, *v);
       if (v->get<double>() != 0) unsupported(key, expected, *v);
     }
-  if (const json* v = field(body, "logit_bias")) {
+  if (const ojson* v = field(body, "logit_bias")) {
     if (!v->is_object()) bad_type("logit_bias", "an object", *v);
     if (!v->empty()) unsupported("logit_bias", "an empty object (dsv41 does not apply logit biases)", *v);
   }
 }
 
-void parse_common(const json& body, const ApiConfig& config, GenerationParams& gen) {
+void parse_common(const ojson& body, const ApiConfig& config, GenerationParams& gen) {
   parse_model(body, config, gen);
   parse_stream(body, gen);
   parse_sampling(body, gen.sampling);
@@ -208,11 +211,11 @@ void parse_common(const json& body, const ApiConfig& config, GenerationParams& g
 }  // namespace
 
 ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
-  const json body = parse_body(text);
+  const ojson body = parse_body(text);
   ChatRequest req;
   parse_common(body, config, req.gen);
 
-  const json* messages = field(body, "messages");
+  const ojson* messages = field(body, "messages");
   const std::string expected = "a non-empty array of message objects";
   if (!messages)
     throw ApiError(400, "messages: expected " + expected + ", found nothing (the field is required)", "messages",
@@ -220,7 +223,7 @@ ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
   if (!messages->is_array()) bad_type("messages", expected, *messages);
   if (messages->empty()) bad_value("messages", expected, *messages);
   for (size_t i = 0; i < messages->size(); ++i) {
-    const json& m = (*messages)[i];
+    const ojson& m = (*messages)[i];
     const std::string param = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) bad_type(param, "an object", m);
     auto role = m.find("role");
@@ -231,28 +234,29 @@ ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
   }
   req.messages = *messages;
 
-  if (const json* v = field(body, "tools")) {
+  if (const ojson* v = field(body, "tools")) {
     if (!v->is_array()) bad_type("tools", "an array", *v);
     req.tools = *v;
   }
-  if (const json* v = field(body, "tool_choice")) {
+  if (const ojson* v = field(body, "tool_choice")) {
     if (!v->is_string() && !v->is_object()) bad_type("tool_choice", "a string or an object", *v);
     req.tool_choice = *v;
   }
-  if (const json* v = field(body, "chat_template_kwargs")) {
+  if (const ojson* v = field(body, "reasoning_effort")) req.reasoning_effort = *v;
+  if (const ojson* v = field(body, "chat_template_kwargs")) {
     if (!v->is_object()) bad_type("chat_template_kwargs", "an object", *v);
     req.chat_template_kwargs = *v;
   }
-  if (const json* v = field(body, "response_format")) {
+  if (const ojson* v = field(body, "response_format")) {
     if (!v->is_object()) bad_type("response_format", "an object", *v);
-    const json* type = field(*v, "type");
+    const ojson* type = field(*v, "type");
     if (!type || *type != "text")
       unsupported("response_format", "{\"type\": \"text\"} (dsv41 does not constrain output to JSON)", *v);
   }
 
-  const json* logprobs = field(body, "logprobs");
+  const ojson* logprobs = field(body, "logprobs");
   if (logprobs) req.gen.logprobs.enabled = boolean(*logprobs, "logprobs");
-  if (const json* v = field(body, "top_logprobs")) {
+  if (const ojson* v = field(body, "top_logprobs")) {
     const std::string expected_top = "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]";
     req.gen.logprobs.top = static_cast<int32_t>(integer_in(*v, "top_logprobs", 0, kMaxTopLogprobs, expected_top));
     if (!req.gen.logprobs.enabled)
@@ -264,20 +268,20 @@ ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
 }
 
 CompletionRequest parse_completion_request(std::string_view text, const ApiConfig& config) {
-  const json body = parse_body(text);
+  const ojson body = parse_body(text);
   CompletionRequest req;
   parse_common(body, config, req.gen);
   if (!field(body, "max_tokens") && !field(body, "max_completion_tokens"))
     req.gen.sampling.max_tokens = kCompletionsDefaultMaxTokens;
 
-  const json* prompt = field(body, "prompt");
+  const ojson* prompt = field(body, "prompt");
   const std::string expected = "a string, or an array of token ids";
   if (!prompt)
     throw ApiError(400, "prompt: expected " + expected + ", found nothing (the field is required)", "prompt",
                    "missing_required_parameter");
   // OpenAI also takes a batch (an array of strings or of token arrays); dsv41 serves one prompt
   // per request, so a batch of one is unwrapped and larger ones are refused.
-  const json* p = prompt;
+  const ojson* p = prompt;
   std::string param = "prompt";
   if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
     if (p->size() != 1) unsupported("prompt", "a single prompt (dsv41 serves one prompt per request)", *p);
@@ -299,18 +303,18 @@ CompletionRequest parse_completion_request(std::string_view text, const ApiConfi
     bad_type(param, expected, *p);
   }
 
-  if (const json* v = field(body, "logprobs")) {
+  if (const ojson* v = field(body, "logprobs")) {
     req.gen.logprobs.enabled = true;
     req.gen.logprobs.top = static_cast<int32_t>(integer_in(
         *v, "logprobs", 0, kMaxTopLogprobs, "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]"));
   }
-  if (const json* v = field(body, "echo"))
+  if (const ojson* v = field(body, "echo"))
     if (boolean(*v, "echo")) unsupported("echo", "false (dsv41 does not echo the prompt)", *v);
-  if (const json* v = field(body, "best_of")) {
+  if (const ojson* v = field(body, "best_of")) {
     integer_in(*v, "best_of", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), "the integer 1");
     if (v->get<int64_t>() != 1) unsupported("best_of", "1 (dsv41 returns one choice per request)", *v);
   }
-  if (const json* v = field(body, "suffix")) {
+  if (const ojson* v = field(body, "suffix")) {
     if (!v->is_string()) bad_type("suffix", "a string", *v);
     if (!v->get<std::string>().empty()) unsupported("suffix", "an empty string (dsv41 does not insert text)", *v);
   }

@@ -66,12 +66,14 @@ struct GenerationParams {
 
 struct ChatRequest {
   GenerationParams gen;
-  // Kept as JSON for the chat format (src/engine/chat_format): messages is a non-empty array of
-  // objects with a string "role"; the others are null when the request leaves them out.
-  nlohmann::json messages;
-  nlohmann::json tools;                 // array
-  nlohmann::json tool_choice;           // string or object
-  nlohmann::json chat_template_kwargs;  // object (e.g. {"thinking": true})
+  // Kept as JSON, keys in the client's order, for the chat format (src/engine/chat_format.h):
+  // messages is a non-empty array of objects with a string "role"; the others are null when the
+  // request leaves them out, and only their JSON type is checked here.
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;                 // array
+  nlohmann::ordered_json tool_choice;           // string or object
+  nlohmann::ordered_json reasoning_effort;      // for reasoning_effort_from_json
+  nlohmann::ordered_json chat_template_kwargs;  // object (e.g. {"thinking": false})
 };
 
 struct CompletionRequest {
