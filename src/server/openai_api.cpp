@@ -75,7 +75,7 @@ ojson parse_body(std::string_view body) {
   try {
     j = ojson::parse(body, limit_depth);
   } catch (const ojson::parse_error& e) {
-    // nlohmann's text starts with "[ojson.exception.parse_error.101] "; the rest says where.
+    // nlohmann's text starts with "[json.exception.parse_error.101] "; the rest says where.
     std::string what = e.what();
     if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
     throw ApiError(400, "request body: expected a JSON object, found invalid JSON (" + what + ")", {}, "invalid_json");
