@@ -4,9 +4,12 @@
 // Tolerances:
 //  * hc_pre, hc_post: bit for bit. Same operations in the same order, each product rounded (no
 //    FMA contraction on either side), same final bf16 rounding.
-//  * rms_norm: only the order of the fp32 sum of squares differs (a few fp32 units in rsqrt); an
-//    output then moves by one bf16 unit (2^-8) only when its fp32 value sits that close to a
-//    rounding boundary: NMSE ≈ (fraction flipped ~1e-5) · 2^-16 / 3 ≪ 1e-8, the bound.
+//  * rms_norm: only the order of the fp32 sum of squares differs. The CPU adds the squares one by
+//    one, which errs by up to n fp32 units (typically ~√n ≈ 70 for n = 5120, 4e-6 relative), and
+//    that error scales every output of the row; an output moves by one bf16 unit (2^-8) when it
+//    sits that close to a rounding boundary, ~1e-3 of them, so NMSE ≈ 1e-3 · 2^-16 · E[w²x²]/E[..]
+//    ~ 1e-8 (1.3e-8 measured on the H200 for one 5120 row). Bound 1e-6: a wrong weight, eps or
+//    statistic gives NMSE > 1e-4.
 //  * rope: CUDA's cosf/sinf and the C library's may differ in the last bit (≤ 2 fp32 units); the
 //    same boundary argument gives NMSE ≪ 1e-8, the bound.
 //  * hc_mixes: the 24 projections over hc·d = 20480 and the sum of squares are fp32 sums in another
@@ -57,7 +60,7 @@ TEST(CudaRmsNorm, MatchesCpu) {
     cuda::rms_norm(dx.get(), c.rows, c.dim, c.weighted ? &dw : nullptr, 1e-6f, dy.get());
     const double e = test::nmse(dy.download(), want);
     std::printf("rms_norm %dx%d NMSE %.3g\n", c.rows, c.dim, e);
-    EXPECT_LT(e, 1e-8) << c.rows << "x" << c.dim;
+    EXPECT_LT(e, 1e-6) << c.rows << "x" << c.dim;
   }
 }
 

@@ -255,6 +255,7 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
     fail("cuda::linear", "K a multiple of 32 for a quantized weight", "K = " + std::to_string(w.cols));
   const int64_t n = M * w.cols;
   float* xq = nullptr;
+  keep_scratch_pool();
   check(cudaMallocAsync(reinterpret_cast<void**>(&xq), size_t(n) * sizeof(float), stream), "cuda::linear");
   const int64_t blocks = n / kBlock;
   act_quant_kernel<<<unsigned((blocks * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, blocks, xq);

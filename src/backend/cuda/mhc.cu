@@ -106,6 +106,7 @@ void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& 
   const int64_t n = hc * d;
   const int slices = int((n + kSlice - 1) / kSlice);
   float* partials = nullptr;
+  keep_scratch_pool();
   check(cudaMallocAsync(reinterpret_cast<void**>(&partials), size_t(rows * slices * kSums) * sizeof(float), stream),
         "cuda::hc_mixes");
   mix_partials<<<dim3(unsigned(rows), unsigned(slices)), kThreads, 0, stream>>>(

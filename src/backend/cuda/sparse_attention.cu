@@ -33,56 +33,43 @@ constexpr int kTile = 64;  // entries per softmax block, as the CPU op (and the 
 
 template <int D, int G>
 struct Smem {
-  uint16_t tile[kTile][D];  // bf16 bits of the decoded entries; zeros for empty slots
+  alignas(16) uint16_t tile[kTile][D];  // bf16 bits of the decoded entries; zeros for empty slots
   float q[G][D];
   float s[G][kTile];        // scores, then bf16-rounded probabilities
   float rescale[G], running_max[G], sum_exp[G];
   bool valid[kTile];
 };
 
-// Lane `lane`'s C = D/32 channels of one entry (one scale block: C divides both 16 and 32),
-// decoded to bf16 bits in `row`. Entries are 16-byte aligned for D = 512 (528 and 288 bytes).
+// A warp decodes one entry into `row` as bf16 bits; each lane takes 4 (SWA-FP8) or 8 (KV-FP4)
+// consecutive channels per step, so the warp's loads are contiguous and its shared-memory stores
+// (8 or 16 bytes a lane, consecutive) are free of bank conflicts.
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  return (float_bits(lo) >> 16) | (float_bits(hi) & 0xFFFF0000u);  // exact: the values are bf16
+}
+
 template <int D>
 __device__ void decode_swa_fp8(const uint8_t* entry, int lane, uint16_t* row) {
-  constexpr int C = D / 32;
-  const int c0 = lane * C;
-  const float scale = e8m0_to_float(entry[swa_fp8::scales_offset(D) + c0 / swa_fp8::kBlock]) * kE4m3Unscale;
-  uint32_t words[(C + 3) / 4];
-  if constexpr (C == 16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(entry + c0);
-    words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
-  } else {
-    words[0] = 0;
-    for (int k = 0; k < C; ++k) words[k / 4] |= uint32_t(entry[c0 + k]) << (8 * (k % 4));
-  }
-#pragma unroll
-  for (int i = 0; i < C; i += 4) {
+  for (int c = 4 * lane; c < D; c += 128) {
+    uint32_t word;
+    if constexpr (swa_fp8::bytes(D) % 4 == 0) word = *reinterpret_cast<const uint32_t*>(entry + c);
+    else word = entry[c] | entry[c + 1] << 8 | entry[c + 2] << 16 | uint32_t(entry[c + 3]) << 24;
+    const float scale = e8m0_to_float(entry[swa_fp8::scales_offset(D) + c / swa_fp8::kBlock]) * kE4m3Unscale;
     float v[4];
-    e4m3x4(words[i / 4], v);
-#pragma unroll
-    for (int k = 0; k < 4 && i + k < C; ++k) row[c0 + i + k] = uint16_t(float_bits(v[k] * scale) >> 16);
+    e4m3x4(word, v);
+    *reinterpret_cast<uint2*>(row + c) = make_uint2(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale));
   }
 }
 
 template <int D>
 __device__ void decode_kv_fp4(const uint8_t* entry, int lane, uint16_t* row) {
-  constexpr int C = D / 32;
-  const int c0 = lane * C;
-  const float scale = e4m3_to_float(entry[kv_fp4::scales_offset(D) + c0 / kv_fp4::kBlock]) * kE2m1Unscale;
-  uint32_t words[(C + 7) / 8];
-  if constexpr (C == 16) {
-    const uint2 v = *reinterpret_cast<const uint2*>(entry + c0 / 2);
-    words[0] = v.x, words[1] = v.y;
-  } else {
-    words[0] = 0;
-    for (int k = 0; k < C / 2; ++k) words[0] |= uint32_t(entry[c0 / 2 + k]) << (8 * k);
-  }
-#pragma unroll
-  for (int i = 0; i < C; i += 8) {
+  static_assert(kv_fp4::bytes(D) % 4 == 0, "4-byte aligned entries");
+  for (int c = 8 * lane; c < D; c += 256) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(entry + c / 2);
+    const float scale = e4m3_to_float(entry[kv_fp4::scales_offset(D) + c / kv_fp4::kBlock]) * kE2m1Unscale;
     float v[8];
-    e2m1x8(words[i / 8], v);
-#pragma unroll
-    for (int k = 0; k < 8 && i + k < C; ++k) row[c0 + i + k] = uint16_t(float_bits(v[k] * scale) >> 16);
+    e2m1x8(word, v);
+    *reinterpret_cast<uint4*>(row + c) = make_uint4(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale),
+                                                    bf16_pair(v[4] * scale, v[5] * scale), bf16_pair(v[6] * scale, v[7] * scale));
   }
 }
 
@@ -123,18 +110,18 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(SparseAttentionBatc
       if (lane == 0) sm.valid[j] = index >= 0;
     }
     __syncthreads();
-    // 2. Scores: warp w takes entries w, w + 8, ...; each lane holds its D/32 channels of the
-    // entry in registers and dots them with every head's.
+    // 2. Scores: warp w takes entries w, w + 8, ...; each lane holds channels lane + 32k of the
+    // entry in registers (conflict-free reads) and dots them with every head's.
     for (int j = warp; j < n; j += kWarps) {
       constexpr int C = D / 32;
       float v[C];
 #pragma unroll
-      for (int k = 0; k < C; ++k) v[k] = bf16_to_float(sm.tile[j][lane * C + k]);
+      for (int k = 0; k < C; ++k) v[k] = bf16_to_float(sm.tile[j][lane + 32 * k]);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float dot = 0;
 #pragma unroll
-        for (int k = 0; k < C; ++k) dot = fmaf(sm.q[g][lane * C + k], v[k], dot);
+        for (int k = 0; k < C; ++k) dot = fmaf(sm.q[g][lane + 32 * k], v[k], dot);
         for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
         if (lane == 0) sm.s[g][j] = sm.valid[j] ? dot * scale : -INFINITY;
       }
