@@ -15,7 +15,7 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   $sudo apt-get install -y -qq --no-install-recommends nodejs npm
 fi
 
-# The scripts use import.meta.filename/dirname (Node 20.11).
+# The openai client supports Node.js 20 and later (its README says so); Debian bookworm ships 18.
 major=$(node -p 'process.versions.node.split(".")[0]')
 if [ "$major" -lt 20 ]; then
   echo "setup-e2e: expected Node.js 20 or later, found $(node --version)" >&2

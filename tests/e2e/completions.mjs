@@ -3,7 +3,7 @@
 //   node tests/e2e/completions.mjs --base-url http://127.0.0.1:8080 --model NAME [--max-tokens 8]
 import { check, checkFinish, checkUsage, client, parseArgs, run } from './lib.mjs';
 
-const script = import.meta.filename;
+const script = process.argv[1];
 const args = parseArgs(script, { 'max-tokens': 8 });
 const openai = client(args);
 const maxTokens = args['max-tokens'];

@@ -4,7 +4,7 @@
 import OpenAI from 'openai';
 import { check, client, parseArgs, run } from './lib.mjs';
 
-const script = import.meta.filename;
+const script = process.argv[1];
 const args = parseArgs(script);
 const openai = client(args);
 const messages = [{ role: 'user', content: 'hi' }];

@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { check, client, describeError, exitFailure, parseArgs, percentile } from './lib.mjs';
 
-const script = import.meta.filename;
+const script = process.argv[1];
 const args = parseArgs(script, { clients: 64, requests: 20, 'max-tokens': 16, 'timeout-s': 300, pid: 0 });
 const openai = client(args, { timeout: args['timeout-s'] * 1000 });
 

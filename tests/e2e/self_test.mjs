@@ -4,8 +4,9 @@
 //   node tests/e2e/self_test.mjs
 import { execFile, spawn } from 'node:child_process';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 
-const here = import.meta.dirname;
+const here = path.dirname(fileURLToPath(import.meta.url));
 const model = 'fake-model';
 
 async function withFakeServer(fault, body) {
