@@ -114,3 +114,71 @@ TEST(Cli, GenerateStreamsTextFromARandomCheckpoint) {
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("comma-separated token ids"), std::string::npos) << bad.output;
 }
+
+// dsv41 chat keeps one session across turns: the second turn reuses the first turn's prompt and
+// reply (the running sequence), and says so.
+TEST(Cli, ChatReusesEarlierTurns) {
+  dsv41::test::TempDir dir("cli_chat");
+  fs::create_directories(dir.path());
+  std::ofstream(dir / "turns.txt") << "Tell me about the sea.\n\nAnd the mountains?\n";
+  Outcome r = run_dsv41("chat --model " DSV41_TEST_DATA "/fixtures/v41-tiny --json --max-tokens 6 < " + (dir / "turns.txt").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::istringstream lines(r.output);
+  std::vector<json> turns;
+  for (std::string line; std::getline(lines, line);) turns.push_back(json::parse(line));
+  ASSERT_EQ(turns.size(), 2u) << r.output;  // the empty line is not a turn
+  EXPECT_EQ(turns[0]["cached_tokens"], 0);
+  EXPECT_EQ(turns[0]["computed_tokens"], turns[0]["prompt_tokens"]);
+  const int64_t first_turn = turns[0]["prompt_tokens"].get<int64_t>() + turns[0]["generated_tokens"].get<int64_t>();
+  EXPECT_GT(turns[1]["prompt_tokens"].get<int64_t>(), first_turn);
+  EXPECT_GE(turns[1]["cached_tokens"].get<int64_t>(), turns[0]["prompt_tokens"].get<int64_t>()) << turns[1];
+  EXPECT_EQ(turns[1]["cached_tokens"].get<int64_t>() + turns[1]["computed_tokens"].get<int64_t>(), turns[1]["prompt_tokens"]);
+}
+
+// A second process finds the first one's global blocks on disk: the prompt's prefix is served
+// from the persistent store (with encoder replay, its SWA pool having died with the first).
+TEST(Cli, ChatServesAPrefixFromDiskAfterARestart) {
+  dsv41::test::TempDir dir("cli_chat");
+  fs::create_directories(dir.path());
+  std::ofstream(dir / "turn.txt") << "What is the capital of France?\n";
+  const std::string cmd = "chat --model " DSV41_TEST_DATA "/fixtures/v41-tiny --json --max-tokens 2 --store " +
+                          (dir / "store").string() +
+                          " --system 'You are a careful assistant. Answer in one short sentence, "
+                          "and say so when you do not know.' < " + (dir / "turn.txt").string();
+  Outcome first = run_dsv41(cmd);
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_EQ(json::parse(first.output)["cached_tokens"], 0);
+  Outcome second = run_dsv41(cmd);
+  ASSERT_EQ(second.status, 0) << second.output;
+  json t = json::parse(second.output);
+  EXPECT_GT(t["disk_blocks"].get<int64_t>(), 0) << t;
+  EXPECT_EQ(t["global_tokens"].get<int64_t>(), 64 * t["disk_blocks"].get<int64_t>());
+  EXPECT_EQ(t["replayed_tokens"], 16);  // W of v41-tiny
+}
+
+// bench cache runs every scenario in both modes and reports the work each one did.
+TEST(Cli, BenchCacheReportsEveryScenario) {
+  Outcome r = run_dsv41("bench cache --model " DSV41_TEST_DATA
+                        "/fixtures/v41-tiny --document-tokens 200 --question-tokens 32 --reply-tokens 4 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  json j = json::parse(r.output);
+  std::vector<std::string> names;
+  for (const json& s : j["scenarios"]) {
+    names.push_back(s["name"]);
+    for (const char* key : {"ttft_ms", "tokens_computed", "tokens_cached", "tokens_replayed", "exact_ttft_ms"})
+      EXPECT_TRUE(s.contains(key)) << key;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"cold", "global_swa_hit", "global_hit_swa_miss", "host_hit", "disk_hit"}));
+  const json& s = j["scenarios"];
+  EXPECT_EQ(s[0]["tokens_cached"], 0);
+  EXPECT_EQ(s[1]["tokens_replayed"], 0);  // the SWA tail continues exactly
+  EXPECT_EQ(s[1]["tokens_computed"], 32);
+  for (int i : {2, 3, 4}) EXPECT_EQ(s[i]["tokens_replayed"], 16) << s[i];
+  EXPECT_EQ(s[4]["disk_blocks"], 3);
+  for (int i : {2, 3, 4}) EXPECT_EQ(s[i]["exact_tokens_cached"], 0) << "exact mode never replays";
+  // The bytes the sequence's global KV buffers hold per token are what the accounting predicts
+  // from the shapes (106 B for v41-tiny; the flash-kv preset's 890 is measured in docs/benchmarks.md).
+  Outcome inspect = run_dsv41("inspect --model " DSV41_TEST_DATA "/fixtures/v41-tiny --json");
+  ASSERT_EQ(inspect.status, 0) << inspect.output;
+  EXPECT_EQ(j["kv_bytes_per_token"].get<double>(), json::parse(inspect.output)["kv"]["global_bytes_per_token"].get<double>());
+}

@@ -8,5 +8,7 @@ void add_inspect(CLI::App& app);
 void add_init_random(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_generate(CLI::App& app);
+void add_chat(CLI::App& app);
+void add_bench(CLI::App& app);
 
 }  // namespace dsv41::cli

@@ -4,15 +4,15 @@
 // object instead.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "backend/cpu/sampling.h"
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/model_dir.h"
 #include "engine/session.h"
 
 namespace dsv41::cli {
@@ -23,17 +23,6 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// The end-of-sequence id, from tokenizer_config.json's eos_token when the tokenizer knows it.
-std::optional<int> eos_id(const std::string& dir, const Tokenizer& tokenizer) {
-  std::ifstream in(dir + "/tokenizer_config.json");
-  if (!in) return std::nullopt;
-  json c = json::parse(in, nullptr, false);
-  if (c.is_discarded() || !c.contains("eos_token")) return std::nullopt;
-  const json& e = c["eos_token"];
-  std::string text = e.is_string() ? e.get<std::string>() : e.value("content", "");
-  return tokenizer.token_to_id(text);
-}
 
 std::vector<int> parse_ids(const std::string& text) {
   std::vector<int> ids;
@@ -74,25 +63,18 @@ void add_generate(CLI::App& app) {
                 "Exact mode: every layer on every prompt position, as the official reference computes (default: "
                 "decoder bounded replay, the decoder on the prompt's last window only)");
   cmd->add_option("--max-tokens", args->max_tokens, "Most tokens to generate")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--temperature", args->sampling.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--top-k", args->sampling.top_k, "Keep the k most likely tokens (0 = all)")->check(CLI::Range(0, 1 << 30));
-  cmd->add_option("--top-p", args->sampling.top_p, "Nucleus sampling mass")->check(CLI::Range(1e-6, 1.0));
-  cmd->add_option("--min-p", args->sampling.min_p, "Drop tokens below min-p x the top probability")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--seed", args->sampling.seed, "Random seed of the sampler");
+  add_sampling_flags(*cmd, args->sampling);
   cmd->add_flag("--json", args->as_json, "Print one JSON object: prompt_ids, generated_ids, text, timing");
   cmd->callback([args] {
     if (args->prompt.empty() && args->ids.empty()) fail("generate", "--prompt TEXT or --ids 1,2,3", "neither");
-    std::unique_ptr<Model> model = Model::load(args->model);
-    const Config& c = model->config();
-    std::optional<Tokenizer> tokenizer;
-    if (std::filesystem::exists(args->model + "/tokenizer.json")) tokenizer = Tokenizer::from_file(args->model + "/tokenizer.json");
+    ModelDir m = load_model_dir(args->model);
+    const Config& c = m.model->config();
+    const std::optional<Tokenizer>& tokenizer = m.tokenizer;
     if (!args->prompt.empty() && !tokenizer) fail(args->model, "a tokenizer.json to encode --prompt", "none (use --ids)");
     std::vector<int> prompt_ids = args->prompt.empty() ? parse_ids(args->ids) : tokenizer->encode(args->prompt);
     for (int id : prompt_ids)
       if (id < 0 || id >= c.vocab_size) fail("--ids", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(id));
-    const std::optional<int> eos = tokenizer ? eos_id(args->model, *tokenizer) : std::nullopt;
-
-    Session session(*model, tokenizer ? &*tokenizer : nullptr, args->exact ? Mode::Exact : Mode::Default);
+    Session session(*m.model, m.tokenizer_or_null(), args->exact ? Mode::Exact : Mode::Default);
     const char* mode = args->exact ? "exact" : "default";
     Sampler sampler(args->sampling);
     std::optional<StreamDecoder> stream;
@@ -112,7 +94,7 @@ void add_generate(CLI::App& app) {
     const auto t1 = Clock::now();
     while (int(generated.size()) < args->max_tokens) {
       const int next = sampler.sample(logits.data(), c.vocab_size);
-      if (eos && next == *eos) break;
+      if (std::find(m.stop_ids.begin(), m.stop_ids.end(), next) != m.stop_ids.end()) break;
       generated.push_back(next);
       emit(next);
       if (int(generated.size()) == args->max_tokens) break;

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   dsv41::cli::add_init_random(app);
   dsv41::cli::add_tokenize(app);
   dsv41::cli::add_generate(app);
+  dsv41::cli::add_chat(app);
+  dsv41::cli::add_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

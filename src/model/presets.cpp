@@ -167,9 +167,44 @@ Config small() {
   return c;
 }
 
+// V4.1-Flash's KV and schedule shapes — all 40 layers and the DSpark layers, head 512, RoPE 64,
+// index keys 128 with top-512, window 128, the released ratios, sources and candidate blocks — at
+// small widths: the configuration on which a CPU measures the KV bytes per token and runs the
+// cache at the real block and window sizes (`dsv41 bench cache`).
+Config flash_kv() {
+  Config c = flash();
+  c.max_seq_len = 65536;
+  c.vocab_size = 1024;
+  c.dim = 256;
+  c.moe_inter_dim = 128;
+  c.n_mtp_layers = 1;
+  c.compress_ratios.resize(c.compress_ratios.size() - 2);
+  c.n_heads = 4;
+  c.n_routed_experts = 8;
+  c.n_activated_experts = 2;
+  c.q_lora_rank = 64;
+  c.o_groups = 2;
+  c.o_lora_rank = 64;
+  c.index_n_heads = 4;
+  c.engram_layer_ids = {1, 14};
+  c.engram_vocab_size = 1000;
+  c.engram_n_heads = 2;
+  c.engram_head_dim = 32;
+  c.engram_num_embeddings = engram_table_rows(c);
+  c.engram_compressed_vocab_size = c.vocab_size;
+  c.vision.n_layers = 0;
+  c.image_token_id = 1020;
+  c.dspark_noise_token_id = 1000;
+  c.dspark_markov_rank = 32;
+  c.dspark_n_routed_experts = 8;
+  c.dspark_n_activated_experts = 2;
+  return c;
+}
+
 const std::map<std::string, std::function<Config()>>& presets() {
   static const std::map<std::string, std::function<Config()>> all = {
-      {"deepseek-v4.1-flash", flash}, {"bench-1gpu", bench_1gpu}, {"tiny", tiny}, {"small", small}};
+      {"deepseek-v4.1-flash", flash}, {"bench-1gpu", bench_1gpu}, {"tiny", tiny}, {"small", small},
+      {"flash-kv", flash_kv}};
   return all;
 }
 

@@ -1,0 +1,141 @@
+// dsv41 chat --model DIR [--system TEXT] [--thinking] [--exact] [--max-tokens N] [sampling] [cache flags] [--json]
+//
+// One conversation over standard input: every non-empty line is a user turn. The whole
+// conversation is rendered in DeepSeek-V4.1's chat format each turn and handed to the session,
+// which reuses what it can — its own running sequence, the SWA pool, the host cache, the disk —
+// so each turn shows how many prompt tokens were cached, replayed and computed.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/model_dir.h"
+#include "engine/chat_format.h"
+#include "engine/session.h"
+
+namespace dsv41::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "412 prompt tokens: 380 cached (device 380), 0 replayed, 32 computed"
+std::string describe(const PrefixUse& u) {
+  std::string where;
+  auto add = [&](const char* name, int64_t n) {
+    if (n > 0) where += fmt::format("{}{} {}", where.empty() ? "" : ", ", name, n);
+  };
+  add("device", u.device_tokens);
+  add("swa pool", u.swa_tokens);
+  add("global blocks", u.global_tokens);
+  std::string blocks = u.host_blocks + u.disk_blocks > 0
+                           ? fmt::format("; blocks from host {}, disk {}", u.host_blocks, u.disk_blocks)
+                           : "";
+  return fmt::format("{} prompt tokens: {} cached{}, {} replayed, {} computed{}", u.prompt_tokens, u.cached(),
+                     where.empty() ? "" : " (" + where + ")", u.replayed, u.computed(), blocks);
+}
+
+}  // namespace
+
+void add_chat(CLI::App& app) {
+  struct Args {
+    std::string model, system;
+    bool thinking = false, exact = false, as_json = false;
+    int max_tokens = 256;
+    SamplingParams sampling;
+    CacheFlags cache;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("chat", "Talk to the model: each line of standard input is a user turn");
+  cmd->add_option("--model", args->model, "Checkpoint directory (config.json, safetensors, tokenizer.json)")->required();
+  cmd->add_option("--system", args->system, "System prompt");
+  cmd->add_flag("--thinking", args->thinking, "Thinking mode: the model reasons before it answers");
+  cmd->add_flag("--exact", args->exact, "Exact mode: every layer on every position, no bounded replay");
+  cmd->add_option("--max-tokens", args->max_tokens, "Most tokens per reply")->check(CLI::Range(1, 1 << 20));
+  add_sampling_flags(*cmd, args->sampling);
+  add_cache_flags(*cmd, args->cache);
+  cmd->add_flag("--json", args->as_json, "Print one JSON object per turn instead of the reply text");
+  cmd->callback([args] {
+    ModelDir m = load_model_dir(args->model);
+    if (!m.tokenizer) fail(args->model, "a tokenizer.json (chat renders text)", "none");
+    const Tokenizer& tokenizer = *m.tokenizer;
+    const Config& c = m.model->config();
+    const Mode mode = args->exact ? Mode::Exact : Mode::Default;
+    KvCache cache(c, cache_options(args->cache, args->model, mode));
+    Session session(*m.model, &tokenizer, mode);
+    Sampler sampler(args->sampling);
+    std::vector<int> stop = m.stop_ids;
+    if (std::optional<int> eos = tokenizer.token_to_id(chat_token::kEos)) stop.push_back(*eos);
+
+    std::vector<ChatMessage> messages;
+    if (!args->system.empty()) messages.push_back(ChatMessage{ChatRole::system, args->system});
+    ChatOptions options;
+    options.thinking = args->thinking;
+    const bool interactive = isatty(STDIN_FILENO) && !args->as_json;
+    std::string line;
+    for (int turn = 1;; ++turn) {
+      if (interactive) fmt::print("> "), std::fflush(stdout);
+      if (!std::getline(std::cin, line)) break;
+      if (line.empty()) {
+        --turn;
+        continue;
+      }
+      messages.push_back(ChatMessage{ChatRole::user, line});
+      const std::vector<int> prompt = tokenizer.encode(render_chat(messages, options), /*add_special_tokens=*/false);
+      if (int64_t(prompt.size()) + args->max_tokens > c.max_seq_len)
+        fail("chat", "a conversation within the context of " + std::to_string(c.max_seq_len) + " tokens",
+             std::to_string(prompt.size()) + " prompt tokens + " + std::to_string(args->max_tokens) + " to generate");
+
+      const auto t0 = Clock::now();
+      PrefixUse use;
+      std::vector<float> logits = session.prefill_prompt(prompt, &cache, &use);
+      const double ttft = std::chrono::duration<double>(Clock::now() - t0).count();
+      StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
+      std::vector<int> reply;
+      while (int(reply.size()) < args->max_tokens) {
+        const int next = sampler.sample(logits.data(), c.vocab_size);
+        reply.push_back(next);
+        if (std::find(stop.begin(), stop.end(), next) != stop.end()) break;
+        if (!args->as_json) fmt::print("{}", stream.push(next)), std::fflush(stdout);
+        logits = session.decode(next);
+      }
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      // The end of the output is the SWA pool's second entry of the turn (DESIGN §4).
+      session.save(cache);
+
+      const ParsedReply parsed = parse_reply(tokenizer.decode(reply), options.thinking);
+      ChatMessage answer{ChatRole::assistant, parsed.content};
+      if (options.thinking) answer.reasoning_content = parsed.reasoning;
+      messages.push_back(answer);
+      if (args->as_json) {
+        nlohmann::json j = {{"turn", turn},
+                            {"reply", parsed.content},
+                            {"prompt_tokens", use.prompt_tokens},
+                            {"cached_tokens", use.cached()},
+                            {"device_tokens", use.device_tokens},
+                            {"swa_tokens", use.swa_tokens},
+                            {"global_tokens", use.global_tokens},
+                            {"host_blocks", use.host_blocks},
+                            {"disk_blocks", use.disk_blocks},
+                            {"replayed_tokens", use.replayed},
+                            {"computed_tokens", use.computed()},
+                            {"generated_tokens", reply.size()},
+                            {"ttft_ms", ttft * 1e3},
+                            {"seconds", seconds}};
+        fmt::print("{}\n", j.dump());
+      } else {
+        fmt::print("{}\n[turn {}: {}; {} generated; first token {:.2f} s]\n", stream.flush(), turn, describe(use),
+                   reply.size(), ttft);
+      }
+      std::fflush(stdout);
+    }
+  });
+}
+
+}  // namespace dsv41::cli

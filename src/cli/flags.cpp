@@ -1,0 +1,41 @@
+#include "cli/flags.h"
+
+#include "kv/checkpoint_identity.h"
+
+namespace dsv41::cli {
+
+void add_cache_flags(CLI::App& cmd, CacheFlags& f) {
+  cmd.add_option("--store", f.store_dir, "Directory of the persistent global-KV store (default: none)");
+  cmd.add_option("--store-gb", f.store_gb, "Disk budget of the persistent store, GB")->check(CLI::PositiveNumber);
+  cmd.add_option("--store-lifetime-hours", f.store_lifetime_hours,
+                 "Guaranteed lifetime of a stored block: younger blocks are never evicted")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--host-cache-mb", f.host_cache_mb, "Host global-KV cache budget, MB (default: 10% of RAM)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--swa-pool-mb", f.swa_pool_mb, "SWA pool budget, MB (default: 10% of RAM)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--swa-ttl", f.swa_ttl_seconds, "SWA pool time to live from the last use, seconds")
+      ->check(CLI::PositiveNumber);
+}
+
+void add_sampling_flags(CLI::App& cmd, SamplingParams& p) {
+  cmd.add_option("--temperature", p.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
+  cmd.add_option("--top-k", p.top_k, "Keep the k most likely tokens (0 = all)")->check(CLI::Range(0, 1 << 30));
+  cmd.add_option("--top-p", p.top_p, "Nucleus sampling mass")->check(CLI::Range(1e-6, 1.0));
+  cmd.add_option("--min-p", p.min_p, "Drop tokens below min-p x the top probability")->check(CLI::Range(0.0, 1.0));
+  cmd.add_option("--seed", p.seed, "Random seed of the sampler");
+}
+
+KvCacheOptions cache_options(const CacheFlags& f, const std::string& model_dir, Mode mode) {
+  KvCacheOptions o;
+  o.fingerprint = "checkpoint " + checkpoint_identity(model_dir);
+  o.mode = mode_name(mode);
+  o.store_dir = f.store_dir;
+  o.store_budget_bytes = uint64_t(f.store_gb * 1e9);
+  o.store_lifetime_ms = int64_t(f.store_lifetime_hours * 3600e3);
+  if (f.host_cache_mb > 0) o.host_budget_bytes = int64_t(f.host_cache_mb * 1e6);
+  if (f.swa_pool_mb > 0) o.swa.budget_bytes = int64_t(f.swa_pool_mb * 1e6);
+  o.swa.ttl_ms = int64_t(f.swa_ttl_seconds * 1e3);
+  return o;
+}
+
+}  // namespace dsv41::cli

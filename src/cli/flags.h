@@ -1,0 +1,28 @@
+#pragma once
+// Flags shared by several commands: sampling (generate, chat), and the KV tiers with DESIGN §4's
+// defaults (chat, serve, bench).
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "backend/cpu/sampling.h"
+#include "engine/session.h"
+#include "kv/kv_cache.h"
+
+namespace dsv41::cli {
+
+struct CacheFlags {
+  std::string store_dir;  // empty: no persistent store
+  double store_gb = 64;
+  double store_lifetime_hours = 72;
+  double host_cache_mb = 0;  // 0: 10% of RAM
+  double swa_pool_mb = 0;    // 0: 10% of RAM
+  double swa_ttl_seconds = 300;
+};
+
+void add_cache_flags(CLI::App& cmd, CacheFlags& flags);
+void add_sampling_flags(CLI::App& cmd, SamplingParams& params);
+
+// The cache options for the model in `model_dir` served in `mode`, keyed by the checkpoint's identity.
+KvCacheOptions cache_options(const CacheFlags& flags, const std::string& model_dir, Mode mode);
+
+}  // namespace dsv41::cli
