@@ -34,13 +34,6 @@ Session::Call Session::append(std::span<const int> tokens, int64_t decoder_from)
   return call;
 }
 
-void Session::ran(const Call& call) {
-  const int64_t n = int64_t(call.tokens.size()), start = int64_t(tokens_.size()) - n;
-  const int64_t decoder_from = std::max(call.options.decoder_from, call.options.replay_until);
-  work_.encoder_tokens += n;
-  work_.decoder_tokens += start + n - std::clamp(decoder_from, start, start + n);
-}
-
 void Session::start_over(std::span<const int> tokens, SequenceState state) {
   tokens_.assign(tokens.begin(), tokens.end());
   state_ = std::move(state);
@@ -56,17 +49,19 @@ static int64_t prompt_decoder_from(Mode mode, int64_t end, int64_t n, int64_t W)
 
 std::vector<float> Session::prefill(std::span<const int> tokens) {
   const int64_t end = state_.length + int64_t(tokens.size());
-  Call call = append(tokens, prompt_decoder_from(mode_, end, int64_t(tokens.size()), model_.config().window_size));
-  std::vector<float> logits =
-      forward(model_, state_, call.tokens, hasher_ ? call.engram_ids.data() : nullptr, call.options);
-  ran(call);
+  pending_ = append(tokens, prompt_decoder_from(mode_, end, int64_t(tokens.size()), model_.config().window_size));
+  cursor_ = 0;
+  prompt_cache_ = nullptr;
+  const BatchItem call = next_chunk(int64_t(tokens.size()));
+  std::vector<float> logits = forward(model_, state_, call.tokens, call.engram_ids, call.options);
+  ran();
   return logits;
 }
 
 std::vector<float> Session::decode(int token) {
-  Call call = append(std::span<const int>(&token, 1), 0);
-  std::vector<float> logits = forward(model_, state_, call.tokens, hasher_ ? call.engram_ids.data() : nullptr);
-  ran(call);
+  const BatchItem call = next_decode(token);
+  std::vector<float> logits = forward(model_, state_, call.tokens, call.engram_ids, call.options);
+  ran();
   return logits;
 }
 
@@ -135,6 +130,57 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   return append(prompt, prompt_decoder_from(mode_, P, P, W));
 }
 
+PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache) {
+  PrefixUse use;
+  pending_ = plan(prompt, cache, use);
+  cursor_ = 0;
+  prompt_cache_ = cache;
+  return use;
+}
+
+BatchItem Session::item(int64_t from, int64_t rows, ForwardOptions options) {
+  const int64_t per_token = hasher_ ? int64_t(hasher_->n_layers()) * hasher_->columns() : 0;
+  handed_ = rows;
+  handed_options_ = options;
+  return BatchItem{&state_, pending_.tokens.subspan(size_t(from), size_t(rows)),
+                   hasher_ ? pending_.engram_ids.data() + from * per_token : nullptr, options};
+}
+
+BatchItem Session::next_chunk(int64_t max_tokens) {
+  if (prompt_left() == 0) fail("next_chunk", "a prompt with tokens left to run", "none");
+  const int64_t start = state_.length;
+  int64_t rows = std::min(std::max<int64_t>(max_tokens, 1), prompt_left());
+  ForwardOptions options = pending_.options;
+  // The replay reads the cached global KV up to H: the call that regenerates [H - W, H) must
+  // reach H. Later chunks run as any prompt's, the encoder's windows still cut where it began.
+  if (options.replay_until > start)
+    rows = std::max(rows, options.replay_until - start);
+  else
+    options.replay_until = 0;
+  return item(cursor_, rows, options);
+}
+
+BatchItem Session::next_decode(int token) {
+  if (prompt_left() > 0) fail("next_decode", "a finished prompt", std::to_string(prompt_left()) + " prompt tokens left");
+  pending_ = append(std::span<const int>(&token, 1), 0);
+  cursor_ = 0;
+  prompt_cache_ = nullptr;
+  return item(0, 1, pending_.options);
+}
+
+void Session::ran() {
+  const int64_t end = state_.length, start = end - handed_;
+  const int64_t decoder_from = std::max(handed_options_.decoder_from, handed_options_.replay_until);
+  work_.encoder_tokens += handed_;
+  work_.decoder_tokens += end - std::clamp(decoder_from, start, end);
+  cursor_ += handed_;
+  handed_ = 0;
+  if (prompt_left() == 0 && prompt_cache_) {
+    save(*prompt_cache_);
+    prompt_cache_ = nullptr;
+  }
+}
+
 std::vector<float> Session::prefill_prompt(std::span<const int> prompt, KvCache* cache, PrefixUse* use) {
   Session* self = this;
   std::vector<PrefixUse> uses;
@@ -158,42 +204,39 @@ std::vector<std::vector<float>> prefill_prompts(std::span<Session* const> sessio
                                                 std::vector<PrefixUse>* uses) {
   if (sessions.size() != prompts.size())
     fail("prefill_prompts", std::to_string(sessions.size()) + " prompts, one per session", std::to_string(prompts.size()));
-  if (sessions.empty()) return {};
-  const Model& model = sessions.front()->model_;
-  for (Session* s : sessions)
-    if (&s->model_ != &model) fail("prefill_prompts", "sessions of one model", "sessions of several");
-
-  std::vector<PrefixUse> use(sessions.size());
-  std::vector<Session::Call> calls;
+  std::vector<PrefixUse> use;
   std::vector<BatchItem> batch;
-  for (size_t i = 0; i < sessions.size(); ++i) calls.push_back(sessions[i]->plan(prompts[i], cache, use[i]));
-  for (size_t i = 0; i < sessions.size(); ++i) {
-    Session& s = *sessions[i];
-    batch.push_back({&s.state_, calls[i].tokens, s.hasher_ ? calls[i].engram_ids.data() : nullptr, calls[i].options});
-  }
+  for (size_t i = 0; i < sessions.size(); ++i) use.push_back(sessions[i]->begin_prompt(prompts[i], cache));
+  for (Session* s : sessions) batch.push_back(s->next_chunk(s->prompt_left()));
   const auto start = std::chrono::steady_clock::now();
-  std::vector<std::vector<float>> logits = forward_batch(model, batch);
+  std::vector<std::vector<float>> logits = run_batch(sessions, batch);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-  KvCacheCounters counted;
-  const int64_t B = cache ? cache->block_tokens() : 0;
-  for (size_t i = 0; i < sessions.size(); ++i) {
-    sessions[i]->ran(calls[i]);
-    if (!cache) continue;
-    sessions[i]->save(*cache);
-    counted.device_tokens += use[i].device_tokens;
-    counted.host_tokens += use[i].host_blocks * B;
-    counted.disk_tokens += use[i].disk_blocks * B;
-    counted.swa_tokens += use[i].swa_tokens;
-    counted.replayed_tokens += use[i].replayed;
-    counted.short_hits += use[i].short_hit > 0;
-  }
-  if (cache) {
-    if (counted.replayed_tokens > 0) counted.replay_seconds = seconds;
-    cache->count(counted);
-  }
+  for (Session* s : sessions) s->ran();
+  if (cache) cache->count(tally(use, cache->block_tokens(), seconds));
   if (uses) *uses = std::move(use);
   return logits;
+}
+
+KvCacheCounters tally(std::span<const PrefixUse> uses, int64_t block_tokens, double seconds) {
+  KvCacheCounters counted;
+  for (const PrefixUse& u : uses) {
+    counted.device_tokens += u.device_tokens;
+    counted.host_tokens += u.host_blocks * block_tokens;
+    counted.disk_tokens += u.disk_blocks * block_tokens;
+    counted.swa_tokens += u.swa_tokens;
+    counted.replayed_tokens += u.replayed;
+    counted.short_hits += u.short_hit > 0;
+  }
+  if (counted.replayed_tokens > 0) counted.replay_seconds = seconds;
+  return counted;
+}
+
+std::vector<std::vector<float>> run_batch(std::span<Session* const> sessions, const std::vector<BatchItem>& batch) {
+  if (sessions.empty()) return {};
+  const Model& model = sessions.front()->model();
+  for (Session* s : sessions)
+    if (&s->model() != &model) fail("run_batch", "sessions of one model", "sessions of several");
+  return forward_batch(model, batch);
 }
 
 }  // namespace dsv41

@@ -64,6 +64,18 @@ class Session {
   // end-of-output entry, so that the next turn continues exactly.
   void save(KvCache& cache);
 
+  // The same, step by step, for a scheduler that runs many sessions in one batch per step
+  // (engine/scheduler.h): begin_prompt looks the prompt up and adopts what it finds, running
+  // nothing; next_chunk hands out the prompt's next tokens (at most max_tokens, except that an
+  // encoder replay reaches its hit position in one call) and next_decode one decode token, each as
+  // an item of a forward_batch call; ran() books the item after the batch ran it, and at the end of
+  // the prompt stores its blocks and tail in the cache given to begin_prompt.
+  PrefixUse begin_prompt(std::span<const int> prompt, KvCache* cache);
+  int64_t prompt_left() const { return int64_t(pending_.tokens.size()) - cursor_; }
+  BatchItem next_chunk(int64_t max_tokens);
+  BatchItem next_decode(int token);
+  void ran();
+
   // Tokens run through the encoder and through the decoder layers so far: the work bounded
   // replay saves is the difference between the two.
   struct Work {
@@ -74,10 +86,9 @@ class Session {
   int64_t length() const { return state_.length; }
   const SequenceState& state() const { return state_; }
   const std::vector<int>& tokens() const { return tokens_; }
+  const Model& model() const { return model_; }
 
  private:
-  friend std::vector<std::vector<float>> prefill_prompts(std::span<Session* const>, std::span<const std::span<const int>>,
-                                                         KvCache*, std::vector<PrefixUse>*);
   // One forward call, prepared: the tokens it runs (a suffix of tokens_), their Engram rows and
   // the options that place it.
   struct Call {
@@ -89,7 +100,7 @@ class Session {
   // that finishes it.
   Call plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use);
   Call append(std::span<const int> tokens, int64_t decoder_from);
-  void ran(const Call& call);
+  BatchItem item(int64_t from, int64_t rows, ForwardOptions options);
   void start_over(std::span<const int> tokens, SequenceState state);
 
   const Model& model_;
@@ -100,6 +111,11 @@ class Session {
   EngramHistory history_;
   int64_t stored_blocks_ = 0;  // global blocks of this sequence known to be in the cache
   Work work_;
+  Call pending_;               // the prompt (or decode token) being run
+  int64_t cursor_ = 0;         // its tokens handed out so far
+  int64_t handed_ = 0;         // by the last item, not yet booked by ran()
+  ForwardOptions handed_options_;
+  KvCache* prompt_cache_ = nullptr;
 };
 
 // prefill_prompt for several sessions at once: every session's lookup first, then one batched
@@ -108,5 +124,12 @@ class Session {
 std::vector<std::vector<float>> prefill_prompts(std::span<Session* const> sessions,
                                                 std::span<const std::span<const int>> prompts, KvCache* cache,
                                                 std::vector<PrefixUse>* uses = nullptr);
+
+// One forward_batch call over items the sessions handed out (all of one model).
+std::vector<std::vector<float>> run_batch(std::span<Session* const> sessions, const std::vector<BatchItem>& batch);
+
+// What a step's prompts add to the cache's tier counters; `seconds` (the step's forward time) is
+// booked as replay time when any of them replayed.
+KvCacheCounters tally(std::span<const PrefixUse> uses, int64_t block_tokens, double seconds);
 
 }  // namespace dsv41

@@ -214,9 +214,11 @@ void attention(Pass& p, int l, const Rows& x, Rows& out) {
   Rows sink(static_cast<size_t>(H)), o(size_t(R * H * hd));
   a.attn_sink.row(0, sink.data());
   const float scale = float(std::pow(double(hd), -0.5));
-  std::vector<const float*> entries;
-  std::vector<int64_t> slots;
+  // Rows are independent here: each thread lists its own row's entries.
+#pragma omp parallel for schedule(dynamic, 1) if (R > 1)
   for (int64_t r = 0; r < R; ++r) {
+    thread_local std::vector<const float*> entries;
+    thread_local std::vector<int64_t> slots;
     entries.clear();
     const int64_t pos = p.pos(r);
     window_positions(pos, p.start, R, W, p.window_floor, slots);

@@ -162,7 +162,7 @@ std::vector<std::string> parse_stop(const ojson& v) {
   return stop;
 }
 
-void parse_sampling(const ojson& body, SamplingParams& s) {
+void parse_sampling(const ojson& body, RequestSampling& s) {
   if (const ojson* v = field(body, "temperature")) s.temperature = number_in(*v, "temperature", 0, 2);
   if (const ojson* v = field(body, "top_p")) s.top_p = number_in(*v, "top_p", 0, 1, /*lo_open=*/true);
   if (const ojson* v = field(body, "top_k")) {

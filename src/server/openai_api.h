@@ -40,7 +40,7 @@ struct ApiConfig {
   int64_t vocab_size = 0;           // token ids in a completions prompt must be below this
 };
 
-struct SamplingParams {
+struct RequestSampling {
   double temperature = 1.0;  // 0 = greedy
   double top_p = 1.0;        // (0, 1]
   int32_t top_k = 0;         // 0 = off; a request's -1 also means off and is stored as 0
@@ -60,7 +60,7 @@ struct GenerationParams {
   std::string model;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  SamplingParams sampling;
+  RequestSampling sampling;
   LogprobsParams logprobs;
 };
 
