@@ -1,0 +1,266 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "base/error.h"
+
+namespace dsv41 {
+
+GenerationEvent Generation::next() {
+  std::unique_lock lock(mutex_);
+  ready_.wait(lock, [&] { return !events_.empty(); });
+  GenerationEvent e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+void Generation::post(GenerationEvent event) {
+  {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  ready_.notify_one();
+}
+
+namespace {
+
+// The chosen token's log-probability under the model (log-softmax of the logits) and the
+// `top` most likely tokens'.
+TokenEvent token_event(const std::vector<float>& logits, int token, int top) {
+  TokenEvent e;
+  e.token = token;
+  if (top < 0) return e;
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double(l - max));
+  const float log_z = max + float(std::log(sum));
+  e.logprob = logits[size_t(token)] - log_z;
+  std::vector<int> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int(i);
+  const size_t k = std::min(ids.size(), size_t(top));
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  for (size_t i = 0; i < k; ++i) e.top.emplace_back(ids[i], logits[size_t(ids[i])] - log_z);
+  return e;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const Model& model, const Tokenizer* tokenizer, Mode mode, KvCache* cache, SchedulerOptions options)
+    : model_(model), tokenizer_(tokenizer), mode_(mode), cache_(cache), options_(options), seeds_(std::random_device{}()) {
+  if (options.max_running < 1 || options.max_queued < 0 || options.step_tokens < 1 || options.max_idle < 0)
+    fail("scheduler", "max_running >= 1, max_queued >= 0, step_tokens >= 1, max_idle >= 0",
+         std::to_string(options.max_running) + ", " + std::to_string(options.max_queued) + ", " +
+             std::to_string(options.step_tokens) + ", " + std::to_string(options.max_idle));
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
+  const Config& c = model_.config();
+  if (request.prompt.empty()) fail("request", "at least one prompt token", "none");
+  for (int t : request.prompt)
+    if (t < 0 || t >= c.vocab_size) fail("request", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
+  if (request.max_tokens < 1) fail("request", "max_tokens >= 1", std::to_string(request.max_tokens));
+  if (int64_t(request.prompt.size()) + request.max_tokens > c.max_seq_len)
+    fail("request", "prompt + max_tokens within the context of " + std::to_string(c.max_seq_len) + " tokens",
+         std::to_string(request.prompt.size()) + " + " + std::to_string(request.max_tokens));
+  auto generation = std::make_shared<Generation>(std::move(request));
+  {
+    std::lock_guard lock(mutex_);
+    if (int64_t(queue_.size()) >= options_.max_queued) {
+      stats_.refused += 1;
+      return nullptr;
+    }
+    queue_.push_back(generation);
+    stats_.requests += 1;
+    stats_.queued = int64_t(queue_.size());
+  }
+  wake_.notify_one();
+  return generation;
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      const bool busy = !running_.empty();
+      wake_.wait(lock, [&] { return stopping_ || busy || !queue_.empty(); });
+      if (stopping_) break;
+    }
+    admit();
+    step();
+  }
+  // Shutting down: every waiter hears that its request ended.
+  for (Running& r : running_) r.generation->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
+  std::lock_guard lock(mutex_);
+  for (auto& g : queue_) g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
+}
+
+std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt) {
+  // The idle session holding the longest proper prefix of the prompt continues (device tier).
+  auto best = idle_.end();
+  for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+    const std::vector<int>& t = (*it)->tokens();
+    if (t.size() < prompt.size() && std::equal(t.begin(), t.end(), prompt.begin()) &&
+        (best == idle_.end() || t.size() > (*best)->tokens().size()))
+      best = it;
+  }
+  if (best == idle_.end()) return std::make_unique<Session>(model_, tokenizer_, mode_);
+  std::unique_ptr<Session> s = std::move(*best);
+  idle_.erase(best);
+  return s;
+}
+
+void Scheduler::admit() {
+  for (;;) {
+    std::shared_ptr<Generation> g;
+    {
+      std::lock_guard lock(mutex_);
+      if (queue_.empty() || int64_t(running_.size()) >= options_.max_running) return;
+      g = std::move(queue_.front());
+      queue_.pop_front();
+      stats_.queued = int64_t(queue_.size());
+    }
+    SamplingParams sampling = g->request.sampling;
+    if (sampling.temperature > 0 && sampling.seed == 0) sampling.seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
+    Running r{g, session_for(g->request.prompt), Sampler(sampling), 0, std::nullopt};
+    try {
+      const PrefixUse use = r.session->begin_prompt(g->request.prompt, cache_);
+      g->post({GenerationEvent::Kind::Prefilled, use, {}, FinishKind::Stop, {}});
+      if (cache_) cache_->count(tally(std::span(&use, 1), cache_->block_tokens(), 0));
+      std::lock_guard lock(mutex_);
+      stats_.prompt_tokens += use.prompt_tokens;
+    } catch (const std::exception& e) {
+      finish(r, FinishKind::Error, e.what());
+      continue;
+    }
+    running_.push_back(std::move(r));
+  }
+}
+
+void Scheduler::finish(Running& r, FinishKind kind, const std::string& error) {
+  r.generation->post({GenerationEvent::Kind::Finished, {}, {}, kind, error});
+  {
+    std::lock_guard lock(mutex_);
+    if (kind == FinishKind::Cancelled) stats_.cancelled += 1;
+    if (kind == FinishKind::Error) stats_.failed += 1;
+  }
+  // A sequence whose prompt has not finished, or whose step failed, is no use to anyone; else it
+  // stays for a continuation, and the SWA pool gets its end of output.
+  if (kind == FinishKind::Error || !r.session || r.session->prompt_left() > 0 || r.session->length() == 0) return;
+  if (cache_) r.session->save(*cache_);
+  idle_.push_front(std::move(r.session));
+  while (int64_t(idle_.size()) > options_.max_idle) idle_.pop_back();
+}
+
+void Scheduler::step() {
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (it->generation->cancelled()) {
+      finish(*it, FinishKind::Cancelled);
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (running_.empty()) {
+    publish();
+    return;
+  }
+
+  // This step's batch: prompt chunks under the token budget, one token for every decoder.
+  std::vector<Running*> members;
+  std::vector<Session*> sessions;
+  std::vector<BatchItem> batch;
+  int64_t budget = options_.step_tokens, prefill_rows = 0, decode_rows = 0;
+  for (Running& r : running_) {
+    Session& s = *r.session;
+    if (s.prompt_left() > 0) {
+      if (budget <= 0) continue;
+      batch.push_back(s.next_chunk(budget));
+      budget -= int64_t(batch.back().tokens.size());
+      prefill_rows += int64_t(batch.back().tokens.size());
+    } else {
+      batch.push_back(s.next_decode(*r.next_token));
+      decode_rows += 1;
+    }
+    members.push_back(&r);
+    sessions.push_back(&s);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<float>> logits;
+  try {
+    logits = run_batch(sessions, batch);
+  } catch (const std::exception& e) {
+    for (Running& r : running_) finish(r, FinishKind::Error, e.what());
+    running_.clear();
+    publish();
+    return;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cache_ && std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.options.replay_until > 0; })) {
+    KvCacheCounters replay;
+    replay.replay_seconds = seconds;
+    cache_->count(replay);
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stats_.steps += 1;
+    stats_.prefill_tokens += prefill_rows;
+    const double rows = double(prefill_rows + decode_rows);
+    stats_.prefill_seconds += seconds * double(prefill_rows) / rows;
+    stats_.decode_seconds += seconds * double(decode_rows) / rows;
+  }
+
+  // Sample every sequence that has logits now: its prompt just ended, or it decoded.
+  for (size_t i = 0; i < members.size(); ++i) {
+    Running& r = *members[i];
+    r.session->ran();
+    if (logits[i].empty()) continue;  // a prompt chunk before the last one
+    const GenerationRequest& req = r.generation->request;
+    const int token = r.sampler.sample(logits[i].data(), model_.config().vocab_size);
+    if (std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end()) {
+      finish(r, FinishKind::Stop);
+      r.generation = nullptr;
+      continue;
+    }
+    r.generation->post({GenerationEvent::Kind::Token, {}, token_event(logits[i], token, req.top_logprobs), FinishKind::Stop, {}});
+    r.generated += 1;
+    {
+      std::lock_guard lock(mutex_);
+      stats_.decode_tokens += 1;
+    }
+    r.next_token = token;
+    if (r.generated >= req.max_tokens) {
+      finish(r, FinishKind::Length);
+      r.generation = nullptr;
+    }
+  }
+  running_.remove_if([](const Running& r) { return r.generation == nullptr; });
+  publish();
+}
+
+void Scheduler::publish() {
+  std::lock_guard lock(mutex_);
+  stats_.running = int64_t(running_.size());
+  stats_.idle = int64_t(idle_.size());
+}
+
+}  // namespace dsv41

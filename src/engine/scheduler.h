@@ -1,0 +1,142 @@
+#pragma once
+// Continuous batching (DESIGN §2 "engine"): one thread runs steps; every step is one forward_batch
+// call holding each running sequence's next piece — a prompt chunk, under a per-step budget of
+// prompt tokens, or one decode token — so sequences join and leave at every step.
+//
+// A request is token ids in and token events out. Its owner (an HTTP handler, a test) waits on
+// the Generation it got from submit(); cancel() (a client that went away, a stop string found)
+// frees the sequence at the next step. The queue of requests not yet running is bounded: submit()
+// refuses when it is full, and the server answers 503.
+//
+// Cache-aware: every prompt is looked up in the KV tiers (Session::begin_prompt); a finished
+// sequence stays on the device as an idle session, and a new request whose prompt extends one
+// continues it (the device tier), else its end-of-output tail goes to the SWA pool.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cpu/sampling.h"
+#include "engine/session.h"
+
+namespace dsv41 {
+
+struct GenerationRequest {
+  std::vector<int> prompt;
+  SamplingParams sampling;     // seed 0 with temperature > 0: a fresh seed
+  int64_t max_tokens = 16;     // > 0
+  std::vector<int> stop_ids;   // end the reply; not emitted
+  int top_logprobs = -1;       // -1: no logprobs; else the chosen token's and this many others
+};
+
+struct TokenEvent {
+  int token = 0;
+  float logprob = 0;                      // log-softmax of the model's logits (before sampling)
+  std::vector<std::pair<int, float>> top;  // the top_logprobs most likely, best first
+};
+
+enum class FinishKind { Stop, Length, Cancelled, Error };
+
+struct GenerationEvent {
+  enum class Kind { Prefilled, Token, Finished } kind;
+  PrefixUse use;       // Prefilled: how the prompt was served
+  TokenEvent token;    // Token
+  FinishKind finish = FinishKind::Stop;  // Finished
+  std::string error;                     // Finished with Error
+};
+
+// One request in flight, shared by the scheduler and the request's owner.
+class Generation {
+ public:
+  explicit Generation(GenerationRequest request) : request(std::move(request)) {}
+  const GenerationRequest request;
+
+  // The next event, waiting for it; Finished is the last.
+  GenerationEvent next();
+  // Asks the scheduler to drop the sequence (it finishes with Cancelled).
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  friend class Scheduler;
+  void post(GenerationEvent event);
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<GenerationEvent> events_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerOptions {
+  int max_running = 8;        // sequences in one batch
+  int max_queued = 64;        // requests waiting to join; more are refused
+  int64_t step_tokens = 256;  // prompt tokens per step, over all prefilling sequences
+  int max_idle = 8;           // finished sequences kept on the device for a continuation
+};
+
+struct SchedulerStats {
+  int64_t queued = 0, running = 0, idle = 0;  // now
+  int64_t requests = 0, refused = 0, cancelled = 0, failed = 0;
+  int64_t prompt_tokens = 0;     // all prompt tokens of admitted requests
+  int64_t prefill_tokens = 0;    // prompt tokens run (cached ones not)
+  int64_t decode_tokens = 0;     // tokens generated
+  double prefill_seconds = 0;    // step time, split between prefill and decode by their rows
+  double decode_seconds = 0;
+  int64_t steps = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Model& model, const Tokenizer* tokenizer, Mode mode, KvCache* cache, SchedulerOptions options = {});
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request; null when the queue is full. Throws dsv41::Error for a request that can
+  // never run (no prompt tokens, ids outside the vocabulary, max_tokens < 1, beyond the context).
+  std::shared_ptr<Generation> submit(GenerationRequest request);
+  SchedulerStats stats() const;
+  Mode mode() const { return mode_; }
+
+ private:
+  struct Running {
+    std::shared_ptr<Generation> generation;
+    std::unique_ptr<Session> session;
+    Sampler sampler;
+    int64_t generated = 0;
+    std::optional<int> next_token;  // sampled and emitted, to run at the next step
+  };
+  void loop();
+  void admit();
+  void step();
+  // Ends a sequence: posts Finished and keeps the session idle for a continuation.
+  void finish(Running& r, FinishKind kind, const std::string& error = {});
+  std::unique_ptr<Session> session_for(const std::vector<int>& prompt);
+  void publish();  // running and idle counts into the stats
+
+  const Model& model_;
+  const Tokenizer* tokenizer_;
+  const Mode mode_;
+  KvCache* cache_;
+  const SchedulerOptions options_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Generation>> queue_;
+  bool stopping_ = false;
+  SchedulerStats stats_;
+
+  // Owned by the loop thread.
+  std::list<Running> running_;
+  std::list<std::unique_ptr<Session>> idle_;  // most recently finished first
+  uint64_t seeds_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace dsv41

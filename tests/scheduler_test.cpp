@@ -1,0 +1,184 @@
+// Continuous batching (engine/scheduler.h) on fixture v41-tiny: what a request gets does not
+// depend on the company it runs in; cancellation, the queue bound, stop tokens, logprobs, and
+// the device tier's continuation of a finished sequence.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/error.h"
+#include "engine/scheduler.h"
+#include "fixture.h"
+
+using namespace dsv41;
+using namespace dsv41::test;
+
+namespace {
+
+struct Outcome {
+  PrefixUse use;
+  std::vector<int> tokens;
+  std::vector<TokenEvent> events;
+  FinishKind finish = FinishKind::Error;
+};
+
+Outcome collect(Generation& g) {
+  Outcome o;
+  for (;;) {
+    GenerationEvent e = g.next();
+    if (e.kind == GenerationEvent::Kind::Prefilled) o.use = e.use;
+    if (e.kind == GenerationEvent::Kind::Token) o.tokens.push_back(e.token.token), o.events.push_back(e.token);
+    if (e.kind == GenerationEvent::Kind::Finished) {
+      o.finish = e.finish;
+      return o;
+    }
+  }
+}
+
+struct SchedulerTest : ::testing::Test {
+  std::unique_ptr<Model> model = Model::load(fixture_dir("v41-tiny"));
+  Tokenizer tokenizer = Tokenizer::from_file(fixture_dir("v41-tiny") + "/tokenizer.json");
+  std::vector<int> text;
+  SchedulerTest() {
+    std::vector<int64_t> t = Expected("v41-tiny").ints("prompt2.tokens");
+    text.assign(t.begin(), t.end());
+  }
+  std::vector<int> slice(size_t from, size_t n) const { return std::vector<int>(text.begin() + from, text.begin() + from + n); }
+  // Greedy tokens of a lone session: the prompt at once, then decode.
+  std::vector<int> alone(const std::vector<int>& prompt, int n) {
+    Session s(*model, &tokenizer);
+    std::vector<float> logits = s.prefill(prompt);
+    std::vector<int> out;
+    for (int k = 0; k < n; ++k) {
+      out.push_back(int(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      if (k + 1 < n) logits = s.decode(out.back());
+    }
+    return out;
+  }
+  GenerationRequest request(std::vector<int> prompt, int max_tokens) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    return r;
+  }
+};
+
+}  // namespace
+
+// Five requests in one batch, joining and leaving at different steps, each get exactly the
+// greedy tokens they get alone (whole prompts per step: the budget covers them).
+TEST_F(SchedulerTest, BatchedRequestsGetWhatTheyGetAlone) {
+  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr, SchedulerOptions{8, 16, 4096, 0});
+  const std::vector<std::pair<std::vector<int>, int>> work = {
+      {slice(0, 40), 6}, {slice(40, 7), 3}, {slice(100, 90), 9}, {slice(7, 1), 4}, {slice(200, 30), 1}};
+  std::vector<std::shared_ptr<Generation>> gens;
+  for (const auto& [prompt, n] : work) gens.push_back(scheduler.submit(request(prompt, n)));
+  for (size_t i = 0; i < work.size(); ++i) {
+    ASSERT_NE(gens[i], nullptr);
+    Outcome o = collect(*gens[i]);
+    EXPECT_EQ(o.finish, FinishKind::Length);
+    EXPECT_EQ(o.tokens, alone(work[i].first, work[i].second)) << "request " << i;
+  }
+  const SchedulerStats s = scheduler.stats();
+  EXPECT_EQ(s.requests, 5);
+  EXPECT_EQ(s.decode_tokens, 6 + 3 + 9 + 4 + 1);
+  EXPECT_EQ(s.prefill_tokens, 40 + 7 + 90 + 1 + 30);
+}
+
+// Under a small per-step budget prompts run in chunks across steps, and every request completes.
+TEST_F(SchedulerTest, ChunkedPrefillUnderATokenBudget) {
+  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr, SchedulerOptions{4, 16, 24, 0});
+  std::vector<std::shared_ptr<Generation>> gens;
+  for (int i = 0; i < 4; ++i) gens.push_back(scheduler.submit(request(slice(size_t(i) * 50, 50 + size_t(i) * 10), 3)));
+  for (auto& g : gens) {
+    Outcome o = collect(*g);
+    EXPECT_EQ(o.finish, FinishKind::Length);
+    EXPECT_EQ(o.tokens.size(), 3u);
+  }
+  // 260 prompt tokens at most 24 per step: at least 11 steps.
+  EXPECT_GE(scheduler.stats().steps, 11);
+}
+
+TEST_F(SchedulerTest, CancelFreesTheSequence) {
+  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr);
+  auto g = scheduler.submit(request(slice(0, 20), 1000));
+  GenerationEvent e = g->next();
+  ASSERT_EQ(e.kind, GenerationEvent::Kind::Prefilled);
+  e = g->next();
+  ASSERT_EQ(e.kind, GenerationEvent::Kind::Token);
+  g->cancel();
+  Outcome o = collect(*g);
+  EXPECT_EQ(o.finish, FinishKind::Cancelled);
+  EXPECT_LT(o.tokens.size(), 1000u);
+  // The scheduler notices at its next step; the sequence is gone from the batch.
+  for (int i = 0; i < 100 && scheduler.stats().running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(scheduler.stats().running, 0);
+  EXPECT_EQ(scheduler.stats().cancelled, 1);
+}
+
+TEST_F(SchedulerTest, TheQueueIsBounded) {
+  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr, SchedulerOptions{1, 1, 256, 0});
+  auto first = scheduler.submit(request(slice(0, 10), 200));
+  ASSERT_EQ(first->next().kind, GenerationEvent::Kind::Prefilled);  // running: the queue is empty again
+  auto second = scheduler.submit(request(slice(0, 10), 2));
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(scheduler.submit(request(slice(0, 10), 2)), nullptr);
+  EXPECT_EQ(scheduler.stats().refused, 1);
+  first->cancel();
+  EXPECT_EQ(collect(*second).finish, FinishKind::Length);
+  // Requests that can never run are refused at once.
+  EXPECT_THROW(scheduler.submit(request({}, 2)), Error);
+  EXPECT_THROW(scheduler.submit(request({5, 100000}, 2)), Error);
+  EXPECT_THROW(scheduler.submit(request({5}, 0)), Error);
+  EXPECT_THROW(scheduler.submit(request({5}, int(model->config().max_seq_len))), Error);
+}
+
+TEST_F(SchedulerTest, StopTokensEndTheReplyUnemitted) {
+  const std::vector<int> prompt = slice(0, 30);
+  const std::vector<int> greedy = alone(prompt, 5);
+  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr);
+  GenerationRequest r = request(prompt, 5);
+  r.stop_ids = {greedy[3]};
+  const size_t first_stop = size_t(std::find(greedy.begin(), greedy.end(), greedy[3]) - greedy.begin());
+  Outcome o = collect(*scheduler.submit(r));
+  EXPECT_EQ(o.finish, FinishKind::Stop);
+  EXPECT_EQ(o.tokens, std::vector<int>(greedy.begin(), greedy.begin() + long(first_stop)));
+}
+
+TEST_F(SchedulerTest, LogprobsAreTheModelsLogSoftmax) {
+  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr);
+  GenerationRequest r = request(slice(0, 30), 4);
+  r.top_logprobs = 5;
+  Outcome o = collect(*scheduler.submit(r));
+  ASSERT_EQ(o.events.size(), 4u);
+  for (const TokenEvent& e : o.events) {
+    ASSERT_EQ(e.top.size(), 5u);
+    EXPECT_EQ(e.top[0].first, e.token);  // greedy picks the most likely
+    EXPECT_FLOAT_EQ(e.top[0].second, e.logprob);
+    for (size_t i = 1; i < e.top.size(); ++i) EXPECT_LE(e.top[i].second, e.top[i - 1].second);
+    double mass = 0;
+    for (const auto& [id, lp] : e.top) mass += std::exp(double(lp));
+    EXPECT_LE(mass, 1.0 + 1e-5);
+    EXPECT_LE(e.logprob, 0.0f);
+  }
+}
+
+// A finished sequence stays on the device: the next turn, extending it, continues it.
+TEST_F(SchedulerTest, NextTurnContinuesTheFinishedSequence) {
+  KvCacheOptions options;
+  options.fingerprint = "v41-tiny";
+  options.mode = mode_name(Mode::Default);
+  options.host_budget_bytes = 16 << 20;
+  options.swa.budget_bytes = 16 << 20;
+  KvCache cache(model->config(), options);
+  Scheduler scheduler(*model, &tokenizer, Mode::Default, &cache);
+  std::vector<int> conversation = slice(0, 100);
+  Outcome one = collect(*scheduler.submit(request(conversation, 5)));
+  conversation.insert(conversation.end(), one.tokens.begin(), one.tokens.end());
+  const std::vector<int> more = slice(150, 20);
+  conversation.insert(conversation.end(), more.begin(), more.end());
+  Outcome two = collect(*scheduler.submit(request(conversation, 3)));
+  EXPECT_EQ(two.use.device_tokens, 100 + 5 - 1);  // the last reply token was never run
+  EXPECT_EQ(two.use.computed(), 21);
+  EXPECT_EQ(cache.stats().counters.device_tokens, 104);
+}
