@@ -1,4 +1,4 @@
-// dsv41 init-random --preset P --out DIR [--seed S] [--quantized]
+// dsv41 init-random --preset P --out DIR [--seed S] [--quantized] [--tokenizer DIR] [--vocab N]
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -9,8 +9,9 @@ namespace dsv41::cli {
 
 void add_init_random(CLI::App& app) {
   struct Args {
-    std::string preset, out;
+    std::string preset, out, tokenizer;
     uint64_t seed = 0;
+    int64_t vocab = 0;
     bool quantized = false;
   };
   auto args = std::make_shared<Args>();
@@ -23,11 +24,18 @@ void add_init_random(CLI::App& app) {
   cmd->add_option("--out", args->out, "Directory to create")->required();
   cmd->add_option("--seed", args->seed, "Random seed (values depend only on seed and tensor name)");
   cmd->add_flag("--quantized", args->quantized, "fp8 dense weights (32x32 ue8m0) and fp4 experts, as released");
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "Directory with a Hugging Face tokenizer.json and tokenizer_config.json to ship instead of the "
+                  "random tokenizer (at most vocab_size ids)");
+  cmd->add_option("--vocab", args->vocab, "vocab_size instead of the preset's (rows of embed and head)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([args] {
     Config config = preset(args->preset);
+    if (args->vocab > 0) config.vocab_size = args->vocab;
     RandomCheckpointOptions opt;
     opt.seed = args->seed;
     opt.quantized = args->quantized;
+    opt.tokenizer_dir = args->tokenizer;
     const bool tty = isatty(STDERR_FILENO);
     int last_percent = -1;
     opt.progress = [&](int64_t done, int64_t total) {
@@ -38,8 +46,9 @@ void add_init_random(CLI::App& app) {
     };
     write_random_checkpoint(config, args->out, opt);
     if (tty) fmt::print(stderr, "\n");
-    fmt::print("wrote {} ({}, {}, seed {})\n", args->out, config.source,
-               args->quantized ? "fp8 dense + fp4 experts" : "bf16", args->seed);
+    fmt::print("wrote {} ({}, vocab_size {}, {}, seed {}, {} tokenizer)\n", args->out, config.source,
+               config.vocab_size, args->quantized ? "fp8 dense + fp4 experts" : "bf16", args->seed,
+               args->tokenizer.empty() ? "random" : args->tokenizer + "'s");
   });
 }
 

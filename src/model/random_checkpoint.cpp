@@ -4,6 +4,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <vector>
 
 #include "base/error.h"
@@ -40,8 +42,10 @@ struct Fill {
   double mean = 0, std = 0;
   uint64_t key = 0;
   std::function<float(int64_t)> custom;
+  int64_t live = INT64_MAX;  // elements from this index on are zero
 
   float at(int64_t i) const {
+    if (i >= live) return 0;
     if (custom) return custom(i);
     if (std == 0) return float(mean);
     // Uniform on [-a, a) has standard deviation a / sqrt(3).
@@ -52,10 +56,13 @@ struct Fill {
 
 // Initial values chosen so that a forward pass on random weights keeps every activation O(1):
 // linears at 1/sqrt(fan-in) (unit-variance outputs for unit-variance inputs), norm weights at 1,
-// and mHC close to its identity-like start (comb's base favours the diagonal).
-Fill fill_for(const Config& c, const TensorSpec& t, uint64_t seed) {
+// and mHC close to its identity-like start (comb's base favours the diagonal). The rows of an
+// output head past the tokenizer's `token_ids` are zero: padding ids (no text) get logit 0, below
+// the largest of the real ids' random logits, so greedy decoding never emits one.
+Fill fill_for(const Config& c, const TensorSpec& t, uint64_t seed, int64_t token_ids) {
   Fill f;
   f.key = name_key(seed, t.name);
+  if (t.role == WeightRole::Head && t.shape.size() == 2 && t.shape[0] == c.vocab_size) f.live = token_ids * t.shape[1];
   const std::string& n = t.name;
   int64_t fan_in = t.shape.size() == 2 ? t.shape[1] * (t.dtype == DType::I8 ? 2 : 1) : 1;
   if (n.ends_with("norm.weight") || n.ends_with("norm1.weight") || n.ends_with("norm2.weight") ||
@@ -88,8 +95,9 @@ std::string scale_name(const std::string& weight_name) {
 
 // Produces the stored bytes of one tensor (and of its scale tensor when it has one), stripe by
 // stripe of 32 rows so that a large tensor never exists in fp32 all at once.
-void write_tensor(ShardedWriter& out, const Config& c, const TensorSpec& t, const TensorSpec* scale, uint64_t seed) {
-  const Fill fill = fill_for(c, t, seed);
+void write_tensor(ShardedWriter& out, const Config& c, const TensorSpec& t, const TensorSpec* scale, uint64_t seed,
+                  int64_t token_ids) {
+  const Fill fill = fill_for(c, t, seed, token_ids);
   // Logical [height, width]: an fp4 byte holds two values of a row; a vector is one row.
   const bool matrix = t.shape.size() == 2;
   const int64_t height = matrix ? t.shape[0] : 1;
@@ -149,18 +157,39 @@ void write_tensor(ShardedWriter& out, const Config& c, const TensorSpec& t, cons
 
 }  // namespace
 
-Config random_checkpoint_config(const Config& config, bool quantized) {
+Config random_checkpoint_config(const Config& config, bool quantized, const Tokenizer& tokenizer) {
   Config c = config;
   c.dtype = quantized ? "fp8" : "bf16";
   c.expert_dtype = quantized ? std::optional<std::string>("fp4") : std::nullopt;
-  // Engram hashes over the compressed vocabulary of the checkpoint's own tokenizer.
-  if (c.has_engram())
-    c.engram_compressed_vocab_size =
-        engram_compress_vocabulary(Tokenizer::from_json(random_tokenizer_json(c.vocab_size), "random tokenizer")).size;
+  const int64_t ids = int64_t(tokenizer.vocab_size());
+  // Every id the tokenizer can produce must have an embedding row.
+  if (ids > c.vocab_size)
+    fail(c.source + ": tokenizer", "at most vocab_size = " + std::to_string(c.vocab_size) + " ids",
+         std::to_string(ids) + " ids");
+  if (c.has_engram()) {
+    // The Engram hasher maps the pad id through the tokenizer's compressed vocabulary.
+    if (c.engram_pad_id >= ids)
+      fail(c.source + ": engram_pad_id", "an id of the tokenizer (below " + std::to_string(ids) + ")",
+           std::to_string(c.engram_pad_id));
+    // Engram hashes over the compressed vocabulary of the checkpoint's own tokenizer.
+    c.engram_compressed_vocab_size = engram_compress_vocabulary(tokenizer).size;
+  }
   return c;
 }
 
+Config random_checkpoint_config(const Config& config, bool quantized) {
+  return random_checkpoint_config(config, quantized, checkpoint_tokenizer(config, "").tokenizer);
+}
+
 namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "a readable file", std::filesystem::exists(path) ? "an unreadable file" : "no such file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 void write_text(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
@@ -174,8 +203,28 @@ void write_text(const std::string& path, const std::string& text) {
 
 }  // namespace
 
+TokenizerFiles checkpoint_tokenizer(const Config& config, const std::string& dir) {
+  if (dir.empty()) {
+    std::string json = random_tokenizer_json(config.vocab_size);
+    Tokenizer tokenizer = Tokenizer::from_json(json, "random tokenizer");
+    return {std::move(json), random_tokenizer_config_json(), std::move(tokenizer)};
+  }
+  if (!std::filesystem::is_directory(dir))
+    fail(dir, "a directory holding tokenizer.json and tokenizer_config.json",
+         std::filesystem::exists(dir) ? "not a directory" : "no such directory");
+  const std::string json_path = dir + "/tokenizer.json", config_path = dir + "/tokenizer_config.json";
+  std::string json = read_text(json_path), tokenizer_config = read_text(config_path);
+  // The tokenizer config is copied, not interpreted here; but the loaders read its eos_token, so a
+  // file that is not a JSON object would only fail later, at serving time.
+  const nlohmann::json parsed = nlohmann::json::parse(tokenizer_config, nullptr, false);
+  if (parsed.is_discarded() || !parsed.is_object()) fail(config_path, "a JSON object", "something else");
+  Tokenizer tokenizer = Tokenizer::from_json(json, json_path);
+  return {std::move(json), std::move(tokenizer_config), std::move(tokenizer)};
+}
+
 void write_random_checkpoint(const Config& config, const std::string& dir, const RandomCheckpointOptions& opt) {
-  const Config c = random_checkpoint_config(config, opt.quantized);
+  const TokenizerFiles tokenizer = checkpoint_tokenizer(config, opt.tokenizer_dir);
+  const Config c = random_checkpoint_config(config, opt.quantized, tokenizer.tokenizer);
   validate(c);
   const std::vector<TensorSpec> specs = expected_tensors(c);
   int64_t total = 0, done = 0;
@@ -189,13 +238,13 @@ void write_random_checkpoint(const Config& config, const std::string& dir, const
     const bool has_scale = i + 1 < specs.size() && specs[i + 1].role == WeightRole::Scale;
     if (has_scale && specs[i + 1].name != scale_name(t.name))
       fail("weights map", "scale '" + scale_name(t.name) + "' after '" + t.name + "'", "'" + specs[i + 1].name + "'");
-    write_tensor(out, c, t, has_scale ? &specs[i + 1] : nullptr, opt.seed);
+    write_tensor(out, c, t, has_scale ? &specs[i + 1] : nullptr, opt.seed, int64_t(tokenizer.tokenizer.vocab_size()));
     done += t.nbytes() + (has_scale ? specs[i + 1].nbytes() : 0);
     if (opt.progress) opt.progress(done, total);
   }
   out.finish();
-  write_text(dir + "/tokenizer.json", random_tokenizer_json(c.vocab_size));
-  write_text(dir + "/tokenizer_config.json", random_tokenizer_config_json());
+  write_text(dir + "/tokenizer.json", tokenizer.tokenizer_json);
+  write_text(dir + "/tokenizer_config.json", tokenizer.tokenizer_config_json);
   write_text(dir + "/config.json", to_official_json(c));  // last: a directory with a config is complete
 }
 
