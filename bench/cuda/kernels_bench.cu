@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/indexer.h"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/sparse_attention.h"
 #include "numerics/codecs.h"
 
@@ -213,6 +215,120 @@ void BM_SparseAttention(benchmark::State& state) {
   cudaFree(dring_ptrs), cudaFree(dcache_ptrs), cudaFree(dwindow), cudaFree(dtopk), cudaFree(q), cudaFree(sink), cudaFree(out);
 }
 
+// Indexer scores of one query against n MXFP4 keys (V4.1: 32 heads × 128): keys once + scores.
+void BM_IndexScores(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const int heads = 32, hd = 128;
+  const size_t kb = mxfp4::bytes(hd), key_bytes = size_t(n) * kb;
+  const int copies = int(std::clamp<size_t>(kRotateBytes / key_bytes, 1, 8));
+  std::vector<void*> keys;
+  for (int c = 0; c < copies; ++c) {
+    std::vector<uint8_t> k(key_bytes);
+    std::mt19937 rng(c);
+    for (size_t t = 0; t < size_t(n); ++t) {
+      for (int i = 0; i < hd / 2; ++i) k[t * kb + i] = uint8_t(rng());
+      for (int i = 0; i < hd / 32; ++i) k[t * kb + hd / 2 + i] = uint8_t(124 + rng() % 4);
+    }
+    void* p = nullptr;
+    check(cudaMalloc(&p, key_bytes), "alloc");
+    check(cudaMemcpy(p, k.data(), key_bytes, cudaMemcpyHostToDevice), "upload");
+    keys.push_back(p);
+  }
+  std::vector<float> qh(size_t(heads) * hd), wh(static_cast<size_t>(heads));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (float& v : qh) v = round_bf16(nd(rng));
+  for (float& v : wh) v = round_bf16(0.1f * nd(rng));
+  float *q = nullptr, *w = nullptr, *scores = nullptr;
+  check(cudaMalloc(&q, qh.size() * 4), "alloc"), check(cudaMalloc(&w, wh.size() * 4), "alloc");
+  check(cudaMalloc(&scores, size_t(n) * 4), "alloc");
+  check(cudaMemcpy(q, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(w, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  time_calls(state, double(key_bytes) + 4.0 * n, [&](int i) {
+    cuda::index_scores(q, w, 1, heads, hd, static_cast<const uint8_t*>(keys[size_t(i % copies)]), n, nullptr, scores);
+  });
+  for (void* p : keys) cudaFree(p);
+  cudaFree(q), cudaFree(w), cudaFree(scores);
+}
+
+// Top-512 of one query's n scores (bf16 values, many ties, as the indexer's): n·4 bytes read once
+// counted, though the kernel reads them six times (from L2).
+void BM_TopPositions(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  std::vector<float> sh(static_cast<size_t>(n));
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  for (float& v : sh) v = round_bf16(nd(rng));
+  float* scores = nullptr;
+  int32_t* positions = nullptr;
+  check(cudaMalloc(&scores, sh.size() * 4), "alloc"), check(cudaMalloc(&positions, 512 * 4), "alloc");
+  check(cudaMemcpy(scores, sh.data(), sh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  time_calls(state, 4.0 * n, [&](int) { cuda::top_positions(scores, 1, n, 512, positions); });
+  cudaFree(scores), cudaFree(positions);
+}
+
+// MoE at batch 1, V4.1: the gate (384 × 5120 bf16, fp32 product) and routing; one fp4 expert
+// (w1, w3 2304 × 5120, w2 5120 × 2304), rotated over copies.
+void BM_Route(benchmark::State& state) {
+  const int E = 384, dim = 5120;
+  void* gate = nullptr;
+  check(cudaMalloc(&gate, size_t(E) * dim * 2), "alloc");
+  {
+    std::vector<uint16_t> g(size_t(E) * dim);
+    std::mt19937 rng(4);
+    std::normal_distribution<float> nd;
+    for (auto& v : g) v = bf16_from_float(0.02f * nd(rng));
+    check(cudaMemcpy(gate, g.data(), g.size() * 2, cudaMemcpyHostToDevice), "upload");
+  }
+  std::vector<float> xh(static_cast<size_t>(dim)), bh(static_cast<size_t>(E));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (float& v : xh) v = round_bf16(nd(rng));
+  for (float& v : bh) v = round_bf16(0.1f * nd(rng));
+  float *x = nullptr, *bias = nullptr, *weights = nullptr;
+  int32_t* experts = nullptr;
+  check(cudaMalloc(&x, xh.size() * 4), "alloc"), check(cudaMalloc(&bias, bh.size() * 4), "alloc");
+  check(cudaMalloc(&weights, 6 * 4), "alloc"), check(cudaMalloc(&experts, 6 * 4), "alloc");
+  check(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(bias, bh.data(), bh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  GateOptions opt;
+  opt.topk = 6, opt.route_scale = 1.5f;
+  const Weight g{WeightFormat::BF16, E, dim, static_cast<const uint8_t*>(gate), nullptr};
+  const Weight b{WeightFormat::F32, 1, E, reinterpret_cast<const uint8_t*>(bias), nullptr};
+  time_calls(state, double(E) * dim * 2 + 4.0 * dim, [&](int) { cuda::route(x, 1, g, b, opt, experts, weights); });
+  cudaFree(gate), cudaFree(x), cudaFree(bias), cudaFree(weights), cudaFree(experts);
+}
+
+void BM_ExpertFfn(benchmark::State& state) {
+  const int inter = 2304, dim = 5120, copies = 32;
+  const size_t data = size_t(inter) * dim / 2, scales = fp4_weight_scale_count(inter, dim);
+  std::vector<void*> buffers;
+  std::vector<Weight> w1, w2, w3;
+  for (int c = 0; c < copies; ++c)
+    for (int m = 0; m < 3; ++m) {
+      void* d = device_random(data, uint32_t(100 + 3 * c + m));
+      void* s = device_codes(scales, uint32_t(900 + 3 * c + m), 0x3, 125);
+      buffers.push_back(d), buffers.push_back(s);
+      const bool down = m == 1;
+      const Weight w{WeightFormat::FP4, down ? dim : inter, down ? inter : dim, static_cast<const uint8_t*>(d),
+                     static_cast<const uint8_t*>(s)};
+      (m == 0 ? w1 : m == 1 ? w2 : w3).push_back(w);
+    }
+  std::vector<float> xh(static_cast<size_t>(dim));
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd;
+  for (float& v : xh) v = round_bf16(nd(rng));
+  float *x = nullptr, *y = nullptr;
+  check(cudaMalloc(&x, xh.size() * 4), "alloc"), check(cudaMalloc(&y, size_t(dim) * 4), "alloc");
+  check(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  time_calls(state, 3.0 * double(data + scales) + 8.0 * dim, [&](int i) {
+    const size_t c = size_t(i % copies);
+    cuda::expert_ffn(x, 1, w1[c], w2[c], w3[c], 10.0f, nullptr, y);
+  });
+  for (void* p : buffers) cudaFree(p);
+  cudaFree(x), cudaFree(y);
+}
+
 BENCHMARK(BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(BM_Linear)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1, 8}})
@@ -220,6 +336,10 @@ BENCHMARK(BM_Linear)
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.3);
 BENCHMARK(BM_SparseAttention)->Arg(1)->Arg(8)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+BENCHMARK(BM_IndexScores)->Arg(65536)->Arg(1 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+BENCHMARK(BM_TopPositions)->Arg(65536)->Arg(1 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+BENCHMARK(BM_Route)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+BENCHMARK(BM_ExpertFfn)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 
 }  // namespace
 }  // namespace dsv41
