@@ -9,12 +9,16 @@ scripts/setup.sh
 scripts/build.sh dsv41
 scripts/default-model.sh
 
-# The address the server will listen on, for the instructions below.
-host=127.0.0.1 port=8080
+# The OpenAI clients' settings, from the arguments `serve` gets. Once listening, `serve` itself
+# prints its address and a curl call.
+host=127.0.0.1 port=8080 name=default key=none
 prev=""
 for a in "$@"; do
-  case "$prev" in --host) host=$a ;; --port) port=$a ;; esac
-  case "$a" in --host=*) host=${a#--host=} ;; --port=*) port=${a#--port=} ;; esac
+  case "$prev" in --host) host=$a ;; --port) port=$a ;; --model-name) name=$a ;; --api-key) key=$a ;; esac
+  case "$a" in
+    --host=*) host=${a#--host=} ;; --port=*) port=${a#--port=} ;;
+    --model-name=*) name=${a#--model-name=} ;; --api-key=*) key=${a#--api-key=} ;;
+  esac
   prev=$a
 done
 [ "$host" = 0.0.0.0 ] && host=127.0.0.1
@@ -22,10 +26,9 @@ url="http://$host:$port/v1"
 
 cat <<MSG
 
-Serving models/default (random weights: the text is not language) at $url
-  curl $url/chat/completions -H 'Content-Type: application/json' \\
-    -d '{"model": "default", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}'
-  Python: OpenAI(base_url="$url", api_key="none")
-  JS:     new OpenAI({ baseURL: "$url", apiKey: "none" })
+main: serving models/default as model "$name": random weights (the text is not language) with
+DeepSeek's tokenizer (docs/default-model.md). OpenAI clients:
+  Python: OpenAI(base_url="$url", api_key="$key").chat.completions.create(model="$name", messages=[...])
+  JS:     new OpenAI({ baseURL: "$url", apiKey: "$key" }).chat.completions.create({ model: "$name", messages: [...] })
 MSG
 exec ./build/dsv41 serve --model models/default "$@"
