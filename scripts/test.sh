@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup-oracle.sh
+scripts/setup-e2e.sh
 scripts/build.sh
 
 exclude=()

@@ -10,5 +10,6 @@ void add_tokenize(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_chat(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_serve(CLI::App& app);
 
 }  // namespace dsv41::cli

@@ -17,6 +17,14 @@ GenerationEvent Generation::next() {
   return e;
 }
 
+std::optional<GenerationEvent> Generation::next_for(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+  GenerationEvent e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
 void Generation::post(GenerationEvent event) {
   {
     std::lock_guard lock(mutex_);
@@ -116,15 +124,17 @@ void Scheduler::loop() {
 
 std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt) {
   // The idle session holding the longest proper prefix of the prompt continues (device tier).
+  const auto now = std::chrono::steady_clock::now();
+  idle_.remove_if([&](const Idle& i) { return i.until <= now; });
   auto best = idle_.end();
   for (auto it = idle_.begin(); it != idle_.end(); ++it) {
-    const std::vector<int>& t = (*it)->tokens();
+    const std::vector<int>& t = it->session->tokens();
     if (t.size() < prompt.size() && std::equal(t.begin(), t.end(), prompt.begin()) &&
-        (best == idle_.end() || t.size() > (*best)->tokens().size()))
+        (best == idle_.end() || t.size() > best->session->tokens().size()))
       best = it;
   }
   if (best == idle_.end()) return std::make_unique<Session>(model_, tokenizer_, mode_);
-  std::unique_ptr<Session> s = std::move(*best);
+  std::unique_ptr<Session> s = std::move(best->session);
   idle_.erase(best);
   return s;
 }
@@ -167,7 +177,7 @@ void Scheduler::finish(Running& r, FinishKind kind, const std::string& error) {
   // stays for a continuation, and the SWA pool gets its end of output.
   if (kind == FinishKind::Error || !r.session || r.session->prompt_left() > 0 || r.session->length() == 0) return;
   if (cache_) r.session->save(*cache_);
-  idle_.push_front(std::move(r.session));
+  idle_.push_front({std::move(r.session), std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.idle_ttl_ms)});
   while (int64_t(idle_.size()) > options_.max_idle) idle_.pop_back();
 }
 
@@ -258,6 +268,8 @@ void Scheduler::step() {
 }
 
 void Scheduler::publish() {
+  const auto now = std::chrono::steady_clock::now();
+  idle_.remove_if([&](const Idle& i) { return i.until <= now; });
   std::lock_guard lock(mutex_);
   stats_.running = int64_t(running_.size());
   stats_.idle = int64_t(idle_.size());

@@ -8,10 +8,12 @@
 // frees the sequence at the next step. The queue of requests not yet running is bounded: submit()
 // refuses when it is full, and the server answers 503.
 //
-// Cache-aware: every prompt is looked up in the KV tiers (Session::begin_prompt); a finished
-// sequence stays on the device as an idle session, and a new request whose prompt extends one
-// continues it (the device tier), else its end-of-output tail goes to the SWA pool.
+// Cache-aware: every prompt is looked up in the KV tiers (Session::begin_prompt). A finished
+// sequence stores its blocks and end-of-output tail in the tiers and stays on the device as an
+// idle session for a while (the SWA TTL by default): a new request whose prompt extends it
+// continues it there (the device tier).
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -60,6 +62,8 @@ class Generation {
 
   // The next event, waiting for it; Finished is the last.
   GenerationEvent next();
+  // The same, waiting at most `timeout`: nothing if no event came.
+  std::optional<GenerationEvent> next_for(std::chrono::milliseconds timeout);
   // Asks the scheduler to drop the sequence (it finishes with Cancelled).
   void cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
@@ -78,6 +82,8 @@ struct SchedulerOptions {
   int max_queued = 64;        // requests waiting to join; more are refused
   int64_t step_tokens = 256;  // prompt tokens per step, over all prefilling sequences
   int max_idle = 8;           // finished sequences kept on the device for a continuation
+  // How long one stays: it holds SWA state, so by default as long as the SWA pool keeps it.
+  int64_t idle_ttl_ms = 5 * 60 * 1000;
 };
 
 struct SchedulerStats {
@@ -134,7 +140,11 @@ class Scheduler {
 
   // Owned by the loop thread.
   std::list<Running> running_;
-  std::list<std::unique_ptr<Session>> idle_;  // most recently finished first
+  struct Idle {
+    std::unique_ptr<Session> session;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::list<Idle> idle_;  // most recently finished first
   uint64_t seeds_ = 0;
   std::thread thread_;
 };

@@ -1,0 +1,75 @@
+// dsv41 serve --model DIR [--host 127.0.0.1] [--port 8080] [--api-key K] [--exact] [scheduler and cache flags]
+//
+// The OpenAI-compatible server (server/server.h). Stops on SIGINT or SIGTERM.
+#include <fmt/core.h>
+
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "server/server.h"
+
+namespace dsv41::cli {
+
+void add_serve(CLI::App& app) {
+  struct Args {
+    ServerOptions server;
+    CacheFlags cache;
+    bool exact = false;
+  };
+  auto args = std::make_shared<Args>();
+  ServerOptions& o = args->server;
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  cmd->add_option("--model", o.model_dir, "Checkpoint directory (config.json, safetensors, tokenizer.json)")->required();
+  cmd->add_option("--model-name", o.model_name, "The model's id in the API (default: the directory's name)");
+  cmd->add_option("--host", o.host, "Address to listen on");
+  cmd->add_option("--port", o.port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer KEY' on /v1 routes");
+  cmd->add_flag("--exact", args->exact, "Exact mode: every layer on every position, no bounded replay");
+  cmd->add_option("--max-running", o.scheduler.max_running, "Sequences in one batch")->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-queued", o.scheduler.max_queued, "Requests waiting to join; more get 503")->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--step-tokens", o.scheduler.step_tokens, "Prompt tokens per step (chunked prefill budget)")
+      ->check(CLI::Range(1, 1 << 24));
+  add_cache_flags(*cmd, args->cache);
+  cmd->callback([args] {
+    ServerOptions options = args->server;
+    options.mode = args->exact ? Mode::Exact : Mode::Default;
+    if (options.model_name.empty()) options.model_name = std::filesystem::path(options.model_dir).filename().string();
+    options.cache = cache_options(args->cache, options.model_dir, options.mode);
+    options.on_listening = [&options](int port) {
+      const std::string base = fmt::format("http://{}:{}", options.host, port);
+      fmt::print("dsv41: listening on {} (loading {}; /health says 503 until it is ready)\n", base, options.model_dir);
+      fmt::print("  curl {}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+                 "       -d '{{\"model\": \"{}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n",
+                 base, options.model_name);
+      fmt::print("  OpenAI clients: base_url {}/v1\n", base);
+      std::fflush(stdout);
+    };
+    // SIGINT / SIGTERM stop the server from a thread of its own (stop() is not signal-safe).
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    Server server(options);
+    std::thread waiter([&] {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      server.stop();
+    });
+    try {
+      server.run();
+    } catch (...) {
+      pthread_kill(waiter.native_handle(), SIGTERM);
+      waiter.join();
+      throw;
+    }
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+    fmt::print("dsv41: stopped\n");
+  });
+}
+
+}  // namespace dsv41::cli

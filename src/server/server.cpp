@@ -1,0 +1,465 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "base/error.h"
+#include "engine/chat_format.h"
+#include "kv/checkpoint_identity.h"
+#include "server/metrics.h"
+#include "server/openai_api.h"
+#include "server/stop_strings.h"
+
+namespace dsv41 {
+
+namespace {
+
+using Steady = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double seconds_since(Steady::time_point t) { return std::chrono::duration<double>(Steady::now() - t).count(); }
+
+// The end-of-sequence id from tokenizer_config.json's eos_token, if the tokenizer knows it.
+std::optional<int> config_eos(const std::string& dir, const Tokenizer& tokenizer) {
+  std::ifstream in(dir + "/tokenizer_config.json");
+  if (!in) return std::nullopt;
+  json c = json::parse(in, nullptr, false);
+  if (c.is_discarded() || !c.contains("eos_token")) return std::nullopt;
+  const json& e = c["eos_token"];
+  return tokenizer.token_to_id(e.is_string() ? e.get<std::string>() : e.value("content", ""));
+}
+
+// Turns one request's token events into what the response carries: text (completions) or
+// reasoning / content / tool calls (chat), cut at the first stop string, and the logprobs.
+class ReplyStream {
+ public:
+  ReplyStream(const Tokenizer& tokenizer, std::vector<std::string> stops, bool chat, bool thinking, int top_logprobs)
+      : tokenizer_(tokenizer), decoder_(tokenizer, false), stops_(std::move(stops)), top_logprobs_(top_logprobs) {
+    if (chat) parser_.emplace(thinking);
+  }
+
+  struct Delta {
+    std::string text, reasoning;  // text: the completion, or the chat content
+    std::vector<ToolCall> tool_calls;
+    std::vector<TokenLogprob> logprobs;
+    bool empty() const { return text.empty() && reasoning.empty() && tool_calls.empty() && logprobs.empty(); }
+  };
+
+  Delta push(const TokenEvent& e) {
+    Delta d;
+    if (top_logprobs_ >= 0) {
+      TokenLogprob lp{piece(e.token), e.logprob, {}};
+      for (const auto& [id, logprob] : e.top) lp.top.push_back({piece(id), logprob});
+      d.logprobs.push_back(std::move(lp));
+    }
+    take(stops_.push(decoder_.push(e.token)), d);
+    return d;
+  }
+  Delta finish() {
+    Delta d;
+    if (!stops_.stopped()) take(stops_.push(decoder_.flush()), d);
+    take(stops_.flush(), d);
+    if (parser_) add(parser_->finish(), d);
+    return d;
+  }
+  bool stopped() const { return stops_.stopped(); }
+  bool made_tool_calls() const { return tool_calls_ > 0; }
+
+ private:
+  std::string piece(int id) const { return tokenizer_.decode(std::span<const int>(&id, 1)); }
+  void take(const std::string& text, Delta& d) {
+    if (text.empty()) return;
+    if (parser_)
+      add(parser_->push(text), d);
+    else
+      d.text += text;
+  }
+  void add(const ReplyDelta& r, Delta& d) {
+    d.reasoning += r.reasoning;
+    d.text += r.content;
+    for (const ParsedToolCall& call : r.tool_calls)
+      d.tool_calls.push_back({new_response_id("call").substr(0, 29), call.name, call.arguments}), ++tool_calls_;
+  }
+
+  const Tokenizer& tokenizer_;
+  StreamDecoder decoder_;
+  StopStrings stops_;
+  std::optional<ReplyParser> parser_;
+  int top_logprobs_;
+  int tool_calls_ = 0;
+};
+
+FinishReason finish_reason(FinishKind kind, const ReplyStream& reply) {
+  if (reply.made_tool_calls()) return FinishReason::ToolCalls;
+  return kind == FinishKind::Length && !reply.stopped() ? FinishReason::Length : FinishReason::Stop;
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status();
+  res.set_content(json_text(e.body()), "application/json");
+}
+
+}  // namespace
+
+struct Server::State {
+  ServerOptions options;
+  httplib::Server http;
+  std::atomic<bool> ready{false};
+  std::string load_error;
+
+  std::unique_ptr<Model> model;
+  std::optional<Tokenizer> tokenizer;
+  std::vector<int> stop_ids;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<Scheduler> scheduler;
+  ApiConfig api;
+  int64_t created = 0;
+
+  MetricsRegistry metrics;
+  Histogram* ttft = nullptr;
+  Histogram* duration = nullptr;
+
+  void load();
+  void routes();
+  bool authorized(const httplib::Request& req, httplib::Response& res);
+  void generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  std::string render_metrics();
+  Counter& http_responses(int status) {
+    return metrics.counter("dsv41_http_responses_total", "HTTP responses by status", {{"status", std::to_string(status)}});
+  }
+};
+
+void Server::State::load() {
+  const std::string& dir = options.model_dir;
+  model = Model::load(dir);
+  if (!std::filesystem::exists(dir + "/tokenizer.json")) fail(dir, "a tokenizer.json (the server speaks text)", "none");
+  tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
+  if (std::optional<int> eos = config_eos(dir, *tokenizer)) stop_ids.push_back(*eos);
+  if (std::optional<int> eos = tokenizer->token_to_id(chat_token::kEos)) stop_ids.push_back(*eos);
+  KvCacheOptions cache_options = options.cache;
+  cache_options.fingerprint = "checkpoint " + checkpoint_identity(dir);
+  cache_options.mode = mode_name(options.mode);
+  cache = std::make_unique<KvCache>(model->config(), cache_options);
+  SchedulerOptions scheduler_options = options.scheduler;
+  scheduler_options.idle_ttl_ms = cache_options.swa.ttl_ms;
+  scheduler = std::make_unique<Scheduler>(*model, &*tokenizer, options.mode, cache.get(), scheduler_options);
+  api.models = {options.model_name};
+  api.vocab_size = model->config().vocab_size;
+  ready = true;
+}
+
+bool Server::State::authorized(const httplib::Request& req, httplib::Response& res) {
+  if (options.api_key.empty() || req.get_header_value("Authorization") == "Bearer " + options.api_key) return true;
+  send_error(res, ApiError(401, "Authorization: expected \"Bearer <the server's API key>\", found " +
+                                    std::string(req.has_header("Authorization") ? "another key" : "none"),
+                           "", "invalid_api_key", "authentication_error"));
+  return false;
+}
+
+void Server::State::generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const auto arrived = Steady::now();
+  if (!ready) return send_error(res, ApiError(503, "the model is still loading; retry shortly", "", "", "server_error"));
+
+  // Parse and tokenize: every failure here is the client's, answered before anything runs.
+  GenerationParams gen;
+  GenerationRequest request;
+  bool thinking = false;
+  try {
+    if (chat) {
+      ChatRequest r = parse_chat_request(req.body, api);
+      gen = r.gen;
+      ChatOptions chat_options;
+      try {
+        const std::vector<ChatMessage> messages = chat_messages_from_json(r.messages);
+        chat_options.tools = chat_tools_from_json(r.tools);
+        if (!r.reasoning_effort.is_null()) chat_options.reasoning_effort = reasoning_effort_from_json(r.reasoning_effort);
+        if (r.chat_template_kwargs.is_object() && r.chat_template_kwargs.contains("thinking")) {
+          const auto& t = r.chat_template_kwargs["thinking"];
+          if (!t.is_boolean())
+            throw ApiError(400, "chat_template_kwargs.thinking: expected a boolean, found " + std::string(t.type_name()),
+                           "chat_template_kwargs", "invalid_type");
+          chat_options.thinking = t.get<bool>();
+        }
+        thinking = chat_options.thinking;
+        request.prompt = tokenizer->encode(render_chat(messages, chat_options), /*add_special_tokens=*/false);
+      } catch (const Error& e) {
+        throw ApiError(400, e.what(), "messages", "invalid_value");
+      }
+    } else {
+      CompletionRequest r = parse_completion_request(req.body, api);
+      gen = r.gen;
+      if (const auto* text = std::get_if<std::string>(&r.prompt))
+        request.prompt = tokenizer->encode(*text);
+      else
+        request.prompt.assign(std::get<std::vector<int32_t>>(r.prompt).begin(), std::get<std::vector<int32_t>>(r.prompt).end());
+      if (request.prompt.empty()) throw ApiError(400, "prompt: expected text that encodes to at least one token, found none", "prompt", "invalid_value");
+    }
+    check_context_length(int64_t(request.prompt.size()), gen.sampling.max_tokens, model->config().max_seq_len);
+  } catch (const ApiError& e) {
+    return send_error(res, e);
+  }
+  const RequestSampling& s = gen.sampling;
+  request.sampling = SamplingParams{float(s.temperature), s.top_k, float(s.top_p), float(s.min_p), uint64_t(s.seed.value_or(0))};
+  request.max_tokens = s.max_tokens.value_or(int32_t(model->config().max_seq_len - int64_t(request.prompt.size())));
+  request.stop_ids = stop_ids;
+  request.top_logprobs = gen.logprobs.enabled ? gen.logprobs.top : -1;
+
+  std::shared_ptr<Generation> generation = scheduler->submit(request);
+  if (!generation) {
+    res.set_header("Retry-After", "1");
+    return send_error(res, ApiError(503, "the server is at capacity: every queue slot is taken; retry shortly", "",
+                                    "server_busy", "server_error"));
+  }
+
+  // The response is written by a content provider, so that a client that goes away is noticed
+  // at the next write and its sequence freed at once. A stream writes every delta; a plain
+  // response writes a space (JSON allows leading white space) when a second passes in silence.
+  const ResponseMeta meta = new_response_meta(chat ? "chatcmpl" : "cmpl", gen.model);
+  auto reply = std::make_shared<ReplyStream>(*tokenizer, gen.sampling.stop, chat, thinking, request.top_logprobs);
+  const int64_t prompt_tokens = int64_t(request.prompt.size());
+  const bool stream = gen.stream, include_usage = gen.include_usage;
+  auto provider = [this, generation, reply, meta, chat, stream, include_usage, prompt_tokens, arrived](size_t, httplib::DataSink& sink) {
+    Usage usage{prompt_tokens, 0, 0};
+    ChatChoice chat_choice;
+    CompletionChoice completion_choice;
+    std::vector<TokenLogprob> logprobs;
+    int64_t text_offset = 0;
+    bool first_token = true, gone = false;
+    auto write = [&](const std::string& text) {
+      if (!gone && !sink.write(text.data(), text.size())) {
+        gone = true;
+        generation->cancel();
+      }
+      return !gone;
+    };
+    auto emit = [&](ReplyStream::Delta d) {
+      if (d.empty()) return;
+      if (!stream) {
+        chat_choice.content += d.text;
+        chat_choice.reasoning_content += d.reasoning;
+        completion_choice.text += d.text;
+        chat_choice.tool_calls.insert(chat_choice.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+        logprobs.insert(logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+        return;
+      }
+      std::optional<std::vector<TokenLogprob>> lp;
+      if (!d.logprobs.empty()) lp = d.logprobs;
+      if (chat) {
+        ChatDelta cd;
+        if (!d.text.empty()) cd.content = d.text;
+        if (!d.reasoning.empty()) cd.reasoning_content = d.reasoning;
+        for (size_t i = 0; i < d.tool_calls.size(); ++i)
+          cd.tool_calls.push_back({int(chat_choice.tool_calls.size() + i), d.tool_calls[i].id, d.tool_calls[i].name, d.tool_calls[i].arguments});
+        chat_choice.tool_calls.insert(chat_choice.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+        cd.logprobs = lp;
+        write(sse_event(chat_chunk_json(meta, cd, include_usage)));
+      } else {
+        CompletionDelta cd{d.text, std::nullopt, lp, text_offset};
+        text_offset += int64_t(std::count_if(d.text.begin(), d.text.end(), [](char c) { return (uint8_t(c) & 0xC0) != 0x80; }));
+        write(sse_event(completion_chunk_json(meta, cd, include_usage)));
+      }
+    };
+    if (stream && chat) {
+      ChatDelta role;
+      role.role = true;
+      role.content = "";
+      write(sse_event(chat_chunk_json(meta, role, include_usage)));
+    }
+    auto last_write = Steady::now();
+    for (;;) {
+      std::optional<GenerationEvent> e = generation->next_for(std::chrono::milliseconds(250));
+      if (!e) {
+        if (!stream && seconds_since(last_write) >= 1.0) write(" "), last_write = Steady::now();
+        continue;
+      }
+      if (e->kind == GenerationEvent::Kind::Prefilled) {
+        usage.cached_tokens = e->use.cached();
+      } else if (e->kind == GenerationEvent::Kind::Token) {
+        if (first_token) ttft->observe(seconds_since(arrived)), first_token = false;
+        usage.completion_tokens += 1;
+        emit(reply->push(e->token));
+        if (reply->stopped()) generation->cancel();
+      } else {
+        duration->observe(seconds_since(arrived));
+        if (gone) return false;
+        if (e->finish == FinishKind::Error) {
+          const ApiError err(500, "the engine failed: " + e->error, "", "", "server_error");
+          write(stream ? sse_event(err.body()) + sse_done() : json_text(err.body()));
+          sink.done();
+          return true;
+        }
+        emit(reply->finish());
+        const FinishReason why = finish_reason(e->finish, *reply);
+        if (stream) {
+          if (chat) {
+            ChatDelta end;
+            end.finish_reason = why;
+            write(sse_event(chat_chunk_json(meta, end, include_usage)));
+          } else {
+            write(sse_event(completion_chunk_json(meta, CompletionDelta{"", why, std::nullopt, text_offset}, include_usage)));
+          }
+          if (include_usage) write(sse_event(chat ? chat_usage_chunk_json(meta, usage) : completion_usage_chunk_json(meta, usage)));
+          write(sse_done());
+        } else if (chat) {
+          chat_choice.finish_reason = why;
+          if (generation->request.top_logprobs >= 0) chat_choice.logprobs = logprobs;
+          write(json_text(chat_completion_json(meta, chat_choice, usage)));
+        } else {
+          completion_choice.finish_reason = why;
+          if (generation->request.top_logprobs >= 0) completion_choice.logprobs = logprobs;
+          write(json_text(text_completion_json(meta, completion_choice, usage)));
+        }
+        if (!gone) sink.done();
+        return !gone;
+      }
+    }
+  };
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(stream ? "text/event-stream" : "application/json", provider);
+}
+
+// Counters mirror cumulative totals kept by the engine: each scrape adds what is new.
+static void sync(Counter& c, double total) {
+  if (total > c.value()) c.inc(total - c.value());
+}
+
+std::string Server::State::render_metrics() {
+  MetricsRegistry& m = metrics;
+  m.gauge("dsv41_ready", "1 once the model is loaded").set(ready ? 1 : 0);
+  if (!ready) return m.render();
+  const SchedulerStats s = scheduler->stats();
+  sync(m.counter("dsv41_requests_total", "Requests admitted to the scheduler"), double(s.requests));
+  sync(m.counter("dsv41_requests_refused_total", "Requests refused with 503: the queue was full"), double(s.refused));
+  sync(m.counter("dsv41_requests_cancelled_total", "Requests whose client went away or that hit a stop string"), double(s.cancelled));
+  sync(m.counter("dsv41_requests_failed_total", "Requests the engine failed"), double(s.failed));
+  sync(m.counter("dsv41_prompt_tokens_total", "Prompt tokens of admitted requests"), double(s.prompt_tokens));
+  sync(m.counter("dsv41_prefill_tokens_total", "Prompt tokens run (cached ones are not)"), double(s.prefill_tokens));
+  sync(m.counter("dsv41_generation_tokens_total", "Tokens generated"), double(s.decode_tokens));
+  sync(m.counter("dsv41_prefill_seconds_total", "Step time spent on prompt rows"), s.prefill_seconds);
+  sync(m.counter("dsv41_decode_seconds_total", "Step time spent on decode rows"), s.decode_seconds);
+  sync(m.counter("dsv41_steps_total", "Scheduler steps (batched forward calls)"), double(s.steps));
+  m.gauge("dsv41_prefill_tokens_per_second", "Prompt tokens run per second of prefill step time")
+      .set(s.prefill_seconds > 0 ? double(s.prefill_tokens) / s.prefill_seconds : 0);
+  m.gauge("dsv41_decode_tokens_per_second", "Tokens generated per second of decode step time")
+      .set(s.decode_seconds > 0 ? double(s.decode_tokens) / s.decode_seconds : 0);
+  m.gauge("dsv41_queue_depth", "Requests waiting to join the batch").set(double(s.queued));
+  m.gauge("dsv41_running_sequences", "Sequences in the batch").set(double(s.running));
+  m.gauge("dsv41_idle_sequences", "Finished sequences kept on the device for a continuation").set(double(s.idle));
+
+  const KvCacheStats k = cache->stats();
+  const char* hit_help = "Prompt tokens served from a KV tier instead of computed";
+  sync(m.counter("dsv41_cache_hit_tokens_total", hit_help, {{"tier", "device"}}), double(k.counters.device_tokens));
+  sync(m.counter("dsv41_cache_hit_tokens_total", hit_help, {{"tier", "host"}}), double(k.counters.host_tokens));
+  sync(m.counter("dsv41_cache_hit_tokens_total", hit_help, {{"tier", "disk"}}), double(k.counters.disk_tokens));
+  sync(m.counter("dsv41_cache_hit_tokens_total", hit_help, {{"tier", "swa_pool"}}), double(k.counters.swa_tokens));
+  sync(m.counter("dsv41_cache_replayed_tokens_total", "Encoder rows rerun to regenerate SWA KV (encoder bounded replay)"),
+       double(k.counters.replayed_tokens));
+  sync(m.counter("dsv41_cache_replay_seconds_total", "Time of the steps that ran an encoder replay"), k.counters.replay_seconds);
+  sync(m.counter("dsv41_cache_short_hits_total", "Global hits not adopted: no longer than the window"), double(k.counters.short_hits));
+  m.gauge("dsv41_host_cache_bytes", "Bytes of global-KV blocks in the host cache").set(double(k.host.bytes));
+  m.gauge("dsv41_host_cache_blocks", "Global-KV blocks in the host cache").set(double(k.host.blocks));
+  sync(m.counter("dsv41_host_cache_evictions_total", "Host-cache blocks evicted"), double(k.host.evictions));
+  m.gauge("dsv41_swa_pool_bytes", "Bytes held by the SWA pool").set(double(k.swa.bytes));
+  m.gauge("dsv41_swa_pool_entries", "Entries held by the SWA pool").set(double(k.swa.entries));
+  sync(m.counter("dsv41_swa_pool_ttl_expiries_total", "SWA-pool entries released because their TTL ran out"), double(k.swa.ttl_expiries));
+  sync(m.counter("dsv41_swa_pool_evictions_total", "Live SWA-pool entries evicted for room"), double(k.swa.evictions));
+  if (k.store) {
+    m.gauge("dsv41_store_bytes", "Bytes of the persistent store's block files").set(double(k.store->bytes));
+    m.gauge("dsv41_store_blocks", "Blocks in the persistent store").set(double(k.store->blocks));
+    m.gauge("dsv41_store_oldest_block_age_seconds", "Age of the persistent store's oldest block").set(double(k.store->oldest_age_ms) / 1e3);
+    sync(m.counter("dsv41_store_refused_writes_total", "Writes refused: the budget was full of blocks younger than the lifetime"),
+         double(k.store->refused_writes));
+    sync(m.counter("dsv41_store_evictions_total", "Blocks older than the lifetime evicted for room"), double(k.store->evictions));
+  }
+  return m.render();
+}
+
+void Server::State::routes() {
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    res.status = ready ? 200 : 503;
+    res.set_content(json_text(json{{"status", ready ? "ok" : "loading"}}), "application/json");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(render_metrics(), kMetricsContentType);
+  });
+  http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    const ModelCard card{options.model_name, created};
+    res.set_content(json_text(models_json(std::span(&card, 1))), "application/json");
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    if (authorized(req, res)) generate(req, res, true);
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    if (authorized(req, res)) generate(req, res, false);
+  });
+  http.set_logger([this](const httplib::Request&, const httplib::Response& res) { http_responses(res.status).inc(); });
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const ApiError e(res.status, "no route " + req.method + " " + req.path, "", "not_found");
+    res.set_content(json_text(e.body()), "application/json");
+  });
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, ApiError(500, "internal error: " + what, "", "", "server_error"));
+  });
+}
+
+Server::Server(ServerOptions options) : state_(std::make_unique<State>()) {
+  if (options.model_name.empty()) options.model_name = std::filesystem::path(options.model_dir).filename().string();
+  if (options.model_name.empty()) options.model_name = "dsv41";
+  state_->options = std::move(options);
+  state_->created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  state_->ttft = &state_->metrics.histogram("dsv41_time_to_first_token_seconds", "From a request's arrival to its first token",
+                                            {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
+  state_->duration = &state_->metrics.histogram("dsv41_request_duration_seconds", "From a request's arrival to its last byte",
+                                                {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300});
+  // A handler waits on its request for the whole generation: enough threads for every running
+  // and queued request, and a few for /health and /metrics.
+  const SchedulerOptions& s = state_->options.scheduler;
+  const size_t threads = size_t(s.max_running + s.max_queued + 8);
+  state_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  state_->http.set_payload_max_length(size_t(64) << 20);
+  state_->routes();
+}
+
+Server::~Server() { stop(); }
+
+void Server::stop() { state_->http.stop(); }
+
+void Server::run() {
+  State& st = *state_;
+  const int port = st.options.port == 0 ? st.http.bind_to_any_port(st.options.host) : st.options.port;
+  if (st.options.port != 0 && !st.http.bind_to_port(st.options.host, port))
+    fail("serve", "a free address to listen on", st.options.host + ":" + std::to_string(port) + " (in use, or not ours)");
+  if (port < 0) fail("serve", "a free port on " + st.options.host, "none");
+  port_ = port;
+  if (st.options.on_listening) st.options.on_listening(port);
+  std::thread loader([&st] {
+    try {
+      st.load();
+    } catch (const std::exception& e) {
+      st.load_error = e.what();
+      // stop() only stops a server that runs: wait (briefly) for the listener to start.
+      for (int i = 0; i < 5000 && !st.http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      st.http.stop();
+    }
+  });
+  st.http.listen_after_bind();
+  loader.join();
+  if (!st.load_error.empty()) throw Error(st.load_error);
+}
+
+}  // namespace dsv41

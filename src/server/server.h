@@ -1,0 +1,46 @@
+#pragma once
+// The OpenAI-compatible HTTP server (DESIGN §5) on cpp-httplib: /v1/chat/completions,
+// /v1/completions, /v1/models, /health, /metrics. It listens at once and loads the model in the
+// background (/health answers 503 until the model is ready); every request goes through one
+// Scheduler (continuous batching) over one KvCache. docs/server.md has the details.
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/scheduler.h"
+#include "kv/kv_cache.h"
+
+namespace dsv41 {
+
+struct ServerOptions {
+  std::string model_dir;
+  std::string model_name;  // the id in /v1/models and in requests; empty: the directory's name
+  std::string host = "127.0.0.1";
+  int port = 8080;         // 0: any free port (see Server::port())
+  std::string api_key;     // empty: no authentication
+  Mode mode = Mode::Default;
+  KvCacheOptions cache;    // fingerprint and mode are filled in from the checkpoint
+  SchedulerOptions scheduler;
+  std::function<void(int port)> on_listening;  // called once bound, before the model loads
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions options);
+  ~Server();
+  // Listens, loads the model, serves until stop(). Throws dsv41::Error if it cannot listen or
+  // the model does not load.
+  void run();
+  void stop();
+  // The port it listens on, once it does (0 before).
+  int port() const { return port_.load(); }
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  std::atomic<int> port_{0};
+};
+
+}  // namespace dsv41

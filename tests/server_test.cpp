@@ -1,0 +1,191 @@
+// The HTTP server end to end on loopback, with fixture v41-tiny: a multi-turn conversation whose
+// cached tokens grow turn by turn, an SWA miss after the TTL answered by encoder replay, the
+// metrics that say so, health while loading, authentication, a client that goes away; then the
+// official `openai` npm client (tests/e2e) against the same server, and the bounded load test.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "fixture.h"
+#include "server/server.h"
+
+using namespace dsv41;
+using json = nlohmann::json;
+
+namespace {
+
+// A server in a thread of this process, listening on a free port.
+class Running {
+ public:
+  explicit Running(ServerOptions options) {
+    options.model_dir = test::fixture_dir("v41-tiny");
+    options.port = 0;
+    options.on_listening = [this](int port) { port_.store(port); };
+    server_ = std::make_unique<Server>(options);
+    thread_ = std::thread([this] { server_->run(); });
+    while (port_.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    httplib::Client c = client();
+    for (int i = 0; i < 2000; ++i) {
+      auto r = c.Get("/health");
+      if (r && r->status == 200) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ADD_FAILURE() << "the server never became healthy";
+  }
+  ~Running() {
+    server_->stop();
+    thread_.join();
+  }
+  int port() const { return port_.load(); }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port());
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+  json post(const std::string& path, const json& body, int expect = 200) const {
+    auto r = client().Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    if (!r) return {};
+    EXPECT_EQ(r->status, expect) << r->body;
+    return json::parse(r->body);
+  }
+  double metric(const std::string& line_start) const {
+    auto r = client().Get("/metrics");
+    std::istringstream in(r->body);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind(line_start + " ", 0) == 0) return std::stod(line.substr(line_start.size() + 1));
+    ADD_FAILURE() << "no metric " << line_start;
+    return -1;
+  }
+
+ private:
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  std::atomic<int> port_{0};
+};
+
+json chat(const json& messages, int max_tokens) {
+  return {{"model", "v41-tiny"},
+          {"messages", messages},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"chat_template_kwargs", {{"thinking", false}}}};
+}
+
+}  // namespace
+
+TEST(Server, CachedTokensGrowAcrossTurnsAndReplayAfterTheTtl) {
+  ServerOptions options;
+  options.cache.swa.ttl_ms = 1000;
+  Running server(options);
+  json messages = json::array({{{"role", "system"}, {"content", "You answer questions about the sea, briefly and kindly."}}});
+  const std::vector<std::string> questions = {"Why is the sea salty?", "And why is it blue?", "Which sea is the largest?"};
+  int64_t cached_before = -1, prompt_before = 0;
+  for (const std::string& q : questions) {
+    messages.push_back({{"role", "user"}, {"content", q}});
+    json r = server.post("/v1/chat/completions", chat(messages, 8));
+    const int64_t cached = r["usage"]["prompt_tokens_details"]["cached_tokens"], prompt = r["usage"]["prompt_tokens"];
+    EXPECT_GT(cached, cached_before) << r;
+    if (cached_before >= 0) EXPECT_GE(cached, prompt_before) << "the previous turn's prompt is cached";
+    cached_before = cached;
+    prompt_before = prompt;
+    messages.push_back({{"role", "assistant"}, {"content", r["choices"][0]["message"]["content"]}});
+  }
+  EXPECT_EQ(server.metric("dsv41_cache_replayed_tokens_total"), 0);
+
+  // After the TTL the SWA state of the conversation is gone (pool and idle sequence): the next
+  // turn's prefix comes from the global blocks, with the encoder replaying W positions.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  messages.push_back({{"role", "user"}, {"content", "Thank you!"}});
+  json r = server.post("/v1/chat/completions", chat(messages, 4));
+  EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 64) << r;
+  EXPECT_EQ(server.metric("dsv41_cache_replayed_tokens_total"), 16);  // W of v41-tiny
+  EXPECT_GE(server.metric("dsv41_swa_pool_ttl_expiries_total"), 1);
+  EXPECT_GT(server.metric("dsv41_cache_hit_tokens_total{tier=\"host\"}"), 0);
+  EXPECT_GT(server.metric("dsv41_cache_hit_tokens_total{tier=\"swa_pool\"}"), 0);
+}
+
+TEST(Server, RefusesBadRequestsAndKeepsServing) {
+  ServerOptions options;
+  options.api_key = "sesame";
+  Running server(options);
+  httplib::Client c = server.client();
+  auto r = c.Post("/v1/completions", R"({"model":"v41-tiny","prompt":"hi"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_api_key");
+  httplib::Headers auth = {{"Authorization", "Bearer sesame"}};
+  r = c.Post("/v1/completions", auth, R"({"model":"v41-tiny","prompt":"hi","max_tokens":100000})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "context_length_exceeded");
+  r = c.Post("/v1/chat/completions", auth, R"({"model":"v41-tiny","messages":[{"role":"wizard","content":"x"}]})",
+             "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("wizard"), std::string::npos) << r->body;
+  r = c.Get("/v1/nothing-here", auth);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  r = c.Post("/v1/completions", auth, R"({"model":"v41-tiny","prompt":"hi","max_tokens":2})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 2);
+}
+
+// A streaming client that hangs up frees its sequence at once: the next write fails and the
+// scheduler drops it at its next step.
+TEST(Server, AClientThatGoesAwayFreesItsSequence) {
+  Running server(ServerOptions{});
+  {
+    httplib::Client c = server.client();
+    int chunks = 0;
+    const json body = {{"model", "v41-tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 3000}, {"stream", true}};
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };  // hang up
+    c.send(req);
+    EXPECT_EQ(chunks, 3);
+  }
+  for (int i = 0; i < 400 && server.metric("dsv41_running_sequences") > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(server.metric("dsv41_running_sequences"), 0);
+  EXPECT_EQ(server.metric("dsv41_requests_cancelled_total"), 1);
+}
+
+// The official openai npm client (tests/e2e, installed by scripts/setup-e2e.sh) against the
+// server: chat, streaming chat, completions, error cases and the SSE framing byte by byte.
+TEST(Server, OpenAiClientScripts) {
+  Running server(ServerOptions{});
+  for (const char* script : {"chat", "stream", "completions", "errors", "sse"}) {
+    const std::string cmd = std::string("node ") + DSV41_SOURCE_DIR + "/tests/e2e/" + script + ".mjs --base-url http://127.0.0.1:" +
+                            std::to_string(server.port()) + " --model v41-tiny > /dev/null";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << script;
+  }
+}
+
+// Bounded load on loopback: 64 concurrent clients x 20 requests, no errors, memory bounded (the
+// script samples the server's resident memory; numbers in docs/benchmarks.md).
+TEST(Server, LoadTest) {
+  ServerOptions options;
+  options.scheduler.max_running = 16;
+  options.scheduler.max_queued = 64;
+  Running server(options);
+  const std::string cmd = std::string("node ") + DSV41_SOURCE_DIR + "/tests/e2e/load.mjs --base-url http://127.0.0.1:" +
+                          std::to_string(server.port()) + " --model v41-tiny --clients 64 --requests 20 --max-tokens 4 --pid " +
+                          std::to_string(::getpid()) + " > load.json";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  std::ifstream in("load.json");
+  json j = json::parse(in);
+  std::printf("load: %s\n", j.dump().c_str());
+  EXPECT_EQ(j["errors"], 0);
+}
