@@ -99,7 +99,7 @@ void add_chat(CLI::App& app) {
       StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
       std::vector<int> reply;
       while (int(reply.size()) < args->max_tokens) {
-        const int next = sampler.sample(logits.data(), c.vocab_size);
+        const int next = sampler.sample(logits.data(), sampling_vocab(c, m.tokenizer_or_null()));
         reply.push_back(next);
         if (std::find(stop.begin(), stop.end(), next) != stop.end()) break;
         if (!args->as_json) fmt::print("{}", stream.push(next)), std::fflush(stdout);

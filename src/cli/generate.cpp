@@ -93,7 +93,7 @@ void add_generate(CLI::App& app) {
     int decode_steps = 0;
     const auto t1 = Clock::now();
     while (int(generated.size()) < args->max_tokens) {
-      const int next = sampler.sample(logits.data(), c.vocab_size);
+      const int next = sampler.sample(logits.data(), sampling_vocab(c, m.tokenizer_or_null()));
       if (std::find(m.stop_ids.begin(), m.stop_ids.end(), next) != m.stop_ids.end()) break;
       generated.push_back(next);
       emit(next);

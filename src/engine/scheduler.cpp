@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <span>
 
 #include "base/error.h"
 
@@ -37,7 +38,7 @@ namespace {
 
 // The chosen token's log-probability under the model (log-softmax of the logits) and the
 // `top` most likely tokens'.
-TokenEvent token_event(const std::vector<float>& logits, int token, int top) {
+TokenEvent token_event(std::span<const float> logits, int token, int top) {
   TokenEvent e;
   e.token = token;
   if (top < 0) return e;
@@ -59,7 +60,11 @@ TokenEvent token_event(const std::vector<float>& logits, int token, int top) {
 }  // namespace
 
 Scheduler::Scheduler(const Model& model, const Tokenizer* tokenizer, Mode mode, KvCache* cache, SchedulerOptions options)
-    : model_(model), tokenizer_(tokenizer), mode_(mode), cache_(cache), options_(options), seeds_(std::random_device{}()) {
+    : model_(model),
+      tokenizer_(tokenizer),
+      mode_(mode),
+      vocab_(sampling_vocab(model.config(), tokenizer)),
+      cache_(cache), options_(options), seeds_(std::random_device{}()) {
   if (options.max_running < 1 || options.max_queued < 0 || options.step_tokens < 1 || options.max_idle < 0)
     fail("scheduler", "max_running >= 1, max_queued >= 0, step_tokens >= 1, max_idle >= 0",
          std::to_string(options.max_running) + ", " + std::to_string(options.max_queued) + ", " +
@@ -245,13 +250,14 @@ void Scheduler::step() {
     r.session->ran();
     if (logits[i].empty()) continue;  // a prompt chunk before the last one
     const GenerationRequest& req = r.generation->request;
-    const int token = r.sampler.sample(logits[i].data(), model_.config().vocab_size);
+    const std::span<const float> scores(logits[i].data(), size_t(vocab_));
+    const int token = r.sampler.sample(scores.data(), vocab_);
     if (std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end()) {
       finish(r, FinishKind::Stop);
       r.generation = nullptr;
       continue;
     }
-    r.generation->post({GenerationEvent::Kind::Token, {}, token_event(logits[i], token, req.top_logprobs), FinishKind::Stop, {}});
+    r.generation->post({GenerationEvent::Kind::Token, {}, token_event(scores, token, req.top_logprobs), FinishKind::Stop, {}});
     r.generated += 1;
     {
       std::lock_guard lock(mutex_);

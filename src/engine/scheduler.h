@@ -129,6 +129,7 @@ class Scheduler {
   const Model& model_;
   const Tokenizer* tokenizer_;
   const Mode mode_;
+  const int64_t vocab_;  // sampling_vocab
   KvCache* cache_;
   const SchedulerOptions options_;
 

@@ -11,6 +11,10 @@ namespace dsv41 {
 
 const char* mode_name(Mode mode) { return mode == Mode::Exact ? "exact" : "default"; }
 
+int64_t sampling_vocab(const Config& config, const Tokenizer* tokenizer) {
+  return tokenizer ? std::min<int64_t>(config.vocab_size, tokenizer->vocab_size()) : config.vocab_size;
+}
+
 Session::Session(const Model& model, const Tokenizer* tokenizer, Mode mode)
     : model_(model), mode_(mode), state_(model.config()) {
   const Config& c = model.config();

@@ -23,6 +23,11 @@ namespace dsv41 {
 enum class Mode { Exact, Default };
 const char* mode_name(Mode mode);
 
+// The ids a sampler may pick: the model's vocabulary, cut to the tokenizer's when that is smaller
+// (DeepSeek pads 128815 tokens to 129280 rows; an id past the tokenizer names no text and no
+// Engram row).
+int64_t sampling_vocab(const Config& config, const Tokenizer* tokenizer);
+
 // How prefill_prompt served a prompt: its P tokens are the `cached` ones (whose global KV was not
 // computed) followed by the `computed` ones; `replayed` encoder rows were rerun besides.
 struct PrefixUse {
