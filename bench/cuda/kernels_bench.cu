@@ -6,6 +6,9 @@
 // for attention, each token's window and top-k entries in their stored formats, q and out.
 // Inputs rotate among copies whose total exceeds the 60 MB L2, so no run is served from cache.
 // Times are CUDA-event times of one call (manual time), after warm-up; random, non-zero data.
+// The *Graph benchmarks instead replay a CUDA graph of many calls (each on another copy of the
+// inputs) and report the time per call: the launch cost the CPU pays per call is gone, as in a
+// decode step captured in a graph, and only the GPU's gap between kernels (~1 µs) remains.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -20,6 +23,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/indexer.h"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/mhc.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/sparse_attention.h"
 #include "numerics/codecs.h"
@@ -75,6 +79,38 @@ void time_calls(benchmark::State& state, double bytes, F body) {
   cudaEventDestroy(start), cudaEventDestroy(stop);
 }
 
+// Times a CUDA graph of `calls` calls of body(i, stream) (manual time per call).
+template <typename F>
+void time_graph(benchmark::State& state, double bytes, int calls, F body) {
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  for (int i = 0; i < calls; ++i) body(i, stream);  // warm-up, scratch pools grown
+  check(cudaStreamSynchronize(stream), "warm-up");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+  for (int i = 0; i < calls; ++i) body(i, stream);
+  check(cudaStreamEndCapture(stream, &graph), "capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  check(cudaGraphLaunch(exec, stream), "graph"), check(cudaStreamSynchronize(stream), "graph");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event"), check(cudaEventCreate(&stop), "event");
+  for (auto _ : state) {
+    check(cudaEventRecord(start, stream), "event");
+    check(cudaGraphLaunch(exec, stream), "graph");
+    check(cudaEventRecord(stop, stream), "event");
+    check(cudaEventSynchronize(stop), "event");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "event");
+    state.SetIterationTime(ms / 1e3 / calls);
+  }
+  state.SetBytesProcessed(int64_t(bytes) * state.iterations());
+  state.counters["GB/s"] = benchmark::Counter(bytes * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["bytes"] = bytes;
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(stream);
+}
+
 __global__ void copy_kernel(const float4* __restrict__ in, float4* __restrict__ out, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     out[i] = in[i];
@@ -109,7 +145,7 @@ const LinearShape kLinear[] = {
     {"expert w2 fp4 5120x2304", WeightFormat::FP4, 5120, 2304},
 };
 
-void BM_Linear(benchmark::State& state) {
+void linear_bench(benchmark::State& state, bool graph) {
   const LinearShape& s = kLinear[state.range(0)];
   const int M = int(state.range(1));
   const bool fp8 = s.format == WeightFormat::FP8;
@@ -130,15 +166,72 @@ void BM_Linear(benchmark::State& state) {
   check(cudaMalloc(&x, xh.size() * 4), "alloc"), check(cudaMalloc(&y, size_t(M) * s.N * 4), "alloc");
   check(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice), "upload");
   const double bytes = double(data + scales) + 4.0 * M * s.K + 4.0 * M * s.N;
-  time_calls(state, bytes, [&](int i) {
+  auto call = [&](int i, cudaStream_t stream) {
     const Weight wt{s.format, s.N, s.K, static_cast<const uint8_t*>(w[size_t(i % copies)]),
                     static_cast<const uint8_t*>(sc[size_t(i % copies)])};
-    cuda::linear(x, M, wt, y);
-  });
+    cuda::linear(x, M, wt, y, stream);
+  };
+  if (graph) time_graph(state, bytes, std::max(copies, 16), call);
+  else time_calls(state, bytes, [&](int i) { call(i, nullptr); });
   state.SetLabel(s.name);
   for (void* p : w) cudaFree(p);
   for (void* p : sc) cudaFree(p);
   cudaFree(x), cudaFree(y);
+}
+
+void BM_Linear(benchmark::State& state) { linear_bench(state, false); }
+void BM_LinearGraph(benchmark::State& state) { linear_bench(state, true); }
+
+// Mega-mHC at V4.1 (hc 4, d 5120) for `rows` tokens: bytes counted are the residual's
+// (2·hc + 2)·d·4 per token (X read, Xo written, f read, h written) plus hc_fn (24 × 20480 fp32,
+// 1.97 MB) once per call. Every input, hc_fn included, rotates over copies spanning ≥ 512 MB, as
+// a forward reads a different layer's hc_fn at each call.
+void BM_MegaMhc(benchmark::State& state) {
+  const int rows = int(state.range(0)), hc = 4, d = 5120, n = hc * d, n_mix = (2 + hc) * hc;
+  const size_t act = size_t(rows) * (2 * hc + 2) * d * 4, fn_bytes = size_t(n_mix) * n * 4;
+  const int copies = int(std::max<size_t>(4, kRotateBytes / (act + fn_bytes)));
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  auto upload = [&](size_t count, auto gen) {
+    std::vector<float> host(count);
+    for (float& v : host) v = gen();
+    float* p = nullptr;
+    check(cudaMalloc(&p, count * 4), "alloc");
+    check(cudaMemcpy(p, host.data(), count * 4, cudaMemcpyHostToDevice), "upload");
+    return p;
+  };
+  auto bf16 = [&] { return round_bf16(nd(rng)); };
+  auto unit = [&] { return ud(rng); };
+  struct Set {
+    float *X, *f, *post, *comb, *pre_in, *fn, *Xo, *h;
+  };
+  std::vector<Set> sets;
+  for (int c = 0; c < copies; ++c) {
+    Set s{upload(size_t(rows) * n, bf16), upload(size_t(rows) * d, bf16), upload(size_t(rows) * hc, unit),
+          upload(size_t(rows) * hc * hc, unit), upload(size_t(rows) * hc, unit),
+          upload(size_t(n_mix) * n, [&] { return round_bf16(0.007f * nd(rng)); }), nullptr, nullptr};
+    check(cudaMalloc(&s.Xo, size_t(rows) * n * 4), "alloc"), check(cudaMalloc(&s.h, size_t(rows) * d * 4), "alloc");
+    sets.push_back(s);
+  }
+  float* base = upload(size_t(n_mix), bf16);
+  float* scale = upload(3, unit);
+  float* norm = upload(size_t(d), unit);
+  float *pre = nullptr, *post = nullptr, *comb = nullptr;
+  check(cudaMalloc(&pre, size_t(rows) * hc * 4), "alloc"), check(cudaMalloc(&post, size_t(rows) * hc * 4), "alloc");
+  check(cudaMalloc(&comb, size_t(rows) * hc * hc * 4), "alloc");
+  const Weight nw{WeightFormat::F32, 1, d, reinterpret_cast<const uint8_t*>(norm), nullptr};
+  time_graph(state, double(act + fn_bytes), copies, [&](int i, cudaStream_t stream) {
+    const Set& s = sets[size_t(i % copies)];
+    const HcWeights w{Weight{WeightFormat::F32, n_mix, n, reinterpret_cast<const uint8_t*>(s.fn), nullptr},
+                      Weight{WeightFormat::F32, 1, n_mix, reinterpret_cast<const uint8_t*>(base), nullptr},
+                      Weight{WeightFormat::F32, 1, 3, reinterpret_cast<const uint8_t*>(scale), nullptr}};
+    cuda::mega_mhc(s.f, s.X, s.post, s.comb, s.pre_in, rows, hc, d, w, &nw, 1e-6f, 20, 1e-6f, s.Xo, s.h, pre, post,
+                   comb, stream);
+  });
+  for (const Set& s : sets)
+    for (float* p : {s.X, s.f, s.post, s.comb, s.pre_in, s.fn, s.Xo, s.h}) cudaFree(p);
+  cudaFree(base), cudaFree(scale), cudaFree(norm), cudaFree(pre), cudaFree(post), cudaFree(comb);
 }
 
 // Sparse attention decode, V4.1-Flash: 64 heads × 512, window 128 (SWA-FP8), top-k 512 (KV-FP4).
@@ -331,10 +424,16 @@ void BM_ExpertFfn(benchmark::State& state) {
 
 BENCHMARK(BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(BM_Linear)
-    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1, 8}})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.3);
+BENCHMARK(BM_LinearGraph)
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1, 2, 8}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.2);
+BENCHMARK(BM_MegaMhc)->Arg(1)->Arg(8)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_SparseAttention)->Arg(1)->Arg(8)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_IndexScores)->Arg(65536)->Arg(1 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_TopPositions)->Arg(65536)->Arg(1 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cuda/dequant.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -139,6 +140,47 @@ TEST(NumericsCuda, EncodersMatchCudaConversions) {
     EXPECT_EQ((cuda[i] >> 8) & 0xF, e2m1_from_float(x)) << "e2m1 of bits " << std::hex << float_bits(x);
     EXPECT_EQ(cuda[i] >> 16, bf16_from_float(x)) << "bf16 of bits " << std::hex << float_bits(x);
   }
+}
+
+// The GEMV's activation quantization rounds with the hardware (cuda::e4m3_round2); it must equal
+// the CPU's integer encoder followed by its decoder on every fp32 value, so every one of the 2^32
+// bit patterns is checked (NaNs excepted: both give a NaN, which no activation holds). Pairs of
+// A magnitude goes through the call in the low lane and its negation in the high one.
+__global__ void count_round_mismatches(unsigned long long* mismatches, uint32_t* first) {
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  unsigned long long local = 0;
+  for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (uint64_t(1) << 31); i += stride) {
+    const uint32_t bits[2] = {uint32_t(i), uint32_t(i) | 0x80000000u};
+    const float2 got = cuda::e4m3_round2(float_from_bits(bits[0]), float_from_bits(bits[1]));
+    const float g[2] = {got.x, got.y};
+    for (int k = 0; k < 2; ++k) {
+      const float x = float_from_bits(bits[k]);
+      if (is_nan(x)) continue;
+      if (float_bits(g[k]) != float_bits(e4m3_to_float(e4m3_from_float(x)))) {
+        ++local;
+        atomicCAS(first, 0xFFFFFFFFu, bits[k]);
+      }
+    }
+  }
+  if (local) atomicAdd(mismatches, local);
+}
+
+TEST(NumericsCuda, HardwareE4m3RoundingMatchesTheEncoderOnEveryFloat) {
+  ASSERT_TRUE(have_device()) << "no CUDA device: GPU tests run only where one is present (scripts/test.sh)";
+  unsigned long long* mismatches = nullptr;
+  uint32_t* first = nullptr;
+  ASSERT_EQ(cudaMalloc(&mismatches, sizeof *mismatches), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&first, sizeof *first), cudaSuccess);
+  ASSERT_EQ(cudaMemset(mismatches, 0, sizeof *mismatches), cudaSuccess);
+  ASSERT_EQ(cudaMemset(first, 0xFF, sizeof *first), cudaSuccess);
+  count_round_mismatches<<<4096, 256>>>(mismatches, first);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  unsigned long long count = 0;
+  uint32_t first_bits = 0;
+  ASSERT_EQ(cudaMemcpy(&count, mismatches, sizeof count, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(&first_bits, first, sizeof first_bits, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(mismatches), cudaFree(first);
+  EXPECT_EQ(count, 0u) << "first differing input bits " << std::hex << first_bits;
 }
 
 }  // namespace

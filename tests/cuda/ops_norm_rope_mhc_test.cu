@@ -16,6 +16,9 @@
 //    order (relative error ~ sqrt(n) fp32 units ≈ 1e-5 of the sum of |terms| in the worst case,
 //    far less typically); Sinkhorn's 20 normalizations are the CPU's own code and expf may differ in
 //    the last bit. NMSE bound 1e-9 on pre, post and comb (outputs O(1), unrounded).
+//  * mega_mhc against the CPU composition hc_post → hc_mixes, hc_pre → rms_norm: the updated
+//    residual bit for bit (hc_post's operations), the coefficients under hc_mixes' bound (1e-9),
+//    the normalized input under rms_norm's (1e-6): the fused kernel only reorders the same sums.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -157,6 +160,68 @@ TEST(CudaMhc, PreAndPostMatchCpuBitForBit) {
     for (size_t i = 0; i < got_pre.size(); ++i) differ += float_bits(got_pre[i]) != float_bits(want_pre[i]);
     for (size_t i = 0; i < got_post.size(); ++i) differ += float_bits(got_post[i]) != float_bits(want_post[i]);
     EXPECT_EQ(differ, 0u) << c.rows << "x" << c.hc << "x" << c.d;
+  }
+}
+
+TEST(CudaMhc, MegaMhcMatchesTheCpuComposition) {
+  DSV41_REQUIRE_DEVICE();
+  uint32_t seed = 400;
+  const float eps = 1e-6f;
+  for (const HcCase c : {HcCase{1, 4, 5120}, HcCase{5, 4, 5120}, HcCase{2, 4, 200}, HcCase{3, 2, 96}}) {
+    const int n = c.hc * c.d, n_mix = (2 + c.hc) * c.hc;
+    const size_t streams = size_t(c.rows) * n;
+    const std::vector<float> X = test::bf16_normal(streams, 1.0, seed++), f = test::bf16_normal(size_t(c.rows) * c.d, 1.0, seed++);
+    const std::vector<float> pre_in = test::bf16_uniform(size_t(c.rows) * c.hc, 0.0, 1.0, seed++);
+    const std::vector<float> post = test::bf16_uniform(size_t(c.rows) * c.hc, 0.0, 2.0, seed++);
+    std::vector<float> comb(size_t(c.rows) * c.hc * c.hc);
+    std::mt19937 rng(seed++);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (float& v : comb) v = u(rng);
+    const std::vector<float> fn = test::bf16_normal(size_t(n_mix) * n, 1.0 / std::sqrt(double(n)), seed++);
+    const std::vector<float> base = test::bf16_normal(size_t(n_mix), 1.0, seed++);
+    const std::vector<float> scale = {0.75f, 1.25f, 2.0f};
+    const std::vector<float> norm = test::bf16_uniform(size_t(c.d), 0.5, 1.5, seed++);
+    const HcWeights hw{test::f32_view(fn, n_mix, n), test::f32_view(base, 1, n_mix), test::f32_view(scale, 1, 3)};
+    const Weight nw = test::f32_view(norm, 1, c.d);
+
+    // The forward's order: write back, then the next sub-layer's mixes, input and norm.
+    std::vector<float> Xo(streams), h(size_t(c.rows) * c.d), pre(size_t(c.rows) * c.hc), post2(pre.size()),
+        comb2(comb.size());
+    for (int r = 0; r < c.rows; ++r)
+      hc_post(f.data() + size_t(r) * c.d, X.data() + size_t(r) * n, post.data() + r * c.hc,
+              comb.data() + r * c.hc * c.hc, c.hc, c.d, Xo.data() + size_t(r) * n);
+    hc_mixes(Xo.data(), c.rows, c.hc, c.d, hw, eps, 20, 1e-6f, pre.data(), post2.data(), comb2.data());
+    for (int r = 0; r < c.rows; ++r) hc_pre(Xo.data() + size_t(r) * n, pre_in.data() + r * c.hc, c.hc, c.d, h.data() + size_t(r) * c.d);
+    rms_norm(h.data(), c.rows, c.d, &nw, eps, h.data());
+
+    DeviceArray<float> dX(X), df(f), dpre_in(pre_in), dpost(post), dcomb(comb), dfn(fn), dbase(base), dscale(scale),
+        dnorm(norm);
+    DeviceArray<float> dXo(streams), dh(h.size()), dpre(pre.size()), dpost2(post2.size()), dcomb2(comb2.size());
+    dXo.poison(), dh.poison(), dpre.poison(), dpost2.poison(), dcomb2.poison();
+    HcWeights dw = hw;
+    dw.fn.data = reinterpret_cast<const uint8_t*>(dfn.get());
+    dw.base.data = reinterpret_cast<const uint8_t*>(dbase.get());
+    dw.scale.data = reinterpret_cast<const uint8_t*>(dscale.get());
+    Weight dnw = nw;
+    dnw.data = reinterpret_cast<const uint8_t*>(dnorm.get());
+    // Twice: the second call finds the arrival counters the first one left (they must be reset).
+    for (int call = 0; call < 2; ++call) {
+      cuda::mega_mhc(df.get(), dX.get(), dpost.get(), dcomb.get(), dpre_in.get(), c.rows, c.hc, c.d, dw, &dnw, eps, 20,
+                     1e-6f, dXo.get(), dh.get(), dpre.get(), dpost2.get(), dcomb2.get());
+      const std::vector<float> got_Xo = dXo.download();
+      size_t differ = 0;
+      for (size_t i = 0; i < streams; ++i) differ += float_bits(got_Xo[i]) != float_bits(Xo[i]);
+      const double e_h = test::nmse(dh.download(), h), e_pre = test::nmse(dpre.download(), pre),
+                   e_post = test::nmse(dpost2.download(), post2), e_comb = test::nmse(dcomb2.download(), comb2);
+      std::printf("mega_mhc %dx%dx%d call %d: Xo differ %zu, NMSE h %.3g pre %.3g post %.3g comb %.3g\n", c.rows, c.hc,
+                  c.d, call, differ, e_h, e_pre, e_post, e_comb);
+      EXPECT_EQ(differ, 0u);
+      EXPECT_LT(e_h, 1e-6);
+      EXPECT_LT(e_pre, 1e-9);
+      EXPECT_LT(e_post, 1e-9);
+      EXPECT_LT(e_comb, 1e-9);
+      dXo.poison(), dh.poison(), dpre.poison(), dpost2.poison(), dcomb2.poison();
+    }
   }
 }
 

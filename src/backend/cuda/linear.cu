@@ -1,16 +1,27 @@
 // Weight GEMV/GEMM reading checkpoint formats directly (fp8 32x32-block, fp4 per-32, bf16, fp32).
 //
-// One kernel, gemv: each group of T threads owns one output row n of W [N, K] and walks it in
-// 16-byte chunks (16 fp8, 32 fp4, 8 bf16 or 4 fp32 elements), dequantizing in registers and
-// multiplying by up to kMaxRows activation rows at once, so W is read from memory exactly once
-// per kMaxRows activation rows. Memory traffic: N·K·bytes(W) + ceil(M/kMaxRows)·M·K·4 (x, mostly
-// from L2) + M·N·4 (y). At decode (M ≤ 8) this is one pass over the weight: the floor is
-// bytes(W) / HBM bandwidth.
+// Two kernels.
+//
+// qgemv (linear() over fp8/fp4 weights, the decode path): the activation quantization is folded
+// into the GEMV. Each block first act-quantizes its slice of x (≤ 8 rows) into shared memory,
+// then groups of L lanes each stream R weight rows in 16-byte loads (16 fp8 or 32 fp4 codes),
+// decode them in registers and multiply them against the quantized x. The weight never passes
+// through shared memory and is read exactly once; x is re-read from L2 by every block (N/rows per
+// block times M·K·4 bytes: 1/16–1/32 of the weight's bytes at M = 1). Memory traffic:
+// bytes(W) + scales + M·K·4 (x, from HBM once) + M·N·4 (y), so at M ≤ 8 the floor is
+// bytes(W) / HBM bandwidth; at M = 8 the 8 FMAs per weight element make it compute-bound on the
+// CUDA cores.
+//
+// gemv (linear() over bf16/fp32 weights, and linear_f32 in every format): each group of T threads
+// owns kRows output rows and walks them in 16-byte chunks (16 fp8, 32 fp4, 8 bf16 or 4 fp32
+// elements), reading x as fp32 through L1, up to kMaxRows activation rows per pass.
 //
 // Precision flow of the CPU op (backend/cpu/linear.cpp): x is first act-quantized to e4m3 × a
-// power-of-two scale per 32 (bit-exact with act_quant_fp8); each 32-block's products are summed in
-// fp32 and multiplied by the weight's block scale; block results are summed in fp32 and y is
-// rounded to bf16. Only the order of the fp32 sums differs from the CPU's.
+// power-of-two scale per 32 (bit-exact with act_quant_fp8: the same scale function, and the
+// hardware's e4m3 rounding, which numerics_test checks against the CPU encoder on every fp32
+// value); each 32-block's exact products are summed in fp32 and multiplied by the weight's
+// power-of-two block scale; block results are summed in fp32 and y is rounded to bf16. Only the
+// order of the fp32 sums differs from the CPU's.
 #include "backend/cuda/linear.h"
 
 #include <string>
@@ -29,18 +40,7 @@ constexpr int kMaxRows = 8;  // activation rows per pass over the weight
 constexpr int kRows = 2;     // weight rows per thread group, sharing each x load
 constexpr int kBlock = 32;   // quantization block along K
 
-// ---- act_quant: x → e4m3(x / s) · s per 32, s a power of two (the SWA-FP8 rule) -------------------
-// One warp per 32-value block; bit-exact with dsv41::act_quant_fp8 (same scalar functions).
-__global__ void act_quant_kernel(const float* x, int64_t blocks, float* xq) {
-  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (b >= blocks) return;
-  const float v = x[b * kBlock + lane];
-  float amax = fabsf(v);
-  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  const float scale = swa_fp8::block_scale(amax);
-  xq[b * kBlock + lane] = e4m3_to_float(e4m3_from_float(v / scale)) * scale;
-}
+// ---- gemv: bf16/fp32 weights, and linear_f32 -------------------------------------------------------
 
 template <WeightFormat F>
 struct Format;
@@ -192,6 +192,276 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict_
   }
 }
 
+// ---- qgemv: fp8/fp4 weights, act-quant folded in ----------------------------------------------
+
+constexpr int kQThreads = 256;
+constexpr int kQSmemBytes = 48 * 1024;  // the quantized x slice (fp32), no opt-in needed
+
+// The 16-byte chunk of a quantized weight row, decoded to floats in a fixed permutation of its K
+// positions; the quantized x is stored in shared memory in the same permutation, as float4 "parts"
+// (part p holds the x of decoded slots 4p..4p+3), so each lane's x loads are 16 bytes wide and
+// consecutive lanes read consecutive 16 bytes (no bank conflicts). The decode puts each code's
+// bits into a half's fields with two shifts and two masks per half2 (exact, subnormals included;
+// the half is the value times 2^-8 for e4m3, 2^-14 for e2m1), then converts half2 to float2.
+template <WeightFormat F>
+struct QFormat;
+template <>
+struct QFormat<WeightFormat::FP8> {
+  static constexpr int kElems = 16;
+  static constexpr float kUnscale = kE4m3Unscale;
+  // Word j holds K offsets 4j..4j+3 (bytes b0..b3); decoded as (b0, b2), (b1, b3).
+  __device__ static void word(uint32_t w, float2& a, float2& b) {
+    a = half2_bits_to_float2(((w << 7) & 0x3F803F80u) | ((w << 8) & 0x80008000u));
+    b = half2_bits_to_float2(((w >> 1) & 0x3F803F80u) | (w & 0x80008000u));
+  }
+  // The 8 x values at K offsets 8q..8q+7 of a chunk, as the two parts the decode above reads.
+  __device__ static void parts(const float* v, float4& lo, float4& hi) {
+    lo = make_float4(v[0], v[2], v[1], v[3]), hi = make_float4(v[4], v[6], v[5], v[7]);
+  }
+};
+template <>
+struct QFormat<WeightFormat::FP4> {
+  static constexpr int kElems = 32;
+  static constexpr float kUnscale = kE2m1Unscale;
+  // Word j holds K offsets 8j..8j+7 (nibbles n0..n7, n0 lowest); decoded as (n0, n4), (n1, n5),
+  // (n2, n6), (n3, n7): nibble i of a pair sits at bit 4i, its partner 16 bits higher.
+  __device__ static void word(uint32_t w, float2& a, float2& b, float2& c, float2& d) {
+    a = half2_bits_to_float2(((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u));
+    b = half2_bits_to_float2(((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u));
+    c = half2_bits_to_float2(((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u));
+    d = half2_bits_to_float2(((w >> 3) & 0x0E000E00u) | (w & 0x80008000u));
+  }
+  __device__ static void parts(const float* v, float4& lo, float4& hi) {
+    lo = make_float4(v[0], v[4], v[1], v[5]), hi = make_float4(v[2], v[6], v[3], v[7]);
+  }
+};
+
+// A 16-byte weight load that skips L1 (each byte is read once).
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// act_quant of x[m, 0..kn) for m < M into xs (the layout above; C = kn / kElems chunks per row):
+// 4 threads per 32-block, 8 values each. Per value: one multiply by the exact reciprocal of the
+// power-of-two scale (equal to the CPU's division), the hardware e4m3 rounding, one multiply back.
+template <WeightFormat F>
+__device__ void quantize_slice(const float* __restrict__ x, int64_t K, int M, int kn, float4* xs) {
+  using Fmt = QFormat<F>;
+  constexpr int P = Fmt::kElems / 4;
+  const int per_row = kn / 8, C = kn / Fmt::kElems, items = M * per_row;  // items: a multiple of 4
+  for (int base = 0; base < items; base += kQThreads) {  // the same trip count in every thread: shuffles stay whole
+    const int i = base + int(threadIdx.x);
+    const bool on = i < items;
+    const int m = on ? i / per_row : 0, q = on ? i % per_row : 0;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (on) {
+      const float4 a = *reinterpret_cast<const float4*>(x + m * K + 8 * q);
+      const float4 b = *reinterpret_cast<const float4*>(x + m * K + 8 * q + 4);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+    float amax = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+    if (!on) continue;
+    const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const float2 r = e4m3_round2(v[e] * inv, v[e + 1] * inv);
+      v[e] = r.x * scale, v[e + 1] = r.y * scale;
+    }
+    float4 lo, hi;
+    Fmt::parts(v, lo, hi);
+    const int c = 8 * q / Fmt::kElems, p = 8 * q % Fmt::kElems / 4;
+    xs[(m * P + p) * C + c] = lo;
+    xs[(m * P + p + 1) * C + c] = hi;
+  }
+}
+
+// One chunk c (of C in the slice) of R rows against the MT quantized x rows: the block partials
+// (exact products summed in fp32), times the weight block scale (which carries kUnscale) into acc.
+// An fp8 chunk is half a 32-block: its two halves are scaled separately, exactly (the scale is a
+// power of two), so only the order of the fp32 additions differs from the CPU's.
+template <WeightFormat F, int MT, int R>
+__device__ __forceinline__ void chunk_fma(const uint4 (&wv)[R], const float (&ws)[R], const float4* xs, int C, int c,
+                                          int M, float (&acc)[R][MT]) {
+  constexpr int P = QFormat<F>::kElems / 4;
+  float p[R][MT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) p[r][m] = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {  // the chunk's four 32-bit words
+    if constexpr (F == WeightFormat::FP8) {
+      float4 xv[MT];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) xv[m] = m < M ? xs[(m * P + j) * C + c] : make_float4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+        float2 a, b;
+        QFormat<F>::word(w, a, b);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          p[r][m] = fmaf(a.x, xv[m].x, p[r][m]), p[r][m] = fmaf(a.y, xv[m].y, p[r][m]);
+          p[r][m] = fmaf(b.x, xv[m].z, p[r][m]), p[r][m] = fmaf(b.y, xv[m].w, p[r][m]);
+        }
+      }
+    } else {
+      float4 xa[MT], xb[MT];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        xa[m] = m < M ? xs[(m * P + 2 * j) * C + c] : make_float4(0, 0, 0, 0);
+        xb[m] = m < M ? xs[(m * P + 2 * j + 1) * C + c] : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+        float2 a, b, cc, d;
+        QFormat<F>::word(w, a, b, cc, d);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          p[r][m] = fmaf(a.x, xa[m].x, p[r][m]), p[r][m] = fmaf(a.y, xa[m].y, p[r][m]);
+          p[r][m] = fmaf(b.x, xa[m].z, p[r][m]), p[r][m] = fmaf(b.y, xa[m].w, p[r][m]);
+          p[r][m] = fmaf(cc.x, xb[m].x, p[r][m]), p[r][m] = fmaf(cc.y, xb[m].y, p[r][m]);
+          p[r][m] = fmaf(d.x, xb[m].z, p[r][m]), p[r][m] = fmaf(d.y, xb[m].w, p[r][m]);
+        }
+      }
+    }
+  }
+  // p·ws is exact (ws a power of two), so the fused add rounds once, as the CPU's acc += dot·s.
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = fmaf(p[r][m], ws[r], acc[r][m]);
+}
+
+// y[m, n] = bf16(Σ_K xq[m]·W[n]) for m < M ≤ MT. Groups of L lanes (a divisor of 32) each own R
+// consecutive rows (R | 32, so an fp8 group's rows share one 32-row scale tile) and walk them in
+// steps of L·U chunks: U·R independent 16-byte loads in flight per lane. K is processed in
+// slices of `slice` values (x[:, slice] quantized into shared memory, then the weight's columns of
+// that slice), one slice whenever M·K·4 fits in 48 KB (always at M = 1 for K ≤ 12288).
+template <WeightFormat F, int MT, int L, int R>
+__global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restrict__ x, int M, int64_t N, int64_t K,
+                                                         int slice, const uint8_t* __restrict__ w,
+                                                         const uint8_t* __restrict__ scale, float* __restrict__ y) {
+  using Fmt = QFormat<F>;
+  constexpr int E = Fmt::kElems;
+  constexpr int U = MT <= 2 ? 4 : 2;
+  constexpr int kGroups = kQThreads / L;
+  extern __shared__ float4 xs[];
+  const int lane = int(threadIdx.x) % L;
+  const int64_t n0 = (int64_t(blockIdx.x) * kGroups + threadIdx.x / L) * R;
+  const int64_t row_chunks = K / E, blocks = K / kBlock;
+  const uint4* wrow[R];
+  bool live[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    live[r] = n0 + r < N;
+    wrow[r] = reinterpret_cast<const uint4*>(w) + (live[r] ? n0 + r : 0) * row_chunks;
+  }
+  float acc[R][MT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = 0;
+
+  for (int64_t k0 = 0; k0 < K; k0 += slice) {
+    const int kn = int(K - k0 < slice ? K - k0 : slice), C = kn / E;
+    if (k0 > 0) __syncthreads();  // every lane is done with the previous slice's x
+    quantize_slice<F>(x + k0, K, M, kn, xs);
+    __syncthreads();
+    const int64_t c0 = k0 / E;
+    for (int c = lane; c < C; c += L * U) {
+      uint4 wv[U][R];
+      float ws[U][R];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int cu = c + u * L;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const bool ok = cu < C && live[r];
+          wv[u][r] = ok ? load_stream(wrow[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
+          // The weight block of chunk c0 + cu: fp8 one scale per 32 rows × 32 columns, fp4 one per
+          // row × 32 columns (= one chunk).
+          const int64_t s = F == WeightFormat::FP8 ? (n0 / kBlock) * blocks + (c0 + cu) * E / kBlock
+                                                   : (n0 + r) * blocks + c0 + cu;
+          ws[u][r] = ok ? e8m0_to_float(__ldg(scale + s)) * Fmt::kUnscale : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c + u * L < C) chunk_fma<F, MT, R>(wv[u], ws[u], xs, C, c + u * L, M, acc);
+    }
+  }
+
+  // Sum over the group's L lanes; lane e % L writes output e = r·MT + m.
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int o = L / 2; o > 0; o /= 2) acc[r][m] += __shfl_xor_sync(0xFFFFFFFFu, acc[r][m], o);
+#pragma unroll
+  for (int e = 0; e < R * MT; ++e) {
+    const int r = e / MT, m = e % MT;
+    if (lane == e % L && m < M && live[r]) y[m * N + n0 + r] = round_bf16(acc[r][m]);
+  }
+}
+
+template <WeightFormat F, int MT, int L, int R>
+void qlaunch(const float* x, int M, int64_t N, int64_t K, const Weight& w, float* y, cudaStream_t stream) {
+  constexpr int chunk = L * QFormat<F>::kElems;  // K covered by one step of a group
+  const int64_t fit = kQSmemBytes / (MT * 4) / chunk * chunk;
+  const int slice = int(K < fit ? K : fit);
+  const int64_t rows_per_block = int64_t(kQThreads / L) * R;
+  const unsigned grid = unsigned((N + rows_per_block - 1) / rows_per_block);
+  qgemv_kernel<F, MT, L, R><<<grid, kQThreads, size_t(MT) * slice * 4, stream>>>(x, M, N, K, slice, w.data, w.scale, y);
+  check_launch("cuda::linear");
+}
+
+template <WeightFormat F, int MT>
+void qlaunch_shape(const float* x, int M, int64_t N, int64_t K, const Weight& w, float* y, cudaStream_t stream) {
+  // L: the widest group whose steps waste at most 1/8 of their lanes on K (fp8 wq_b: 80 chunks,
+  // L = 16; fp4 w2: 72 chunks, L = 16; the 512/320/256/160-chunk rows: L = 32).
+  const int64_t chunks = K / QFormat<F>::kElems;
+  auto fits = [&](int64_t l) { return (chunks + l - 1) / l * l * 8 <= chunks * 9; };
+  const int L = fits(32) ? 32 : fits(16) ? 16 : 8;
+  // R = 2 (each x load serves two rows) while that still leaves two blocks per SM; else R = 1.
+  int sms = 0, device = 0;
+  check(cudaGetDevice(&device), "cuda::linear");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cuda::linear");
+  const bool two = N / (int64_t(kQThreads / L) * 2) >= 2 * sms;
+  switch (L * 2 + (two ? 1 : 0)) {
+    case 65: return qlaunch<F, MT, 32, 2>(x, M, N, K, w, y, stream);
+    case 64: return qlaunch<F, MT, 32, 1>(x, M, N, K, w, y, stream);
+    case 33: return qlaunch<F, MT, 16, 2>(x, M, N, K, w, y, stream);
+    case 32: return qlaunch<F, MT, 16, 1>(x, M, N, K, w, y, stream);
+    case 17: return qlaunch<F, MT, 8, 2>(x, M, N, K, w, y, stream);
+    default: return qlaunch<F, MT, 8, 1>(x, M, N, K, w, y, stream);
+  }
+}
+
+template <WeightFormat F>
+void qlinear(const float* x, int64_t M, int64_t N, int64_t K, const Weight& w, float* y, cudaStream_t stream) {
+  // Passes of up to kMaxRows activation rows; M > kMaxRows (prefill) re-reads W once per pass.
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+    const int rows = int(M - m0 < kMaxRows ? M - m0 : kMaxRows);
+    const float* xr = x + m0 * K;
+    float* yr = y + m0 * N;
+    if (rows == 1) qlaunch_shape<F, 1>(xr, rows, N, K, w, yr, stream);
+    else if (rows == 2) qlaunch_shape<F, 2>(xr, rows, N, K, w, yr, stream);
+    else if (rows <= 4) qlaunch_shape<F, 4>(xr, rows, N, K, w, yr, stream);
+    else qlaunch_shape<F, 8>(xr, rows, N, K, w, yr, stream);
+  }
+}
+
 template <WeightFormat F, int MT>
 void launch_rows(const float* x, int64_t N, int64_t K, const Weight& w, float* y, bool round, cudaStream_t stream) {
   // T: enough threads per group for about four chunks each, between one and eight warps.
@@ -253,15 +523,9 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   if (!w.quantized()) return dispatch(x, M, w, y, true, stream);
   if (w.cols % kBlock != 0)
     fail("cuda::linear", "K a multiple of 32 for a quantized weight", "K = " + std::to_string(w.cols));
-  const int64_t n = M * w.cols;
-  float* xq = nullptr;
-  keep_scratch_pool();
-  check(cudaMallocAsync(reinterpret_cast<void**>(&xq), size_t(n) * sizeof(float), stream), "cuda::linear");
-  const int64_t blocks = n / kBlock;
-  act_quant_kernel<<<unsigned((blocks * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, blocks, xq);
-  check_launch("cuda::linear act_quant");
-  dispatch(xq, M, w, y, true, stream);
-  check(cudaFreeAsync(xq, stream), "cuda::linear");
+  if (M <= 0 || w.rows <= 0) return;
+  if (w.format == WeightFormat::FP8) qlinear<WeightFormat::FP8>(x, M, w.rows, w.cols, w, y, stream);
+  else qlinear<WeightFormat::FP4>(x, M, w.rows, w.cols, w, y, stream);
 }
 
 void linear_f32(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {

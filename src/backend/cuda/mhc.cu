@@ -8,6 +8,16 @@
 // own code). hc_pre and hc_post are elementwise, one thread per output, with the CPU's operation
 // order and no FMA contraction, so they match the CPU bit for bit; traffic (hc + 1)·d·4 read and
 // d·4 written (pre), 2·hc·d·4 + d·4 read and hc·d·4 written (post).
+//
+// mega_mhc fuses hc_post, hc_mixes, hc_pre and rms_norm (see mhc.h): grid (d / 128, rows), one
+// thread per column k of a token. A thread reads X[·][k] and f[k], writes Xo[·][k] (hc_post's
+// operations), forms h[k] from those Xo values (hc_pre's) and writes it unnormalized, and adds
+// Xo[·][k] into the 24 mix dot products, the sum of squares of Xo and that of h. The block's 26
+// sums go to a scratch slot; the row's last block to arrive (an atomic counter per row) adds the
+// slots in block order, runs split_sinkhorn and rescales the row's h in place (2·d·4 bytes that
+// L2 serves). HBM traffic per token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4
+// written (h) = (2·hc + 2)·d·4, plus hc_fn (24·hc·d·4 = 1.97 MB in V4.1) once per call, from L2
+// when several rows or a warm cache share it.
 #include "backend/cuda/mhc.h"
 
 #include <string>
@@ -93,9 +103,128 @@ __global__ void hc_post_kernel(const float* f, const float* X, const float* post
   out[id] = round_bf16(__fadd_rn(__fmul_rn(post[r * hc + j], f[r * d + k]), mix));
 }
 
+constexpr int kMegaThreads = 128;           // columns of a token per block
+constexpr int kMegaSums = kMaxMix + 2;        // the mixes, Σ Xo², Σ h²
+constexpr int64_t kMegaRowsPerLaunch = 4096;  // rows of the arrival counters
+__device__ unsigned mega_arrivals[kMegaRowsPerLaunch];  // zero at load; the last block resets its row's
+
+__device__ inline float norm_weight_at(const uint8_t* w, WeightFormat f, int64_t i) {
+  if (!w) return 1.0f;
+  if (f == WeightFormat::BF16) return bf16_to_float(reinterpret_cast<const uint16_t*>(w)[i]);
+  return reinterpret_cast<const float*>(w)[i];
+}
+
+__global__ void __launch_bounds__(kMegaThreads)
+    mega_mhc_kernel(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int hc,
+                    int64_t d, const float* fn, const float* scale, const float* base, const uint8_t* norm,
+                    WeightFormat norm_format, float eps, int iters, float hc_eps, float* partials, float* Xo, float* h,
+                    float* pre_out, float* post_out, float* comb_out) {
+  const int64_t row = blockIdx.y, k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x, n = hc * d;
+  const int n_mix = (2 + hc) * hc, slices = int(gridDim.x);
+  const float* c = comb + row * hc * hc;
+  float acc[kMegaSums];
+#pragma unroll
+  for (int t = 0; t < kMegaSums; ++t) acc[t] = 0;
+  if (k < d) {
+    float x[kMaxHc], xo[kMaxHc];
+#pragma unroll
+    for (int i = 0; i < kMaxHc; ++i) x[i] = i < hc ? X[(row * hc + i) * d + k] : 0.0f;
+    const float fk = f[row * d + k];
+    // hc_post, then hc_pre on its outputs: the CPU's operations in its order, each rounded.
+    float hk = 0;
+#pragma unroll
+    for (int j = 0; j < kMaxHc; ++j) {
+      if (j >= hc) continue;
+      float mix = 0;
+#pragma unroll
+      for (int i = 0; i < kMaxHc; ++i)
+        if (i < hc) mix = __fadd_rn(mix, __fmul_rn(c[i * hc + j], x[i]));
+      xo[j] = round_bf16(__fadd_rn(__fmul_rn(post[row * hc + j], fk), mix));
+      Xo[(row * hc + j) * d + k] = xo[j];
+      hk = __fadd_rn(hk, __fmul_rn(pre_in[row * hc + j], xo[j]));
+      acc[kMaxMix] = fmaf(xo[j], xo[j], acc[kMaxMix]);
+    }
+    hk = round_bf16(hk);
+    h[row * d + k] = hk;
+    acc[kMaxMix + 1] = hk * hk;
+#pragma unroll
+    for (int t = 0; t < kMaxMix; ++t)
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j)
+        if (t < n_mix && j < hc) acc[t] = fmaf(fn[t * n + j * d + k], xo[j], acc[t]);
+  }
+  __shared__ float sums[kMegaThreads / 32][kMegaSums];
+  __shared__ float totals[kMegaSums];
+  __shared__ bool last;
+#pragma unroll
+  for (int t = 0; t < kMegaSums; ++t) {
+    float s = acc[t];
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+    if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32][t] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < kMegaSums) {
+    float s = 0;
+    for (int w = 0; w < kMegaThreads / 32; ++w) s += sums[w][threadIdx.x];
+    partials[(row * slices + blockIdx.x) * kMegaSums + threadIdx.x] = s;
+  }
+  // Publish this block's sums and h, then count it in; the last block of the row goes on.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&mega_arrivals[row], 1u) == unsigned(slices - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < kMegaSums) {
+    float s = 0;
+    for (int b = 0; b < slices; ++b) s += __ldcg(partials + (row * slices + b) * kMegaSums + threadIdx.x);
+    totals[threadIdx.x] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m[kMaxMix];
+    const float inv = 1.0f / sqrtf(totals[kMaxMix] / float(n) + eps);  // rms_inverse over hc·d
+    for (int t = 0; t < n_mix; ++t) m[t] = totals[t] * inv;
+    split_sinkhorn(m, scale, base, hc, iters, hc_eps, pre_out + row * hc, post_out + row * hc,
+                   comb_out + row * hc * hc);
+    mega_arrivals[row] = 0;
+  }
+  const float inv_h = 1.0f / sqrtf(totals[kMaxMix + 1] / float(d) + eps);  // rms_norm's, as norm.cu
+  for (int64_t i = threadIdx.x; i < d; i += kMegaThreads)
+    h[row * d + i] = round_bf16(__fmul_rn(norm_weight_at(norm, norm_format, i), __fmul_rn(__ldcg(h + row * d + i), inv_h)));
+}
+
 unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
 }  // namespace
+
+void mega_mhc(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
+              int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, int sinkhorn_iters, float hc_eps,
+              float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream) {
+  if (rows <= 0 || d <= 0) return;
+  if (hc < 1 || hc > kMaxHc) fail("cuda::mega_mhc", "hc_mult from 1 to 4", std::to_string(hc));
+  if (w.fn.format != WeightFormat::F32 || w.base.format != WeightFormat::F32 || w.scale.format != WeightFormat::F32)
+    fail("cuda::mega_mhc", "F32 hc_fn, hc_base and hc_scale", "another format");
+  if (norm && norm->format != WeightFormat::F32 && norm->format != WeightFormat::BF16)
+    fail("cuda::mega_mhc", "an F32 or BF16 norm weight", "a quantized one");
+  const int slices = int((d + kMegaThreads - 1) / kMegaThreads);
+  float* partials = nullptr;
+  keep_scratch_pool();
+  const int64_t chunk = rows < kMegaRowsPerLaunch ? rows : kMegaRowsPerLaunch;
+  check(cudaMallocAsync(reinterpret_cast<void**>(&partials), size_t(chunk * slices * kMegaSums) * sizeof(float), stream),
+        "cuda::mega_mhc");
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
+    mega_mhc_kernel<<<dim3(unsigned(slices), unsigned(n)), kMegaThreads, 0, stream>>>(
+        f + r0 * d, X + r0 * hc * d, post + r0 * hc, comb + r0 * hc * hc, pre_in + r0 * hc, hc, d,
+        reinterpret_cast<const float*>(w.fn.data), reinterpret_cast<const float*>(w.scale.data),
+        reinterpret_cast<const float*>(w.base.data), norm ? norm->data : nullptr,
+        norm ? norm->format : WeightFormat::F32, eps, sinkhorn_iters, hc_eps, partials, Xo + r0 * hc * d, h + r0 * d,
+        pre_out + r0 * hc, post_out + r0 * hc, comb_out + r0 * hc * hc);
+    check_launch("cuda::mega_mhc");
+  }
+  check(cudaFreeAsync(partials, stream), "cuda::mega_mhc");
+}
 
 void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& w, float norm_eps, int sinkhorn_iters,
               float hc_eps, float* pre, float* post, float* comb, cudaStream_t stream) {
