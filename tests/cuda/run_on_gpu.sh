@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA core on the GPU machine (core-only configuration: no Debian libraries there),
 # runs the GPU tests (ctest label gpu) and the CUDA kernel benchmark. Logs go to $LOGS (default
-# ./gpu-logs). nlohmann-json must be in .deps/include (docs/cuda.md says how).
+# ./gpu-logs); BENCH_FILTER, if set, is passed to the benchmark as --benchmark_filter. nlohmann-json must be in .deps/include (docs/cuda.md says how).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 logs=${LOGS:-gpu-logs}
@@ -15,7 +15,7 @@ ninja -C "$build" -j"$(nproc)" $targets > "$logs/build.log" 2>&1 || { grep -E "e
 (cd "$build" && ctest -L gpu --output-on-failure -V) > "$logs/tests.log" 2>&1
 tests_rc=$?
 grep -E "NMSE|PASSED|FAILED|tests passed|Failure|error" "$logs/tests.log" | head -120
-"$build/bench/cuda_kernels_bench" --benchmark_out="$logs/bench.json" --benchmark_out_format=json > "$logs/bench.txt" 2>&1
+"$build/bench/cuda_kernels_bench" ${BENCH_FILTER:+--benchmark_filter="$BENCH_FILTER"} --benchmark_out="$logs/bench.json" --benchmark_out_format=json > "$logs/bench.txt" 2>&1
 bench_rc=$?
 cat "$logs/bench.txt"
 exit $((tests_rc | bench_rc))
