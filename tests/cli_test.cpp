@@ -1,36 +1,17 @@
 // The dsv41 command as a user runs it: output, exit status, and refusals that name the problem.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
+using dsv41::test::Outcome;
+using dsv41::test::run_dsv41;
+
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-namespace {
-
-struct Outcome {
-  int status;
-  std::string output;  // stdout and stderr together
-};
-
-Outcome run_dsv41(const std::string& args) {
-  std::string cmd = std::string(DSV41_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-}  // namespace
 
 TEST(Cli, InspectJsonOfTheReleasedModel) {
   Outcome r = run_dsv41("inspect --preset deepseek-v4.1-flash --json");

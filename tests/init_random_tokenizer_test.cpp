@@ -2,7 +2,6 @@
 // model ships DeepSeek's), with the config fitted to it, and the refusals of tokenizers that do not
 // fit. The tokenizer here is the v41-tiny fixture's (600 ids: specials, byte symbols, merges).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +15,9 @@
 #include "model/tokenizer/tokenizer.h"
 #include "test_util.h"
 
+using dsv41::test::Outcome;
+using dsv41::test::run_dsv41;
+
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 using namespace dsv41;
@@ -23,22 +25,6 @@ using namespace dsv41;
 namespace {
 
 const std::string kFixture = std::string(DSV41_TEST_DATA) + "/fixtures/v41-tiny";
-
-struct Outcome {
-  int status;
-  std::string output;  // stdout and stderr together
-};
-
-Outcome run_dsv41(const std::string& args) {
-  std::string cmd = std::string(DSV41_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 void write_file(const fs::path& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -82,7 +83,7 @@ json chat(const json& messages, int max_tokens) {
 
 TEST(Server, CachedTokensGrowAcrossTurnsAndReplayAfterTheTtl) {
   ServerOptions options;
-  options.cache.swa.ttl_ms = 1000;
+  options.cache.swa.ttl_ms = 4000;  // long enough for three turns on a loaded CI machine
   Running server(options);
   json messages = json::array({{{"role", "system"}, {"content", "You answer questions about the sea, briefly and kindly."}}});
   const std::vector<std::string> questions = {"Why is the sea salty?", "And why is it blue?", "Which sea is the largest?"};
@@ -101,7 +102,7 @@ TEST(Server, CachedTokensGrowAcrossTurnsAndReplayAfterTheTtl) {
 
   // After the TTL the SWA state of the conversation is gone (pool and idle sequence): the next
   // turn's prefix comes from the global blocks, with the encoder replaying W positions.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  std::this_thread::sleep_for(std::chrono::milliseconds(4200));
   messages.push_back({{"role", "user"}, {"content", "Thank you!"}});
   json r = server.post("/v1/chat/completions", chat(messages, 4));
   EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 64) << r;
@@ -109,6 +110,38 @@ TEST(Server, CachedTokensGrowAcrossTurnsAndReplayAfterTheTtl) {
   EXPECT_GE(server.metric("dsv41_swa_pool_ttl_expiries_total"), 1);
   EXPECT_GT(server.metric("dsv41_cache_hit_tokens_total{tier=\"host\"}"), 0);
   EXPECT_GT(server.metric("dsv41_cache_hit_tokens_total{tier=\"swa_pool\"}"), 0);
+}
+
+// /health says 503 while the model loads, then 200; generation requests get 503 meanwhile.
+TEST(Server, HealthIsUnavailableWhileLoading) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<int> listening;
+  ServerOptions options;
+  options.model_dir = test::fixture_dir("v41-tiny");
+  options.port = 0;
+  options.on_listening = [&](int port) { listening.set_value(port); };
+  options.before_load = [released] { released.wait(); };
+  Server server(options);
+  std::thread thread([&] { server.run(); });
+  httplib::Client c("127.0.0.1", listening.get_future().get());
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(json::parse(r->body)["status"], "loading");
+  r = c.Post("/v1/completions", R"({"model":"v41-tiny","prompt":"hi"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  release.set_value();
+  int status = 0;
+  for (int i = 0; i < 2000 && status != 200; ++i) {
+    auto h = c.Get("/health");
+    status = h ? h->status : 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(status, 200);
+  server.stop();
+  thread.join();
 }
 
 TEST(Server, RefusesBadRequestsAndKeepsServing) {

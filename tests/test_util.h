@@ -1,8 +1,10 @@
 #pragma once
-// Small helpers shared by the tests: reading a file whole, and a fresh temporary directory that
-// is removed when the test ends.
+// Small helpers shared by the tests: reading a file whole, a fresh temporary directory that is
+// removed when the test ends, and running the dsv41 command.
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -38,5 +40,22 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+struct Outcome {
+  int status;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `dsv41 ARGS` through the shell (so ARGS may redirect) and collects what it prints.
+inline Outcome run_dsv41(const std::string& args) {
+  const std::string cmd = std::string(DSV41_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
 
 }  // namespace dsv41::test

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -24,16 +23,6 @@ using Steady = std::chrono::steady_clock;
 using json = nlohmann::json;
 
 double seconds_since(Steady::time_point t) { return std::chrono::duration<double>(Steady::now() - t).count(); }
-
-// The end-of-sequence id from tokenizer_config.json's eos_token, if the tokenizer knows it.
-std::optional<int> config_eos(const std::string& dir, const Tokenizer& tokenizer) {
-  std::ifstream in(dir + "/tokenizer_config.json");
-  if (!in) return std::nullopt;
-  json c = json::parse(in, nullptr, false);
-  if (c.is_discarded() || !c.contains("eos_token")) return std::nullopt;
-  const json& e = c["eos_token"];
-  return tokenizer.token_to_id(e.is_string() ? e.get<std::string>() : e.value("content", ""));
-}
 
 // Turns one request's token events into what the response carries: text (completions) or
 // reasoning / content / tool calls (chat), cut at the first stop string, and the logprobs.
@@ -140,7 +129,7 @@ void Server::State::load() {
   model = Model::load(dir);
   if (!std::filesystem::exists(dir + "/tokenizer.json")) fail(dir, "a tokenizer.json (the server speaks text)", "none");
   tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
-  if (std::optional<int> eos = config_eos(dir, *tokenizer)) stop_ids.push_back(*eos);
+  if (std::optional<int> eos = config_eos_id(dir, *tokenizer)) stop_ids.push_back(*eos);
   if (std::optional<int> eos = tokenizer->token_to_id(chat_token::kEos)) stop_ids.push_back(*eos);
   KvCacheOptions cache_options = options.cache;
   cache_options.fingerprint = "checkpoint " + checkpoint_identity(dir);
@@ -449,6 +438,7 @@ void Server::run() {
   if (st.options.on_listening) st.options.on_listening(port);
   std::thread loader([&st] {
     try {
+      if (st.options.before_load) st.options.before_load();
       st.load();
     } catch (const std::exception& e) {
       st.load_error = e.what();

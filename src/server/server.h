@@ -24,6 +24,7 @@ struct ServerOptions {
   KvCacheOptions cache;    // fingerprint and mode are filled in from the checkpoint
   SchedulerOptions scheduler;
   std::function<void(int port)> on_listening;  // called once bound, before the model loads
+  std::function<void()> before_load;           // called on the loading thread, before it loads
 };
 
 class Server {

@@ -238,4 +238,15 @@ std::string StreamDecoder::emit(bool force) {
   return out;
 }
 
+std::optional<int> config_eos_id(const std::string& dir, const Tokenizer& tokenizer) {
+  std::ifstream in(dir + "/tokenizer_config.json");
+  if (!in) return std::nullopt;
+  const json c = json::parse(in, nullptr, false);
+  if (c.is_discarded() || !c.is_object() || !c.contains("eos_token")) return std::nullopt;
+  const json& e = c["eos_token"];
+  if (e.is_string()) return tokenizer.token_to_id(e.get<std::string>());
+  if (e.is_object() && e.contains("content") && e["content"].is_string()) return tokenizer.token_to_id(e["content"].get<std::string>());
+  return std::nullopt;
+}
+
 }  // namespace dsv41

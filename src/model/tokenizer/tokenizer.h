@@ -47,6 +47,10 @@ class Tokenizer {
   friend class StreamDecoder;
 };
 
+// The end-of-sequence id that DIR/tokenizer_config.json names (its eos_token, a string or an
+// object with "content"), if the file says and the tokenizer has that token.
+std::optional<int> config_eos_id(const std::string& dir, const Tokenizer& tokenizer);
+
 // Decodes ids as a model produces them, one at a time, and returns only complete text: never
 // half a UTF-8 character, and never text that a later token could still change. The rule (as
 // HF's DecodeStream): the pending ids are decoded together with the ids emitted just before
