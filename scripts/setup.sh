@@ -11,6 +11,7 @@ packages=(
   libutf8proc-dev libpcre2-dev
   libxxhash-dev
   libcpp-httplib-dev
+  curl
   bible-kjv bible-kjv-text
 )
 

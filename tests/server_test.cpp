@@ -195,6 +195,40 @@ TEST(Server, AClientThatGoesAwayFreesItsSequence) {
   EXPECT_EQ(server.metric("dsv41_requests_cancelled_total"), 1);
 }
 
+// SSE framing as curl sees it on the wire: every event one "data: <json>" line and a blank line,
+// the chunks of one stream under one id, the usage chunk last, then "data: [DONE]".
+TEST(Server, SseFramingWithCurl) {
+  Running server(ServerOptions{});
+  json body = chat(json::array({{{"role", "user"}, {"content", "Hi"}}}), 5);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  FILE* pipe = popen(("curl -sN http://127.0.0.1:" + std::to_string(server.port()) +
+                      "/v1/chat/completions -H 'Content-Type: application/json' -d '" + body.dump() + "'")
+                         .c_str(),
+                     "r");
+  std::string wire;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) wire.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0);
+  ASSERT_GE(wire.size(), 14u);
+  EXPECT_EQ(wire.substr(wire.size() - 14), "data: [DONE]\n\n");
+  std::vector<json> events;
+  for (size_t at = 0; at < wire.size() - 14;) {
+    ASSERT_EQ(wire.compare(at, 6, "data: "), 0) << wire.substr(at, 40);
+    const size_t end = wire.find("\n\n", at);
+    ASSERT_NE(end, std::string::npos);
+    events.push_back(json::parse(wire.substr(at + 6, end - at - 6)));
+    at = end + 2;
+  }
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  for (const json& e : events) EXPECT_EQ(e["id"], events.front()["id"]);
+  EXPECT_TRUE(events.back()["choices"].empty());
+  EXPECT_EQ(events.back()["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(events[events.size() - 2]["choices"][0]["finish_reason"], "length");
+}
+
 // The official openai npm client (tests/e2e, installed by scripts/setup-e2e.sh) against the
 // server: chat, streaming chat, completions, error cases and the SSE framing byte by byte.
 TEST(Server, OpenAiClientScripts) {
