@@ -8,7 +8,8 @@
 // Times are CUDA-event times of one call (manual time), after warm-up; random, non-zero data.
 // The *Graph benchmarks instead replay a CUDA graph of many calls (each on another copy of the
 // inputs) and report the time per call: the launch cost the CPU pays per call is gone, as in a
-// decode step captured in a graph, and only the GPU's gap between kernels (~1 µs) remains.
+// decode step captured in a graph, and only the GPU's gap between kernels remains; their "Time"
+// column is one replay of the whole graph, us_per_call the time per call.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -35,26 +36,28 @@ using cuda::check;
 
 constexpr size_t kRotateBytes = size_t(512) << 20;  // copies of the inputs span at least this much
 
-void* device_random(size_t bytes, uint32_t seed) {
-  std::vector<uint8_t> host(bytes);
-  std::mt19937 rng(seed);
-  for (auto& b : host) b = uint8_t(rng());
+// Bytes (h & mask) | base, h a hash of the position and the seed: filled on the device, since
+// generating the ≥ 512 MB of rotating copies on the host took longer than the runs' time limits.
+__global__ void fill_codes(uint8_t* p, size_t n, uint32_t seed, uint8_t mask, uint8_t base) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t h = (uint64_t(seed) << 40 ^ i) + 0x9E3779B97F4A7C15ull;  // splitmix64
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    p[i] = uint8_t((uint8_t(h ^ (h >> 31)) & mask) | base);
+  }
+}
+
+// Random bytes whose e4m3 / e2m1 / ue8m0 codes are all valid and modest when mask and base say so.
+void* device_codes(size_t bytes, uint32_t seed, uint8_t mask, uint8_t base) {
   void* p = nullptr;
   check(cudaMalloc(&p, bytes), "bench alloc");
-  check(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice), "bench upload");
+  fill_codes<<<1024, 256>>>(static_cast<uint8_t*>(p), bytes, seed, mask, base);
+  check(cudaGetLastError(), "bench fill");
+  check(cudaDeviceSynchronize(), "bench fill");
   return p;
 }
 
-// Random bytes whose e4m3 / e2m1 / ue8m0 codes are all valid and modest: no NaN codes.
-void* device_codes(size_t bytes, uint32_t seed, uint8_t mask, uint8_t base) {
-  std::vector<uint8_t> host(bytes);
-  std::mt19937 rng(seed);
-  for (auto& b : host) b = uint8_t((rng() & mask) | base);
-  void* p = nullptr;
-  check(cudaMalloc(&p, bytes), "bench alloc");
-  check(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice), "bench upload");
-  return p;
-}
+void* device_random(size_t bytes, uint32_t seed) { return device_codes(bytes, seed, 0xFF, 0); }
 
 // Times `body` (which launches on the default stream) with events, one call per iteration.
 template <typename F>
@@ -79,7 +82,8 @@ void time_calls(benchmark::State& state, double bytes, F body) {
   cudaEventDestroy(start), cudaEventDestroy(stop);
 }
 
-// Times a CUDA graph of `calls` calls of body(i, stream) (manual time per call).
+// Times a CUDA graph of `calls` calls of body(i, stream). An iteration is one replay (so min_time
+// bounds the run's length); GB/s counts `bytes` per call, us_per_call is the replay's time / calls.
 template <typename F>
 void time_graph(benchmark::State& state, double bytes, int calls, F body) {
   cudaStream_t stream;
@@ -95,6 +99,7 @@ void time_graph(benchmark::State& state, double bytes, int calls, F body) {
   check(cudaGraphLaunch(exec, stream), "graph"), check(cudaStreamSynchronize(stream), "graph");
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event"), check(cudaEventCreate(&stop), "event");
+  double per_call_us = 0;
   for (auto _ : state) {
     check(cudaEventRecord(start, stream), "event");
     check(cudaGraphLaunch(exec, stream), "graph");
@@ -102,10 +107,12 @@ void time_graph(benchmark::State& state, double bytes, int calls, F body) {
     check(cudaEventSynchronize(stop), "event");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, start, stop), "event");
-    state.SetIterationTime(ms / 1e3 / calls);
+    state.SetIterationTime(ms / 1e3);
+    per_call_us += 1e3 * ms / calls;
   }
-  state.SetBytesProcessed(int64_t(bytes) * state.iterations());
-  state.counters["GB/s"] = benchmark::Counter(bytes * state.iterations(), benchmark::Counter::kIsRate);
+  state.SetBytesProcessed(int64_t(bytes * calls) * state.iterations());
+  state.counters["GB/s"] = benchmark::Counter(bytes * calls * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["us_per_call"] = benchmark::Counter(per_call_us, benchmark::Counter::kAvgIterations);
   state.counters["bytes"] = bytes;
   cudaEventDestroy(start), cudaEventDestroy(stop);
   cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(stream);
