@@ -95,8 +95,37 @@ TEST_F(SchedulerTest, ChunkedPrefillUnderATokenBudget) {
     EXPECT_EQ(o.finish, FinishKind::Length);
     EXPECT_EQ(o.tokens.size(), 3u);
   }
-  // 260 prompt tokens at most 24 per step: at least 11 steps.
+  // 260 prompt tokens at most 24 per step: at least 11 steps, and every prompt token ran once.
   EXPECT_GE(scheduler.stats().steps, 11);
+  EXPECT_EQ(scheduler.stats().prefill_tokens, 50 + 60 + 70 + 80);
+  EXPECT_EQ(scheduler.stats().decode_tokens, 4 * 3);
+}
+
+// A prompt run in chunks gives the tokens of those chunks: no token comes from a chunk before the
+// last one (which has logits too, of its last row, in exact mode and near the end in default).
+TEST_F(SchedulerTest, OnlyTheLastChunkOfAPromptIsSampled) {
+  const std::vector<int> prompt = slice(0, 50);
+  for (Mode mode : {Mode::Default, Mode::Exact}) {
+    Scheduler scheduler(*model, &tokenizer, mode, nullptr, SchedulerOptions{1, 4, 24, 0});
+    const Outcome o = collect(*scheduler.submit(request(prompt, 3)));
+    EXPECT_EQ(scheduler.stats().prefill_tokens, 50);
+
+    // The same chunks of 24, 24 and 2 by hand, then greedy decoding.
+    Session s(*model, &tokenizer, mode);
+    s.begin_prompt(prompt, nullptr);
+    std::vector<float> logits;
+    while (s.prompt_left() > 0) {
+      Session* self = &s;
+      logits = run_batch(std::span(&self, 1), {s.next_chunk(24)}).front();
+      s.ran();
+    }
+    std::vector<int> expected;
+    for (int k = 0; k < 3; ++k) {
+      expected.push_back(int(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      if (k < 2) logits = s.decode(expected.back());
+    }
+    EXPECT_EQ(o.tokens, expected) << mode_name(mode);
+  }
 }
 
 TEST_F(SchedulerTest, CancelFreesTheSequence) {
@@ -111,14 +140,14 @@ TEST_F(SchedulerTest, CancelFreesTheSequence) {
   EXPECT_EQ(o.finish, FinishKind::Cancelled);
   EXPECT_LT(o.tokens.size(), 1000u);
   // The scheduler notices at its next step; the sequence is gone from the batch.
-  for (int i = 0; i < 100 && scheduler.stats().running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 1000 && scheduler.stats().running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(scheduler.stats().running, 0);
   EXPECT_EQ(scheduler.stats().cancelled, 1);
 }
 
 TEST_F(SchedulerTest, TheQueueIsBounded) {
   Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr, SchedulerOptions{1, 1, 256, 0});
-  auto first = scheduler.submit(request(slice(0, 10), 200));
+  auto first = scheduler.submit(request(slice(0, 10), 3000));  // busy for seconds, even on a fast machine
   ASSERT_EQ(first->next().kind, GenerationEvent::Kind::Prefilled);  // running: the queue is empty again
   auto second = scheduler.submit(request(slice(0, 10), 2));
   ASSERT_NE(second, nullptr);

@@ -93,7 +93,9 @@ TEST(Server, CachedTokensGrowAcrossTurnsAndReplayAfterTheTtl) {
     json r = server.post("/v1/chat/completions", chat(messages, 8));
     const int64_t cached = r["usage"]["prompt_tokens_details"]["cached_tokens"], prompt = r["usage"]["prompt_tokens"];
     EXPECT_GT(cached, cached_before) << r;
-    if (cached_before >= 0) EXPECT_GE(cached, prompt_before) << "the previous turn's prompt is cached";
+    if (cached_before >= 0) {
+      EXPECT_GE(cached, prompt_before) << "the previous turn's prompt is cached";
+    }
     cached_before = cached;
     prompt_before = prompt;
     messages.push_back({{"role", "assistant"}, {"content", r["choices"][0]["message"]["content"]}});
@@ -193,6 +195,38 @@ TEST(Server, AClientThatGoesAwayFreesItsSequence) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(server.metric("dsv41_running_sequences"), 0);
   EXPECT_EQ(server.metric("dsv41_requests_cancelled_total"), 1);
+}
+
+// Stopping the server finishes the requests in flight (a stream gets its end) instead of
+// waiting for them to run out.
+TEST(Server, StopFinishesRequestsInFlight) {
+  std::string wire;
+  std::thread client;
+  {
+    Running server(ServerOptions{});
+    std::promise<void> first_chunk;
+    client = std::thread([&, port = server.port()] {
+      httplib::Client c("127.0.0.1", port);
+      c.set_read_timeout(120, 0);
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.body = json{{"model", "v41-tiny"}, {"prompt", "Once"}, {"max_tokens", 3000}, {"stream", true}}.dump();
+      req.set_header("Content-Type", "application/json");
+      bool told = false;
+      req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+        wire.append(data, n);
+        if (!told) first_chunk.set_value(), told = true;
+        return true;
+      };
+      c.send(req);
+    });
+    first_chunk.get_future().wait();
+  }  // stops the server here, with the request running
+  client.join();
+  ASSERT_GE(wire.size(), 14u);
+  EXPECT_EQ(wire.substr(wire.size() - 14), "data: [DONE]\n\n");
+  EXPECT_LT(std::count(wire.begin(), wire.end(), '\n'), 2 * 3000) << "ran to the end instead of stopping";
 }
 
 // SSE framing as curl sees it on the wire: every event one "data: <json>" line and a blank line,

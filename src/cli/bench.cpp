@@ -73,10 +73,10 @@ Measured run_scenarios(const ModelDir& m, const Workload& w, Mode mode, const st
 
   Measured out;
   auto timed = [&](const std::string& name, Session& s, const std::vector<int>& prompt) {
-    Row row{name};
+    Row row{name, 0, {}};
     const auto t0 = Clock::now();
     std::vector<float> logits = s.prefill_prompt(prompt, cache.get(), &row.use);
-    Sampler(SamplingParams{}).sample(logits.data(), c.vocab_size);
+    Sampler(SamplingParams{}).sample(logits.data(), sampling_vocab(c, m.tokenizer_or_null()));
     row.ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     out.rows.push_back(row);
     if (progress)
@@ -95,7 +95,7 @@ Measured run_scenarios(const ModelDir& m, const Workload& w, Mode mode, const st
   std::vector<int> conversation = p1;
   Sampler greedy(SamplingParams{});
   for (int k = 0; k < w.reply_tokens; ++k) {
-    conversation.push_back(greedy.sample(logits.data(), c.vocab_size));
+    conversation.push_back(greedy.sample(logits.data(), sampling_vocab(c, m.tokenizer_or_null())));
     logits = a.decode(conversation.back());
   }
   a.save(*cache);
@@ -159,7 +159,7 @@ void add_bench(CLI::App& app) {
 
     // Prompts of random ids above the tokenizer's specials (0..2 in DeepSeek's layout).
     std::mt19937_64 rng(args->seed);
-    std::uniform_int_distribution<int> id(3, c.vocab_size - 1);
+    std::uniform_int_distribution<int> id(3, int(sampling_vocab(c, m.tokenizer_or_null())) - 1);
     auto random_ids = [&](int n) {
       std::vector<int> v(static_cast<size_t>(n));
       for (int& t : v) t = id(rng);

@@ -26,6 +26,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // "412 prompt tokens: 380 cached (device 380), 0 replayed, 32 computed"
+ChatMessage message(ChatRole role, std::string content) {
+  ChatMessage m;
+  m.role = role;
+  m.content = std::move(content);
+  return m;
+}
+
 std::string describe(const PrefixUse& u) {
   std::string where;
   auto add = [&](const char* name, int64_t n) {
@@ -74,7 +81,7 @@ void add_chat(CLI::App& app) {
     if (std::optional<int> eos = tokenizer.token_to_id(chat_token::kEos)) stop.push_back(*eos);
 
     std::vector<ChatMessage> messages;
-    if (!args->system.empty()) messages.push_back(ChatMessage{ChatRole::system, args->system});
+    if (!args->system.empty()) messages.push_back(message(ChatRole::system, args->system));
     ChatOptions options;
     options.thinking = args->thinking;
     const bool interactive = isatty(STDIN_FILENO) && !args->as_json;
@@ -86,7 +93,7 @@ void add_chat(CLI::App& app) {
         --turn;
         continue;
       }
-      messages.push_back(ChatMessage{ChatRole::user, line});
+      messages.push_back(message(ChatRole::user, line));
       const std::vector<int> prompt = tokenizer.encode(render_chat(messages, options), /*add_special_tokens=*/false);
       if (int64_t(prompt.size()) + args->max_tokens > c.max_seq_len)
         fail("chat", "a conversation within the context of " + std::to_string(c.max_seq_len) + " tokens",
@@ -97,11 +104,13 @@ void add_chat(CLI::App& app) {
       std::vector<float> logits = session.prefill_prompt(prompt, &cache, &use);
       const double ttft = std::chrono::duration<double>(Clock::now() - t0).count();
       StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
-      std::vector<int> reply;
-      while (int(reply.size()) < args->max_tokens) {
+      std::vector<int> reply;  // the stop token, if one came, is the last and not generated text
+      int64_t generated = 0;
+      while (generated < args->max_tokens) {
         const int next = sampler.sample(logits.data(), sampling_vocab(c, m.tokenizer_or_null()));
         reply.push_back(next);
         if (std::find(stop.begin(), stop.end(), next) != stop.end()) break;
+        generated += 1;
         if (!args->as_json) fmt::print("{}", stream.push(next)), std::fflush(stdout);
         logits = session.decode(next);
       }
@@ -110,7 +119,7 @@ void add_chat(CLI::App& app) {
       session.save(cache);
 
       const ParsedReply parsed = parse_reply(tokenizer.decode(reply), options.thinking);
-      ChatMessage answer{ChatRole::assistant, parsed.content};
+      ChatMessage answer = message(ChatRole::assistant, parsed.content);
       if (options.thinking) answer.reasoning_content = parsed.reasoning;
       messages.push_back(answer);
       if (args->as_json) {
@@ -125,13 +134,13 @@ void add_chat(CLI::App& app) {
                             {"disk_blocks", use.disk_blocks},
                             {"replayed_tokens", use.replayed},
                             {"computed_tokens", use.computed()},
-                            {"generated_tokens", reply.size()},
+                            {"generated_tokens", generated},
                             {"ttft_ms", ttft * 1e3},
                             {"seconds", seconds}};
         fmt::print("{}\n", j.dump());
       } else {
         fmt::print("{}\n[turn {}: {}; {} generated; first token {:.2f} s]\n", stream.flush(), turn, describe(use),
-                   reply.size(), ttft);
+                   generated, ttft);
       }
       std::fflush(stdout);
     }

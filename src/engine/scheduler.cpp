@@ -61,9 +61,9 @@ TokenEvent token_event(std::span<const float> logits, int token, int top) {
 
 Scheduler::Scheduler(const Model& model, const Tokenizer* tokenizer, Mode mode, KvCache* cache, SchedulerOptions options)
     : model_(model),
-      tokenizer_(tokenizer),
       mode_(mode),
       vocab_(sampling_vocab(model.config(), tokenizer)),
+      hasher_(engram_hasher(model.config(), tokenizer)),
       cache_(cache), options_(options), seeds_(std::random_device{}()) {
   if (options.max_running < 1 || options.max_queued < 0 || options.step_tokens < 1 || options.max_idle < 0)
     fail("scheduler", "max_running >= 1, max_queued >= 0, step_tokens >= 1, max_idle >= 0",
@@ -72,20 +72,22 @@ Scheduler::Scheduler(const Model& model, const Tokenizer* tokenizer, Mode mode, 
   thread_ = std::thread([this] { loop(); });
 }
 
-Scheduler::~Scheduler() {
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::stop() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
   wake_.notify_one();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
   const Config& c = model_.config();
   if (request.prompt.empty()) fail("request", "at least one prompt token", "none");
   for (int t : request.prompt)
-    if (t < 0 || t >= c.vocab_size) fail("request", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
+    if (t < 0 || t >= vocab_) fail("request", "token ids in [0, " + std::to_string(vocab_) + ")", std::to_string(t));
   if (request.max_tokens < 1) fail("request", "max_tokens >= 1", std::to_string(request.max_tokens));
   if (int64_t(request.prompt.size()) + request.max_tokens > c.max_seq_len)
     fail("request", "prompt + max_tokens within the context of " + std::to_string(c.max_seq_len) + " tokens",
@@ -93,7 +95,7 @@ std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
   auto generation = std::make_shared<Generation>(std::move(request));
   {
     std::lock_guard lock(mutex_);
-    if (int64_t(queue_.size()) >= options_.max_queued) {
+    if (stopping_ || int64_t(queue_.size()) >= options_.max_queued) {
       stats_.refused += 1;
       return nullptr;
     }
@@ -138,7 +140,7 @@ std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt) 
         (best == idle_.end() || t.size() > best->session->tokens().size()))
       best = it;
   }
-  if (best == idle_.end()) return std::make_unique<Session>(model_, tokenizer_, mode_);
+  if (best == idle_.end()) return std::make_unique<Session>(model_, hasher_, mode_);
   std::unique_ptr<Session> s = std::move(best->session);
   idle_.erase(best);
   return s;
@@ -153,6 +155,12 @@ void Scheduler::admit() {
       g = std::move(queue_.front());
       queue_.pop_front();
       stats_.queued = int64_t(queue_.size());
+    }
+    if (g->cancelled()) {  // gone while it waited: nothing to run
+      g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
+      std::lock_guard lock(mutex_);
+      stats_.cancelled += 1;
+      continue;
     }
     SamplingParams sampling = g->request.sampling;
     if (sampling.temperature > 0 && sampling.seed == 0) sampling.seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
@@ -244,33 +252,43 @@ void Scheduler::step() {
     stats_.decode_seconds += seconds * double(decode_rows) / rows;
   }
 
-  // Sample every sequence that has logits now: its prompt just ended, or it decoded.
+  // Book every item; sample every sequence whose prompt just ended or that decoded.
   for (size_t i = 0; i < members.size(); ++i) {
     Running& r = *members[i];
-    r.session->ran();
-    if (logits[i].empty()) continue;  // a prompt chunk before the last one
-    const GenerationRequest& req = r.generation->request;
-    const std::span<const float> scores(logits[i].data(), size_t(vocab_));
-    const int token = r.sampler.sample(scores.data(), vocab_);
-    if (std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end()) {
-      finish(r, FinishKind::Stop);
-      r.generation = nullptr;
-      continue;
-    }
-    r.generation->post({GenerationEvent::Kind::Token, {}, token_event(scores, token, req.top_logprobs), FinishKind::Stop, {}});
-    r.generated += 1;
-    {
-      std::lock_guard lock(mutex_);
-      stats_.decode_tokens += 1;
-    }
-    r.next_token = token;
-    if (r.generated >= req.max_tokens) {
-      finish(r, FinishKind::Length);
+    try {
+      advance(r, logits[i]);
+    } catch (const std::exception& e) {
+      finish(r, FinishKind::Error, e.what());
       r.generation = nullptr;
     }
   }
   running_.remove_if([](const Running& r) { return r.generation == nullptr; });
   publish();
+}
+
+void Scheduler::advance(Running& r, const std::vector<float>& logits) {
+  r.session->ran();
+  // A prompt chunk before the last one may still return logits (of its last row): not a token.
+  if (r.session->prompt_left() > 0) return;
+  const GenerationRequest& req = r.generation->request;
+  const std::span<const float> scores(logits.data(), size_t(vocab_));
+  const int token = r.sampler.sample(scores.data(), vocab_);
+  if (std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end()) {
+    finish(r, FinishKind::Stop);
+    r.generation = nullptr;
+    return;
+  }
+  r.generation->post({GenerationEvent::Kind::Token, {}, token_event(scores, token, req.top_logprobs), FinishKind::Stop, {}});
+  r.generated += 1;
+  {
+    std::lock_guard lock(mutex_);
+    stats_.decode_tokens += 1;
+  }
+  r.next_token = token;
+  if (r.generated >= req.max_tokens) {
+    finish(r, FinishKind::Length);
+    r.generation = nullptr;
+  }
 }
 
 void Scheduler::publish() {

@@ -104,9 +104,13 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a request; null when the queue is full. Throws dsv41::Error for a request that can
-  // never run (no prompt tokens, ids outside the vocabulary, max_tokens < 1, beyond the context).
+  // Queues a request; null when the queue is full or the scheduler is stopping. Throws
+  // dsv41::Error for a request that can never run (no prompt tokens, ids the tokenizer does not
+  // have, max_tokens < 1, beyond the context).
   std::shared_ptr<Generation> submit(GenerationRequest request);
+  // Finishes every request as Cancelled (running and queued), refuses new ones, and stops the
+  // thread. The destructor does it too.
+  void stop();
   SchedulerStats stats() const;
   Mode mode() const { return mode_; }
 
@@ -121,15 +125,17 @@ class Scheduler {
   void loop();
   void admit();
   void step();
+  // Books a sequence's batch item and samples its next token when its prompt is done.
+  void advance(Running& r, const std::vector<float>& logits);
   // Ends a sequence: posts Finished and keeps the session idle for a continuation.
   void finish(Running& r, FinishKind kind, const std::string& error = {});
   std::unique_ptr<Session> session_for(const std::vector<int>& prompt);
   void publish();  // running and idle counts into the stats
 
   const Model& model_;
-  const Tokenizer* tokenizer_;
   const Mode mode_;
   const int64_t vocab_;  // sampling_vocab
+  const std::shared_ptr<const EngramHasher> hasher_;
   KvCache* cache_;
   const SchedulerOptions options_;
 

@@ -15,14 +15,21 @@ int64_t sampling_vocab(const Config& config, const Tokenizer* tokenizer) {
   return tokenizer ? std::min<int64_t>(config.vocab_size, tokenizer->vocab_size()) : config.vocab_size;
 }
 
-Session::Session(const Model& model, const Tokenizer* tokenizer, Mode mode)
-    : model_(model), mode_(mode), state_(model.config()) {
-  const Config& c = model.config();
-  if (!c.has_engram()) return;
+std::shared_ptr<const EngramHasher> engram_hasher(const Config& c, const Tokenizer* tokenizer) {
+  if (!c.has_engram()) return nullptr;
   if (!tokenizer)
     fail(c.source, "a tokenizer.json beside a model with Engram (it defines the hashed vocabulary)", "none");
   EngramVocabulary vocab = engram_compress_vocabulary(*tokenizer);
-  hasher_.emplace(c, std::move(vocab.token_map));
+  return std::make_shared<const EngramHasher>(c, std::move(vocab.token_map));
+}
+
+Session::Session(const Model& model, const Tokenizer* tokenizer, Mode mode)
+    : Session(model, engram_hasher(model.config(), tokenizer), mode) {}
+
+Session::Session(const Model& model, std::shared_ptr<const EngramHasher> hasher, Mode mode)
+    : model_(model), mode_(mode), state_(model.config()), hasher_(std::move(hasher)) {
+  if (model.config().has_engram() && !hasher_)
+    fail(model.config().source, "an Engram hasher for a model with Engram", "none");
 }
 
 Session::Call Session::append(std::span<const int> tokens, int64_t decoder_from) {
@@ -39,6 +46,8 @@ Session::Call Session::append(std::span<const int> tokens, int64_t decoder_from)
 }
 
 void Session::start_over(std::span<const int> tokens, SequenceState state) {
+  pending_ = Call{};
+  cursor_ = 0;
   tokens_.assign(tokens.begin(), tokens.end());
   state_ = std::move(state);
   if (hasher_) history_ = hasher_->history_after(tokens, {});
@@ -88,8 +97,9 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   use.prompt_tokens = P;
 
   // The running sequence: continue it when the prompt extends it.
+  // (A prompt that failed half way leaves tokens the state never ran: such a state starts over.)
   const int64_t L = int64_t(tokens_.size());
-  if (L > 0 && L < P && std::equal(tokens_.begin(), tokens_.end(), prompt.begin())) {
+  if (L > 0 && L == state_.length && L < P && std::equal(tokens_.begin(), tokens_.end(), prompt.begin())) {
     use.device_tokens = L;
     return append(prompt.subspan(size_t(L)), prompt_decoder_from(mode_, P, P - L, W));
   }

@@ -9,6 +9,7 @@
 //  * prefill_prompt(prompt, cache) takes a whole prompt (the conversation so far, from its first
 //    token), serves what it can of it from the running state or the KV tiers, runs the rest, and
 //    stores the new blocks and the end-of-prompt tail; save(cache) stores the end-of-output ones.
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -27,6 +28,10 @@ const char* mode_name(Mode mode);
 // (DeepSeek pads 128815 tokens to 129280 rows; an id past the tokenizer names no text and no
 // Engram row).
 int64_t sampling_vocab(const Config& config, const Tokenizer* tokenizer);
+
+// The Engram hasher of a model over its tokenizer's compressed vocabulary; null for a model
+// without Engram. Throws dsv41::Error for a model with Engram and no tokenizer.
+std::shared_ptr<const EngramHasher> engram_hasher(const Config& config, const Tokenizer* tokenizer);
 
 // How prefill_prompt served a prompt: its P tokens are the `cached` ones (whose global KV was not
 // computed) followed by the `computed` ones; `replayed` encoder rows were rerun besides.
@@ -47,6 +52,9 @@ class Session {
   // `tokenizer` may be null for a model without Engram; Engram hashes over the compressed
   // vocabulary that the tokenizer defines, so a model with Engram needs it.
   Session(const Model& model, const Tokenizer* tokenizer, Mode mode = Mode::Default);
+  // With the Engram hasher made once (engram_hasher()) and shared: building it compresses the
+  // whole vocabulary, too slow to repeat for every request of a server.
+  Session(const Model& model, std::shared_ptr<const EngramHasher> hasher, Mode mode = Mode::Default);
 
   // Appends a prompt (or the next turn's input). In default mode the decoder layers run on its
   // last min(W, tokens) positions only, their windows truncated there. Returns the last logits.
@@ -112,7 +120,7 @@ class Session {
   Mode mode_;
   std::vector<int> tokens_;  // every token the state holds, then the ones of the call under way
   SequenceState state_;
-  std::optional<EngramHasher> hasher_;
+  std::shared_ptr<const EngramHasher> hasher_;  // null without Engram
   EngramHistory history_;
   int64_t stored_blocks_ = 0;  // global blocks of this sequence known to be in the cache
   Work work_;

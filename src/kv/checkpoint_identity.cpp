@@ -39,7 +39,11 @@ std::string checkpoint_identity(const std::string& dir) {
   XXH3_state_t* state = owner.get();
   XXH3_128bits_reset(state);
   const std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
-  XXH3_128bits_update(state, text.data(), text.size());
+  XXH3_128bits_update(state, text.data(), text.size() + 1);
+  if (std::ifstream tokenizer{fs::path(dir) / "tokenizer.json", std::ios::binary}) {
+    const std::string json((std::istreambuf_iterator<char>(tokenizer)), std::istreambuf_iterator<char>());
+    XXH3_128bits_update(state, json.data(), json.size() + 1);
+  }
 
   std::vector<fs::path> shards;
   for (const auto& entry : fs::directory_iterator(dir))

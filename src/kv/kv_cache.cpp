@@ -65,8 +65,14 @@ void KvCache::store_blocks(std::span<const int> tokens, const SequenceState& sta
   for (int64_t b = first_block; b < blocks; ++b) {
     const std::span<const int> block = tokens.subspan(size_t(b * B), size_t(B));
     std::vector<uint8_t> payload = global_block(config_, state, b, B);
-    if (store_ && !store_->contains(keys[size_t(b)]))
-      store_->put(keys[size_t(b)], std::span<const int32_t>(block.data(), block.size()), payload);
+    if (store_ && !store_->contains(keys[size_t(b)])) {
+      try {
+        store_->put(keys[size_t(b)], std::span<const int32_t>(block.data(), block.size()), payload);
+      } catch (const std::exception&) {
+        std::lock_guard lock(mutex_);
+        counters_.store_errors += 1;
+      }
+    }
     host_.put(HostBlock{keys[size_t(b)], std::vector<int>(block.begin(), block.end()), std::move(payload)});
   }
 }
@@ -85,6 +91,7 @@ void KvCache::count(const KvCacheCounters& d) {
   counters_.replayed_tokens += d.replayed_tokens;
   counters_.replay_seconds += d.replay_seconds;
   counters_.short_hits += d.short_hits;
+  counters_.store_errors += d.store_errors;
 }
 
 KvCacheStats KvCache::stats() const {

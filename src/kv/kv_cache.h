@@ -46,6 +46,7 @@ struct KvCacheCounters {
   int64_t replayed_tokens = 0;  // encoder rows rerun to regenerate SWA KV
   double replay_seconds = 0;    // wall time of the prefill calls that replayed
   int64_t short_hits = 0;       // global hits not adopted: no longer than the window
+  int64_t store_errors = 0;     // blocks the persistent store failed to write (disk full, I/O)
 };
 
 struct KvCacheStats {
@@ -82,7 +83,8 @@ class KvCache {
   std::optional<TailHit> find_tail(std::span<const int> tokens, int64_t lo, int64_t hi);
 
   // Stores blocks [first_block, state.length / B) of a state holding `tokens`, in the host cache
-  // and the persistent store (a block the store holds already is not rewritten).
+  // and the persistent store (a block the store holds already is not rewritten). A write the
+  // store fails (disk full, I/O error) is counted and skipped: serving goes on without it.
   void store_blocks(std::span<const int> tokens, const SequenceState& state, int64_t first_block);
   // Stores the state's tail in the SWA pool at its position.
   void store_tail(std::span<const int> tokens, const SequenceState& state);

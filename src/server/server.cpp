@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <thread>
 
 #include "base/error.h"
@@ -111,6 +112,7 @@ struct Server::State {
   int64_t created = 0;
 
   MetricsRegistry metrics;
+  std::mutex scrape;  // a scrape raises counters to the engine's totals: one at a time
   Histogram* ttft = nullptr;
   Histogram* duration = nullptr;
 
@@ -139,7 +141,7 @@ void Server::State::load() {
   scheduler_options.idle_ttl_ms = cache_options.swa.ttl_ms;
   scheduler = std::make_unique<Scheduler>(*model, &*tokenizer, options.mode, cache.get(), scheduler_options);
   api.models = {options.model_name};
-  api.vocab_size = model->config().vocab_size;
+  api.vocab_size = sampling_vocab(model->config(), &*tokenizer);
   ready = true;
 }
 
@@ -263,13 +265,12 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     auto last_write = Steady::now();
     for (;;) {
       std::optional<GenerationEvent> e = generation->next_for(std::chrono::milliseconds(250));
-      if (!e) {
-        if (!stream && seconds_since(last_write) >= 1.0) write(" "), last_write = Steady::now();
-        continue;
-      }
+      if (!stream && seconds_since(last_write) >= 1.0) write(" "), last_write = Steady::now();
+      if (!e) continue;
       if (e->kind == GenerationEvent::Kind::Prefilled) {
         usage.cached_tokens = e->use.cached();
       } else if (e->kind == GenerationEvent::Kind::Token) {
+        if (reply->stopped()) continue;  // generated after the stop string, before the cancel took
         if (first_token) ttft->observe(seconds_since(arrived)), first_token = false;
         usage.completion_tokens += 1;
         emit(reply->push(e->token));
@@ -310,7 +311,9 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     }
   };
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(stream ? "text/event-stream" : "application/json", provider);
+  // "; charset=utf-8" also keeps cpp-httplib 0.11 from gzipping the body (it compresses only the
+  // bare "application/json"), which would hold the heartbeat spaces in zlib's buffer.
+  res.set_chunked_content_provider(stream ? "text/event-stream" : "application/json; charset=utf-8", provider);
 }
 
 // Counters mirror cumulative totals kept by the engine: each scrape adds what is new.
@@ -319,6 +322,7 @@ static void sync(Counter& c, double total) {
 }
 
 std::string Server::State::render_metrics() {
+  std::lock_guard lock(scrape);
   MetricsRegistry& m = metrics;
   m.gauge("dsv41_ready", "1 once the model is loaded").set(ready ? 1 : 0);
   if (!ready) return m.render();
@@ -328,7 +332,7 @@ std::string Server::State::render_metrics() {
   sync(m.counter("dsv41_requests_cancelled_total", "Requests whose client went away or that hit a stop string"), double(s.cancelled));
   sync(m.counter("dsv41_requests_failed_total", "Requests the engine failed"), double(s.failed));
   sync(m.counter("dsv41_prompt_tokens_total", "Prompt tokens of admitted requests"), double(s.prompt_tokens));
-  sync(m.counter("dsv41_prefill_tokens_total", "Prompt tokens run (cached ones are not)"), double(s.prefill_tokens));
+  sync(m.counter("dsv41_prefill_tokens_total", "Prompt rows run: computed and replayed, not cached"), double(s.prefill_tokens));
   sync(m.counter("dsv41_generation_tokens_total", "Tokens generated"), double(s.decode_tokens));
   sync(m.counter("dsv41_prefill_seconds_total", "Step time spent on prompt rows"), s.prefill_seconds);
   sync(m.counter("dsv41_decode_seconds_total", "Step time spent on decode rows"), s.decode_seconds);
@@ -351,6 +355,8 @@ std::string Server::State::render_metrics() {
        double(k.counters.replayed_tokens));
   sync(m.counter("dsv41_cache_replay_seconds_total", "Time of the steps that ran an encoder replay"), k.counters.replay_seconds);
   sync(m.counter("dsv41_cache_short_hits_total", "Global hits not adopted: no longer than the window"), double(k.counters.short_hits));
+  sync(m.counter("dsv41_store_write_errors_total", "Blocks the persistent store failed to write (disk full, I/O)"),
+       double(k.counters.store_errors));
   m.gauge("dsv41_host_cache_bytes", "Bytes of global-KV blocks in the host cache").set(double(k.host.bytes));
   m.gauge("dsv41_host_cache_blocks", "Global-KV blocks in the host cache").set(double(k.host.blocks));
   sync(m.counter("dsv41_host_cache_evictions_total", "Host-cache blocks evicted"), double(k.host.evictions));
@@ -426,7 +432,12 @@ Server::Server(ServerOptions options) : state_(std::make_unique<State>()) {
 
 Server::~Server() { stop(); }
 
-void Server::stop() { state_->http.stop(); }
+void Server::stop() {
+  // The scheduler first: it finishes every request, so that no handler waits on a generation
+  // while the HTTP server joins its threads.
+  if (state_->ready) state_->scheduler->stop();
+  state_->http.stop();
+}
 
 void Server::run() {
   State& st = *state_;
