@@ -249,9 +249,13 @@ TEST(Server, SseFramingWithCurl) {
   EXPECT_EQ(wire.substr(wire.size() - 14), "data: [DONE]\n\n");
   std::vector<json> events;
   for (size_t at = 0; at < wire.size() - 14;) {
-    ASSERT_EQ(wire.compare(at, 6, "data: "), 0) << wire.substr(at, 40);
     const size_t end = wire.find("\n\n", at);
     ASSERT_NE(end, std::string::npos);
+    if (wire.compare(at, 2, ": ") == 0) {  // a keep-alive comment, in a long silence
+      at = end + 2;
+      continue;
+    }
+    ASSERT_EQ(wire.compare(at, 6, "data: "), 0) << wire.substr(at, 40);
     events.push_back(json::parse(wire.substr(at + 6, end - at - 6)));
     at = end + 2;
   }
@@ -261,6 +265,23 @@ TEST(Server, SseFramingWithCurl) {
   EXPECT_TRUE(events.back()["choices"].empty());
   EXPECT_EQ(events.back()["usage"]["completion_tokens"], 5);
   EXPECT_EQ(events[events.size() - 2]["choices"][0]["finish_reason"], "length");
+}
+
+// A long prefill is a long silence: the stream says ": keep-alive" meanwhile (so that a client that
+// hung up is noticed), and its events are framed as ever. 3500 prompt tokens take seconds here.
+TEST(Server, KeepAliveDuringALongPrefill) {
+  Running server(ServerOptions{});
+  std::vector<int> prompt(3500);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = 3 + int(i * 7919 % 400);
+  const json body = {{"model", "v41-tiny"}, {"prompt", prompt}, {"max_tokens", 2}, {"stream", true}};
+  auto r = server.client().Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::string& wire = r->body;
+  const size_t first_data = wire.find("data: ");
+  ASSERT_NE(first_data, std::string::npos);
+  EXPECT_NE(wire.substr(0, first_data).find(": keep-alive\n\n"), std::string::npos) << wire.substr(0, 200);
+  EXPECT_EQ(wire.substr(wire.size() - 14), "data: [DONE]\n\n");
 }
 
 // The official openai npm client (tests/e2e, installed by scripts/setup-e2e.sh) against the

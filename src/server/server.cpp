@@ -209,8 +209,9 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   }
 
   // The response is written by a content provider, so that a client that goes away is noticed
-  // at the next write and its sequence freed at once. A stream writes every delta; a plain
-  // response writes a space (JSON allows leading white space) when a second passes in silence.
+  // at the next write and its sequence freed at once. A stream writes every delta; after a second
+  // with nothing written, a stream writes an SSE comment and a plain response a space (JSON
+  // allows leading white space).
   const ResponseMeta meta = new_response_meta(chat ? "chatcmpl" : "cmpl", gen.model);
   auto reply = std::make_shared<ReplyStream>(*tokenizer, gen.sampling.stop, chat, thinking, request.top_logprobs);
   const int64_t prompt_tokens = int64_t(request.prompt.size());
@@ -222,11 +223,13 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     std::vector<TokenLogprob> logprobs;
     int64_t text_offset = 0;
     bool first_token = true, gone = false;
+    auto last_write = Steady::now();
     auto write = [&](const std::string& text) {
       if (!gone && !sink.write(text.data(), text.size())) {
         gone = true;
         generation->cancel();
       }
+      last_write = Steady::now();
       return !gone;
     };
     auto emit = [&](ReplyStream::Delta d) {
@@ -262,10 +265,11 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       role.content = "";
       write(sse_event(chat_chunk_json(meta, role, include_usage)));
     }
-    auto last_write = Steady::now();
     for (;;) {
       std::optional<GenerationEvent> e = generation->next_for(std::chrono::milliseconds(250));
-      if (!stream && seconds_since(last_write) >= 1.0) write(" "), last_write = Steady::now();
+      // A second of silence (a long prefill, a slow step): a byte that costs the client nothing,
+      // to learn whether it is still there.
+      if (seconds_since(last_write) >= 1.0) write(stream ? ": keep-alive\n\n" : " ");
       if (!e) continue;
       if (e->kind == GenerationEvent::Kind::Prefilled) {
         usage.cached_tokens = e->use.cached();

@@ -15,8 +15,9 @@ async function framing(endpoint, body) {
   check((r.headers.get('content-type') ?? '').startsWith('text/event-stream'),
         `${where}: expected content-type text/event-stream`, r.headers.get('content-type'));
   check(text.endsWith('data: [DONE]\n\n'), `${where}: expected the stream to end with "data: [DONE]\\n\\n"`, text.slice(-40));
-  // Events are separated by one blank line; none is empty, none has more than one line.
-  const events = text.slice(0, -2).split('\n\n');
+  // Events are separated by one blank line; none is empty, none has more than one line. A
+  // comment line (": keep-alive", sent in a long silence) is an event the SSE spec ignores.
+  const events = text.slice(0, -2).split('\n\n').filter((e) => !/^: [^\n\r]*$/.test(e));
   for (const [i, e] of events.entries()) {
     check(e.startsWith('data: ') && !e.includes('\n') && !e.includes('\r'),
           `${where}: event ${i}: expected one line "data: ..."`, e);
