@@ -60,23 +60,30 @@ static int64_t prompt_decoder_from(Mode mode, int64_t end, int64_t n, int64_t W)
   return mode == Mode::Default ? end - std::min(W, n) : 0;
 }
 
-std::vector<float> Session::prefill(std::span<const int> tokens) {
-  const int64_t end = state_.length + int64_t(tokens.size());
-  pending_ = append(tokens, prompt_decoder_from(mode_, end, int64_t(tokens.size()), model_.config().window_size));
+void Session::start_call(Call call, KvCache* cache) {
+  pending_ = std::move(call);
   cursor_ = 0;
-  prompt_cache_ = nullptr;
-  const BatchItem call = next_chunk(int64_t(tokens.size()));
-  std::vector<float> logits = forward(model_, state_, call.tokens, call.engram_ids, call.options);
+  prompt_cache_ = cache;
+}
+
+std::vector<float> Session::run_alone(const BatchItem& item) {
+  std::vector<float> logits = forward(model_, state_, item.tokens, item.engram_ids, item.options);
   ran();
   return logits;
 }
 
-std::vector<float> Session::decode(int token) {
-  const BatchItem call = next_decode(token);
-  std::vector<float> logits = forward(model_, state_, call.tokens, call.engram_ids, call.options);
-  ran();
-  return logits;
+void Session::check_cache(const KvCache& cache) const {
+  if (cache.mode() != mode_name(mode_))
+    fail("KV cache", std::string("a cache of ") + mode_name(mode_) + "-mode sequences", cache.mode() + "-mode");
 }
+
+std::vector<float> Session::prefill(std::span<const int> tokens) {
+  const int64_t end = state_.length + int64_t(tokens.size());
+  start_call(append(tokens, prompt_decoder_from(mode_, end, int64_t(tokens.size()), model_.config().window_size)), nullptr);
+  return run_alone(next_chunk(int64_t(tokens.size())));
+}
+
+std::vector<float> Session::decode(int token) { return run_alone(next_decode(token)); }
 
 void Session::resume(std::span<const int> tokens, SequenceState state) {
   if (state.length != int64_t(tokens.size()))
@@ -91,8 +98,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   if (P == 0) fail("prompt", "at least one token", "none");
   for (int t : prompt)
     if (t < 0 || t >= c.vocab_size) fail("prompt", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
-  if (cache && cache->mode() != mode_name(mode_))
-    fail("KV cache", std::string("a cache of ") + mode_name(mode_) + "-mode sequences", cache->mode() + "-mode");
+  if (cache) check_cache(*cache);
   use = PrefixUse{};
   use.prompt_tokens = P;
 
@@ -108,7 +114,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
 
   // The blocks the tiers hold, leaving the last token to run.
   const int B = cache->block_tokens();
-  BlockRun run = cache->find_blocks(prompt, (P - 1) / B);
+  BlockRun run = cache->find_blocks(prompt, (P - 1) / B);  // run.keys name the found blocks
   const int64_t H = run.tokens(B);
   auto count_blocks = [&](int64_t blocks) {
     for (int64_t b = 0; b < blocks; ++b) (run.from_disk[size_t(b)] ? use.disk_blocks : use.host_blocks) += 1;
@@ -117,7 +123,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   // An SWA tail continues exactly from any position whose complete blocks were found. In default
   // mode one at or before H - W is not worth it: replaying from H costs less than computing from there.
   const int64_t lo = mode_ == Mode::Default ? std::max<int64_t>(1, H - W + 1) : 1;
-  if (auto tail = cache->find_tail(prompt, lo, std::min(P - 1, H + B - 1))) {
+  if (auto tail = cache->find_tail(prompt, run.keys, lo, std::min(P - 1, H + B - 1))) {
     const int64_t n = tail->position, blocks = n / B;
     run.blocks.resize(size_t(blocks));
     start_over(prompt.first(size_t(n)), restore_sequence(c, run.blocks, B, &tail->snapshot->tail));
@@ -146,9 +152,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
 
 PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache) {
   PrefixUse use;
-  pending_ = plan(prompt, cache, use);
-  cursor_ = 0;
-  prompt_cache_ = cache;
+  start_call(plan(prompt, cache, use), cache);
   return use;
 }
 
@@ -176,9 +180,7 @@ BatchItem Session::next_chunk(int64_t max_tokens) {
 
 BatchItem Session::next_decode(int token) {
   if (prompt_left() > 0) fail("next_decode", "a finished prompt", std::to_string(prompt_left()) + " prompt tokens left");
-  pending_ = append(std::span<const int>(&token, 1), 0);
-  cursor_ = 0;
-  prompt_cache_ = nullptr;
+  start_call(append(std::span<const int>(&token, 1), 0), nullptr);
   return item(0, 1, pending_.options);
 }
 
@@ -205,8 +207,7 @@ std::vector<float> Session::prefill_prompt(std::span<const int> prompt, KvCache*
 }
 
 void Session::save(KvCache& cache) {
-  if (cache.mode() != mode_name(mode_))
-    fail("KV cache", std::string("a cache of ") + mode_name(mode_) + "-mode sequences", cache.mode() + "-mode");
+  check_cache(cache);
   if (state_.length == 0) return;
   cache.store_blocks(tokens_, state_, stored_blocks_);
   stored_blocks_ = state_.length / cache.block_tokens();

@@ -114,6 +114,10 @@ class Session {
   Call plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use);
   Call append(std::span<const int> tokens, int64_t decoder_from);
   BatchItem item(int64_t from, int64_t rows, ForwardOptions options);
+  // Makes `call` the one being handed out; at its end, `cache` (if any) gets the blocks and tail.
+  void start_call(Call call, KvCache* cache);
+  std::vector<float> run_alone(const BatchItem& item);  // forward() on this session only, then ran()
+  void check_cache(const KvCache& cache) const;          // of this session's mode
   void start_over(std::span<const int> tokens, SequenceState state);
 
   const Model& model_;

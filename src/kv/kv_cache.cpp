@@ -26,6 +26,7 @@ BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {
     if (auto hit = host_.get(keys[b], block)) {
       run.blocks.push_back(hit->payload);
       run.from_disk.push_back(false);
+      run.keys.push_back(keys[b]);
       continue;
     }
     if (!store_) break;
@@ -34,17 +35,18 @@ BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {
     host_.put(HostBlock{keys[b], std::vector<int>(block.begin(), block.end()), *payload});
     run.blocks.push_back(std::move(*payload));
     run.from_disk.push_back(true);
+    run.keys.push_back(keys[b]);
   }
   return run;
 }
 
-std::optional<KvCache::TailHit> KvCache::find_tail(std::span<const int> tokens, int64_t lo, int64_t hi) {
-  lo = std::max<int64_t>(lo, 0);
-  hi = std::min<int64_t>(hi, int64_t(tokens.size()));
-  if (lo > hi) return std::nullopt;
-  // prefix_key(n) continues the key of the last complete block below n: hash the blocks once.
+std::optional<KvCache::TailHit> KvCache::find_tail(std::span<const int> tokens, std::span<const BlockKey> blocks,
+                                                   int64_t lo, int64_t hi) {
   const int B = block_tokens();
-  const std::vector<BlockKey> blocks = keys_.keys(tokens.first(size_t(hi)));
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min(hi, std::min<int64_t>(int64_t(tokens.size()), (int64_t(blocks.size()) + 1) * B - 1));
+  if (lo > hi) return std::nullopt;
+  // prefix_key(n) continues the key of the last complete block below n, which the caller has.
   std::vector<std::pair<BlockKey, int64_t>> candidates;
   for (int64_t n = hi; n >= lo; --n) {
     const int64_t full = n / B;

@@ -60,6 +60,7 @@ struct KvCacheStats {
 struct BlockRun {
   std::vector<std::vector<uint8_t>> blocks;  // payloads, in order
   std::vector<bool> from_disk;               // per block: found in the store, not the host cache
+  std::vector<BlockKey> keys;                // per block: its key
   int64_t tokens(int block_tokens) const { return int64_t(blocks.size()) * block_tokens; }
 };
 
@@ -75,12 +76,14 @@ class KvCache {
   // The blocks of `tokens` found from the start (at most max_blocks), host first, then disk; the
   // run stops at the first block found in neither.
   BlockRun find_blocks(std::span<const int> tokens, int64_t max_blocks);
-  // The live SWA-pool tail at the latest position in [lo, hi] of `tokens`, if any.
+  // The live SWA-pool tail at the latest position in [lo, hi] of `tokens`, if any. `block_keys`
+  // are the keys of its first blocks (a BlockRun's), at least every complete block below hi.
   struct TailHit {
     int64_t position;
     std::shared_ptr<const SwaSnapshot> snapshot;
   };
-  std::optional<TailHit> find_tail(std::span<const int> tokens, int64_t lo, int64_t hi);
+  std::optional<TailHit> find_tail(std::span<const int> tokens, std::span<const BlockKey> block_keys, int64_t lo,
+                                   int64_t hi);
 
   // Stores blocks [first_block, state.length / B) of a state holding `tokens`, in the host cache
   // and the persistent store (a block the store holds already is not rewritten). A write the
