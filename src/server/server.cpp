@@ -201,7 +201,12 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   request.stop_ids = stop_ids;
   request.top_logprobs = gen.logprobs.enabled ? gen.logprobs.top : -1;
 
-  std::shared_ptr<Generation> generation = scheduler->submit(request);
+  std::shared_ptr<Generation> generation;
+  try {
+    generation = scheduler->submit(request);
+  } catch (const Error& e) {  // a request the engine can never run: the client's to fix
+    return send_error(res, ApiError(400, e.what(), "prompt", "invalid_value"));
+  }
   if (!generation) {
     res.set_header("Retry-After", "1");
     return send_error(res, ApiError(503, "the server is at capacity: every queue slot is taken; retry shortly", "",
