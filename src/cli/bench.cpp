@@ -89,8 +89,8 @@ Measured run_scenarios(const ModelDir& m, const Workload& w, Mode mode, const st
   const std::vector<int> p1 = cat({&w.document, &w.q1});
   std::vector<float> logits = timed("cold", a, p1);
   out.cold_work = a.work();
-  for (const auto& [layer, cc] : a.state().compressed) out.global_bytes += int64_t(cc.kv.size() + cc.index_k.size());
-  for (const auto& ring : a.state().window) out.swa_bytes += int64_t(ring.size());
+  out.global_bytes = a.state().global_kv_bytes();
+  out.swa_bytes = a.state().window_bytes();
   out.tokens = a.length();
   std::vector<int> conversation = p1;
   Sampler greedy(SamplingParams{});

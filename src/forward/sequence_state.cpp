@@ -9,10 +9,15 @@ SequenceState::SequenceState(const Config& c) {
   for (int s : c.kv_source_layers) compressed[s];
 }
 
-int64_t SequenceState::kv_bytes() const {
+int64_t SequenceState::global_kv_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [layer, c] : compressed) bytes += int64_t(c.kv.size() + c.index_k.size());
+  return bytes;
+}
+
+int64_t SequenceState::window_bytes() const {
   int64_t bytes = 0;
   for (const auto& w : window) bytes += int64_t(w.size());
-  for (const auto& [layer, c] : compressed) bytes += int64_t(c.kv.size() + c.index_k.size());
   return bytes;
 }
 

@@ -29,8 +29,11 @@ struct SequenceState {
   std::vector<std::vector<uint8_t>> window;      // per backbone layer: W × swa_fp8::bytes(head_dim)
   std::map<int, CompressedCache> compressed;     // by kv-source layer
 
-  // Bytes held for this sequence's KV (what the allocator would report).
-  int64_t kv_bytes() const;
+  // Bytes held for this sequence's KV (what the allocator would report): the global KV (compressed
+  // entries and index keys) plus the sliding-window rings.
+  int64_t global_kv_bytes() const;
+  int64_t window_bytes() const;
+  int64_t kv_bytes() const { return global_kv_bytes() + window_bytes(); }
 };
 
 }  // namespace dsv41

@@ -19,23 +19,25 @@ KvCache::KvCache(const Config& config, KvCacheOptions options)
 
 BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {
   const int B = block_tokens();
-  const std::vector<BlockKey> keys = keys_.keys(tokens.first(size_t(std::min<int64_t>(max_blocks * B, tokens.size()))));
+  const int64_t n = std::min<int64_t>(max_blocks, int64_t(tokens.size()) / B);
   BlockRun run;
-  for (size_t b = 0; b < keys.size(); ++b) {
-    const std::span<const int> block = tokens.subspan(b * size_t(B), size_t(B));
-    if (auto hit = host_.get(keys[b], block)) {
+  // Keys are chained: each one is made only when the run got that far.
+  for (int64_t b = 0; b < n; ++b) {
+    const std::span<const int> block = tokens.subspan(size_t(b * B), size_t(B));
+    const BlockKey key = keys_.next(b == 0 ? keys_.salt() : run.keys.back(), block);
+    if (auto hit = host_.get(key, block)) {
       run.blocks.push_back(hit->payload);
       run.from_disk.push_back(false);
-      run.keys.push_back(keys[b]);
+      run.keys.push_back(key);
       continue;
     }
     if (!store_) break;
-    std::optional<std::vector<uint8_t>> payload = store_->get(keys[b], block);
+    std::optional<std::vector<uint8_t>> payload = store_->get(key, block);
     if (!payload) break;
-    host_.put(HostBlock{keys[b], std::vector<int>(block.begin(), block.end()), *payload});
+    host_.put(HostBlock{key, std::vector<int>(block.begin(), block.end()), *payload});
     run.blocks.push_back(std::move(*payload));
     run.from_disk.push_back(true);
-    run.keys.push_back(keys[b]);
+    run.keys.push_back(key);
   }
   return run;
 }
