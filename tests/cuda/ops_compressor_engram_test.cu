@@ -1,4 +1,5 @@
-// The compressor's kernels (cuda::pool_groups, cuda::kv_fp4_encode, cuda::mxfp4_encode) and
+// The compressor's kernels (cuda::pool_groups, cuda::kv_fp4_encode, cuda::mxfp4_encode), the
+// sliding window's encoder (cuda::swa_fp8_encode) and
 // Engram's (cuda::engram_gather, cuda::engram_gate) against the CPU ops and codecs on the same
 // random inputs, at V4.1-Flash shapes (head dim 512 pooled over m = 2 and 4, index keys of 128,
 // Engram rows of 256 × 24 columns into 4 streams of 5120) and small odd ones.
@@ -102,6 +103,23 @@ TEST(CudaCompressor, CacheEncodersAreTheCodecsBitForBit) {
     cuda::mxfp4_encode(dx.get(), c.entries, c.d, dout.get());
     const size_t bad = byte_mismatches(dout.download(), want);
     std::printf("mxfp4_encode %d × %d: %zu of %zu bytes differ\n", c.entries, c.d, bad, want.size());
+    EXPECT_EQ(bad, 0u);
+  }
+  // SWA-FP8, each entry to its own slot: here entry e to slot entries - 1 - e, as a ring scatters.
+  for (const Case c : {Case{300, 512}, Case{7, 64}}) {
+    const std::vector<float> x = codec_input(c.entries, c.d, seed += 7);
+    const size_t bytes = swa_fp8::bytes(c.d);
+    std::vector<uint8_t> want(size_t(c.entries) * bytes);
+    for (int e = 0; e < c.entries; ++e) swa_fp8::encode(x.data() + size_t(e) * c.d, c.d, want.data() + (c.entries - 1 - e) * bytes);
+    DeviceArray<float> dx(x);
+    DeviceArray<uint8_t> dout(want.size());
+    dout.poison();
+    std::vector<uint8_t*> slots;
+    for (int e = 0; e < c.entries; ++e) slots.push_back(dout.get() + (c.entries - 1 - e) * bytes);
+    DeviceArray<uint8_t*> dslots(slots);
+    cuda::swa_fp8_encode(dx.get(), c.entries, c.d, dslots.get());
+    const size_t bad = byte_mismatches(dout.download(), want);
+    std::printf("swa_fp8_encode %d × %d: %zu of %zu bytes differ\n", c.entries, c.d, bad, want.size());
     EXPECT_EQ(bad, 0u);
   }
 }

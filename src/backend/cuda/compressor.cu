@@ -1,4 +1,4 @@
-// Compressor pooling and the KV-FP4 / MXFP4 cache encoders.
+// Compressor pooling and the KV-FP4 / MXFP4 / SWA-FP8 cache encoders.
 //
 // pool_kernel: one thread per (group, channel); it walks the group's m rows in the CPU op's order
 // (max, sum of exp, weighted sum), reading each score twice and each kv once: coalesced across the
@@ -81,6 +81,27 @@ void encode(const char* name, const float* x, int64_t entries, int d, uint8_t* o
   check_launch(name);
 }
 
+// SWA-FP8: one warp per entry, one lane per 32-value block (e4m3 codes, a power-of-two scale),
+// each entry to its own destination (a ring slot, or a row of a forward call's window buffer).
+// Traffic: d·4 bytes in, bytes(d) out per entry (2 KB → 528 B at d = 512).
+__global__ void swa_fp8_encode_kernel(const float* x, int64_t entries, int d, uint8_t* const* out) {
+  const int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (e >= entries) return;
+  const float* xe = x + e * d;
+  uint8_t* oe = out[e];
+  for (int b = threadIdx.x % 32; b < d / swa_fp8::kBlock; b += 32) {
+    const float* v = xe + b * swa_fp8::kBlock;
+    float amax = 0.0f;
+    for (int i = 0; i < swa_fp8::kBlock; ++i) {
+      const float a = v[i] < 0.0f ? -v[i] : v[i];
+      amax = a > amax ? a : amax;
+    }
+    const float scale = swa_fp8::block_scale(amax);
+    oe[swa_fp8::scales_offset(d) + b] = e8m0_from_pow2(scale);
+    for (int i = 0; i < swa_fp8::kBlock; ++i) oe[b * swa_fp8::kBlock + i] = e4m3_from_float(v[i] / scale);
+  }
+}
+
 }  // namespace
 
 void pool_groups(const float* kv, const float* score, int64_t groups, int m, int d, bool round, float* out,
@@ -98,6 +119,15 @@ void kv_fp4_encode(const float* x, int64_t entries, int d, uint8_t* out, cudaStr
 
 void mxfp4_encode(const float* x, int64_t entries, int d, uint8_t* out, cudaStream_t stream) {
   encode<MxFp4>("cuda::mxfp4_encode", x, entries, d, out, stream);
+}
+
+void swa_fp8_encode(const float* x, int64_t entries, int d, uint8_t* const* out, cudaStream_t stream) {
+  if (entries <= 0) return;
+  if (d <= 0 || d % swa_fp8::kBlock != 0)
+    fail("cuda::swa_fp8_encode", "a length that is a positive multiple of 32", "d = " + std::to_string(d));
+  constexpr int kThreads = 256;
+  swa_fp8_encode_kernel<<<unsigned((entries * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, entries, d, out);
+  check_launch("cuda::swa_fp8_encode");
 }
 
 }  // namespace dsv41::cuda

@@ -1,7 +1,8 @@
 #pragma once
 // The compressor on the GPU: gated pooling (backend/cpu/compressor.h) over many groups at once, and
-// the two cache encoders of what it produces (numerics/codecs.h): KV-FP4 for the main KV, MXFP4
-// for the index keys. The norm between them is cuda::rms_norm, RoPE cuda::rope.
+// the cache encoders (numerics/codecs.h): KV-FP4 for the main KV and MXFP4 for the index keys that
+// the compressor produces, SWA-FP8 for the sliding window. The norm between them is cuda::rms_norm,
+// RoPE cuda::rope.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -18,5 +19,9 @@ void kv_fp4_encode(const float* x, int64_t entries, int d, uint8_t* out, cudaStr
 
 // out [entries, mxfp4::bytes(d)] = mxfp4::encode of each row of x [entries, d]; bit-exact.
 void mxfp4_encode(const float* x, int64_t entries, int d, uint8_t* out, cudaStream_t stream = nullptr);
+
+// swa_fp8::encode of each row of x [entries, d] into out[e] (device array of `entries` device
+// pointers, one swa_fp8::bytes(d) entry each: ring slots or window-buffer rows); bit-exact.
+void swa_fp8_encode(const float* x, int64_t entries, int d, uint8_t* const* out, cudaStream_t stream = nullptr);
 
 }  // namespace dsv41::cuda

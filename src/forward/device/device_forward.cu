@@ -1,0 +1,614 @@
+// The forward on the device (device_forward.h), step for step the CPU forward (forward.cpp); the
+// comments there say why each step is what it is, the comments here what differs on the device.
+//
+// Rows. A call's rows are the items' rows one after another ([T, ...] buffers, item b at rows
+// [offset_b, offset_b + rows_b)); positions[T] tells each row its position. Per-row ops run once
+// over all T rows, so a decode batch reads each weight once per step, not once per sequence.
+//
+// Windows. A sequence's window entries are SWA-FP8 as in its ring. A decode row (one row, not the
+// first call) writes its own entry into the ring slot first — the slot it overwrites, position
+// pos - W, is outside its window — and attends over the ring. A multi-row call attends over a
+// window buffer [W ring slots | the call's rows], since its rows need entries their successors
+// overwrite in the ring; the ring keeps the last W rows afterwards.
+//
+// Sub-layer boundaries run as cuda::mega_mhc (the residual read and written once) wherever the
+// CPU's write_back, hc_mixes, hc_pre and rms_norm follow each other with nothing in between: not
+// before a layer with Engram (which updates the streams first), nor at the decoder's start (where
+// bounded replay drops rows).
+//
+// MoE: cuda::route on the device, then the routing comes to the host once per layer to list each
+// expert's rows.
+#include "forward/device/device_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend/cpu/moe.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/compressor.h"
+#include "backend/cuda/engram.h"
+#include "backend/cuda/indexer.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/mhc.h"
+#include "backend/cuda/moe.h"
+#include "backend/cuda/norm.h"
+#include "backend/cuda/rope.h"
+#include "backend/cuda/sparse_attention.h"
+#include "base/error.h"
+#include "forward/device/rows.h"
+#include "forward/window.h"
+#include "numerics/codecs.h"
+
+namespace dsv41::cuda {
+
+namespace {
+
+using Floats = DeviceBuffer<float>;
+
+// One item during the call: its rows (those still running) and where they sit in the batch.
+struct Item {
+  DeviceSequence* seq;
+  const DeviceItem* in;
+  int64_t start, rows, offset;
+  int64_t replay_until = 0;
+  bool kv_projected = false;
+  const int64_t* engram_ids;
+  DeviceBuffer<uint8_t> candidates;  // [rows, entries] from the candidate source layer
+  int64_t candidate_entries = 0;
+  bool first_call() const { return start == 0; }
+  bool decode_in_ring() const { return rows == 1 && start > 0; }
+};
+
+class Call {
+ public:
+  Call(const DeviceModel& model, const std::vector<DeviceItem>& batch, cudaStream_t stream)
+      : m_(model), c_(model.config()), stream_(stream) {
+    int64_t offset = 0;
+    for (const DeviceItem& in : batch) {
+      const int64_t R = int64_t(in.tokens.size());
+      if (R == 0) fail("cuda::forward_batch", "at least one token per item", "none");
+      if (c_.has_engram() && !in.engram_ids) fail("cuda::forward_batch", "Engram hash ids for a model with Engram", "none");
+      if (in.options.keep_replayed_rows) fail("cuda::forward_batch", "no keep_replayed_rows (a CPU measurement hook)", "set");
+      if (in.options.trace && batch.size() != 1) fail("cuda::forward_batch", "a Trace on a batch of one item", std::to_string(batch.size()) + " items");
+      DeviceSequence* s = in.sequence;
+      if (s->length + R > s->capacity())
+        fail("cuda::forward_batch", "at most " + std::to_string(s->capacity()) + " tokens in a sequence",
+             std::to_string(s->length + R));
+      items_.push_back(Item{s, &in, s->length, R, offset, 0, false, in.engram_ids, {}, 0});
+      offset += R;
+    }
+    T_ = offset;
+    trace_ = batch.size() == 1 ? batch[0].options.trace : nullptr;
+  }
+
+  std::vector<std::vector<float>> run();
+
+ private:
+  float eps() const { return float(c_.norm_eps); }
+  int64_t pos(const Item& it, int64_t r) const { return it.start + r; }
+  void upload_positions();
+  void mixes_and_input(int l, const float* pre_in, float* pre, float* post, float* comb, const Weight& norm);
+  void drop_encoder_only_rows(int ds);
+  void engram(int l);
+  void attention(int l, float* out);
+  void window_lists(int l);
+  void compress(Item& it, int l, const float* x);
+  void index(int l, const float* x, const float* qr);
+  void moe(int l, float* out);
+  std::vector<std::vector<float>> logits();
+
+  const DeviceModel& m_;
+  const Config& c_;
+  cudaStream_t stream_;
+  std::vector<Item> items_;
+  int64_t T_ = 0;
+  Trace* trace_ = nullptr;
+
+  Floats X_, X2_, pre_mix_, h_, y_;
+  Floats a_pre_, a_post_, a_comb_, f_pre_, f_post_, f_comb_;
+  DeviceBuffer<int64_t> positions_;
+  DeviceBuffer<int32_t> topk_;  // [T, K] entries of the latest index source
+  int K_ = 0;
+  // The window entry lists of the current phase (encoder / decoder layers), and their width.
+  int window_phase_ = -1;
+  DeviceBuffer<int32_t> window_;
+  int window_width_ = 0;
+};
+
+void Call::upload_positions() {
+  std::vector<int64_t> p;
+  for (const Item& it : items_)
+    for (int64_t r = 0; r < it.rows; ++r) p.push_back(pos(it, r));
+  positions_ = scratch_from(p, stream_);
+}
+
+// hc_mixes of the streams X_ with layer l's attention weights, and h = norm(hc_pre(X_, pre_in)).
+void Call::mixes_and_input(int l, const float* pre_in, float* pre, float* post, float* comb, const Weight& norm) {
+  const int hc = c_.hc_mult;
+  hc_mixes(X_.get(), T_, hc, c_.dim, m_.layer(l).hc_attn, eps(), c_.hc_sinkhorn_iters, float(c_.hc_eps), pre, post, comb,
+           stream_);
+  hc_pre(X_.get(), pre_in, T_, hc, c_.dim, h_.get(), stream_);
+  rms_norm(h_.get(), T_, c_.dim, &norm, eps(), h_.get(), stream_);
+}
+
+std::vector<std::vector<float>> Call::run() {
+  const int64_t d = c_.dim, hc = c_.hc_mult;
+  const int ds = c_.decoder_start();
+  if (trace_) {
+    trace_->block_out.assign(size_t(c_.n_layers), {});
+    trace_->route_experts.assign(size_t(c_.n_layers), {});
+    trace_->route_scores.assign(size_t(c_.n_layers), {});
+    trace_->topk.clear();
+    trace_->index_scores.clear();
+  }
+
+  // The residual: hc copies of each embedding row; the first input mix is e0.
+  std::vector<int32_t> tokens;
+  std::vector<float> pre_mix(size_t(T_ * hc), 0.0f);
+  for (const Item& it : items_)
+    for (int t : it.in->tokens) {
+      if (t < 0 || t >= c_.vocab_size)
+        fail("forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
+      pre_mix[tokens.size() * hc] = 1.0f;
+      tokens.push_back(t);
+    }
+  X_ = scratch<float>(T_ * hc * d, stream_);
+  X2_ = scratch<float>(T_ * hc * d, stream_);
+  embed_rows(m_.embed(), scratch_from(tokens, stream_).get(), T_, int(hc), d, X_.get(), stream_);
+  pre_mix_ = scratch_from(pre_mix, stream_);
+  h_ = scratch<float>(T_ * d, stream_);
+  for (Floats* b : {&a_pre_, &a_post_, &f_pre_, &f_post_}) *b = scratch<float>(T_ * hc, stream_);
+  for (Floats* b : {&a_comb_, &f_comb_}) *b = scratch<float>(T_ * hc * hc, stream_);
+  upload_positions();
+
+  for (Item& it : items_) {
+    const ForwardOptions& o = it.in->options;
+    if (o.replay_until > 0) {
+      if (o.replay_until <= it.start || o.replay_until > it.start + it.rows)
+        fail("forward", "replay_until inside the call's positions (" + std::to_string(it.start) + ", " +
+                            std::to_string(it.start + it.rows) + "]", std::to_string(o.replay_until));
+      it.replay_until = o.replay_until;
+      it.seq->encoder_window_floor = it.start;
+    }
+  }
+
+  bool fused_entry = false;  // h_ and a_* already hold this layer's attention input (mega_mhc)
+  for (int l = 0; l < c_.n_layers && T_ > 0; ++l) {
+    const LayerWeights& L = m_.layer(l);
+    if (l == ds) {
+      drop_encoder_only_rows(ds);
+      if (T_ == 0) break;
+    }
+    if (!fused_entry) {
+      if (L.engram) engram(l);
+      mixes_and_input(l, pre_mix_.get(), a_pre_.get(), a_post_.get(), a_comb_.get(), L.attn_norm);
+    }
+    y_ = scratch<float>(T_ * d, stream_);
+    attention(l, y_.get());
+    mega_mhc(y_.get(), X_.get(), a_post_.get(), a_comb_.get(), a_pre_.get(), T_, int(hc), d, L.hc_ffn, &L.ffn_norm, eps(),
+             c_.hc_sinkhorn_iters, float(c_.hc_eps), X2_.get(), h_.get(), f_pre_.get(), f_post_.get(), f_comb_.get(),
+             stream_);
+    std::swap(X_, X2_);
+    moe(l, y_.get());
+    const int next = l + 1;
+    fused_entry = next < c_.n_layers && next != ds && !m_.layer(next).engram;
+    if (fused_entry) {
+      const LayerWeights& N = m_.layer(next);
+      mega_mhc(y_.get(), X_.get(), f_post_.get(), f_comb_.get(), f_pre_.get(), T_, int(hc), d, N.hc_attn, &N.attn_norm,
+               eps(), c_.hc_sinkhorn_iters, float(c_.hc_eps), X2_.get(), h_.get(), a_pre_.get(), a_post_.get(),
+               a_comb_.get(), stream_);
+    } else {
+      hc_post(y_.get(), X_.get(), f_post_.get(), f_comb_.get(), T_, int(hc), d, X2_.get(), stream_);
+    }
+    std::swap(X_, X2_);
+    std::swap(pre_mix_, f_pre_);  // the next sub-layer's `pre` input is this FFN's
+    if (trace_) trace_->block_out[size_t(l)] = X_.download(stream_);
+  }
+  for (Item& it : items_) it.seq->length += int64_t(it.in->tokens.size());
+  return logits();
+}
+
+// Decoder bounded replay (forward.cpp drop_encoder_only_rows), for each item on its own.
+void Call::drop_encoder_only_rows(int ds) {
+  const int64_t d = c_.dim, hc = c_.hc_mult;
+  std::vector<int64_t> cut(items_.size());
+  bool any = false;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    Item& it = items_[i];
+    const int64_t from = std::max(it.in->options.decoder_from, it.replay_until);
+    it.seq->decoder_window_floor = std::max(it.seq->decoder_window_floor, from);
+    cut[i] = std::clamp<int64_t>(from - it.start, 0, it.rows);
+    any |= cut[i] > 0;
+  }
+  if (!any) return;
+  const LayerWeights& L = m_.layer(ds);
+  hc_pre(X_.get(), pre_mix_.get(), T_, int(hc), d, h_.get(), stream_);
+  rms_norm(h_.get(), T_, d, &L.attn_norm, eps(), h_.get(), stream_);
+  std::vector<int32_t> keep;
+  int64_t offset = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    Item& it = items_[i];
+    if (cut[i] > 0) {
+      compress(it, ds, h_.get() + it.offset * d);
+      it.kv_projected = true;
+    }
+    for (int64_t r = cut[i]; r < it.rows; ++r) keep.push_back(int32_t(it.offset + r));
+    if (it.engram_ids) it.engram_ids += cut[i] * int64_t(c_.engram_layer_ids.size()) * c_.engram_hash_columns();
+    it.start += cut[i];
+    it.rows -= cut[i];
+    it.offset = offset;
+    offset += it.rows;
+  }
+  T_ = offset;
+  if (T_ == 0) return;
+  DeviceBuffer<int32_t> index = scratch_from(keep, stream_);
+  gather_rows(X_.get(), index.get(), T_, hc * d, X2_.get(), stream_);
+  std::swap(X_, X2_);
+  Floats pre = scratch<float>(T_ * hc, stream_);
+  gather_rows(pre_mix_.get(), index.get(), T_, hc, pre.get(), stream_);
+  pre_mix_ = std::move(pre);
+  upload_positions();
+  window_phase_ = -1;
+}
+
+void Call::engram(int l) {
+  const EngramWeights& g = *m_.layer(l).engram;
+  const int n_engram = int(c_.engram_layer_ids.size()), cols = c_.engram_hash_columns();
+  const int e = int(std::find(c_.engram_layer_ids.begin(), c_.engram_layer_ids.end(), l) - c_.engram_layer_ids.begin());
+  const int64_t hd = c_.engram_head_dim, d = c_.dim, hc = c_.hc_mult;
+  std::vector<int64_t> ids;
+  for (const Item& it : items_)
+    for (int64_t r = 0; r < it.rows; ++r)
+      ids.insert(ids.end(), it.engram_ids + (r * n_engram + e) * cols, it.engram_ids + (r * n_engram + e + 1) * cols);
+  Floats emb = scratch<float>(T_ * cols * hd, stream_), kv = scratch<float>(T_ * (hc + 1) * d, stream_);
+  engram_gather(g.table, g.table_scale, hd, scratch_from(ids, stream_).get(), T_, cols, emb.get(), stream_);
+  linear(emb.get(), T_, g.wkv, kv.get(), stream_);
+  engram_gate(X_.get(), kv.get(), m_.engram_qk(l), T_, int(hc), d, eps(), stream_);
+}
+
+// The window slots of every row (forward/window.h), as indices into its item's window buffer:
+// ring slot t mod W for t before the call, W + (t - start) for the call's own rows (the ring
+// itself, t mod W throughout, for a decode row). Depends only on the phase (window floor).
+void Call::window_lists(int l) {
+  const int phase = l >= c_.decoder_start() ? 1 : 0;
+  if (phase == window_phase_) return;
+  window_phase_ = phase;
+  const int64_t W = c_.window_size;
+  window_width_ = 0;
+  for (const Item& it : items_) window_width_ = std::max<int>(window_width_, int(it.first_call() ? std::min(it.rows, W) : W));
+  std::vector<int32_t> list(size_t(T_ * window_width_), -1);
+  std::vector<int64_t> slots;
+  for (const Item& it : items_) {
+    const int64_t floor = phase ? it.seq->decoder_window_floor : it.seq->encoder_window_floor;
+    for (int64_t r = 0; r < it.rows; ++r) {
+      window_positions(pos(it, r), it.start, it.rows, W, floor, slots);
+      int32_t* out = list.data() + (it.offset + r) * window_width_;
+      for (size_t j = 0; j < slots.size(); ++j) {
+        const int64_t t = slots[j];
+        out[j] = int32_t(t == kEmptySlot ? -1 : it.decode_in_ring() || t < it.start ? t % W : W + t - it.start);
+      }
+    }
+  }
+  window_ = scratch_from(list, stream_);
+}
+
+// --- CSA2: the compressor of a kv-source layer ------------------------------------------------------
+
+void Call::compress(Item& it, int l, const float* x) {
+  const AttentionWeights& a = m_.layer(l).attn;
+  const float* freqs = m_.rope_freqs(l);
+  const int ratio = c_.compress_ratios[size_t(l)];
+  const int64_t hd = c_.head_dim, rd = c_.rope_head_dim, ihd = c_.index_head_dim;
+  DeviceCompressed& cache = it.seq->compressed.at(l);
+  const int64_t first = std::clamp<int64_t>(it.replay_until - it.start, 0, it.rows), rows = it.rows - first;
+  if (rows == 0) return;
+  const float* xs = x + first * c_.dim;
+
+  Floats latents;
+  std::vector<int64_t> group_pos;
+  if (ratio == 1) {
+    latents = scratch<float>(rows * hd, stream_);
+    linear(xs, rows, a.compressor_wkv, latents.get(), stream_);
+    rms_norm(latents.get(), rows, hd, &a.compressor_norm, eps(), latents.get(), stream_);
+    for (int64_t r = 0; r < rows; ++r) group_pos.push_back(pos(it, first + r));
+  } else {
+    // The open group's rows, then this call's: every complete group is pooled, the rest waits.
+    const int64_t staged = cache.pending + rows, groups = staged / ratio, left = staged - groups * ratio;
+    Floats kv = scratch<float>(staged * hd, stream_), score = scratch<float>(staged * hd, stream_);
+    const size_t pending_bytes = size_t(cache.pending * hd) * sizeof(float);
+    check(cudaMemcpyAsync(kv.get(), cache.pending_kv.get(), pending_bytes, cudaMemcpyDeviceToDevice, stream_), "compress");
+    check(cudaMemcpyAsync(score.get(), cache.pending_score.get(), pending_bytes, cudaMemcpyDeviceToDevice, stream_), "compress");
+    linear_f32(xs, rows, a.compressor_wkv, kv.get() + cache.pending * hd, stream_);
+    linear_f32(xs, rows, a.compressor_wgate, score.get() + cache.pending * hd, stream_);
+    const size_t left_bytes = size_t(left * hd) * sizeof(float);
+    check(cudaMemcpyAsync(cache.pending_kv.get(), kv.get() + groups * ratio * hd, left_bytes, cudaMemcpyDeviceToDevice, stream_), "compress");
+    check(cudaMemcpyAsync(cache.pending_score.get(), score.get() + groups * ratio * hd, left_bytes, cudaMemcpyDeviceToDevice, stream_), "compress");
+    const int64_t first_staged = pos(it, first) - cache.pending;
+    cache.pending = int(left);
+    if (groups == 0) return;
+    latents = scratch<float>(groups * hd, stream_);
+    pool_groups(kv.get(), score.get(), groups, ratio, int(hd), /*round=*/true, latents.get(), stream_);
+    rms_norm(latents.get(), groups, hd, &a.compressor_norm, eps(), latents.get(), stream_);
+    for (int64_t g = 0; g < groups; ++g) group_pos.push_back(first_staged + g * ratio);
+  }
+  const int64_t n_new = int64_t(group_pos.size());
+  if (cache.entries + n_new > cache.capacity)
+    fail("cuda::forward_batch", "a compressed cache within its capacity (" + std::to_string(cache.capacity) + ")",
+         std::to_string(cache.entries + n_new) + " entries");
+  DeviceBuffer<int64_t> gpos = scratch_from(group_pos, stream_);
+
+  // Index keys from the latent before RoPE, then the main KV entry after it.
+  Floats k = scratch<float>(n_new * ihd, stream_);
+  linear(latents.get(), n_new, a.indexer_wk, k.get(), stream_);
+  rms_norm(k.get(), n_new, ihd, &a.indexer_k_norm, eps(), k.get(), stream_);
+  rope(k.get() + ihd - rd, n_new, 1, ihd, ihd, int(rd), gpos.get(), freqs, false, stream_);
+  mxfp4_encode(k.get(), n_new, int(ihd), cache.index_k.get() + cache.entries * int64_t(mxfp4::bytes(int(ihd))), stream_);
+  rope(latents.get() + hd - rd, n_new, 1, hd, hd, int(rd), gpos.get(), freqs, false, stream_);
+  kv_fp4_encode(latents.get(), n_new, int(hd), cache.kv.get() + cache.entries * int64_t(kv_fp4::bytes(int(hd))), stream_);
+  cache.entries += n_new;
+}
+
+// --- CSA2: the indexer of an index-source layer -----------------------------------------------------
+
+void Call::index(int l, const float* x, const float* qr) {
+  const AttentionWeights& a = m_.layer(l).attn;
+  const int ratio = c_.compress_ratios[size_t(l)];
+  const int heads = c_.index_n_heads, ihd = c_.index_head_dim, rd = c_.rope_head_dim;
+  const bool candidate_source = l == c_.candidate_source_layer;
+  const bool uses_candidates = c_.candidate_source_layer >= 0 && l > c_.candidate_source_layer;
+
+  Floats q = scratch<float>(T_ * heads * ihd, stream_), w = scratch<float>(T_ * heads, stream_);
+  linear(qr, T_, a.indexer_wq_b, q.get(), stream_);
+  rope(q.get() + ihd - rd, T_, heads, int64_t(heads) * ihd, ihd, rd, positions_.get(), m_.rope_freqs(l), false, stream_);
+  linear(x, T_, a.indexer_weights_proj, w.get(), stream_);
+  scale_round(w.get(), T_ * heads, float(std::pow(double(ihd), -0.5) * std::pow(double(heads), -0.5)), stream_);
+
+  std::vector<int64_t> visible;
+  for (const Item& it : items_)
+    for (int64_t r = 0; r < it.rows; ++r) visible.push_back((pos(it, r) + 1) / ratio);
+  DeviceBuffer<int64_t> visible_d = scratch_from(visible, stream_);
+  const auto* forced = trace_ && trace_->forced_topk && trace_->forced_topk->count(l) ? &trace_->forced_topk->at(l) : nullptr;
+  if (trace_) trace_->topk[l].clear(), trace_->index_scores[l].clear();
+
+  for (Item& it : items_) {
+    if (it.rows == 0) continue;
+    const DeviceCompressed& cache = it.seq->compressed.at(c_.kv_source_of(l));
+    const int64_t n = cache.entries;
+    int32_t* topk = topk_.get() + it.offset * K_;
+    const int k = int(std::min<int64_t>(c_.index_topk, n));
+    Floats scores = scratch<float>(it.rows * std::max<int64_t>(n, 1), stream_);
+    if (n > 0) {
+      index_scores(q.get() + it.offset * heads * ihd, w.get() + it.offset * heads, it.rows, heads, ihd, cache.index_k.get(),
+                   n, visible_d.get() + it.offset, scores.get(), stream_);
+      if (candidate_source) {
+        it.candidates = scratch<uint8_t>(it.rows * n, stream_);
+        it.candidate_entries = n;
+        candidate_mask(scores.get(), it.rows, n, visible_d.get() + it.offset, c_.candidate_topk_blocks,
+                       c_.candidate_block_size, it.candidates.get(), stream_);
+      } else if (uses_candidates) {
+        if (it.candidate_entries != n)
+          fail("cuda::forward_batch", "the candidate source's entry count (" + std::to_string(it.candidate_entries) + ")",
+               std::to_string(n) + " entries at layer " + std::to_string(l));
+        mask_scores(scores.get(), it.candidates.get(), it.rows * n, stream_);
+      }
+      DeviceBuffer<int32_t> chosen = scratch<int32_t>(it.rows * k, stream_);
+      top_positions(scores.get(), it.rows, n, k, chosen.get(), stream_);
+      finish_topk(chosen.get(), it.rows, k, visible_d.get() + it.offset, K_, topk, stream_);
+    } else {
+      check(cudaMemsetAsync(topk, 0xFF, size_t(it.rows * K_) * sizeof(int32_t), stream_), "index");
+    }
+    if (trace_) {
+      // The engine's own choice (before any forcing) and the scores it was made on.
+      const std::vector<int32_t> t = topk_.download(stream_, it.rows * K_, it.offset * K_);
+      const std::vector<float> s = n > 0 ? scores.download(stream_, it.rows * n) : std::vector<float>{};
+      for (int64_t r = 0; r < it.rows; ++r) {
+        trace_->topk[l].emplace_back(t.begin() + r * K_, t.begin() + r * K_ + k);
+        trace_->index_scores[l].emplace_back(s.begin() + r * n, s.begin() + (r + 1) * n);
+      }
+    }
+    if (forced) {
+      std::vector<int32_t> rows(size_t(it.rows * K_), -1);
+      for (int64_t r = 0; r < it.rows; ++r)
+        for (size_t j = 0; j < forced->at(size_t(r)).size() && j < size_t(K_); ++j) rows[size_t(r * K_) + j] = int32_t(forced->at(size_t(r))[j]);
+      check(cudaMemcpyAsync(topk, rows.data(), rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "index");
+    }
+  }
+}
+
+// --- attention --------------------------------------------------------------------------------------
+
+void Call::attention(int l, float* out) {
+  const AttentionWeights& a = m_.layer(l).attn;
+  const float* freqs = m_.rope_freqs(l);
+  const int64_t H = c_.n_heads, hd = c_.head_dim, rd = c_.rope_head_dim, W = c_.window_size, T = T_;
+  const int ratio = c_.compress_ratios[size_t(l)];
+  const size_t slot = swa_fp8::bytes(int(hd));
+
+  Floats qr = scratch<float>(T * c_.q_lora_rank, stream_), q = scratch<float>(T * H * hd, stream_);
+  linear(h_.get(), T, a.wq_a, qr.get(), stream_);
+  rms_norm(qr.get(), T, c_.q_lora_rank, &a.q_norm, eps(), qr.get(), stream_);
+  linear(qr.get(), T, a.wq_b, q.get(), stream_);
+  rope(q.get() + hd - rd, T, int(H), H * hd, hd, int(rd), positions_.get(), freqs, false, stream_);
+
+  // This call's window entries, SWA-FP8 into each item's window buffer (or ring).
+  Floats kv = scratch<float>(T * hd, stream_);
+  linear(h_.get(), T, a.wkv, kv.get(), stream_);
+  rms_norm(kv.get(), T, hd, &a.kv_norm, eps(), kv.get(), stream_);
+  rope(kv.get() + hd - rd, T, 1, hd, hd, int(rd), positions_.get(), freqs, false, stream_);
+  std::vector<DeviceBuffer<uint8_t>> buffers;
+  std::vector<uint8_t*> dest(static_cast<size_t>(T)), base(static_cast<size_t>(T)), ring_dest(static_cast<size_t>(T));
+  bool ring_update = false;
+  DeviceBuffer<uint8_t> discard = scratch<uint8_t>(int64_t(slot), stream_);
+  for (Item& it : items_) {
+    if (it.rows == 0) continue;
+    uint8_t* ring = it.seq->window[size_t(l)].get();
+    uint8_t* buffer = ring;
+    if (!it.decode_in_ring()) {
+      buffer = buffers.emplace_back(scratch<uint8_t>((W + it.rows) * int64_t(slot), stream_)).get();
+      if (!it.first_call())
+        check(cudaMemcpyAsync(buffer, ring, W * slot, cudaMemcpyDeviceToDevice, stream_), "attention window");
+      ring_update = true;
+    }
+    for (int64_t r = 0; r < it.rows; ++r) {
+      const int64_t row = it.offset + r, p = pos(it, r);
+      base[size_t(row)] = buffer;
+      dest[size_t(row)] = it.decode_in_ring() ? ring + (p % W) * slot : buffer + (W + r) * slot;
+      ring_dest[size_t(row)] = !it.decode_in_ring() && r >= it.rows - W ? ring + (p % W) * slot : discard.get();
+    }
+  }
+  swa_fp8_encode(kv.get(), T, int(hd), scratch_from(dest, stream_).get(), stream_);
+  window_lists(l);
+
+  if (ratio > 0) {
+    if (c_.is_kv_source(l))
+      for (Item& it : items_)
+        if (!it.kv_projected) compress(it, l, h_.get() + it.offset * c_.dim);
+    if (c_.is_index_source(l)) {
+      if (topk_.size() == 0) {
+        K_ = c_.index_topk;
+        topk_ = scratch<int32_t>(T * K_, stream_);
+      }
+      index(l, h_.get(), qr.get());
+    }
+  }
+
+  std::vector<const uint8_t*> caches(static_cast<size_t>(T), nullptr);
+  if (ratio > 0)
+    for (const Item& it : items_)
+      std::fill_n(caches.begin() + it.offset, it.rows, it.seq->compressed.at(c_.kv_source_of(l)).kv.get());
+  DeviceBuffer<uint8_t*> base_d = scratch_from(base, stream_);
+  DeviceBuffer<const uint8_t*> caches_d = scratch_from(caches, stream_);
+  SparseAttentionBatch batch;
+  batch.tokens = T;
+  batch.heads = int(H);
+  batch.dim = int(hd);
+  batch.rings = base_d.get();
+  batch.window = window_.get();
+  batch.W = window_width_;
+  batch.caches = caches_d.get();
+  batch.topk = ratio > 0 ? topk_.get() : nullptr;
+  batch.K = ratio > 0 ? K_ : 0;
+  Floats o = scratch<float>(T * H * hd, stream_);
+  sparse_attention(batch, q.get(), m_.attn_sink(l), float(std::pow(double(hd), -0.5)), o.get(), stream_);
+  rope(o.get() + hd - rd, T, int(H), H * hd, hd, int(rd), positions_.get(), freqs, /*inverse=*/true, stream_);
+
+  // The ring keeps the last W entries of a multi-row call (a decode row is there already).
+  if (ring_update) swa_fp8_encode(kv.get(), T, int(hd), scratch_from(ring_dest, stream_).get(), stream_);
+
+  // Grouped low-rank output: group g's heads [T, in_g] (a strided slice of o) through wo_a's rows
+  // [g·r, (g+1)·r), into ya [T, G, r]; then wo_b.
+  const int64_t G = c_.o_groups, olr = c_.o_lora_rank, in_g = H * hd / G;
+  Floats og = scratch<float>(T * in_g, stream_), yg = scratch<float>(T * olr, stream_), ya = scratch<float>(T * G * olr, stream_);
+  for (int64_t g = 0; g < G; ++g) {
+    Weight wg = a.wo_a;
+    wg.rows = olr;
+    wg.data = a.wo_a.data + g * olr * in_g * 2;  // bf16 rows
+    if (T == 1) {
+      linear(o.get() + g * in_g, 1, wg, ya.get() + g * olr, stream_);
+      continue;
+    }
+    check(cudaMemcpy2DAsync(og.get(), in_g * 4, o.get() + g * in_g, H * hd * 4, in_g * 4, T, cudaMemcpyDeviceToDevice, stream_),
+          "attention output");
+    linear(og.get(), T, wg, yg.get(), stream_);
+    check(cudaMemcpy2DAsync(ya.get() + g * olr, G * olr * 4, yg.get(), olr * 4, olr * 4, T, cudaMemcpyDeviceToDevice, stream_),
+          "attention output");
+  }
+  linear(ya.get(), T, a.wo_b, out, stream_);
+}
+
+// --- MoE --------------------------------------------------------------------------------------------
+
+void Call::moe(int l, float* out) {
+  const LayerWeights& L = m_.layer(l);
+  const int64_t T = T_, d = c_.dim;
+  GateOptions opt;
+  opt.topk = c_.activated_experts(l);
+  opt.score_func = c_.score_func;
+  opt.gate_temp = float(c_.gate_temp);
+  opt.norm_topk_prob = c_.norm_topk_prob;
+  opt.route_scale = float(c_.route_scale);
+  const int k = opt.topk;
+  DeviceBuffer<int32_t> experts_d = scratch<int32_t>(T * k, stream_);
+  Floats weights_d = scratch<float>(T * k, stream_);
+  cuda::route(h_.get(), T, L.gate, L.gate_bias, opt, experts_d.get(), weights_d.get(), stream_);
+  std::vector<int32_t> experts = experts_d.download(stream_);
+  std::vector<float> weights = weights_d.download(stream_);
+  if (trace_) {
+    trace_->route_experts[size_t(l)] = experts;
+    // The biased scores, and the weights of imposed experts, from the CPU gate on our input.
+    const Model& host = m_.host();
+    const std::vector<float> x = h_.download(stream_, T * d);
+    std::vector<int32_t> e(size_t(T * k));
+    std::vector<float> w(size_t(T * k));
+    std::vector<float>& scores = trace_->route_scores[size_t(l)];
+    scores.resize(size_t(T) * host.layer(l).experts.size());
+    const int32_t* forced = trace_->forced_experts ? trace_->forced_experts->at(size_t(l)).data() : nullptr;
+    dsv41::route(x.data(), T, host.layer(l).gate, host.layer(l).gate_bias, opt, e.data(), w.data(), scores.data(), forced);
+    if (forced) {
+      experts = e, weights = w;
+      weights_d.upload(weights, stream_);
+    }
+  }
+
+  // Each expert on the rows routed to it; outputs added in expert order, in fp32.
+  Floats y = scratch<float>(T * d, stream_), ys = scratch<float>(T * d, stream_);
+  check(cudaMemsetAsync(y.get(), 0, size_t(T * d) * sizeof(float), stream_), "moe");
+  const float limit = float(c_.swiglu_limit);
+  for (int e = 0; e < int(L.experts.size()); ++e) {
+    std::vector<int32_t> rows;
+    std::vector<float> we;
+    for (int64_t r = 0; r < T; ++r)
+      for (int j = 0; j < k; ++j)
+        if (experts[size_t(r * k + j)] == e) rows.push_back(int32_t(r)), we.push_back(weights[size_t(r * k + j)]);
+    if (rows.empty()) continue;
+    const int64_t n = int64_t(rows.size());
+    DeviceBuffer<int32_t> rows_d = scratch_from(rows, stream_);
+    Floats xe = scratch<float>(n * d, stream_), ye = scratch<float>(n * d, stream_);
+    gather_rows(h_.get(), rows_d.get(), n, d, xe.get(), stream_);
+    const ExpertWeights& ew = L.experts[size_t(e)];
+    expert_ffn(xe.get(), n, ew.w1, ew.w2, ew.w3, limit, scratch_from(we, stream_).get(), ye.get(), stream_);
+    scatter_add_rows(ye.get(), rows_d.get(), n, d, y.get(), stream_);
+  }
+  expert_ffn(h_.get(), T, L.shared.w1, L.shared.w2, L.shared.w3, limit, nullptr, ys.get(), stream_);
+  add_round(y.get(), ys.get(), T * d, out, stream_);
+}
+
+// --- the head ---------------------------------------------------------------------------------------
+
+std::vector<std::vector<float>> Call::logits() {
+  const int64_t d = c_.dim, hc = c_.hc_mult, V = c_.vocab_size;
+  std::vector<int32_t> rows;
+  for (const Item& it : items_)
+    for (int64_t r = it.in->options.all_logits ? 0 : it.rows - 1; r >= 0 && r < it.rows; ++r) rows.push_back(int32_t(it.offset + r));
+  std::vector<std::vector<float>> out(items_.size());
+  const int64_t n = int64_t(rows.size());
+  if (n == 0 || T_ == 0) return out;
+  DeviceBuffer<int32_t> rows_d = scratch_from(rows, stream_);
+  Floats Xr = scratch<float>(n * hc * d, stream_), pre = scratch<float>(n * hc, stream_);
+  Floats last = scratch<float>(n * d, stream_), logits = scratch<float>(n * V, stream_);
+  gather_rows(X_.get(), rows_d.get(), n, hc * d, Xr.get(), stream_);
+  gather_rows(pre_mix_.get(), rows_d.get(), n, hc, pre.get(), stream_);
+  hc_pre(Xr.get(), pre.get(), n, int(hc), d, last.get(), stream_);
+  rms_norm(last.get(), n, d, &m_.norm(), eps(), last.get(), stream_);
+  linear_f32(last.get(), n, m_.head(), logits.get(), stream_);
+  const std::vector<float> all = logits.download(stream_);
+  int64_t at = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Item& it = items_[i];
+    const int64_t count = it.rows == 0 ? 0 : it.in->options.all_logits ? it.rows : 1;
+    out[i].assign(all.begin() + at * V, all.begin() + (at + count) * V);
+    at += count;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const std::vector<DeviceItem>& batch,
+                                              cudaStream_t stream) {
+  if (batch.empty()) return {};
+  return Call(model, batch, stream).run();
+}
+
+}  // namespace dsv41::cuda

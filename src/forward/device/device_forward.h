@@ -1,0 +1,31 @@
+#pragma once
+// The V4.1 network on the device: forward.cpp's computation over the CUDA op set, for a batch of
+// sequences whose rows run together through every per-row op (projections, norms, mHC, MoE) and
+// apart only where a sequence's own state is read (its window, compressor and indexer). The
+// contract is forward()'s (forward/forward.h): the same options (exact mode, decoder bounded
+// replay, encoder bounded replay), the same Trace, the same logits up to the fp32 summation
+// orders of the kernels (each op's test states how far).
+#include <cuda_runtime_api.h>
+
+#include <span>
+#include <vector>
+
+#include "forward/device/device_model.h"
+#include "forward/device/device_sequence.h"
+#include "forward/forward.h"
+
+namespace dsv41::cuda {
+
+struct DeviceItem {
+  DeviceSequence* sequence;
+  std::span<const int> tokens;
+  const int64_t* engram_ids = nullptr;  // host [rows, engram layers, hash columns], as forward()'s
+  ForwardOptions options = {};
+};
+
+// Advances each item's sequence by its tokens; returns each item's logits as forward() does.
+// A Trace (options.trace) is supported for a batch of one item; keep_replayed_rows is not.
+std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const std::vector<DeviceItem>& batch,
+                                              cudaStream_t stream = nullptr);
+
+}  // namespace dsv41::cuda

@@ -1,0 +1,189 @@
+// Placing a Model's tensors on the device (device_model.h).
+//
+// fill_kernel writes a benchmark's random tensor in place, one thread per byte: a hash of (seed,
+// tensor, index) gives a uniform u in [-1, 1), stored in the tensor's own format and scaled so a
+// product with a unit-RMS input stays unit-RMS (1/√cols): fp8 codes of u with a ue8m0 block scale
+// of 2^-round(log2 √cols); fp4 codes of 6u with that scale / 8; bf16 and fp32 values directly.
+// Norm weights are ones, biases and sinks zeros. The values are not trained, the arithmetic and
+// the memory traffic are the real ones.
+#include "forward/device/device_model.h"
+
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "base/error.h"
+#include "model/weights.h"
+#include "numerics/codecs.h"
+#include "numerics/types.h"
+
+namespace dsv41::cuda {
+
+namespace {
+
+__device__ __forceinline__ uint64_t mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// kind: 0 matrix, 1 ones, 2 zeros. scale_code: the ue8m0 byte of a scale tensor (0 = data).
+__global__ void fill_kernel(uint8_t* out, int64_t bytes, uint64_t key, WeightFormat format, int kind, float amplitude,
+                            int scale_code) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= bytes) return;
+  if (scale_code > 0) {
+    out[i] = uint8_t(scale_code);
+    return;
+  }
+  const uint64_t h = mix(key ^ uint64_t(i) * 0xD1B54A32D192ED03ull);
+  const float u = float(h >> 40) * 0x1p-23f - 1.0f;  // [-1, 1)
+  const float value = kind == 1 ? 1.0f : kind == 2 ? 0.0f : u * amplitude;
+  switch (format) {
+    case WeightFormat::FP8: out[i] = e4m3_from_float(kind == 0 ? u : value); break;
+    case WeightFormat::FP4:
+      out[i] = uint8_t(e2m1_from_float(6.0f * u) | (e2m1_from_float(6.0f * float(h & 0xFFFF) * 0x1p-16f - 3.0f) << 4));
+      break;
+    case WeightFormat::BF16: {
+      const uint16_t b = bf16_from_float(value);
+      out[i] = uint8_t(i % 2 == 0 ? b & 0xFF : b >> 8);
+      break;
+    }
+    case WeightFormat::F32: {
+      // Four threads write the four bytes of one value: all derive it from the value's index.
+      const int64_t v = i / 4;
+      const uint64_t hv = mix(key ^ uint64_t(v) * 0xD1B54A32D192ED03ull);
+      const float uv = float(hv >> 40) * 0x1p-23f - 1.0f;
+      const float x = kind == 1 ? 1.0f : kind == 2 ? 0.0f : uv * amplitude;
+      out[i] = uint8_t(float_bits(x) >> (8 * (i % 4)));
+      break;
+    }
+  }
+}
+
+int64_t data_bytes(const Weight& w) {
+  const int64_t n = w.rows * w.cols;
+  switch (w.format) {
+    case WeightFormat::F32: return 4 * n;
+    case WeightFormat::BF16: return 2 * n;
+    case WeightFormat::FP8: return n;
+    case WeightFormat::FP4: return n / 2;
+  }
+  return 0;
+}
+
+int64_t scale_bytes(const Weight& w) {
+  if (w.format == WeightFormat::FP8) return int64_t(fp8_weight_scale_count(int(w.rows), int(w.cols)));
+  if (w.format == WeightFormat::FP4) return int64_t(fp4_weight_scale_count(int(w.rows), int(w.cols)));
+  return 0;
+}
+
+}  // namespace
+
+DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : model_(model), values_(values), seed_(seed) {
+  const Config& c = model.config();
+  embed_ = place(model.embed(), Fill::Matrix);
+  norm_ = place(model.norm(), Fill::Ones);
+  head_ = place(model.head(), Fill::Matrix);
+  layers_.resize(size_t(c.n_layers));
+  engram_qk_.assign(size_t(c.n_layers), nullptr);
+  sink_.assign(size_t(c.n_layers), nullptr);
+  for (int i = 0; i < c.n_layers; ++i) {
+    const LayerWeights& h = model.layer(i);
+    LayerWeights& d = layers_[size_t(i)];
+    d.id = h.id;
+    d.attn_norm = place(h.attn_norm, Fill::Ones);
+    d.ffn_norm = place(h.ffn_norm, Fill::Ones);
+    for (auto [from, to] : {std::pair{&h.hc_attn, &d.hc_attn}, std::pair{&h.hc_ffn, &d.hc_ffn}})
+      *to = {place(from->fn, Fill::Matrix), place(from->base, Fill::Zeros), place(from->scale, Fill::Ones)};
+    const AttentionWeights& ha = h.attn;
+    AttentionWeights& da = d.attn;
+    da.wq_a = place(ha.wq_a, Fill::Matrix);
+    da.q_norm = place(ha.q_norm, Fill::Ones);
+    da.wq_b = place(ha.wq_b, Fill::Matrix);
+    da.wkv = place(ha.wkv, Fill::Matrix);
+    da.kv_norm = place(ha.kv_norm, Fill::Ones);
+    da.wo_a = place(ha.wo_a, Fill::Matrix);
+    da.wo_b = place(ha.wo_b, Fill::Matrix);
+    std::vector<float> sink(size_t(c.n_heads));
+    if (values == Values::Checkpoint) ha.attn_sink.row(0, sink.data());
+    sink_[size_t(i)] = place_floats(sink, Fill::Zeros);
+    da.compressor_wkv = place(ha.compressor_wkv, Fill::Matrix);
+    da.compressor_wgate = place(ha.compressor_wgate, Fill::Matrix);
+    da.compressor_norm = place(ha.compressor_norm, Fill::Ones);
+    da.indexer_wq_b = place(ha.indexer_wq_b, Fill::Matrix);
+    da.indexer_weights_proj = place(ha.indexer_weights_proj, Fill::Matrix);
+    da.indexer_wk = place(ha.indexer_wk, Fill::Matrix);
+    da.indexer_k_norm = place(ha.indexer_k_norm, Fill::Ones);
+    d.gate = place(h.gate, Fill::Matrix);
+    d.gate_bias = place(h.gate_bias, Fill::Zeros);
+    for (const ExpertWeights& e : h.experts)
+      d.experts.push_back({place(e.w1, Fill::Matrix), place(e.w2, Fill::Matrix), place(e.w3, Fill::Matrix)});
+    d.shared = {place(h.shared.w1, Fill::Matrix), place(h.shared.w2, Fill::Matrix), place(h.shared.w3, Fill::Matrix)};
+    if (h.engram) {
+      // The table's size is the checkpoint's; the weights map knows it.
+      const std::string name = "layers." + std::to_string(i) + ".engram.embed.weight";
+      int64_t rows = 0;
+      for (const TensorSpec& t : expected_tensors(c))
+        if (t.name == name) rows = t.shape[0];
+      auto g = std::make_unique<EngramWeights>();
+      const int64_t hd = c.engram_head_dim;
+      g->table = place_bytes(h.engram->table, rows * hd, Fill::Matrix, WeightFormat::FP8, 1, false);
+      g->table_scale = place_bytes(h.engram->table_scale, rows * hd / 32, Fill::Matrix, WeightFormat::FP8, 1, true);
+      g->wkv = place(h.engram->wkv, Fill::Matrix);
+      engram_qk_[size_t(i)] = place_floats(h.engram->qk, Fill::Ones);
+      d.engram = std::move(g);
+    }
+  }
+  for (int i = 0; i < c.n_layers; ++i) {
+    const float*& freqs = c.compress_ratios[size_t(i)] > 0 ? freqs_compressed_ : freqs_window_;
+    if (!freqs) freqs = place_floats(model.rope(i).frequencies(), Fill::Host);
+  }
+  check(cudaDeviceSynchronize(), "DeviceModel");
+}
+
+const float* DeviceModel::rope_freqs(int i) const {
+  return config().compress_ratios[size_t(i)] > 0 ? freqs_compressed_ : freqs_window_;
+}
+
+Weight DeviceModel::place(const Weight& w, Fill fill) {
+  if (!w.data) return w;  // a weight this layer does not have
+  Weight d = w;
+  d.data = place_bytes(w.data, data_bytes(w), fill, w.format, w.cols, false);
+  if (w.quantized()) d.scale = place_bytes(w.scale, scale_bytes(w), fill, w.format, w.cols, true);
+  return d;
+}
+
+const uint8_t* DeviceModel::place_bytes(const uint8_t* host, int64_t bytes, Fill fill, WeightFormat format, int64_t cols,
+                                        bool scale) {
+  DeviceBuffer<uint8_t>& b = buffers_.emplace_back(bytes);
+  bytes_ += bytes;
+  ++tensors_;
+  if (values_ == Values::Checkpoint) {
+    b.upload(host, bytes);
+    return b.get();
+  }
+  // 1/√cols as a power of two (the ue8m0 scale); fp4 codes reach 6, so an eighth of it.
+  const int shift = int(std::lround(std::log2(std::sqrt(double(cols)))));
+  int scale_code = 0;
+  if (scale) scale_code = 127 - shift - (format == WeightFormat::FP4 ? 3 : 0);
+  const int kind = fill == Fill::Matrix ? 0 : fill == Fill::Ones ? 1 : 2;
+  constexpr int kThreads = 256;
+  fill_kernel<<<unsigned((bytes + kThreads - 1) / kThreads), kThreads>>>(
+      b.get(), bytes, seed_ * 0x100000001B3ull + tensors_, format, kind, float(1.0 / std::sqrt(double(cols))), scale_code);
+  check_launch("DeviceModel random fill");
+  return b.get();
+}
+
+const float* DeviceModel::place_floats(const std::vector<float>& host, Fill fill) {
+  if (fill == Fill::Host || values_ == Values::Checkpoint) {
+    DeviceBuffer<uint8_t>& b = buffers_.emplace_back(int64_t(host.size() * 4));
+    b.upload(reinterpret_cast<const uint8_t*>(host.data()), int64_t(host.size() * 4));
+    bytes_ += b.bytes();
+    return reinterpret_cast<const float*>(b.get());
+  }
+  return reinterpret_cast<const float*>(place_bytes(nullptr, int64_t(host.size() * 4), fill, WeightFormat::F32, 1, false));
+}
+
+}  // namespace dsv41::cuda

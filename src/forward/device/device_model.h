@@ -1,0 +1,52 @@
+#pragma once
+// A loaded model's weights in device memory, bound as the host Model binds them (forward/model.h):
+// the same LayerWeights with device pointers, each tensor in its checkpoint format (fp8 and fp4
+// stay quantized; wo_a is the bf16 copy the host Model made, as convert.py does). Built from the
+// checkpoint's bytes, or — for benchmarks at sizes no test checkpoint has — from random values
+// written on the device over a model whose file holds only the tensor layout (sparse_checkpoint.h).
+#include <cstdint>
+#include <vector>
+
+#include "forward/device/device_buffer.h"
+#include "forward/model.h"
+
+namespace dsv41::cuda {
+
+class DeviceModel {
+ public:
+  enum class Values { Checkpoint, Random };
+  explicit DeviceModel(const Model& model, Values values = Values::Checkpoint, uint64_t seed = 0);
+
+  const Model& host() const { return model_; }
+  const Config& config() const { return model_.config(); }
+  const Weight& embed() const { return embed_; }
+  const Weight& norm() const { return norm_; }
+  const Weight& head() const { return head_; }
+  // engram.table / table_scale and the Weights are device pointers; engram.qk is left empty and
+  // engram_qk() holds it.
+  const LayerWeights& layer(int i) const { return layers_[size_t(i)]; }
+  const float* engram_qk(int i) const { return engram_qk_[size_t(i)]; }
+  const float* attn_sink(int i) const { return sink_[size_t(i)]; }  // [n_heads] fp32
+  const float* rope_freqs(int i) const;                               // the layer's RopeTable
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  // What a tensor holds in a random model: scaled random values, ones (norms), zeros (biases,
+  // sinks), or the host's values in both modes (RoPE frequencies).
+  enum class Fill { Matrix, Ones, Zeros, Host };
+  Weight place(const Weight& w, Fill fill);
+  const uint8_t* place_bytes(const uint8_t* host, int64_t bytes, Fill fill, WeightFormat format, int64_t cols, bool scale);
+  const float* place_floats(const std::vector<float>& host, Fill fill);
+
+  const Model& model_;
+  Values values_;
+  uint64_t seed_, tensors_ = 0;
+  int64_t bytes_ = 0;
+  std::vector<DeviceBuffer<uint8_t>> buffers_;
+  Weight embed_, norm_, head_;
+  std::vector<LayerWeights> layers_;
+  std::vector<const float*> engram_qk_, sink_;
+  const float *freqs_window_ = nullptr, *freqs_compressed_ = nullptr;
+};
+
+}  // namespace dsv41::cuda

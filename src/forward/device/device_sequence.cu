@@ -1,0 +1,86 @@
+#include "forward/device/device_sequence.h"
+
+#include <string>
+
+#include "base/error.h"
+#include "numerics/codecs.h"
+
+namespace dsv41::cuda {
+
+DeviceSequence::DeviceSequence(const Config& c, int64_t capacity) : config_(c), capacity_(capacity) {
+  if (capacity <= 0) fail("DeviceSequence", "a positive capacity in tokens", std::to_string(capacity));
+  const int64_t ring = c.window_size * int64_t(swa_fp8::bytes(c.head_dim));
+  for (int l = 0; l < c.n_layers; ++l) {
+    window.emplace_back(ring);
+    check(cudaMemset(window.back().get(), 0, size_t(ring)), "DeviceSequence");  // as SequenceState's rings
+  }
+  for (int s : c.kv_source_layers) {
+    DeviceCompressed& d = compressed[s];
+    d.ratio = c.compress_ratios[size_t(s)];
+    d.capacity = capacity / d.ratio + 1;
+    d.kv = DeviceBuffer<uint8_t>(d.capacity * int64_t(kv_fp4::bytes(c.head_dim)));
+    d.index_k = DeviceBuffer<uint8_t>(d.capacity * int64_t(mxfp4::bytes(c.index_head_dim)));
+    if (d.ratio > 1) {
+      d.pending_kv = DeviceBuffer<float>(d.ratio * int64_t(c.head_dim));
+      d.pending_score = DeviceBuffer<float>(d.ratio * int64_t(c.head_dim));
+    }
+  }
+}
+
+void DeviceSequence::upload(const SequenceState& s) {
+  const Config& c = config_;
+  if (s.length > capacity_)
+    fail("DeviceSequence::upload", "at most " + std::to_string(capacity_) + " tokens", std::to_string(s.length));
+  length = s.length;
+  decoder_window_floor = s.decoder_window_floor;
+  encoder_window_floor = s.encoder_window_floor;
+  for (int l = 0; l < c.n_layers; ++l) window[size_t(l)].upload(s.window[size_t(l)]);
+  for (auto& [layer, d] : compressed) {
+    const CompressedCache& h = s.compressed.at(layer);
+    d.entries = h.entries;
+    d.kv.upload(h.kv.data(), int64_t(h.kv.size()));
+    d.index_k.upload(h.index_k.data(), int64_t(h.index_k.size()));
+    d.pending = h.pending;
+    if (d.ratio > 1 && h.pending > 0) {
+      d.pending_kv.upload(h.pending_kv.data(), int64_t(h.pending) * c.head_dim);
+      d.pending_score.upload(h.pending_score.data(), int64_t(h.pending) * c.head_dim);
+    }
+  }
+  check(cudaDeviceSynchronize(), "DeviceSequence::upload");
+}
+
+SequenceState DeviceSequence::download() const {
+  const Config& c = config_;
+  SequenceState s(c);
+  s.length = length;
+  s.decoder_window_floor = decoder_window_floor;
+  s.encoder_window_floor = encoder_window_floor;
+  for (int l = 0; l < c.n_layers; ++l) s.window[size_t(l)] = window[size_t(l)].download();
+  for (const auto& [layer, d] : compressed) {
+    CompressedCache& h = s.compressed.at(layer);
+    h.entries = d.entries;
+    h.kv = d.kv.download(nullptr, d.entries * int64_t(kv_fp4::bytes(c.head_dim)));
+    h.index_k = d.index_k.download(nullptr, d.entries * int64_t(mxfp4::bytes(c.index_head_dim)));
+    h.pending = d.pending;
+    if (d.ratio > 1) {
+      h.pending_kv = d.pending_kv.download();
+      h.pending_score = d.pending_score.download();
+    }
+  }
+  return s;
+}
+
+int64_t DeviceSequence::global_kv_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [layer, d] : compressed)
+    bytes += d.entries * int64_t(kv_fp4::bytes(config_.head_dim) + mxfp4::bytes(config_.index_head_dim));
+  return bytes;
+}
+
+int64_t DeviceSequence::window_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& w : window) bytes += w.bytes();
+  return bytes;
+}
+
+}  // namespace dsv41::cuda

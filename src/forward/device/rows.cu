@@ -1,0 +1,107 @@
+// Row plumbing kernels (rows.h): one thread per output element, grid-stride free (grids sized to
+// the element count), coalesced along the row.
+#include "forward/device/rows.h"
+
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "base/error.h"
+#include "numerics/types.h"
+
+namespace dsv41::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
+
+template <bool Bf16>
+__global__ void embed_kernel(const uint8_t* table, const int32_t* tokens, int64_t rows, int hc, int64_t d, float* X) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * hc * d) return;
+  const int64_t r = i / (hc * d), c = i % d;
+  const int64_t at = int64_t(tokens[r]) * d + c;
+  X[i] = Bf16 ? bf16_to_float(reinterpret_cast<const uint16_t*>(table)[at]) : reinterpret_cast<const float*>(table)[at];
+}
+
+__global__ void gather_kernel(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n * width) dst[i] = src[int64_t(index[i / width]) * width + i % width];
+}
+
+__global__ void scatter_add_kernel(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n * width) dst[int64_t(index[i / width]) * width + i % width] += src[i];
+}
+
+__global__ void add_round_kernel(const float* a, const float* b, int64_t n, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = round_bf16(a[i] + b[i]);
+}
+
+__global__ void scale_round_kernel(float* x, int64_t n, float s) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = round_bf16(x[i] * s);
+}
+
+__global__ void mask_kernel(float* scores, const uint8_t* mask, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n && !mask[i]) scores[i] = -INFINITY;
+}
+
+__global__ void finish_topk_kernel(const int32_t* chosen, int64_t rows, int k, const int64_t* visible, int K, int32_t* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * K) return;
+  const int64_t r = i / K, j = i % K;
+  const int32_t t = j < k ? chosen[r * k + j] : -1;
+  out[i] = t >= visible[r] ? -1 : t;
+}
+
+}  // namespace
+
+void embed_rows(const Weight& embed, const int32_t* tokens, int64_t rows, int hc, int64_t d, float* X, cudaStream_t stream) {
+  if (rows <= 0) return;
+  if (embed.format == WeightFormat::BF16) embed_kernel<true><<<blocks(rows * hc * d), kThreads, 0, stream>>>(embed.data, tokens, rows, hc, d, X);
+  else if (embed.format == WeightFormat::F32) embed_kernel<false><<<blocks(rows * hc * d), kThreads, 0, stream>>>(embed.data, tokens, rows, hc, d, X);
+  else fail("cuda::embed_rows", "a BF16 or F32 embedding", "a quantized one");
+  check_launch("cuda::embed_rows");
+}
+
+void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream) {
+  if (n <= 0) return;
+  gather_kernel<<<blocks(n * width), kThreads, 0, stream>>>(src, index, n, width, dst);
+  check_launch("cuda::gather_rows");
+}
+
+void scatter_add_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream) {
+  if (n <= 0) return;
+  scatter_add_kernel<<<blocks(n * width), kThreads, 0, stream>>>(src, index, n, width, dst);
+  check_launch("cuda::scatter_add_rows");
+}
+
+void add_round(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  add_round_kernel<<<blocks(n), kThreads, 0, stream>>>(a, b, n, out);
+  check_launch("cuda::add_round");
+}
+
+void scale_round(float* x, int64_t n, float s, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_round_kernel<<<blocks(n), kThreads, 0, stream>>>(x, n, s);
+  check_launch("cuda::scale_round");
+}
+
+void mask_scores(float* scores, const uint8_t* mask, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  mask_kernel<<<blocks(n), kThreads, 0, stream>>>(scores, mask, n);
+  check_launch("cuda::mask_scores");
+}
+
+void finish_topk(const int32_t* chosen, int64_t rows, int k, const int64_t* visible, int K, int32_t* out, cudaStream_t stream) {
+  if (rows <= 0 || K <= 0) return;
+  finish_topk_kernel<<<blocks(rows * K), kThreads, 0, stream>>>(chosen, rows, k, visible, K, out);
+  check_launch("cuda::finish_topk");
+}
+
+}  // namespace dsv41::cuda

@@ -1,0 +1,37 @@
+#pragma once
+// Row plumbing of the device forward: the small element-wise and gather/scatter steps between the
+// ops, over a batch of rows (tokens of several sequences one after another). Each is one kernel
+// that reads and writes its rows once; none is on the roofline of a step.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cpu/weight.h"
+
+namespace dsv41::cuda {
+
+// X [rows, hc, d]: hc copies of the embedding row of each token (tokens [rows], device); the
+// embedding is a BF16 or F32 device Weight [vocab, d].
+void embed_rows(const Weight& embed, const int32_t* tokens, int64_t rows, int hc, int64_t d, float* X, cudaStream_t stream);
+
+// dst[i] = src[index[i]] for i < n rows of `width` floats.
+void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream);
+
+// dst[index[i]] += src[i] in fp32, for i < n rows of `width` (index distinct within a call).
+void scatter_add_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream);
+
+// out = bf16(a + b), n values.
+void add_round(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
+
+// x = bf16(x · s), n values.
+void scale_round(float* x, int64_t n, float s, cudaStream_t stream);
+
+// scores[i] = -inf where mask[i] == 0, n values.
+void mask_scores(float* scores, const uint8_t* mask, int64_t n, cudaStream_t stream);
+
+// out [rows, K] (row stride K): the k chosen positions of each row (chosen [rows, k]), those at or
+// past the row's visible count (visible [rows]) as -1, then -1 up to K.
+void finish_topk(const int32_t* chosen, int64_t rows, int k, const int64_t* visible, int K, int32_t* out,
+                 cudaStream_t stream);
+
+}  // namespace dsv41::cuda
