@@ -1,6 +1,7 @@
 // Safetensors files and checkpoints: round trips, zero-copy views, and the refusal of malformed
 // files with a message that names the problem.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -14,6 +15,8 @@
 
 #include "base/error.h"
 #include "model/checkpoint.h"
+#include "model/layout_checkpoint.h"
+#include "model/weights.h"
 #include "model/dtype.h"
 #include "model/safetensors.h"
 #include "test_util.h"
@@ -455,6 +458,42 @@ TEST_F(CheckpointTest, RefusesADirectoryWithoutSafetensors) {
   write_bytes(path("config.json"), {'{', '}'});
   expect_contains(error_of([&] { Checkpoint::open(dir_.string()); }), {dir_.string(), "no safetensors file"});
   expect_contains(error_of([&] { Checkpoint::open(path("absent")); }), {path("absent"), "checkpoint directory"});
+}
+
+// Zero tensors are holes: the file has their size but no disk blocks, and they read as zeros.
+TEST(SafetensorsWriter, ZeroTensorsAreHolesThatReadAsZeros) {
+  test::TempDir dir("st_zeros");
+  std::filesystem::create_directories(dir.path());
+  SafetensorsWriter writer;
+  const std::vector<uint8_t> small = {1, 2, 3, 4};
+  writer.add("small", DType::U8, {4}, small);
+  writer.add_zeros("big", DType::F32, {1024, 1024});
+  EXPECT_THROW(writer.add("late", DType::U8, {1}, std::vector<uint8_t>{7}), Error);
+  writer.write((dir / "z.safetensors").string());
+  struct stat st {};
+  ASSERT_EQ(::stat((dir / "z.safetensors").c_str(), &st), 0);
+  EXPECT_GE(st.st_size, 4 * 1024 * 1024 + 4);
+  EXPECT_LT(int64_t(st.st_blocks) * 512, 1024 * 1024);  // 4 MiB of zeros take no blocks
+  SafetensorsFile file = SafetensorsFile::open((dir / "z.safetensors").string());
+  EXPECT_EQ(std::vector<uint8_t>(file.find("small")->data, file.find("small")->data + 4), small);
+  const TensorView& big = *file.find("big");
+  ASSERT_EQ(big.nbytes, size_t(4 * 1024 * 1024));
+  EXPECT_TRUE(std::all_of(big.data, big.data + big.nbytes, [](uint8_t b) { return b == 0; }));
+}
+
+// A layout checkpoint has every tensor of the weights map, so a Checkpoint opens and checks it.
+TEST(LayoutCheckpoint, HoldsTheWeightsMapInZeros) {
+  test::TempDir dir("layout");
+  const Config config = preset("tiny");
+  write_layout_checkpoint(config, dir.string());
+  Checkpoint ckpt = Checkpoint::open(dir.string());
+  EXPECT_NO_THROW(check_weights(load_config(dir.string()), ckpt));
+  int64_t bytes = 0;
+  for (const TensorSpec& t : expected_tensors(config)) bytes += t.nbytes();
+  struct stat st {};
+  ASSERT_EQ(::stat((dir / "model.safetensors").c_str(), &st), 0);
+  EXPECT_GT(st.st_size, bytes);
+  EXPECT_LT(int64_t(st.st_blocks) * 512, bytes / 4);
 }
 
 }  // namespace

@@ -265,9 +265,22 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
     fail(where, std::to_string(*nbytes) + " bytes for shape " + shape_text(shape) + " of " + dtype_name(dtype),
          std::to_string(bytes.size()) + " bytes");
 
+  if (!entries_.empty() && entries_.back().zeros > 0 && !bytes.empty())
+    fail(where, "tensors with bytes added before any tensor of zeros", "one after them");
   names_.insert(name);
   data_bytes_ += bytes.size();
-  entries_.push_back(Entry{std::move(name), dtype, std::move(shape), std::move(bytes)});
+  entries_.push_back(Entry{std::move(name), dtype, std::move(shape), std::move(bytes), 0});
+}
+
+void SafetensorsWriter::add_zeros(std::string name, DType dtype, std::vector<int64_t> shape) {
+  const std::optional<size_t> nbytes = checked_nbytes(dtype, shape);
+  if (!nbytes) fail("SafetensorsWriter: tensor '" + name + "'", "a shape whose byte size fits in 64 bits", shape_text(shape));
+  const std::string where = "SafetensorsWriter: tensor '" + name + "'";
+  if (name == kMetadataKey) fail(where, "a tensor name", "the reserved header key");
+  if (names_.contains(name)) fail(where, "a name not added before", "a duplicate");
+  names_.insert(name);
+  data_bytes_ += *nbytes;
+  entries_.push_back(Entry{std::move(name), dtype, std::move(shape), {}, *nbytes});
 }
 
 void SafetensorsWriter::set_metadata(std::map<std::string, std::string> metadata) { metadata_ = std::move(metadata); }
@@ -277,11 +290,14 @@ void SafetensorsWriter::write(const std::string& path) const {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata_.empty()) header[kMetadataKey] = metadata_;
   size_t offset = 0;
+  size_t zeros = 0;
   for (const Entry& entry : entries_) {
+    const size_t size = entry.bytes.size() + entry.zeros;
     header[entry.name] = {{"dtype", dtype_name(entry.dtype)},
                           {"shape", entry.shape},
-                          {"data_offsets", nlohmann::ordered_json::array({offset, offset + entry.bytes.size()})}};
-    offset += entry.bytes.size();
+                          {"data_offsets", nlohmann::ordered_json::array({offset, offset + size})}};
+    offset += size;
+    zeros += entry.zeros;
   }
   std::string text;
   try {
@@ -298,15 +314,17 @@ void SafetensorsWriter::write(const std::string& path) const {
 
   std::vector<std::span<const uint8_t>> parts = {length, {reinterpret_cast<const uint8_t*>(text.data()), text.size()}};
   for (const Entry& entry : entries_) parts.emplace_back(entry.bytes);
-  write_file_atomically(path, parts);
+  write_file_atomically(path, parts, zeros);
 }
 
-void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts) {
+void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts, size_t zeros) {
   const std::string temporary = path + ".tmp";
   Fd fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) fail(temporary, "a file we can create", errno_text());
   try {
-    for (std::span<const uint8_t> part : parts) write_all(fd, part, temporary);
+    size_t size = 0;
+    for (std::span<const uint8_t> part : parts) write_all(fd, part, temporary), size += part.size();
+    if (zeros > 0 && ::ftruncate(fd.get(), off_t(size + zeros)) != 0) fail(temporary, "a successful ftruncate", errno_text());
     // The data must be on disk before the rename publishes it, or a crash could leave `path`
     // naming a file with missing contents.
     if (::fsync(fd.get()) != 0) fail(temporary, "a successful fsync", errno_text());

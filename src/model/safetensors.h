@@ -73,6 +73,10 @@ class SafetensorsWriter {
   // The same, taking ownership of the bytes instead of copying them.
   void add(std::string name, DType dtype, std::vector<int64_t> shape, std::vector<uint8_t>&& bytes);
 
+  // A tensor of zeros that is never held in memory: written as a hole (a sparse file, no disk
+  // blocks). Zero tensors come after every tensor with bytes.
+  void add_zeros(std::string name, DType dtype, std::vector<int64_t> shape);
+
   // The string -> string "__metadata__" of the header; omitted from the file when empty.
   void set_metadata(std::map<std::string, std::string> metadata);
 
@@ -89,6 +93,7 @@ class SafetensorsWriter {
     DType dtype;
     std::vector<int64_t> shape;
     std::vector<uint8_t> bytes;
+    size_t zeros;  // add_zeros: the tensor's size; its bytes are empty
   };
 
   std::vector<Entry> entries_;
@@ -99,7 +104,7 @@ class SafetensorsWriter {
 
 // Writes `parts`, one after another, to path + ".tmp", fsyncs it, renames it over `path` and
 // fsyncs the directory: a reader sees the old file or the complete new one, never half of one,
-// even after a crash.
-void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts);
+// even after a crash. `zeros` more bytes of zeros follow the parts, as a hole.
+void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts, size_t zeros = 0);
 
 }  // namespace dsv41

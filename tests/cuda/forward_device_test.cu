@@ -4,9 +4,11 @@
 // other sequences, and under decoder bounded replay.
 //
 // Tolerances. Against the reference: the harness's (baseline.json figures × 1.25). Against the CPU
-// forward with its choices imposed: the same forced figures — the two differ by the kernels' fp32
-// summation orders and expf's last bit (each op's test bounds them), which the bf16 roundings
-// between ops turn into occasional one-ulp flips, as the reference's own CPU and CUDA runs differ.
+// forward with its choices imposed: twice those forced figures — each of the two forwards is
+// within them of the reference, so of each other within their sum (the triangle inequality); they
+// differ by the kernels' fp32 summation orders and expf's last bit (each op's test bounds them),
+// which the bf16 roundings between ops turn into one-ulp flips that these random tiny models
+// amplify, as the reference's own CPU and CUDA runs differ.
 // A batch against the same sequences alone: every op is row-independent on the device (no kernel
 // splits a row's sums by the batch size), so bit-equal.
 #include <gtest/gtest.h>
@@ -89,6 +91,13 @@ TEST_P(DeviceForwardFixture, OwnChoicesDifferOnlyAtNearTies) {
   }
 }
 
+// A baseline's figures for two forwards each within them of the reference.
+Bound apart(Bound b) {
+  b.mean *= 2, b.p99 *= 2, b.max *= 2;
+  b.argmax_agree = 1 - 2 * (1 - b.argmax_agree);
+  return b;
+}
+
 // The CPU forward's choices, from its traces of one run (prefill call 0, then the decode calls).
 ChoiceSource choices_of(const std::vector<Trace>& traces, int k) {
   return [&traces, k](bool decode, int64_t first, int64_t n) {
@@ -103,7 +112,7 @@ ChoiceSource choices_of(const std::vector<Trace>& traces, int k) {
 
 // Against the CPU forward: with the CPU run's own choices imposed, one-shot and in chunks of 7
 // (calls that are neither the first nor a decode: the window buffer over the ring), the device's
-// logits are as close to the CPU's as the reference's two runs are to each other under forcing.
+// logits are within the forced figures of the CPU's, doubled (see the top).
 TEST_P(DeviceForwardFixture, MatchesCpuForwardUnderItsChoices) {
   DSV41_REQUIRE_DEVICE();
   Fixture cpu(GetParam());
@@ -121,7 +130,7 @@ TEST_P(DeviceForwardFixture, MatchesCpuForwardUnderItsChoices) {
       ours.insert(ours.end(), got.decode.begin(), got.decode.end());
       ref.insert(ref.end(), want.decode.begin(), want.decode.end());
       expect_close(cpu.name + " device vs cpu prompt" + std::to_string(prompt) + " chunk " + std::to_string(chunk), ours,
-                   ref, c.vocab_size, base);
+                   ref, c.vocab_size, apart(base));
     }
   }
 }
@@ -213,7 +222,7 @@ TEST_P(DeviceForwardFixture, DecoderBoundedReplayMatchesCpu) {
   ASSERT_EQ(got.size(), want.size());
   Bound base;
   for (const char* part : {"prefill.logits", "decode.logits"}) base.add(f.base("forced_topk_routing", prompt, part));
-  expect_close(f.name + " device vs cpu, decoder bounded replay", got, want, c.vocab_size, base);
+  expect_close(f.name + " device vs cpu, decoder bounded replay", got, want, c.vocab_size, apart(base));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DeviceForwardFixture, testing::ValuesIn(kFixtures), FixtureName());

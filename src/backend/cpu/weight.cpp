@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "model/safetensors.h"
+#include "numerics/codecs.h"
 #include "numerics/types.h"
 
 namespace dsv41 {
@@ -42,6 +43,23 @@ void Weight::row(int64_t r, float* out) const {
   } else {
     for (int64_t c = 0; c < cols; ++c) out[c] = at(r, c);
   }
+}
+
+int64_t Weight::data_bytes() const {
+  const int64_t n = rows * cols;
+  switch (format) {
+    case WeightFormat::F32: return 4 * n;
+    case WeightFormat::BF16: return 2 * n;
+    case WeightFormat::FP8: return n;
+    case WeightFormat::FP4: return n / 2;
+  }
+  return 0;
+}
+
+int64_t Weight::scale_bytes() const {
+  if (format == WeightFormat::FP8) return int64_t(fp8_weight_scale_count(int(rows), int(cols)));
+  if (format == WeightFormat::FP4) return int64_t(fp4_weight_scale_count(int(rows), int(cols)));
+  return 0;
 }
 
 Weight weight_of(const TensorView& t, const TensorView* scale) {

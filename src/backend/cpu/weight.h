@@ -22,6 +22,9 @@ struct Weight {
   const uint8_t* scale = nullptr;
 
   bool quantized() const { return format == WeightFormat::FP8 || format == WeightFormat::FP4; }
+  // Bytes of the stored values and of the block scales (what one full read of the weight moves).
+  int64_t data_bytes() const;
+  int64_t scale_bytes() const;
   // Dequantized element (r, c): for tests and for the few places that need single values.
   float at(int64_t r, int64_t c) const;
   // Dequantizes row r into out[cols].

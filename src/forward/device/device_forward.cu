@@ -398,20 +398,22 @@ void Call::index(int l, const float* x, const float* qr) {
     } else {
       check(cudaMemsetAsync(topk, 0xFF, size_t(it.rows * K_) * sizeof(int32_t), stream_), "index");
     }
-    if (trace_) {
-      // The engine's own choice (before any forcing) and the scores it was made on.
-      const std::vector<int32_t> t = topk_.download(stream_, it.rows * K_, it.offset * K_);
-      const std::vector<float> s = n > 0 ? scores.download(stream_, it.rows * n) : std::vector<float>{};
-      for (int64_t r = 0; r < it.rows; ++r) {
-        trace_->topk[l].emplace_back(t.begin() + r * K_, t.begin() + r * K_ + k);
-        trace_->index_scores[l].emplace_back(s.begin() + r * n, s.begin() + (r + 1) * n);
-      }
-    }
     if (forced) {
       std::vector<int32_t> rows(size_t(it.rows * K_), -1);
       for (int64_t r = 0; r < it.rows; ++r)
         for (size_t j = 0; j < forced->at(size_t(r)).size() && j < size_t(K_); ++j) rows[size_t(r * K_) + j] = int32_t(forced->at(size_t(r))[j]);
       check(cudaMemcpyAsync(topk, rows.data(), rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "index");
+    }
+    if (trace_) {
+      // As forward.cpp records them: the entries attended (the imposed ones when forced), and the
+      // scores the engine's own choice was made on.
+      const std::vector<int32_t> t = topk_.download(stream_, it.rows * K_, it.offset * K_);
+      const std::vector<float> s = n > 0 ? scores.download(stream_, it.rows * n) : std::vector<float>{};
+      for (int64_t r = 0; r < it.rows; ++r) {
+        const size_t width = forced ? forced->at(size_t(r)).size() : size_t(k);
+        trace_->topk[l].emplace_back(t.begin() + r * K_, t.begin() + r * K_ + int64_t(std::min<size_t>(width, size_t(K_))));
+        trace_->index_scores[l].emplace_back(s.begin() + r * n, s.begin() + (r + 1) * n);
+      }
     }
   }
 }

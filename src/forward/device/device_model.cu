@@ -62,23 +62,6 @@ __global__ void fill_kernel(uint8_t* out, int64_t bytes, uint64_t key, WeightFor
   }
 }
 
-int64_t data_bytes(const Weight& w) {
-  const int64_t n = w.rows * w.cols;
-  switch (w.format) {
-    case WeightFormat::F32: return 4 * n;
-    case WeightFormat::BF16: return 2 * n;
-    case WeightFormat::FP8: return n;
-    case WeightFormat::FP4: return n / 2;
-  }
-  return 0;
-}
-
-int64_t scale_bytes(const Weight& w) {
-  if (w.format == WeightFormat::FP8) return int64_t(fp8_weight_scale_count(int(w.rows), int(w.cols)));
-  if (w.format == WeightFormat::FP4) return int64_t(fp4_weight_scale_count(int(w.rows), int(w.cols)));
-  return 0;
-}
-
 }  // namespace
 
 DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : model_(model), values_(values), seed_(seed) {
@@ -150,8 +133,8 @@ const float* DeviceModel::rope_freqs(int i) const {
 Weight DeviceModel::place(const Weight& w, Fill fill) {
   if (!w.data) return w;  // a weight this layer does not have
   Weight d = w;
-  d.data = place_bytes(w.data, data_bytes(w), fill, w.format, w.cols, false);
-  if (w.quantized()) d.scale = place_bytes(w.scale, scale_bytes(w), fill, w.format, w.cols, true);
+  d.data = place_bytes(w.data, w.data_bytes(), fill, w.format, w.cols, false);
+  if (w.quantized()) d.scale = place_bytes(w.scale, w.scale_bytes(), fill, w.format, w.cols, true);
   return d;
 }
 

@@ -1,0 +1,276 @@
+// The device forward's speed (docs/benchmarks.md, "Device forward (H200)"): decode tokens/s at
+// several batch sizes and contexts, and prefill tokens/s in exact and default mode, on a model of
+// the given preset with random weights written on the device (a layout checkpoint, so no 23 GB
+// file is written), or on a checkpoint directory.
+//
+// Decode contexts are synthetic: each sequence's caches are filled with valid random codes up to
+// the context (KV-FP4 entries, MXFP4 index keys, SWA-FP8 rings), then timed steps run real decode
+// over them — the traffic and the work of a step at that context are the real ones; the values
+// are not a model's. Bytes per step: every dense weight and the head once, the experts the batch
+// touches (expected distinct experts E·(1 - (1 - k/E)^B)), and per token the window, the top-k
+// entries of each compressed layer and the index keys each index source scans. Achieved GB/s is
+// those bytes over the step time, against a measured device-to-device copy.
+//
+//   cuda_forward_bench [--preset bench-1gpu | --model DIR] [--batches 1,8,64]
+//                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/check.h"
+#include "base/error.h"
+#include "forward/device/device_forward.h"
+#include "model/accounting.h"
+#include "model/layout_checkpoint.h"
+#include "model/weights.h"
+#include "numerics/codecs.h"
+#include "numerics/types.h"
+
+using namespace dsv41;
+using namespace dsv41::cuda;
+
+namespace {
+
+std::vector<int64_t> numbers(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(std::stoll(item));
+  return out;
+}
+
+// entries × bytes: the first `data` bytes of each entry random codes (masked), the rest `scale`.
+__global__ void fill_entries(uint8_t* out, int64_t entries, int bytes, int data, uint8_t mask, uint8_t scale, uint64_t seed) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= entries * bytes) return;
+  uint64_t z = seed ^ (uint64_t(i) * 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 29;
+  out[i] = int(i % bytes) < data ? uint8_t(z) & mask : scale;
+}
+
+void fill(uint8_t* out, int64_t entries, int bytes, int data, uint8_t mask, uint8_t scale, uint64_t seed) {
+  if (entries <= 0) return;
+  const int64_t n = entries * bytes;
+  fill_entries<<<unsigned((n + 255) / 256), 256>>>(out, entries, bytes, data, mask, scale, seed);
+  check_launch("fill_entries");
+}
+
+// A sequence `context` tokens long, its caches filled with valid random codes.
+void synthetic_context(const Config& c, DeviceSequence& s, int64_t context, uint64_t seed) {
+  const int hd = c.head_dim, ihd = c.index_head_dim;
+  s.length = context;
+  for (auto& w : s.window)  // e4m3 codes without the NaN pattern; block scale 2^-4
+    fill(w.get(), c.window_size, int(swa_fp8::bytes(hd)), hd, 0x77, uint8_t(127 - 4), seed++);
+  for (auto& [layer, d] : s.compressed) {
+    d.entries = context / d.ratio;
+    d.pending = int(context % d.ratio);
+    fill(d.kv.get(), d.entries, int(kv_fp4::bytes(hd)), hd / 2, 0xFF, e4m3_from_float(0.125f), seed++);
+    fill(d.index_k.get(), d.entries, int(mxfp4::bytes(ihd)), ihd / 2, 0xFF, uint8_t(127 - 3), seed++);
+    if (d.ratio > 1) {
+      check(cudaMemset(d.pending_kv.get(), 0, size_t(d.pending_kv.bytes())), "bench");
+      check(cudaMemset(d.pending_score.get(), 0, size_t(d.pending_score.bytes())), "bench");
+    }
+  }
+  check(cudaDeviceSynchronize(), "synthetic context");
+}
+
+// Device-to-device copy bandwidth (read + write bytes over time), the reference for GB/s.
+double copy_bandwidth() {
+  const size_t bytes = size_t(2) << 30;
+  DeviceBuffer<uint8_t> a{int64_t(bytes)}, b{int64_t(bytes)};
+  check(cudaMemset(a.get(), 1, bytes), "copy");
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0), cudaEventCreate(&t1);
+  check(cudaMemcpy(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice), "copy");
+  cudaEventRecord(t0);
+  const int reps = 10;
+  for (int i = 0; i < reps; ++i) cudaMemcpy(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(t1);
+  cudaEventSynchronize(t1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, t0, t1);
+  return 2.0 * double(bytes) * reps / (double(ms) * 1e-3);
+}
+
+struct WeightBytes {
+  double dense = 0;   // read once per step whatever the batch: attention, norms, mHC, gates, shared experts, head
+  double expert = 0;  // one routed expert (w1, w2, w3 with scales), per MoE layer
+};
+
+WeightBytes weight_bytes(const Model& m) {
+  const Config& c = m.config();
+  WeightBytes b;
+  auto add = [](double& to, const Weight& w) { to += double(w.data_bytes() + w.scale_bytes()); };
+  add(b.dense, m.head());
+  add(b.dense, m.norm());
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = m.layer(l);
+    const AttentionWeights& a = L.attn;
+    for (const Weight* w : {&L.attn_norm, &L.ffn_norm, &L.hc_attn.fn, &L.hc_ffn.fn, &a.wq_a, &a.q_norm, &a.wq_b, &a.wkv,
+                            &a.kv_norm, &a.wo_a, &a.wo_b, &a.compressor_wkv, &a.compressor_wgate, &a.compressor_norm,
+                            &a.indexer_wq_b, &a.indexer_weights_proj, &a.indexer_wk, &a.indexer_k_norm, &L.gate,
+                            &L.shared.w1, &L.shared.w2, &L.shared.w3})
+      if (w->data) add(b.dense, *w);
+    if (L.engram) add(b.dense, L.engram->wkv);
+  }
+  const ExpertWeights& e = m.layer(0).experts.at(0);
+  for (const Weight* w : {&e.w1, &e.w2, &e.w3}) add(b.expert, *w);
+  return b;
+}
+
+// KV bytes one token reads at `context`: its window in every layer, the top-k entries of every
+// compressed layer, and the index keys every index source scans.
+double kv_bytes_per_token(const Config& c, int64_t context) {
+  double bytes = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    bytes += double(c.window_size) * double(swa_fp8::bytes(c.head_dim));
+    const int ratio = c.compress_ratios[size_t(l)];
+    if (ratio == 0) continue;
+    const double entries = double(context / ratio);
+    bytes += std::min<double>(c.index_topk, entries) * double(kv_fp4::bytes(c.head_dim));
+    if (c.is_index_source(l)) bytes += entries * double(mxfp4::bytes(c.index_head_dim));
+  }
+  return bytes;
+}
+
+struct Inputs {
+  std::vector<int> tokens;
+  std::vector<int64_t> engram;  // [tokens, engram layers, columns]
+};
+
+Inputs random_inputs(const Config& c, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Inputs in;
+  for (int64_t i = 0; i < n; ++i) in.tokens.push_back(int(rng() % uint64_t(c.vocab_size)));
+  if (c.has_engram()) {
+    int64_t rows = std::numeric_limits<int64_t>::max();
+    for (const TensorSpec& t : expected_tensors(c))
+      if (t.name.find("engram.embed.weight") != std::string::npos) rows = std::min(rows, t.shape[0]);
+    const int64_t per = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+    for (int64_t i = 0; i < n * per; ++i) in.engram.push_back(int64_t(rng() % uint64_t(rows)));
+  }
+  return in;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::string preset_name = "bench-1gpu", model_dir;
+  std::vector<int64_t> batches = {1, 8, 64}, contexts = {4096, 32768, 131072, 1048576}, prefills = {4096, 32768};
+  int steps = 8;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--preset") preset_name = value;
+    else if (flag == "--model") model_dir = value;
+    else if (flag == "--batches") batches = numbers(value);
+    else if (flag == "--contexts") contexts = numbers(value);
+    else if (flag == "--prefill") prefills = numbers(value);
+    else if (flag == "--steps") steps = int(std::stoi(value));
+    else fail("cuda_forward_bench", "--preset, --model, --batches, --contexts, --prefill or --steps", flag);
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "device");
+  std::printf("device: %s, %.1f GiB\n", prop.name, double(prop.totalGlobalMem) / double(1 << 30));
+  const double copy_bw = copy_bandwidth();
+  std::printf("device-to-device copy: %.0f GB/s\n", copy_bw / 1e9);
+
+  const bool random = model_dir.empty();
+  if (random) {
+    model_dir = (std::filesystem::temp_directory_path() / ("dsv41-layout-" + preset_name)).string();
+    if (!std::filesystem::exists(model_dir + "/config.json")) write_layout_checkpoint(preset(preset_name), model_dir);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<Model> model = Model::load(model_dir);
+  DeviceModel dm(*model, random ? DeviceModel::Values::Random : DeviceModel::Values::Checkpoint, 1);
+  const Config& c = model->config();
+  std::printf("model: %s (%s), %.2f GB on the device, loaded in %.1f s\n", random ? preset_name.c_str() : model_dir.c_str(),
+              random ? "random weights" : "checkpoint", double(dm.bytes()) / 1e9,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const WeightBytes wb = weight_bytes(*model);
+  const int k = c.n_activated_experts, E = c.n_routed_experts;
+  int moe_layers = 0;
+  for (int l = 0; l < c.n_layers; ++l) moe_layers += !model->layer(l).experts.empty();
+
+  std::printf("\n| batch | context | ms / step | tokens/s | bytes / token | achieved GB/s | of copy BW |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  for (int64_t context : contexts)
+    for (int64_t B : batches) {
+      size_t free_bytes = 0, total = 0;
+      cudaMemGetInfo(&free_bytes, &total);
+      const double need = double(B) * (c.n_layers * 1.0 * c.window_size * swa_fp8::bytes(c.head_dim) +
+                                       account(c, 1).kv.global_bytes_per_token * double(context + steps + 4)) * 1.05 + 4e9;
+      if (need > double(free_bytes)) {
+        std::printf("| %lld | %lld | (needs %.0f GB, %.0f free) | | | | |\n", (long long)B, (long long)context, need / 1e9,
+                    double(free_bytes) / 1e9);
+        continue;
+      }
+      std::vector<std::unique_ptr<DeviceSequence>> seqs;
+      for (int64_t b = 0; b < B; ++b) {
+        seqs.push_back(std::make_unique<DeviceSequence>(c, context + steps + 4));
+        synthetic_context(c, *seqs.back(), context, uint64_t(b) * 1000 + 7);
+      }
+      const Inputs in = random_inputs(c, B * (steps + 2), uint64_t(context + B));
+      const int64_t per = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+      auto step = [&](int s) {
+        std::vector<DeviceItem> items;
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t at = s * B + b;
+          items.push_back({seqs[size_t(b)].get(), std::span<const int>(in.tokens).subspan(size_t(at), 1),
+                           c.has_engram() ? in.engram.data() + at * per : nullptr});
+        }
+        forward_batch(dm, items);
+      };
+      step(0), step(1);
+      cudaEventRecord(e0);
+      for (int s = 2; s < steps + 2; ++s) step(s);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      const double step_s = double(ms) * 1e-3 / steps;
+      const double experts = double(E) * (1.0 - std::pow(1.0 - double(k) / E, double(B)));
+      const double step_bytes = wb.dense + moe_layers * experts * wb.expert + double(B) * kv_bytes_per_token(c, context);
+      std::printf("| %lld | %lld | %.2f | %.1f | %.2f GB | %.0f | %.1f%% |\n", (long long)B, (long long)context, step_s * 1e3,
+                  double(B) / step_s, step_bytes / double(B) / 1e9, step_bytes / step_s / 1e9,
+                  100.0 * step_bytes / step_s / copy_bw);
+      std::fflush(stdout);
+    }
+
+  std::printf("\n| prompt | mode | seconds | tokens/s | weight TFLOP/s | default / exact |\n| ---: | --- | ---: | ---: | ---: | ---: |\n");
+  const Accounting acc = account(c, 1);
+  for (int64_t P : prefills) {
+    double exact_s = 0;
+    for (bool exact : {true, false}) {
+      DeviceSequence seq(c, P + 1);
+      const Inputs in = random_inputs(c, P, uint64_t(P));
+      DeviceItem item{&seq, in.tokens, c.has_engram() ? in.engram.data() : nullptr};
+      if (!exact) item.options.decoder_from = P - std::min<int64_t>(c.window_size, P);
+      check(cudaDeviceSynchronize(), "prefill");
+      const auto start = std::chrono::steady_clock::now();
+      forward_batch(dm, {item});
+      check(cudaDeviceSynchronize(), "prefill");
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (exact) exact_s = s;
+      const double flops = 2.0 * double(exact ? acc.params.active_prefill_exact : acc.params.active_prefill) * double(P);
+      std::printf("| %lld | %s | %.2f | %.0f | %.1f | %s |\n", (long long)P, exact ? "exact" : "default", s, double(P) / s,
+                  flops / s / 1e12, exact ? "" : (std::to_string(s / exact_s).substr(0, 5)).c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "cuda_forward_bench: %s\n", e.what());
+  return 1;
+}
