@@ -447,6 +447,115 @@ BENCHMARK(BM_TopPositions)->Arg(65536)->Arg(1 << 20)->UseManualTime()->Unit(benc
 BENCHMARK(BM_Route)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_ExpertFfn)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 
+// ---- indexer at decode: top-k, candidate blocks, the whole step, rows 1, n 4K..1M ---------------------
+// Scores are bf16 normals, read from L2 as after the score kernel (bytes counted: the n scores
+// once, + the n mask bytes for candidate_mask). mode 0: host n, one call timed with events (launch
+// costs included); mode 1: the device-n form (n_max = n) in a CUDA graph of 16 calls, us_per_call.
+
+float* decode_scores(int64_t n) {
+  std::vector<float> sh(static_cast<size_t>(n));
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  for (float& v : sh) v = round_bf16(nd(rng));
+  float* scores = nullptr;
+  check(cudaMalloc(&scores, sh.size() * 4), "alloc");
+  check(cudaMemcpy(scores, sh.data(), sh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  return scores;
+}
+
+int64_t* device_count(int64_t n) {
+  int64_t* p = nullptr;
+  check(cudaMalloc(&p, 8), "alloc");
+  check(cudaMemcpy(p, &n, 8, cudaMemcpyHostToDevice), "upload");
+  return p;
+}
+
+void BM_TopKDecode(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  float* scores = decode_scores(n);
+  int64_t* dn = device_count(n);
+  int32_t* positions = nullptr;
+  check(cudaMalloc(&positions, 512 * 4), "alloc");
+  if (state.range(1) == 0) {
+    time_calls(state, 4.0 * n, [&](int) { cuda::top_positions(scores, 1, n, 512, positions); });
+  } else {
+    time_graph(state, 4.0 * n, 16,
+               [&](int, cudaStream_t stream) { cuda::top_positions(scores, 1, dn, n, 512, positions, stream); });
+  }
+  cudaFree(scores), cudaFree(dn), cudaFree(positions);
+}
+
+// candidate_mask at V4.1's 2048 blocks of 8.
+void BM_CandidateMaskDecode(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  float* scores = decode_scores(n);
+  int64_t* dn = device_count(n);
+  uint8_t* mask = nullptr;
+  check(cudaMalloc(&mask, size_t(n)), "alloc");
+  if (state.range(1) == 0) {
+    time_calls(state, 5.0 * n, [&](int) { cuda::candidate_mask(scores, 1, n, dn, 2048, 8, mask); });
+  } else {
+    time_graph(state, 5.0 * n, 16, [&](int, cudaStream_t stream) {
+      cuda::candidate_mask(scores, 1, dn, n, dn, 2048, 8, mask, stream);
+    });
+  }
+  cudaFree(scores), cudaFree(dn), cudaFree(mask);
+}
+
+// One layer's indexer at decode as a captured step replays it: index_scores (32 heads × 128) then
+// top-512, both reading n from the device, captured once at n_max = 1M and replayed at n; time per
+// step (graph of 8 steps). Bytes: the n keys + the scores written and read once.
+void BM_IndexerStepGraph(benchmark::State& state) {
+  const int64_t n = state.range(0), n_max = int64_t(1) << 20;
+  const int heads = 32, hd = 128;
+  const size_t kb = mxfp4::bytes(hd);
+  // e2m1 codes any, scales near 2^0 (e8m0 124..127).
+  void* keys = device_codes(size_t(n_max) * kb, 21, 0xFF, 0);
+  {
+    std::vector<uint8_t> k(size_t(n_max) * kb);
+    check(cudaMemcpy(k.data(), keys, k.size(), cudaMemcpyDeviceToHost), "download");
+    for (size_t t = 0; t < size_t(n_max); ++t)
+      for (int i = 0; i < hd / 32; ++i) k[t * kb + hd / 2 + i] = uint8_t(124 + k[t * kb + hd / 2 + i] % 4);
+    check(cudaMemcpy(keys, k.data(), k.size(), cudaMemcpyHostToDevice), "upload");
+  }
+  std::vector<float> qh(size_t(heads) * hd), wh(static_cast<size_t>(heads));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (float& v : qh) v = round_bf16(nd(rng));
+  for (float& v : wh) v = round_bf16(0.1f * nd(rng));
+  float *q = nullptr, *w = nullptr, *scores = nullptr;
+  int32_t* positions = nullptr;
+  check(cudaMalloc(&q, qh.size() * 4), "alloc"), check(cudaMalloc(&w, wh.size() * 4), "alloc");
+  check(cudaMalloc(&scores, size_t(n_max) * 4), "alloc"), check(cudaMalloc(&positions, 512 * 4), "alloc");
+  check(cudaMemcpy(q, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(w, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  int64_t* dn = device_count(n);
+  time_graph(state, double(n) * (kb + 8), 8, [&](int, cudaStream_t stream) {
+    cuda::index_scores(q, w, 1, heads, hd, static_cast<const uint8_t*>(keys), dn, n_max, nullptr, scores, stream);
+    cuda::top_positions(scores, 1, dn, n_max, 512, positions, stream);
+  });
+  cudaFree(keys), cudaFree(q), cudaFree(w), cudaFree(scores), cudaFree(positions), cudaFree(dn);
+}
+
+BENCHMARK(BM_TopKDecode)
+    ->ArgsProduct({{4096, 32768, 262144, 1 << 20}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.1);
+BENCHMARK(BM_CandidateMaskDecode)
+    ->ArgsProduct({{4096, 32768, 262144, 1 << 20}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.1);
+BENCHMARK(BM_IndexerStepGraph)
+    ->Arg(4096)
+    ->Arg(32768)
+    ->Arg(262144)
+    ->Arg(1 << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.1);
+
 }  // namespace
 }  // namespace dsv41
 

@@ -1,6 +1,11 @@
 #pragma once
 // The lightning indexer on the GPU, as backend/cpu/indexer.h, over the MXFP4 index-key cache read in
 // place: scores of every compressed entry for a batch of queries, top-k, and the candidate blocks.
+//
+// Each op comes twice: with the entry count n known on the host (rows n apart), and with n read
+// from device memory (`n_device`, at most `n_max`; rows n_max apart), so that a decode step can be
+// captured once in a CUDA graph and replayed while the context grows. The grids of the second
+// form are sized for n_max; blocks past n do no work. Both give identical results for one n.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -15,15 +20,29 @@ namespace dsv41::cuda {
 // query cannot see yet. hd is 32, 64 or 128; heads ≤ 64. All pointers are device pointers.
 void index_scores(const float* q, const float* w, int64_t rows, int heads, int hd, const uint8_t* keys, int64_t n,
                   const int64_t* visible, float* scores, cudaStream_t stream = nullptr);
+// The same with n = min(*n_device, n_max) read on the device: scores [rows, n_max], row r's n
+// scores at r·n_max; scores[r][t] for t ≥ n are left as they were.
+void index_scores(const float* q, const float* w, int64_t rows, int heads, int hd, const uint8_t* keys,
+                  const int64_t* n_device, int64_t n_max, const int64_t* visible, float* scores,
+                  cudaStream_t stream = nullptr);
 
 // positions [rows, k]: dsv41::top_positions of each row of scores [rows, n]: the min(k, n)
 // highest-scoring positions in ascending order (ties to the lower position), then -1 up to k.
+// n < 2^31. Few rows of many scores (a decode step) spread each row over many blocks.
 void top_positions(const float* scores, int64_t rows, int64_t n, int k, int32_t* positions,
                    cudaStream_t stream = nullptr);
+// The same with n = min(*n_device, n_max) read on the device; scores [rows, n_max] (row r at r·n_max).
+void top_positions(const float* scores, int64_t rows, const int64_t* n_device, int64_t n_max, int k,
+                   int32_t* positions, cudaStream_t stream = nullptr);
 
 // mask [rows, n]: dsv41::candidate_mask of each row of scores [rows, n], compress_len[r] the row's
 // count of visible entries (device [rows]).
 void candidate_mask(const float* scores, int64_t rows, int64_t n, const int64_t* compress_len, int topk_blocks,
                     int block_size, uint8_t* mask, cudaStream_t stream = nullptr);
+// The same with n = min(*n_device, n_max) read on the device: scores and mask [rows, n_max] (row r
+// at r·n_max); mask[r][t] for t ≥ n is left as it was.
+void candidate_mask(const float* scores, int64_t rows, const int64_t* n_device, int64_t n_max,
+                    const int64_t* compress_len, int topk_blocks, int block_size, uint8_t* mask,
+                    cudaStream_t stream = nullptr);
 
 }  // namespace dsv41::cuda
