@@ -11,13 +11,31 @@
 // place), one elementwise kernel for the clamped SwiGLU and the routing weight (rounded to bf16,
 // the activations' dtype), then w2. Traffic per call: the three weights once (3 × 2304 × 5120 / 2
 // bytes + scales ≈ 18.4 MB per V4.1 expert at fp4) and 2 × rows × 2304 × 4 for the hidden values.
+//
+// The sub-layer (moe()): forward.cpp's moe() with the routing kept on the device. Kernels, in
+// order (8 launches for a decode step, plus one gate pass per further 8 rows):
+//   gate      cuda::linear_f32 → logits [rows, E]
+//   route     route_kernel → experts, weights [rows, k] (or the forced experts, weighted)
+//   bucket    bucket_kernel → each expert's entries (entry = row·k + slot) in ascending entry
+//             order, cut into tiles of ≤ 8 entries of one expert, and the tile count
+//   up        grouped_kernel<up> over (tile, slice of inter): h = the SwiGLU of w1, w3 → h [entry]
+//   down      grouped_kernel<down> over (tile, slice of dim): ye [entry] = w2 h (bf16)
+//   shared    the same two kernels over the shared expert, the rows in tiles of 8 (no routing)
+//   combine   combine_kernel: y = bf16(Σ ye over the row's experts in ascending id + shared)
+// The grids are sized from rows, k and E alone (the most tiles the entries can make); a block
+// past the device's tile count exits at once, so a decode step reads the k chosen experts'
+// weights and no other's, and each expert's weights are read once per tile of ≤ 8 of its rows.
 #include "backend/cuda/moe.h"
 
+#include <algorithm>
 #include <climits>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/dequant.cuh"
 #include "backend/cuda/linear.h"
+#include "numerics/codecs.h"
 #include "numerics/types.h"
 
 namespace dsv41::cuda {
@@ -33,7 +51,7 @@ __device__ __forceinline__ bool beats(float va, int a, float vb, int b) { return
 
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, const float* bias, int k,
                                                               bool sigmoid, float gate_temp, bool norm, float route_scale,
-                                                              int32_t* experts, float* weights) {
+                                                              const int32_t* forced, int32_t* experts, float* weights) {
   extern __shared__ float smem[];
   float* scores = smem;
   float* biased = smem + E;
@@ -50,7 +68,9 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
     biased[e] = s + bias[e];
   }
   __syncthreads();
-  for (int j = 0; j < k; ++j) {
+  // Forced experts replace the whole choice (the CPU op copies all k over its partial sort).
+  if (forced && int(threadIdx.x) < k) order[threadIdx.x] = forced[r * k + threadIdx.x];
+  for (int j = 0; j < (forced ? 0 : k); ++j) {
     float best = -INFINITY;
     int index = INT_MAX;
     for (int e = threadIdx.x; e < E; e += kRouteThreads) {
@@ -73,11 +93,14 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
     }
     __syncthreads();
   }
+  __syncthreads();
   if (threadIdx.x == 0) {
+    // A forced id outside [0, E) (a caller's error) weighs 0 and is skipped by moe().
+    auto score = [&](int e) { return e >= 0 && e < E ? scores[e] : 0.0f; };
     float sum = 0;
-    for (int j = 0; j < k; ++j) sum += scores[order[j]];
+    for (int j = 0; j < k; ++j) sum += score(order[j]);
     for (int j = 0; j < k; ++j) {
-      float w = scores[order[j]];
+      float w = score(order[j]);
       if (norm && k > 1) w /= sum + 1e-20f;  // as the CPU op (not norm_eps: as in training)
       experts[r * k + j] = order[j];
       weights[r * k + j] = w * route_scale;
@@ -85,25 +108,511 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   }
 }
 
+
+// ---- the sub-layer: bucket, grouped GEMV, combine ------------------------------------------------
+
+// The device array an ExpertTable owns: expert e's weights, index 0 = w1, 1 = w2, 2 = w3.
+struct ExpertPointers {
+  const uint8_t* data[3];
+  const uint8_t* scale[3];
+};
+
+constexpr int kTile = 8;               // entries per tile: one pass over an expert's weights
+constexpr int kBucketThreads = 1024;   // bucket_kernel is one block
+constexpr int kGThreads = 256;         // grouped_kernel
+constexpr int kGSmemBytes = 46 * 1024;  // its slice of quantized x: with the static arrays within 48 KB (no opt-in)
+constexpr int kCombineThreads = 256;
+
+// Per expert, its entries (entry i = row·k + slot, for every valid id experts[i] = e) in ascending
+// i, at list[offset[e] ...]; the experts' lists one after another in ascending e; and tiles[t] =
+// (e, first list position, count ≤ tile) cutting each list into runs of `tile`, in list order,
+// with their number in *tile_count. One block: counts by shared-memory atomics, one block-wide
+// scan over the experts, then warp 0 places the entries 32 at a time in entry order (a lane's
+// place among the equal ids of its 32 from __match_any_sync), so the lists come out sorted with
+// no second pass. Shapes: experts [n] → list [n], tiles [≤ n], smem E ints. Traffic: experts
+// twice (n·4 bytes), list and tiles once; at decode (n = k = 6) one launch's latency, at n = 1800
+// (300 rows) about 60 serial steps of warp 0.
+__global__ void __launch_bounds__(kBucketThreads) bucket_kernel(const int32_t* __restrict__ experts, int n, int E,
+                                                                int tile, int32_t* __restrict__ list,
+                                                                int4* __restrict__ tiles, int* __restrict__ tile_count) {
+  extern __shared__ int counts[];  // [E]: the count, then the next free list position
+  __shared__ int warp_entries[kBucketThreads / 32], warp_tiles[kBucketThreads / 32];
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  for (int e = int(threadIdx.x); e < E; e += kBucketThreads) counts[e] = 0;
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < n; i += kBucketThreads) {
+    const int e = experts[i];
+    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+
+  // Thread t owns experts [t·per, (t+1)·per): their entry and tile totals, scanned over the block.
+  const int per = (E + kBucketThreads - 1) / kBucketThreads;
+  const int e0 = int(threadIdx.x) * per, e1 = min(E, e0 + per);
+  int my_entries = 0, my_tiles = 0;
+  for (int e = e0; e < e1; ++e) my_entries += counts[e], my_tiles += (counts[e] + tile - 1) / tile;
+  int entries = my_entries, tiles_before = my_tiles;  // inclusive scans within the warp
+  for (int o = 1; o < 32; o *= 2) {
+    const int a = __shfl_up_sync(0xFFFFFFFFu, entries, o), b = __shfl_up_sync(0xFFFFFFFFu, tiles_before, o);
+    if (lane >= o) entries += a, tiles_before += b;
+  }
+  if (lane == 31) warp_entries[warp] = entries, warp_tiles[warp] = tiles_before;
+  __syncthreads();
+  if (warp == 0) {
+    int a = warp_entries[lane], b = warp_tiles[lane];
+    for (int o = 1; o < 32; o *= 2) {
+      const int pa = __shfl_up_sync(0xFFFFFFFFu, a, o), pb = __shfl_up_sync(0xFFFFFFFFu, b, o);
+      if (lane >= o) a += pa, b += pb;
+    }
+    warp_entries[lane] = a, warp_tiles[lane] = b;
+    if (lane == 31) *tile_count = b;
+  }
+  __syncthreads();
+  int offset = entries - my_entries + (warp > 0 ? warp_entries[warp - 1] : 0);
+  int t = tiles_before - my_tiles + (warp > 0 ? warp_tiles[warp - 1] : 0);
+  for (int e = e0; e < e1; ++e) {
+    const int c = counts[e];
+    for (int q = 0; q * tile < c; ++q) tiles[t++] = make_int4(e, offset + q * tile, min(tile, c - q * tile), 0);
+    counts[e] = offset;
+    offset += c;
+  }
+  __syncthreads();
+
+  if (warp == 0) {
+    int next = lane < n ? experts[lane] : -1;
+    for (int base = 0; base < n; base += 32) {
+      int e = next;
+      next = base + 32 + lane < n ? experts[base + 32 + lane] : -1;  // the next step's load in flight
+      if (e < 0 || e >= E) e = -1;
+      const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
+      const int leader = __ffs(peers) - 1;
+      int start = 0;
+      if (e >= 0 && lane == leader) {
+        start = counts[e];
+        counts[e] = start + __popc(peers);
+      }
+      start = __shfl_sync(0xFFFFFFFFu, start, leader);
+      if (e >= 0) list[start + __popc(peers & ((1u << lane) - 1))] = base + lane;
+      __syncwarp();
+    }
+  }
+}
+
+// The 16-byte chunk of a weight row, decoded to floats in a fixed permutation of its K positions,
+// and the matching layout of x in shared memory as float4 "parts" (part p holds the x of decoded
+// slots 4p..4p+3), so each lane's x loads are 16 bytes and consecutive lanes read consecutive 16
+// bytes. FP8 and FP4 are linear.cu's qgemv decode (its comment says how the bit moves work); BF16
+// decodes in order, 8 values a chunk.
+template <WeightFormat F>
+struct GFormat;
+template <>
+struct GFormat<WeightFormat::FP8> {
+  static constexpr int kElems = 16;
+  static constexpr float kUnscale = kE4m3Unscale;
+  __device__ static void word(uint32_t w, float2& a, float2& b) {
+    a = half2_bits_to_float2(((w << 7) & 0x3F803F80u) | ((w << 8) & 0x80008000u));
+    b = half2_bits_to_float2(((w >> 1) & 0x3F803F80u) | (w & 0x80008000u));
+  }
+  __device__ static void parts(const float* v, float4& lo, float4& hi) {
+    lo = make_float4(v[0], v[2], v[1], v[3]), hi = make_float4(v[4], v[6], v[5], v[7]);
+  }
+};
+template <>
+struct GFormat<WeightFormat::FP4> {
+  static constexpr int kElems = 32;
+  static constexpr float kUnscale = kE2m1Unscale;
+  __device__ static void word(uint32_t w, float2& a, float2& b, float2& c, float2& d) {
+    a = half2_bits_to_float2(((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u));
+    b = half2_bits_to_float2(((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u));
+    c = half2_bits_to_float2(((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u));
+    d = half2_bits_to_float2(((w >> 3) & 0x0E000E00u) | (w & 0x80008000u));
+  }
+  __device__ static void parts(const float* v, float4& lo, float4& hi) {
+    lo = make_float4(v[0], v[4], v[1], v[5]), hi = make_float4(v[2], v[6], v[3], v[7]);
+  }
+};
+template <>
+struct GFormat<WeightFormat::BF16> {
+  static constexpr int kElems = 8;
+  // Word j holds K offsets 2j, 2j + 1.
+  __device__ static float2 word(uint32_t w) { return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u)); }
+  __device__ static void parts(const float* v, float4& lo, float4& hi) {
+    lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
+  }
+};
+
+// A 16-byte weight load that skips L1 (each byte is read once).
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// x[m, k0 .. k0 + kn) of the tile's rows m < M (row m at rowp[m]) into xs in the layout above (C =
+// kn / kElems chunks per row): for FP8/FP4 weights act-quantized as linear.cu's qgemv (4 threads
+// per 32-block, the power-of-two scale of the CPU's act_quant_fp8, the hardware e4m3 rounding),
+// for BF16 as they are.
+template <WeightFormat F>
+__device__ void load_slice(const float* const* rowp, int64_t k0, int M, int kn, float4* xs) {
+  using Fmt = GFormat<F>;
+  constexpr int P = Fmt::kElems / 4;
+  const int per_row = kn / 8, C = kn / Fmt::kElems, items = M * per_row;  // quantized: items a multiple of 4
+  for (int base = 0; base < items; base += kGThreads) {  // the same trip count in every thread: shuffles stay whole
+    const int i = base + int(threadIdx.x);
+    const bool on = i < items;
+    const int m = on ? i / per_row : 0, q = on ? i % per_row : 0;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (on) {
+      const float4 a = *reinterpret_cast<const float4*>(rowp[m] + k0 + 8 * q);
+      const float4 b = *reinterpret_cast<const float4*>(rowp[m] + k0 + 8 * q + 4);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+    if constexpr (F != WeightFormat::BF16) {
+      float amax = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+      const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const float2 r = e4m3_round2(v[e] * inv, v[e + 1] * inv);
+        v[e] = r.x * scale, v[e + 1] = r.y * scale;
+      }
+    }
+    if (!on) continue;
+    float4 lo, hi;
+    Fmt::parts(v, lo, hi);
+    const int c = 8 * q / Fmt::kElems, p = 8 * q % Fmt::kElems / 4;
+    xs[(m * P + p) * C + c] = lo;
+    xs[(m * P + p + 1) * C + c] = hi;
+  }
+}
+
+// One chunk c (of C in the slice) of the group's two weight rows against the tile's M ≤ MT x rows:
+// the block partials (exact products summed in fp32), times the weight block scale (which carries
+// kUnscale; 1 for BF16) into acc. p·ws is exact (ws a power of two), so the fused add rounds once,
+// as the CPU's acc += dot·s. Rows m ≥ M are skipped (M is the same in the whole block).
+template <WeightFormat F, int MT>
+__device__ __forceinline__ void chunk_fma(const uint4 (&wv)[2], const float (&ws)[2], const float4* xs, int C, int c,
+                                          int M, float (&acc)[2][MT]) {
+  using Fmt = GFormat<F>;
+  constexpr int P = Fmt::kElems / 4;
+  float p[2][MT];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) p[r][m] = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {  // the chunk's four 32-bit words, decoded once for all rows m
+    uint32_t w[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) w[r] = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+    if constexpr (F == WeightFormat::FP8) {
+      float2 a[2], b[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) Fmt::word(w[r], a[r], b[r]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m >= M) continue;
+        const float4 xv = xs[(m * P + j) * C + c];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          p[r][m] = fmaf(a[r].x, xv.x, p[r][m]), p[r][m] = fmaf(a[r].y, xv.y, p[r][m]);
+          p[r][m] = fmaf(b[r].x, xv.z, p[r][m]), p[r][m] = fmaf(b[r].y, xv.w, p[r][m]);
+        }
+      }
+    } else if constexpr (F == WeightFormat::FP4) {
+      float2 a[2], b[2], cc[2], d[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) Fmt::word(w[r], a[r], b[r], cc[r], d[r]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m >= M) continue;
+        const float4 xa = xs[(m * P + 2 * j) * C + c], xb = xs[(m * P + 2 * j + 1) * C + c];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          p[r][m] = fmaf(a[r].x, xa.x, p[r][m]), p[r][m] = fmaf(a[r].y, xa.y, p[r][m]);
+          p[r][m] = fmaf(b[r].x, xa.z, p[r][m]), p[r][m] = fmaf(b[r].y, xa.w, p[r][m]);
+          p[r][m] = fmaf(cc[r].x, xb.x, p[r][m]), p[r][m] = fmaf(cc[r].y, xb.y, p[r][m]);
+          p[r][m] = fmaf(d[r].x, xb.z, p[r][m]), p[r][m] = fmaf(d[r].y, xb.w, p[r][m]);
+        }
+      }
+    } else {
+      float2 a[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) a[r] = Fmt::word(w[r]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m >= M) continue;
+        const float4 xv = xs[(m * P + j / 2) * C + c];
+        const float x0 = j % 2 == 0 ? xv.x : xv.z, x1 = j % 2 == 0 ? xv.y : xv.w;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) p[r][m] = fmaf(a[r].x, x0, p[r][m]), p[r][m] = fmaf(a[r].y, x1, p[r][m]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+      if (m < M) acc[r][m] = fmaf(p[r][m], ws[r], acc[r][m]);
+}
+
+// The CPU expert's hidden value from the bf16 outputs g = w1 x, u = w3 x (forward.cpp through
+// backend/cpu/moe.cpp, its expressions and order): bf16(weight · silu(min(g, L)) · clamp(u, -L, L)).
+__device__ __forceinline__ float swiglu(float g, float u, float limit, const float* weight) {
+  if (limit > 0) {
+    u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp
+    g = limit < g ? limit : g;                         // std::min
+  }
+  float h = g / (1.0f + expf(-g)) * u;
+  if (weight) h = *weight * h;
+  return round_bf16(h);
+}
+
+// What one grouped_kernel launch works on. Routed: tile t of bucket_kernel's (exit when t ≥
+// *tile_count), its entries at list[first ...], weights table[expert]. Dense (tiles == nullptr,
+// the shared expert): tile t = rows t·MT .. of dense_rows, entry = row, weights `fixed`.
+struct GroupedArgs {
+  const int4* tiles;
+  const int* tile_count;
+  const int32_t* list;
+  int64_t dense_rows;
+  int k;            // up: the x row of entry i is i / k (1 when dense)
+  const float* x;   // up: the layer's input [rows, K]; down: h [entries in list order, K]
+  int64_t K, N;     // the weights' input and output features
+  const ExpertPointers* table;
+  ExpertPointers fixed;
+  const float* weights;  // up: the routing weight of entry i, or nullptr (dense: none)
+  float limit;
+  float* h;        // up's output [entries in list order, N]
+  uint16_t* ye;    // down's output [entry, N], bf16
+};
+
+// The grouped GEMV: for one tile of ≤ MT entries of one expert, a slice of the output features.
+// up (kUp): h[pos, n] = swiglu(bf16(w1[n]·xq), bf16(w3[n]·xq)) with the entry's routing weight,
+// each group of L lanes owning output n of both w1 and w3 (two weight rows sharing each x load);
+// down: ye[entry, n .. n + 1] = bf16(w2[n .. n + 1]·hq). Otherwise linear.cu's qgemv: x gathered
+// by entry and act-quantized per slice into shared memory (K in slices of ≤ 46 KB of fp32 for the
+// tile's M rows), the weight streamed in 16-byte loads, U·2 in flight per lane, decoded in
+// registers, never through shared memory; the group's partials summed by shuffles.
+// Grid: (the most tiles the entries can make, N / (256 / L · (kUp ? 1 : 2))). Traffic per tile:
+// its expert's weight rows once (the whole expert over the grid's y: 2 × inter × dim for up, dim ×
+// inter for down, at fp4 half a byte each plus a scale per 32), M rows of x from L2 per block, and
+// M·N outputs (up: fp32 h, down: bf16 ye). Blocks past the tile count read nothing.
+template <WeightFormat F, int MT, int L, bool kUp>
+__global__ void __launch_bounds__(kGThreads) grouped_kernel(const GroupedArgs a) {
+  using Fmt = GFormat<F>;
+  constexpr int E = Fmt::kElems;
+  constexpr int U = MT == 1 ? 4 : 2;
+  constexpr int kGroups = kGThreads / L;
+  extern __shared__ float4 xs[];
+  __shared__ const float* rowp[MT];
+  __shared__ int64_t outrow[MT];
+  __shared__ float roww[MT];
+
+  int expert = 0, first, M;
+  if (a.tiles) {
+    if (int(blockIdx.x) >= *a.tile_count) return;
+    const int4 t = a.tiles[blockIdx.x];
+    expert = t.x, first = t.y, M = t.z;
+  } else {
+    first = int(blockIdx.x) * MT;
+    M = int(a.dense_rows - first < MT ? a.dense_rows - first : MT);
+  }
+  if (int(threadIdx.x) < M) {
+    const int m = int(threadIdx.x);
+    const int64_t pos = first + m, entry = a.tiles ? a.list[pos] : pos;
+    if constexpr (kUp) {
+      rowp[m] = a.x + entry / a.k * a.K;
+      roww[m] = a.weights ? a.weights[entry] : 1.0f;
+      outrow[m] = pos;
+    } else {
+      rowp[m] = a.x + pos * a.K;
+      outrow[m] = entry;
+    }
+  }
+  __syncthreads();
+
+  const ExpertPointers ep = a.table ? a.table[expert] : a.fixed;
+  const int lane = int(threadIdx.x) % L, group = int(threadIdx.x) / L;
+  const int64_t row_chunks = a.K / E, blocks = a.K / 32;
+  int64_t n[2];
+  const uint8_t* base[2];
+  const uint8_t* scale[2];
+  if constexpr (kUp) {
+    n[0] = n[1] = int64_t(blockIdx.y) * kGroups + group;
+    base[0] = ep.data[0], base[1] = ep.data[2], scale[0] = ep.scale[0], scale[1] = ep.scale[2];
+  } else {
+    n[0] = (int64_t(blockIdx.y) * kGroups + group) * 2, n[1] = n[0] + 1;
+    base[0] = base[1] = ep.data[1], scale[0] = scale[1] = ep.scale[1];
+  }
+  bool live[2];
+  const uint4* wrow[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    live[r] = n[r] < a.N;
+    wrow[r] = reinterpret_cast<const uint4*>(base[r]) + (live[r] ? n[r] : 0) * row_chunks;
+  }
+  float acc[2][MT];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = 0;
+
+  // The slice: as much of K as M rows of fp32 fit in the shared memory, whole group steps.
+  const int64_t step = int64_t(L) * E, fit = int64_t(kGSmemBytes / 4 / M) / step * step;
+  const int64_t slice = a.K < fit ? a.K : fit;
+  uint4 wv[U][2];
+  float ws[U][2];
+  // The U·2 chunks of one step of the lane, from global chunk c0 + c on (zeros past C or N).
+  auto fetch = [&](int64_t c0, int c, int C) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int cu = c + u * L;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const bool ok = cu < C && live[r];
+        wv[u][r] = ok ? load_stream(wrow[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
+        if constexpr (F == WeightFormat::BF16) {
+          ws[u][r] = 1.0f;
+        } else {
+          // fp8: one scale per 32 rows × 32 columns; fp4: one per row × 32 columns (= a chunk).
+          const int64_t s = F == WeightFormat::FP8 ? (n[r] / 32) * blocks + (c0 + cu) * E / 32 : n[r] * blocks + c0 + cu;
+          ws[u][r] = ok ? e8m0_to_float(__ldg(scale[r] + s)) * Fmt::kUnscale : 0.0f;
+        }
+      }
+    }
+  };
+  for (int64_t k0 = 0; k0 < a.K; k0 += slice) {
+    const int kn = int(a.K - k0 < slice ? a.K - k0 : slice), C = kn / E;
+    const int64_t c0 = k0 / E;
+    fetch(c0, lane, C);  // the slice's first step in flight while x is quantized (at decode: all of K)
+    if (k0 > 0) __syncthreads();  // every lane is done with the previous slice's x
+    load_slice<F>(rowp, k0, M, kn, xs);
+    __syncthreads();
+    for (int c = lane; c < C; c += L * U) {
+      if (c != lane) fetch(c0, c, C);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c + u * L < C) chunk_fma<F, MT>(wv[u], ws[u], xs, C, c + u * L, M, acc);
+    }
+  }
+
+  // Sum over the group's L lanes (every lane ends with the sums), then one lane per output writes.
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+      if (m < M)
+#pragma unroll
+        for (int o = L / 2; o > 0; o /= 2) acc[r][m] += __shfl_xor_sync(0xFFFFFFFFu, acc[r][m], o);
+  if constexpr (kUp) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+      if (m < M && lane == m % L && live[0])
+        a.h[outrow[m] * a.N + n[0]] =
+            swiglu(round_bf16(acc[0][m]), round_bf16(acc[1][m]), a.limit, a.weights ? &roww[m] : nullptr);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 2 * MT; ++e) {
+      const int r = e / MT, m = e % MT;
+      if (m < M && lane == e % L && live[r]) a.ye[outrow[m] * a.N + n[r]] = bf16_from_float(acc[r][m]);
+    }
+  }
+}
+
+// y[r] = bf16(Σ ye[r·k + j] over the row's slots in ascending (expert, slot) + ys[r]): the CPU's
+// y += ye in expert order from 0.0f (a row routed twice to one expert adds it twice, slot order),
+// then + the shared expert. One block per row; its first k threads rank the slots. Traffic per
+// row: (k + 1)·dim bf16 read, dim fp32 written.
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const int32_t* __restrict__ experts, int k, int E,
+                                                                  const uint16_t* __restrict__ ye,
+                                                                  const uint16_t* __restrict__ ys, int64_t dim,
+                                                                  float* __restrict__ y) {
+  __shared__ int order[kMaxTopk];
+  __shared__ int valid;
+  const int64_t r = blockIdx.x;
+  if (int(threadIdx.x) < k) {
+    const int j = int(threadIdx.x), e = experts[r * k + j];
+    int rank = 0, count = 0;
+    for (int i = 0; i < k; ++i) {
+      const int f = experts[r * k + i];
+      if (f < 0 || f >= E) continue;
+      ++count;
+      rank += f < e || (f == e && i < j);
+    }
+    if (e >= 0 && e < E) order[rank] = j;
+    if (j == 0) valid = count;
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < dim; d += kCombineThreads) {
+    float s = 0.0f;
+    for (int q = 0; q < valid; ++q) s += bf16_to_float(ye[(r * k + order[q]) * dim + d]);
+    y[r * dim + d] = round_bf16(s + bf16_to_float(ys[r * dim + d]));
+  }
+}
+
+template <WeightFormat F, int MT, bool kUp>
+void launch_grouped(const GroupedArgs& a, int64_t tiles, cudaStream_t stream) {
+  // L: 32 lanes per group unless that wastes more than 1/8 of their steps on K (inter 2304 at fp4:
+  // 72 chunks, L = 16), as linear.cu.
+  const int64_t chunks = a.K / GFormat<F>::kElems;
+  const int L = (chunks + 31) / 32 * 32 * 8 <= chunks * 9 ? 32 : 16;
+  const int64_t per_block = int64_t(kGThreads / L) * (kUp ? 1 : 2);
+  const int64_t slices = (a.N + per_block - 1) / per_block;
+  if (slices > 65535 || tiles > INT_MAX) fail("cuda::moe", "a grid within CUDA's limits", std::to_string(a.N));
+  const dim3 grid{unsigned(tiles), unsigned(slices)};
+  const size_t smem = size_t(MT * a.K * 4 < kGSmemBytes ? MT * a.K * 4 : kGSmemBytes);
+  if (L == 32) grouped_kernel<F, MT, 32, kUp><<<grid, kGThreads, smem, stream>>>(a);
+  else grouped_kernel<F, MT, 16, kUp><<<grid, kGThreads, smem, stream>>>(a);
+  check_launch("cuda::moe grouped");
+}
+
+template <bool kUp>
+void grouped(WeightFormat f, int tile, const GroupedArgs& a, int64_t tiles, cudaStream_t stream) {
+  const bool one = tile == 1;
+  switch (f) {
+    case WeightFormat::FP4:
+      return one ? launch_grouped<WeightFormat::FP4, 1, kUp>(a, tiles, stream)
+                 : launch_grouped<WeightFormat::FP4, kTile, kUp>(a, tiles, stream);
+    case WeightFormat::FP8:
+      return one ? launch_grouped<WeightFormat::FP8, 1, kUp>(a, tiles, stream)
+                 : launch_grouped<WeightFormat::FP8, kTile, kUp>(a, tiles, stream);
+    case WeightFormat::BF16:
+      return one ? launch_grouped<WeightFormat::BF16, 1, kUp>(a, tiles, stream)
+                 : launch_grouped<WeightFormat::BF16, kTile, kUp>(a, tiles, stream);
+    default: fail("cuda::moe", "expert weights in FP4, FP8 or BF16", "F32");
+  }
+}
+
+// An expert weight the grouped kernels read: FP4/FP8 with K a multiple of 32, BF16 with K a
+// multiple of 8 (whole 16-byte chunks per row).
+void check_expert_weight(const Weight& w, int64_t rows, int64_t cols, const char* what) {
+  const std::string name = std::string("cuda::moe ") + what;
+  if (w.format == WeightFormat::F32) fail(name, "FP4, FP8 or BF16", "F32");
+  if (w.rows != rows || w.cols != cols)
+    fail(name, std::to_string(rows) + " x " + std::to_string(cols),
+         std::to_string(w.rows) + " x " + std::to_string(w.cols));
+  if (cols % (w.quantized() ? 32 : 8) != 0) fail(name, "input features a multiple of 32 (8 for BF16)", std::to_string(cols));
+  if (!w.data || (w.quantized() && !w.scale)) fail(name, "device data (and scales)", "a null pointer");
+}
+
 // h = bf16(weight · silu(min(g, L)) · clamp(u, -L, L)) in place of g, the CPU op's expressions.
 __global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t inter, float limit,
                               const float* row_weights) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * inter) return;
-  float gv = g[i], uv = u[i];
-  if (limit > 0) {
-    uv = uv < -limit ? -limit : (limit < uv ? limit : uv);  // std::clamp
-    gv = limit < gv ? limit : gv;                           // std::min
-  }
-  float h = gv / (1.0f + expf(-gv)) * uv;
-  if (row_weights) h = row_weights[i / inter] * h;
-  g[i] = round_bf16(h);
+  g[i] = swiglu(g[i], u[i], limit, row_weights ? row_weights + i / inter : nullptr);
 }
 
 }  // namespace
 
 void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
-                       int32_t* experts, float* weights, cudaStream_t stream) {
+                       int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced) {
   if (rows <= 0) return;
   if (opt.score_func != "sqrtsoftplus" && opt.score_func != "sigmoid")
     fail("cuda::route", "score_func sqrtsoftplus or sigmoid", opt.score_func);
@@ -113,12 +622,12 @@ void route_from_logits(const float* logits, int64_t rows, int n_experts, const f
     fail("cuda::route", "top-k in [1, min(32, experts)]", std::to_string(opt.topk));
   route_kernel<<<unsigned(rows), kRouteThreads, size_t(2 * n_experts) * sizeof(float), stream>>>(
       logits, n_experts, bias, opt.topk, opt.score_func == "sigmoid", opt.gate_temp, opt.norm_topk_prob,
-      opt.route_scale, experts, weights);
+      opt.route_scale, forced, experts, weights);
   check_launch("cuda::route");
 }
 
 void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
-           int32_t* experts, float* weights, cudaStream_t stream) {
+           int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced) {
   if (rows <= 0) return;
   if (bias.format != WeightFormat::F32 || bias.rows * bias.cols != gate.rows)
     fail("cuda::route", "an F32 bias of one value per expert", "another bias");
@@ -128,7 +637,7 @@ void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias,
         "cuda::route");
   linear_f32(x, rows, gate, logits, stream);
   route_from_logits(logits, rows, int(gate.rows), reinterpret_cast<const float*>(bias.data), opt, experts, weights,
-                    stream);
+                    stream, forced);
   check(cudaFreeAsync(logits, stream), "cuda::route");
 }
 
@@ -147,6 +656,105 @@ void expert_ffn(const float* x, int64_t rows, const Weight& w1, const Weight& w2
   linear(g, rows, w2, y, stream);
   check(cudaFreeAsync(g, stream), "cuda::expert_ffn");
   check(cudaFreeAsync(u, stream), "cuda::expert_ffn");
+}
+
+ExpertTable::ExpertTable(const std::vector<Weight>& w1, const std::vector<Weight>& w2, const std::vector<Weight>& w3) {
+  const size_t n = w1.size();
+  if (n == 0 || n > size_t(kMaxExperts) || w2.size() != n || w3.size() != n)
+    fail("cuda::ExpertTable", "1 to 4096 experts, as many w1, w2 and w3",
+         std::to_string(w1.size()) + ", " + std::to_string(w2.size()) + ", " + std::to_string(w3.size()));
+  w1_ = w1[0], w2_ = w2[0], w3_ = w3[0];
+  const int64_t inter = w1_.rows, dim = w1_.cols;
+  std::vector<ExpertPointers> host(n);
+  for (size_t e = 0; e < n; ++e) {
+    check_expert_weight(w1[e], inter, dim, "w1");
+    check_expert_weight(w3[e], inter, dim, "w3");
+    check_expert_weight(w2[e], dim, inter, "w2");
+    if (w1[e].format != w1_.format || w3[e].format != w1_.format || w2[e].format != w2_.format)
+      fail("cuda::ExpertTable", "one format for every expert's w1 and w3, one for every w2", "mixed formats");
+    host[e] = ExpertPointers{{w1[e].data, w2[e].data, w3[e].data}, {w1[e].scale, w2[e].scale, w3[e].scale}};
+  }
+  check(cudaMalloc(&table_, n * sizeof(ExpertPointers)), "cuda::ExpertTable");
+  check(cudaMemcpy(table_, host.data(), n * sizeof(ExpertPointers), cudaMemcpyHostToDevice), "cuda::ExpertTable");
+  experts_ = int(n);
+}
+
+ExpertTable::~ExpertTable() { cudaFree(table_); }
+
+void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
+         const ExpertTable& routed, const Weight& s1, const Weight& s2, const Weight& s3, float limit,
+         const int32_t* forced, int32_t* experts, float* weights, float* y, cudaStream_t stream) {
+  if (rows <= 0) return;
+  const int E = routed.experts(), k = opt.topk;
+  const int64_t dim = routed.dim(), inter = routed.inter(), inter_s = s1.rows;
+  if (gate.rows != E || gate.cols != dim)
+    fail("cuda::moe", "a gate of " + std::to_string(E) + " x " + std::to_string(dim),
+         std::to_string(gate.rows) + " x " + std::to_string(gate.cols));
+  if (bias.format != WeightFormat::F32 || bias.rows * bias.cols != E)
+    fail("cuda::moe", "an F32 bias of one value per expert", "another bias");
+  check_expert_weight(s1, inter_s, dim, "shared w1");
+  check_expert_weight(s3, inter_s, dim, "shared w3");
+  check_expert_weight(s2, dim, inter_s, "shared w2");
+  if (s3.format != s1.format) fail("cuda::moe", "the shared w1 and w3 in one format", "two formats");
+  if (k <= 0 || k > kMaxTopk || k > E) fail("cuda::moe", "top-k in [1, min(32, experts)]", std::to_string(k));
+  if (opt.score_func != "sqrtsoftplus" && opt.score_func != "sigmoid")
+    fail("cuda::moe", "score_func sqrtsoftplus or sigmoid", opt.score_func);
+  const int64_t n = rows * k;
+  if (n > INT_MAX / 2) fail("cuda::moe", "rows · k < 2^30", std::to_string(n));
+
+  // Tiles of the routed entries: one entry each when no expert can have two (one row, no forcing),
+  // else up to kTile. The most tiles n entries make over ≤ min(E, n) experts: Σ ceil(c_e / tile)
+  // ≤ (n + (tile − 1)·min(E, n)) / tile, and never more than n.
+  const int tile = rows == 1 && !forced ? 1 : kTile;
+  const int64_t nonzero = n < E ? n : E;
+  const int64_t max_tiles = std::min<int64_t>(n, (n + (tile - 1) * nonzero) / tile);
+  const int dense_tile = rows == 1 ? 1 : kTile;
+  const int64_t dense_tiles = (rows + dense_tile - 1) / dense_tile;
+
+  // One scratch allocation, each part 256-byte aligned.
+  size_t bytes = 0;
+  auto part = [&](size_t size) {
+    const size_t at = bytes;
+    bytes += (size + 255) / 256 * 256;
+    return at;
+  };
+  const size_t at_logits = part(size_t(rows) * E * 4), at_list = part(size_t(n) * 4),
+               at_tiles = part(size_t(max_tiles) * sizeof(int4)), at_count = part(4),
+               at_h = part(size_t(n) * inter * 4), at_ye = part(size_t(n) * dim * 2),
+               at_hs = part(size_t(rows) * inter_s * 4), at_ys = part(size_t(rows) * dim * 2);
+  keep_scratch_pool();
+  uint8_t* scratch = nullptr;
+  check(cudaMallocAsync(reinterpret_cast<void**>(&scratch), bytes, stream), "cuda::moe");
+  float* logits = reinterpret_cast<float*>(scratch + at_logits);
+  int32_t* list = reinterpret_cast<int32_t*>(scratch + at_list);
+  int4* tiles = reinterpret_cast<int4*>(scratch + at_tiles);
+  int* tile_count = reinterpret_cast<int*>(scratch + at_count);
+  float* h = reinterpret_cast<float*>(scratch + at_h);
+  uint16_t* ye = reinterpret_cast<uint16_t*>(scratch + at_ye);
+  float* hs = reinterpret_cast<float*>(scratch + at_hs);
+  uint16_t* ys = reinterpret_cast<uint16_t*>(scratch + at_ys);
+
+  linear_f32(x, rows, gate, logits, stream);
+  route_from_logits(logits, rows, E, reinterpret_cast<const float*>(bias.data), opt, experts, weights, stream, forced);
+  bucket_kernel<<<1, kBucketThreads, size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, list, tiles,
+                                                                         tile_count);
+  check_launch("cuda::moe bucket");
+
+  const auto* table = static_cast<const ExpertPointers*>(routed.device());
+  GroupedArgs up{tiles, tile_count, list, 0, k, x, dim, inter, table, {}, weights, limit, h, nullptr};
+  grouped<true>(routed.w1().format, tile, up, max_tiles, stream);
+  GroupedArgs down{tiles, tile_count, list, 0, k, h, inter, dim, table, {}, nullptr, limit, nullptr, ye};
+  grouped<false>(routed.w2().format, tile, down, max_tiles, stream);
+
+  const ExpertPointers shared{{s1.data, s2.data, s3.data}, {s1.scale, s2.scale, s3.scale}};
+  GroupedArgs sup{nullptr, nullptr, nullptr, rows, 1, x, dim, inter_s, nullptr, shared, nullptr, limit, hs, nullptr};
+  grouped<true>(s1.format, dense_tile, sup, dense_tiles, stream);
+  GroupedArgs sdown{nullptr, nullptr, nullptr, rows, 1, hs, inter_s, dim, nullptr, shared, nullptr, limit, nullptr, ys};
+  grouped<false>(s2.format, dense_tile, sdown, dense_tiles, stream);
+
+  combine_kernel<<<unsigned(rows), kCombineThreads, 0, stream>>>(experts, k, E, ye, ys, dim, y);
+  check_launch("cuda::moe combine");
+  check(cudaFreeAsync(scratch, stream), "cuda::moe");
 }
 
 }  // namespace dsv41::cuda

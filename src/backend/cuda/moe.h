@@ -1,29 +1,72 @@
 #pragma once
 // Mixture of experts on the GPU, as backend/cpu/moe.h: routing (gate logits, sqrt-softplus or
 // sigmoid scores, top-k by score + bias, normalized weights) and the clamped SwiGLU expert over
-// the checkpoint's fp4/fp8 weights read in place.
+// the checkpoint's fp4/fp8 weights read in place; and the whole MoE sub-layer of one layer
+// (forward.cpp's moe()) as one op whose routing never leaves the device.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cpu/moe.h"
 
 namespace dsv41::cuda {
 
-// As dsv41::route (without `forced` and `biased`): experts [rows, k] best first, weights [rows, k].
-// x [rows, dim] device; gate a device Weight (F32 or BF16, [experts, dim]); bias a device F32
-// Weight [experts]; experts ≤ 4096, k ≤ 32.
+// As dsv41::route (without `biased`): experts [rows, k] best first, weights [rows, k]. x [rows, dim]
+// device; gate a device Weight (F32 or BF16, [experts, dim]); bias a device F32 Weight [experts];
+// experts ≤ 4096, k ≤ 32. forced [rows, k] (device, ids in [0, experts)), optional: those experts
+// are output instead of the chosen ones, weighted the same way.
 void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
-           int32_t* experts, float* weights, cudaStream_t stream = nullptr);
+           int32_t* experts, float* weights, cudaStream_t stream = nullptr, const int32_t* forced = nullptr);
 
 // The routing step alone, from the gate's fp32 logits [rows, n_experts] (what route() runs after
 // cuda::linear_f32). bias: device [n_experts].
 void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
-                       int32_t* experts, float* weights, cudaStream_t stream = nullptr);
+                       int32_t* experts, float* weights, cudaStream_t stream = nullptr,
+                       const int32_t* forced = nullptr);
 
 // As dsv41::expert_ffn: y [rows, dim] = w2(bf16(weight · silu(min(w1 x, L)) · clamp(w3 x, -L, L))),
 // the clamp when limit > 0, row_weights [rows] (device) when given. Device pointers and weights.
 void expert_ffn(const float* x, int64_t rows, const Weight& w1, const Weight& w2, const Weight& w3, float limit,
                 const float* row_weights, float* y, cudaStream_t stream = nullptr);
+
+// The routed experts of one layer: their weights' device pointers in a device array, which moe()
+// indexes by the expert ids the routing wrote (made once per layer; owns that array, not the
+// weights). Every expert has the same formats and shapes: w1, w3 [inter, dim] and w2 [dim, inter],
+// w1 and w3 in one format, each of FP4, FP8 or BF16. Copying the array to the device synchronizes.
+class ExpertTable {
+ public:
+  ExpertTable(const std::vector<Weight>& w1, const std::vector<Weight>& w2, const std::vector<Weight>& w3);
+  ~ExpertTable();
+  ExpertTable(const ExpertTable&) = delete;
+  ExpertTable& operator=(const ExpertTable&) = delete;
+
+  int experts() const { return experts_; }
+  int64_t dim() const { return w1_.cols; }
+  int64_t inter() const { return w1_.rows; }
+  // Expert 0's weights: the format and shape of them all.
+  const Weight& w1() const { return w1_; }
+  const Weight& w2() const { return w2_; }
+  const Weight& w3() const { return w3_; }
+  const void* device() const { return table_; }  // ExpertPointers[experts] (moe.cu)
+
+ private:
+  int experts_ = 0;
+  Weight w1_, w2_, w3_;
+  void* table_ = nullptr;
+};
+
+// y [rows, dim] (bf16 values) = the MoE sub-layer as forward.cpp's moe(): route each row of x
+// (gate [E, dim] F32/BF16, bias F32 [E], E = routed.experts()), or take `forced` [rows, k] (device,
+// ids in [0, E), or nullptr) weighted the same way; each routed expert's expert_ffn on its rows
+// with the row's routing weight; their outputs summed in fp32 in ascending expert id order from
+// 0.0f; + the shared expert's output (s1, s3 [inter_s, dim], s2 [dim, inter_s], FP4/FP8/BF16, no
+// row weight); rounded to bf16. experts / weights [rows, k] (device) receive the routing.
+// Everything on `stream`: no host synchronization and nothing on the host that depends on the
+// routing (the grids are sized from rows, k and E; kernels exit early on the device's counts), so
+// the call can be captured in a CUDA graph. Scratch comes from cudaMallocAsync on `stream`.
+void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
+         const ExpertTable& routed, const Weight& s1, const Weight& s2, const Weight& s3, float limit,
+         const int32_t* forced, int32_t* experts, float* weights, float* y, cudaStream_t stream = nullptr);
 
 }  // namespace dsv41::cuda
