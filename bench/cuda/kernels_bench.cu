@@ -556,6 +556,87 @@ BENCHMARK(BM_IndexerStepGraph)
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.1);
 
+// ---- Prefill GEMM ----------------------------------------------------------------------------------
+// cuda::linear at M ≥ 64 over fp8/fp4 weights (backend/cuda/gemm.cu: act_quant, then mma.sync on
+// e4m3 tiles): TFLOP/s at 2·M·N·K per call, act_quant's time included, and the fraction of the
+// H200's dense fp8 peak (~1979 TFLOP/s, through wgmma only: on sm_90 mma.sync's e4m3 form runs as
+// f16 HMMA, whose ceiling is about a third of that).
+// BM_GemmQgemvPasses times the path M > 8 took before, qgemv over the weight in passes of 8 rows
+// (cuda::linear on 8 rows at a time), on the same data.
+struct GemmBenchShape {
+  const char* name;
+  WeightFormat format;
+  int N, K;
+};
+const GemmBenchShape kGemmBench[] = {
+    {"wq_b fp8 32768x1024", WeightFormat::FP8, 32768, 1024},
+    {"expert w1 fp4 2048x4096", WeightFormat::FP4, 2048, 4096},
+    {"wo_b fp8 4096x8192", WeightFormat::FP8, 4096, 8192},
+    {"expert w2 fp4 4096x2048", WeightFormat::FP4, 4096, 2048},
+};
+constexpr double kFp8DensePeakTflops = 1979;
+
+// bf16 values in about [-2, 2), from a hash of the position (generated on the device: 10^8 of them).
+__global__ void fill_activations(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t h = (uint64_t(seed) << 40 ^ i) + 0x9E3779B97F4A7C15ull;
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    const float v = float(int32_t(uint32_t(h >> 32))) * 0x1p-30f;
+    p[i] = __uint_as_float(__float_as_uint(v) & 0xFFFF0000u);  // truncated to bf16
+  }
+}
+
+void gemm_bench(benchmark::State& state, bool qgemv_passes) {
+  const GemmBenchShape& s = kGemmBench[state.range(0)];
+  const int M = int(state.range(1));
+  const bool fp8 = s.format == WeightFormat::FP8;
+  const size_t data = fp8 ? size_t(s.N) * s.K : size_t(s.N) * s.K / 2;
+  const size_t scales = fp8 ? fp8_weight_scale_count(s.N, s.K) : fp4_weight_scale_count(s.N, s.K);
+  // e4m3 codes below the NaN code, e2m1 any, scales near 2^0; two copies of the weight alternate.
+  void* w[2];
+  void* sc[2];
+  for (int c = 0; c < 2; ++c) {
+    w[c] = fp8 ? device_codes(data, 20 + c, 0xB7, 0) : device_random(data, 20 + c);
+    sc[c] = device_codes(scales, 2000 + c, 0x3, 125);
+  }
+  float *x = nullptr, *y = nullptr;
+  check(cudaMalloc(&x, size_t(M) * s.K * 4), "alloc"), check(cudaMalloc(&y, size_t(M) * s.N * 4), "alloc");
+  fill_activations<<<1024, 256>>>(x, size_t(M) * s.K, 9);
+  check(cudaGetLastError(), "fill"), check(cudaDeviceSynchronize(), "fill");
+  const double bytes = double(data + scales) + 4.0 * M * s.K + 4.0 * M * s.N;
+  time_calls(state, bytes, [&](int i) {
+    const Weight wt{s.format, s.N, s.K, static_cast<const uint8_t*>(w[i % 2]), static_cast<const uint8_t*>(sc[i % 2])};
+    if (!qgemv_passes) return cuda::linear(x, M, wt, y);
+    for (int m0 = 0; m0 < M; m0 += 8) cuda::linear(x + size_t(m0) * s.K, std::min(8, M - m0), wt, y + size_t(m0) * s.N);
+  });
+  const double tflop = 2.0 * M * s.N * double(s.K) / 1e12;
+  state.counters["TFLOP/s"] = benchmark::Counter(tflop * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["of_fp8_peak"] =
+      benchmark::Counter(tflop / kFp8DensePeakTflops * state.iterations(), benchmark::Counter::kIsRate);
+  state.SetLabel(s.name);
+  for (int c = 0; c < 2; ++c) cudaFree(w[c]), cudaFree(sc[c]);
+  cudaFree(x), cudaFree(y);
+}
+
+void BM_Gemm(benchmark::State& state) { gemm_bench(state, false); }
+void BM_GemmQgemvPasses(benchmark::State& state) { gemm_bench(state, true); }
+
+BENCHMARK(BM_Gemm)
+    ->ArgsProduct({{0, 1, 2, 3}, {4096}})
+    ->Args({0, 64})
+    ->Args({1, 64})
+    ->Args({0, 512})
+    ->Args({1, 512})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.2);
+BENCHMARK(BM_GemmQgemvPasses)
+    ->ArgsProduct({{0, 1}, {64, 4096}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.05);
+
 }  // namespace
 }  // namespace dsv41
 

@@ -10,13 +10,30 @@
 // where the fp32 differences are largest relative to the value, and still fails on any real
 // error (one wrong block scale alone gives NMSE > 1e-3). linear_f32 has no output rounding:
 // NMSE ~ (fp32 unit)² ≈ 1e-14, bound 1e-10.
+//
+// The prefill GEMM (gemm.cu, linear() at M ≥ 64 over fp8/fp4 weights) follows the same flow except
+// for one step: each 32-block's sum of the 32 exact products is the tensor cores' (two f16 HMMA
+// with fp32 accumulation: mma.sync's e4m3 form runs as that on sm_90), not the CPU's 8-lane fp32
+// sum. The products of e4m3 values are exact there too, and the tensor cores add them at fp32
+// width (aligning to the largest and truncating, as Fasi et al. measured for the fp16 HMMA of
+// earlier chips) where the CPU rounds each addition: the two block sums are equal whenever the
+// block's exact sum fits in fp32 (most blocks: 8-bit products of modest exponent spread) and
+// otherwise a few fp32 units apart. Block results are then scaled and added in the CPU's order.
+// So the qgemv reasoning above holds: only outputs within fp32 units of a bf16 rounding boundary
+// flip, and the same bound 1e-7 applies (kGemmNmse). Measured on the H200 at every shape below:
+// at most 0.02% of outputs differ, by 1 or 2 bf16 units, NMSE ≤ 2e-10 (fp4: 0); a layout or scale
+// bug gives NMSE ~1 (one wrong 32-block scale among K/32 already gives ~1/(K/32) on its rows).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "../ops_util.h"
 #include "backend/cpu/linear.h"
+#include "backend/cuda/gemm.cuh"
 #include "backend/cuda/linear.h"
 #include "device_util.h"
 
@@ -84,6 +101,206 @@ TEST(CudaLinear, RefusesKNotAMultipleOf32ForQuantizedWeights) {
   DSV41_REQUIRE_DEVICE();
   const Weight w{WeightFormat::FP8, 32, 48, nullptr, nullptr};
   EXPECT_THROW(cuda::linear(nullptr, 1, w, nullptr), Error);
+}
+
+
+// ---- The prefill GEMM ----------------------------------------------------------------------------
+
+// NMSE bound of the GEMM against the CPU op (the header says why).
+constexpr double kGemmNmse = 1e-7;
+
+// Fast approximately normal values (Irwin-Hall of 4 uniforms: mean 0, stddev 1, |v| < 3.47): the
+// GEMM cases need 10^7..10^8 values, too many for std::normal_distribution within the device budget.
+struct FastRng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float normal() {
+    const uint64_t r = next();
+    float sum = 0;
+    for (int i = 0; i < 4; ++i) sum += float((r >> (16 * i)) & 0xFFFF);
+    return (sum / 65536.0f - 2.0f) * 1.7320508f;
+  }
+};
+
+// Activations as the GEMM sees them: bf16, normal-like, each 32-block scaled by 2^e for e in
+// [-4, 4] (so the x block scales differ), one value in 64 an outlier ×8.
+std::vector<float> activations(int64_t M, int64_t K, uint64_t seed) {
+  FastRng rng{seed};
+  std::vector<float> x(size_t(M * K));
+  for (int64_t i = 0; i < M * K; i += 32) {
+    const float block = std::ldexp(1.0f, int(rng.next() % 9) - 4);
+    for (int j = 0; j < 32; ++j) {
+      const uint64_t r = rng.next();
+      float v = rng.normal() * block;
+      if (r % 64 == 0) v *= 8;
+      x[size_t(i + j)] = round_bf16(v);
+    }
+  }
+  return x;
+}
+
+// A weight quantized from normal values (stddev 0.05), as the checkpoint's.
+test::OwnedWeight gemm_weight(WeightFormat format, int N, int K, uint64_t seed) {
+  FastRng rng{seed};
+  std::vector<float> v(size_t(N) * K);
+  for (float& e : v) e = 0.05f * rng.normal();
+  test::OwnedWeight o;
+  o.format = format, o.rows = N, o.cols = K;
+  if (format == WeightFormat::FP8) {
+    o.data.resize(size_t(N) * K), o.scale.resize(fp8_weight_scale_count(N, K));
+    quantize_fp8_weight(v.data(), N, K, o.data.data(), o.scale.data());
+  } else {
+    o.data.resize(fp4_weight_bytes(N, K)), o.scale.resize(fp4_weight_scale_count(N, K));
+    quantize_fp4_weight(v.data(), N, K, o.data.data(), o.scale.data());
+  }
+  return o;
+}
+
+// act_quant on the device against the CPU's act_quant_fp8, bit for bit, in both code orders: a
+// partial row tile, zero blocks, tiny and huge blocks, values at e4m3 rounding ties.
+TEST(CudaGemm, ActQuantMatchesCpuBitForBit) {
+  DSV41_REQUIRE_DEVICE();
+  const int64_t M = 131, K = 1024, Mpad = cuda::gemm::padded_rows(M);
+  std::vector<float> x = activations(M, K, 7);
+  for (int64_t k = 0; k < 32; ++k) x[size_t(5 * K + k)] = 0;                            // all zero
+  for (int64_t k = 0; k < 32; ++k) x[size_t(6 * K + 64 + k)] = round_bf16(1e-30f * float(k + 1));  // tiny
+  for (int64_t k = 0; k < 32; ++k) x[size_t(7 * K + 96 + k)] = round_bf16(3e37f * float(k % 5 - 2));  // huge
+  for (int64_t k = 0; k < 32; ++k) x[size_t(8 * K + 128 + k)] = 272.0f + 32.0f * float(k % 6);  // e4m3 ties
+  std::vector<float> want = x;
+  for (int64_t m = 0; m < M; ++m) act_quant_fp8(want.data() + m * K, int(K), 32);
+  for (bool fp4_order : {false, true}) {
+    DeviceArray<float> dx(x), scales(size_t(K / 32 * Mpad));
+    DeviceArray<uint8_t> codes(size_t(M * K));
+    scales.poison();
+    cuda::gemm::act_quant(dx.get(), M, K, fp4_order, codes.get(), scales.get(), nullptr);
+    const std::vector<uint8_t> c = codes.download();
+    const std::vector<float> s = scales.download();
+    int64_t wrong = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        const float got = e4m3_to_float(c[size_t(cuda::gemm::code_offset(m, k, K, fp4_order))]) *
+                          s[size_t(cuda::gemm::scale_offset(m, k / 32, Mpad))];
+        const float ref = want[size_t(m * K + k)];
+        if (std::memcmp(&got, &ref, 4) != 0 && !(got == 0 && ref == 0)) ++wrong;
+      }
+    for (int64_t m = M; m < Mpad; ++m)
+      for (int64_t b = 0; b < K / 32; ++b)
+        if (s[size_t(cuda::gemm::scale_offset(m, b, Mpad))] != 0) ++wrong;
+    EXPECT_EQ(wrong, 0) << (fp4_order ? "fp4 order" : "fp8 order");
+  }
+}
+
+struct GemmShape {
+  const char* name;
+  WeightFormat format;
+  int N, K;
+};
+
+// V4.1-Flash (dim 4096) weights that prefill multiplies, and two odd shapes (N not a multiple of
+// the 128-column tile nor of 32; K = 3 k-tiles).
+const GemmShape kGemmShapes[] = {
+    {"wq_a 1024x4096", WeightFormat::FP8, 1024, 4096},      {"wq_b 32768x1024", WeightFormat::FP8, 32768, 1024},
+    {"wkv 512x4096", WeightFormat::FP8, 512, 4096},         {"wo_b 4096x8192", WeightFormat::FP8, 4096, 8192},
+    {"shared w1 2048x4096", WeightFormat::FP8, 2048, 4096}, {"shared w2 4096x2048", WeightFormat::FP8, 4096, 2048},
+    {"expert w1 2048x4096", WeightFormat::FP4, 2048, 4096}, {"expert w2 4096x2048", WeightFormat::FP4, 4096, 2048},
+    {"odd 200x384", WeightFormat::FP8, 200, 384},           {"odd 200x384", WeightFormat::FP4, 200, 384},
+};
+
+// The rows the CPU reference computes: all when M ≤ 257; else the first 128 (every position in a
+// row tile), 48 spread over the rest, and the last.
+std::vector<int64_t> reference_rows(int64_t M) {
+  std::vector<int64_t> rows;
+  if (M <= 257) {
+    for (int64_t m = 0; m < M; ++m) rows.push_back(m);
+    return rows;
+  }
+  for (int64_t m = 0; m < 128; ++m) rows.push_back(m);
+  for (int64_t i = 0; i < 48; ++i) rows.push_back(128 + (i * 7919) % (M - 129));
+  rows.push_back(M - 1);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+struct GemmResult {
+  double nmse = 0;
+  double differing = 0;  // fraction of the compared outputs that differ from the CPU's
+  double max_units = 0;  // the largest difference in bf16 units of the CPU's value
+  bool all_written = true;
+};
+
+// y over all M rows through `gemm` (true: cuda::gemm::linear; false: cuda::linear), the CPU op
+// over reference_rows(M).
+GemmResult gemm_case(const test::OwnedWeight& w, const Weight& dw, int64_t M, uint64_t seed, bool gemm) {
+  const int64_t N = w.rows, K = w.cols;
+  const std::vector<float> x = activations(M, K, seed);
+  DeviceArray<float> dx(x), dy(size_t(M * N));
+  dy.poison();
+  if (gemm) cuda::gemm::linear(dx.get(), M, dw, dy.get(), nullptr);
+  else cuda::linear(dx.get(), M, dw, dy.get());
+  const std::vector<float> y = dy.download();
+  GemmResult r;
+  for (float v : y) r.all_written = r.all_written && std::isfinite(v);
+  const std::vector<int64_t> rows = reference_rows(M);
+  std::vector<float> xs(rows.size() * size_t(K)), want(rows.size() * size_t(N)), got(want.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::copy_n(x.begin() + rows[i] * K, K, xs.begin() + int64_t(i) * K);
+    std::copy_n(y.begin() + rows[i] * N, N, got.begin() + int64_t(i) * N);
+  }
+  linear(xs.data(), int64_t(rows.size()), w.view(), want.data());
+  r.nmse = test::nmse(got, want);
+  int64_t differing = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i] == want[i]) continue;
+    ++differing;
+    r.max_units = std::max(r.max_units, std::fabs(double(got[i]) - want[i]) / test::bf16_ulp(want[i]));
+  }
+  r.differing = double(differing) / double(want.size());
+  return r;
+}
+
+TEST(CudaGemm, MatchesCpuAtPrefillShapes) {
+  DSV41_REQUIRE_DEVICE();
+  uint64_t seed = 300;
+  for (const GemmShape& s : kGemmShapes) {
+    const test::OwnedWeight w = gemm_weight(s.format, s.N, s.K, seed += 11);
+    DeviceArray<uint8_t> ddata(w.data), dscale(w.scale);
+    Weight dw = w.view();
+    dw.data = ddata.get(), dw.scale = dscale.get();
+    const bool odd = s.K == 384;
+    for (int64_t M : {int64_t(64), int64_t(257), int64_t(odd ? 130 : 4096)}) {
+      ASSERT_TRUE(cuda::gemm::usable(M, dw));
+      const GemmResult r = gemm_case(w, dw, M, seed += 11, true);
+      std::printf("gemm %-4s %-22s M %5lld  NMSE %.3g  differing %.4f  max %.2f bf16 units\n",
+                  test::format_name(s.format), s.name, static_cast<long long>(M), r.nmse, r.differing, r.max_units);
+      EXPECT_TRUE(r.all_written) << s.name << " M " << M;
+      EXPECT_LT(r.nmse, kGemmNmse) << test::format_name(s.format) << " " << s.name << " M " << M;
+    }
+  }
+}
+
+// cuda::linear itself at prefill sizes (the GEMM from M = 64 on), both formats.
+TEST(CudaGemm, LinearAtPrefillSizesMatchesCpu) {
+  DSV41_REQUIRE_DEVICE();
+  uint64_t seed = 700;
+  for (WeightFormat f : {WeightFormat::FP8, WeightFormat::FP4}) {
+    const test::OwnedWeight w = gemm_weight(f, 1000, 2048, seed += 13);
+    DeviceArray<uint8_t> ddata(w.data), dscale(w.scale);
+    Weight dw = w.view();
+    dw.data = ddata.get(), dw.scale = dscale.get();
+    for (int64_t M : {int64_t(63), int64_t(64), int64_t(300)}) {
+      const GemmResult r = gemm_case(w, dw, M, seed += 13, false);
+      std::printf("linear %-4s 1000x2048 M %3lld  NMSE %.3g  differing %.4f\n", test::format_name(f),
+                  static_cast<long long>(M), r.nmse, r.differing);
+      EXPECT_TRUE(r.all_written);
+      EXPECT_LT(r.nmse, kGemmNmse) << test::format_name(f) << " M " << M;
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Weight GEMV/GEMM reading checkpoint formats directly (fp8 32x32-block, fp4 per-32, bf16, fp32).
 //
-// Two kernels.
+// Two kernels here, and the prefill GEMM in gemm.cu: linear() over fp8/fp4 weights at M ≥ 64
+// (gemm::kMinRows) with K a multiple of 128 runs on the tensor cores there.
 //
 // qgemv (linear() over fp8/fp4 weights, the decode path): the activation quantization is folded
 // into the GEMV. Each block first act-quantizes its slice of x (≤ 8 rows) into shared memory,
@@ -28,6 +29,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
+#include "backend/cuda/gemm.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -524,6 +526,8 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   if (w.cols % kBlock != 0)
     fail("cuda::linear", "K a multiple of 32 for a quantized weight", "K = " + std::to_string(w.cols));
   if (M <= 0 || w.rows <= 0) return;
+  // Prefill (M ≥ 64, K a multiple of 128): the tensor-core GEMM (gemm.cu), same precision flow.
+  if (gemm::usable(M, w)) return gemm::linear(x, M, w, y, stream);
   if (w.format == WeightFormat::FP8) qlinear<WeightFormat::FP8>(x, M, w.rows, w.cols, w, y, stream);
   else qlinear<WeightFormat::FP4>(x, M, w.rows, w.cols, w, y, stream);
 }

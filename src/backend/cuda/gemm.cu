@@ -1,0 +1,513 @@
+// The prefill GEMM of cuda::linear over fp8/fp4 weights: y[M, N] = bf16(x[M, K] · Wᵀ) on the
+// tensor cores through mma.sync, with the CPU op's precision flow.
+//
+// Two kernels.
+//
+// act_quant_kernel: x (fp32) → e4m3 codes [M, K] and power-of-two scales per 32, exactly as
+// qgemv's quantize_slice and the CPU's act_quant_fp8 (the same swa_fp8::block_scale of the same
+// amax, one multiply by the exact reciprocal of the scale, the hardware's e4m3 rounding with
+// saturation: qgemv's e4m3_round2 is this conversion followed by its decode; the test checks the
+// result bit for bit). 4 threads per 32-block, 8 values each. Traffic M·K·4 read, M·K·(1 + 1/8)
+// written: 8.5 µs at M = 4096, K = 1024 and 24 µs at K = 4096 on the H200.
+//
+// gemm_kernel: CTA tile 128 (M) × 128 (N) × 128 (K = four 32-blocks), 8 warps as 2 (M) × 4 (N),
+// warp tile 64 × 32. Operands go global → shared memory by cp.async (16-byte chunks; 3 stages at
+// 2 CTAs/SM for fp8, 4 stages at 1 CTA/SM for fp4; XOR-swizzled rows, so the ldmatrix and 32-bit
+// fragment loads hit 32 distinct banks), then shared → registers by ldmatrix (x codes; fp8 weight
+// codes) or by 32-bit loads decoded in registers (fp4 weight codes, see below).
+//
+// The math. mma.sync's e4m3 form (m16n8k32 .e4m3.e4m3.f32, sm_89+) is no fp8 instruction on
+// sm_90: ptxas expands it to e4m3 → f16 conversions (F2FP) and two HMMA.16816.F32, plus 4 FADDs
+// that add the accumulator separately (seen in the SASS; Hopper's fp8 tensor rate is reached only
+// through wgmma). So the kernel issues that f16 path itself: each e4m3 fragment register is
+// converted once (cvt.rn.f16x2.e4m3x2, exact: every e4m3 value is an f16), and a 32-block is two
+// m16n8k16 f16 mma with fp32 accumulation, the first with a zero accumulator, the second adding
+// onto it. Both operands use the same permutation of a block's 32 positions (any consistent one
+// gives the same products), the one ldmatrix's byte layout yields: f16 positions 2t, 2t+1 and
+// 2t+8, 2t+9 of a k16 half hold the block's values 4t..4t+3 (first half) or 16+4t..16+4t+3.
+//
+// Precision flow, per output and per 32-block b: D = the tensor cores' sum of the block's 32
+// exact products (products of e4m3 values are exact in f16 × f16 → fp32; the sums are fp32-wide,
+// truncating in alignment); then acc = fma(D, sx·sw, acc), sx the x block scale, sw the weight
+// block scale, both powers of two, so D·sx·sw is exact and the fused add rounds once, as the
+// CPU's acc += dot32 · s (its dot carries sx inside the quantized x, exactly). Blocks are added
+// in the CPU's order (b = 0, 1, ...). So D is the one difference from the CPU, at the fp32 level:
+// the tests see ≤ 0.02% of outputs one or two bf16 units apart, NMSE ≤ 2e-10.
+//
+// Scales per k-tile: the x scales come as [K/32, Mpad] floats with the rows of each 128-row tile
+// permuted so that a thread's rows (g, g+8) of each m16 tile are 2 consecutive floats, its 8
+// rows 8 (gemm.cuh scale_offset); the weight scales are read with plain loads one k-tile ahead,
+// decoded to floats and stored to shared memory after the current k-tile's math (fp8: one per
+// 32 × 32 block, one per warp per 32-block, folded into the row scales; fp4: one per row, a
+// thread's 8 columns consecutive).
+//
+// fp4 weights: the fragment of B for thread (g, t) is 8 values of row g of a 32-block. A 32-bit
+// shared load of the raw row gives values 8t..8t+7 (four bytes of nibbles); they are decoded to
+// e4m3 codes in registers (prmt through an 8-entry table for the magnitudes, prmt's sign-replicate
+// mode for the signs; 9 integer instructions per 8 values, exact: every e2m1 value is an e4m3
+// value) and used at the fragment positions of values 4t..4t+3 and 16+4t..16+4t+3. The
+// products of a block are summed in any order, so x's codes are stored with the same permutation
+// of each block (gemm.cuh code_offset(..., fp4_order)).
+//
+// Cost per 32-block per warp: 32 HMMA, 48 F2FP (A once per m16 tile, B once per n8 tile), 64
+// FFMA (+64 FMUL for fp4, whose scale product differs per column), 6 ldmatrix (fp8; fp4: 4
+// ldmatrix, 4 32-bit loads and 36 decode ops), 5–8 scale loads. ncu (fp8, wq_b, M = 4096): 8.4
+// instructions per HMMA, issue slots 59% busy, 6.6 cycles between a warp's instructions (latency
+// of the LDSM → F2FP → HMMA → HMMA → FFMA chain with 4 warps per scheduler), tensor pipe 42%.
+//
+// Speed of light (H200: 1979 TFLOP/s dense fp8 through wgmma; the HMMA path mma.sync takes here
+// tops out near 640 TFLOP/s, 42% of it giving the 270 measured; 4.8 TB/s HBM). wq_b (N = 32768,
+// K = 1024) at M = 4096: 275 GFLOP; bytes W 32 MB + x codes 4 MB + y 512 MB (fp32) → 115 µs.
+// Measured 1021 µs = 270 TFLOP/s (the qgemv passes of 8 rows it replaces: 47 ms). Expert w1 (fp4,
+// N = 2048, K = 4096) at M = 4096: 69 GFLOP, bytes 4 + 16 + 32 MB → 11 µs plus act_quant's 24 µs;
+// measured 357 µs = 192 TFLOP/s (qgemv passes: 13.2 ms). The fp8 tensor rate needs wgmma.
+// CTAs are rastered in bands of 16 M-tiles (2048 rows) walking N, so a wave shares its x tiles
+// and its weight tiles in L2 (94% hit rate): W is read from HBM once per band.
+#include "backend/cuda/gemm.cuh"
+
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "numerics/codecs.h"
+#include "numerics/types.h"
+
+namespace dsv41::cuda::gemm {
+
+namespace {
+
+constexpr int kBM = 128, kBN = 128, kBK = 128;  // CTA tile; kBK in e4m3 bytes (four 32-blocks)
+constexpr int kThreads = 256;  // 8 warps: 2 along M × 4 along N, warp tile 64 × 32
+constexpr int kGroupM = 16;    // M tiles per raster band
+constexpr int kQuantThreads = 256;
+
+static_assert(kBM == kTileRows && kBK == kTileK, "gemm.cuh's layout constants");
+
+template <WeightFormat F, int kStages>
+struct Smem {
+  static constexpr bool kFp4 = F == WeightFormat::FP4;
+  static constexpr int kBRow = kFp4 ? kBK / 2 : kBK;  // bytes of one weight row in a k-tile
+  static constexpr int kA = kBM * kBK;                 // x codes
+  static constexpr int kB = kBN * kBRow;               // weight codes
+  static constexpr int kX = 4 * kBM * 4;               // x scales [4 blocks][128 rows] floats
+  static constexpr int kW = kFp4 ? 4 * kBN * 4 : 128;  // weight scales: [4][128] or [4][4] floats
+  static constexpr int kStage = kA + kB + kX + kW;
+  static constexpr int kBytes = kStage * kStages;
+};
+
+// ---- PTX wrappers ----
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global → shared, bypassing L1; zeros when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float lds32f(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float2 lds64f(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float4 lds128f(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
+
+// 4 e4m3 codes → two f16x2 (codes 0, 1 and 2, 3; the lower code in the lower half), exactly.
+__device__ __forceinline__ void e4m3x4_to_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+
+// D = A·B + C over a 16 × 8 × 16 f16 tile (HMMA.16816.F32); zero_c: C = 0.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+__device__ __forceinline__ void mma_f16_acc(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// 8 e2m1 values (nibble i = value i, as stored) → e4m3 codes: lo = values 0..3, hi = 4..7, one
+// byte each in order. Magnitudes through the table 0, 0.5, 1, 1.5, 2, 3, 4, 6 (e4m3 codes 0x00,
+// 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C) indexed by prmt; signs by prmt's sign-replicate mode
+// from the byte whose top bit is the nibble's sign: value 2i's sign is bit 3 of byte i (the top bit
+// of byte i of w << 4), value 2i+1's the top bit of byte i of w.
+__device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  constexpr uint32_t kLut0 = 0x3C383000u, kLut1 = 0x4C484440u;
+  const uint32_t mag = w & 0x77777777u, even = w << 4;
+  lo = prmt(kLut0, kLut1, mag) | (prmt(even, w, 0xD9C8u) & 0x80808080u);
+  hi = prmt(kLut0, kLut1, mag >> 16) | (prmt(even, w, 0xFBEAu) & 0x80808080u);
+}
+
+// ---- act_quant ----
+
+// One thread: 8 consecutive values x[m, 8q..8q+7]; the 4 threads of a 32-block are 4 consecutive
+// lanes. Rows M..Mpad-1 write only their (zero) scales.
+template <bool kFp4Order>
+__global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* __restrict__ x, int64_t M, int64_t Mpad,
+                                                                  int64_t K, uint8_t* __restrict__ codes,
+                                                                  float* __restrict__ scales) {
+  const int64_t per_row = K / 8, items = Mpad * per_row;
+  const int64_t i = int64_t(blockIdx.x) * kQuantThreads + threadIdx.x;
+  const bool on = i < items;
+  const int64_t m = on ? i / per_row : 0, q8 = on ? i % per_row : 0;
+  const bool live = on && m < M;
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (live) {
+    const float4 a = *reinterpret_cast<const float4*>(x + m * K + 8 * q8);
+    const float4 b = *reinterpret_cast<const float4*>(x + m * K + 8 * q8 + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+  float amax = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  if (!on) return;
+  const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
+  const int64_t b = q8 / 4;
+  const int t = int(q8 % 4);
+  if (t == 0) scales[scale_offset(m, b, Mpad)] = live ? scale : 0.0f;
+  if (!live) return;
+  uint32_t pair[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    uint16_t c;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(c) : "f"(v[2 * e + 1] * inv), "f"(v[2 * e] * inv));
+    pair[e] = c;  // value 2e in the low byte
+  }
+  const uint32_t lo = pair[0] | pair[1] << 16, hi = pair[2] | pair[3] << 16;
+  uint8_t* row = codes + m * K + 32 * b;
+  if constexpr (kFp4Order) {
+    *reinterpret_cast<uint32_t*>(row + 4 * t) = lo;
+    *reinterpret_cast<uint32_t*>(row + 16 + 4 * t) = hi;
+  } else {
+    *reinterpret_cast<uint2*>(row + 8 * t) = make_uint2(lo, hi);
+  }
+}
+
+// ---- the GEMM ----
+
+// kCtas CTAs per SM: 2 (≤ 128 registers, 3 stages) or 1 (4 stages).
+template <WeightFormat F, int kCtas>
+__global__ void __launch_bounds__(kThreads, kCtas)
+    gemm_kernel(const uint8_t* __restrict__ xq, const float* __restrict__ xs, int M, int Mpad, int N, int K,
+                const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale, float* __restrict__ y) {
+  constexpr int kStages = kCtas == 1 ? 4 : 3;
+  using S = Smem<F, kStages>;
+  constexpr bool kFp4 = S::kFp4;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t smem0 = smem_addr(smem);
+  const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int wm = warp / 4, wn = warp % 4, g = lane / 4, t = lane % 4;
+
+  // Raster: bands of kGroupM M tiles; within a band M fastest, then N.
+  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kBN - 1) / kBN;
+  const int per_band = kGroupM * tiles_n, band = int(blockIdx.x) / per_band, first = band * kGroupM;
+  const int band_m = min(tiles_m - first, kGroupM), r = int(blockIdx.x) % per_band;
+  const int m0 = (first + r % band_m) * kBM, n0 = r / band_m * kBN;
+  const int KT = K / kBK, kblocks = K / 32;
+
+  // This thread's cp.async sources and destinations (offsets within a stage). Rows past M or N
+  // are zero-filled (their source, clamped to the first row, is not read).
+  // A: chunks tid + 256q, q < 4: row tid/8 + 32q, chunk tid%8 (16 bytes of K).
+  const int a_row = tid / 8, a_chunk = tid % 8;
+  const uint32_t a_dst = uint32_t(a_row * kBK + ((a_chunk ^ (a_row & 7)) << 4));
+  const uint32_t a_src = uint32_t(m0 + a_row) * uint32_t(K) + a_chunk * 16;  // usable(): M·K < 2^31
+  // B: fp8 as A over the weight rows; fp4 rows of 64 bytes: chunks tid + 256q, q < 2: row tid/4 +
+  // 64q, chunk tid%4, swizzled by (row / 2) % 4.
+  constexpr int kBq = kFp4 ? 2 : 4, kBStep = kFp4 ? 64 : 32, kBRowBytes = kFp4 ? 64 : kBK;
+  const int b_row = kFp4 ? tid / 4 : tid / 8, b_chunk = kFp4 ? tid % 4 : tid % 8;
+  const uint32_t b_dst = kFp4 ? uint32_t(b_row * 64 + ((b_chunk ^ ((b_row >> 1) & 3)) << 4))
+                              : uint32_t(b_row * kBK + ((b_chunk ^ (b_row & 7)) << 4));
+  const uint32_t w_stride = kFp4 ? K / 2 : K;
+  const uint32_t b_src = uint32_t(n0 + b_row) * w_stride + b_chunk * 16;  // usable(): N·K < 2^31
+  // x scales: threads < 128, block tid/32, 16 bytes tid%32 of the tile's 512.
+  const uint32_t x_src = uint32_t(tid / 32 % 4) * uint32_t(Mpad) + m0 + (tid % 32) * 4;
+  const uint32_t x_dst = uint32_t(S::kA + S::kB + (tid % 128) * 16);
+
+  auto load_tiles = [&](int stage, int kt) {
+    const uint32_t base = smem0 + uint32_t(stage * S::kStage);
+    const uint32_t k0 = uint32_t(kt) * kBK;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const bool ok = m0 + a_row + 32 * q < M;
+      cp_async16(base + a_dst + q * 32 * kBK, xq + (ok ? a_src + uint32_t(32 * q * K) + k0 : 0u), ok);
+    }
+#pragma unroll
+    for (int q = 0; q < kBq; ++q) {
+      const bool ok = n0 + b_row + kBStep * q < N;
+      cp_async16(base + uint32_t(S::kA) + b_dst + q * kBStep * kBRowBytes,
+                 w + (ok ? b_src + uint32_t(kBStep * q) * w_stride + k0 * kBRowBytes / kBK : 0u), ok);
+    }
+    if (tid < 128) cp_async16(base + x_dst, xs + (x_src + uint32_t(kt) * 4 * uint32_t(Mpad)), true);
+  };
+
+  // Weight scales of k-tile kt: read into registers (before the current tile's math), decoded and
+  // stored after it. fp8: threads < 16, 32-row group tid/4, block tid%4; fp4: 2 per thread, row
+  // e/4 and block e%4 of e = tid + 256q, stored at the row's permuted column.
+  constexpr int kWq = kFp4 ? 2 : 1;
+  uint8_t w_code[kWq];
+  auto fetch_scales = [&](int kt) {
+#pragma unroll
+    for (int q = 0; q < kWq; ++q) {
+      w_code[q] = 0;
+      if constexpr (kFp4) {
+        const int e = tid + 256 * q, n = n0 + e / 4;
+        if (n < N) w_code[q] = __ldg(wscale + int64_t(n) * kblocks + kt * 4 + e % 4);
+      } else {
+        const int n = n0 + (tid / 4) * 32;
+        if (tid < 16 && n < N) w_code[q] = __ldg(wscale + int64_t(n / 32) * kblocks + kt * 4 + tid % 4);
+      }
+    }
+  };
+  auto store_scales = [&](int stage) {
+    float* ws = reinterpret_cast<float*>(smem + stage * S::kStage + S::kA + S::kB + S::kX);
+#pragma unroll
+    for (int q = 0; q < kWq; ++q) {
+      if constexpr (kFp4) {
+        const int e = tid + 256 * q, nl = e / 4, blk = e % 4;
+        const int col = nl / 32 * 32 + (nl % 8 / 2) * 8 + (nl % 32 / 8) * 2 + nl % 2;  // wn, t, nt, j
+        ws[blk * kBN + col] = n0 + nl < N ? e8m0_to_float(w_code[q]) : 0.0f;
+      } else if (tid < 16) {
+        ws[(tid % 4) * 4 + tid / 4] = n0 + (tid / 4) * 32 < N ? e8m0_to_float(w_code[q]) : 0.0f;
+      }
+    }
+  };
+
+  float acc[4][4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < KT) {
+      load_tiles(s, s);
+      fetch_scales(s);
+      store_scales(s);
+    }
+    cp_async_commit();
+  }
+
+  // Fragment addresses within a stage. A (ldmatrix.x4 of a 16 × 32 block): lane l gives row
+  // (l%8) + 8·((l/8)%2) of the m16 tile, chunk 2b + l/16. fp8 B (x4 over two n8 tiles): row
+  // (l%8) + 8·(l/16), chunk 2b + (l/8)%2.
+  const int a_frag_row = wm * 64 + (lane % 8) + 8 * ((lane / 8) % 2), a_frag_half = lane / 16;
+  const int b_frag_row = wn * 32 + (lane % 8) + 8 * (lane / 16), b_frag_half = (lane / 8) % 2;
+
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = kt + kStages - 1;
+    if (next < KT) {
+      load_tiles(next % kStages, next);
+      fetch_scales(next);
+    }
+    cp_async_commit();
+
+    const uint32_t base = smem0 + uint32_t((kt % kStages) * S::kStage);
+    const uint32_t sA = base, sB = base + S::kA, sX = base + S::kA + S::kB, sW = sX + S::kX;
+    // 2 CTAs/SM: not unrolled (under 128 registers the scheduler would hoist 4 blocks' loads and
+    // spill); 1 CTA/SM: unrolled by 2 (by 4 it spills at 255), so two blocks' loads and
+    // conversions overlap their mma.
+#pragma unroll(kCtas == 1 ? 2 : 1)
+    for (int blk = 0; blk < 4; ++blk) {
+      uint32_t bf[4][2];
+      if constexpr (kFp4) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int n = wn * 32 + nt * 8 + g;
+          const uint32_t v = lds32(sB + uint32_t(n * 64 + ((blk ^ ((n >> 1) & 3)) << 4) + 4 * t));
+          e2m1x8_to_e4m3(v, bf[nt][0], bf[nt][1]);
+        }
+      } else {
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          const int n = b_frag_row + np * 16, c = 2 * blk + b_frag_half;
+          uint32_t r4[4];
+          ldmatrix_x4(r4, sB + uint32_t(n * kBK + ((c ^ (n & 7)) << 4)));
+          bf[2 * np][0] = r4[0], bf[2 * np][1] = r4[1], bf[2 * np + 1][0] = r4[2], bf[2 * np + 1][1] = r4[3];
+        }
+      }
+      // Weight scales: fp4 those of columns nt·8 + 2t + j at [2nt + j]; fp8 one for the warp's 32
+      // columns, folded into the row scales below (exactly: powers of two).
+      // (2 CTAs/SM, fp4: the pair of each nt loaded where it is used, 6 registers fewer.)
+      float sw[8];
+      const uint32_t sw_cols = sW + uint32_t((blk * kBN + wn * 32 + t * 8) * 4);
+      if constexpr (kFp4 && kCtas == 1) {
+        const uint32_t p = sw_cols;
+        const float4 u = lds128f(p), v = lds128f(p + 16);
+        sw[0] = u.x, sw[1] = u.y, sw[2] = u.z, sw[3] = u.w, sw[4] = v.x, sw[5] = v.y, sw[6] = v.z, sw[7] = v.w;
+      } else if constexpr (!kFp4) {
+        sw[0] = lds32f(sW + uint32_t((blk * 4 + wn) * 4));
+      }
+      const uint32_t sx_row = sX + uint32_t((blk * kBM + wm * 64 + g * 8) * 4);
+      // The B fragments as f16: [nt][0..1] the first k16 half of the block's (permuted) positions,
+      // [nt][2..3] the second (see the header comment).
+      uint32_t bh[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        e4m3x4_to_f16(bf[nt][0], bh[nt][0], bh[nt][1]);
+        e4m3x4_to_f16(bf[nt][1], bh[nt][2], bh[nt][3]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        uint32_t af[4];
+        const int row = a_frag_row + mt * 16, c = 2 * blk + a_frag_half;
+        ldmatrix_x4(af, sA + uint32_t(row * kBK + ((c ^ (row & 7)) << 4)));
+        uint32_t a1[4], a2[4];  // the two k16 halves as f16 fragments
+        e4m3x4_to_f16(af[0], a1[0], a1[2]);
+        e4m3x4_to_f16(af[1], a1[1], a1[3]);
+        e4m3x4_to_f16(af[2], a2[0], a2[2]);
+        e4m3x4_to_f16(af[3], a2[1], a2[3]);
+        float2 sx = lds64f(sx_row + mt * 8);  // the x scales of rows mt·16 + g and mt·16 + 8 + g
+        if constexpr (!kFp4) sx.x *= sw[0], sx.y *= sw[0];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          float d[4];
+          mma_f16(d, a1, bh[nt][0], bh[nt][1]);
+          mma_f16_acc(d, a2, bh[nt][2], bh[nt][3]);
+          if constexpr (kFp4) {
+            const float2 wv = kCtas == 1 ? make_float2(sw[2 * nt], sw[2 * nt + 1]) : lds64f(sw_cols + nt * 8);
+            acc[mt][nt][0] = fmaf(d[0], sx.x * wv.x, acc[mt][nt][0]);
+            acc[mt][nt][1] = fmaf(d[1], sx.x * wv.y, acc[mt][nt][1]);
+            acc[mt][nt][2] = fmaf(d[2], sx.y * wv.x, acc[mt][nt][2]);
+            acc[mt][nt][3] = fmaf(d[3], sx.y * wv.y, acc[mt][nt][3]);
+          } else {
+            acc[mt][nt][0] = fmaf(d[0], sx.x, acc[mt][nt][0]);
+            acc[mt][nt][1] = fmaf(d[1], sx.x, acc[mt][nt][1]);
+            acc[mt][nt][2] = fmaf(d[2], sx.y, acc[mt][nt][2]);
+            acc[mt][nt][3] = fmaf(d[3], sx.y, acc[mt][nt][3]);
+          }
+        }
+      }
+    }
+    // The scales of k-tile `next` into its stage, last read at k-tile kt - 1 (all threads are past
+    // this iteration's barrier); read at k-tile `next`, after at least one more barrier.
+    if (next < KT) store_scales(next % kStages);
+  }
+  cp_async_wait<0>();
+
+  // y: row mt·16 + h·8 + g, columns nt·8 + 2t, +1 of the warp tile; values [2h], [2h + 1].
+  const bool pairs = N % 2 == 0;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = m0 + wm * 64 + mt * 16 + h * 8 + g;
+      if (m >= M) continue;
+      float* yr = y + int64_t(m) * N;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int n = n0 + wn * 32 + nt * 8 + 2 * t;
+        const float v0 = round_bf16(acc[mt][nt][2 * h]), v1 = round_bf16(acc[mt][nt][2 * h + 1]);
+        if (pairs && n + 1 < N) {
+          *reinterpret_cast<float2*>(yr + n) = make_float2(v0, v1);
+        } else {
+          if (n < N) yr[n] = v0;
+          if (n + 1 < N) yr[n + 1] = v1;
+        }
+      }
+    }
+}
+
+template <WeightFormat F, int kCtas>
+void launch_gemm(const uint8_t* xq, const float* xs, int64_t M, int64_t Mpad, const Weight& w, float* y,
+                 cudaStream_t stream) {
+  constexpr int kBytes = Smem<F, kCtas == 1 ? 4 : 3>::kBytes;
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(gemm_kernel<F, kCtas>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
+          "cuda::linear gemm");
+    return true;
+  }();
+  (void)configured;
+  const int64_t tiles = (M + kBM - 1) / kBM * ((w.rows + kBN - 1) / kBN);
+  gemm_kernel<F, kCtas><<<unsigned(tiles), kThreads, kBytes, stream>>>(xq, xs, int(M), int(Mpad), int(w.rows),
+                                                                         int(w.cols), w.data, w.scale, y);
+  check_launch("cuda::linear gemm");
+}
+
+// CTAs per SM by format (measured on the H200 at M = 4096, both variants checked by the tests):
+// fp8 2 (wq_b 1021 µs against 1173 µs with 1), fp4 1 (expert w1 357 µs against 404 µs with 2:
+// under 128 registers the fp4 decode spills).
+template <WeightFormat F>
+constexpr int kCtasFor = F == WeightFormat::FP8 ? 2 : 1;
+
+}  // namespace
+
+bool usable(int64_t M, const Weight& w) {
+  // 32-bit offsets into x's codes and scales and into the weight (bytes): each under 2^31.
+  const int64_t limit = int64_t(1) << 31;
+  return w.quantized() && M >= kMinRows && w.cols % kTileK == 0 && w.cols > 0 && w.rows > 0 &&
+         M * w.cols < limit && w.rows * w.cols < limit && w.scale != nullptr;
+}
+
+void act_quant(const float* x, int64_t M, int64_t K, bool fp4_order, uint8_t* codes, float* scales,
+               cudaStream_t stream) {
+  if (M <= 0) return;
+  if (K % 32 != 0) fail("cuda::gemm::act_quant", "K a multiple of 32", "K = " + std::to_string(K));
+  const int64_t Mpad = padded_rows(M), items = Mpad * (K / 8);
+  const unsigned grid = unsigned((items + kQuantThreads - 1) / kQuantThreads);
+  if (fp4_order) act_quant_kernel<true><<<grid, kQuantThreads, 0, stream>>>(x, M, Mpad, K, codes, scales);
+  else act_quant_kernel<false><<<grid, kQuantThreads, 0, stream>>>(x, M, Mpad, K, codes, scales);
+  check_launch("cuda::gemm::act_quant");
+}
+
+void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {
+  if (!usable(M, w)) fail("cuda::linear gemm", "an fp8/fp4 weight, M >= 64, K % 128 == 0", "another shape");
+  const int64_t K = w.cols, Mpad = padded_rows(M);
+  const bool fp4 = w.format == WeightFormat::FP4;
+  keep_scratch_pool();
+  const size_t code_bytes = size_t(M * K), scale_bytes = size_t(K / 32 * Mpad) * sizeof(float);
+  uint8_t* scratch = nullptr;
+  check(cudaMallocAsync(reinterpret_cast<void**>(&scratch), code_bytes + scale_bytes, stream), "cuda::linear gemm");
+  uint8_t* codes = scratch;
+  float* scales = reinterpret_cast<float*>(scratch + code_bytes);  // code_bytes: a multiple of 128
+  act_quant(x, M, K, fp4, codes, scales, stream);
+  if (fp4) launch_gemm<WeightFormat::FP4, kCtasFor<WeightFormat::FP4>>(codes, scales, M, Mpad, w, y, stream);
+  else launch_gemm<WeightFormat::FP8, kCtasFor<WeightFormat::FP8>>(codes, scales, M, Mpad, w, y, stream);
+  check(cudaFreeAsync(scratch, stream), "cuda::linear gemm");
+}
+
+}  // namespace dsv41::cuda::gemm

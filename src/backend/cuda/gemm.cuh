@@ -1,0 +1,55 @@
+#pragma once
+// The prefill GEMM of cuda::linear over fp8/fp4 weights (gemm.cu): tensor-core mma.sync (f16
+// HMMA on exactly converted e4m3 operands), with the CPU op's per-32-block scaling. Internal to the CUDA backend; linear.cu calls
+// it for M ≥ kMinRows, and the tests reach the act-quantization step directly.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cpu/weight.h"
+#include "numerics/types.h"
+
+namespace dsv41::cuda::gemm {
+
+// The fewest activation rows for which linear() takes the GEMM (below it, qgemv's passes of 8).
+inline constexpr int64_t kMinRows = 64;
+// Rows of one M tile: the act-quantized x's scales are laid out per tile of this many rows.
+inline constexpr int64_t kTileRows = 128;
+// K must be a multiple of this (one k-tile: four 32-blocks); other K go to qgemv.
+inline constexpr int64_t kTileK = 128;
+
+// Whether linear(x, M, w) runs here: an fp8/fp4 weight, M ≥ kMinRows, K a multiple of kTileK.
+bool usable(int64_t M, const Weight& w);
+
+// y[M, N] = x[M, K] · Wᵀ for an fp8/fp4 weight, rounded to bf16 (cuda::linear's contract). Scratch
+// (the quantized x: M·K bytes + M·K/8 bytes of scales) from cudaMallocAsync on `stream`.
+void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream);
+
+// ---- the act-quantization step, exposed for the tests ----
+
+// Rows of the scale array: M rounded up to kTileRows.
+inline int64_t padded_rows(int64_t M) { return (M + kTileRows - 1) / kTileRows * kTileRows; }
+
+// Where act_quant puts the e4m3 code of x[m, k] (an offset into codes, [M, K] row-major with the
+// 32 values of each block permuted when fp4_order), and the scale of x[m, 32b..32b+31] (an offset
+// into scales, [K/32, padded_rows(M)] with the rows of each 128-row tile permuted). The GEMM's
+// fragment loads read them in these orders (gemm.cu says why).
+DSV41_HD inline int64_t code_offset(int64_t m, int64_t k, int64_t K, bool fp4_order) {
+  if (!fp4_order) return m * K + k;
+  const int64_t base = k & ~int64_t(31);
+  const int i = int(k & 31), t = i / 8, j = i % 8;  // value j of quarter t
+  return m * K + base + (j < 4 ? 4 * t + j : 16 + 4 * t + j - 4);
+}
+DSV41_HD inline int64_t scale_offset(int64_t m, int64_t b, int64_t Mpad) {
+  const int64_t tile = m & ~(kTileRows - 1);
+  const int r = int(m & (kTileRows - 1)), wm = r / 64, mt = r % 64 / 16, h = r % 16 / 8, g = r % 8;
+  return b * Mpad + tile + wm * 64 + g * 8 + mt * 2 + h;
+}
+
+// act_quant of x[M, K] (fp32, bf16 values) as qgemv and the CPU do it: e4m3 codes of x / s and
+// the power-of-two block scales s per 32 (scales of the padding rows M..padded_rows(M) are 0).
+// codes: M·K bytes; scales: (K/32)·padded_rows(M) floats.
+void act_quant(const float* x, int64_t M, int64_t K, bool fp4_order, uint8_t* codes, float* scales,
+               cudaStream_t stream);
+
+}  // namespace dsv41::cuda::gemm
