@@ -9,8 +9,10 @@
 // differ by the kernels' fp32 summation orders and expf's last bit (each op's test bounds them),
 // which the bf16 roundings between ops turn into one-ulp flips that these random tiny models
 // amplify, as the reference's own CPU and CUDA runs differ.
-// A batch against the same sequences alone: every op is row-independent on the device (no kernel
-// splits a row's sums by the batch size), so bit-equal.
+// A batch against the same sequences alone: below 64 rows every op is row-independent on the
+// device (no kernel splits a row's sums by the batch size), so bit-equal; from 64 rows on the
+// projections run as tensor-core GEMMs, whose sums within a 32-block are ordered differently
+// from the GEMV's (ops_linear_test bounds the difference), so the test stays below that.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -146,7 +148,11 @@ TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
   std::vector<std::vector<int>> prompts;
   std::vector<std::vector<int64_t>> hashes;
   for (int p = 0; p < 3; ++p) {
-    prompts.push_back(f.tokens(p));
+    // At most 20 tokens each, so that every call, batched or alone, stays on the GEMV and the
+    // device-routed MoE (under 64 rows; see the top).
+    std::vector<int> t = f.tokens(p);
+    t.resize(std::min<size_t>(t.size(), 20));
+    prompts.push_back(t);
     hashes.push_back(c.has_engram() ? f.ex.ints(f.prefix(p) + "prefill.engram_hash") : std::vector<int64_t>{});
   }
   auto ids = [&](int p, int64_t row) { return c.has_engram() ? hashes[size_t(p)].data() + row * per_token : nullptr; };

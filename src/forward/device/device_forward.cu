@@ -16,8 +16,9 @@
 // before a layer with Engram (which updates the streams first), nor at the decoder's start (where
 // bounded replay drops rows).
 //
-// MoE: cuda::route on the device, then the routing comes to the host once per layer to list each
-// expert's rows.
+// MoE: up to 64 rows (decode batches) cuda::moe, whose routing never leaves the device; above it
+// (prefill) the routing comes to the host once per layer to list each expert's rows, so that each
+// expert is one tensor-core GEMM over them.
 #include "forward/device/device_forward.h"
 
 #include <algorithm>
@@ -45,6 +46,10 @@ namespace dsv41::cuda {
 namespace {
 
 using Floats = DeviceBuffer<float>;
+
+// Up to this many rows the MoE runs as cuda::moe (no host round trip); above it the experts run as
+// GEMMs over their listed rows.
+constexpr int64_t kDeviceRoutedRows = 64;
 
 // One item during the call: its rows (those still running) and where they sit in the batch.
 struct Item {
@@ -531,32 +536,41 @@ void Call::moe(int l, float* out) {
   opt.norm_topk_prob = c_.norm_topk_prob;
   opt.route_scale = float(c_.route_scale);
   const int k = opt.topk;
-  DeviceBuffer<int32_t> experts_d = scratch<int32_t>(T * k, stream_);
+  const float limit = float(c_.swiglu_limit);
+  DeviceBuffer<int32_t> experts_d = scratch<int32_t>(T * k, stream_), forced_d;
   Floats weights_d = scratch<float>(T * k, stream_);
-  cuda::route(h_.get(), T, L.gate, L.gate_bias, opt, experts_d.get(), weights_d.get(), stream_);
-  std::vector<int32_t> experts = experts_d.download(stream_);
-  std::vector<float> weights = weights_d.download(stream_);
+  const int32_t* forced = nullptr;
   if (trace_) {
-    trace_->route_experts[size_t(l)] = experts;
-    // The biased scores, and the weights of imposed experts, from the CPU gate on our input.
+    // The engine's own choice, and the biased scores it ranked (the CPU gate on our input).
+    cuda::route(h_.get(), T, L.gate, L.gate_bias, opt, experts_d.get(), weights_d.get(), stream_);
+    trace_->route_experts[size_t(l)] = experts_d.download(stream_);
     const Model& host = m_.host();
     const std::vector<float> x = h_.download(stream_, T * d);
     std::vector<int32_t> e(size_t(T * k));
     std::vector<float> w(size_t(T * k));
     std::vector<float>& scores = trace_->route_scores[size_t(l)];
     scores.resize(size_t(T) * host.layer(l).experts.size());
-    const int32_t* forced = trace_->forced_experts ? trace_->forced_experts->at(size_t(l)).data() : nullptr;
-    dsv41::route(x.data(), T, host.layer(l).gate, host.layer(l).gate_bias, opt, e.data(), w.data(), scores.data(), forced);
-    if (forced) {
-      experts = e, weights = w;
-      weights_d.upload(weights, stream_);
+    dsv41::route(x.data(), T, host.layer(l).gate, host.layer(l).gate_bias, opt, e.data(), w.data(), scores.data());
+    if (trace_->forced_experts) {
+      forced_d = scratch_from(trace_->forced_experts->at(size_t(l)), stream_);
+      forced = forced_d.get();
     }
   }
 
-  // Each expert on the rows routed to it; outputs added in expert order, in fp32.
+  // Few rows (decode): one op, the routing never leaving the device, each chosen expert's weights
+  // read once per 8 of its rows.
+  if (T <= kDeviceRoutedRows) {
+    cuda::moe(h_.get(), T, L.gate, L.gate_bias, opt, m_.experts(l), L.shared.w1, L.shared.w2, L.shared.w3, limit, forced,
+              experts_d.get(), weights_d.get(), out, stream_);
+    return;
+  }
+  // Many rows (prefill): the routing comes to the host, which lists each expert's rows, so that
+  // each expert runs as one GEMM over all of them (tensor cores from 64 rows on).
+  cuda::route(h_.get(), T, L.gate, L.gate_bias, opt, experts_d.get(), weights_d.get(), stream_, forced);
+  const std::vector<int32_t> experts = experts_d.download(stream_);
+  const std::vector<float> weights = weights_d.download(stream_);
   Floats y = scratch<float>(T * d, stream_), ys = scratch<float>(T * d, stream_);
   check(cudaMemsetAsync(y.get(), 0, size_t(T * d) * sizeof(float), stream_), "moe");
-  const float limit = float(c_.swiglu_limit);
   for (int e = 0; e < int(L.experts.size()); ++e) {
     std::vector<int32_t> rows;
     std::vector<float> we;

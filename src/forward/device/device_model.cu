@@ -101,8 +101,12 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
     da.indexer_k_norm = place(ha.indexer_k_norm, Fill::Ones);
     d.gate = place(h.gate, Fill::Matrix);
     d.gate_bias = place(h.gate_bias, Fill::Zeros);
-    for (const ExpertWeights& e : h.experts)
+    std::vector<Weight> w1, w2, w3;
+    for (const ExpertWeights& e : h.experts) {
       d.experts.push_back({place(e.w1, Fill::Matrix), place(e.w2, Fill::Matrix), place(e.w3, Fill::Matrix)});
+      w1.push_back(d.experts.back().w1), w2.push_back(d.experts.back().w2), w3.push_back(d.experts.back().w3);
+    }
+    experts_.push_back(std::make_unique<ExpertTable>(w1, w2, w3));
     d.shared = {place(h.shared.w1, Fill::Matrix), place(h.shared.w2, Fill::Matrix), place(h.shared.w3, Fill::Matrix)};
     if (h.engram) {
       // The table's size is the checkpoint's; the weights map knows it.

@@ -5,8 +5,10 @@
 // checkpoint's bytes, or — for benchmarks at sizes no test checkpoint has — from random values
 // written on the device over a model whose file holds only the tensor layout (sparse_checkpoint.h).
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "backend/cuda/moe.h"
 #include "forward/device/device_buffer.h"
 #include "forward/model.h"
 
@@ -26,6 +28,7 @@ class DeviceModel {
   // engram_qk() holds it.
   const LayerWeights& layer(int i) const { return layers_[size_t(i)]; }
   const float* engram_qk(int i) const { return engram_qk_[size_t(i)]; }
+  const ExpertTable& experts(int i) const { return *experts_[size_t(i)]; }  // the layer's routed experts
   const float* attn_sink(int i) const { return sink_[size_t(i)]; }  // [n_heads] fp32
   const float* rope_freqs(int i) const;                               // the layer's RopeTable
   int64_t bytes() const { return bytes_; }
@@ -46,6 +49,7 @@ class DeviceModel {
   Weight embed_, norm_, head_;
   std::vector<LayerWeights> layers_;
   std::vector<const float*> engram_qk_, sink_;
+  std::vector<std::unique_ptr<ExpertTable>> experts_;
   const float *freqs_window_ = nullptr, *freqs_compressed_ = nullptr;
 };
 
