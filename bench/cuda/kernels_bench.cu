@@ -563,12 +563,7 @@ BENCHMARK(BM_IndexerStepGraph)
 // f16 HMMA, whose ceiling is about a third of that).
 // BM_GemmQgemvPasses times the path M > 8 took before, qgemv over the weight in passes of 8 rows
 // (cuda::linear on 8 rows at a time), on the same data.
-struct GemmBenchShape {
-  const char* name;
-  WeightFormat format;
-  int N, K;
-};
-const GemmBenchShape kGemmBench[] = {
+const LinearShape kGemmBench[] = {
     {"wq_b fp8 32768x1024", WeightFormat::FP8, 32768, 1024},
     {"expert w1 fp4 2048x4096", WeightFormat::FP4, 2048, 4096},
     {"wo_b fp8 4096x8192", WeightFormat::FP8, 4096, 8192},
@@ -588,7 +583,7 @@ __global__ void fill_activations(float* p, size_t n, uint32_t seed) {
 }
 
 void gemm_bench(benchmark::State& state, bool qgemv_passes) {
-  const GemmBenchShape& s = kGemmBench[state.range(0)];
+  const LinearShape& s = kGemmBench[state.range(0)];
   const int M = int(state.range(1));
   const bool fp8 = s.format == WeightFormat::FP8;
   const size_t data = fp8 ? size_t(s.N) * s.K : size_t(s.N) * s.K / 2;

@@ -257,12 +257,7 @@ void moe(Pass& p, int l, const Rows& x, Rows& out) {
   const Config& c = p.c;
   const LayerWeights& L = p.model.layer(l);
   const int64_t R = p.rows, d = c.dim;
-  GateOptions opt;
-  opt.topk = c.activated_experts(l);
-  opt.score_func = c.score_func;
-  opt.gate_temp = float(c.gate_temp);
-  opt.norm_topk_prob = c.norm_topk_prob;
-  opt.route_scale = float(c.route_scale);
+  const GateOptions opt = gate_options(c, l);
   const int k = opt.topk;
   std::vector<int32_t> experts(size_t(R * k));
   Rows weights(size_t(R * k));

@@ -68,6 +68,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/dequant.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -189,17 +190,8 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* _
   const bool on = i < items;
   const int64_t m = on ? i / per_row : 0, q8 = on ? i % per_row : 0;
   const bool live = on && m < M;
-  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (live) {
-    const float4 a = *reinterpret_cast<const float4*>(x + m * K + 8 * q8);
-    const float4 b = *reinterpret_cast<const float4*>(x + m * K + 8 * q8 + 4);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  }
-  float amax = 0;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  float v[8];
+  const float amax = load8_block_amax(x + m * K + 8 * q8, live, v);
   if (!on) return;
   const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
   const int64_t b = q8 / 4;

@@ -199,53 +199,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict_
 constexpr int kQThreads = 256;
 constexpr int kQSmemBytes = 48 * 1024;  // the quantized x slice (fp32), no opt-in needed
 
-// The 16-byte chunk of a quantized weight row, decoded to floats in a fixed permutation of its K
-// positions; the quantized x is stored in shared memory in the same permutation, as float4 "parts"
-// (part p holds the x of decoded slots 4p..4p+3), so each lane's x loads are 16 bytes wide and
-// consecutive lanes read consecutive 16 bytes (no bank conflicts). The decode puts each code's
-// bits into a half's fields with two shifts and two masks per half2 (exact, subnormals included;
-// the half is the value times 2^-8 for e4m3, 2^-14 for e2m1), then converts half2 to float2.
-template <WeightFormat F>
-struct QFormat;
-template <>
-struct QFormat<WeightFormat::FP8> {
-  static constexpr int kElems = 16;
-  static constexpr float kUnscale = kE4m3Unscale;
-  // Word j holds K offsets 4j..4j+3 (bytes b0..b3); decoded as (b0, b2), (b1, b3).
-  __device__ static void word(uint32_t w, float2& a, float2& b) {
-    a = half2_bits_to_float2(((w << 7) & 0x3F803F80u) | ((w << 8) & 0x80008000u));
-    b = half2_bits_to_float2(((w >> 1) & 0x3F803F80u) | (w & 0x80008000u));
-  }
-  // The 8 x values at K offsets 8q..8q+7 of a chunk, as the two parts the decode above reads.
-  __device__ static void parts(const float* v, float4& lo, float4& hi) {
-    lo = make_float4(v[0], v[2], v[1], v[3]), hi = make_float4(v[4], v[6], v[5], v[7]);
-  }
-};
-template <>
-struct QFormat<WeightFormat::FP4> {
-  static constexpr int kElems = 32;
-  static constexpr float kUnscale = kE2m1Unscale;
-  // Word j holds K offsets 8j..8j+7 (nibbles n0..n7, n0 lowest); decoded as (n0, n4), (n1, n5),
-  // (n2, n6), (n3, n7): nibble i of a pair sits at bit 4i, its partner 16 bits higher.
-  __device__ static void word(uint32_t w, float2& a, float2& b, float2& c, float2& d) {
-    a = half2_bits_to_float2(((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u));
-    b = half2_bits_to_float2(((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u));
-    c = half2_bits_to_float2(((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u));
-    d = half2_bits_to_float2(((w >> 3) & 0x0E000E00u) | (w & 0x80008000u));
-  }
-  __device__ static void parts(const float* v, float4& lo, float4& hi) {
-    lo = make_float4(v[0], v[4], v[1], v[5]), hi = make_float4(v[2], v[6], v[3], v[7]);
-  }
-};
-
-// A 16-byte weight load that skips L1 (each byte is read once).
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // act_quant of x[m, 0..kn) for m < M into xs (the layout above; C = kn / kElems chunks per row):
 // 4 threads per 32-block, 8 values each. Per value: one multiply by the exact reciprocal of the
@@ -259,17 +212,8 @@ __device__ void quantize_slice(const float* __restrict__ x, int64_t K, int M, in
     const int i = base + int(threadIdx.x);
     const bool on = i < items;
     const int m = on ? i / per_row : 0, q = on ? i % per_row : 0;
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (on) {
-      const float4 a = *reinterpret_cast<const float4*>(x + m * K + 8 * q);
-      const float4 b = *reinterpret_cast<const float4*>(x + m * K + 8 * q + 4);
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    }
-    float amax = 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+    float v[8];
+    const float amax = load8_block_amax(x + m * K + 8 * q, on, v);
     if (!on) continue;
     const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
 #pragma unroll

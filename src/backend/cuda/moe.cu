@@ -207,36 +207,10 @@ __global__ void __launch_bounds__(kBucketThreads) bucket_kernel(const int32_t* _
 // The 16-byte chunk of a weight row, decoded to floats in a fixed permutation of its K positions,
 // and the matching layout of x in shared memory as float4 "parts" (part p holds the x of decoded
 // slots 4p..4p+3), so each lane's x loads are 16 bytes and consecutive lanes read consecutive 16
-// bytes. FP8 and FP4 are linear.cu's qgemv decode (its comment says how the bit moves work); BF16
-// decodes in order, 8 values a chunk.
+// bytes. FP8 and FP4 are the qgemv decode (dequant.cuh's QFormat, whose comment says how the bit
+// moves work); BF16 decodes in order, 8 values a chunk.
 template <WeightFormat F>
-struct GFormat;
-template <>
-struct GFormat<WeightFormat::FP8> {
-  static constexpr int kElems = 16;
-  static constexpr float kUnscale = kE4m3Unscale;
-  __device__ static void word(uint32_t w, float2& a, float2& b) {
-    a = half2_bits_to_float2(((w << 7) & 0x3F803F80u) | ((w << 8) & 0x80008000u));
-    b = half2_bits_to_float2(((w >> 1) & 0x3F803F80u) | (w & 0x80008000u));
-  }
-  __device__ static void parts(const float* v, float4& lo, float4& hi) {
-    lo = make_float4(v[0], v[2], v[1], v[3]), hi = make_float4(v[4], v[6], v[5], v[7]);
-  }
-};
-template <>
-struct GFormat<WeightFormat::FP4> {
-  static constexpr int kElems = 32;
-  static constexpr float kUnscale = kE2m1Unscale;
-  __device__ static void word(uint32_t w, float2& a, float2& b, float2& c, float2& d) {
-    a = half2_bits_to_float2(((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u));
-    b = half2_bits_to_float2(((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u));
-    c = half2_bits_to_float2(((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u));
-    d = half2_bits_to_float2(((w >> 3) & 0x0E000E00u) | (w & 0x80008000u));
-  }
-  __device__ static void parts(const float* v, float4& lo, float4& hi) {
-    lo = make_float4(v[0], v[4], v[1], v[5]), hi = make_float4(v[2], v[6], v[3], v[7]);
-  }
-};
+struct GFormat : QFormat<F> {};
 template <>
 struct GFormat<WeightFormat::BF16> {
   static constexpr int kElems = 8;
@@ -246,15 +220,6 @@ struct GFormat<WeightFormat::BF16> {
     lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
   }
 };
-
-// A 16-byte weight load that skips L1 (each byte is read once).
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // x[m, k0 .. k0 + kn) of the tile's rows m < M (row m at rowp[m]) into xs in the layout above (C =
 // kn / kElems chunks per row): for FP8/FP4 weights act-quantized as linear.cu's qgemv (4 threads

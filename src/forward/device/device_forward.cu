@@ -529,12 +529,7 @@ void Call::attention(int l, float* out) {
 void Call::moe(int l, float* out) {
   const LayerWeights& L = m_.layer(l);
   const int64_t T = T_, d = c_.dim;
-  GateOptions opt;
-  opt.topk = c_.activated_experts(l);
-  opt.score_func = c_.score_func;
-  opt.gate_temp = float(c_.gate_temp);
-  opt.norm_topk_prob = c_.norm_topk_prob;
-  opt.route_scale = float(c_.route_scale);
+  const GateOptions opt = gate_options(c_, l);
   const int k = opt.topk;
   const float limit = float(c_.swiglu_limit);
   DeviceBuffer<int32_t> experts_d = scratch<int32_t>(T * k, stream_), forced_d;
