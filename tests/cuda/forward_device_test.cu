@@ -16,8 +16,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <numeric>
 
 #include "../forward_fixture.h"
+#include "base/error.h"
 #include "device_util.h"
 #include "forward/device/device_forward.h"
 
@@ -229,6 +231,97 @@ TEST_P(DeviceForwardFixture, DecoderBoundedReplayMatchesCpu) {
   Bound base;
   for (const char* part : {"prefill.logits", "decode.logits"}) base.add(f.base("forced_topk_routing", prompt, part));
   expect_close(f.name + " device vs cpu, decoder bounded replay", got, want, c.vocab_size, apart(base));
+}
+
+// Encoder bounded replay (a global-KV hit at H with an SWA miss): from a state holding the global
+// KV of [0, H) and no window, the call replays [H - W, H) with the rest of the prompt. With the
+// CPU's choices imposed, the device's logits match the CPU's, and the cached global KV is read,
+// never rewritten.
+TEST_P(DeviceForwardFixture, EncoderBoundedReplayMatchesCpu) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f(GetParam());
+  const Config& c = f.config();
+  cuda::DeviceModel dm(*f.model);
+  const int prompt = 2;
+  const std::vector<int> tokens = f.tokens(prompt);
+  const int64_t P = int64_t(tokens.size()), W = c.window_size, per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+  const std::vector<int64_t> hashes = c.has_engram() ? f.ex.ints(f.prefix(prompt) + "prefill.engram_hash") : std::vector<int64_t>{};
+  int64_t step = 1;  // H: a multiple of every compression ratio, past W
+  for (int r : c.compress_ratios) step = r > 0 ? std::lcm(step, int64_t(r)) : step;
+  const int64_t H = (P - 8) / step * step, start = H - W;
+  ASSERT_GT(start, 0);
+
+  // The global KV of [0, H) from a cold CPU run; no window, no open group.
+  SequenceState cold(c);
+  forward(*f.model, cold, std::span<const int>(tokens).first(size_t(H)), c.has_engram() ? hashes.data() : nullptr);
+  SequenceState warm(c);
+  warm.length = start;
+  for (auto& [layer, cache] : warm.compressed) {
+    const CompressedCache& from = cold.compressed.at(layer);
+    cache.entries = H / c.compress_ratios[size_t(layer)];
+    cache.kv.assign(from.kv.begin(), from.kv.begin() + cache.entries * int64_t(from.kv.size()) / from.entries);
+    cache.index_k.assign(from.index_k.begin(), from.index_k.begin() + cache.entries * int64_t(from.index_k.size()) / from.entries);
+  }
+  cuda::DeviceSequence seq(c, c.max_seq_len);
+  seq.upload(warm);
+
+  const std::span<const int> rest = std::span<const int>(tokens).subspan(size_t(start));
+  const int64_t* ids = c.has_engram() ? hashes.data() + start * per_token : nullptr;
+  Trace trace;
+  ForwardOptions cpu_opt;
+  cpu_opt.all_logits = true;
+  cpu_opt.trace = &trace;
+  cpu_opt.replay_until = H;
+  cpu_opt.decoder_from = P - W;
+  const std::vector<float> want = forward(*f.model, warm, rest, ids, cpu_opt);
+  Trace forced;
+  forced.forced_topk = &trace.topk;
+  forced.forced_experts = &trace.route_experts;
+  ForwardOptions gpu_opt = cpu_opt;
+  gpu_opt.trace = &forced;
+  const std::vector<float> got = cuda::forward_batch(dm, {cuda::DeviceItem{&seq, rest, ids, gpu_opt}})[0];
+
+  const SequenceState after = seq.download();
+  EXPECT_EQ(after.length, P);
+  EXPECT_EQ(after.encoder_window_floor, start);
+  for (auto& [layer, cache] : cold.compressed) {
+    const CompressedCache& a = after.compressed.at(layer);
+    const int64_t cached = H / c.compress_ratios[size_t(layer)];
+    EXPECT_EQ(a.entries, warm.compressed.at(layer).entries) << "layer " << layer;
+    const std::vector<uint8_t> kv(a.kv.begin(), a.kv.begin() + cached * int64_t(cache.kv.size()) / cache.entries);
+    EXPECT_EQ(mismatches(kv, std::vector<uint8_t>(cache.kv.begin(), cache.kv.begin() + int64_t(kv.size()))), 0u) << "layer " << layer;
+  }
+  ASSERT_EQ(got.size(), want.size());
+  Bound base;
+  for (const char* part : {"prefill.logits", "decode.logits"}) base.add(f.base("forced_topk_routing", prompt, part));
+  expect_close(f.name + " device vs cpu, encoder bounded replay", got, want, c.vocab_size, apart(base));
+}
+
+// A bad call changes no sequence: a token out of range, or a replay point outside the call.
+TEST_P(DeviceForwardFixture, BadInputChangesNothing) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f(GetParam());
+  const Config& c = f.config();
+  cuda::DeviceModel dm(*f.model);
+  std::vector<int> tokens = f.tokens(1);
+  tokens.resize(12);
+  const std::vector<int64_t> hashes = c.has_engram() ? f.ex.ints(f.prefix(1) + "prefill.engram_hash") : std::vector<int64_t>{};
+  const int64_t* ids = c.has_engram() ? hashes.data() : nullptr;
+  cuda::DeviceSequence a(c, c.max_seq_len), b(c, c.max_seq_len);
+  cuda::forward_batch(dm, {{&a, std::span<const int>(tokens).first(6), ids}, {&b, std::span<const int>(tokens).first(6), ids}});
+  const SequenceState before = a.download();
+  std::vector<int> bad = {1, int(c.vocab_size)};
+  ForwardOptions outside;
+  outside.replay_until = 100;
+  EXPECT_THROW(cuda::forward_batch(dm, {{&a, bad, ids}}), Error);
+  EXPECT_THROW(cuda::forward_batch(dm, {{&b, std::span<const int>(tokens).subspan(6, 2), ids}, {&a, std::span<const int>(tokens).subspan(6, 2), ids, outside}}), Error);
+  EXPECT_THROW(cuda::forward_batch(dm, {{&a, std::span<const int>(tokens).subspan(6, 1), ids}, {&a, std::span<const int>(tokens).subspan(7, 1), ids}}), Error);
+  for (const cuda::DeviceSequence* s : {&a, &b}) {
+    const SequenceState now = s->download();
+    EXPECT_EQ(now.length, before.length);
+    EXPECT_EQ(now.encoder_window_floor, before.encoder_window_floor);
+    for (size_t l = 0; l < now.window.size(); ++l) EXPECT_EQ(mismatches(now.window[l], before.window[l]), 0u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DeviceForwardFixture, testing::ValuesIn(kFixtures), FixtureName());

@@ -77,6 +77,8 @@ class Call {
       if (in.options.keep_replayed_rows) fail("cuda::forward_batch", "no keep_replayed_rows (a CPU measurement hook)", "set");
       if (in.options.trace && batch.size() != 1) fail("cuda::forward_batch", "a Trace on a batch of one item", std::to_string(batch.size()) + " items");
       DeviceSequence* s = in.sequence;
+      for (const Item& other : items_)
+        if (other.seq == s) fail("cuda::forward_batch", "each sequence once in a batch", "a sequence twice");
       if (s->length + R > s->capacity())
         fail("cuda::forward_batch", "at most " + std::to_string(s->capacity()) + " tokens in a sequence",
              std::to_string(s->length + R));
@@ -167,15 +169,17 @@ std::vector<std::vector<float>> Call::run() {
   for (Floats* b : {&a_comb_, &f_comb_}) *b = scratch<float>(T_ * hc * hc, stream_);
   upload_positions();
 
+  // Every item's input is checked before any sequence changes.
+  for (const Item& it : items_) {
+    const int64_t until = it.in->options.replay_until;
+    if (until > 0 && (until <= it.start || until > it.start + it.rows))
+      fail("forward", "replay_until inside the call's positions (" + std::to_string(it.start) + ", " +
+                          std::to_string(it.start + it.rows) + "]", std::to_string(until));
+  }
   for (Item& it : items_) {
-    const ForwardOptions& o = it.in->options;
-    if (o.replay_until > 0) {
-      if (o.replay_until <= it.start || o.replay_until > it.start + it.rows)
-        fail("forward", "replay_until inside the call's positions (" + std::to_string(it.start) + ", " +
-                            std::to_string(it.start + it.rows) + "]", std::to_string(o.replay_until));
-      it.replay_until = o.replay_until;
-      it.seq->encoder_window_floor = it.start;
-    }
+    if (it.in->options.replay_until == 0) continue;
+    it.replay_until = it.in->options.replay_until;
+    it.seq->encoder_window_floor = it.start;
   }
 
   bool fused_entry = false;  // h_ and a_* already hold this layer's attention input (mega_mhc)
