@@ -51,6 +51,9 @@ using Floats = DeviceBuffer<float>;
 // GEMMs over their listed rows.
 constexpr int64_t kDeviceRoutedRows = 64;
 
+// The most the indexer's per-call scratch may take; longer prompts run in chunks.
+constexpr int64_t kIndexScratchBytes = int64_t(16) << 30;
+
 // One item during the call: its rows (those still running) and where they sit in the batch.
 struct Item {
   DeviceSequence* seq;
@@ -82,6 +85,16 @@ class Call {
       if (s->length + R > s->capacity())
         fail("cuda::forward_batch", "at most " + std::to_string(s->capacity()) + " tokens in a sequence",
              std::to_string(s->length + R));
+      // The indexer scores every row of a call against every entry: its grid takes 65,535 rows,
+      // and its scratch (scores and candidate mask, 5 bytes per row and entry) must fit.
+      if (!c_.index_source_layers.empty()) {
+        int64_t entries = 0;
+        for (int l : c_.index_source_layers) entries = std::max<int64_t>(entries, (s->length + R) / c_.compress_ratios[size_t(l)]);
+        if (R > 65535 || R * entries * 5 > kIndexScratchBytes)
+          fail("cuda::forward_batch", "a chunk the indexer can score at once (at most 65,535 rows, rows × entries × 5 bytes ≤ " +
+                                          std::to_string(kIndexScratchBytes >> 30) + " GiB)",
+               std::to_string(R) + " rows at " + std::to_string(entries) + " entries");
+      }
       items_.push_back(Item{s, &in, s->length, R, offset, 0, false, in.engram_ids, {}, 0});
       offset += R;
     }
@@ -117,10 +130,11 @@ class Call {
   DeviceBuffer<int64_t> positions_;
   DeviceBuffer<int32_t> topk_;  // [T, K] entries of the latest index source
   int K_ = 0;
-  // The window entry lists of the current phase (encoder / decoder layers), and their width.
+  // The window slot lists of the current phase (encoder / decoder layers), item by item.
   int window_phase_ = -1;
   DeviceBuffer<int32_t> window_;
-  int window_width_ = 0;
+  std::vector<int64_t> window_offset_;
+  int64_t window_width(const Item& it) const { return it.first_call() ? std::min<int64_t>(it.rows, c_.window_size) : c_.window_size; }
 };
 
 void Call::upload_positions() {
@@ -212,7 +226,7 @@ std::vector<std::vector<float>> Call::run() {
     }
     std::swap(X_, X2_);
     std::swap(pre_mix_, f_pre_);  // the next sub-layer's `pre` input is this FFN's
-    if (trace_) trace_->block_out[size_t(l)] = X_.download(stream_);
+    if (trace_) trace_->block_out[size_t(l)] = X_.download(stream_, T_ * hc * d);
   }
   for (Item& it : items_) it.seq->length += int64_t(it.in->tokens.size());
   return logits();
@@ -278,24 +292,26 @@ void Call::engram(int l) {
 
 // The window slots of every row (forward/window.h), as indices into its item's window buffer:
 // ring slot t mod W for t before the call, W + (t - start) for the call's own rows (the ring
-// itself, t mod W throughout, for a decode row). Depends only on the phase (window floor).
+// itself, t mod W throughout, for a decode row). Each item's rows list as many slots as the CPU's
+// do — min(rows, W) in a first call, else W — so that the compressed entries after them fall into
+// the same 64-entry softmax tiles; items of one width sit next to each other in `window_`, item b's
+// block at window_offset_[b]. Depends only on the phase (window floor).
 void Call::window_lists(int l) {
   const int phase = l >= c_.decoder_start() ? 1 : 0;
   if (phase == window_phase_) return;
   window_phase_ = phase;
   const int64_t W = c_.window_size;
-  window_width_ = 0;
-  for (const Item& it : items_) window_width_ = std::max<int>(window_width_, int(it.first_call() ? std::min(it.rows, W) : W));
-  std::vector<int32_t> list(size_t(T_ * window_width_), -1);
+  std::vector<int32_t> list;
   std::vector<int64_t> slots;
+  window_offset_.clear();
   for (const Item& it : items_) {
-    const int64_t floor = phase ? it.seq->decoder_window_floor : it.seq->encoder_window_floor;
+    const int64_t floor = phase ? it.seq->decoder_window_floor : it.seq->encoder_window_floor, width = window_width(it);
+    window_offset_.push_back(int64_t(list.size()));
     for (int64_t r = 0; r < it.rows; ++r) {
       window_positions(pos(it, r), it.start, it.rows, W, floor, slots);
-      int32_t* out = list.data() + (it.offset + r) * window_width_;
-      for (size_t j = 0; j < slots.size(); ++j) {
-        const int64_t t = slots[j];
-        out[j] = int32_t(t == kEmptySlot ? -1 : it.decode_in_ring() || t < it.start ? t % W : W + t - it.start);
+      for (int64_t j = 0; j < width; ++j) {
+        const int64_t t = j < int64_t(slots.size()) ? slots[size_t(j)] : kEmptySlot;
+        list.push_back(int32_t(t == kEmptySlot ? -1 : it.decode_in_ring() || t < it.start ? t % W : W + t - it.start));
       }
     }
   }
@@ -314,6 +330,10 @@ void Call::compress(Item& it, int l, const float* x) {
   if (rows == 0) return;
   const float* xs = x + first * c_.dim;
 
+  const int64_t n_groups = ratio == 1 ? rows : (cache.pending + rows) / ratio;
+  if (cache.entries + n_groups > cache.capacity)
+    fail("cuda::forward_batch", "a compressed cache within its capacity (" + std::to_string(cache.capacity) + ")",
+         std::to_string(cache.entries + n_groups) + " entries");
   Floats latents;
   std::vector<int64_t> group_pos;
   if (ratio == 1) {
@@ -342,9 +362,6 @@ void Call::compress(Item& it, int l, const float* x) {
     for (int64_t g = 0; g < groups; ++g) group_pos.push_back(first_staged + g * ratio);
   }
   const int64_t n_new = int64_t(group_pos.size());
-  if (cache.entries + n_new > cache.capacity)
-    fail("cuda::forward_batch", "a compressed cache within its capacity (" + std::to_string(cache.capacity) + ")",
-         std::to_string(cache.entries + n_new) + " entries");
   DeviceBuffer<int64_t> gpos = scratch_from(group_pos, stream_);
 
   // Index keys from the latent before RoPE, then the main KV entry after it.
@@ -490,18 +507,27 @@ void Call::attention(int l, float* out) {
       std::fill_n(caches.begin() + it.offset, it.rows, it.seq->compressed.at(c_.kv_source_of(l)).kv.get());
   DeviceBuffer<uint8_t*> base_d = scratch_from(base, stream_);
   DeviceBuffer<const uint8_t*> caches_d = scratch_from(caches, stream_);
-  SparseAttentionBatch batch;
-  batch.tokens = T;
-  batch.heads = int(H);
-  batch.dim = int(hd);
-  batch.rings = base_d.get();
-  batch.window = window_.get();
-  batch.W = window_width_;
-  batch.caches = caches_d.get();
-  batch.topk = ratio > 0 ? topk_.get() : nullptr;
-  batch.K = ratio > 0 ? K_ : 0;
   Floats o = scratch<float>(T * H * hd, stream_);
-  sparse_attention(batch, q.get(), m_.attn_sink(l), float(std::pow(double(hd), -0.5)), o.get(), stream_);
+  // One launch per run of consecutive items with the same window width (a decode batch: one).
+  for (size_t first = 0, last; first < items_.size(); first = last) {
+    const int64_t width = window_width(items_[first]);
+    for (last = first + 1; last < items_.size() && window_width(items_[last]) == width; ++last) {
+    }
+    const int64_t row = items_[first].offset, rows = items_[last - 1].offset + items_[last - 1].rows - row;
+    if (rows == 0) continue;
+    SparseAttentionBatch batch;
+    batch.tokens = rows;
+    batch.heads = int(H);
+    batch.dim = int(hd);
+    batch.rings = base_d.get() + row;
+    batch.window = window_.get() + window_offset_[first];
+    batch.W = int(width);
+    batch.caches = caches_d.get() + row;
+    batch.topk = ratio > 0 ? topk_.get() + row * K_ : nullptr;
+    batch.K = ratio > 0 ? K_ : 0;
+    sparse_attention(batch, q.get() + row * H * hd, m_.attn_sink(l), float(std::pow(double(hd), -0.5)),
+                     o.get() + row * H * hd, stream_);
+  }
   rope(o.get() + hd - rd, T, int(H), H * hd, hd, int(rd), positions_.get(), freqs, /*inverse=*/true, stream_);
 
   // The ring keeps the last W entries of a multi-row call (a decode row is there already).

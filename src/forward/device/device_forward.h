@@ -24,7 +24,9 @@ struct DeviceItem {
 };
 
 // Advances each item's sequence by its tokens; returns each item's logits as forward() does.
-// A Trace (options.trace) is supported for a batch of one item; keep_replayed_rows is not.
+// A Trace (options.trace) is supported for a batch of one item; keep_replayed_rows is not. Every
+// input is checked before any sequence changes (docs/cuda.md lists the limits). Calls on
+// different streams must not overlap: Mega-mHC's arrival counters are shared.
 std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const std::vector<DeviceItem>& batch,
                                               cudaStream_t stream = nullptr);
 

@@ -66,6 +66,13 @@ __global__ void fill_kernel(uint8_t* out, int64_t bytes, uint64_t key, WeightFor
 
 DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : model_(model), values_(values), seed_(seed) {
   const Config& c = model.config();
+  // The shapes the attention and indexer kernels are built for, refused here rather than mid-call.
+  if (c.head_dim != 64 && c.head_dim != 512) fail("DeviceModel", "head_dim 64 or 512 (the attention kernel's)", std::to_string(c.head_dim));
+  if (!c.index_source_layers.empty()) {
+    if (c.index_head_dim != 32 && c.index_head_dim != 64 && c.index_head_dim != 128)
+      fail("DeviceModel", "index_head_dim 32, 64 or 128 (the indexer's)", std::to_string(c.index_head_dim));
+    if (c.index_n_heads < 1 || c.index_n_heads > 64) fail("DeviceModel", "1 to 64 index heads", std::to_string(c.index_n_heads));
+  }
   embed_ = place(model.embed(), Fill::Matrix);
   norm_ = place(model.norm(), Fill::Ones);
   head_ = place(model.head(), Fill::Matrix);

@@ -1,5 +1,6 @@
 #include "forward/device/device_sequence.h"
 
+#include <algorithm>
 #include <string>
 
 #include "base/error.h"
@@ -31,6 +32,20 @@ void DeviceSequence::upload(const SequenceState& s) {
   const Config& c = config_;
   if (s.length > capacity_)
     fail("DeviceSequence::upload", "at most " + std::to_string(capacity_) + " tokens", std::to_string(s.length));
+  const size_t ring = size_t(c.window_size) * swa_fp8::bytes(c.head_dim);
+  for (int l = 0; l < c.n_layers; ++l)
+    if (s.window[size_t(l)].size() != ring)
+      fail("DeviceSequence::upload", std::to_string(ring) + " bytes of window in layer " + std::to_string(l),
+           std::to_string(s.window[size_t(l)].size()));
+  for (auto& [layer, d] : compressed) {
+    const CompressedCache& h = s.compressed.at(layer);
+    const size_t want_kv = size_t(h.entries) * kv_fp4::bytes(c.head_dim), want_k = size_t(h.entries) * mxfp4::bytes(c.index_head_dim);
+    if (h.entries > d.capacity || h.kv.size() < want_kv || h.index_k.size() < want_k || h.pending >= std::max(d.ratio, 1))
+      fail("DeviceSequence::upload", "layer " + std::to_string(layer) + ": at most " + std::to_string(d.capacity) +
+                                         " entries with their bytes and fewer open rows than the ratio",
+           std::to_string(h.entries) + " entries, " + std::to_string(h.kv.size()) + " + " + std::to_string(h.index_k.size()) +
+               " bytes, " + std::to_string(h.pending) + " open rows");
+  }
   length = s.length;
   decoder_window_floor = s.decoder_window_floor;
   encoder_window_floor = s.encoder_window_floor;
@@ -38,8 +53,8 @@ void DeviceSequence::upload(const SequenceState& s) {
   for (auto& [layer, d] : compressed) {
     const CompressedCache& h = s.compressed.at(layer);
     d.entries = h.entries;
-    d.kv.upload(h.kv.data(), int64_t(h.kv.size()));
-    d.index_k.upload(h.index_k.data(), int64_t(h.index_k.size()));
+    d.kv.upload(h.kv.data(), h.entries * int64_t(kv_fp4::bytes(c.head_dim)));
+    d.index_k.upload(h.index_k.data(), h.entries * int64_t(mxfp4::bytes(c.index_head_dim)));
     d.pending = h.pending;
     if (d.ratio > 1 && h.pending > 0) {
       d.pending_kv.upload(h.pending_kv.data(), int64_t(h.pending) * c.head_dim);
