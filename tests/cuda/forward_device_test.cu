@@ -193,6 +193,30 @@ TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
   }
 }
 
+// One call through the CPU forward (all logits, its choices recorded) and, with those choices
+// imposed, through the device forward; appends each one's logits.
+void cpu_then_device(const Model& model, SequenceState& state, const cuda::DeviceModel& dm, cuda::DeviceSequence& seq,
+                     std::span<const int> tokens, const int64_t* ids, ForwardOptions options, std::vector<float>& want,
+                     std::vector<float>& got) {
+  Trace trace, forced;
+  options.all_logits = true;
+  options.trace = &trace;
+  std::vector<float> l = forward(model, state, tokens, ids, options);
+  want.insert(want.end(), l.begin(), l.end());
+  forced.forced_topk = &trace.topk;
+  forced.forced_experts = &trace.route_experts;
+  options.trace = &forced;
+  l = cuda::forward_batch(dm, {cuda::DeviceItem{&seq, tokens, ids, options}})[0];
+  got.insert(got.end(), l.begin(), l.end());
+}
+
+// The forced figures of one prompt, doubled (see the top).
+Bound forced_apart(const Fixture& f, int prompt) {
+  Bound base;
+  for (const char* part : {"prefill.logits", "decode.logits"}) base.add(f.base("forced_topk_routing", prompt, part));
+  return apart(base);
+}
+
 // Decoder bounded replay (default mode): the prefill's decoder layers run only on the last rows;
 // with the CPU run's choices imposed, the device's logits and the decode after it match the CPU's.
 TEST_P(DeviceForwardFixture, DecoderBoundedReplayMatchesCpu) {
@@ -212,26 +236,13 @@ TEST_P(DeviceForwardFixture, DecoderBoundedReplayMatchesCpu) {
   for (int call = 0; call < 2; ++call) {
     const std::span<const int> t = call == 0 ? std::span<const int>(tokens).first(size_t(split)) : std::span<const int>(tokens).subspan(size_t(split));
     const int64_t* call_ids = ids ? ids + (call == 0 ? 0 : split * per_token) : nullptr;
-    Trace trace;
-    ForwardOptions cpu_opt;
-    cpu_opt.all_logits = true;
-    cpu_opt.trace = &trace;
-    if (call == 0) cpu_opt.decoder_from = split - 5;
-    std::vector<float> l = forward(*f.model, state, t, call_ids, cpu_opt);
-    want.insert(want.end(), l.begin(), l.end());
-    Trace forced;
-    forced.forced_topk = &trace.topk;
-    forced.forced_experts = &trace.route_experts;
-    ForwardOptions gpu_opt = cpu_opt;
-    gpu_opt.trace = &forced;
-    l = cuda::forward_batch(dm, {cuda::DeviceItem{&seq, t, call_ids, gpu_opt}})[0];
-    got.insert(got.end(), l.begin(), l.end());
+    ForwardOptions options;
+    if (call == 0) options.decoder_from = split - 5;
+    cpu_then_device(*f.model, state, dm, seq, t, call_ids, options, want, got);
   }
   EXPECT_EQ(seq.decoder_window_floor, state.decoder_window_floor);
   ASSERT_EQ(got.size(), want.size());
-  Bound base;
-  for (const char* part : {"prefill.logits", "decode.logits"}) base.add(f.base("forced_topk_routing", prompt, part));
-  expect_close(f.name + " device vs cpu, decoder bounded replay", got, want, c.vocab_size, apart(base));
+  expect_close(f.name + " device vs cpu, decoder bounded replay", got, want, c.vocab_size, forced_apart(f, prompt));
 }
 
 // Encoder bounded replay (a global-KV hit at H with an SWA miss): from a state holding the global
@@ -268,19 +279,11 @@ TEST_P(DeviceForwardFixture, EncoderBoundedReplayMatchesCpu) {
 
   const std::span<const int> rest = std::span<const int>(tokens).subspan(size_t(start));
   const int64_t* ids = c.has_engram() ? hashes.data() + start * per_token : nullptr;
-  Trace trace;
-  ForwardOptions cpu_opt;
-  cpu_opt.all_logits = true;
-  cpu_opt.trace = &trace;
-  cpu_opt.replay_until = H;
-  cpu_opt.decoder_from = P - W;
-  const std::vector<float> want = forward(*f.model, warm, rest, ids, cpu_opt);
-  Trace forced;
-  forced.forced_topk = &trace.topk;
-  forced.forced_experts = &trace.route_experts;
-  ForwardOptions gpu_opt = cpu_opt;
-  gpu_opt.trace = &forced;
-  const std::vector<float> got = cuda::forward_batch(dm, {cuda::DeviceItem{&seq, rest, ids, gpu_opt}})[0];
+  ForwardOptions options;
+  options.replay_until = H;
+  options.decoder_from = P - W;
+  std::vector<float> want, got;
+  cpu_then_device(*f.model, warm, dm, seq, rest, ids, options, want, got);
 
   const SequenceState after = seq.download();
   EXPECT_EQ(after.length, P);
@@ -293,9 +296,7 @@ TEST_P(DeviceForwardFixture, EncoderBoundedReplayMatchesCpu) {
     EXPECT_EQ(mismatches(kv, std::vector<uint8_t>(cache.kv.begin(), cache.kv.begin() + int64_t(kv.size()))), 0u) << "layer " << layer;
   }
   ASSERT_EQ(got.size(), want.size());
-  Bound base;
-  for (const char* part : {"prefill.logits", "decode.logits"}) base.add(f.base("forced_topk_routing", prompt, part));
-  expect_close(f.name + " device vs cpu, encoder bounded replay", got, want, c.vocab_size, apart(base));
+  expect_close(f.name + " device vs cpu, encoder bounded replay", got, want, c.vocab_size, forced_apart(f, prompt));
 }
 
 // A bad call changes no sequence: a token out of range, or a replay point outside the call.
