@@ -11,9 +11,9 @@
 //  * forced — the reference's recorded top-k and experts imposed, everything else computed here:
 //             within baseline.json's forced_topk_routing figures (the reference on CUDA vs its CPU
 //             fixtures: a second correct implementation);
-//  * free   — our own choices: statistics within baseline.json's `free` figures, and every choice
-//             of ours that differs from the reference's, with its inputs the reference's own
-//             (under forcing), is a near-tie of our scores.
+//  * free   — our own choices: statistics within baseline.json's `free` figures, and every expert
+//             choice of ours that differs from the reference's, with its inputs the reference's own
+//             (under forcing), is a near-tie of our gate scores.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -231,10 +231,12 @@ inline void expect_mode(const Fixture& f, const std::string& mode, std::vector<i
 
 // How far our own choices are from imposed ones, over the forward calls of one run made under
 // forcing: the rows that differ, and the largest score by which we preferred ours.
+// Experts only: the Trace records the top-k entries attended, the imposed ones under forcing, and
+// per-pick top-k near-ties are not a meaningful test on MXFP4 index scores (docs/forward.md,
+// "Parity with the reference"); the logit statistics test the top-k path.
 struct Gaps {
-  int topk_rows = 0, topk_differ = 0, expert_rows = 0, expert_differ = 0;
-  double topk_rel = 0;    // (our score of our pick - our score of the imposed one) / |ours|
-  double expert_gap = 0;  // the same for experts, on biased gate scores
+  int expert_rows = 0, expert_differ = 0;
+  double expert_gap = 0;  // (our biased gate score of our pick - of the imposed one)
 };
 
 inline Gaps choice_gaps(const Config& c, const std::vector<Trace>& traces, const std::vector<int64_t>& call_rows,
@@ -247,22 +249,6 @@ inline Gaps choice_gaps(const Config& c, const std::vector<Trace>& traces, const
     const bool decode = call + 8 >= traces.size();  // the last 8 calls are the decode steps
     Choices rec = decode ? imposed(true, decode_step++, 1) : imposed(false, prefill_row, rows);
     if (!decode) prefill_row += rows;
-    for (auto& [l, ours] : t.topk)
-      for (int64_t r = 0; r < rows; ++r) {
-        std::set<int64_t> a, b;
-        for (int64_t x : ours[r])
-          if (x >= 0) a.insert(x);
-        for (int64_t x : rec.topk[l][r])
-          if (x >= 0) b.insert(x);
-        ++g.topk_rows;
-        if (a == b) continue;
-        ++g.topk_differ;
-        const std::vector<float>& s = t.index_scores.at(l)[r];
-        for (int64_t x : a)
-          for (int64_t y : b)
-            if (!b.count(x) && !a.count(y))
-              g.topk_rel = std::max(g.topk_rel, (double(s[x]) - double(s[y])) / std::max(1e-30, std::fabs(double(s[x]))));
-      }
     const int k = c.n_activated_experts;
     for (int l = 0; l < c.n_layers; ++l) {
       const int64_t E = c.routed_experts(l);
@@ -282,17 +268,14 @@ inline Gaps choice_gaps(const Config& c, const std::vector<Trace>& traces, const
   return g;
 }
 
-// Near-ties: index scores are bf16, so a pick we prefer is within 4 bf16 ulps of the imposed one;
-// an expert pick is closer than the flips the reference itself makes between its CPU and CUDA runs
-// (baseline.json forced_topk routing_flip_max_margin).
+// Near-ties: an expert pick we prefer is closer than the flips the reference itself makes between
+// its CPU and CUDA runs (baseline.json forced_topk routing_flip_max_margin).
 inline void expect_near_ties(const Fixture& f, const Gaps& g, const std::string& what) {
   double reference_flip_margin = 0;
   for (auto& [prompt, figures] : f.baseline["modes"]["forced_topk"].items())
     for (const char* key : {"prefill.routing_flip_max_margin", "decode.routing_flip_max_margin"})
       if (figures.contains(key)) reference_flip_margin = std::max(reference_flip_margin, figures[key].get<double>());
-  std::printf("%s: top-k rows differing %d/%d (max relative score gap %.6f); expert rows differing %d/%d (max gap %.6f)\n",
-              what.c_str(), g.topk_differ, g.topk_rows, g.topk_rel, g.expert_differ, g.expert_rows, g.expert_gap);
-  EXPECT_LE(g.topk_rel, std::ldexp(1.0, -6)) << what;
+  std::printf("%s: expert rows differing %d/%d (max gap %.6f)\n", what.c_str(), g.expert_differ, g.expert_rows, g.expert_gap);
   EXPECT_LE(g.expert_gap, reference_flip_margin) << what;
 }
 

@@ -349,7 +349,6 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
     p.trace->route_experts.assign(size_t(c.n_layers), {});
     p.trace->route_scores.assign(size_t(c.n_layers), {});
     p.trace->topk.clear();
-    p.trace->index_scores.clear();
   }
 
   // The residual: hc identical copies of the embedding; the first input mix is the one-hot e0.

@@ -19,12 +19,11 @@ struct Trace {
   // Recorded, per backbone layer, for every row of the call. The experts are the engine's own
   // choice, also when others are imposed, with the scores they were made on, so that a test can
   // tell a near-tie from a real disagreement; top-k is the entries attended (imposed ones when
-  // forced).
+  // forced: per-pick near-ties are no test on MXFP4 index scores, docs/forward.md).
   std::vector<std::vector<float>> block_out;        // [layer][row, hc, dim] streams after the block
   std::vector<std::vector<int32_t>> route_experts;  // [layer][row, topk] in gate order
   std::vector<std::vector<float>> route_scores;     // [layer][row, experts] biased gate scores
   std::map<int, std::vector<std::vector<int64_t>>> topk;  // index source -> [row] attended entries, -1 padded
-  std::map<int, std::vector<std::vector<float>>> index_scores;  // index source -> [row] masked scores
 
   // Imposed, when set: per index-source layer the entries each row attends to (-1 = none), and per
   // layer the experts of each row.

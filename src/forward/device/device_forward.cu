@@ -161,7 +161,6 @@ std::vector<std::vector<float>> Call::run() {
     trace_->route_experts.assign(size_t(c_.n_layers), {});
     trace_->route_scores.assign(size_t(c_.n_layers), {});
     trace_->topk.clear();
-    trace_->index_scores.clear();
   }
 
   // The residual: hc copies of each embedding row; the first input mix is e0.
@@ -395,7 +394,7 @@ void Call::index(int l, const float* x, const float* qr) {
     for (int64_t r = 0; r < it.rows; ++r) visible.push_back((pos(it, r) + 1) / ratio);
   DeviceBuffer<int64_t> visible_d = scratch_from(visible, stream_);
   const auto* forced = trace_ && trace_->forced_topk && trace_->forced_topk->count(l) ? &trace_->forced_topk->at(l) : nullptr;
-  if (trace_) trace_->topk[l].clear(), trace_->index_scores[l].clear();
+  if (trace_) trace_->topk[l].clear();
 
   for (Item& it : items_) {
     if (it.rows == 0) continue;
@@ -431,14 +430,11 @@ void Call::index(int l, const float* x, const float* qr) {
       check(cudaMemcpyAsync(topk, rows.data(), rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "index");
     }
     if (trace_) {
-      // As forward.cpp records them: the entries attended (the imposed ones when forced), and the
-      // scores the engine's own choice was made on.
+      // As forward.cpp records them: the entries attended (the imposed ones when forced).
       const std::vector<int32_t> t = topk_.download(stream_, it.rows * K_, it.offset * K_);
-      const std::vector<float> s = n > 0 ? scores.download(stream_, it.rows * n) : std::vector<float>{};
       for (int64_t r = 0; r < it.rows; ++r) {
         const size_t width = forced ? forced->at(size_t(r)).size() : size_t(k);
         trace_->topk[l].emplace_back(t.begin() + r * K_, t.begin() + r * K_ + int64_t(std::min<size_t>(width, size_t(K_))));
-        trace_->index_scores[l].emplace_back(s.begin() + r * n, s.begin() + (r + 1) * n);
       }
     }
   }
