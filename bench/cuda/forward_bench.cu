@@ -15,6 +15,7 @@
 //                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -31,7 +32,6 @@
 #include "forward/device/device_forward.h"
 #include "model/accounting.h"
 #include "model/layout_checkpoint.h"
-#include "model/weights.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -153,9 +153,7 @@ Inputs random_inputs(const Config& c, int64_t n, uint64_t seed) {
   Inputs in;
   for (int64_t i = 0; i < n; ++i) in.tokens.push_back(int(rng() % uint64_t(c.vocab_size)));
   if (c.has_engram()) {
-    int64_t rows = std::numeric_limits<int64_t>::max();
-    for (const TensorSpec& t : expected_tensors(c))
-      if (t.name.find("engram.embed.weight") != std::string::npos) rows = std::min(rows, t.shape[0]);
+    const int64_t rows = *std::min_element(c.engram_num_embeddings.begin(), c.engram_num_embeddings.end());
     const int64_t per = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
     for (int64_t i = 0; i < n * per; ++i) in.engram.push_back(int64_t(rng() % uint64_t(rows)));
   }

@@ -252,8 +252,7 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
   add(std::move(name), dtype, std::move(shape), std::vector<uint8_t>(bytes.begin(), bytes.end()));
 }
 
-void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> shape,
-                            std::vector<uint8_t>&& bytes) {
+size_t SafetensorsWriter::admit(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const {
   const std::string where = "SafetensorsWriter: tensor '" + name + "'";
   if (name == kMetadataKey) fail(where, "a tensor name", "the reserved header key");
   if (names_.contains(name)) fail(where, "a name not added before", "a duplicate");
@@ -261,10 +260,16 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
     if (dim < 0) fail(where, "non-negative dimensions", "shape " + shape_text(shape));
   const std::optional<size_t> nbytes = checked_nbytes(dtype, shape);
   if (!nbytes) fail(where, "a shape whose byte size fits in 64 bits", shape_text(shape));
-  if (*nbytes != bytes.size())
-    fail(where, std::to_string(*nbytes) + " bytes for shape " + shape_text(shape) + " of " + dtype_name(dtype),
-         std::to_string(bytes.size()) + " bytes");
+  return *nbytes;
+}
 
+void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> shape,
+                            std::vector<uint8_t>&& bytes) {
+  const size_t nbytes = admit(name, dtype, shape);
+  const std::string where = "SafetensorsWriter: tensor '" + name + "'";
+  if (nbytes != bytes.size())
+    fail(where, std::to_string(nbytes) + " bytes for shape " + shape_text(shape) + " of " + dtype_name(dtype),
+         std::to_string(bytes.size()) + " bytes");
   if (!entries_.empty() && entries_.back().zeros > 0 && !bytes.empty())
     fail(where, "tensors with bytes added before any tensor of zeros", "one after them");
   names_.insert(name);
@@ -273,14 +278,10 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<int64_t> 
 }
 
 void SafetensorsWriter::add_zeros(std::string name, DType dtype, std::vector<int64_t> shape) {
-  const std::optional<size_t> nbytes = checked_nbytes(dtype, shape);
-  if (!nbytes) fail("SafetensorsWriter: tensor '" + name + "'", "a shape whose byte size fits in 64 bits", shape_text(shape));
-  const std::string where = "SafetensorsWriter: tensor '" + name + "'";
-  if (name == kMetadataKey) fail(where, "a tensor name", "the reserved header key");
-  if (names_.contains(name)) fail(where, "a name not added before", "a duplicate");
+  const size_t nbytes = admit(name, dtype, shape);
   names_.insert(name);
-  data_bytes_ += *nbytes;
-  entries_.push_back(Entry{std::move(name), dtype, std::move(shape), {}, *nbytes});
+  data_bytes_ += nbytes;
+  entries_.push_back(Entry{std::move(name), dtype, std::move(shape), {}, nbytes});
 }
 
 void SafetensorsWriter::set_metadata(std::map<std::string, std::string> metadata) { metadata_ = std::move(metadata); }

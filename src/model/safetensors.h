@@ -96,6 +96,9 @@ class SafetensorsWriter {
     size_t zeros;  // add_zeros: the tensor's size; its bytes are empty
   };
 
+  // Checks a new tensor's name and shape; returns its byte size.
+  size_t admit(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const;
+
   std::vector<Entry> entries_;
   std::set<std::string, std::less<>> names_;
   std::map<std::string, std::string> metadata_;

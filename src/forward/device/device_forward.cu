@@ -462,8 +462,10 @@ void Call::attention(int l, float* out) {
   rope(kv.get() + hd - rd, T, 1, hd, hd, int(rd), positions_.get(), freqs, false, stream_);
   std::vector<DeviceBuffer<uint8_t>> buffers;
   std::vector<uint8_t*> dest(static_cast<size_t>(T)), base(static_cast<size_t>(T)), ring_dest(static_cast<size_t>(T));
-  bool ring_update = false;
-  DeviceBuffer<uint8_t> discard = scratch<uint8_t>(int64_t(slot), stream_);
+  // A multi-row item's ring gets its last W rows after attention; the other rows of that second
+  // encode go to a scratch slot. A batch of decodes needs neither.
+  const bool ring_update = std::any_of(items_.begin(), items_.end(), [](const Item& it) { return it.rows > 0 && !it.decode_in_ring(); });
+  DeviceBuffer<uint8_t> discard = ring_update ? scratch<uint8_t>(int64_t(slot), stream_) : DeviceBuffer<uint8_t>();
   for (Item& it : items_) {
     if (it.rows == 0) continue;
     uint8_t* ring = it.seq->window[size_t(l)].get();
@@ -472,7 +474,6 @@ void Call::attention(int l, float* out) {
       buffer = buffers.emplace_back(scratch<uint8_t>((W + it.rows) * int64_t(slot), stream_)).get();
       if (!it.first_call())
         check(cudaMemcpyAsync(buffer, ring, W * slot, cudaMemcpyDeviceToDevice, stream_), "attention window");
-      ring_update = true;
     }
     for (int64_t r = 0; r < it.rows; ++r) {
       const int64_t row = it.offset + r, p = pos(it, r);

@@ -8,12 +8,12 @@
 // the memory traffic are the real ones.
 #include "forward/device/device_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "backend/cuda/check.h"
 #include "base/error.h"
-#include "model/weights.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -116,11 +116,8 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
     experts_.push_back(std::make_unique<ExpertTable>(w1, w2, w3));
     d.shared = {place(h.shared.w1, Fill::Matrix), place(h.shared.w2, Fill::Matrix), place(h.shared.w3, Fill::Matrix)};
     if (h.engram) {
-      // The table's size is the checkpoint's; the weights map knows it.
-      const std::string name = "layers." + std::to_string(i) + ".engram.embed.weight";
-      int64_t rows = 0;
-      for (const TensorSpec& t : expected_tensors(c))
-        if (t.name == name) rows = t.shape[0];
+      const size_t e = size_t(std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), i) - c.engram_layer_ids.begin());
+      const int64_t rows = c.engram_num_embeddings[e];  // the table's rows, as the weights map has them
       auto g = std::make_unique<EngramWeights>();
       const int64_t hd = c.engram_head_dim;
       g->table = place_bytes(h.engram->table, rows * hd, Fill::Matrix, WeightFormat::FP8, 1, false);

@@ -85,17 +85,4 @@ SequenceState DeviceSequence::download() const {
   return s;
 }
 
-int64_t DeviceSequence::global_kv_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& [layer, d] : compressed)
-    bytes += d.entries * int64_t(kv_fp4::bytes(config_.head_dim) + mxfp4::bytes(config_.index_head_dim));
-  return bytes;
-}
-
-int64_t DeviceSequence::window_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& w : window) bytes += w.bytes();
-  return bytes;
-}
-
 }  // namespace dsv41::cuda

@@ -35,9 +35,6 @@ class DeviceSequence {
   // The same state as a host SequenceState, and back (tests; moving a sequence between tiers).
   void upload(const SequenceState& state);
   SequenceState download() const;
-  // Bytes of KV in use (entries written), as SequenceState counts them.
-  int64_t global_kv_bytes() const;
-  int64_t window_bytes() const;
 
  private:
   const Config& config_;
