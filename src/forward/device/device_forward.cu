@@ -108,7 +108,7 @@ class Call {
   float eps() const { return float(c_.norm_eps); }
   int64_t pos(const Item& it, int64_t r) const { return it.start + r; }
   void upload_positions();
-  void mixes_and_input(int l, const float* pre_in, float* pre, float* post, float* comb, const Weight& norm);
+  void mixes_and_input(int l);
   void drop_encoder_only_rows(int ds);
   void engram(int l);
   void attention(int l, float* out);
@@ -144,13 +144,15 @@ void Call::upload_positions() {
   positions_ = scratch_from(p, stream_);
 }
 
-// hc_mixes of the streams X_ with layer l's attention weights, and h = norm(hc_pre(X_, pre_in)).
-void Call::mixes_and_input(int l, const float* pre_in, float* pre, float* post, float* comb, const Weight& norm) {
+// Layer l's attention input, unfused: its mixes of the streams X_ (a_*), and
+// h = attn_norm(hc_pre(X_, pre_mix)).
+void Call::mixes_and_input(int l) {
   const int hc = c_.hc_mult;
-  hc_mixes(X_.get(), T_, hc, c_.dim, m_.layer(l).hc_attn, eps(), c_.hc_sinkhorn_iters, float(c_.hc_eps), pre, post, comb,
-           stream_);
-  hc_pre(X_.get(), pre_in, T_, hc, c_.dim, h_.get(), stream_);
-  rms_norm(h_.get(), T_, c_.dim, &norm, eps(), h_.get(), stream_);
+  const LayerWeights& L = m_.layer(l);
+  hc_mixes(X_.get(), T_, hc, c_.dim, L.hc_attn, eps(), c_.hc_sinkhorn_iters, float(c_.hc_eps), a_pre_.get(), a_post_.get(),
+           a_comb_.get(), stream_);
+  hc_pre(X_.get(), pre_mix_.get(), T_, hc, c_.dim, h_.get(), stream_);
+  rms_norm(h_.get(), T_, c_.dim, &L.attn_norm, eps(), h_.get(), stream_);
 }
 
 std::vector<std::vector<float>> Call::run() {
@@ -178,6 +180,7 @@ std::vector<std::vector<float>> Call::run() {
   embed_rows(m_.embed(), scratch_from(tokens, stream_).get(), T_, int(hc), d, X_.get(), stream_);
   pre_mix_ = scratch_from(pre_mix, stream_);
   h_ = scratch<float>(T_ * d, stream_);
+  y_ = scratch<float>(T_ * d, stream_);
   for (Floats* b : {&a_pre_, &a_post_, &f_pre_, &f_post_}) *b = scratch<float>(T_ * hc, stream_);
   for (Floats* b : {&a_comb_, &f_comb_}) *b = scratch<float>(T_ * hc * hc, stream_);
   upload_positions();
@@ -204,9 +207,8 @@ std::vector<std::vector<float>> Call::run() {
     }
     if (!fused_entry) {
       if (L.engram) engram(l);
-      mixes_and_input(l, pre_mix_.get(), a_pre_.get(), a_post_.get(), a_comb_.get(), L.attn_norm);
+      mixes_and_input(l);
     }
-    y_ = scratch<float>(T_ * d, stream_);
     attention(l, y_.get());
     mega_mhc(y_.get(), X_.get(), a_post_.get(), a_comb_.get(), a_pre_.get(), T_, int(hc), d, L.hc_ffn, &L.ffn_norm, eps(),
              c_.hc_sinkhorn_iters, float(c_.hc_eps), X2_.get(), h_.get(), f_pre_.get(), f_post_.get(), f_comb_.get(),
