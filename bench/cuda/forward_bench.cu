@@ -9,7 +9,9 @@
 // are not a model's. Bytes per step: every dense weight and the head once, the experts the batch
 // touches (expected distinct experts E·(1 - (1 - k/E)^B)), and per token the window, the top-k
 // entries of each compressed layer and the index keys each index source scans. Achieved GB/s is
-// those bytes over the step time, against a measured device-to-device copy.
+// those bytes over the step time, against a measured device-to-device copy. Decode is timed both
+// as a forward_batch call per step and replaying a DecodeGraph (decode_graph.h); tokens/s and the
+// bandwidth are the graph's.
 //
 //   cuda_forward_bench [--preset bench-1gpu | --model DIR] [--batches 1,8,64]
 //                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
@@ -29,6 +31,7 @@
 
 #include "backend/cuda/check.h"
 #include "base/error.h"
+#include "forward/device/decode_graph.h"
 #include "forward/device/device_forward.h"
 #include "model/accounting.h"
 #include "model/layout_checkpoint.h"
@@ -199,10 +202,8 @@ int main(int argc, char** argv) try {
   int moe_layers = 0;
   for (int l = 0; l < c.n_layers; ++l) moe_layers += !model->layer(l).experts.empty();
 
-  std::printf("\n| batch | context | ms / step | tokens/s | bytes / token | achieved GB/s | of copy BW |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  std::printf("\n| batch | context | ms / step, calls | ms / step, graph | graph nodes | tokens/s | bytes / token | achieved GB/s | of copy BW |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int64_t context : contexts)
     for (int64_t B : batches) {
       size_t free_bytes = 0, total = 0;
@@ -214,33 +215,49 @@ int main(int argc, char** argv) try {
                     double(free_bytes) / 1e9);
         continue;
       }
+      // Each step from the host's view (plan, launches, logits back), first as one forward_batch
+      // call per step, then replaying a DecodeGraph; two warm-up steps each (the graph's first
+      // step captures it).
       std::vector<std::unique_ptr<DeviceSequence>> seqs;
+      std::vector<DeviceSequence*> ptrs;
       for (int64_t b = 0; b < B; ++b) {
-        seqs.push_back(std::make_unique<DeviceSequence>(c, context + steps + 4));
+        seqs.push_back(std::make_unique<DeviceSequence>(c, context + 2 * steps + 8));
         synthetic_context(c, *seqs.back(), context, uint64_t(b) * 1000 + 7);
+        ptrs.push_back(seqs.back().get());
       }
-      const Inputs in = random_inputs(c, B * (steps + 2), uint64_t(context + B));
+      const Inputs in = random_inputs(c, B * (2 * steps + 4), uint64_t(context + B));
       const int64_t per = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-      auto step = [&](int s) {
+      std::unique_ptr<DecodeGraph> graph;
+      auto step = [&](int s, bool graphed) {
         std::vector<DeviceItem> items;
+        std::vector<int32_t> tokens;
+        std::vector<const int64_t*> ids;
         for (int64_t b = 0; b < B; ++b) {
           const int64_t at = s * B + b;
-          items.push_back({seqs[size_t(b)].get(), std::span<const int>(in.tokens).subspan(size_t(at), 1),
-                           c.has_engram() ? in.engram.data() + at * per : nullptr});
+          const int64_t* id = c.has_engram() ? in.engram.data() + at * per : nullptr;
+          items.push_back({seqs[size_t(b)].get(), std::span<const int>(in.tokens).subspan(size_t(at), 1), id});
+          tokens.push_back(in.tokens[size_t(at)]);
+          if (id) ids.push_back(id);
         }
-        forward_batch(dm, items);
+        if (graphed) graph->step(tokens, ids);
+        else forward_batch(dm, items);
       };
-      step(0), step(1);
-      cudaEventRecord(e0);
-      for (int s = 2; s < steps + 2; ++s) step(s);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      const double step_s = double(ms) * 1e-3 / steps;
+      auto timed = [&](int first, bool graphed) {
+        step(first, graphed), step(first + 1, graphed);
+        const auto start = std::chrono::steady_clock::now();
+        for (int s = first + 2; s < first + 2 + steps; ++s) step(s, graphed);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
+      };
+      const double calls_s = timed(0, false);
+      double step_s = calls_s;
+      if (B <= 64) {
+        graph = std::make_unique<DecodeGraph>(dm, ptrs);
+        step_s = timed(steps + 2, true);
+      }
       const double experts = double(E) * (1.0 - std::pow(1.0 - double(k) / E, double(B)));
       const double step_bytes = wb.dense + moe_layers * experts * wb.expert + double(B) * kv_bytes_per_token(c, context);
-      std::printf("| %lld | %lld | %.2f | %.1f | %.2f GB | %.0f | %.1f%% |\n", (long long)B, (long long)context, step_s * 1e3,
+      std::printf("| %lld | %lld | %.2f | %.2f | %zu | %.1f | %.2f GB | %.0f | %.1f%% |\n", (long long)B, (long long)context, calls_s * 1e3,
+                  step_s * 1e3, graph ? graph->nodes() : size_t(0),
                   double(B) / step_s, step_bytes / double(B) / 1e9, step_bytes / step_s / 1e9,
                   100.0 * step_bytes / step_s / copy_bw);
       std::fflush(stdout);

@@ -21,6 +21,7 @@
 #include "../forward_fixture.h"
 #include "base/error.h"
 #include "device_util.h"
+#include "forward/device/decode_graph.h"
 #include "forward/device/device_forward.h"
 
 namespace dsv41 {
@@ -193,6 +194,71 @@ TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
   }
 }
 
+// The same state, byte for byte: lengths, rings, caches, open groups.
+void expect_same_state(const SequenceState& a, const SequenceState& b, const std::string& what) {
+  EXPECT_EQ(a.length, b.length) << what;
+  for (size_t l = 0; l < a.window.size(); ++l) EXPECT_EQ(mismatches(a.window[l], b.window[l]), 0u) << what << " ring " << l;
+  for (auto& [layer, cache] : a.compressed) {
+    const CompressedCache& other = b.compressed.at(layer);
+    EXPECT_EQ(cache.entries, other.entries) << what << " layer " << layer;
+    EXPECT_EQ(cache.pending, other.pending) << what << " layer " << layer;
+    EXPECT_EQ(mismatches(cache.kv, other.kv), 0u) << what << " layer " << layer;
+    EXPECT_EQ(mismatches(cache.index_k, other.index_k), 0u) << what << " layer " << layer;
+    EXPECT_EQ(mismatches(cache.pending_kv, other.pending_kv), 0u) << what << " layer " << layer;
+  }
+}
+
+// Decode under a CUDA graph: three sequences prefilled to different lengths (5, 40 and 100 of
+// prompt 2's tokens: a window still partly empty, top-k over fewer entries than k, and over many)
+// step on through one DecodeGraph, and their twins through forward_batch, a call per step (the
+// same kernels, uncaptured, each step's plan uploaded on its own). Across 12 steps, which close
+// ratio-2 groups every other step and grow every cache, the replayed graph gives the twins' logits
+// and caches bit for bit. A bad step (a token out of range) is refused and changes nothing.
+TEST_P(DeviceForwardFixture, DecodeGraphEqualsUncapturedSteps) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f(GetParam());
+  const Config& c = f.config();
+  cuda::DeviceModel dm(*f.model);
+  const std::vector<int> tokens = f.tokens(2);
+  const int64_t per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+  const std::vector<int64_t> hashes = c.has_engram() ? f.ex.ints(f.prefix(2) + "prefill.engram_hash") : std::vector<int64_t>{};
+  auto ids = [&](int64_t pos) { return c.has_engram() ? hashes.data() + pos * per_token : nullptr; };
+  const std::vector<int64_t> lengths = {5, 40, 100};
+  std::vector<std::unique_ptr<cuda::DeviceSequence>> graphed, twins;
+  std::vector<cuda::DeviceSequence*> graphed_ptrs;
+  for (int64_t n : lengths) {
+    for (auto* list : {&graphed, &twins}) {
+      list->push_back(std::make_unique<cuda::DeviceSequence>(c, c.max_seq_len));
+      cuda::forward_batch(dm, {cuda::DeviceItem{list->back().get(), std::span<const int>(tokens).first(size_t(n)), ids(0)}});
+    }
+    graphed_ptrs.push_back(graphed.back().get());
+  }
+  cuda::DecodeGraph graph(dm, graphed_ptrs);
+  for (int step = 0; step < 12; ++step) {
+    std::vector<int32_t> next;
+    std::vector<const int64_t*> next_ids;
+    std::vector<cuda::DeviceItem> items;
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      const int64_t pos = lengths[b] + step;
+      next.push_back(tokens[size_t(pos)]);
+      next_ids.push_back(ids(pos));
+      items.push_back(cuda::DeviceItem{twins[b].get(), std::span<const int>(tokens).subspan(size_t(pos), 1), ids(pos)});
+    }
+    const std::vector<std::vector<float>> want = cuda::forward_batch(dm, items);
+    const std::vector<std::vector<float>> got = graph.step(next, c.has_engram() ? next_ids : std::vector<const int64_t*>{});
+    for (size_t b = 0; b < lengths.size(); ++b) EXPECT_EQ(mismatches(got[b], want[b]), 0u) << "step " << step << " sequence " << b;
+  }
+  EXPECT_GT(graph.nodes(), 0u);
+  for (size_t b = 0; b < lengths.size(); ++b)
+    expect_same_state(graphed[b]->download(), twins[b]->download(), "sequence " + std::to_string(b));
+
+  const SequenceState before = graphed[0]->download();
+  const std::vector<int32_t> bad = {1, int32_t(c.vocab_size), 2};
+  std::vector<const int64_t*> bad_ids(3, ids(0));
+  EXPECT_THROW(graph.step(bad, c.has_engram() ? bad_ids : std::vector<const int64_t*>{}), Error);
+  expect_same_state(graphed[0]->download(), before, "after a refused step");
+}
+
 // One call through the CPU forward (all logits, its choices recorded) and, with those choices
 // imposed, through the device forward; appends each one's logits.
 void cpu_then_device(const Model& model, SequenceState& state, const cuda::DeviceModel& dm, cuda::DeviceSequence& seq,
@@ -316,6 +382,7 @@ TEST_P(DeviceForwardFixture, BadInputChangesNothing) {
   ForwardOptions outside;
   outside.replay_until = 100;
   EXPECT_THROW(cuda::forward_batch(dm, {{&a, bad, ids}}), Error);
+  EXPECT_THROW(cuda::forward_batch(dm, {{&a, std::span<const int>(bad).last(1), ids}}), Error);  // a decode step
   EXPECT_THROW(cuda::forward_batch(dm, {{&b, std::span<const int>(tokens).subspan(6, 2), ids}, {&a, std::span<const int>(tokens).subspan(6, 2), ids, outside}}), Error);
   EXPECT_THROW(cuda::forward_batch(dm, {{&a, std::span<const int>(tokens).subspan(6, 1), ids}, {&a, std::span<const int>(tokens).subspan(7, 1), ids}}), Error);
   for (const cuda::DeviceSequence* s : {&a, &b}) {

@@ -1,4 +1,5 @@
-// The compressor's kernels (cuda::pool_groups, cuda::kv_fp4_encode, cuda::mxfp4_encode), the
+// The compressor's kernels (cuda::pool_groups, cuda::append_pool, cuda::kv_fp4_encode,
+// cuda::mxfp4_encode, each encoder to one array and to listed destinations), the
 // sliding window's encoder (cuda::swa_fp8_encode) and
 // Engram's (cuda::engram_gather, cuda::engram_gate) against the CPU ops and codecs on the same
 // random inputs, at V4.1-Flash shapes (head dim 512 pooled over m = 2 and 4, index keys of 128,
@@ -14,7 +15,9 @@
 // rounded to bf16: the same flips, bound 1e-7; a wrong norm or gate gives NMSE > 1e-4.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -63,6 +66,49 @@ TEST(CudaCompressor, PoolingMatchesCpu) {
     }
 }
 
+// A decode step's append and pool: each sequence's new row joins its open group, and the groups it
+// completes are pooled as pool_groups pools them (the same device function); the other sequences'
+// outputs are 0 and their groups hold the new row after the old ones.
+TEST(CudaCompressor, AppendPoolClosesCompleteGroups) {
+  DSV41_REQUIRE_DEVICE();
+  const int m = 4, d = 512, B = 6;
+  const std::vector<int32_t> open_rows = {0, 3, 1, 3, 2, 0};
+  const std::vector<float> kv = test::bf16_normal(size_t(B) * d, 1.0, 71), score = test::bf16_normal(size_t(B) * d, 2.0, 72);
+  std::vector<std::vector<float>> open_kv, open_score;
+  std::vector<float*> kv_ptr, score_ptr;
+  std::vector<std::unique_ptr<DeviceArray<float>>> owned;
+  for (int b = 0; b < B; ++b) {
+    open_kv.push_back(test::bf16_normal(size_t(m) * d, 1.0, 80 + b));
+    open_score.push_back(test::bf16_normal(size_t(m) * d, 2.0, 90 + b));
+    owned.push_back(std::make_unique<DeviceArray<float>>(open_kv.back()));
+    kv_ptr.push_back(owned.back()->get());
+    owned.push_back(std::make_unique<DeviceArray<float>>(open_score.back()));
+    score_ptr.push_back(owned.back()->get());
+  }
+  std::vector<float> want(size_t(B) * d, 0.0f);
+  for (int b = 0; b < B; ++b) {
+    const size_t at = size_t(open_rows[size_t(b)]) * d;
+    std::copy_n(kv.begin() + b * d, d, open_kv[size_t(b)].begin() + at);
+    std::copy_n(score.begin() + b * d, d, open_score[size_t(b)].begin() + at);
+    if (open_rows[size_t(b)] + 1 == m) {
+      pool_group(open_kv[size_t(b)].data(), open_score[size_t(b)].data(), m, d, want.data() + size_t(b) * d);
+      for (int i = 0; i < d; ++i) want[size_t(b) * d + i] = round_bf16(want[size_t(b) * d + i]);
+    }
+  }
+  DeviceArray<float> dkv(kv), dscore(score), dout(want.size());
+  DeviceArray<float*> dkv_ptr(kv_ptr), dscore_ptr(score_ptr);
+  DeviceArray<int32_t> drows(open_rows);
+  dout.poison();
+  cuda::append_pool(dkv.get(), dscore.get(), B, dkv_ptr.get(), dscore_ptr.get(), drows.get(), m, d, true, dout.get());
+  const double e = test::nmse(dout.download(), want);
+  std::printf("append_pool %d sequences m=%d d=%d NMSE %.3g\n", B, m, d, e);
+  EXPECT_LT(e, 1e-7);  // pool_groups' bound with rounding (the header's reasoning)
+  for (int b = 0; b < B; ++b) {
+    EXPECT_EQ(owned[size_t(2 * b)]->download(), open_kv[size_t(b)]) << "open kv of sequence " << b;
+    EXPECT_EQ(owned[size_t(2 * b + 1)]->download(), open_score[size_t(b)]) << "open score of sequence " << b;
+  }
+}
+
 // Rows of normal values with some all-zero blocks and some huge ones (KV-FP4's e4m3 scale saturates
 // above 6·448) and tiny ones (the scale floors).
 std::vector<float> codec_input(int entries, int d, uint32_t seed) {
@@ -103,6 +149,36 @@ TEST(CudaCompressor, CacheEncodersAreTheCodecsBitForBit) {
     cuda::mxfp4_encode(dx.get(), c.entries, c.d, dout.get());
     const size_t bad = byte_mismatches(dout.download(), want);
     std::printf("mxfp4_encode %d × %d: %zu of %zu bytes differ\n", c.entries, c.d, bad, want.size());
+    EXPECT_EQ(bad, 0u);
+  }
+  // Listed destinations: entry e to slot entries - 1 - e, every third entry to none (its slot keeps
+  // the poison bytes).
+  for (const int d : {512, 128}) {
+    const int entries = 31;
+    const std::vector<float> x = codec_input(entries, d, seed += 7);
+    const bool kv = d == 512;
+    const size_t bytes = kv ? kv_fp4::bytes(d) : mxfp4::bytes(d);
+    std::vector<uint8_t> want(size_t(entries) * bytes, 0xFF);
+    DeviceArray<float> dx(x);
+    DeviceArray<uint8_t> dout(want.size());
+    dout.poison();
+    std::vector<uint8_t*> slots;
+    for (int e = 0; e < entries; ++e) {
+      uint8_t* w = want.data() + (entries - 1 - e) * bytes;
+      if (e % 3 == 2) {
+        slots.push_back(nullptr);
+        continue;
+      }
+      slots.push_back(dout.get() + (entries - 1 - e) * bytes);
+      if (kv) kv_fp4::encode(x.data() + size_t(e) * d, d, w);
+      else mxfp4::encode(x.data() + size_t(e) * d, d, w);
+    }
+    DeviceArray<uint8_t*> dslots(slots);
+    if (kv) cuda::kv_fp4_encode(dx.get(), entries, d, dslots.get());
+    else cuda::mxfp4_encode(dx.get(), entries, d, dslots.get());
+    const size_t bad = byte_mismatches(dout.download(), want);
+    std::printf("%s listed %d × %d: %zu of %zu bytes differ\n", kv ? "kv_fp4_encode" : "mxfp4_encode", entries, d, bad,
+                want.size());
     EXPECT_EQ(bad, 0u);
   }
   // SWA-FP8, each entry to its own slot: here entry e to slot entries - 1 - e, as a ring scatters.

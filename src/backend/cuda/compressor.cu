@@ -9,7 +9,8 @@
 // encode_kernel: one warp per entry, one lane per block of the codec (16 values for KV-FP4, 32 for
 // MXFP4; 32 and 4 blocks per entry at d = 512 and 128). A lane computes its block's amax and scale
 // with the codecs' own scalar functions and writes its packed nibbles and its scale byte, so the
-// bytes are the CPU encoder's. Traffic: d·4 bytes in, bytes(d) out per entry (2 KB → 288 B).
+// bytes are the CPU encoder's. The entries go to one array, or each to its own listed destination
+// (a decode step's new entry at its cache's end, or nowhere when its group is still open). Traffic: d·4 bytes in, bytes(d) out per entry (2 KB → 288 B).
 #include "backend/cuda/compressor.h"
 
 #include <string>
@@ -22,19 +23,37 @@ namespace dsv41::cuda {
 
 namespace {
 
-__global__ void pool_kernel(const float* kv, const float* score, int64_t groups, int m, int d, bool round, float* out) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= groups * d) return;
-  const int64_t g = i / d, c = i % d;
-  const float* s = score + g * m * d + c;
-  const float* v = kv + g * m * d + c;
+// One channel of dsv41::pool_group: the m rows of kv and score `d` apart, from channel c.
+__device__ float pool_channel(const float* v, const float* s, int m, int64_t d, bool round) {
   float mx = -INFINITY;
   for (int t = 0; t < m; ++t) mx = mx < s[t * d] ? s[t * d] : mx;  // std::max
   float sum = 0;
   for (int t = 0; t < m; ++t) sum += expf(s[t * d] - mx);
   float acc = 0;
   for (int t = 0; t < m; ++t) acc += v[t * d] * (expf(s[t * d] - mx) / sum);
-  out[i] = round ? round_bf16(acc) : acc;
+  return round ? round_bf16(acc) : acc;
+}
+
+__global__ void pool_kernel(const float* kv, const float* score, int64_t groups, int m, int d, bool round, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= groups * d) return;
+  const int64_t g = i / d, c = i % d;
+  out[i] = pool_channel(kv + g * m * d + c, score + g * m * d + c, m, d, round);
+}
+
+// One thread per (sequence, channel): the thread that appends channel c of the sequence's new row
+// is the one that pools channel c, so the append needs no barrier. Traffic per sequence: 2·d·4
+// bytes in and out for the append, 2·m·d·4 in and d·4 out when the group closes.
+__global__ void append_pool_kernel(const float* kv, const float* score, int64_t sequences, float* const* open_kv,
+                                   float* const* open_score, const int32_t* open_rows, int m, int d, bool round,
+                                   float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= sequences * d) return;
+  const int64_t b = i / d, c = i % d;
+  const int rows = open_rows[b];
+  open_kv[b][int64_t(rows) * d + c] = kv[i];
+  open_score[b][int64_t(rows) * d + c] = score[i];
+  out[i] = rows + 1 == m ? pool_channel(open_kv[b] + c, open_score[b] + c, m, d, round) : 0.0f;
 }
 
 // KV-FP4: e4m3 scale per 16; MXFP4: power-of-two (ue8m0) scale per 32.
@@ -51,12 +70,23 @@ struct MxFp4 {
   __device__ static uint8_t store(float scale) { return e8m0_from_pow2(scale); }
 };
 
-template <typename Codec>
-__global__ void encode_kernel(const float* x, int64_t entries, int d, uint8_t* out) {
+// Where entry e goes: one array (entry e at e·bytes), or a list of destinations, null for none.
+struct Contiguous {
+  uint8_t* out;
+  __device__ uint8_t* operator()(int64_t e, size_t bytes) const { return out + e * int64_t(bytes); }
+};
+struct Listed {
+  uint8_t* const* out;
+  __device__ uint8_t* operator()(int64_t e, size_t) const { return out[e]; }
+};
+
+template <typename Codec, typename Dest>
+__global__ void encode_kernel(const float* x, int64_t entries, int d, Dest dest) {
   const int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (e >= entries) return;
   const float* xe = x + e * d;
-  uint8_t* oe = out + e * int64_t(Codec::bytes(d));
+  uint8_t* oe = dest(e, Codec::bytes(d));
+  if (!oe) return;
   for (int b = threadIdx.x % 32; b < d / Codec::kBlock; b += 32) {
     const float* v = xe + b * Codec::kBlock;
     float amax = 0.0f;
@@ -71,13 +101,13 @@ __global__ void encode_kernel(const float* x, int64_t entries, int d, uint8_t* o
   }
 }
 
-template <typename Codec>
-void encode(const char* name, const float* x, int64_t entries, int d, uint8_t* out, cudaStream_t stream) {
+template <typename Codec, typename Dest>
+void encode(const char* name, const float* x, int64_t entries, int d, Dest dest, cudaStream_t stream) {
   if (entries <= 0) return;
   if (d <= 0 || d % Codec::kBlock != 0)
     fail(name, "a length that is a positive multiple of " + std::to_string(Codec::kBlock), "d = " + std::to_string(d));
   constexpr int kThreads = 256;
-  encode_kernel<Codec><<<unsigned((entries * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, entries, d, out);
+  encode_kernel<Codec><<<unsigned((entries * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, entries, d, dest);
   check_launch(name);
 }
 
@@ -113,12 +143,30 @@ void pool_groups(const float* kv, const float* score, int64_t groups, int m, int
   check_launch("cuda::pool_groups");
 }
 
+void append_pool(const float* kv, const float* score, int64_t sequences, float* const* open_kv, float* const* open_score,
+                 const int32_t* open_rows, int m, int d, bool round, float* out, cudaStream_t stream) {
+  if (sequences <= 0 || d <= 0) return;
+  if (m <= 0) fail("cuda::append_pool", "a positive group size", std::to_string(m));
+  const int64_t n = sequences * d;
+  append_pool_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(kv, score, sequences, open_kv, open_score, open_rows,
+                                                                     m, d, round, out);
+  check_launch("cuda::append_pool");
+}
+
 void kv_fp4_encode(const float* x, int64_t entries, int d, uint8_t* out, cudaStream_t stream) {
-  encode<KvFp4>("cuda::kv_fp4_encode", x, entries, d, out, stream);
+  encode<KvFp4>("cuda::kv_fp4_encode", x, entries, d, Contiguous{out}, stream);
+}
+
+void kv_fp4_encode(const float* x, int64_t entries, int d, uint8_t* const* out, cudaStream_t stream) {
+  encode<KvFp4>("cuda::kv_fp4_encode", x, entries, d, Listed{out}, stream);
 }
 
 void mxfp4_encode(const float* x, int64_t entries, int d, uint8_t* out, cudaStream_t stream) {
-  encode<MxFp4>("cuda::mxfp4_encode", x, entries, d, out, stream);
+  encode<MxFp4>("cuda::mxfp4_encode", x, entries, d, Contiguous{out}, stream);
+}
+
+void mxfp4_encode(const float* x, int64_t entries, int d, uint8_t* const* out, cudaStream_t stream) {
+  encode<MxFp4>("cuda::mxfp4_encode", x, entries, d, Listed{out}, stream);
 }
 
 void swa_fp8_encode(const float* x, int64_t entries, int d, uint8_t* const* out, cudaStream_t stream) {

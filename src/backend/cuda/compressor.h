@@ -14,11 +14,23 @@ namespace dsv41::cuda {
 void pool_groups(const float* kv, const float* score, int64_t groups, int m, int d, bool round, float* out,
                  cudaStream_t stream = nullptr);
 
+// A decode step of `sequences` sequences, each with an open group of open_rows[b] < m rows
+// (open_kv[b], open_score[b]: device arrays of m rows of d): appends row b of kv and score
+// [sequences, d] to sequence b's open group, and where that completes the group (open_rows[b] + 1
+// == m), out[b] = pool_groups of it; else out[b] = 0. All arrays are device memory, so a captured
+// step replays with new counts.
+void append_pool(const float* kv, const float* score, int64_t sequences, float* const* open_kv, float* const* open_score,
+                 const int32_t* open_rows, int m, int d, bool round, float* out, cudaStream_t stream = nullptr);
+
 // out [entries, kv_fp4::bytes(d)] = kv_fp4::encode of each row of x [entries, d]; bit-exact.
 void kv_fp4_encode(const float* x, int64_t entries, int d, uint8_t* out, cudaStream_t stream = nullptr);
+// The same with entry e to out[e] (a device array of device pointers), none where out[e] is null.
+void kv_fp4_encode(const float* x, int64_t entries, int d, uint8_t* const* out, cudaStream_t stream = nullptr);
 
 // out [entries, mxfp4::bytes(d)] = mxfp4::encode of each row of x [entries, d]; bit-exact.
 void mxfp4_encode(const float* x, int64_t entries, int d, uint8_t* out, cudaStream_t stream = nullptr);
+// The same with entry e to out[e] (a device array of device pointers), none where out[e] is null.
+void mxfp4_encode(const float* x, int64_t entries, int d, uint8_t* const* out, cudaStream_t stream = nullptr);
 
 // swa_fp8::encode of each row of x [entries, d] into out[e] (device array of `entries` device
 // pointers, one swa_fp8::bytes(d) entry each: ring slots or window-buffer rows); bit-exact.

@@ -37,6 +37,7 @@
 #include "backend/cuda/rope.h"
 #include "backend/cuda/sparse_attention.h"
 #include "base/error.h"
+#include "forward/device/decode_plan.h"
 #include "forward/device/rows.h"
 #include "forward/window.h"
 #include "numerics/codecs.h"
@@ -70,8 +71,11 @@ struct Item {
 
 class Call {
  public:
-  Call(const DeviceModel& model, const std::vector<DeviceItem>& batch, cudaStream_t stream)
-      : m_(model), c_(model.config()), stream_(stream) {
+  // A decode call (one row per sequence, none replayed) comes with its plan (decode_plan.h) and the
+  // plan's copy on the device; its kernels then read every per-step value there.
+  Call(const DeviceModel& model, const std::vector<DeviceItem>& batch, cudaStream_t stream,
+       const DecodePlan* plan = nullptr, uint8_t* plan_device = nullptr)
+      : m_(model), c_(model.config()), stream_(stream), plan_(plan), plan_d_(plan_device) {
     int64_t offset = 0;
     for (const DeviceItem& in : batch) {
       const int64_t R = int64_t(in.tokens.size());
@@ -102,9 +106,17 @@ class Call {
     trace_ = batch.size() == 1 ? batch[0].options.trace : nullptr;
   }
 
+  // Every kernel of the call, in order on the stream; the logits rows end in `logits` [rows, V]
+  // (scratch of the call's if null). Changes no host state of a decode call's sequences, so a
+  // captured step replays; forward_batch and DecodeGraph advance them.
+  void enqueue(float* logits = nullptr);
+  // enqueue, then the host's side: sequence lengths (a general call's), the logits per item.
   std::vector<std::vector<float>> run();
 
  private:
+  bool decode() const { return plan_ != nullptr; }
+  template <class T>
+  T* planned(size_t offset) const { return plan_->at<T>(plan_d_, offset); }
   float eps() const { return float(c_.norm_eps); }
   int64_t pos(const Item& it, int64_t r) const { return it.start + r; }
   void upload_positions();
@@ -114,9 +126,10 @@ class Call {
   void attention(int l, float* out);
   void window_lists(int l);
   void compress(Item& it, int l, const float* x);
+  void compress_decode(int l, const float* x);
   void index(int l, const float* x, const float* qr);
   void moe(int l, float* out);
-  std::vector<std::vector<float>> logits();
+  void logits(float* out);
 
   const DeviceModel& m_;
   const Config& c_;
@@ -124,24 +137,35 @@ class Call {
   std::vector<Item> items_;
   int64_t T_ = 0;
   Trace* trace_ = nullptr;
+  const DecodePlan* plan_;
+  uint8_t* plan_d_;
 
   Floats X_, X2_, pre_mix_, h_, y_;
   Floats a_pre_, a_post_, a_comb_, f_pre_, f_post_, f_comb_;
-  DeviceBuffer<int64_t> positions_;
+  DeviceBuffer<int64_t> positions_buffer_;
+  const int64_t* positions_ = nullptr;  // [T]
+  Floats logits_buffer_;
+  float* logits_ = nullptr;
   DeviceBuffer<int32_t> topk_;  // [T, K] entries of the latest index source
   int K_ = 0;
   // The window slot lists of the current phase (encoder / decoder layers), item by item.
   int window_phase_ = -1;
-  DeviceBuffer<int32_t> window_;
+  DeviceBuffer<int32_t> window_buffer_;
+  const int32_t* window_ = nullptr;
   std::vector<int64_t> window_offset_;
   int64_t window_width(const Item& it) const { return it.first_call() ? std::min<int64_t>(it.rows, c_.window_size) : c_.window_size; }
 };
 
 void Call::upload_positions() {
+  if (decode()) {
+    positions_ = planned<int64_t>(plan_->positions);
+    return;
+  }
   std::vector<int64_t> p;
   for (const Item& it : items_)
     for (int64_t r = 0; r < it.rows; ++r) p.push_back(pos(it, r));
-  positions_ = scratch_from(p, stream_);
+  positions_buffer_ = scratch_from(p, stream_);
+  positions_ = positions_buffer_.get();
 }
 
 // Layer l's attention input, unfused: its mixes of the streams X_ (a_*), and
@@ -156,6 +180,26 @@ void Call::mixes_and_input(int l) {
 }
 
 std::vector<std::vector<float>> Call::run() {
+  enqueue();
+  if (!decode())
+    for (Item& it : items_) it.seq->length += int64_t(it.in->tokens.size());
+  const int64_t V = c_.vocab_size;
+  std::vector<std::vector<float>> out(items_.size());
+  int64_t rows = 0;
+  for (const Item& it : items_) rows += it.rows == 0 ? 0 : it.in->options.all_logits ? it.rows : 1;
+  if (rows == 0) return out;
+  const std::vector<float> all = logits_buffer_.download(stream_, rows * V);
+  int64_t at = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Item& it = items_[i];
+    const int64_t count = it.rows == 0 ? 0 : it.in->options.all_logits ? it.rows : 1;
+    out[i].assign(all.begin() + at * V, all.begin() + (at + count) * V);
+    at += count;
+  }
+  return out;
+}
+
+void Call::enqueue(float* logits_out) {
   const int64_t d = c_.dim, hc = c_.hc_mult;
   const int ds = c_.decoder_start();
   if (trace_) {
@@ -166,19 +210,26 @@ std::vector<std::vector<float>> Call::run() {
   }
 
   // The residual: hc copies of each embedding row; the first input mix is e0.
-  std::vector<int32_t> tokens;
-  std::vector<float> pre_mix(size_t(T_ * hc), 0.0f);
-  for (const Item& it : items_)
-    for (int t : it.in->tokens) {
-      if (t < 0 || t >= c_.vocab_size)
-        fail("forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
-      pre_mix[tokens.size() * hc] = 1.0f;
-      tokens.push_back(t);
-    }
   X_ = scratch<float>(T_ * hc * d, stream_);
   X2_ = scratch<float>(T_ * hc * d, stream_);
-  embed_rows(m_.embed(), scratch_from(tokens, stream_).get(), T_, int(hc), d, X_.get(), stream_);
-  pre_mix_ = scratch_from(pre_mix, stream_);
+  if (decode()) {
+    embed_rows(m_.embed(), planned<int32_t>(plan_->tokens), T_, int(hc), d, X_.get(), stream_);
+    pre_mix_ = scratch<float>(T_ * hc, stream_);
+    check(cudaMemcpyAsync(pre_mix_.get(), planned<float>(plan_->pre_mix), size_t(T_ * hc) * sizeof(float),
+                          cudaMemcpyDeviceToDevice, stream_), "forward");
+  } else {
+    std::vector<int32_t> tokens;
+    std::vector<float> pre_mix(size_t(T_ * hc), 0.0f);
+    for (const Item& it : items_)
+      for (int t : it.in->tokens) {
+        if (t < 0 || t >= c_.vocab_size)
+          fail("forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
+        pre_mix[tokens.size() * hc] = 1.0f;
+        tokens.push_back(t);
+      }
+    embed_rows(m_.embed(), scratch_from(tokens, stream_).get(), T_, int(hc), d, X_.get(), stream_);
+    pre_mix_ = scratch_from(pre_mix, stream_);
+  }
   h_ = scratch<float>(T_ * d, stream_);
   y_ = scratch<float>(T_ * d, stream_);
   for (Floats* b : {&a_pre_, &a_post_, &f_pre_, &f_post_}) *b = scratch<float>(T_ * hc, stream_);
@@ -229,8 +280,7 @@ std::vector<std::vector<float>> Call::run() {
     std::swap(pre_mix_, f_pre_);  // the next sub-layer's `pre` input is this FFN's
     if (trace_) trace_->block_out[size_t(l)] = X_.download(stream_, T_ * hc * d);
   }
-  for (Item& it : items_) it.seq->length += int64_t(it.in->tokens.size());
-  return logits();
+  logits(logits_out);
 }
 
 // Decoder bounded replay (forward.cpp drop_encoder_only_rows), for each item on its own.
@@ -281,12 +331,20 @@ void Call::engram(int l) {
   const int n_engram = int(c_.engram_layer_ids.size()), cols = c_.engram_hash_columns();
   const int e = int(std::find(c_.engram_layer_ids.begin(), c_.engram_layer_ids.end(), l) - c_.engram_layer_ids.begin());
   const int64_t hd = c_.engram_head_dim, d = c_.dim, hc = c_.hc_mult;
-  std::vector<int64_t> ids;
-  for (const Item& it : items_)
-    for (int64_t r = 0; r < it.rows; ++r)
-      ids.insert(ids.end(), it.engram_ids + (r * n_engram + e) * cols, it.engram_ids + (r * n_engram + e + 1) * cols);
+  DeviceBuffer<int64_t> ids_buffer;
+  const int64_t* ids = nullptr;
+  if (decode()) {
+    ids = planned<int64_t>(plan_->engram_ids[size_t(e)]);
+  } else {
+    std::vector<int64_t> host;
+    for (const Item& it : items_)
+      for (int64_t r = 0; r < it.rows; ++r)
+        host.insert(host.end(), it.engram_ids + (r * n_engram + e) * cols, it.engram_ids + (r * n_engram + e + 1) * cols);
+    ids_buffer = scratch_from(host, stream_);
+    ids = ids_buffer.get();
+  }
   Floats emb = scratch<float>(T_ * cols * hd, stream_), kv = scratch<float>(T_ * (hc + 1) * d, stream_);
-  engram_gather(g.table, g.table_scale, hd, scratch_from(ids, stream_).get(), T_, cols, emb.get(), stream_);
+  engram_gather(g.table, g.table_scale, hd, ids, T_, cols, emb.get(), stream_);
   linear(emb.get(), T_, g.wkv, kv.get(), stream_);
   engram_gate(X_.get(), kv.get(), m_.engram_qk(l), T_, int(hc), d, eps(), stream_);
 }
@@ -302,6 +360,12 @@ void Call::window_lists(int l) {
   if (phase == window_phase_) return;
   window_phase_ = phase;
   const int64_t W = c_.window_size;
+  if (decode()) {
+    window_ = planned<int32_t>(plan_->window[phase]);
+    window_offset_.clear();
+    for (const Item& it : items_) window_offset_.push_back(it.offset * W);
+    return;
+  }
   std::vector<int32_t> list;
   std::vector<int64_t> slots;
   window_offset_.clear();
@@ -316,7 +380,8 @@ void Call::window_lists(int l) {
       }
     }
   }
-  window_ = scratch_from(list, stream_);
+  window_buffer_ = scratch_from(list, stream_);
+  window_ = window_buffer_.get();
 }
 
 // --- CSA2: the compressor of a kv-source layer ------------------------------------------------------
@@ -376,6 +441,37 @@ void Call::compress(Item& it, int l, const float* x) {
   cache.entries += n_new;
 }
 
+// A decode call's compressor: one row per sequence, all sequences at once. Each row joins its
+// sequence's open group; the groups it closes are pooled, and their entries go where the plan says
+// (nowhere for a group still open, whose pooled row is a zero the encoders skip). At ratio 1 every
+// row is an entry.
+void Call::compress_decode(int l, const float* x) {
+  const AttentionWeights& a = m_.layer(l).attn;
+  const float* freqs = m_.rope_freqs(l);
+  const int ratio = c_.compress_ratios[size_t(l)];
+  const int64_t hd = c_.head_dim, rd = c_.rope_head_dim, ihd = c_.index_head_dim, B = T_;
+  const DecodePlan::Compressed& f = plan_->compressed.at(l);
+  Floats latents = scratch<float>(B * hd, stream_);
+  if (ratio == 1) {
+    linear(x, B, a.compressor_wkv, latents.get(), stream_);
+  } else {
+    Floats kv = scratch<float>(B * hd, stream_), score = scratch<float>(B * hd, stream_);
+    linear_f32(x, B, a.compressor_wkv, kv.get(), stream_);
+    linear_f32(x, B, a.compressor_wgate, score.get(), stream_);
+    append_pool(kv.get(), score.get(), B, planned<float*>(f.open_kv), planned<float*>(f.open_score),
+                planned<int32_t>(f.open_rows), ratio, int(hd), /*round=*/true, latents.get(), stream_);
+  }
+  rms_norm(latents.get(), B, hd, &a.compressor_norm, eps(), latents.get(), stream_);
+  const int64_t* gpos = planned<int64_t>(f.group_pos);
+  Floats k = scratch<float>(B * ihd, stream_);
+  linear(latents.get(), B, a.indexer_wk, k.get(), stream_);
+  rms_norm(k.get(), B, ihd, &a.indexer_k_norm, eps(), k.get(), stream_);
+  rope(k.get() + ihd - rd, B, 1, ihd, ihd, int(rd), gpos, freqs, false, stream_);
+  mxfp4_encode(k.get(), B, int(ihd), planned<uint8_t*>(f.index_dest), stream_);
+  rope(latents.get() + hd - rd, B, 1, hd, hd, int(rd), gpos, freqs, false, stream_);
+  kv_fp4_encode(latents.get(), B, int(hd), planned<uint8_t*>(f.kv_dest), stream_);
+}
+
 // --- CSA2: the indexer of an index-source layer -----------------------------------------------------
 
 void Call::index(int l, const float* x, const float* qr) {
@@ -387,41 +483,59 @@ void Call::index(int l, const float* x, const float* qr) {
 
   Floats q = scratch<float>(T_ * heads * ihd, stream_), w = scratch<float>(T_ * heads, stream_);
   linear(qr, T_, a.indexer_wq_b, q.get(), stream_);
-  rope(q.get() + ihd - rd, T_, heads, int64_t(heads) * ihd, ihd, rd, positions_.get(), m_.rope_freqs(l), false, stream_);
+  rope(q.get() + ihd - rd, T_, heads, int64_t(heads) * ihd, ihd, rd, positions_, m_.rope_freqs(l), false, stream_);
   linear(x, T_, a.indexer_weights_proj, w.get(), stream_);
   scale_round(w.get(), T_ * heads, float(std::pow(double(ihd), -0.5) * std::pow(double(heads), -0.5)), stream_);
 
-  std::vector<int64_t> visible;
-  for (const Item& it : items_)
-    for (int64_t r = 0; r < it.rows; ++r) visible.push_back((pos(it, r) + 1) / ratio);
-  DeviceBuffer<int64_t> visible_d = scratch_from(visible, stream_);
+  // A decode call reads its entry counts and visible counts from its plan, and sizes the scores
+  // for the cache's capacity (the same launches at every position); a general call's are here.
+  DeviceBuffer<int64_t> visible_buffer;
+  const int64_t* visible = nullptr;
+  if (decode()) {
+    if (c_.compress_ratios[size_t(c_.kv_source_of(l))] != ratio)
+      fail("cuda::forward_batch", "an index layer of its kv source's ratio " + std::to_string(c_.compress_ratios[size_t(c_.kv_source_of(l))]),
+           std::to_string(ratio) + " at layer " + std::to_string(l));
+    visible = planned<int64_t>(plan_->compressed.at(c_.kv_source_of(l)).visible);
+  } else {
+    std::vector<int64_t> host;
+    for (const Item& it : items_)
+      for (int64_t r = 0; r < it.rows; ++r) host.push_back((pos(it, r) + 1) / ratio);
+    visible_buffer = scratch_from(host, stream_);
+    visible = visible_buffer.get();
+  }
   const auto* forced = trace_ && trace_->forced_topk && trace_->forced_topk->count(l) ? &trace_->forced_topk->at(l) : nullptr;
   if (trace_) trace_->topk[l].clear();
 
   for (Item& it : items_) {
     if (it.rows == 0) continue;
     const DeviceCompressed& cache = it.seq->compressed.at(c_.kv_source_of(l));
-    const int64_t n = cache.entries;
+    const int64_t n = decode() ? cache.entries + (closes_group(cache) ? 1 : 0) : cache.entries;
+    const int64_t* n_device = decode() ? planned<int64_t>(plan_->compressed.at(c_.kv_source_of(l)).entries) + it.offset : nullptr;
+    const int64_t stride = decode() ? cache.capacity : n;  // between a row's scores and the next's
     int32_t* topk = topk_.get() + it.offset * K_;
-    const int k = int(std::min<int64_t>(c_.index_topk, n));
-    Floats scores = scratch<float>(it.rows * std::max<int64_t>(n, 1), stream_);
-    if (n > 0) {
-      index_scores(q.get() + it.offset * heads * ihd, w.get() + it.offset * heads, it.rows, heads, ihd, cache.index_k.get(),
-                   n, visible_d.get() + it.offset, scores.get(), stream_);
+    const int k = decode() ? K_ : int(std::min<int64_t>(c_.index_topk, n));
+    const int64_t* seen = visible + it.offset;
+    Floats scores = scratch<float>(it.rows * std::max<int64_t>(stride, 1), stream_);
+    if (n > 0 || decode()) {
+      const float *qi = q.get() + it.offset * heads * ihd, *wi = w.get() + it.offset * heads;
+      if (decode()) index_scores(qi, wi, it.rows, heads, ihd, cache.index_k.get(), n_device, stride, seen, scores.get(), stream_);
+      else index_scores(qi, wi, it.rows, heads, ihd, cache.index_k.get(), n, seen, scores.get(), stream_);
       if (candidate_source) {
-        it.candidates = scratch<uint8_t>(it.rows * n, stream_);
+        it.candidates = scratch<uint8_t>(it.rows * stride, stream_);
         it.candidate_entries = n;
-        candidate_mask(scores.get(), it.rows, n, visible_d.get() + it.offset, c_.candidate_topk_blocks,
-                       c_.candidate_block_size, it.candidates.get(), stream_);
+        const int blocks = c_.candidate_topk_blocks, size = c_.candidate_block_size;
+        if (decode()) candidate_mask(scores.get(), it.rows, n_device, stride, seen, blocks, size, it.candidates.get(), stream_);
+        else candidate_mask(scores.get(), it.rows, n, seen, blocks, size, it.candidates.get(), stream_);
       } else if (uses_candidates) {
         if (it.candidate_entries != n)
           fail("cuda::forward_batch", "the candidate source's entry count (" + std::to_string(it.candidate_entries) + ")",
                std::to_string(n) + " entries at layer " + std::to_string(l));
-        mask_scores(scores.get(), it.candidates.get(), it.rows * n, stream_);
+        mask_scores(scores.get(), it.candidates.get(), it.rows * stride, stream_);
       }
       DeviceBuffer<int32_t> chosen = scratch<int32_t>(it.rows * k, stream_);
-      top_positions(scores.get(), it.rows, n, k, chosen.get(), stream_);
-      finish_topk(chosen.get(), it.rows, k, visible_d.get() + it.offset, K_, topk, stream_);
+      if (decode()) top_positions(scores.get(), it.rows, n_device, stride, k, chosen.get(), stream_);
+      else top_positions(scores.get(), it.rows, n, k, chosen.get(), stream_);
+      finish_topk(chosen.get(), it.rows, k, seen, K_, topk, stream_);
     } else {
       check(cudaMemsetAsync(topk, 0xFF, size_t(it.rows * K_) * sizeof(int32_t), stream_), "index");
     }
@@ -435,7 +549,7 @@ void Call::index(int l, const float* x, const float* qr) {
       // As forward.cpp records them: the entries attended (the imposed ones when forced).
       const std::vector<int32_t> t = topk_.download(stream_, it.rows * K_, it.offset * K_);
       for (int64_t r = 0; r < it.rows; ++r) {
-        const size_t width = forced ? forced->at(size_t(r)).size() : size_t(k);
+        const size_t width = forced ? forced->at(size_t(r)).size() : size_t(std::min<int64_t>(c_.index_topk, n));
         trace_->topk[l].emplace_back(t.begin() + r * K_, t.begin() + r * K_ + int64_t(std::min<size_t>(width, size_t(K_))));
       }
     }
@@ -455,13 +569,13 @@ void Call::attention(int l, float* out) {
   linear(h_.get(), T, a.wq_a, qr.get(), stream_);
   rms_norm(qr.get(), T, c_.q_lora_rank, &a.q_norm, eps(), qr.get(), stream_);
   linear(qr.get(), T, a.wq_b, q.get(), stream_);
-  rope(q.get() + hd - rd, T, int(H), H * hd, hd, int(rd), positions_.get(), freqs, false, stream_);
+  rope(q.get() + hd - rd, T, int(H), H * hd, hd, int(rd), positions_, freqs, false, stream_);
 
   // This call's window entries, SWA-FP8 into each item's window buffer (or ring).
   Floats kv = scratch<float>(T * hd, stream_);
   linear(h_.get(), T, a.wkv, kv.get(), stream_);
   rms_norm(kv.get(), T, hd, &a.kv_norm, eps(), kv.get(), stream_);
-  rope(kv.get() + hd - rd, T, 1, hd, hd, int(rd), positions_.get(), freqs, false, stream_);
+  rope(kv.get() + hd - rd, T, 1, hd, hd, int(rd), positions_, freqs, false, stream_);
   std::vector<DeviceBuffer<uint8_t>> buffers;
   std::vector<uint8_t*> dest(static_cast<size_t>(T)), base(static_cast<size_t>(T)), ring_dest(static_cast<size_t>(T));
   // A multi-row item's ring gets its last W rows after attention; the other rows of that second
@@ -469,7 +583,7 @@ void Call::attention(int l, float* out) {
   const bool ring_update = std::any_of(items_.begin(), items_.end(), [](const Item& it) { return it.rows > 0 && !it.decode_in_ring(); });
   DeviceBuffer<uint8_t> discard = ring_update ? scratch<uint8_t>(int64_t(slot), stream_) : DeviceBuffer<uint8_t>();
   for (Item& it : items_) {
-    if (it.rows == 0) continue;
+    if (it.rows == 0 || decode()) continue;  // a decode call's destinations are in its plan
     uint8_t* ring = it.seq->window[size_t(l)].get();
     uint8_t* buffer = ring;
     if (!it.decode_in_ring()) {
@@ -484,11 +598,14 @@ void Call::attention(int l, float* out) {
       ring_dest[size_t(row)] = !it.decode_in_ring() && r >= it.rows - W ? ring + (p % W) * slot : discard.get();
     }
   }
-  swa_fp8_encode(kv.get(), T, int(hd), scratch_from(dest, stream_).get(), stream_);
+  DeviceBuffer<uint8_t*> dest_d;
+  if (!decode()) dest_d = scratch_from(dest, stream_);
+  swa_fp8_encode(kv.get(), T, int(hd), decode() ? planned<uint8_t*>(plan_->swa_dest[size_t(l)]) : dest_d.get(), stream_);
   window_lists(l);
 
   if (ratio > 0) {
-    if (c_.is_kv_source(l))
+    if (c_.is_kv_source(l) && decode()) compress_decode(l, h_.get());
+    if (c_.is_kv_source(l) && !decode())
       for (Item& it : items_)
         if (!it.kv_projected) compress(it, l, h_.get() + it.offset * c_.dim);
     if (c_.is_index_source(l)) {
@@ -500,12 +617,23 @@ void Call::attention(int l, float* out) {
     }
   }
 
-  std::vector<const uint8_t*> caches(static_cast<size_t>(T), nullptr);
-  if (ratio > 0)
-    for (const Item& it : items_)
-      std::fill_n(caches.begin() + it.offset, it.rows, it.seq->compressed.at(c_.kv_source_of(l)).kv.get());
-  DeviceBuffer<uint8_t*> base_d = scratch_from(base, stream_);
-  DeviceBuffer<const uint8_t*> caches_d = scratch_from(caches, stream_);
+  DeviceBuffer<uint8_t*> base_d;
+  DeviceBuffer<const uint8_t*> caches_d;
+  const uint8_t* const* rings = nullptr;
+  const uint8_t* const* caches = nullptr;
+  if (decode()) {
+    rings = planned<const uint8_t*>(plan_->rings[size_t(l)]);
+    if (ratio > 0) caches = planned<const uint8_t*>(plan_->compressed.at(c_.kv_source_of(l)).caches);
+  } else {
+    std::vector<const uint8_t*> host_caches(static_cast<size_t>(T), nullptr);
+    if (ratio > 0)
+      for (const Item& it : items_)
+        std::fill_n(host_caches.begin() + it.offset, it.rows, it.seq->compressed.at(c_.kv_source_of(l)).kv.get());
+    base_d = scratch_from(base, stream_);
+    caches_d = scratch_from(host_caches, stream_);
+    rings = base_d.get();
+    caches = caches_d.get();
+  }
   Floats o = scratch<float>(T * H * hd, stream_);
   // One launch per run of consecutive items with the same window width (a decode batch: one).
   for (size_t first = 0, last; first < items_.size(); first = last) {
@@ -518,16 +646,16 @@ void Call::attention(int l, float* out) {
     batch.tokens = rows;
     batch.heads = int(H);
     batch.dim = int(hd);
-    batch.rings = base_d.get() + row;
-    batch.window = window_.get() + window_offset_[first];
+    batch.rings = rings + row;
+    batch.window = window_ + window_offset_[first];
     batch.W = int(width);
-    batch.caches = caches_d.get() + row;
+    batch.caches = caches + row;
     batch.topk = ratio > 0 ? topk_.get() + row * K_ : nullptr;
     batch.K = ratio > 0 ? K_ : 0;
     sparse_attention(batch, q.get() + row * H * hd, m_.attn_sink(l), float(std::pow(double(hd), -0.5)),
                      o.get() + row * H * hd, stream_);
   }
-  rope(o.get() + hd - rd, T, int(H), H * hd, hd, int(rd), positions_.get(), freqs, /*inverse=*/true, stream_);
+  rope(o.get() + hd - rd, T, int(H), H * hd, hd, int(rd), positions_, freqs, /*inverse=*/true, stream_);
 
   // The ring keeps the last W entries of a multi-row call (a decode row is there already).
   if (ring_update) swa_fp8_encode(kv.get(), T, int(hd), scratch_from(ring_dest, stream_).get(), stream_);
@@ -616,39 +744,57 @@ void Call::moe(int l, float* out) {
 
 // --- the head ---------------------------------------------------------------------------------------
 
-std::vector<std::vector<float>> Call::logits() {
+// The rows that give logits (each item's last, or all of an all_logits item's), into out [n, V].
+void Call::logits(float* out) {
   const int64_t d = c_.dim, hc = c_.hc_mult, V = c_.vocab_size;
   std::vector<int32_t> rows;
   for (const Item& it : items_)
     for (int64_t r = it.in->options.all_logits ? 0 : it.rows - 1; r >= 0 && r < it.rows; ++r) rows.push_back(int32_t(it.offset + r));
-  std::vector<std::vector<float>> out(items_.size());
   const int64_t n = int64_t(rows.size());
-  if (n == 0 || T_ == 0) return out;
-  DeviceBuffer<int32_t> rows_d = scratch_from(rows, stream_);
-  Floats Xr = scratch<float>(n * hc * d, stream_), pre = scratch<float>(n * hc, stream_);
-  Floats last = scratch<float>(n * d, stream_), logits = scratch<float>(n * V, stream_);
-  gather_rows(X_.get(), rows_d.get(), n, hc * d, Xr.get(), stream_);
-  gather_rows(pre_mix_.get(), rows_d.get(), n, hc, pre.get(), stream_);
-  hc_pre(Xr.get(), pre.get(), n, int(hc), d, last.get(), stream_);
-  rms_norm(last.get(), n, d, &m_.norm(), eps(), last.get(), stream_);
-  linear_f32(last.get(), n, m_.head(), logits.get(), stream_);
-  const std::vector<float> all = logits.download(stream_);
-  int64_t at = 0;
-  for (size_t i = 0; i < items_.size(); ++i) {
-    const Item& it = items_[i];
-    const int64_t count = it.rows == 0 ? 0 : it.in->options.all_logits ? it.rows : 1;
-    out[i].assign(all.begin() + at * V, all.begin() + (at + count) * V);
-    at += count;
+  if (n == 0 || T_ == 0) return;
+  if (!out) {
+    logits_buffer_ = scratch<float>(n * V, stream_);
+    out = logits_buffer_.get();
   }
-  return out;
+  // Every row gives logits (a decode call): no gather, the rows being 0 … T - 1 in order.
+  Floats Xr, pre, last = scratch<float>(n * d, stream_);
+  const float *X = X_.get(), *mix = pre_mix_.get();
+  if (n < T_) {
+    DeviceBuffer<int32_t> rows_d = scratch_from(rows, stream_);
+    Xr = scratch<float>(n * hc * d, stream_), pre = scratch<float>(n * hc, stream_);
+    gather_rows(X_.get(), rows_d.get(), n, hc * d, Xr.get(), stream_);
+    gather_rows(pre_mix_.get(), rows_d.get(), n, hc, pre.get(), stream_);
+    X = Xr.get(), mix = pre.get();
+  }
+  hc_pre(X, mix, n, int(hc), d, last.get(), stream_);
+  rms_norm(last.get(), n, d, &m_.norm(), eps(), last.get(), stream_);
+  linear_f32(last.get(), n, m_.head(), out, stream_);
 }
 
 }  // namespace
 
+void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& batch, const DecodePlan& plan,
+                    uint8_t* plan_device, float* logits, cudaStream_t stream) {
+  Call(model, batch, stream, &plan, plan_device).enqueue(logits);
+}
+
 std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const std::vector<DeviceItem>& batch,
                                               cudaStream_t stream) {
   if (batch.empty()) return {};
-  return Call(model, batch, stream).run();
+  std::vector<DecodeRow> rows;
+  for (const DeviceItem& in : batch) {
+    const DeviceSequence& s = *in.sequence;
+    if (in.tokens.size() != 1 || s.length == 0 || in.options.replay_until != 0 || in.options.decoder_from > s.length ||
+        in.options.keep_replayed_rows)
+      return Call(model, batch, stream).run();
+    rows.push_back(DecodeRow{in.sequence, in.tokens[0], in.engram_ids, in.options.decoder_from});
+  }
+  // A decode call: its plan on the device in one copy, then the same kernels a DecodeGraph replays.
+  const DecodePlan plan = plan_decode(model.config(), rows);
+  DeviceBuffer<uint8_t> plan_d = scratch_from(plan.block, stream);
+  std::vector<std::vector<float>> logits = Call(model, batch, stream, &plan, plan_d.get()).run();
+  for (const DecodeRow& r : rows) advance_decode(*r.sequence);
+  return logits;
 }
 
 }  // namespace dsv41::cuda

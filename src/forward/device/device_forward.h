@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "forward/device/decode_plan.h"
 #include "forward/device/device_model.h"
 #include "forward/device/device_sequence.h"
 #include "forward/forward.h"
@@ -29,5 +30,13 @@ struct DeviceItem {
 // different streams must not overlap: Mega-mHC's arrival counters are shared.
 std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const std::vector<DeviceItem>& batch,
                                               cudaStream_t stream = nullptr);
+
+// The kernels of a decode step (one token per item, none replayed: the calls forward_batch plans
+// with plan_decode) on `stream`, every per-step value read from the plan's copy at plan_device,
+// the logits into `logits` [items, V]. Changes no host state: the caller advances the sequences
+// (advance_decode). The launches depend on the items and their caches' capacities alone, so
+// DecodeGraph captures them once.
+void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& batch, const DecodePlan& plan,
+                    uint8_t* plan_device, float* logits, cudaStream_t stream);
 
 }  // namespace dsv41::cuda

@@ -1,0 +1,83 @@
+// DecodeGraph (decode_graph.h). The capture runs the same enqueue_decode that an uncaptured decode
+// call runs (forward_batch), so a replayed step computes what that call computes, to the bit; the
+// forward's scratch inside the capture becomes the graph's own memory (stream-ordered allocations
+// captured as allocation nodes), at addresses fixed for every replay.
+#include "forward/device/decode_graph.h"
+
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "base/error.h"
+
+namespace dsv41::cuda {
+
+namespace {
+
+constexpr size_t kMostRows = 64;  // the device-routed MoE's limit (device_forward.cu)
+
+}  // namespace
+
+DecodeGraph::DecodeGraph(const DeviceModel& model, std::vector<DeviceSequence*> sequences)
+    : model_(model), sequences_(std::move(sequences)) {
+  if (sequences_.empty() || sequences_.size() > kMostRows)
+    fail("cuda::DecodeGraph", "1 to " + std::to_string(kMostRows) + " sequences", std::to_string(sequences_.size()));
+  // A blocking stream: it waits for work on the legacy default stream (sequence uploads, prefills).
+  check(cudaStreamCreate(&stream_), "cuda::DecodeGraph");
+  logits_ = DeviceBuffer<float>(int64_t(sequences_.size()) * model.config().vocab_size);
+}
+
+DecodeGraph::~DecodeGraph() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+  if (plan_host_) cudaFreeHost(plan_host_);
+  cudaStreamDestroy(stream_);
+}
+
+std::vector<std::vector<float>> DecodeGraph::step(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids) {
+  const size_t B = sequences_.size();
+  if (tokens.size() != B) fail("cuda::DecodeGraph::step", std::to_string(B) + " tokens, one per sequence", std::to_string(tokens.size()));
+  if (!engram_ids.empty() && engram_ids.size() != B)
+    fail("cuda::DecodeGraph::step", std::to_string(B) + " Engram id lists or none", std::to_string(engram_ids.size()));
+  std::vector<DecodeRow> rows;
+  for (size_t b = 0; b < B; ++b) rows.push_back(DecodeRow{sequences_[b], tokens[b], engram_ids.empty() ? nullptr : engram_ids[b]});
+  const DecodePlan plan = plan_decode(model_.config(), rows);
+
+  if (!exec_) {
+    plan_bytes_ = plan.block.size();
+    check(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), plan_bytes_), "cuda::DecodeGraph");
+    plan_device_ = DeviceBuffer<uint8_t>(int64_t(plan_bytes_));
+    std::memcpy(plan_host_, plan.block.data(), plan_bytes_);
+    std::vector<DeviceItem> items;
+    for (size_t b = 0; b < B; ++b) items.push_back(DeviceItem{sequences_[b], std::span<const int>(&tokens[b], 1), rows[b].engram_ids});
+    check(cudaStreamSynchronize(stream_), "cuda::DecodeGraph");
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cuda::DecodeGraph capture");
+    cudaGraph_t graph = nullptr;
+    try {
+      check(cudaMemcpyAsync(plan_device_.get(), plan_host_, plan_bytes_, cudaMemcpyHostToDevice, stream_), "cuda::DecodeGraph plan");
+      enqueue_decode(model_, items, plan, plan_device_.get(), logits_.get(), stream_);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    check(cudaStreamEndCapture(stream_, &graph), "cuda::DecodeGraph capture");
+    check(cudaGraphGetNodes(graph, nullptr, &nodes_), "cuda::DecodeGraph");
+    const cudaError_t made = cudaGraphInstantiate(&exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    check(made, "cuda::DecodeGraph instantiate");
+  } else {
+    // Same sequences, same config: the same layout, new values (decode_plan.cu).
+    if (plan.block.size() != plan_bytes_)
+      fail("cuda::DecodeGraph::step", "a plan of " + std::to_string(plan_bytes_) + " bytes", std::to_string(plan.block.size()));
+    std::memcpy(plan_host_, plan.block.data(), plan_bytes_);
+  }
+  check(cudaGraphLaunch(exec_, stream_), "cuda::DecodeGraph launch");
+  const int64_t V = model_.config().vocab_size;
+  const std::vector<float> all = logits_.download(stream_);
+  for (DeviceSequence* s : sequences_) advance_decode(*s);
+  std::vector<std::vector<float>> out(B);
+  for (size_t b = 0; b < B; ++b) out[b].assign(all.begin() + int64_t(b) * V, all.begin() + int64_t(b + 1) * V);
+  return out;
+}
+
+}  // namespace dsv41::cuda

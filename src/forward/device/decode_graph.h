@@ -1,0 +1,47 @@
+#pragma once
+// Decode under a CUDA graph: a batch of sequences' decode step, captured once and replayed at every
+// later step while their contexts grow. What changes from step to step (tokens, positions, window
+// slots, where new cache entries go, entry counts) lives in the step's plan (decode_plan.h); the
+// graph's first node copies it from pinned host memory, every kernel reads it on the device, and
+// the launches themselves (grids sized for each cache's capacity) never change. A step costs one
+// plan build on the host, one graph launch and the logits' copy back.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "forward/device/device_forward.h"
+
+namespace dsv41::cuda {
+
+class DecodeGraph {
+ public:
+  // The step of `sequences` (each already prefilled, at most 64: the MoE of more rows lists its
+  // experts' rows on the host). They must outlive the graph and take no other calls meanwhile
+  // except through it (their caches' places are in the graph).
+  DecodeGraph(const DeviceModel& model, std::vector<DeviceSequence*> sequences);
+  ~DecodeGraph();
+  DecodeGraph(const DecodeGraph&) = delete;
+  DecodeGraph& operator=(const DecodeGraph&) = delete;
+
+  // Appends tokens[b] to sequence b (with its Engram ids, host [engram layers, hash columns], for a
+  // model with Engram); returns each sequence's logits, as forward_batch would.
+  std::vector<std::vector<float>> step(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids = {});
+
+  // Graph nodes (kernels, copies, allocations) of one step; 0 before the first.
+  size_t nodes() const { return nodes_; }
+
+ private:
+  const DeviceModel& model_;
+  std::vector<DeviceSequence*> sequences_;
+  cudaStream_t stream_ = nullptr;
+  uint8_t* plan_host_ = nullptr;  // pinned, the plan block the graph's first node copies
+  size_t plan_bytes_ = 0;
+  DeviceBuffer<uint8_t> plan_device_;
+  DeviceBuffer<float> logits_;  // [B, V]
+  cudaGraphExec_t exec_ = nullptr;
+  size_t nodes_ = 0;
+};
+
+}  // namespace dsv41::cuda
