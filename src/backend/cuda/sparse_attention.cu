@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(SparseAttentionBatc
 #pragma unroll
   for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = 0;
   const uint8_t* ring = batch.rings[b];
-  const uint8_t* cache = batch.caches[b];
+  const uint8_t* cache = K > 0 ? batch.caches[b] : nullptr;  // no cache list at all where K = 0
   const int pair = threadIdx.x;  // channels 2·pair, 2·pair + 1
 
   for (int e0 = 0; e0 < E; e0 += kTile) {

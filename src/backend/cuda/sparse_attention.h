@@ -17,7 +17,7 @@ struct SparseAttentionBatch {
   const uint8_t* const* rings = nullptr;  // [B] device pointers, in device memory
   const int32_t* window = nullptr;        // [B, W]
   int W = 0;
-  const uint8_t* const* caches = nullptr;  // [B] device pointers, in device memory
+  const uint8_t* const* caches = nullptr;  // [B] device pointers, in device memory (unread, may be null, if K = 0)
   const int32_t* topk = nullptr;           // [B, K]
   int K = 0;
 };

@@ -625,14 +625,15 @@ void Call::attention(int l, float* out) {
     rings = planned<const uint8_t*>(plan_->rings[size_t(l)]);
     if (ratio > 0) caches = planned<const uint8_t*>(plan_->compressed.at(c_.kv_source_of(l)).caches);
   } else {
-    std::vector<const uint8_t*> host_caches(static_cast<size_t>(T), nullptr);
-    if (ratio > 0)
+    base_d = scratch_from(base, stream_);
+    rings = base_d.get();
+    if (ratio > 0) {
+      std::vector<const uint8_t*> host_caches(static_cast<size_t>(T));
       for (const Item& it : items_)
         std::fill_n(host_caches.begin() + it.offset, it.rows, it.seq->compressed.at(c_.kv_source_of(l)).kv.get());
-    base_d = scratch_from(base, stream_);
-    caches_d = scratch_from(host_caches, stream_);
-    rings = base_d.get();
-    caches = caches_d.get();
+      caches_d = scratch_from(host_caches, stream_);
+      caches = caches_d.get();
+    }
   }
   Floats o = scratch<float>(T * H * hd, stream_);
   // One launch per run of consecutive items with the same window width (a decode batch: one).
