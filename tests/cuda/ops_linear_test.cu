@@ -1,4 +1,4 @@
-// cuda::linear and cuda::linear_f32 against the CPU ops on the same random inputs, in every weight
+// cuda::linear, cuda::linear_f32 and cuda::linear_grouped against the CPU ops on the same random inputs, in every weight
 // format, at the V4.1-Flash projection shapes and small odd ones.
 //
 // Tolerances. The GPU follows the CPU's precision flow (same act_quant, exact per-element
@@ -94,6 +94,56 @@ TEST(CudaLinear, F32ProductMatchesCpu) {
       const double e = run(f, s, true, seed += 7);
       std::printf("linear_f32 %-4s %-24s NMSE %.3g\n", test::format_name(f), s.name, e);
       EXPECT_LT(e, 1e-10) << test::format_name(f) << " " << s.name;
+    }
+}
+
+// The grouped product (wo_a): every group's rows against its own slice of x, in one call, equal to
+// the CPU's linear() of each group's slice on the group's rows (the same tolerance as above), and
+// bit-identical to cuda::linear of each group alone (the same per-row sums: for bf16/fp32 the
+// same gemv over a strided input; for fp8/fp4 linear itself on a copy).
+TEST(CudaLinear, GroupedProductIsEachGroupsLinear) {
+  DSV41_REQUIRE_DEVICE();
+  uint32_t seed = 1300;
+  struct Case {
+    int M, groups, r, K;
+  };
+  for (WeightFormat f : {WeightFormat::BF16, WeightFormat::F32, WeightFormat::FP8, WeightFormat::FP4})
+    for (const Case c : {Case{1, 8, 256, 1024}, Case{3, 4, 64, 256}, Case{11, 2, 32, 96}}) {
+      const int N = c.groups * c.r;
+      const std::vector<float> x = test::bf16_normal(size_t(c.M) * c.groups * c.K, 1.0, seed += 7);
+      const std::vector<float> wv = test::bf16_normal(size_t(N) * c.K, 0.05, seed + 1);
+      const test::OwnedWeight w = test::make_weight(f, wv, N, c.K);
+      DeviceArray<float> dx(x), dy(size_t(c.M) * N), done(size_t(c.M) * N), dxg(size_t(c.M) * c.K), dyg(size_t(c.M) * c.r);
+      DeviceArray<uint8_t> ddata(w.data), dscale(w.scale.empty() ? std::vector<uint8_t>{0} : w.scale);
+      Weight dw = w.view();
+      dw.data = ddata.get();
+      dw.scale = w.scale.empty() ? nullptr : dscale.get();
+      dy.poison();
+      cuda::linear_grouped(dx.get(), c.M, c.groups, dw, dy.get());
+      const std::vector<float> got = dy.download();
+      std::vector<float> want(got.size()), alone(got.size());
+      for (int g = 0; g < c.groups; ++g) {
+        Weight wg = w.view(), dwg = dw;
+        wg.rows = dwg.rows = c.r;
+        wg.data += g * w.view().data_bytes() / c.groups;
+        dwg.data += g * dw.data_bytes() / c.groups;
+        if (dw.scale) wg.scale += g * w.view().scale_bytes() / c.groups, dwg.scale += g * dw.scale_bytes() / c.groups;
+        std::vector<float> xg(size_t(c.M) * c.K), yg(size_t(c.M) * c.r);
+        for (int m = 0; m < c.M; ++m)
+          std::copy_n(x.begin() + (size_t(m) * c.groups + g) * c.K, c.K, xg.begin() + size_t(m) * c.K);
+        linear(xg.data(), c.M, wg, yg.data());
+        dxg.upload(xg);
+        cuda::linear(dxg.get(), c.M, dwg, dyg.get());
+        const std::vector<float> one = dyg.download();
+        for (int m = 0; m < c.M; ++m) {
+          std::copy_n(yg.begin() + size_t(m) * c.r, c.r, want.begin() + size_t(m) * N + g * c.r);
+          std::copy_n(one.begin() + size_t(m) * c.r, c.r, alone.begin() + size_t(m) * N + g * c.r);
+        }
+      }
+      const double e = test::nmse(got, want);
+      std::printf("linear_grouped %-4s %d×%d groups of %d×%d NMSE %.3g\n", test::format_name(f), c.M, c.groups, c.r, c.K, e);
+      EXPECT_LT(e, 1e-7) << test::format_name(f);
+      EXPECT_EQ(std::memcmp(got.data(), alone.data(), got.size() * sizeof(float)), 0) << test::format_name(f);
     }
 }
 

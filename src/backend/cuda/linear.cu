@@ -89,11 +89,14 @@ __device__ inline float block_scale(const uint8_t* scale, int64_t n, int64_t b, 
 // y[m, n] for m < MT (MT ≤ kMaxRows rows of x) and this block's rows n. A group of T threads (a
 // multiple of 32) owns kRows consecutive output rows: each thread loads one 16-byte chunk of each
 // of them per step and reuses the x values it loaded for all of them, so x moves through L1
-// kRows times less often than W's bytes would make it.
+// kRows times less often than W's bytes would make it. Row m of x starts at x + m·ldx; output row
+// n reads the K values at (n / group_rows)·K in it (group_rows = N: one input for all rows; less
+// for a grouped product, whose groups of rows each have their own input).
 template <WeightFormat F, int MT, int T>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict__ x, int64_t N, int64_t K,
-                                                       const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale,
-                                                       float* __restrict__ y, bool round) {
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict__ x, int64_t ldx, int64_t group_rows,
+                                                       int64_t N, int64_t K, const uint8_t* __restrict__ w,
+                                                       const uint8_t* __restrict__ scale, float* __restrict__ y,
+                                                       bool round) {
   using Fmt = Format<F>;
   constexpr int E = Fmt::kElems;
   constexpr bool kQuantized = F == WeightFormat::FP8 || F == WeightFormat::FP4;
@@ -102,6 +105,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict_
   const int t = threadIdx.x % T;
   const int64_t n0 = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / T * R;
   const int64_t chunks = K / E;
+  x += (n0 < N ? n0 : 0) / group_rows * K;  // group_rows is even, so the R = 2 rows share a group
   const uint4* wrow[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) wrow[r] = reinterpret_cast<const uint4*>(w) + (n0 + r < N ? n0 + r : 0) * chunks;
@@ -131,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict_
 #pragma unroll
       for (int r = 0; r < R; ++r) partial[r][m] = 0;
       if (valid) {
-        const float4* xr = reinterpret_cast<const float4*>(x + m * K + c * E);
+        const float4* xr = reinterpret_cast<const float4*>(x + m * ldx + c * E);
 #pragma unroll
         for (int e = 0; e < E / 4; ++e) {
           const float4 xv = __ldg(xr + e);
@@ -409,7 +413,8 @@ void qlinear(const float* x, int64_t M, int64_t N, int64_t K, const Weight& w, f
 }
 
 template <WeightFormat F, int MT>
-void launch_rows(const float* x, int64_t N, int64_t K, const Weight& w, float* y, bool round, cudaStream_t stream) {
+void launch_rows(const float* x, int64_t ldx, int64_t group_rows, int64_t N, int64_t K, const Weight& w, float* y,
+                 bool round, cudaStream_t stream) {
   // T: enough threads per group for about four chunks each, between one and eight warps.
   const int64_t chunks = K / Format<F>::kElems;
   const int64_t want = chunks / (32 * 4);
@@ -419,36 +424,38 @@ void launch_rows(const float* x, int64_t N, int64_t K, const Weight& w, float* y
     return unsigned((N + rows_per_block - 1) / rows_per_block);
   };
   switch (warps) {
-    case 1: gemv_kernel<F, MT, 32><<<grid(32), kThreads, 0, stream>>>(x, N, K, w.data, w.scale, y, round); break;
-    case 2: gemv_kernel<F, MT, 64><<<grid(64), kThreads, 0, stream>>>(x, N, K, w.data, w.scale, y, round); break;
-    case 4: gemv_kernel<F, MT, 128><<<grid(128), kThreads, 0, stream>>>(x, N, K, w.data, w.scale, y, round); break;
-    default: gemv_kernel<F, MT, 256><<<grid(256), kThreads, 0, stream>>>(x, N, K, w.data, w.scale, y, round); break;
+    case 1: gemv_kernel<F, MT, 32><<<grid(32), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
+    case 2: gemv_kernel<F, MT, 64><<<grid(64), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
+    case 4: gemv_kernel<F, MT, 128><<<grid(128), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
+    default: gemv_kernel<F, MT, 256><<<grid(256), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
   }
   check_launch("cuda::linear");
 }
 
 template <WeightFormat F>
-void launch(const float* x, int64_t M, int64_t N, int64_t K, const Weight& w, float* y, bool round,
+void launch(const float* x, int64_t M, int64_t groups, int64_t N, int64_t K, const Weight& w, float* y, bool round,
             cudaStream_t stream) {
   // Passes of up to kMaxRows activation rows; M > kMaxRows (prefill) re-reads W once per pass.
+  const int64_t ldx = groups * K, group_rows = N / groups;
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
     const int64_t rows = M - m0 < kMaxRows ? M - m0 : kMaxRows;
-    const float* xr = x + m0 * K;
+    const float* xr = x + m0 * ldx;
     float* yr = y + m0 * N;
     switch (rows) {
-      case 1: launch_rows<F, 1>(xr, N, K, w, yr, round, stream); break;
-      case 2: launch_rows<F, 2>(xr, N, K, w, yr, round, stream); break;
-      case 3: launch_rows<F, 3>(xr, N, K, w, yr, round, stream); break;
-      case 4: launch_rows<F, 4>(xr, N, K, w, yr, round, stream); break;
-      case 5: launch_rows<F, 5>(xr, N, K, w, yr, round, stream); break;
-      case 6: launch_rows<F, 6>(xr, N, K, w, yr, round, stream); break;
-      case 7: launch_rows<F, 7>(xr, N, K, w, yr, round, stream); break;
-      default: launch_rows<F, 8>(xr, N, K, w, yr, round, stream); break;
+      case 1: launch_rows<F, 1>(xr, ldx, group_rows, N, K, w, yr, round, stream); break;
+      case 2: launch_rows<F, 2>(xr, ldx, group_rows, N, K, w, yr, round, stream); break;
+      case 3: launch_rows<F, 3>(xr, ldx, group_rows, N, K, w, yr, round, stream); break;
+      case 4: launch_rows<F, 4>(xr, ldx, group_rows, N, K, w, yr, round, stream); break;
+      case 5: launch_rows<F, 5>(xr, ldx, group_rows, N, K, w, yr, round, stream); break;
+      case 6: launch_rows<F, 6>(xr, ldx, group_rows, N, K, w, yr, round, stream); break;
+      case 7: launch_rows<F, 7>(xr, ldx, group_rows, N, K, w, yr, round, stream); break;
+      default: launch_rows<F, 8>(xr, ldx, group_rows, N, K, w, yr, round, stream); break;
     }
   }
 }
 
-void dispatch(const float* x, int64_t M, const Weight& w, float* y, bool round, cudaStream_t stream) {
+// The gemv over all of the weight's rows, in `groups` groups with their own inputs (1: a plain product).
+void dispatch(const float* x, int64_t M, const Weight& w, float* y, bool round, cudaStream_t stream, int64_t groups = 1) {
   const int64_t N = w.rows, K = w.cols;
   if (M <= 0 || N <= 0) return;
   // 16-byte chunks need every row to start on a 16-byte boundary and hold whole chunks.
@@ -456,10 +463,10 @@ void dispatch(const float* x, int64_t M, const Weight& w, float* y, bool round, 
   if (K % multiple != 0)
     fail("cuda::linear", "K a multiple of " + std::to_string(multiple), "K = " + std::to_string(K));
   switch (w.format) {
-    case WeightFormat::FP8: return launch<WeightFormat::FP8>(x, M, N, K, w, y, round, stream);
-    case WeightFormat::FP4: return launch<WeightFormat::FP4>(x, M, N, K, w, y, round, stream);
-    case WeightFormat::BF16: return launch<WeightFormat::BF16>(x, M, N, K, w, y, round, stream);
-    case WeightFormat::F32: return launch<WeightFormat::F32>(x, M, N, K, w, y, round, stream);
+    case WeightFormat::FP8: return launch<WeightFormat::FP8>(x, M, groups, N, K, w, y, round, stream);
+    case WeightFormat::FP4: return launch<WeightFormat::FP4>(x, M, groups, N, K, w, y, round, stream);
+    case WeightFormat::BF16: return launch<WeightFormat::BF16>(x, M, groups, N, K, w, y, round, stream);
+    case WeightFormat::F32: return launch<WeightFormat::F32>(x, M, groups, N, K, w, y, round, stream);
   }
 }
 
@@ -478,6 +485,34 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
 
 void linear_f32(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {
   dispatch(x, M, w, y, false, stream);
+}
+
+void linear_grouped(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, cudaStream_t stream) {
+  if (groups <= 0 || w.rows % groups != 0 || (w.rows / groups) % kRows != 0)
+    fail("cuda::linear_grouped", "groups of an even number of weight rows each",
+         std::to_string(groups) + " groups of " + std::to_string(w.rows) + " rows");
+  if (groups == 1) return linear(x, M, w, y, stream);
+  // One gemv launch over every group (bf16/fp32 weights: rows independent, no act-quant). A
+  // quantized weight takes each group as one linear() on a contiguous copy of its inputs.
+  if (!w.quantized()) return dispatch(x, M, w, y, true, stream, groups);
+  const int64_t r = w.rows / groups, K = w.cols;
+  if (w.format == WeightFormat::FP8 && r % kBlock != 0)
+    fail("cuda::linear_grouped", "groups of whole 32-row scale blocks for an fp8 weight", std::to_string(r) + " rows a group");
+  float *xg = nullptr, *yg = nullptr;
+  keep_scratch_pool();
+  check(cudaMallocAsync(reinterpret_cast<void**>(&xg), size_t(M * K) * sizeof(float), stream), "cuda::linear_grouped");
+  check(cudaMallocAsync(reinterpret_cast<void**>(&yg), size_t(M * r) * sizeof(float), stream), "cuda::linear_grouped");
+  for (int64_t g = 0; g < groups; ++g) {
+    Weight wg = w;
+    wg.rows = r;
+    wg.data = w.data + g * w.data_bytes() / groups;
+    if (w.scale) wg.scale = w.scale + g * w.scale_bytes() / groups;
+    check(cudaMemcpy2DAsync(xg, K * 4, x + g * K, groups * K * 4, K * 4, M, cudaMemcpyDeviceToDevice, stream), "cuda::linear_grouped");
+    linear(xg, M, wg, yg, stream);
+    check(cudaMemcpy2DAsync(y + g * r, groups * r * 4, yg, r * 4, r * 4, M, cudaMemcpyDeviceToDevice, stream), "cuda::linear_grouped");
+  }
+  check(cudaFreeAsync(xg, stream), "cuda::linear_grouped");
+  check(cudaFreeAsync(yg, stream), "cuda::linear_grouped");
 }
 
 }  // namespace dsv41::cuda

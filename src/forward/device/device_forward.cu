@@ -661,24 +661,10 @@ void Call::attention(int l, float* out) {
   // The ring keeps the last W entries of a multi-row call (a decode row is there already).
   if (ring_update) swa_fp8_encode(kv.get(), T, int(hd), scratch_from(ring_dest, stream_).get(), stream_);
 
-  // Grouped low-rank output: group g's heads [T, in_g] (a strided slice of o) through wo_a's rows
-  // [g·r, (g+1)·r), into ya [T, G, r]; then wo_b.
-  const int64_t G = c_.o_groups, olr = c_.o_lora_rank, in_g = H * hd / G;
-  Floats og = scratch<float>(T * in_g, stream_), yg = scratch<float>(T * olr, stream_), ya = scratch<float>(T * G * olr, stream_);
-  for (int64_t g = 0; g < G; ++g) {
-    Weight wg = a.wo_a;
-    wg.rows = olr;
-    wg.data = a.wo_a.data + g * olr * in_g * 2;  // bf16 rows
-    if (T == 1) {
-      linear(o.get() + g * in_g, 1, wg, ya.get() + g * olr, stream_);
-      continue;
-    }
-    check(cudaMemcpy2DAsync(og.get(), in_g * 4, o.get() + g * in_g, H * hd * 4, in_g * 4, T, cudaMemcpyDeviceToDevice, stream_),
-          "attention output");
-    linear(og.get(), T, wg, yg.get(), stream_);
-    check(cudaMemcpy2DAsync(ya.get() + g * olr, G * olr * 4, yg.get(), olr * 4, olr * 4, T, cudaMemcpyDeviceToDevice, stream_),
-          "attention output");
-  }
+  // Grouped low-rank output: group g's heads (o [T, G, in_g]) through wo_a's rows [g·r, (g+1)·r),
+  // into ya [T, G, r]; then wo_b.
+  Floats ya = scratch<float>(T * c_.o_groups * c_.o_lora_rank, stream_);
+  linear_grouped(o.get(), T, c_.o_groups, a.wo_a, ya.get(), stream_);
   linear(ya.get(), T, a.wo_b, out, stream_);
 }
 
