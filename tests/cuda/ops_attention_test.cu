@@ -1,7 +1,8 @@
 // cuda::sparse_attention (decode over the SWA-FP8 ring and the KV-FP4 cache) against the CPU op
 // fed the same entries decoded by the codecs, at the V4.1-Flash shape (64 heads × 512, window
-// 128, top-k 512) for 1 to 40 tokens (every heads-per-block choice of the kernel) and a small
-// shape with empty slots.
+// 128, top-k 512) for 1 to 40 tokens (every heads-per-block choice of the one-block-per-head-group
+// path) and a small shape with empty slots; each case runs both kernel paths, which must agree
+// bit for bit.
 //
 // Tolerance: the GPU runs the CPU's online softmax step for step (tiles of 64, the same running
 // maximum, probabilities rounded to bf16 before P·V, entry order in P·V); the dot products and
@@ -10,12 +11,18 @@
 // rounding (2^-8 relative) only when it sits at a boundary; outputs are bf16-rounded too. With
 // ~1e-4 of the probabilities and outputs flipping, NMSE ~ 1e-4 · 2^-16 / 3 ≈ 5e-10; bound 1e-7.
 // Decoding an entry wrongly (a scale, a nibble order) gives NMSE > 1e-3.
+//
+// The two paths (one block walking a token's tiles; three kernels split over the tiles) compute
+// every intermediate value with the same device functions in the same order, so their outputs
+// must be equal to the bit, empty slots and entirely empty tiles included.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -35,7 +42,12 @@ struct Case {
   int empty_window, empty_topk;  // empty slots at the window's front and the top-k's end
 };
 
-double run(const Case& c, uint32_t seed) {
+// The CPU op's output and both GPU paths' for one case.
+struct Outputs {
+  std::vector<float> want, head_groups, split_tiles;
+};
+
+Outputs run(const Case& c, uint32_t seed) {
   const size_t swa = swa_fp8::bytes(c.D), kv = kv_fp4::bytes(c.D);
   std::vector<uint8_t> rings(size_t(c.B) * c.W * swa), caches(size_t(c.B) * c.entries * kv);
   std::vector<float> ring_f(size_t(c.B) * c.W * c.D), cache_f(size_t(c.B) * c.entries * c.D);
@@ -91,15 +103,37 @@ double run(const Case& c, uint32_t seed) {
     cache_ptrs.push_back(dcaches.get() + size_t(b) * c.entries * kv);
   }
   DeviceArray<const uint8_t*> dring_ptrs(ring_ptrs), dcache_ptrs(cache_ptrs);
-  DeviceArray<int32_t> dwindow(window), dtopk(topk);
-  DeviceArray<float> dq(q), dsink(sink), dout(q.size());
-  dout.poison();
+  DeviceArray<int32_t> dwindow(window);
+  std::optional<DeviceArray<int32_t>> dtopk;  // none where K = 0 (an uncompressed layer), as a decode plan
+  if (c.K > 0) dtopk.emplace(topk);
+  DeviceArray<float> dq(q), dsink(sink);
   cuda::SparseAttentionBatch batch;
   batch.tokens = c.B, batch.heads = c.H, batch.dim = c.D;
   batch.rings = dring_ptrs.get(), batch.window = dwindow.get(), batch.W = c.W;
-  batch.caches = dcache_ptrs.get(), batch.topk = dtopk.get(), batch.K = c.K;
-  cuda::sparse_attention(batch, dq.get(), dsink.get(), scale, dout.get());
-  return test::nmse(dout.download(), want);
+  batch.caches = c.K > 0 ? dcache_ptrs.get() : nullptr, batch.topk = c.K > 0 ? dtopk->get() : nullptr;
+  batch.K = c.K;
+  auto gpu = [&](cuda::SparseAttentionPath path) {
+    DeviceArray<float> dout(q.size());
+    dout.poison();
+    batch.path = path;
+    cuda::sparse_attention(batch, dq.get(), dsink.get(), scale, dout.get());
+    return dout.download();
+  };
+  return {want, gpu(cuda::SparseAttentionPath::head_groups), gpu(cuda::SparseAttentionPath::split_tiles)};
+}
+
+// Both paths against the CPU op, and against each other bit for bit.
+void check_case(const Case& c, uint32_t seed) {
+  const Outputs o = run(c, seed);
+  const double e_groups = test::nmse(o.head_groups, o.want), e_split = test::nmse(o.split_tiles, o.want);
+  size_t differ = 0;
+  for (size_t i = 0; i < o.want.size(); ++i) differ += std::memcmp(&o.head_groups[i], &o.split_tiles[i], sizeof(float)) != 0;
+  std::printf("sparse_attention B=%d H=%d D=%d W=%d K=%d empty %d/%d NMSE %.3g (head groups) %.3g (split tiles), "
+              "%zu outputs differ\n",
+              c.B, c.H, c.D, c.W, c.K, c.empty_window, c.empty_topk, e_groups, e_split, differ);
+  EXPECT_LT(e_groups, 1e-7) << "B=" << c.B << " D=" << c.D;
+  EXPECT_LT(e_split, 1e-7) << "B=" << c.B << " D=" << c.D;
+  EXPECT_EQ(differ, 0u) << "B=" << c.B << " W=" << c.W << " K=" << c.K;
 }
 
 TEST(CudaSparseAttention, MatchesCpuOverTheStoredCaches) {
@@ -107,12 +141,23 @@ TEST(CudaSparseAttention, MatchesCpuOverTheStoredCaches) {
   uint32_t seed = 7;
   for (const Case c : {Case{1, 64, 512, 128, 512, 4096, 0, 0}, Case{9, 64, 512, 128, 512, 600, 5, 3},
                        Case{20, 64, 512, 128, 512, 600, 0, 100}, Case{40, 64, 512, 128, 512, 520, 127, 0},
-                       Case{3, 4, 64, 16, 8, 40, 4, 2}, Case{2, 4, 64, 16, 8, 8, 16, 0}}) {
-    const double e = run(c, seed += 11);
-    std::printf("sparse_attention B=%d H=%d D=%d W=%d K=%d empty %d/%d NMSE %.3g\n", c.B, c.H, c.D, c.W, c.K,
-                c.empty_window, c.empty_topk, e);
-    EXPECT_LT(e, 1e-7) << "B=" << c.B << " D=" << c.D;
-  }
+                       Case{3, 4, 64, 16, 8, 40, 4, 2}, Case{2, 4, 64, 16, 8, 8, 16, 0}})
+    check_case(c, seed += 11);
+}
+
+// The split path's corners at the V4.1 shape, for token counts that take it automatically (1, 3)
+// and one that does not (9): a first tile with no entry (the running maximum stays at its initial
+// value), a last tile with none (the top-k's last 100 empty: entries 540 .. 639, all of tile 9),
+// the whole window empty (tiles 0 and 1), a part-filled last tile (W = 100: 612 entries), no
+// top-k at all (K = 0, an uncompressed layer: two tiles, the first empty), and a token with
+// empty first and last tiles.
+TEST(CudaSparseAttention, SplitOverTilesIsBitIdentical) {
+  DSV41_REQUIRE_DEVICE();
+  uint32_t seed = 101;
+  for (const Case c : {Case{1, 64, 512, 128, 512, 600, 64, 0}, Case{3, 64, 512, 128, 512, 600, 5, 100},
+                       Case{9, 64, 512, 128, 512, 600, 128, 3}, Case{3, 64, 512, 100, 512, 600, 3, 7},
+                       Case{1, 64, 512, 128, 0, 8, 70, 0}, Case{9, 64, 512, 128, 512, 520, 64, 64}})
+    check_case(c, seed += 11);
 }
 
 }  // namespace

@@ -1,19 +1,37 @@
 // Sparse attention decode over the SWA-FP8 ring and the KV-FP4 cache.
 //
-// One block per (token, group of G heads). The block walks the token's entry list (W window
-// entries, then K selected compressed ones) in tiles of 64 entries, the CPU op's softmax block:
-// it decodes each tile once from its stored format into shared memory as bf16 (exact: an e4m3 or
-// e2m1 value times its scale has at most 8 significant bits), then scores the G heads against it,
-// updates each head's running maximum and denominator, and accumulates the bf16-rounded
-// probabilities times the entries into registers, in entry order. The online softmax is the
-// CPU's step for step (same tiles, same running maximum, same bf16 rounding of p), so the
-// results differ only by the order of the fp32 sums in the dot products and denominators and by
-// expf's last bit.
+// Each token attends to its entry list (W window entries, then K selected compressed ones). The
+// CPU op walks the list in tiles of 64 entries, its softmax blocks: per tile and head it takes the
+// scores, raises the running maximum to the tile's, adds the tile's exponentials to the
+// denominator and the bf16-rounded probabilities times the entries to the accumulator, both
+// rescaled to the new maximum. The kernels decode each tile from its stored format into shared
+// memory as bf16 (exact: an e4m3 or e2m1 value times its scale has at most 8 significant bits)
+// and follow the CPU's steps (same tiles, same running maximum, same bf16 rounding of p, entry
+// order in P·V), so the results differ from the CPU's only by the order of the fp32 sums in the
+// dot products and denominators and by expf's last bit.
 //
-// Traffic per token: (W·528 + K·288) bytes for dim 512 from memory (once; the H/G blocks of a
-// token re-read it from L2), 2·H·dim·4 for q and out. V4.1 decode: 128·528 + 512·288 = 215 KB.
-// Work per token: 2·H·(W + K)·dim multiply-adds (42 M for V4.1), plus the decode of the tile by
-// each of the H/G blocks.
+// Two paths compute the same thing, bit for bit: every value below (a score, a tile's maximum,
+// the running maximum, p, a tile's sums, the rescaled accumulator) is computed by the same
+// device function from the same inputs in the same order; only which block computes it changes.
+//
+// One block per (token, group of G heads) [attention_kernel]: the block walks the token's tiles
+// one after another, four steps each (decode, scores, softmax step, P·V). At batch 1 that is H
+// blocks (G = 1), each taking 10 tiles (V4.1) in sequence, mostly waiting on the loads of the
+// decode: 64 blocks on the H200's 132 multiprocessors.
+//
+// Split over tiles [split_scores_kernel, split_pv_kernel, split_combine_kernel], for batches too
+// small to fill the GPU with the former: the tiles of a token are independent except through the
+// running maximum, which needs only every tile's maximum score. So one kernel scores every
+// (token, head group, tile) at once and writes the scores and the tiles' maxima; a second, over
+// the same grid, forms each tile's running maximum from the maxima before it, its probabilities,
+// its sums and its P·V, and writes them; a third runs the online softmax's rescaling recurrence
+// over the tiles' sums in tile order, which is all that is sequential in it.
+//
+// Traffic per token: (W·528 + K·288) bytes for dim 512 from memory (once; the other blocks that
+// decode the tile re-read it from L2), 2·H·dim·4 for q and out. V4.1 decode: 128·528 + 512·288 =
+// 215 KB. Work per token: 2·H·(W + K)·dim multiply-adds (42 M for V4.1), plus the decode of each
+// tile by every block that reads it (H/G blocks; on the split path two per group of G heads, which
+// also passes its scratch, below, through L2).
 #include "backend/cuda/sparse_attention.h"
 
 #include <string>
@@ -30,13 +48,16 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 64;  // entries per softmax block, as the CPU op (and the reference kernel)
+// The running maximum before the first tile, as the CPU op: finite, so an all-empty row gives
+// zeros, not NaN.
+constexpr float kInitialMax = -1e30f;
 
-template <int D, int G>
-struct Smem {
-  alignas(16) uint16_t tile[kTile][D];  // bf16 bits of the decoded entries; zeros for empty slots
-  float q[G][D];
-  float s[G][kTile];        // scores, then bf16-rounded probabilities
-  float rescale[G], running_max[G], sum_exp[G];
+// ---- the steps of a tile, shared by both paths -------------------------------------------------
+
+// A tile of decoded entries: bf16 bits, zeros for an empty slot, and which slots hold an entry.
+template <int D>
+struct Tile {
+  alignas(16) uint16_t row[kTile][D];
   bool valid[kTile];
 };
 
@@ -73,73 +94,146 @@ __device__ void decode_kv_fp4(const uint8_t* entry, int lane, uint16_t* row) {
   }
 }
 
+// Step 1, decode: entries e0 .. e0 + n - 1 of token b into the tile; warp w takes entries w,
+// w + 8, ... `ring` and `cache` are the token's (cache unread, may be null, if K = 0).
+template <int D>
+__device__ __forceinline__ void decode_tile(const SparseAttentionBatch& batch, int64_t b, const uint8_t* ring,
+                                            const uint8_t* cache, int e0, int n, Tile<D>& tile) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int W = batch.W, K = batch.K;
+  for (int j = warp; j < n; j += kWarps) {
+    const int e = e0 + j;
+    const int32_t index = e < W ? batch.window[b * W + e] : batch.topk[b * K + (e - W)];
+    uint16_t* row = tile.row[j];
+    if (index < 0) {
+      for (int c = lane; c < D; c += 32) row[c] = 0;
+    } else if (e < W) {
+      decode_swa_fp8<D>(ring + int64_t(index) * swa_fp8::bytes(D), lane, row);
+    } else {
+      decode_kv_fp4<D>(cache + int64_t(index) * kv_fp4::bytes(D), lane, row);
+    }
+    if (lane == 0) tile.valid[j] = index >= 0;
+  }
+}
+
+// q [G, D] of heads h0 .. h0 + G - 1 of token b into shared memory.
+template <int D, int G>
+__device__ __forceinline__ void load_q(const float* q, int64_t b, int H, int h0, float (&sq)[G][D]) {
+  for (int i = threadIdx.x; i < G * D; i += kThreads) sq[i / D][i % D] = q[(b * H + h0 + i / D) * D + i % D];
+}
+
+// Step 2, scores: s[g][j] = (q_g · entry j)·scale, -infinity for an empty slot. Warp w takes
+// entries w, w + 8, ...; each lane holds channels lane + 32k of the entry in registers
+// (conflict-free reads) and dots them with every head's; the xor tree leaves the sum in every lane.
+template <int D, int G>
+__device__ __forceinline__ void score_tile(const Tile<D>& tile, const float (&q)[G][D], float scale, int n,
+                                           float (&s)[G][kTile]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int j = warp; j < n; j += kWarps) {
+    constexpr int C = D / 32;
+    float v[C];
+#pragma unroll
+    for (int k = 0; k < C; ++k) v[k] = bf16_to_float(tile.row[j][lane + 32 * k]);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float dot = 0;
+#pragma unroll
+      for (int k = 0; k < C; ++k) dot = fmaf(q[g][lane + 32 * k], v[k], dot);
+      for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
+      if (lane == 0) s[g][j] = tile.valid[j] ? dot * scale : -INFINITY;
+    }
+  }
+}
+
+// Step 3 is one warp per head; its lane holds the scores s0, s1 of the tile's entries lane and
+// lane + 32 (-infinity past the tile's end). The tile's maximum score, in every lane:
+__device__ __forceinline__ float tile_max(float s0, float s1) {
+  float m = fmaxf(s0, s1);
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  return m;
+}
+
+// ... and, under the running maximum `running` (which includes this tile's), the probabilities
+// p0, p1 rounded to bf16 (the kernel casts p to bf16 before P·V) and their unrounded sum, the
+// tile's term of the denominator, in every lane.
+__device__ __forceinline__ float tile_probabilities(float s0, float s1, float running, float& p0, float& p1) {
+  const float x0 = expf(s0 - running), x1 = expf(s1 - running);
+  float sum = x0 + x1;
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  p0 = round_bf16(x0);
+  p1 = round_bf16(x1);
+  return sum;
+}
+
+// Step 4, P·V in entry order: block[g] = Σ_j p[g][j]·entry j over the tile's n entries, for the
+// channels 2·pair and 2·pair + 1 (pair < D/2) of every head.
+template <int D, int G>
+__device__ __forceinline__ void tile_pv(const Tile<D>& tile, const float (&p)[G][kTile], int n, int pair,
+                                        float (&block)[G][2]) {
+  static_assert(D % 64 == 0 && D / 2 <= kThreads, "a thread owns one channel pair");
+#pragma unroll
+  for (int g = 0; g < G; ++g) block[g][0] = block[g][1] = 0;
+  for (int j = 0; j < n; ++j) {
+    uint32_t v2;
+    memcpy(&v2, &tile.row[j][2 * pair], 4);
+    const float v0 = __uint_as_float(v2 << 16), v1 = __uint_as_float(v2 & 0xFFFF0000u);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float pg = p[g][j];
+      block[g][0] += pg * v0;
+      block[g][1] += pg * v1;
+    }
+  }
+}
+
+// ---- one block per (token, head group) ---------------------------------------------------------
+
+template <int D, int G>
+struct Smem {
+  Tile<D> tile;
+  float q[G][D];
+  float s[G][kTile];  // scores, then bf16-rounded probabilities
+  float rescale[G], running_max[G], sum_exp[G];
+};
+
+// Grid (token b, head group of G heads); the block walks all of token b's tiles, keeping the
+// online softmax's state (running maximum and denominator in shared memory, the accumulator in
+// registers: thread `pair` owns channels 2·pair, 2·pair + 1 of every head) across them.
+// Reads the token's entries once per block (H/G blocks per token) and q [G, D]; writes out [G, D].
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) attention_kernel(SparseAttentionBatch batch, const float* q,
                                                              const float* sink, float scale, float* out) {
-  static_assert(D % 64 == 0 && D / 2 <= kThreads, "a thread owns one channel pair");
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   Smem<D, G>& sm = *reinterpret_cast<Smem<D, G>*>(smem_bytes);
   const int64_t b = blockIdx.x;
   const int h0 = blockIdx.y * G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int H = batch.heads, W = batch.W, K = batch.K, E = W + K;
+  const int H = batch.heads, E = batch.W + batch.K;
 
-  for (int i = threadIdx.x; i < G * D; i += kThreads) sm.q[i / D][i % D] = q[(b * H + h0 + i / D) * D + i % D];
-  if (threadIdx.x < G) sm.running_max[threadIdx.x] = -1e30f, sm.sum_exp[threadIdx.x] = 0;  // as the CPU op
+  load_q<D, G>(q, b, H, h0, sm.q);
+  if (threadIdx.x < G) sm.running_max[threadIdx.x] = kInitialMax, sm.sum_exp[threadIdx.x] = 0;
   float acc[G][2];
 #pragma unroll
   for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = 0;
   const uint8_t* ring = batch.rings[b];
-  const uint8_t* cache = K > 0 ? batch.caches[b] : nullptr;  // no cache list at all where K = 0
+  const uint8_t* cache = batch.K > 0 ? batch.caches[b] : nullptr;  // no cache list at all where K = 0
   const int pair = threadIdx.x;  // channels 2·pair, 2·pair + 1
 
   for (int e0 = 0; e0 < E; e0 += kTile) {
     const int n = E - e0 < kTile ? E - e0 : kTile;
-    // 1. Decode the tile: warp w takes entries w, w + 8, ...
-    for (int j = warp; j < n; j += kWarps) {
-      const int e = e0 + j;
-      const int32_t index = e < W ? batch.window[b * W + e] : batch.topk[b * K + (e - W)];
-      uint16_t* row = sm.tile[j];
-      if (index < 0) {
-        for (int c = lane; c < D; c += 32) row[c] = 0;
-      } else if (e < W) {
-        decode_swa_fp8<D>(ring + int64_t(index) * swa_fp8::bytes(D), lane, row);
-      } else {
-        decode_kv_fp4<D>(cache + int64_t(index) * kv_fp4::bytes(D), lane, row);
-      }
-      if (lane == 0) sm.valid[j] = index >= 0;
-    }
+    decode_tile<D>(batch, b, ring, cache, e0, n, sm.tile);
     __syncthreads();
-    // 2. Scores: warp w takes entries w, w + 8, ...; each lane holds channels lane + 32k of the
-    // entry in registers (conflict-free reads) and dots them with every head's.
-    for (int j = warp; j < n; j += kWarps) {
-      constexpr int C = D / 32;
-      float v[C];
-#pragma unroll
-      for (int k = 0; k < C; ++k) v[k] = bf16_to_float(sm.tile[j][lane + 32 * k]);
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float dot = 0;
-#pragma unroll
-        for (int k = 0; k < C; ++k) dot = fmaf(sm.q[g][lane + 32 * k], v[k], dot);
-        for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
-        if (lane == 0) sm.s[g][j] = sm.valid[j] ? dot * scale : -INFINITY;
-      }
-    }
+    score_tile<D, G>(sm.tile, sm.q, scale, n, sm.s);
     __syncthreads();
-    // 3. Online softmax, one warp per head: the CPU op's block step.
     for (int g = warp; g < G; g += kWarps) {
       const float s0 = lane < n ? sm.s[g][lane] : -INFINITY, s1 = lane + 32 < n ? sm.s[g][lane + 32] : -INFINITY;
-      float block_max = fmaxf(s0, s1);
-      for (int o = 16; o > 0; o /= 2) block_max = fmaxf(block_max, __shfl_xor_sync(0xFFFFFFFFu, block_max, o));
       const float previous = sm.running_max[g];
-      const float running = fmaxf(previous, block_max);
-      const float p0 = expf(s0 - running), p1 = expf(s1 - running);
-      float block_sum = p0 + p1;
-      for (int o = 16; o > 0; o /= 2) block_sum += __shfl_xor_sync(0xFFFFFFFFu, block_sum, o);
-      __syncwarp();
-      if (lane < n) sm.s[g][lane] = round_bf16(p0);  // the kernel casts p to bf16 before P·V
-      if (lane + 32 < n) sm.s[g][lane + 32] = round_bf16(p1);
+      const float running = fmaxf(previous, tile_max(s0, s1));
+      float p0, p1;
+      const float block_sum = tile_probabilities(s0, s1, running, p0, p1);
+      __syncwarp();  // every lane has read its scores before they are overwritten
+      if (lane < n) sm.s[g][lane] = p0;
+      if (lane + 32 < n) sm.s[g][lane + 32] = p1;
       if (lane == 0) {
         const float rescale = expf(previous - running);
         sm.rescale[g] = rescale;
@@ -148,22 +242,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(SparseAttentionBatc
       }
     }
     __syncthreads();
-    // 4. P·V in entry order; thread `pair` owns two channels of every head.
     if (2 * pair < D) {
       float block[G][2];
-#pragma unroll
-      for (int g = 0; g < G; ++g) block[g][0] = block[g][1] = 0;
-      for (int j = 0; j < n; ++j) {
-        uint32_t v2;
-        memcpy(&v2, &sm.tile[j][2 * pair], 4);
-        const float v0 = __uint_as_float(v2 << 16), v1 = __uint_as_float(v2 & 0xFFFF0000u);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          const float p = sm.s[g][j];
-          block[g][0] += p * v0;
-          block[g][1] += p * v1;
-        }
-      }
+      tile_pv<D, G>(sm.tile, sm.s, n, pair, block);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         acc[g][0] = acc[g][0] * sm.rescale[g] + block[g][0];
@@ -182,6 +263,157 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(SparseAttentionBatc
     }
 }
 
+// ---- split over tiles ---------------------------------------------------------------------------
+//
+// Scratch, fp32, for R = B·H rows (token, head) and T = ⌈E/64⌉ tiles:
+//   block       [R, T, D]  each tile's P·V sums (first: read as float4)
+//   stats       [R, T]     each tile's (rescale, block_sum), float2
+//   scores      [R, E]
+//   tile_maxima [R, T]
+//   last_max    [R]        the running maximum after the last tile
+// 4·R·(T·D + 3·T + E + 1) bytes: 1.5 MB for V4.1 at batch 1, in L2.
+
+// Kernel 1 of 3. Grid (token b, head group of G heads, tile t): decodes tile t of token b, scores
+// the G heads against it (step 2), writes the scores scores[b, h, e0 .. e0 + n) and the tile's
+// maximum score tile_maxima[b, h, t] (of step 3).
+// Reads the tile's entries (64·528 or 64·288 bytes at dim 512; from memory once, from L2 for the
+// other H/G - 1 head groups) and q [G, D]; writes G·(n + 1) floats.
+template <int D, int G>
+struct ScoreSmem {
+  Tile<D> tile;
+  float q[G][D];
+  float s[G][kTile];
+};
+
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads) split_scores_kernel(SparseAttentionBatch batch, const float* q, float scale,
+                                                                float* scores, float* tile_maxima) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  ScoreSmem<D, G>& sm = *reinterpret_cast<ScoreSmem<D, G>*>(smem_bytes);
+  const int64_t b = blockIdx.x;
+  const int h0 = blockIdx.y * G, t = blockIdx.z, T = gridDim.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int H = batch.heads, E = batch.W + batch.K, e0 = t * kTile, n = E - e0 < kTile ? E - e0 : kTile;
+
+  load_q<D, G>(q, b, H, h0, sm.q);
+  decode_tile<D>(batch, b, batch.rings[b], batch.K > 0 ? batch.caches[b] : nullptr, e0, n, sm.tile);
+  __syncthreads();
+  score_tile<D, G>(sm.tile, sm.q, scale, n, sm.s);
+  __syncthreads();
+  for (int g = warp; g < G; g += kWarps) {
+    const int64_t r = b * H + h0 + g;
+    const float s0 = lane < n ? sm.s[g][lane] : -INFINITY, s1 = lane + 32 < n ? sm.s[g][lane + 32] : -INFINITY;
+    float* row = scores + r * E + e0;
+    if (lane < n) row[lane] = s0;
+    if (lane + 32 < n) row[lane + 32] = s1;
+    const float m = tile_max(s0, s1);
+    if (lane == 0) tile_maxima[r * T + t] = m;
+  }
+}
+
+// Kernel 2 of 3. Grid (token b, head group of G heads, tile t), after kernel 1: per head, the
+// running maximum before and after tile t (attention_kernel's recurrence over the maxima of
+// tiles 0 .. t), the tile's probabilities and block_sum (step 3); decodes tile t again and forms
+// its P·V sums (step 4). Writes block[b, h, t, :], stats[b, h, t] = (rescale, block_sum) and, from
+// the last tile, last_max[b, h].
+// Reads the tile's entries, G·(n + t + 1) floats of scores and maxima; writes G·(D + 2) floats.
+template <int D, int G>
+struct PvSmem {
+  Tile<D> tile;
+  float p[G][kTile];  // bf16-rounded probabilities
+};
+
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads) split_pv_kernel(SparseAttentionBatch batch, const float* scores,
+                                                            const float* tile_maxima, float* block, float2* stats,
+                                                            float* last_max) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  PvSmem<D, G>& sm = *reinterpret_cast<PvSmem<D, G>*>(smem_bytes);
+  const int64_t b = blockIdx.x;
+  const int h0 = blockIdx.y * G, t = blockIdx.z, T = gridDim.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int H = batch.heads, E = batch.W + batch.K, e0 = t * kTile, n = E - e0 < kTile ? E - e0 : kTile;
+
+  decode_tile<D>(batch, b, batch.rings[b], batch.K > 0 ? batch.caches[b] : nullptr, e0, n, sm.tile);
+  for (int g = warp; g < G; g += kWarps) {
+    const int64_t r = b * H + h0 + g;
+    // running = fmaxf(previous, tile maximum) over tiles 0 .. t in order, as attention_kernel
+    // does; the warp loads 32 maxima at a time and broadcasts them one by one.
+    float previous = kInitialMax, running = kInitialMax;
+    for (int u0 = 0; u0 <= t; u0 += 32) {
+      const float m = u0 + lane <= t ? tile_maxima[r * T + u0 + lane] : 0.0f;
+      for (int u = u0; u <= t && u < u0 + 32; ++u) {
+        previous = running;
+        running = fmaxf(previous, __shfl_sync(0xFFFFFFFFu, m, u - u0));
+      }
+    }
+    const float* row = scores + r * E + e0;
+    const float s0 = lane < n ? row[lane] : -INFINITY, s1 = lane + 32 < n ? row[lane + 32] : -INFINITY;
+    float p0, p1;
+    const float block_sum = tile_probabilities(s0, s1, running, p0, p1);
+    if (lane < n) sm.p[g][lane] = p0;
+    if (lane + 32 < n) sm.p[g][lane + 32] = p1;
+    if (lane == 0) {
+      stats[r * T + t] = make_float2(expf(previous - running), block_sum);
+      if (t == T - 1) last_max[r] = running;
+    }
+  }
+  __syncthreads();
+  const int pair = threadIdx.x;  // channels 2·pair, 2·pair + 1
+  if (2 * pair < D) {
+    float sums[G][2];
+    tile_pv<D, G>(sm.tile, sm.p, n, pair, sums);
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      *reinterpret_cast<float2*>(block + ((b * H + h0 + g) * T + t) * D + 2 * pair) = make_float2(sums[g][0], sums[g][1]);
+  }
+}
+
+// Kernel 3 of 3. One thread per (row r = (token, head), 4 channels), after kernel 2: the online
+// softmax's recurrence over the tiles in order from zero, acc = acc·rescale_t + block_t and
+// sum_exp = sum_exp·rescale_t + block_sum_t (attention_kernel's fp32 operations; every thread of a
+// row repeats the denominator's, T steps), then the sink and the bf16 output.
+// Reads block [R, T, D] and stats, 4·R·T·(D + 2) bytes (1.3 MB for V4.1 at batch 1, from L2);
+// writes out [R, D].
+constexpr int kCombineThreads = 128;
+
+template <int D>
+__global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const float* block, const float2* stats,
+                                                                        const float* last_max, const float* sink,
+                                                                        int64_t rows, int H, int T, float* out) {
+  constexpr int kQuads = D / 4;
+  const int64_t i = int64_t(blockIdx.x) * kCombineThreads + threadIdx.x;
+  if (i >= rows * kQuads) return;
+  const int64_t r = i / kQuads;
+  const int c = int(i % kQuads) * 4;
+  float4 acc = make_float4(0, 0, 0, 0);
+  float sum_exp = 0;
+  for (int t = 0; t < T; ++t) {
+    const float2 st = stats[r * T + t];  // (rescale, block_sum)
+    const float4 v = *reinterpret_cast<const float4*>(block + (r * T + t) * D + c);
+    acc.x = acc.x * st.x + v.x;
+    acc.y = acc.y * st.x + v.y;
+    acc.z = acc.z * st.x + v.z;
+    acc.w = acc.w * st.x + v.w;
+    sum_exp = sum_exp * st.x + st.y;
+  }
+  const float denominator = sum_exp + expf(sink[r % H] - last_max[r]);
+  float* o = out + r * D + c;  // scalar stores: `out` need not be 16-byte aligned
+  o[0] = round_bf16(acc.x / denominator);
+  o[1] = round_bf16(acc.y / denominator);
+  o[2] = round_bf16(acc.z / denominator);
+  o[3] = round_bf16(acc.w / denominator);
+}
+
+// ---- host ---------------------------------------------------------------------------------------
+
+int multiprocessors() {
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), "cuda::sparse_attention");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cuda::sparse_attention");
+  return sms;
+}
+
 template <int D, int G>
 void launch(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
             cudaStream_t stream) {
@@ -193,18 +425,72 @@ void launch(const SparseAttentionBatch& batch, const float* q, const float* sink
   check_launch("cuda::sparse_attention");
 }
 
+// The split path: three launches on `stream` over scratch from cudaMallocAsync, freed on the
+// stream after them (no host synchronization, so a CUDA graph can capture the call).
+template <int D, int G>
+void launch_split(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
+                  cudaStream_t stream) {
+  const int H = batch.heads, E = batch.W + batch.K, T = (E + kTile - 1) / kTile;
+  if (T > 65535) fail("cuda::sparse_attention", "at most 65535 tiles (gridDim.z)", std::to_string(T));
+  const int64_t rows = batch.tokens * H;
+  const size_t block_floats = size_t(rows) * T * D, stat_floats = size_t(rows) * T * 2, score_floats = size_t(rows) * E,
+               max_floats = size_t(rows) * T;
+  keep_scratch_pool();
+  float* scratch = nullptr;
+  check(cudaMallocAsync(reinterpret_cast<void**>(&scratch),
+                        (block_floats + stat_floats + score_floats + max_floats + size_t(rows)) * sizeof(float), stream),
+        "cuda::sparse_attention");
+  float* block = scratch;  // at the allocation's start (aligned for any type): kernel 3 loads float4
+  float2* stats = reinterpret_cast<float2*>(block + block_floats);  // block_floats is even (D is)
+  float* scores = block + block_floats + stat_floats;
+  float* tile_maxima = scores + score_floats;
+  float* last_max = tile_maxima + max_floats;
+
+  const dim3 grid(unsigned(batch.tokens), unsigned(H / G), unsigned(T));
+  const size_t score_smem = sizeof(ScoreSmem<D, G>), pv_smem = sizeof(PvSmem<D, G>);
+  check(cudaFuncSetAttribute(split_scores_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(score_smem)),
+        "cuda::sparse_attention");
+  split_scores_kernel<D, G><<<grid, kThreads, score_smem, stream>>>(batch, q, scale, scores, tile_maxima);
+  check_launch("cuda::sparse_attention scores");
+  check(cudaFuncSetAttribute(split_pv_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pv_smem)),
+        "cuda::sparse_attention");
+  split_pv_kernel<D, G><<<grid, kThreads, pv_smem, stream>>>(batch, scores, tile_maxima, block, stats, last_max);
+  check_launch("cuda::sparse_attention P·V");
+  const int64_t threads = rows * (D / 4);
+  split_combine_kernel<D><<<unsigned((threads + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0, stream>>>(
+      block, stats, last_max, sink, rows, H, T, out);
+  check_launch("cuda::sparse_attention combine");
+  check(cudaFreeAsync(scratch, stream), "cuda::sparse_attention");
+}
+
 template <int D>
 void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
                 cudaStream_t stream) {
-  // Heads per block: as many as keep at least two blocks per multiprocessor (132 on the H200);
-  // more heads per block decode each tile fewer times.
-  const int64_t blocks_wanted = 2 * 132;
+  const int H = batch.heads;
+  // One block per (token, head group): as many heads per block as keep at least two blocks per
+  // multiprocessor; more heads per block decode each tile fewer times.
+  const int64_t blocks_wanted = 2 * int64_t(multiprocessors());
   int G = 1;
   for (int g : {8, 4, 2})
-    if (batch.heads % g == 0 && batch.tokens * (batch.heads / g) >= blocks_wanted) {
+    if (H % g == 0 && batch.tokens * (H / g) >= blocks_wanted) {
       G = g;
       break;
     }
+  // Split over tiles where even one head per block leaves fewer than two blocks per
+  // multiprocessor (V4.1's 64 heads: up to 4 tokens on the H200's 132): such a block walks its
+  // tiles in sequence, waiting on each tile's loads, and the GPU has too few blocks to fill the
+  // wait. The split path has ⌈E/64⌉ times the blocks (80 for V4.1 at batch 1: 64·10 / 8) and
+  // walks no tile sequence, at the price of a second decode of each tile and three launches.
+  bool split = batch.tokens * (H / G) < blocks_wanted;
+  if (batch.path != SparseAttentionPath::automatic) split = batch.path == SparseAttentionPath::split_tiles;
+  if (split) {
+    // 8 heads per block where H allows: one warp per head in step 3, each tile decoded by H/8
+    // blocks; 82 KB (kernel 1) and 66 KB (kernel 2) of shared memory at dim 512.
+    if (H % 8 == 0) return launch_split<D, 8>(batch, q, sink, scale, out, stream);
+    if (H % 4 == 0) return launch_split<D, 4>(batch, q, sink, scale, out, stream);
+    if (H % 2 == 0) return launch_split<D, 2>(batch, q, sink, scale, out, stream);
+    return launch_split<D, 1>(batch, q, sink, scale, out, stream);
+  }
   switch (G) {
     case 8: return launch<D, 8>(batch, q, sink, scale, out, stream);
     case 4: return launch<D, 4>(batch, q, sink, scale, out, stream);

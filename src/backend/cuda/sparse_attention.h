@@ -8,6 +8,14 @@
 
 namespace dsv41::cuda {
 
+// Which kernels compute a call; the results are bit-identical. `automatic` picks by the size of the
+// batch (sparse_attention.cu says how); the op test names each to compare them.
+enum class SparseAttentionPath {
+  automatic,
+  head_groups,  // one block per (token, group of heads) walks the token's tiles in sequence
+  split_tiles,  // three kernels, parallel over the tiles (small batches)
+};
+
 struct SparseAttentionBatch {
   int64_t tokens = 0;  // B query positions, each of its own sequence
   int heads = 0, dim = 0;  // H query heads of `dim` (64 or 512) sharing one K=V entry
@@ -20,6 +28,7 @@ struct SparseAttentionBatch {
   const uint8_t* const* caches = nullptr;  // [B] device pointers, in device memory (unread, may be null, if K = 0)
   const int32_t* topk = nullptr;           // [B, K]
   int K = 0;
+  SparseAttentionPath path = SparseAttentionPath::automatic;
 };
 
 // out [B, H, dim] (bf16 values) from q [B, H, dim] (bf16 values), sink [H], scale. Device pointers.
