@@ -3,10 +3,10 @@
 // hc_mixes runs as two kernels. mix_partials: grid (rows, splits), each block takes a slice of a
 // token's flattened streams (hc·d = 20480 in V4.1) and accumulates the sum of squares and the
 // (2 + hc)·hc = 24 dot products with hc_fn's rows over it; traffic per token: hc·d·4 (X) plus
-// 24·hc·d·4 (hc_fn, 2 MB, shared by all tokens through L2). mix_finish: one thread per token adds
-// the slices in order, applies the RMS and runs split_sinkhorn (backend/cpu/sinkhorn.h, the CPU's
-// own code). hc_pre and hc_post are elementwise, one thread per output, with the CPU's operation
-// order and no FMA contraction, so they match the CPU bit for bit; traffic (hc + 1)·d·4 read and
+// 24·hc·d·4 (hc_fn, 2 MB, shared by all tokens through L2). mix_finish: one warp per token adds
+// the slices in order, applies the RMS and runs split_sinkhorn's steps (backend/cpu/sinkhorn.h),
+// one lane per row and column of comb (sinkhorn_warp). hc_pre and hc_post are elementwise, one
+// thread per output, with the CPU's operation order and no FMA contraction, so they match the CPU bit for bit; traffic (hc + 1)·d·4 read and
 // d·4 written (pre), 2·hc·d·4 + d·4 read and hc·d·4 written (post).
 //
 // mega_mhc fuses hc_post, hc_mixes, hc_pre and rms_norm (see mhc.h): grid (d / 128, rows), one
@@ -14,7 +14,7 @@
 // operations), forms h[k] from those Xo values (hc_pre's) and writes it unnormalized, and adds
 // Xo[·][k] into the 24 mix dot products, the sum of squares of Xo and that of h. The block's 26
 // sums go to a scratch slot; the row's last block to arrive (an atomic counter per row) adds the
-// slots in block order, runs split_sinkhorn and rescales the row's h in place (2·d·4 bytes that
+// slots in block order, runs Sinkhorn (sinkhorn_warp, its first warp) and rescales the row's h in place (2·d·4 bytes that
 // L2 serves). HBM traffic per token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4
 // written (h) = (2·hc + 2)·d·4, plus hc_fn (24·hc·d·4 = 1.97 MB in V4.1) once per call, from L2
 // when several rows or a warm cache share it.
@@ -35,6 +35,7 @@ constexpr int kMaxHc = 4;
 constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;  // 24
 constexpr int kSlice = 1024;                    // elements of a token's streams per block
 constexpr int kSums = kMaxMix + 1;              // the mixes, then the sum of squares
+constexpr int kMixWarps = 2;                    // mix_finish: tokens (warps) per block
 
 __global__ void __launch_bounds__(kThreads) mix_partials(const float* X, int64_t n, int n_mix, const float* fn,
                                                           float* partials) {
@@ -66,27 +67,40 @@ __global__ void __launch_bounds__(kThreads) mix_partials(const float* X, int64_t
   }
 }
 
-// split_sinkhorn (the CPU's own code) on one thread, its operands and results in registers: hc is
-// a constant where it is 4, so the function's loops unroll and its 4 × 4 matrix never leaves
-// registers, and only the results are stored. Run directly on the global outputs, its 20
-// iterations of dependent loads after stores took ~90 µs per call (measured, H200).
-__device__ void sinkhorn_to(const float* m, const float* scale, const float* base, int hc, int iters, float hc_eps,
-                            float* pre, float* post, float* comb) {
-  float s[3], b[kMaxMix], p[kMaxHc], q[kMaxHc], c[kMaxHc * kMaxHc];
-  const int n_mix = (2 + hc) * hc;
-  for (int t = 0; t < 3; ++t) s[t] = scale[t];
-  for (int t = 0; t < n_mix; ++t) b[t] = base[t];
-  if (hc == kMaxHc) split_sinkhorn(m, s, b, kMaxHc, iters, hc_eps, p, q, c);
-  else split_sinkhorn(m, s, b, hc, iters, hc_eps, p, q, c);
-  for (int j = 0; j < hc; ++j) pre[j] = p[j], post[j] = q[j];
-  for (int t = 0; t < hc * hc; ++t) comb[t] = c[t];
+// split_sinkhorn by one warp: lane j < hc runs the CPU's steps for row j and column j
+// (backend/cpu/sinkhorn.h; a step's rows, or columns, are independent of each other), so its
+// 20 iterations of divisions run hc at a time; the matrix lives in shared memory (comb_s, hc·hc
+// floats). Same operations per element as the CPU's loop, so the same bits. On one thread, over
+// global memory, the iterations took ~90 µs per call (measured, H200); in registers ~50.
+// m: the lane's copy of the token's mixes. Every lane of the warp calls it.
+__device__ void sinkhorn_warp(const float* m, const float* scale, const float* base, int hc, int iters, float hc_eps,
+                              float* comb_s, float* pre, float* post, float* comb) {
+  const int lane = threadIdx.x % 32;
+  const bool mine = lane < hc;
+  if (mine) {
+    sinkhorn::pre_post(m, scale, base, hc, hc_eps, lane, pre, post);
+    sinkhorn::softmax_row(m, scale, base, hc, hc_eps, lane, comb_s);
+  }
+  __syncwarp();
+  if (mine) sinkhorn::normalize_column(comb_s, hc, hc_eps, lane);
+  __syncwarp();
+  for (int t = 0; t < iters - 1; ++t) {
+    if (mine) sinkhorn::normalize_row(comb_s, hc, hc_eps, lane);
+    __syncwarp();
+    if (mine) sinkhorn::normalize_column(comb_s, hc, hc_eps, lane);
+    __syncwarp();
+  }
+  if (mine)
+    for (int i = 0; i < hc; ++i) comb[i * hc + lane] = comb_s[i * hc + lane];
 }
 
+// One warp per token: the slices' sums (every lane adds them, in order), the RMS, then Sinkhorn.
 __global__ void mix_finish(const float* partials, int64_t rows, int slices, int64_t n, int hc, const float* scale,
                            const float* base, float norm_eps, int iters, float hc_eps, float* pre, float* post,
                            float* comb) {
-  const int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row >= rows) return;
+  __shared__ float comb_s[kMixWarps][kMaxHc * kMaxHc];
+  const int64_t row = int64_t(blockIdx.x) * kMixWarps + threadIdx.x / 32;
+  if (row >= rows) return;  // whole warps leave
   const int n_mix = (2 + hc) * hc;
   float m[kSums];
   for (int k = 0; k < kSums; ++k) m[k] = 0;
@@ -94,7 +108,8 @@ __global__ void mix_finish(const float* partials, int64_t rows, int slices, int6
     for (int k = 0; k < kSums; ++k) m[k] += partials[(row * slices + s) * kSums + k];
   const float inv = 1.0f / sqrtf(m[kMaxMix] / float(n) + norm_eps);  // rms_inverse
   for (int k = 0; k < n_mix; ++k) m[k] *= inv;
-  sinkhorn_to(m, scale, base, hc, iters, hc_eps, pre + row * hc, post + row * hc, comb + row * hc * hc);
+  sinkhorn_warp(m, scale, base, hc, iters, hc_eps, comb_s[threadIdx.x / 32], pre + row * hc, post + row * hc,
+                comb + row * hc * hc);
 }
 
 __global__ void hc_pre_kernel(const float* X, const float* pre, int64_t rows, int hc, int64_t d, float* y) {
@@ -171,6 +186,7 @@ __global__ void __launch_bounds__(kMegaThreads)
   }
   __shared__ float sums[kMegaThreads / 32][kMegaSums];
   __shared__ float totals[kMegaSums];
+  __shared__ float comb_s[kMaxHc * kMaxHc];
   __shared__ bool last;
 #pragma unroll
   for (int t = 0; t < kMegaSums; ++t) {
@@ -197,12 +213,13 @@ __global__ void __launch_bounds__(kMegaThreads)
     totals[threadIdx.x] = s;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < 32) {
     float m[kMaxMix];
     const float inv = 1.0f / sqrtf(totals[kMaxMix] / float(n) + eps);  // rms_inverse over hc·d
     for (int t = 0; t < n_mix; ++t) m[t] = totals[t] * inv;
-    sinkhorn_to(m, scale, base, hc, iters, hc_eps, pre_out + row * hc, post_out + row * hc, comb_out + row * hc * hc);
-    mega_arrivals[row] = 0;
+    sinkhorn_warp(m, scale, base, hc, iters, hc_eps, comb_s, pre_out + row * hc, post_out + row * hc,
+                  comb_out + row * hc * hc);
+    if (threadIdx.x == 0) mega_arrivals[row] = 0;
   }
   const float inv_h = 1.0f / sqrtf(totals[kMaxMix + 1] / float(d) + eps);  // rms_norm's, as norm.cu
   for (int64_t i = threadIdx.x; i < d; i += kMegaThreads)
@@ -256,7 +273,7 @@ void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& 
   mix_partials<<<dim3(unsigned(rows), unsigned(slices)), kThreads, 0, stream>>>(
       X, n, (2 + hc) * hc, reinterpret_cast<const float*>(w.fn.data), partials);
   check_launch("cuda::hc_mixes partials");
-  mix_finish<<<unsigned((rows + 63) / 64), 64, 0, stream>>>(
+  mix_finish<<<unsigned((rows + kMixWarps - 1) / kMixWarps), 32 * kMixWarps, 0, stream>>>(
       partials, rows, slices, n, hc, reinterpret_cast<const float*>(w.scale.data),
       reinterpret_cast<const float*>(w.base.data), norm_eps, sinkhorn_iters, hc_eps, pre, post, comb);
   check_launch("cuda::hc_mixes finish");
