@@ -16,6 +16,11 @@
 // before a layer with Engram (which updates the streams first), nor at the decoder's start (where
 // bounded replay drops rows).
 //
+// Decode calls (one row per sequence, none replayed) read every per-step value from their plan
+// (decode_plan.h) in device memory instead of uploading lists per layer, run the compressor for
+// all sequences at once (compress_decode) and the indexer with entry counts read on the device;
+// their launches are then the same at every position, which DecodeGraph captures.
+//
 // MoE: up to 64 rows (decode batches) cuda::moe, whose routing never leaves the device; above it
 // (prefill) the routing comes to the host once per layer to list each expert's rows, so that each
 // expert is one tensor-core GEMM over them.
@@ -604,10 +609,14 @@ void Call::attention(int l, float* out) {
   window_lists(l);
 
   if (ratio > 0) {
-    if (c_.is_kv_source(l) && decode()) compress_decode(l, h_.get());
-    if (c_.is_kv_source(l) && !decode())
-      for (Item& it : items_)
-        if (!it.kv_projected) compress(it, l, h_.get() + it.offset * c_.dim);
+    if (c_.is_kv_source(l)) {
+      if (decode()) {
+        compress_decode(l, h_.get());
+      } else {
+        for (Item& it : items_)
+          if (!it.kv_projected) compress(it, l, h_.get() + it.offset * c_.dim);
+      }
+    }
     if (c_.is_index_source(l)) {
       if (topk_.size() == 0) {
         K_ = c_.index_topk;
