@@ -12,16 +12,10 @@
 
 namespace dsv41::cuda {
 
-namespace {
-
-constexpr size_t kMostRows = 64;  // the device-routed MoE's limit (device_forward.cu)
-
-}  // namespace
-
 DecodeGraph::DecodeGraph(const DeviceModel& model, std::vector<DeviceSequence*> sequences)
     : model_(model), sequences_(std::move(sequences)) {
-  if (sequences_.empty() || sequences_.size() > kMostRows)
-    fail("cuda::DecodeGraph", "1 to " + std::to_string(kMostRows) + " sequences", std::to_string(sequences_.size()));
+  if (sequences_.empty() || int64_t(sequences_.size()) > kDeviceRoutedRows)
+    fail("cuda::DecodeGraph", "1 to " + std::to_string(kDeviceRoutedRows) + " sequences", std::to_string(sequences_.size()));
   // A blocking stream: it waits for work on the legacy default stream (sequence uploads, prefills).
   check(cudaStreamCreate(&stream_), "cuda::DecodeGraph");
   logits_ = DeviceBuffer<float>(int64_t(sequences_.size()) * model.config().vocab_size);

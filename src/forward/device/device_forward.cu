@@ -53,10 +53,6 @@ namespace {
 
 using Floats = DeviceBuffer<float>;
 
-// Up to this many rows the MoE runs as cuda::moe (no host round trip); above it the experts run as
-// GEMMs over their listed rows.
-constexpr int64_t kDeviceRoutedRows = 64;
-
 // The most the indexer's per-call scratch may take; longer prompts run in chunks.
 constexpr int64_t kIndexScratchBytes = int64_t(16) << 30;
 

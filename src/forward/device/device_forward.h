@@ -17,6 +17,11 @@
 
 namespace dsv41::cuda {
 
+// Up to this many rows a call's MoE runs as cuda::moe, its routing never leaving the device (so a
+// decode step of that many sequences can be captured); above it the routing comes to the host
+// once per layer and each expert runs as GEMMs over its listed rows.
+inline constexpr int64_t kDeviceRoutedRows = 64;
+
 struct DeviceItem {
   DeviceSequence* sequence;
   std::span<const int> tokens;
