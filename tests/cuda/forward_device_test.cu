@@ -194,9 +194,11 @@ TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
   }
 }
 
-// The same state, byte for byte: lengths, rings, caches, open groups.
+// The same state, byte for byte: lengths, window floors, rings, caches, open groups.
 void expect_same_state(const SequenceState& a, const SequenceState& b, const std::string& what) {
   EXPECT_EQ(a.length, b.length) << what;
+  EXPECT_EQ(a.decoder_window_floor, b.decoder_window_floor) << what;
+  EXPECT_EQ(a.encoder_window_floor, b.encoder_window_floor) << what;
   for (size_t l = 0; l < a.window.size(); ++l) EXPECT_EQ(mismatches(a.window[l], b.window[l]), 0u) << what << " ring " << l;
   for (auto& [layer, cache] : a.compressed) {
     const CompressedCache& other = b.compressed.at(layer);
@@ -205,6 +207,7 @@ void expect_same_state(const SequenceState& a, const SequenceState& b, const std
     EXPECT_EQ(mismatches(cache.kv, other.kv), 0u) << what << " layer " << layer;
     EXPECT_EQ(mismatches(cache.index_k, other.index_k), 0u) << what << " layer " << layer;
     EXPECT_EQ(mismatches(cache.pending_kv, other.pending_kv), 0u) << what << " layer " << layer;
+    EXPECT_EQ(mismatches(cache.pending_score, other.pending_score), 0u) << what << " layer " << layer;
   }
 }
 

@@ -488,14 +488,15 @@ void linear_f32(const float* x, int64_t M, const Weight& w, float* y, cudaStream
 }
 
 void linear_grouped(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, cudaStream_t stream) {
-  if (groups <= 0 || w.rows % groups != 0 || (w.rows / groups) % kRows != 0)
-    fail("cuda::linear_grouped", "groups of an even number of weight rows each",
+  if (groups <= 0 || w.rows % groups != 0)
+    fail("cuda::linear_grouped", "a weight whose rows split into the groups evenly",
          std::to_string(groups) + " groups of " + std::to_string(w.rows) + " rows");
   if (groups == 1) return linear(x, M, w, y, stream);
-  // One gemv launch over every group (bf16/fp32 weights: rows independent, no act-quant). A
-  // quantized weight takes each group as one linear() on a contiguous copy of its inputs.
-  if (!w.quantized()) return dispatch(x, M, w, y, true, stream, groups);
   const int64_t r = w.rows / groups, K = w.cols;
+  // One gemv launch over every group (bf16/fp32 weights: rows independent, no act-quant; a
+  // thread's kRows rows in one group). Otherwise each group is one linear() on a contiguous copy
+  // of its inputs.
+  if (!w.quantized() && r % kRows == 0) return dispatch(x, M, w, y, true, stream, groups);
   if (w.format == WeightFormat::FP8 && r % kBlock != 0)
     fail("cuda::linear_grouped", "groups of whole 32-row scale blocks for an fp8 weight", std::to_string(r) + " rows a group");
   float *xg = nullptr, *yg = nullptr;

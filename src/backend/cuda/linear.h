@@ -22,7 +22,6 @@ void linear_f32(const float* x, int64_t M, const Weight& w, float* y, cudaStream
 // A grouped product (the attention's low-rank output wo_a): the weight's N rows form `groups`
 // groups of N / groups rows, each with its own input: x [M, groups, K], y [M, N] with
 // y[m, n] = x[m, n / (N / groups)] · W[n], each group exactly linear() of its input on its rows.
-// Groups of an even number of rows.
 void linear_grouped(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, cudaStream_t stream = nullptr);
 
 }  // namespace dsv41::cuda

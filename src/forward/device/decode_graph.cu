@@ -16,9 +16,9 @@ DecodeGraph::DecodeGraph(const DeviceModel& model, std::vector<DeviceSequence*> 
     : model_(model), sequences_(std::move(sequences)) {
   if (sequences_.empty() || int64_t(sequences_.size()) > kDeviceRoutedRows)
     fail("cuda::DecodeGraph", "1 to " + std::to_string(kDeviceRoutedRows) + " sequences", std::to_string(sequences_.size()));
+  logits_ = DeviceBuffer<float>(int64_t(sequences_.size()) * model.config().vocab_size);
   // A blocking stream: it waits for work on the legacy default stream (sequence uploads, prefills).
   check(cudaStreamCreate(&stream_), "cuda::DecodeGraph");
-  logits_ = DeviceBuffer<float>(int64_t(sequences_.size()) * model.config().vocab_size);
 }
 
 DecodeGraph::~DecodeGraph() {
@@ -37,9 +37,11 @@ std::vector<std::vector<float>> DecodeGraph::step(std::span<const int32_t> token
   const DecodePlan plan = plan_decode(model_.config(), rows);
 
   if (!exec_) {
-    plan_bytes_ = plan.block.size();
-    check(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), plan_bytes_), "cuda::DecodeGraph");
-    plan_device_ = DeviceBuffer<uint8_t>(int64_t(plan_bytes_));
+    if (!plan_host_) {  // a capture that failed before keeps its buffers
+      plan_bytes_ = plan.block.size();
+      check(cudaMallocHost(reinterpret_cast<void**>(&plan_host_), plan_bytes_), "cuda::DecodeGraph");
+      plan_device_ = DeviceBuffer<uint8_t>(int64_t(plan_bytes_));
+    }
     std::memcpy(plan_host_, plan.block.data(), plan_bytes_);
     std::vector<DeviceItem> items;
     for (size_t b = 0; b < B; ++b) items.push_back(DeviceItem{sequences_[b], std::span<const int>(&tokens[b], 1), rows[b].engram_ids});

@@ -3,6 +3,7 @@
 // the same sequences differ in values, never in layout, and a captured step reads the next one.
 #include "forward/device/decode_plan.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -33,7 +34,6 @@ class Block {
 
 DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
   DecodePlan p;
-  p.rows = int64_t(rows.size());
   Block block(p.block);
   const int64_t W = c.window_size;
   const size_t slot = swa_fp8::bytes(int(c.head_dim));
@@ -55,6 +55,7 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
     if (c.has_engram() && !r.engram_ids) fail("cuda decode step", "Engram hash ids for a model with Engram", "none");
     for (size_t b2 = 0; b2 < b; ++b2)
       if (rows[b2].sequence == r.sequence) fail("cuda decode step", "each sequence once in a step", "a sequence twice");
+    p.sequences.push_back(r.sequence);
     tokens.push_back(r.token);
     positions.push_back(s.length);
     pre_mix[b * size_t(c.hc_mult)] = 1.0f;
@@ -131,7 +132,8 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
   return p;
 }
 
-void advance_decode(DeviceSequence& s) {
+void advance_decode(DeviceSequence& s, int64_t decoder_from) {
+  s.decoder_window_floor = std::max(s.decoder_window_floor, decoder_from);
   for (auto& [layer, cache] : s.compressed) {
     if (closes_group(cache)) {
       cache.entries += 1;

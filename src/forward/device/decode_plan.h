@@ -24,7 +24,7 @@ struct DecodeRow {
 };
 
 struct DecodePlan {
-  int64_t rows = 0;      // B
+  std::vector<DeviceSequence*> sequences;  // B, the rows' sequences
   std::vector<uint8_t> block;  // the host image of the block
   // Byte offsets of the fields in the block; [B] unless said.
   size_t tokens = 0;                  // int32
@@ -56,7 +56,8 @@ DecodePlan plan_decode(const Config& config, const std::vector<DecodeRow>& rows)
 // Whether the sequence's next row closes a group of its compressed cache (every row does at ratio 1).
 inline bool closes_group(const DeviceCompressed& cache) { return cache.ratio == 1 || cache.pending + 1 == cache.ratio; }
 
-// The host's counters after a decode step: one more row, and each cache's open group or entries.
-void advance_decode(DeviceSequence& sequence);
+// The host's counters after a decode step: one more row, each cache's open group or entries, and
+// the decoder window floor raised to the row's decoder_from.
+void advance_decode(DeviceSequence& sequence, int64_t decoder_from = 0);
 
 }  // namespace dsv41::cuda

@@ -104,6 +104,10 @@ class Call {
       offset += R;
     }
     T_ = offset;
+    if (plan_ && (plan_->sequences.size() != items_.size() || T_ != int64_t(items_.size())))
+      fail("cuda decode step", "a plan of the batch's sequences, one row each", std::to_string(plan_->sequences.size()) + " planned rows");
+    for (size_t i = 0; plan_ && i < items_.size(); ++i)
+      if (plan_->sequences[i] != items_[i].seq) fail("cuda decode step", "the plan's sequences in the batch's order", "another sequence");
     trace_ = batch.size() == 1 ? batch[0].options.trace : nullptr;
   }
 
@@ -292,7 +296,7 @@ void Call::drop_encoder_only_rows(int ds) {
   for (size_t i = 0; i < items_.size(); ++i) {
     Item& it = items_[i];
     const int64_t from = std::max(it.in->options.decoder_from, it.replay_until);
-    it.seq->decoder_window_floor = std::max(it.seq->decoder_window_floor, from);
+    if (!decode()) it.seq->decoder_window_floor = std::max(it.seq->decoder_window_floor, from);  // a decode call's: advance_decode
     cut[i] = std::clamp<int64_t>(from - it.start, 0, it.rows);
     any |= cut[i] > 0;
   }
@@ -493,10 +497,7 @@ void Call::index(int l, const float* x, const float* qr) {
   DeviceBuffer<int64_t> visible_buffer;
   const int64_t* visible = nullptr;
   if (decode()) {
-    if (c_.compress_ratios[size_t(c_.kv_source_of(l))] != ratio)
-      fail("cuda::forward_batch", "an index layer of its kv source's ratio " + std::to_string(c_.compress_ratios[size_t(c_.kv_source_of(l))]),
-           std::to_string(ratio) + " at layer " + std::to_string(l));
-    visible = planned<int64_t>(plan_->compressed.at(c_.kv_source_of(l)).visible);
+    visible = planned<int64_t>(plan_->compressed.at(c_.kv_source_of(l)).visible);  // the source's ratio is l's (Config)
   } else {
     std::vector<int64_t> host;
     for (const Item& it : items_)
@@ -785,7 +786,7 @@ std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const st
   const DecodePlan plan = plan_decode(model.config(), rows);
   DeviceBuffer<uint8_t> plan_d = scratch_from(plan.block, stream);
   std::vector<std::vector<float>> logits = Call(model, batch, stream, &plan, plan_d.get()).run();
-  for (const DecodeRow& r : rows) advance_decode(*r.sequence);
+  for (const DecodeRow& r : rows) advance_decode(*r.sequence, r.decoder_from);
   return logits;
 }
 
