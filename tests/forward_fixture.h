@@ -80,6 +80,18 @@ class Fixture {
     return {t.begin(), t.end()};
   }
 
+  // The Engram hash ids of a prompt's prefill or decode rows [rows, engram layers, columns], empty
+  // for a model without Engram; ids(hashes, row) gives row `row`'s (null without Engram), as
+  // forward() takes them.
+  std::vector<int64_t> hashes(int prompt, bool decode = false) const {
+    if (!config().has_engram()) return {};
+    return ex.ints(prefix(prompt) + (decode ? "decode.engram_hash" : "prefill.engram_hash"));
+  }
+  const int64_t* ids(const std::vector<int64_t>& hashes, int64_t row) const {
+    const Config& c = config();
+    return hashes.empty() ? nullptr : hashes.data() + row * int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+  }
+
   // The recorded choices of the prefill rows [first, first + rows), or of decode step `step`.
   Choices recorded(int prompt, bool decode, int64_t first, int64_t rows) const {
     const Config& c = config();
@@ -104,15 +116,13 @@ class Fixture {
   // `traces` collects one Trace per forward call.
   Logits run(int prompt, bool force, int64_t chunk = 0, std::vector<Trace>* traces = nullptr,
              const ChoiceSource* source = nullptr) const {
-    const Config& c = config();
     const std::string p = prefix(prompt);
     const std::vector<int> prompt_tokens = tokens(prompt);
-    const int64_t P = int64_t(prompt_tokens.size()), per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-    std::vector<int64_t> hashes = c.has_engram() ? ex.ints(p + "prefill.engram_hash") : std::vector<int64_t>{};
-    std::vector<int64_t> decode_hashes = c.has_engram() ? ex.ints(p + "decode.engram_hash") : std::vector<int64_t>{};
+    const int64_t P = int64_t(prompt_tokens.size());
+    const std::vector<int64_t> prefill_hashes = hashes(prompt), decode_hashes = hashes(prompt, true);
     SequenceCall sequence = new_sequence(*model);
     Logits out;
-    auto call = [&](std::span<const int> tokens, const int64_t* ids, bool decode, int64_t first, bool all) {
+    auto call = [&](std::span<const int> tokens, const int64_t* row_ids, bool decode, int64_t first, bool all) {
       Trace trace;
       Choices f;
       ForwardOptions opt;
@@ -123,7 +133,7 @@ class Fixture {
         trace.forced_topk = &f.topk;
         trace.forced_experts = &f.experts;
       }
-      std::vector<float> logits = sequence(tokens, c.has_engram() ? ids : nullptr, opt);
+      std::vector<float> logits = sequence(tokens, row_ids, opt);
       if (traces) traces->push_back(std::move(trace));
       return logits;
     };
@@ -131,13 +141,13 @@ class Fixture {
     for (int64_t s = 0; s < P; s += step) {
       const int64_t n = std::min(step, P - s);
       std::vector<float> l = call(std::span<const int>(prompt_tokens).subspan(size_t(s), size_t(n)),
-                                  hashes.data() + s * per_token, false, s, true);
+                                  ids(prefill_hashes, s), false, s, true);
       out.prefill.insert(out.prefill.end(), l.begin(), l.end());
     }
     std::vector<int64_t> decode = ex.ints(p + "decode.tokens");
     for (size_t k = 0; k < decode.size(); ++k) {
       const int t = int(decode[k]);
-      std::vector<float> l = call(std::span<const int>(&t, 1), decode_hashes.data() + k * per_token, true, int64_t(k), false);
+      std::vector<float> l = call(std::span<const int>(&t, 1), ids(decode_hashes, int64_t(k)), true, int64_t(k), false);
       out.decode.insert(out.decode.end(), l.begin(), l.end());
     }
     return out;
@@ -208,6 +218,24 @@ inline void expect_close(const std::string& what, const std::vector<float>& ours
 
 // Runs prompts in `mode` ("forced_topk_routing" or "free") and compares all their rows, prefill and
 // decode pooled, against the same mode's baseline figures.
+// The exact level's short-prompt checks that hold for every forward: prompt 0's prefill within
+// the reference's own cross-device figures and its next token, and on v41-tiny (no near-tie in
+// its decode) the greedy decode tokens.
+inline void expect_short_prompt_exact(const Fixture& f, const Logits& ours, const std::string& what) {
+  const int64_t V = f.config().vocab_size;
+  Bound prefill;
+  prefill.add(f.base("free", 0, "prefill.logits"));
+  expect_close(what + " prompt0 prefill", ours.prefill, f.ex.floats("prompt0.prefill.logits"), V, prefill);
+  EXPECT_EQ(std::max_element(ours.prefill.end() - V, ours.prefill.end()) - (ours.prefill.end() - V),
+            f.ex.ints("prompt0.prefill.next_token")[0]);
+  if (f.name != "v41-tiny") return;
+  std::vector<int64_t> next = f.ex.ints("prompt0.decode.next_tokens");
+  for (size_t k = 0; k < next.size(); ++k) {
+    const float* row = ours.decode.data() + k * V;
+    EXPECT_EQ(std::max_element(row, row + V) - row, next[k]) << "decode step " << k;
+  }
+}
+
 inline void expect_mode(const Fixture& f, const std::string& mode, std::vector<int> prompts) {
   std::vector<float> ours, ref;
   Bound base;

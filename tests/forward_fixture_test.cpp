@@ -15,21 +15,11 @@ class ForwardFixture : public testing::TestWithParam<std::string> {};
 // run, and its greedy tokens, match.
 TEST_P(ForwardFixture, ShortPromptEndToEnd) {
   Fixture f(GetParam());
-  const int64_t V = f.config().vocab_size;
   Logits ours = f.run(0, false);
-  Bound prefill;
-  prefill.add(f.base("free", 0, "prefill.logits"));
-  expect_close(f.name + " exact prompt0 prefill", ours.prefill, f.ex.floats("prompt0.prefill.logits"), V, prefill);
-  EXPECT_EQ(std::max_element(ours.prefill.end() - V, ours.prefill.end()) - (ours.prefill.end() - V),
-            f.ex.ints("prompt0.prefill.next_token")[0]);
+  expect_short_prompt_exact(f, ours, f.name + " exact");
+  // The CPU forward's own claim on v41-tiny: its whole decode, logits too, is the reference's.
   if (f.name != "v41-tiny") return;
-  LogitStats dec = compare_logits(ours.decode, f.ex.floats("prompt0.decode.logits"), V);
-  EXPECT_LE(dec.max, 1e-5);
-  std::vector<int64_t> next = f.ex.ints("prompt0.decode.next_tokens");
-  for (size_t k = 0; k < next.size(); ++k) {
-    const float* row = ours.decode.data() + k * V;
-    EXPECT_EQ(std::max_element(row, row + V) - row, next[k]) << "decode step " << k;
-  }
+  EXPECT_LE(compare_logits(ours.decode, f.ex.floats("prompt0.decode.logits"), f.config().vocab_size).max, 1e-5);
 }
 
 // Forced: with the reference's top-k and experts imposed, each prompt within the baseline's

@@ -56,19 +56,7 @@ size_t mismatches(const std::vector<T>& a, const std::vector<T>& b) {
 TEST_P(DeviceForwardFixture, ShortPromptEndToEnd) {
   DSV41_REQUIRE_DEVICE();
   Fixture f(GetParam(), device_sequences());
-  const int64_t V = f.config().vocab_size;
-  Logits ours = f.run(0, false);
-  Bound prefill;
-  prefill.add(f.base("free", 0, "prefill.logits"));
-  expect_close(f.name + " device exact prompt0 prefill", ours.prefill, f.ex.floats("prompt0.prefill.logits"), V, prefill);
-  EXPECT_EQ(std::max_element(ours.prefill.end() - V, ours.prefill.end()) - (ours.prefill.end() - V),
-            f.ex.ints("prompt0.prefill.next_token")[0]);
-  if (f.name != "v41-tiny") return;
-  std::vector<int64_t> next = f.ex.ints("prompt0.decode.next_tokens");
-  for (size_t k = 0; k < next.size(); ++k) {
-    const float* row = ours.decode.data() + k * V;
-    EXPECT_EQ(std::max_element(row, row + V) - row, next[k]) << "decode step " << k;
-  }
+  expect_short_prompt_exact(f, f.run(0, false), f.name + " device exact");
 }
 
 TEST_P(DeviceForwardFixture, ForcedChoices) {
@@ -147,7 +135,6 @@ TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
   Fixture f(GetParam());
   const Config& c = f.config();
   cuda::DeviceModel dm(*f.model);
-  const int64_t per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
   std::vector<std::vector<int>> prompts;
   std::vector<std::vector<int64_t>> hashes;
   for (int p = 0; p < 3; ++p) {
@@ -157,9 +144,9 @@ TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
     std::vector<int> t = f.tokens(p);
     t.resize(std::min<size_t>(t.size(), p == 2 ? 8 : 20));
     prompts.push_back(t);
-    hashes.push_back(c.has_engram() ? f.ex.ints(f.prefix(p) + "prefill.engram_hash") : std::vector<int64_t>{});
+    hashes.push_back(f.hashes(p));
   }
-  auto ids = [&](int p, int64_t row) { return c.has_engram() ? hashes[size_t(p)].data() + row * per_token : nullptr; };
+  auto ids = [&](int p, int64_t row) { return f.ids(hashes[size_t(p)], row); };
   // Alone: sequence p runs its prompt but the last token, then the last token as a decode.
   std::vector<std::vector<float>> alone;
   std::vector<std::unique_ptr<cuda::DeviceSequence>> solo;
@@ -223,9 +210,8 @@ TEST_P(DeviceForwardFixture, DecodeGraphEqualsUncapturedSteps) {
   const Config& c = f.config();
   cuda::DeviceModel dm(*f.model);
   const std::vector<int> tokens = f.tokens(2);
-  const int64_t per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-  const std::vector<int64_t> hashes = c.has_engram() ? f.ex.ints(f.prefix(2) + "prefill.engram_hash") : std::vector<int64_t>{};
-  auto ids = [&](int64_t pos) { return c.has_engram() ? hashes.data() + pos * per_token : nullptr; };
+  const std::vector<int64_t> hashes = f.hashes(2);
+  auto ids = [&](int64_t pos) { return f.ids(hashes, pos); };
   const std::vector<int64_t> lengths = {5, 40, 100};
   std::vector<std::unique_ptr<cuda::DeviceSequence>> graphed, twins;
   std::vector<cuda::DeviceSequence*> graphed_ptrs;
@@ -295,16 +281,15 @@ TEST_P(DeviceForwardFixture, DecoderBoundedReplayMatchesCpu) {
   cuda::DeviceModel dm(*f.model);
   const int prompt = 2;
   const std::vector<int> tokens = f.tokens(prompt);
-  const int64_t P = int64_t(tokens.size()), per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-  const std::vector<int64_t> hashes = c.has_engram() ? f.ex.ints(f.prefix(prompt) + "prefill.engram_hash") : std::vector<int64_t>{};
-  const int64_t* ids = c.has_engram() ? hashes.data() : nullptr;
+  const int64_t P = int64_t(tokens.size());
+  const std::vector<int64_t> hashes = f.hashes(prompt);
   const int64_t split = P - 3;  // the decode step re-runs the last prompt token
   SequenceState state(c);
   cuda::DeviceSequence seq(c, c.max_seq_len);
   std::vector<float> want, got;
   for (int call = 0; call < 2; ++call) {
     const std::span<const int> t = call == 0 ? std::span<const int>(tokens).first(size_t(split)) : std::span<const int>(tokens).subspan(size_t(split));
-    const int64_t* call_ids = ids ? ids + (call == 0 ? 0 : split * per_token) : nullptr;
+    const int64_t* call_ids = f.ids(hashes, call == 0 ? 0 : split);
     ForwardOptions options;
     if (call == 0) options.decoder_from = split - 5;
     cpu_then_device(*f.model, state, dm, seq, t, call_ids, options, want, got);
@@ -325,8 +310,8 @@ TEST_P(DeviceForwardFixture, EncoderBoundedReplayMatchesCpu) {
   cuda::DeviceModel dm(*f.model);
   const int prompt = 2;
   const std::vector<int> tokens = f.tokens(prompt);
-  const int64_t P = int64_t(tokens.size()), W = c.window_size, per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-  const std::vector<int64_t> hashes = c.has_engram() ? f.ex.ints(f.prefix(prompt) + "prefill.engram_hash") : std::vector<int64_t>{};
+  const int64_t P = int64_t(tokens.size()), W = c.window_size;
+  const std::vector<int64_t> hashes = f.hashes(prompt);
   int64_t step = 1;  // H: a multiple of every compression ratio, past W
   for (int r : c.compress_ratios) step = r > 0 ? std::lcm(step, int64_t(r)) : step;
   const int64_t H = (P - 8) / step * step, start = H - W;
@@ -334,7 +319,7 @@ TEST_P(DeviceForwardFixture, EncoderBoundedReplayMatchesCpu) {
 
   // The global KV of [0, H) from a cold CPU run; no window, no open group.
   SequenceState cold(c);
-  forward(*f.model, cold, std::span<const int>(tokens).first(size_t(H)), c.has_engram() ? hashes.data() : nullptr);
+  forward(*f.model, cold, std::span<const int>(tokens).first(size_t(H)), f.ids(hashes, 0));
   SequenceState warm(c);
   warm.length = start;
   for (auto& [layer, cache] : warm.compressed) {
@@ -347,7 +332,7 @@ TEST_P(DeviceForwardFixture, EncoderBoundedReplayMatchesCpu) {
   seq.upload(warm);
 
   const std::span<const int> rest = std::span<const int>(tokens).subspan(size_t(start));
-  const int64_t* ids = c.has_engram() ? hashes.data() + start * per_token : nullptr;
+  const int64_t* ids = f.ids(hashes, start);
   ForwardOptions options;
   options.replay_until = H;
   options.decoder_from = P - W;
@@ -376,8 +361,8 @@ TEST_P(DeviceForwardFixture, BadInputChangesNothing) {
   cuda::DeviceModel dm(*f.model);
   std::vector<int> tokens = f.tokens(1);
   tokens.resize(12);
-  const std::vector<int64_t> hashes = c.has_engram() ? f.ex.ints(f.prefix(1) + "prefill.engram_hash") : std::vector<int64_t>{};
-  const int64_t* ids = c.has_engram() ? hashes.data() : nullptr;
+  const std::vector<int64_t> hashes = f.hashes(1);
+  const int64_t* ids = f.ids(hashes, 0);
   cuda::DeviceSequence a(c, c.max_seq_len), b(c, c.max_seq_len);
   cuda::forward_batch(dm, {{&a, std::span<const int>(tokens).first(6), ids}, {&b, std::span<const int>(tokens).first(6), ids}});
   const SequenceState before = a.download();
