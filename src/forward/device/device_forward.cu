@@ -132,6 +132,8 @@ class Call {
   void window_lists(int l);
   void compress(Item& it, int l, const float* x);
   void compress_decode(int l, const float* x);
+  template <class Dest>
+  void store_entries(int l, float* latents, int64_t n, const int64_t* gpos, Dest index_dest, Dest kv_dest);
   void index(int l, const float* x, const float* qr);
   void moe(int l, float* out);
   void logits(float* out);
@@ -190,10 +192,7 @@ std::vector<std::vector<float>> Call::run() {
     for (Item& it : items_) it.seq->length += int64_t(it.in->tokens.size());
   const int64_t V = c_.vocab_size;
   std::vector<std::vector<float>> out(items_.size());
-  int64_t rows = 0;
-  for (const Item& it : items_) rows += it.rows == 0 ? 0 : it.in->options.all_logits ? it.rows : 1;
-  if (rows == 0) return out;
-  const std::vector<float> all = logits_buffer_.download(stream_, rows * V);
+  const std::vector<float> all = logits_buffer_.download(stream_);  // logits()'s rows, item by item
   int64_t at = 0;
   for (size_t i = 0; i < items_.size(); ++i) {
     const Item& it = items_[i];
@@ -393,9 +392,8 @@ void Call::window_lists(int l) {
 
 void Call::compress(Item& it, int l, const float* x) {
   const AttentionWeights& a = m_.layer(l).attn;
-  const float* freqs = m_.rope_freqs(l);
   const int ratio = c_.compress_ratios[size_t(l)];
-  const int64_t hd = c_.head_dim, rd = c_.rope_head_dim, ihd = c_.index_head_dim;
+  const int64_t hd = c_.head_dim, ihd = c_.index_head_dim;
   DeviceCompressed& cache = it.seq->compressed.at(l);
   const int64_t first = std::clamp<int64_t>(it.replay_until - it.start, 0, it.rows), rows = it.rows - first;
   if (rows == 0) return;
@@ -410,7 +408,6 @@ void Call::compress(Item& it, int l, const float* x) {
   if (ratio == 1) {
     latents = scratch<float>(rows * hd, stream_);
     linear(xs, rows, a.compressor_wkv, latents.get(), stream_);
-    rms_norm(latents.get(), rows, hd, &a.compressor_norm, eps(), latents.get(), stream_);
     for (int64_t r = 0; r < rows; ++r) group_pos.push_back(pos(it, first + r));
   } else {
     // The open group's rows, then this call's: every complete group is pooled, the rest waits.
@@ -429,21 +426,32 @@ void Call::compress(Item& it, int l, const float* x) {
     if (groups == 0) return;
     latents = scratch<float>(groups * hd, stream_);
     pool_groups(kv.get(), score.get(), groups, ratio, int(hd), /*round=*/true, latents.get(), stream_);
-    rms_norm(latents.get(), groups, hd, &a.compressor_norm, eps(), latents.get(), stream_);
     for (int64_t g = 0; g < groups; ++g) group_pos.push_back(first_staged + g * ratio);
   }
   const int64_t n_new = int64_t(group_pos.size());
   DeviceBuffer<int64_t> gpos = scratch_from(group_pos, stream_);
-
-  // Index keys from the latent before RoPE, then the main KV entry after it.
-  Floats k = scratch<float>(n_new * ihd, stream_);
-  linear(latents.get(), n_new, a.indexer_wk, k.get(), stream_);
-  rms_norm(k.get(), n_new, ihd, &a.indexer_k_norm, eps(), k.get(), stream_);
-  rope(k.get() + ihd - rd, n_new, 1, ihd, ihd, int(rd), gpos.get(), freqs, false, stream_);
-  mxfp4_encode(k.get(), n_new, int(ihd), cache.index_k.get() + cache.entries * int64_t(mxfp4::bytes(int(ihd))), stream_);
-  rope(latents.get() + hd - rd, n_new, 1, hd, hd, int(rd), gpos.get(), freqs, false, stream_);
-  kv_fp4_encode(latents.get(), n_new, int(hd), cache.kv.get() + cache.entries * int64_t(kv_fp4::bytes(int(hd))), stream_);
+  store_entries(l, latents.get(), n_new, gpos.get(), cache.index_k.get() + cache.entries * int64_t(mxfp4::bytes(int(ihd))),
+                cache.kv.get() + cache.entries * int64_t(kv_fp4::bytes(int(hd))));
   cache.entries += n_new;
+}
+
+// The entries of n latents [n, head_dim] (projected or pooled, not yet normed) at positions gpos:
+// the compressor's norm, then the index key from the latent before RoPE and the KV-FP4 entry after
+// it, each to its destination: the cache's end (uint8_t*), or one listed place per entry
+// (uint8_t* const*, null for none).
+template <class Dest>
+void Call::store_entries(int l, float* latents, int64_t n, const int64_t* gpos, Dest index_dest, Dest kv_dest) {
+  const AttentionWeights& a = m_.layer(l).attn;
+  const float* freqs = m_.rope_freqs(l);
+  const int64_t hd = c_.head_dim, rd = c_.rope_head_dim, ihd = c_.index_head_dim;
+  rms_norm(latents, n, hd, &a.compressor_norm, eps(), latents, stream_);
+  Floats k = scratch<float>(n * ihd, stream_);
+  linear(latents, n, a.indexer_wk, k.get(), stream_);
+  rms_norm(k.get(), n, ihd, &a.indexer_k_norm, eps(), k.get(), stream_);
+  rope(k.get() + ihd - rd, n, 1, ihd, ihd, int(rd), gpos, freqs, false, stream_);
+  mxfp4_encode(k.get(), n, int(ihd), index_dest, stream_);
+  rope(latents + hd - rd, n, 1, hd, hd, int(rd), gpos, freqs, false, stream_);
+  kv_fp4_encode(latents, n, int(hd), kv_dest, stream_);
 }
 
 // A decode call's compressor: one row per sequence, all sequences at once. Each row joins its
@@ -452,9 +460,8 @@ void Call::compress(Item& it, int l, const float* x) {
 // row is an entry.
 void Call::compress_decode(int l, const float* x) {
   const AttentionWeights& a = m_.layer(l).attn;
-  const float* freqs = m_.rope_freqs(l);
   const int ratio = c_.compress_ratios[size_t(l)];
-  const int64_t hd = c_.head_dim, rd = c_.rope_head_dim, ihd = c_.index_head_dim, B = T_;
+  const int64_t hd = c_.head_dim, B = T_;
   const DecodePlan::Compressed& f = plan_->compressed.at(l);
   Floats latents = scratch<float>(B * hd, stream_);
   if (ratio == 1) {
@@ -466,15 +473,8 @@ void Call::compress_decode(int l, const float* x) {
     append_pool(kv.get(), score.get(), B, planned<float*>(f.open_kv), planned<float*>(f.open_score),
                 planned<int32_t>(f.open_rows), ratio, int(hd), /*round=*/true, latents.get(), stream_);
   }
-  rms_norm(latents.get(), B, hd, &a.compressor_norm, eps(), latents.get(), stream_);
-  const int64_t* gpos = planned<int64_t>(f.group_pos);
-  Floats k = scratch<float>(B * ihd, stream_);
-  linear(latents.get(), B, a.indexer_wk, k.get(), stream_);
-  rms_norm(k.get(), B, ihd, &a.indexer_k_norm, eps(), k.get(), stream_);
-  rope(k.get() + ihd - rd, B, 1, ihd, ihd, int(rd), gpos, freqs, false, stream_);
-  mxfp4_encode(k.get(), B, int(ihd), planned<uint8_t*>(f.index_dest), stream_);
-  rope(latents.get() + hd - rd, B, 1, hd, hd, int(rd), gpos, freqs, false, stream_);
-  kv_fp4_encode(latents.get(), B, int(hd), planned<uint8_t*>(f.kv_dest), stream_);
+  store_entries(l, latents.get(), B, planned<int64_t>(f.group_pos), planned<uint8_t*>(f.index_dest),
+                planned<uint8_t*>(f.kv_dest));
 }
 
 // --- CSA2: the indexer of an index-source layer -----------------------------------------------------
