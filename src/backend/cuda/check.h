@@ -3,6 +3,7 @@
 // check(), which turns a CUDA error into dsv41::Error naming the op.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -33,5 +34,22 @@ inline void keep_scratch_pool() {
 
 // After a launch: the launch's own error (a bad configuration), not a later asynchronous one.
 inline void check_launch(const char* where) { check(cudaGetLastError(), where); }
+
+// The current device's SM count, for grids sized to what the GPU runs at once.
+inline int multiprocessors(const char* where) {
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), where);
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
+  return sms;
+}
+
+// How many blocks of `kernel` (threads each, smem bytes of dynamic shared memory) the whole GPU
+// holds at once: the grid of a kernel whose blocks loop over their work.
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int threads, size_t smem, const char* where) {
+  int per_sm = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(kernel), threads, smem), where);
+  return std::max(per_sm, 1) * multiprocessors(where);
+}
 
 }  // namespace dsv41::cuda

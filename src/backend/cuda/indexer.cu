@@ -728,13 +728,6 @@ __global__ void __launch_bounds__(kPassThreads) candidate_emit_kernel(SelectRows
 
 namespace {
 
-int multiprocessors() {
-  int device = 0, sms = 0;
-  check(cudaGetDevice(&device), "cuda indexer");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cuda indexer");
-  return sms;
-}
-
 // The tensor-core kernel in one wave: as many blocks per row as fit on the GPU at once.
 template <int HT>
 void mma_launch(const float* q, const float* w, int64_t rows, const uint8_t* keys, Count entries, int64_t stride,
@@ -760,7 +753,7 @@ void score_launch(const float* q, const float* w, int64_t rows, int heads, int h
   // A few blocks per SM, each striding over its tiles (q made once per block, no wave of empty
   // blocks while n on the device is far below n_max); one block per tile when n is on the host
   // and small enough that the cap would not bind.
-  const int64_t sms = multiprocessors(), cap = std::max<int64_t>(1, 4 * sms / rows);
+  const int64_t sms = multiprocessors("cuda indexer"), cap = std::max<int64_t>(1, 4 * sms / rows);
   if (hd == 128 && heads % 16 == 0 && heads <= 48) {
     switch (heads / 16) {
       case 1: mma_launch<1>(q, w, rows, keys, entries, stride, n_max, visible, scores, sms, stream); break;
@@ -784,7 +777,7 @@ void score_launch(const float* q, const float* w, int64_t rows, int heads, int h
 // Blocks per row of the many-block select for rows × n_max scores; 1: the single-block kernels.
 int select_blocks(int64_t rows, int64_t n_max) {
   if (rows > 65535) return 1;
-  const int64_t cap = 2 * int64_t(multiprocessors()) / rows;
+  const int64_t cap = 2 * int64_t(multiprocessors("cuda indexer")) / rows;
   int64_t g = (n_max + kScoresPerBlock - 1) / kScoresPerBlock;
   g = g < cap ? g : cap;
   return g >= kMinBlocks ? int(g) : 1;

@@ -25,6 +25,7 @@
 // order of the fp32 sums differs from the CPU's.
 #include "backend/cuda/linear.h"
 
+#include <algorithm>
 #include <string>
 
 #include "backend/cuda/check.h"
@@ -294,74 +295,95 @@ __device__ __forceinline__ void chunk_fma(const uint4 (&wv)[R], const float (&ws
 
 // y[m, n] = bf16(Σ_K xq[m]·W[n]) for m < M ≤ MT. Groups of L lanes (a divisor of 32) each own R
 // consecutive rows (R | 32, so an fp8 group's rows share one 32-row scale tile) and walk them in
-// steps of L·U chunks: U·R independent 16-byte loads in flight per lane. K is processed in
+// steps of L·U chunks: U·R independent 16-byte loads in flight per lane, the next step's issued
+// before this step's are multiplied, the first before x is quantized. K is processed in
 // slices of `slice` values (x[:, slice] quantized into shared memory, then the weight's columns of
 // that slice), one slice whenever M·K·4 fits in 48 KB (always at M = 1 for K ≤ 12288).
+// Row groups: block b takes groups b, b + gridDim.x, ... of kQThreads / L · R rows. With one
+// slice the grid is what the GPU holds at once and each block quantizes x once for all its row
+// groups; its warps then stream independently (no barrier between row groups), so at one row
+// the SMs keep loads in flight instead of paying a block's start, x and barrier per ~16 rows.
+// With several slices every block has one row group (x is re-quantized per slice).
 template <WeightFormat F, int MT, int L, int R>
 __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restrict__ x, int M, int64_t N, int64_t K,
                                                          int slice, const uint8_t* __restrict__ w,
                                                          const uint8_t* __restrict__ scale, float* __restrict__ y) {
   using Fmt = QFormat<F>;
   constexpr int E = Fmt::kElems;
-  constexpr int U = MT <= 2 ? 4 : 2;
+  constexpr int U = MT <= 2 ? 4 : 1;  // chunks per row and step: U·R loads in flight, twice over
   constexpr int kGroups = kQThreads / L;
   extern __shared__ float4 xs[];
   const int lane = int(threadIdx.x) % L;
-  const int64_t n0 = (int64_t(blockIdx.x) * kGroups + threadIdx.x / L) * R;
-  const int64_t row_chunks = K / E, blocks = K / kBlock;
+  const int64_t row_chunks = K / E, blocks = K / kBlock, row_groups = (N + kGroups * R - 1) / (kGroups * R);
+  uint4 wv[U][R], nv[U][R];  // this step's chunks, the next step's (in flight during this one's math)
+  float ws[U][R], ns[U][R];
   const uint4* wrow[R];
   bool live[R];
+  int64_t n0 = 0;
+  // The U·R chunks of the lane's step from chunk c0 + c of its rows on (zeros past C or N).
+  auto fetch = [&](int64_t c0, int c, int C, uint4 (&wv)[U][R], float (&ws)[U][R]) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    live[r] = n0 + r < N;
-    wrow[r] = reinterpret_cast<const uint4*>(w) + (live[r] ? n0 + r : 0) * row_chunks;
-  }
-  float acc[R][MT];
+    for (int u = 0; u < U; ++u) {
+      const int cu = c + u * L;
 #pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int m = 0; m < MT; ++m) acc[r][m] = 0;
-
-  for (int64_t k0 = 0; k0 < K; k0 += slice) {
-    const int kn = int(K - k0 < slice ? K - k0 : slice), C = kn / E;
-    if (k0 > 0) __syncthreads();  // every lane is done with the previous slice's x
-    quantize_slice<F>(x + k0, K, M, kn, xs);
-    __syncthreads();
-    const int64_t c0 = k0 / E;
-    for (int c = lane; c < C; c += L * U) {
-      uint4 wv[U][R];
-      float ws[U][R];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int cu = c + u * L;
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const bool ok = cu < C && live[r];
-          wv[u][r] = ok ? load_stream(wrow[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
-          // The weight block of chunk c0 + cu: fp8 one scale per 32 rows × 32 columns, fp4 one per
-          // row × 32 columns (= one chunk).
-          const int64_t s = F == WeightFormat::FP8 ? (n0 / kBlock) * blocks + (c0 + cu) * E / kBlock
-                                                   : (n0 + r) * blocks + c0 + cu;
-          ws[u][r] = ok ? e8m0_to_float(__ldg(scale + s)) * Fmt::kUnscale : 0.0f;
-        }
+      for (int r = 0; r < R; ++r) {
+        const bool ok = cu < C && live[r];
+        wv[u][r] = ok ? load_stream(wrow[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
+        // The weight block of chunk c0 + cu: fp8 one scale per 32 rows × 32 columns, fp4 one per
+        // row × 32 columns (= one chunk).
+        const int64_t s = F == WeightFormat::FP8 ? (n0 / kBlock) * blocks + (c0 + cu) * E / kBlock
+                                                 : (n0 + r) * blocks + c0 + cu;
+        ws[u][r] = ok ? e8m0_to_float(__ldg(scale + s)) * Fmt::kUnscale : 0.0f;
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (c + u * L < C) chunk_fma<F, MT, R>(wv[u], ws[u], xs, C, c + u * L, M, acc);
     }
-  }
+  };
+  for (int64_t g = blockIdx.x; g < row_groups; g += gridDim.x) {
+    const bool first = g == int64_t(blockIdx.x);
+    n0 = (g * kGroups + threadIdx.x / L) * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      live[r] = n0 + r < N;
+      wrow[r] = reinterpret_cast<const uint4*>(w) + (live[r] ? n0 + r : 0) * row_chunks;
+    }
+    float acc[R][MT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < MT; ++m) acc[r][m] = 0;
 
-  // Sum over the group's L lanes; lane e % L writes output e = r·MT + m.
+    for (int64_t k0 = 0; k0 < K; k0 += slice) {
+      const int kn = int(K - k0 < slice ? K - k0 : slice), C = kn / E;
+      const int64_t c0 = k0 / E;
+      fetch(c0, lane, C, wv, ws);  // the first step's loads go out before the block waits on x
+      if (first || slice < K) {    // block-uniform: the barriers below are whole
+        if (!first || k0 > 0) __syncthreads();  // every lane is done with the previous slice's x
+        quantize_slice<F>(x + k0, K, M, kn, xs);
+        __syncthreads();
+      }
+      for (int c = lane; c < C; c += L * U) {
+        fetch(c0, c + L * U, C, nv, ns);
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+        for (int u = 0; u < U; ++u)
+          if (c + u * L < C) chunk_fma<F, MT, R>(wv[u], ws[u], xs, C, c + u * L, M, acc);
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int o = L / 2; o > 0; o /= 2) acc[r][m] += __shfl_xor_sync(0xFFFFFFFFu, acc[r][m], o);
+          for (int r = 0; r < R; ++r) wv[u][r] = nv[u][r], ws[u][r] = ns[u][r];
+      }
+    }
+
+    // Sum over the group's L lanes; lane e % L writes output e = r·MT + m.
 #pragma unroll
-  for (int e = 0; e < R * MT; ++e) {
-    const int r = e / MT, m = e % MT;
-    if (lane == e % L && m < M && live[r]) y[m * N + n0 + r] = round_bf16(acc[r][m]);
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int o = L / 2; o > 0; o /= 2) acc[r][m] += __shfl_xor_sync(0xFFFFFFFFu, acc[r][m], o);
+#pragma unroll
+    for (int e = 0; e < R * MT; ++e) {
+      const int r = e / MT, m = e % MT;
+      if (lane == e % L && m < M && live[r]) y[m * N + n0 + r] = round_bf16(acc[r][m]);
+    }
   }
 }
 
@@ -371,7 +393,9 @@ void qlaunch(const float* x, int M, int64_t N, int64_t K, const Weight& w, float
   const int64_t fit = kQSmemBytes / (MT * 4) / chunk * chunk;
   const int slice = int(K < fit ? K : fit);
   const int64_t rows_per_block = int64_t(kQThreads / L) * R;
-  const unsigned grid = unsigned((N + rows_per_block - 1) / rows_per_block);
+  const int64_t row_groups = (N + rows_per_block - 1) / rows_per_block;
+  static const int resident = resident_blocks(qgemv_kernel<F, MT, L, R>, kQThreads, kQSmemBytes, "cuda::linear");
+  const unsigned grid = unsigned(slice < K ? row_groups : std::min<int64_t>(row_groups, resident));
   qgemv_kernel<F, MT, L, R><<<grid, kQThreads, size_t(MT) * slice * 4, stream>>>(x, M, N, K, slice, w.data, w.scale, y);
   check_launch("cuda::linear");
 }
@@ -384,9 +408,7 @@ void qlaunch_shape(const float* x, int M, int64_t N, int64_t K, const Weight& w,
   auto fits = [&](int64_t l) { return (chunks + l - 1) / l * l * 8 <= chunks * 9; };
   const int L = fits(32) ? 32 : fits(16) ? 16 : 8;
   // R = 2 (each x load serves two rows) while that still leaves two blocks per SM; else R = 1.
-  int sms = 0, device = 0;
-  check(cudaGetDevice(&device), "cuda::linear");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cuda::linear");
+  const int sms = multiprocessors("cuda::linear");
   const bool two = N / (int64_t(kQThreads / L) * 2) >= 2 * sms;
   switch (L * 2 + (two ? 1 : 0)) {
     case 65: return qlaunch<F, MT, 32, 2>(x, M, N, K, w, y, stream);

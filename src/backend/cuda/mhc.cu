@@ -14,8 +14,8 @@
 // operations), forms h[k] from those Xo values (hc_pre's) and writes it unnormalized, and adds
 // Xo[·][k] into the 24 mix dot products, the sum of squares of Xo and that of h. The block's 26
 // sums go to a scratch slot; the row's last block to arrive (an atomic counter per row) adds the
-// slots in block order, runs Sinkhorn (sinkhorn_warp, its first warp) and rescales the row's h in place (2·d·4 bytes that
-// L2 serves). HBM traffic per token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4
+// slots (a fixed order), runs Sinkhorn (sinkhorn_warp, its first warp) while its other warps
+// rescale the row's h in place (2·d·4 bytes that L2 serves). HBM traffic per token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4
 // written (h) = (2·hc + 2)·d·4, plus hc_fn (24·hc·d·4 = 1.97 MB in V4.1) once per call, from L2
 // when several rows or a warm cache share it.
 #include "backend/cuda/mhc.h"
@@ -206,23 +206,53 @@ __global__ void __launch_bounds__(kMegaThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (threadIdx.x < kMegaSums) {
-    float s = 0;
-    for (int b = 0; b < slices; ++b) s += __ldcg(partials + (row * slices + b) * kMegaSums + threadIdx.x);
-    totals[threadIdx.x] = s;
+  // The row's totals: warp w adds sums w, w + 4, ... over the slots (lane l: slots l, l + 32, ...;
+  // every sum's loads of a pass in flight together), then a fixed shuffle tree: the same bits on
+  // every run.
+  constexpr int kWarps = kMegaThreads / 32, kPerWarp = (kMegaSums + kWarps - 1) / kWarps;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  float s[kPerWarp];
+#pragma unroll
+  for (int q = 0; q < kPerWarp; ++q) s[q] = 0;
+  for (int b = lane; b < slices; b += 32)
+#pragma unroll
+    for (int q = 0; q < kPerWarp; ++q)
+      if (warp + q * kWarps < kMegaSums) s[q] += __ldcg(partials + (row * slices + b) * kMegaSums + warp + q * kWarps);
+#pragma unroll
+  for (int q = 0; q < kPerWarp; ++q) {
+    for (int o = 16; o > 0; o /= 2) s[q] += __shfl_xor_sync(0xFFFFFFFFu, s[q], o);
+    if (lane == 0 && warp + q * kWarps < kMegaSums) totals[warp + q * kWarps] = s[q];
   }
   __syncthreads();
-  if (threadIdx.x < 32) {
+  if (warp == 0) {
     float m[kMaxMix];
     const float inv = 1.0f / sqrtf(totals[kMaxMix] / float(n) + eps);  // rms_inverse over hc·d
     for (int t = 0; t < n_mix; ++t) m[t] = totals[t] * inv;
     sinkhorn_warp(m, scale, base, hc, iters, hc_eps, comb_s, pre_out + row * hc, post_out + row * hc,
                   comb_out + row * hc * hc);
-    if (threadIdx.x == 0) mega_arrivals[row] = 0;
+    if (lane == 0) mega_arrivals[row] = 0;
+    return;
   }
+  // Meanwhile the other warps normalize the row's h (it needs only Σ h²), kBatch loads in flight
+  // per thread: one at a time, d / 128 L2 round trips in a row were most of the call at one row.
+  constexpr int kBatch = 16;
   const float inv_h = 1.0f / sqrtf(totals[kMaxMix + 1] / float(d) + eps);  // rms_norm's, as norm.cu
-  for (int64_t i = threadIdx.x; i < d; i += kMegaThreads)
-    h[row * d + i] = round_bf16(__fmul_rn(norm_weight_at(norm, norm_format, i), __fmul_rn(__ldcg(h + row * d + i), inv_h)));
+  const int64_t stride = kMegaThreads - 32;
+  float* hr = h + row * d;
+  for (int64_t i0 = threadIdx.x - 32; i0 < d; i0 += stride * kBatch) {
+    float v[kBatch], g[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = i0 + j * stride;
+      v[j] = i < d ? __ldcg(hr + i) : 0.0f;
+      g[j] = i < d ? norm_weight_at(norm, norm_format, i) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = i0 + j * stride;
+      if (i < d) hr[i] = round_bf16(__fmul_rn(g[j], __fmul_rn(v[j], inv_h)));
+    }
+  }
 }
 
 unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }

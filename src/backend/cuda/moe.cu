@@ -370,7 +370,8 @@ struct GroupedArgs {
 // by entry and act-quantized per slice into shared memory (K in slices of ≤ 46 KB of fp32 for the
 // tile's M rows), the weight streamed in 16-byte loads, U·2 in flight per lane, decoded in
 // registers, never through shared memory; the group's partials summed by shuffles.
-// Grid: (the most tiles the entries can make, N / (256 / L · (kUp ? 1 : 2))). Traffic per tile:
+// Grid: (the most tiles the entries can make, row groups of 256 / L · (kUp ? 1 : 2) outputs, or
+// fewer when one slice holds x: then a block loops over row groups, as qgemv). Traffic per tile:
 // its expert's weight rows once (the whole expert over the grid's y: 2 × inter × dim for up, dim ×
 // inter for down, at fp4 half a byte each plus a scale per 32), M rows of x from L2 per block, and
 // M·N outputs (up: fp32 h, down: bf16 ye). Blocks past the tile count read nothing.
@@ -397,34 +398,36 @@ __global__ void __launch_bounds__(kGThreads) grouped_kernel(const GroupedArgs a)
   const ExpertPointers ep = a.table ? a.table[expert] : a.fixed;
   const int lane = int(threadIdx.x) % L, group = int(threadIdx.x) / L;
   const int64_t row_chunks = a.K / E, blocks = a.K / 32;
+  constexpr int kPerBlock = kGroups * (kUp ? 1 : 2);  // output features per block and row group
+  const int64_t row_groups = (a.N + kPerBlock - 1) / kPerBlock;
   int64_t n[2];
   const uint8_t* base[2];
   const uint8_t* scale[2];
   if constexpr (kUp) {
-    n[0] = n[1] = int64_t(blockIdx.y) * kGroups + group;
     base[0] = ep.data[0], base[1] = ep.data[2], scale[0] = ep.scale[0], scale[1] = ep.scale[2];
   } else {
-    n[0] = (int64_t(blockIdx.y) * kGroups + group) * 2, n[1] = n[0] + 1;
     base[0] = base[1] = ep.data[1], scale[0] = scale[1] = ep.scale[1];
   }
   bool live[2];
   const uint4* wrow[2];
+  // The group's weight rows in row group g: up, output g·kGroups + group of both w1 and w3;
+  // down, outputs 2(g·kGroups + group) and the next of w2.
+  auto select = [&](int64_t g) {
+    if constexpr (kUp) n[0] = n[1] = g * kGroups + group;
+    else n[0] = (g * kGroups + group) * 2, n[1] = n[0] + 1;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    live[r] = n[r] < a.N;
-    wrow[r] = reinterpret_cast<const uint4*>(base[r]) + (live[r] ? n[r] : 0) * row_chunks;
-  }
-  float acc[2][MT];
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int m = 0; m < MT; ++m) acc[r][m] = 0;
+    for (int r = 0; r < 2; ++r) {
+      live[r] = n[r] < a.N;
+      wrow[r] = reinterpret_cast<const uint4*>(base[r]) + (live[r] ? n[r] : 0) * row_chunks;
+    }
+  };
 
   // The slice: as much of K as M rows of fp32 fit in the shared memory, whole group steps.
   const int64_t step = int64_t(L) * E, fit = int64_t(kGSmemBytes / 4 / M) / step * step;
   const int64_t slice = a.K < fit ? a.K : fit;
   uint4 wv[U][2];
   float ws[U][2];
+  float acc[2][MT];
   // The U·2 chunks of one step of the lane, from global chunk c0 + c on (zeros past C or N).
   auto fetch = [&](int64_t c0, int c, int C) {
 #pragma unroll
@@ -446,7 +449,9 @@ __global__ void __launch_bounds__(kGThreads) grouped_kernel(const GroupedArgs a)
   };
   // The first step's weight loads go out before anything else the block waits for (its rows'
   // entries, x, the quantization): at decode they are all of the lane's loads.
-  fetch(0, lane, int((a.K < slice ? a.K : slice) / E));
+  const int first_C = int((a.K < slice ? a.K : slice) / E);
+  select(blockIdx.y);
+  fetch(0, lane, first_C);
   if (int(threadIdx.x) < M) {
     const int m = int(threadIdx.x);
     const int64_t pos = first + m, entry = a.tiles ? a.list[pos] : pos;
@@ -460,42 +465,52 @@ __global__ void __launch_bounds__(kGThreads) grouped_kernel(const GroupedArgs a)
     }
   }
   __syncthreads();
-  for (int64_t k0 = 0; k0 < a.K; k0 += slice) {
-    const int kn = int(a.K - k0 < slice ? a.K - k0 : slice), C = kn / E;
-    const int64_t c0 = k0 / E;
-    if (k0 > 0) {
-      fetch(c0, lane, C);  // the slice's first step in flight while its x is quantized
-      __syncthreads();     // every lane is done with the previous slice's x
-    }
-    load_slice<F>(rowp, k0, M, kn, xs);
-    __syncthreads();
-    for (int c = lane; c < C; c += L * U) {
-      if (c != lane) fetch(c0, c, C);
+  // Row groups blockIdx.y, + gridDim.y, ...: with one slice x is quantized once for all of them
+  // and the warps stream on without a barrier; with several slices the grid gives each block one.
+  for (int64_t g = blockIdx.y; g < row_groups; g += gridDim.y) {
+    const bool first_group = g == int64_t(blockIdx.y);
+    if (!first_group) select(g), fetch(0, lane, first_C);
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (c + u * L < C) chunk_fma<F, MT>(wv[u], ws[u], xs, C, c + u * L, M, acc);
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int m = 0; m < MT; ++m) acc[r][m] = 0;
+    for (int64_t k0 = 0; k0 < a.K; k0 += slice) {
+      const int kn = int(a.K - k0 < slice ? a.K - k0 : slice), C = kn / E;
+      const int64_t c0 = k0 / E;
+      if (first_group || slice < a.K) {  // block-uniform: the barriers below are whole
+        if (k0 > 0) fetch(c0, lane, C);  // the slice's first step in flight while its x is quantized
+        if (k0 > 0 || !first_group) __syncthreads();  // every lane is done with the previous slice's x
+        load_slice<F>(rowp, k0, M, kn, xs);
+        __syncthreads();
+      }
+      for (int c = lane; c < C; c += L * U) {
+        if (c != lane) fetch(c0, c, C);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (c + u * L < C) chunk_fma<F, MT>(wv[u], ws[u], xs, C, c + u * L, M, acc);
+      }
     }
-  }
 
-  // Sum over the group's L lanes (every lane ends with the sums), then one lane per output writes.
+    // Sum over the group's L lanes (every lane ends with the sums), then one lane per output writes.
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
-      if (m < M)
+      for (int m = 0; m < MT; ++m)
+        if (m < M)
 #pragma unroll
-        for (int o = L / 2; o > 0; o /= 2) acc[r][m] += __shfl_xor_sync(0xFFFFFFFFu, acc[r][m], o);
-  if constexpr (kUp) {
+          for (int o = L / 2; o > 0; o /= 2) acc[r][m] += __shfl_xor_sync(0xFFFFFFFFu, acc[r][m], o);
+    if constexpr (kUp) {
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
-      if (m < M && lane == m % L && live[0])
-        a.h[outrow[m] * a.N + n[0]] =
-            swiglu(round_bf16(acc[0][m]), round_bf16(acc[1][m]), a.limit, a.weights ? &roww[m] : nullptr);
-  } else {
+      for (int m = 0; m < MT; ++m)
+        if (m < M && lane == m % L && live[0])
+          a.h[outrow[m] * a.N + n[0]] =
+              swiglu(round_bf16(acc[0][m]), round_bf16(acc[1][m]), a.limit, a.weights ? &roww[m] : nullptr);
+    } else {
 #pragma unroll
-    for (int e = 0; e < 2 * MT; ++e) {
-      const int r = e / MT, m = e % MT;
-      if (m < M && lane == e % L && live[r]) a.ye[outrow[m] * a.N + n[r]] = bf16_from_float(acc[r][m]);
+      for (int e = 0; e < 2 * MT; ++e) {
+        const int r = e / MT, m = e % MT;
+        if (m < M && lane == e % L && live[r]) a.ye[outrow[m] * a.N + n[r]] = bf16_from_float(acc[r][m]);
+      }
     }
   }
 }
@@ -541,20 +556,30 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const int32_t*
   y[r * dim + d + 1] = round_bf16(s1 + __uint_as_float(vs & 0xFFFF0000u));
 }
 
+template <WeightFormat F, int MT, int L, bool kUp>
+void launch_grouped_l(const GroupedArgs& a, int64_t tiles, cudaStream_t stream) {
+  const int64_t per_block = int64_t(kGThreads / L) * (kUp ? 1 : 2);
+  const int64_t row_groups = (a.N + per_block - 1) / per_block;
+  if (tiles > INT_MAX) fail("cuda::moe", "a grid within CUDA's limits", std::to_string(tiles) + " tiles");
+  // Each tile's blocks loop over its row groups when one slice of x serves them all (MT·K·4 bytes
+  // fit): together the grid's blocks are what the GPU holds at once. Else one block per row group.
+  static const int resident = resident_blocks(grouped_kernel<F, MT, L, kUp>, kGThreads, kGSmemBytes, "cuda::moe");
+  const bool one_slice = int64_t(MT) * a.K * 4 <= kGSmemBytes;
+  const int64_t per_tile = one_slice ? std::min(row_groups, std::max<int64_t>(1, resident / tiles)) : row_groups;
+  if (per_tile > 65535) fail("cuda::moe", "a grid within CUDA's limits", std::to_string(a.N) + " outputs");
+  const dim3 grid{unsigned(tiles), unsigned(per_tile)};
+  const size_t smem = size_t(MT * a.K * 4 < kGSmemBytes ? MT * a.K * 4 : kGSmemBytes);
+  grouped_kernel<F, MT, L, kUp><<<grid, kGThreads, smem, stream>>>(a);
+  check_launch("cuda::moe grouped");
+}
+
 template <WeightFormat F, int MT, bool kUp>
 void launch_grouped(const GroupedArgs& a, int64_t tiles, cudaStream_t stream) {
   // L: 32 lanes per group unless that wastes more than 1/8 of their steps on K (inter 2304 at fp4:
   // 72 chunks, L = 16), as linear.cu.
   const int64_t chunks = a.K / GFormat<F>::kElems;
-  const int L = (chunks + 31) / 32 * 32 * 8 <= chunks * 9 ? 32 : 16;
-  const int64_t per_block = int64_t(kGThreads / L) * (kUp ? 1 : 2);
-  const int64_t slices = (a.N + per_block - 1) / per_block;
-  if (slices > 65535 || tiles > INT_MAX) fail("cuda::moe", "a grid within CUDA's limits", std::to_string(a.N));
-  const dim3 grid{unsigned(tiles), unsigned(slices)};
-  const size_t smem = size_t(MT * a.K * 4 < kGSmemBytes ? MT * a.K * 4 : kGSmemBytes);
-  if (L == 32) grouped_kernel<F, MT, 32, kUp><<<grid, kGThreads, smem, stream>>>(a);
-  else grouped_kernel<F, MT, 16, kUp><<<grid, kGThreads, smem, stream>>>(a);
-  check_launch("cuda::moe grouped");
+  if ((chunks + 31) / 32 * 32 * 8 <= chunks * 9) launch_grouped_l<F, MT, 32, kUp>(a, tiles, stream);
+  else launch_grouped_l<F, MT, 16, kUp>(a, tiles, stream);
 }
 
 template <bool kUp>

@@ -407,13 +407,6 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const fl
 
 // ---- host ---------------------------------------------------------------------------------------
 
-int multiprocessors() {
-  int device = 0, sms = 0;
-  check(cudaGetDevice(&device), "cuda::sparse_attention");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cuda::sparse_attention");
-  return sms;
-}
-
 template <int D, int G>
 void launch(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
             cudaStream_t stream) {
@@ -469,7 +462,7 @@ void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* 
   const int H = batch.heads;
   // One block per (token, head group): as many heads per block as keep at least two blocks per
   // multiprocessor; more heads per block decode each tile fewer times.
-  const int64_t blocks_wanted = 2 * int64_t(multiprocessors());
+  const int64_t blocks_wanted = 2 * int64_t(multiprocessors("cuda::sparse_attention"));
   int G = 1;
   for (int g : {8, 4, 2})
     if (H % g == 0 && batch.tokens * (H / g) >= blocks_wanted) {
