@@ -375,8 +375,10 @@ struct GroupedArgs {
 // its expert's weight rows once (the whole expert over the grid's y: 2 × inter × dim for up, dim ×
 // inter for down, at fp4 half a byte each plus a scale per 32), M rows of x from L2 per block, and
 // M·N outputs (up: fp32 h, down: bf16 ye). Blocks past the tile count read nothing.
+// At MT = 1 (decode) the kernel waits on memory, not on its arithmetic: three blocks per SM (≤ 85
+// registers, no spills at MT = 1; ptxas chose ~117 and two blocks) keep more loads in flight.
 template <WeightFormat F, int MT, int L, bool kUp>
-__global__ void __launch_bounds__(kGThreads) grouped_kernel(const GroupedArgs a) {
+__global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(const GroupedArgs a) {
   using Fmt = GFormat<F>;
   constexpr int E = Fmt::kElems;
   constexpr int U = MT == 1 ? 4 : 2;

@@ -63,63 +63,121 @@ struct Tile {
 
 // A warp decodes one entry into `row` as bf16 bits; each lane takes 4 (SWA-FP8) or 8 (KV-FP4)
 // consecutive channels per step, so the warp's loads are contiguous and its shared-memory stores
-// (8 or 16 bytes a lane, consecutive) are free of bank conflicts.
+// (8 or 16 bytes a lane, consecutive) are free of bank conflicts. The loads and the decode are
+// separate functions so that a warp can have all of its entries' loads in flight at once.
 __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
   return (float_bits(lo) >> 16) | (float_bits(hi) & 0xFFFF0000u);  // exact: the values are bf16
 }
 
 template <int D>
-__device__ void decode_swa_fp8(const uint8_t* entry, int lane, uint16_t* row) {
-  for (int c = 4 * lane; c < D; c += 128) {
-    uint32_t word;
-    if constexpr (swa_fp8::bytes(D) % 4 == 0) word = *reinterpret_cast<const uint32_t*>(entry + c);
-    else word = entry[c] | entry[c + 1] << 8 | entry[c + 2] << 16 | uint32_t(entry[c + 3]) << 24;
-    const float scale = e8m0_to_float(entry[swa_fp8::scales_offset(D) + c / swa_fp8::kBlock]) * kE4m3Unscale;
+constexpr int kSwaSteps = (D + 127) / 128;  // a lane's steps over an SWA-FP8 entry (4 channels each)
+template <int D>
+constexpr int kKvSteps = (D + 255) / 256;  // over a KV-FP4 entry (8 channels each)
+
+// A lane's share of one entry's bytes: per step a word of codes and the byte of their scale.
+template <int D>
+struct Raw {
+  uint32_t word[kSwaSteps<D>], scale[kSwaSteps<D>];
+};
+
+template <int D>
+__device__ __forceinline__ void load_swa_fp8(const uint8_t* entry, int lane, Raw<D>& raw) {
+#pragma unroll
+  for (int i = 0; i < kSwaSteps<D>; ++i) {
+    const int c = 4 * lane + 128 * i;
+    if (c >= D) break;
+    if constexpr (swa_fp8::bytes(D) % 4 == 0) raw.word[i] = *reinterpret_cast<const uint32_t*>(entry + c);
+    else raw.word[i] = entry[c] | entry[c + 1] << 8 | entry[c + 2] << 16 | uint32_t(entry[c + 3]) << 24;
+    raw.scale[i] = entry[swa_fp8::scales_offset(D) + c / swa_fp8::kBlock];
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void decode_swa_fp8(const Raw<D>& raw, int lane, uint16_t* row) {
+#pragma unroll
+  for (int i = 0; i < kSwaSteps<D>; ++i) {
+    const int c = 4 * lane + 128 * i;
+    if (c >= D) break;
+    const float scale = e8m0_to_float(uint8_t(raw.scale[i])) * kE4m3Unscale;
     float v[4];
-    e4m3x4(word, v);
+    e4m3x4(raw.word[i], v);
     *reinterpret_cast<uint2*>(row + c) = make_uint2(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale));
   }
 }
 
 template <int D>
-__device__ void decode_kv_fp4(const uint8_t* entry, int lane, uint16_t* row) {
+__device__ __forceinline__ void load_kv_fp4(const uint8_t* entry, int lane, Raw<D>& raw) {
   static_assert(kv_fp4::bytes(D) % 4 == 0, "4-byte aligned entries");
-  for (int c = 8 * lane; c < D; c += 256) {
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(entry + c / 2);
-    const float scale = e4m3_to_float(entry[kv_fp4::scales_offset(D) + c / kv_fp4::kBlock]) * kE2m1Unscale;
+#pragma unroll
+  for (int i = 0; i < kKvSteps<D>; ++i) {
+    const int c = 8 * lane + 256 * i;
+    if (c >= D) break;
+    raw.word[i] = *reinterpret_cast<const uint32_t*>(entry + c / 2);
+    raw.scale[i] = entry[kv_fp4::scales_offset(D) + c / kv_fp4::kBlock];
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void decode_kv_fp4(const Raw<D>& raw, int lane, uint16_t* row) {
+#pragma unroll
+  for (int i = 0; i < kKvSteps<D>; ++i) {
+    const int c = 8 * lane + 256 * i;
+    if (c >= D) break;
+    const float scale = e4m3_to_float(uint8_t(raw.scale[i])) * kE2m1Unscale;
     float v[8];
-    e2m1x8(word, v);
+    e2m1x8(raw.word[i], v);
     *reinterpret_cast<uint4*>(row + c) = make_uint4(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale),
                                                     bf16_pair(v[4] * scale, v[5] * scale), bf16_pair(v[6] * scale, v[7] * scale));
   }
 }
 
 // Step 1, decode: entries e0 .. e0 + n - 1 of token b into the tile; warp w takes entries w,
-// w + 8, ... `ring` and `cache` are the token's (cache unread, may be null, if K = 0).
+// w + 8, ... `ring` and `cache` are the token's (cache unread, may be null, if K = 0). The warp
+// loads its 8 entries' indices at once (a lane each), then every entry's bytes, then decodes:
+// two memory latencies per tile instead of two per entry.
 template <int D>
 __device__ __forceinline__ void decode_tile(const SparseAttentionBatch& batch, int64_t b, const uint8_t* ring,
                                             const uint8_t* cache, int e0, int n, Tile<D>& tile) {
+  constexpr int kPer = kTile / kWarps;
+  static_assert(kPer <= 32, "a lane per entry of the warp");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int W = batch.W, K = batch.K;
-  for (int j = warp; j < n; j += kWarps) {
-    const int e = e0 + j;
-    const int32_t index = e < W ? batch.window[b * W + e] : batch.topk[b * K + (e - W)];
+  int32_t mine = -1;  // lane i: the index of the warp's entry i
+  if (lane < kPer && warp + kWarps * lane < n) {
+    const int e = e0 + warp + kWarps * lane;
+    mine = e < W ? batch.window[b * W + e] : batch.topk[b * K + (e - W)];
+  }
+  int32_t index[kPer];
+  Raw<D> raw[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = warp + kWarps * i, e = e0 + j;
+    index[i] = __shfl_sync(0xFFFFFFFFu, mine, i);
+    if (j >= n || index[i] < 0) continue;
+    if (e < W) load_swa_fp8<D>(ring + int64_t(index[i]) * swa_fp8::bytes(D), lane, raw[i]);
+    else load_kv_fp4<D>(cache + int64_t(index[i]) * kv_fp4::bytes(D), lane, raw[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = warp + kWarps * i, e = e0 + j;
+    if (j >= n) continue;
     uint16_t* row = tile.row[j];
-    if (index < 0) {
+    if (index[i] < 0) {
       for (int c = lane; c < D; c += 32) row[c] = 0;
     } else if (e < W) {
-      decode_swa_fp8<D>(ring + int64_t(index) * swa_fp8::bytes(D), lane, row);
+      decode_swa_fp8<D>(raw[i], lane, row);
     } else {
-      decode_kv_fp4<D>(cache + int64_t(index) * kv_fp4::bytes(D), lane, row);
+      decode_kv_fp4<D>(raw[i], lane, row);
     }
-    if (lane == 0) tile.valid[j] = index >= 0;
+    if (lane == 0) tile.valid[j] = index[i] >= 0;
   }
 }
 
 // q [G, D] of heads h0 .. h0 + G - 1 of token b into shared memory.
 template <int D, int G>
 __device__ __forceinline__ void load_q(const float* q, int64_t b, int H, int h0, float (&sq)[G][D]) {
-  for (int i = threadIdx.x; i < G * D; i += kThreads) sq[i / D][i % D] = q[(b * H + h0 + i / D) * D + i % D];
+#pragma unroll
+  for (int i = threadIdx.x; i < G * D; i += kThreads) sq[i / D][i % D] = __ldg(q + (b * H + h0 + i / D) * D + i % D);
 }
 
 // Step 2, scores: s[g][j] = (q_g · entry j)·scale, -infinity for an empty slot. Warp w takes
