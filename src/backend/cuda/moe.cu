@@ -376,7 +376,8 @@ struct GroupedArgs {
 // inter for down, at fp4 half a byte each plus a scale per 32), M rows of x from L2 per block, and
 // M·N outputs (up: fp32 h, down: bf16 ye). Blocks past the tile count read nothing.
 // At MT = 1 (decode) the kernel waits on memory, not on its arithmetic: three blocks per SM (≤ 85
-// registers, no spills at MT = 1; ptxas chose ~117 and two blocks) keep more loads in flight.
+// registers, no spills; ptxas chose ~117 and two blocks) keep more loads in flight. At MT = 8 two
+// blocks (≤ 128 registers): asked for one, ptxas takes 138 and batch-8 MoE ran 1.7× slower.
 template <WeightFormat F, int MT, int L, bool kUp>
 __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(const GroupedArgs a) {
   using Fmt = GFormat<F>;
