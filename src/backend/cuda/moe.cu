@@ -26,11 +26,10 @@
 // past the device's tile count exits at once, so a decode step reads the k chosen experts'
 // weights and no other's, and each expert's weights are read once per tile of ≤ 8 of its rows.
 // Measured on the H200 (ops_moe_test, E = 384 fp4 experts 2048 × 4096, fp8 shared, in a CUDA
-// graph): 133 µs per decode call (109 MB, 0.82 TB/s), 1.01 ms at 8 rows (46 experts, 0.63 TB/s).
-// The grouped GEMVs take most of it and are latency-bound (Nsight Compute at 1 row: up 70 µs at
-// 16% of DRAM and 44% of SM throughput): 2 blocks of 256 threads per SM at 97 registers, and each
-// short block waits on its tile, its x and a barrier; the fp4 GEMV of linear.cu runs at the same
-// ~0.7–0.8 TB/s.
+// graph, d971ff3): 93 µs per decode call (109 MB, 1.16 TB/s), 0.98 ms at 8 rows (46 experts, 0.65
+// TB/s). The grouped GEMVs take most of it; at one row they are as much issue-bound as
+// latency-bound (Nsight Compute: ~4.5 instructions per fp4 weight, issue slots 29% busy at two
+// blocks per SM, a third of the stalls on x in shared memory), docs/benchmarks.md.
 #include "backend/cuda/moe.h"
 
 #include <algorithm>
