@@ -10,7 +10,8 @@
 // MXFP4; 32 and 4 blocks per entry at d = 512 and 128). A lane computes its block's amax and scale
 // with the codecs' own scalar functions and writes its packed nibbles and its scale byte, so the
 // bytes are the CPU encoder's. The entries go to one array, or each to its own listed destination
-// (a decode step's new entry at its cache's end, or nowhere when its group is still open). Traffic: d·4 bytes in, bytes(d) out per entry (2 KB → 288 B).
+// (a decode step's new entry at its cache's end, or nowhere when its group is still open).
+// Traffic: d·4 bytes in, bytes(d) out per entry (2 KB → 288 B).
 #include "backend/cuda/compressor.h"
 
 #include <string>
