@@ -1,12 +1,9 @@
 #include "backend/cpu/linear.h"
 
-#if defined(DSV41_HAVE_BLAS)
-#include <cblas.h>
-#endif
-
 #include <algorithm>
 #include <vector>
 
+#include "backend/cpu/gemm.h"
 #include "base/error.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
@@ -85,40 +82,19 @@ void quantized_linear(const float* x, int64_t M, const Weight& w, float* y) {
   }
 }
 
-// ys[M, rows] = x[M, K] · wsᵀ in fp32: OpenBLAS where the build has it. Without it (the GPU
-// machine's core-only build, where the CPU ops serve as the CUDA tests' reference) a plain loop
-// over fp32 dot products, one output per (m, n), parallel over n: correct, far slower.
-void slab_product(const float* x, int64_t M, const float* ws, int64_t rows, int64_t K, float* ys) {
-#if defined(DSV41_HAVE_BLAS)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(rows), int(K), 1.0f, x, int(K), ws, int(K), 0.0f, ys,
-              int(rows));
-#else
-#pragma omp parallel for schedule(static) if (M * rows * K >= kParallelWork)
-  for (int64_t n = 0; n < rows; ++n)
-    for (int64_t m = 0; m < M; ++m) {
-      const float* a = x + m * K;
-      const float* b = ws + n * K;
-      float acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += a[k] * b[k];
-      ys[m * rows + n] = acc;
-    }
-#endif
-}
-
-// fp32 GEMM through OpenBLAS, dequantizing the weight to fp32 a slab of rows at a time so that a
-// large matrix (the LM head) never exists in fp32 all at once. A slab of 1 MB stays in cache and
-// costs no page faults; a 64 MB one made a 129K-row head's decode step 30x slower than its GEMV.
+// The fp32 product (gemm.h: one summation order on every CPU), dequantizing the weight to fp32 a
+// slab of rows at a time so that a large matrix (the LM head) never exists in fp32 all at once. A
+// slab of 1 MB stays in cache and costs no page faults; a 64 MB one made a 129K-row head's decode
+// step 30x slower than its GEMV.
 void float_linear(const float* x, int64_t M, const Weight& w, float* y) {
   const int64_t N = w.rows, K = w.cols;
   const int64_t slab = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(1) << 18) / std::max<int64_t>(K, 1)));
   std::vector<float> wf(size_t(slab * K));
-  std::vector<float> yslab(size_t(M * slab));
   for (int64_t n0 = 0; n0 < N; n0 += slab) {
     const int64_t rows = std::min(slab, N - n0);
 #pragma omp parallel for schedule(static) if (rows * K >= kParallelWork)
     for (int64_t r = 0; r < rows; ++r) w.row(n0 + r, wf.data() + r * K);
-    slab_product(x, M, wf.data(), rows, K, yslab.data());
-    for (int64_t m = 0; m < M; ++m) std::copy_n(yslab.data() + m * rows, rows, y + m * N + n0);
+    gemm_f32(x, M, wf.data(), rows, K, y + n0, N);
   }
 }
 

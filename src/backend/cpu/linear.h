@@ -10,7 +10,8 @@ namespace dsv41 {
 //  * fp8 / fp4 weights: x is quantized to e4m3 per 32 along K with a power-of-two scale (act_quant),
 //    each 32-wide K block is multiplied in fp32, and the block partials, times the weight block
 //    scale, are added in K order into an fp32 accumulator (kernel.py fp8_gemm / fp4_gemm);
-//  * bf16 / fp32 weights: an fp32 product (OpenBLAS), as torch's bf16 GEMM accumulates in fp32.
+//  * bf16 / fp32 weights: an fp32 product (gemm_f32, in its fixed order), as torch's bf16 GEMM
+//    accumulates in fp32.
 // The output is rounded to bf16, the activations' dtype. x must hold bf16 values.
 void linear(const float* x, int64_t M, const Weight& w, float* y);
 
