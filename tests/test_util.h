@@ -46,9 +46,10 @@ struct Outcome {
   std::string output;  // stdout and stderr together
 };
 
-// Runs `dsv41 ARGS` through the shell (so ARGS may redirect) and collects what it prints.
-inline Outcome run_dsv41(const std::string& args) {
-  const std::string cmd = std::string(DSV41_BINARY) + " " + args + " 2>&1";
+// Runs `dsv41 ARGS` through the shell (so ARGS may redirect) and collects what it prints; `env`
+// ("NAME=value ...") is set for the command alone.
+inline Outcome run_dsv41(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + (env.empty() ? "" : " ") + std::string(DSV41_BINARY) + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];

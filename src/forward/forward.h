@@ -29,6 +29,12 @@ struct Trace {
   // layer the experts of each row.
   const std::map<int, std::vector<std::vector<int64_t>>>* forced_topk = nullptr;
   const std::vector<std::vector<int32_t>>* forced_experts = nullptr;
+  // Imposed layer inputs (layer-local parity), when set: every layer l > 0 starts from
+  // forced_streams[l - 1] [row, hc, dim] and forced_pre_mix[l - 1] [row, hc] — the reference's
+  // block output and next input mix — instead of what layer l - 1 computed, so that each layer's
+  // output depends on the reference's input and its own arithmetic only. Exact mode.
+  const std::vector<std::vector<float>>* forced_streams = nullptr;
+  const std::vector<std::vector<float>>* forced_pre_mix = nullptr;
 };
 
 struct ForwardOptions {

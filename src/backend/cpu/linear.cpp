@@ -38,6 +38,15 @@ const Tables& tables() {
   return t;
 }
 
+// set_summation_variant: 0, or the variant whose permutation of K the products run in.
+int variant = 0;
+
+// Rotates each of the `n / span` spans of v left by `by` elements: a permutation of K that leaves
+// every product's value unchanged and changes the order its terms are summed in.
+void rotate_spans(float* v, int64_t n, int64_t span, int64_t by) {
+  for (int64_t s = 0; s < n; s += span) std::rotate(v + s, v + s + by % span, v + s + span);
+}
+
 // Row n of a quantized weight as unscaled element values, and its per-block scales.
 void quantized_row(const Weight& w, int64_t n, float* values, float* scales) {
   const Tables& t = tables();
@@ -65,6 +74,7 @@ void quantized_linear(const float* x, int64_t M, const Weight& w, float* y) {
   // the block partial carry the activation scale, as `partial * a_s` does in the reference.
   std::vector<float> xq(x, x + M * K);
   for (int64_t m = 0; m < M; ++m) act_quant_fp8(xq.data() + m * K, int(K), kBlock);
+  if (variant) rotate_spans(xq.data(), M * K, kBlock, 9 * variant);
 
 #pragma omp parallel if (M * N * K >= kParallelWork)
   {
@@ -72,6 +82,7 @@ void quantized_linear(const float* x, int64_t M, const Weight& w, float* y) {
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       quantized_row(w, n, values.data(), scales.data());
+      if (variant) rotate_spans(values.data(), K, kBlock, 9 * variant);
       for (int64_t m = 0; m < M; ++m) {
         const float* a = xq.data() + m * K;
         float acc = 0;
@@ -89,11 +100,19 @@ void quantized_linear(const float* x, int64_t M, const Weight& w, float* y) {
 void float_linear(const float* x, int64_t M, const Weight& w, float* y) {
   const int64_t N = w.rows, K = w.cols;
   const int64_t slab = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(1) << 18) / std::max<int64_t>(K, 1)));
-  std::vector<float> wf(size_t(slab * K));
+  std::vector<float> wf(size_t(slab * K)), xr;
+  if (variant) {
+    xr.assign(x, x + M * K);
+    for (int64_t m = 0; m < M; ++m) rotate_spans(xr.data() + m * K, K, K, 17 * variant);
+    x = xr.data();
+  }
   for (int64_t n0 = 0; n0 < N; n0 += slab) {
     const int64_t rows = std::min(slab, N - n0);
 #pragma omp parallel for schedule(static) if (rows * K >= kParallelWork)
-    for (int64_t r = 0; r < rows; ++r) w.row(n0 + r, wf.data() + r * K);
+    for (int64_t r = 0; r < rows; ++r) {
+      w.row(n0 + r, wf.data() + r * K);
+      if (variant) rotate_spans(wf.data() + r * K, K, K, 17 * variant);
+    }
     gemm_f32(x, M, wf.data(), rows, K, y + n0, N);
   }
 }
@@ -107,5 +126,10 @@ void linear(const float* x, int64_t M, const Weight& w, float* y) {
 }
 
 void linear_f32(const float* x, int64_t M, const Weight& w, float* y) { float_linear(x, M, w, y); }
+
+void set_summation_variant(int v) {
+  if (v < 0) fail("set_summation_variant", "a variant >= 0", std::to_string(v));
+  variant = v;
+}
 
 }  // namespace dsv41

@@ -19,4 +19,11 @@ void linear(const float* x, int64_t M, const Weight& w, float* y);
 // ratio > 1, the MoE gate, the LM head, mHC's hc_fn.
 void linear_f32(const float* x, int64_t M, const Weight& w, float* y);
 
+// For parity tests: runs every product from now on in another correct summation order, so that a
+// test can measure how far two correct orders' results spread (the reference's is one more).
+// 0 (the default) is the documented order; variant v > 0 sums each fp32 product with K rotated
+// by 17·v and each quantized product with every 32-element block rotated by 9·v — the same
+// products, their terms added in another sequence. Not for concurrent use with a forward.
+void set_summation_variant(int v);
+
 }  // namespace dsv41
