@@ -336,6 +336,18 @@ int64_t drop_encoder_only_rows(Pass& p, int64_t from, Rows& X, Rows& pre_mix, Ro
   return cut;
 }
 
+// Layer-local parity: layer l starts from the imposed streams and mix (Trace::forced_streams).
+void impose_layer_input(const Pass& p, int l, Rows& X, Rows& pre_mix) {
+  if (!p.trace->forced_pre_mix) fail("forward", "imposed input mixes with the imposed streams", "none");
+  const Rows& streams = p.trace->forced_streams->at(size_t(l - 1));
+  const Rows& mix = p.trace->forced_pre_mix->at(size_t(l - 1));
+  if (streams.size() != X.size() || mix.size() != pre_mix.size())
+    fail("forward", "imposed inputs of layer " + std::to_string(l) + " for " + std::to_string(p.rows) + " rows",
+         std::to_string(streams.size()) + " stream and " + std::to_string(mix.size()) + " mix values");
+  X = streams;
+  pre_mix = mix;
+}
+
 std::vector<float> forward(const Model& model, SequenceState& state, std::span<const int> tokens, const int64_t* engram_ids,
                            const ForwardOptions& options) {
   const Config& c = model.config();
@@ -396,6 +408,7 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
       }
     }
     p.window_floor = l >= ds ? state.decoder_window_floor : state.encoder_window_floor;
+    if (l > 0 && p.trace && p.trace->forced_streams) impose_layer_input(p, l, X, pre_mix);
     if (L.engram) engram(p, l, engram_ids, X);
 
     // Single-pass mHC: this block's attention reads the streams with the `pre` the previous
