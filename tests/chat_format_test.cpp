@@ -186,6 +186,21 @@ TEST(ChatFormat, ErrorsNameTheFieldWhatWasExpectedAndWhatWasFound) {
   built[1].tool_calls.push_back({"id", "f", "not json"});
   expect_error([&] { render_chat(built, {}); },
                R"(messages[1].tool_calls[0].function.arguments: expected a JSON object, found text that is not JSON: "not json")");
+  // Arguments nested 100,000 deep inside a 200 KB string (the body's own depth bound does not see
+  // into strings): refused when read and when rendered, not recursed into until the stack ends.
+  const std::string deep = "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  expect_error([&] {
+    ordered_json m = ordered_json::parse(R"([{"role":"assistant","tool_calls":[{"function":{"name":"f"}}]}])");
+    m[0]["tool_calls"][0]["function"]["arguments"] = deep;
+    chat_messages_from_json(m);
+  }, "messages[0].tool_calls[0].function.arguments: expected the text of a JSON object nested at most 128 levels deep, found deeper nesting");
+  built[1].tool_calls[0].arguments = deep;
+  expect_error([&] { render_chat(built, {}); },
+               "messages[1].tool_calls[0].function.arguments: expected a JSON object nested at most 128 levels deep, found deeper nesting");
+  // A number out of double's range inside the arguments text is text that is not JSON.
+  built[1].tool_calls[0].arguments = R"({"x": 1e400})";
+  expect_error([&] { render_chat(built, {}); },
+               R"(messages[1].tool_calls[0].function.arguments: expected a JSON object, found text that is not JSON: "{\"x\": 1e400}")");
 }
 
 // ---------------------------------------------------------------- the reply

@@ -113,10 +113,10 @@ TEST(OpenAiRequest, ChatReadsEveryParameter) {
   EXPECT_EQ(r.gen.model, "dsv41-alias");
   EXPECT_TRUE(r.gen.stream);
   EXPECT_TRUE(r.gen.include_usage);
-  EXPECT_EQ(r.gen.sampling.temperature, 0.7);
-  EXPECT_EQ(r.gen.sampling.top_p, 0.9);
+  EXPECT_EQ(r.gen.sampling.temperature, 0.7f);
+  EXPECT_EQ(r.gen.sampling.top_p, 0.9f);
   EXPECT_EQ(r.gen.sampling.top_k, 40);
-  EXPECT_EQ(r.gen.sampling.min_p, 0.05);
+  EXPECT_EQ(r.gen.sampling.min_p, 0.05f);
   EXPECT_EQ(r.gen.sampling.seed, -42);
   EXPECT_EQ(r.gen.sampling.stop, (std::vector<std::string>{"\n\n", "END"}));
   EXPECT_EQ(r.gen.sampling.max_tokens, 64);
@@ -153,6 +153,10 @@ TEST(OpenAiRequest, InvalidJsonIs400) {
   // Ill-formed UTF-8 inside a string is invalid JSON, not a crash later.
   const ApiError utf8 = error_of(parse_chat_request, "{\"model\": \"\xff\"}");
   expect_error(utf8, 400, "", "invalid_json", {"found invalid JSON"});
+  // A number no double holds, anywhere in the body: invalid JSON (400), not the parser's
+  // internal error (it used to escape as a 500 with nlohmann's text).
+  const ApiError big = error_of(parse_chat_request, "{\"model\": \"dsv41-tiny\", \"extra\": [1e400]}");
+  expect_error(big, 400, "", "invalid_json", {"found invalid JSON", "1e400"});
 }
 
 TEST(OpenAiRequest, DeepNestingIsRefusedNotRecursedInto) {
@@ -189,7 +193,11 @@ TEST(OpenAiRequest, Temperature) {
 
 TEST(OpenAiRequest, TopP) {
   EXPECT_EQ(chat({{"top_p", 1}}).gen.sampling.top_p, 1.0);
-  EXPECT_EQ(chat({{"top_p", 1e-9}}).gen.sampling.top_p, 1e-9);
+  EXPECT_EQ(chat({{"top_p", 1e-9}}).gen.sampling.top_p, 1e-9f);
+  // Checked as the fp32 the sampler runs in: 1e-320 is in (0, 1] as a double but 0 as a float
+  // (it used to pass here and kill the scheduler thread when the sampler refused it).
+  expect_error(chat_error({{"top_p", 1e-320}}), 400, "top_p", "invalid_value", {"as a 32-bit float", "found number"});
+  expect_error(chat_error({{"temperature", 1e300}}), 400, "temperature", "invalid_value", {"found number"});
   expect_error(chat_error({{"top_p", 0}}), 400, "top_p", "invalid_value",
                {"expected a number in (0.0, 1.0]", "found integer 0"});
   expect_error(chat_error({{"top_p", 1.01}}), 400, "top_p", "invalid_value", {"found number 1.01"});

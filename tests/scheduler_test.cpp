@@ -211,3 +211,28 @@ TEST_F(SchedulerTest, NextTurnContinuesTheFinishedSequence) {
   EXPECT_EQ(two.use.computed(), 21);
   EXPECT_EQ(cache.stats().counters.device_tokens, 104);
 }
+
+// A request the sampler refuses (top_p 0: the API refuses it first, but the engine must not rely
+// on that) fails alone, with the sampler's reason; the scheduler thread lives on and serves the
+// next request. It used to throw outside any handler and end the process.
+TEST_F(SchedulerTest, ARequestTheSamplerRefusesFailsAlone) {
+  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr);
+  GenerationRequest bad = request(slice(0, 10), 3);
+  bad.sampling.temperature = 1;
+  bad.sampling.top_p = 0;
+  std::shared_ptr<Generation> g = scheduler.submit(bad);
+  ASSERT_NE(g, nullptr);
+  std::string error;
+  for (;;) {
+    GenerationEvent e = g->next();
+    if (e.kind != GenerationEvent::Kind::Finished) continue;
+    EXPECT_EQ(e.finish, FinishKind::Error);
+    error = e.error;
+    break;
+  }
+  EXPECT_NE(error.find("top_p in (0, 1]"), std::string::npos) << error;
+  EXPECT_EQ(scheduler.stats().failed, 1);
+  const Outcome next = collect(*scheduler.submit(request(slice(0, 10), 3)));
+  EXPECT_EQ(next.finish, FinishKind::Length);
+  EXPECT_EQ(next.tokens, alone(slice(0, 10), 3));
+}

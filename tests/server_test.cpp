@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "fixture.h"
+#include "base/error.h"
 #include "server/server.h"
 
 using namespace dsv41;
@@ -198,6 +199,24 @@ TEST(Server, AClientThatGoesAwayFreesItsSequence) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(server.metric("dsv41_running_sequences"), 0);
   EXPECT_EQ(server.metric("dsv41_requests_cancelled_total"), 1);
+}
+
+// A port a server listens on is refused to a second one, with the address named (cpp-httplib's
+// default SO_REUSEPORT let both bind, and clients were split between them).
+TEST(Server, ASecondServerOnTheSamePortIsRefused) {
+  Running first(ServerOptions{});
+  ServerOptions options;
+  options.model_dir = test::fixture_dir("v41-tiny");
+  options.host = "127.0.0.1";
+  options.port = first.port();
+  Server second(options);
+  try {
+    second.run();
+    ADD_FAILURE() << "a second server listened on port " << first.port();
+  } catch (const dsv41::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(first.port()) + " (in use"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(first.post("/v1/completions", {{"model", "v41-tiny"}, {"prompt", "Once"}, {"max_tokens", 2}})["object"], "text_completion");
 }
 
 // Stopping the server finishes the requests in flight (a stream gets its end) instead of

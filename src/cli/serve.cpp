@@ -42,7 +42,7 @@ void add_serve(CLI::App& app) {
       const std::string base = fmt::format("http://{}:{}", options.host, port);
       fmt::print("dsv41: listening on {} (loading {}; /health says 503 until it is ready)\n", base, options.model_dir);
       fmt::print("  curl {}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-                 "       -d '{{\"model\": \"{}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n",
+                 "       -d '{{\"model\": \"{}\", \"max_tokens\": 64, \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n",
                  base, options.model_name);
       fmt::print("  OpenAI clients: base_url {}/v1\n", base);
       std::fflush(stdout);

@@ -64,6 +64,24 @@ std::string python_json(const ordered_json& v) {
 
 std::string json_string(std::string_view s) { return ordered_json(std::string(s)).dump(); }
 
+// Tool-call arguments given as text, parsed at most kMaxArgumentDepth levels deep: rendering walks
+// them recursively (python_json), and text nested 100,000 deep inside a small request would
+// otherwise overflow the stack. Request bodies have the same bound (server/openai_api.cpp).
+constexpr int kMaxArgumentDepth = 128;
+
+ordered_json parse_arguments(const std::string& text, const std::string& at, const std::string& expected) {
+  const ordered_json::parser_callback_t bound = [&](int depth, ordered_json::parse_event_t, ordered_json&) {
+    if (depth > kMaxArgumentDepth)
+      fail(at, expected + " nested at most " + std::to_string(kMaxArgumentDepth) + " levels deep", "deeper nesting");
+    return true;
+  };
+  try {
+    return ordered_json::parse(text, bound);
+  } catch (const nlohmann::json::exception&) {
+    fail(at, expected, "text that is not JSON: " + json_string(text.substr(0, 40)));
+  }
+}
+
 // ---------------------------------------------------------------- the format's fixed texts
 
 std::string reasoning_effort_text(int effort) {
@@ -124,12 +142,7 @@ std::string tool_calls_text(const ChatMessage& m, const std::string& where) {
   for (size_t i = 0; i < m.tool_calls.size(); ++i) {
     const ChatToolCall& call = m.tool_calls[i];
     std::string at = where + ".tool_calls[" + std::to_string(i) + "].function.arguments";
-    ordered_json args;
-    try {
-      args = ordered_json::parse(call.arguments);
-    } catch (const nlohmann::json::parse_error&) {
-      fail(at, "a JSON object", "text that is not JSON: " + json_string(call.arguments.substr(0, 40)));
-    }
+    const ordered_json args = parse_arguments(call.arguments, at, "a JSON object");
     if (!args.is_object()) fail(at, "a JSON object", describe(args));
     if (i) out += '\n';
     out += kInvokeOpen + call.name + "\">\n";
@@ -338,12 +351,7 @@ ChatToolCall tool_call_from_json(const ordered_json& c, const std::string& where
   if (args->is_object()) {
     call.arguments = args->dump();
   } else if (args->is_string()) {
-    ordered_json parsed;
-    try {
-      parsed = ordered_json::parse(args->get<std::string>());
-    } catch (const nlohmann::json::parse_error&) {
-      fail(at, "the text of a JSON object", "text that is not JSON: " + describe(*args));
-    }
+    const ordered_json parsed = parse_arguments(args->get<std::string>(), at, "the text of a JSON object");
     if (!parsed.is_object()) fail(at, "the text of a JSON object", "the text of " + describe(parsed));
     call.arguments = args->get<std::string>();
   } else {

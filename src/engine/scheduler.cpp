@@ -120,8 +120,16 @@ void Scheduler::loop() {
       wake_.wait(lock, [&] { return stopping_ || busy || !queue_.empty(); });
       if (stopping_) break;
     }
-    admit();
-    step();
+    // No exception leaves this thread (it would end the process): one that escapes a step's
+    // own handling fails the requests running, and the loop serves the next ones.
+    try {
+      admit();
+      step();
+    } catch (const std::exception& e) {
+      for (Running& r : running_) finish(r, FinishKind::Error, e.what());
+      running_.clear();
+      publish();
+    }
   }
   // Shutting down: every waiter hears that its request ended.
   for (Running& r : running_) r.generation->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
@@ -164,7 +172,18 @@ void Scheduler::admit() {
     }
     SamplingParams sampling = g->request.sampling;
     if (sampling.temperature > 0 && sampling.seed == 0) sampling.seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
-    Running r{g, session_for(g->request.prompt), Sampler(sampling), 0, std::nullopt};
+    std::optional<Running> started;
+    try {
+      started.emplace(Running{g, session_for(g->request.prompt), Sampler(sampling), 0, std::nullopt});
+    } catch (const std::exception& e) {  // sampling parameters the sampler refuses: this request's fault
+      {
+        std::lock_guard lock(mutex_);
+        stats_.failed += 1;
+      }
+      g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Error, e.what()});
+      continue;
+    }
+    Running& r = *started;
     try {
       const PrefixUse use = r.session->begin_prompt(g->request.prompt, cache_);
       g->post({GenerationEvent::Kind::Prefilled, use, {}, FinishKind::Stop, {}});

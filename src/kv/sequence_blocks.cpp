@@ -25,7 +25,7 @@ struct Writer {
   std::vector<uint8_t> out;
   void bytes(const void* p, size_t n) {
     const auto* b = static_cast<const uint8_t*>(p);
-    out.insert(out.end(), b, b + n);
+    if (n) out.insert(out.end(), b, b + n);  // an empty field's data() may be null
   }
   void i64(int64_t v) { bytes(&v, sizeof v); }
   void blob(const std::vector<uint8_t>& v) {
@@ -43,7 +43,7 @@ struct Reader {
   size_t at = 0;
   void bytes(void* p, size_t n) {
     if (at + n > in.size()) fail("KV tail", std::to_string(at + n) + " bytes", std::to_string(in.size()));
-    std::memcpy(p, in.data() + at, n);
+    if (n) std::memcpy(p, in.data() + at, n);  // an empty field's destination may be null
     at += n;
   }
   int64_t i64() {

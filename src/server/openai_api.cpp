@@ -74,8 +74,9 @@ ojson parse_body(std::string_view body) {
   ojson j;
   try {
     j = ojson::parse(body, limit_depth);
-  } catch (const ojson::parse_error& e) {
-    // nlohmann's text starts with "[json.exception.parse_error.101] "; the rest says where.
+  } catch (const ojson::exception& e) {
+    // A syntax error, or a number out of range (1e400); nlohmann's text starts with
+    // "[json.exception.parse_error.101] ", the rest says where.
     std::string what = e.what();
     if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
     throw ApiError(400, "request body: expected a JSON object, found invalid JSON (" + what + ")", {}, "invalid_json");
@@ -95,11 +96,13 @@ std::string range_text(double lo, double hi, bool lo_open) {
   return (lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + "]";
 }
 
-double number_in(const ojson& v, const std::string& param, double lo, double hi, bool lo_open = false) {
-  const std::string expected = "a number in " + range_text(lo, hi, lo_open);
+// A number the engine runs in fp32, checked as the float it becomes: 1e-320 is in (0, 1] as a
+// double but 0 as a float, which the sampler would refuse after the request had been accepted.
+float float_in(const ojson& v, const std::string& param, float lo, float hi, bool lo_open = false) {
+  const std::string expected = "a number in " + range_text(lo, hi, lo_open) + " (as a 32-bit float)";
   if (!v.is_number()) bad_type(param, expected, v);
-  const double x = v.get<double>();
-  if (x < lo || x > hi || (lo_open && x == lo)) bad_value(param, expected, v);
+  const float x = float(v.get<double>());
+  if (!(x >= lo && x <= hi) || (lo_open && x == lo)) bad_value(param, expected, v);
   return x;
 }
 
@@ -163,14 +166,14 @@ std::vector<std::string> parse_stop(const ojson& v) {
 }
 
 void parse_sampling(const ojson& body, RequestSampling& s) {
-  if (const ojson* v = field(body, "temperature")) s.temperature = number_in(*v, "temperature", 0, 2);
-  if (const ojson* v = field(body, "top_p")) s.top_p = number_in(*v, "top_p", 0, 1, /*lo_open=*/true);
+  if (const ojson* v = field(body, "temperature")) s.temperature = float_in(*v, "temperature", 0, 2);
+  if (const ojson* v = field(body, "top_p")) s.top_p = float_in(*v, "top_p", 0, 1, /*lo_open=*/true);
   if (const ojson* v = field(body, "top_k")) {
     const int64_t k = integer_in(*v, "top_k", -1, std::numeric_limits<int32_t>::max(),
                                  "an integer >= 0, or -1 (0 and -1 both turn top-k off)");
     s.top_k = k < 0 ? 0 : static_cast<int32_t>(k);
   }
-  if (const ojson* v = field(body, "min_p")) s.min_p = number_in(*v, "min_p", 0, 1);
+  if (const ojson* v = field(body, "min_p")) s.min_p = float_in(*v, "min_p", 0, 1);
   if (const ojson* v = field(body, "seed"))
     s.seed = integer_in(*v, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
                         "a 64-bit signed integer");

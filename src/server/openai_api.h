@@ -41,10 +41,10 @@ struct ApiConfig {
 };
 
 struct RequestSampling {
-  double temperature = 1.0;  // 0 = greedy
-  double top_p = 1.0;        // (0, 1]
+  float temperature = 1.0f;  // 0 = greedy (every number as the engine's fp32 sampler takes it)
+  float top_p = 1.0f;        // (0, 1]
   int32_t top_k = 0;         // 0 = off; a request's -1 also means off and is stored as 0
-  double min_p = 0.0;        // [0, 1]; 0 = off
+  float min_p = 0.0f;        // [0, 1]; 0 = off
   std::optional<int64_t> seed;
   std::vector<std::string> stop;     // at most 4, none empty
   std::optional<int32_t> max_tokens;  // none: until a stop or the context ends

@@ -196,7 +196,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     return send_error(res, e);
   }
   const RequestSampling& s = gen.sampling;
-  request.sampling = SamplingParams{float(s.temperature), s.top_k, float(s.top_p), float(s.min_p), uint64_t(s.seed.value_or(0))};
+  request.sampling = SamplingParams{s.temperature, s.top_k, s.top_p, s.min_p, uint64_t(s.seed.value_or(0))};
   request.max_tokens = s.max_tokens.value_or(int32_t(model->config().max_seq_len - int64_t(request.prompt.size())));
   request.stop_ids = stop_ids;
   request.top_logprobs = gen.logprobs.enabled ? gen.logprobs.top : -1;
@@ -450,6 +450,13 @@ void Server::stop() {
 
 void Server::run() {
   State& st = *state_;
+  // SO_REUSEADDR only: a restart may bind while old connections linger in TIME_WAIT. cpp-httplib's
+  // default adds SO_REUSEPORT, under which a second server binds the same port and the kernel
+  // splits the clients between the two.
+  st.http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   const int port = st.options.port == 0 ? st.http.bind_to_any_port(st.options.host) : st.options.port;
   if (st.options.port != 0 && !st.http.bind_to_port(st.options.host, port))
     fail("serve", "a free address to listen on", st.options.host + ":" + std::to_string(port) + " (in use, or not ours)");
