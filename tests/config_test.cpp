@@ -190,6 +190,13 @@ TEST(Config, RefusesWrongTypesAndRanges) {
   expect_refused(j.dump(), {"compress_ratios[3]'", "found -2"});
   expect_refused("{\"dim\": 12", {"valid JSON"});
   expect_refused("[1, 2]", {"a JSON object"});
+  // Refused by their form before any field is read: a value nested 100,000 deep (an error message
+  // used to dump it recursively and overflow the stack), a key given twice (the last one won).
+  expect_refused("{\"dim\": " + std::string(100000, '[') + std::string(100000, ']') + "}", {"nested at most 64 levels deep"});
+  j = official("v41-tiny");
+  std::string twice = j.dump();
+  twice.insert(1, "\"dim\": 7, ");
+  expect_refused(twice, {"each key once", "key \"dim\" twice"});
 }
 
 TEST(Config, RefusesUnknownFeaturesByName) {

@@ -254,12 +254,21 @@ TEST_F(SafetensorsTest, RefusesAHeaderLengthBeyondTheFile) {
 
 TEST_F(SafetensorsTest, RefusesAHeaderThatIsNotJson) {
   write_raw(path("a.safetensors"), "{not json", 0);
-  expect_contains(open_error(path("a.safetensors")), {path("a.safetensors"), "header", "valid UTF-8 JSON"});
+  expect_contains(open_error(path("a.safetensors")), {path("a.safetensors"), "header", "valid JSON"});
 }
 
 TEST_F(SafetensorsTest, RefusesAHeaderThatIsNotUtf8) {
   write_raw(path("a.safetensors"), "{\"\xff\": 1}", 0);
-  expect_contains(open_error(path("a.safetensors")), {path("a.safetensors"), "valid UTF-8 JSON"});
+  expect_contains(open_error(path("a.safetensors")), {path("a.safetensors"), "valid JSON", "UTF-8"});
+}
+
+// A 200 KB header of brackets is refused by its depth, not walked until the stack ends (it was a
+// segfault); a key given twice at any depth is refused, not silently replaced by the second.
+TEST_F(SafetensorsTest, RefusesDeepOrRepeatedHeaderJson) {
+  write_raw(path("a.safetensors"), "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}", 0);
+  expect_contains(open_error(path("a.safetensors")), {path("a.safetensors"), "header", "nested at most 64 levels deep"});
+  write_raw(path("b.safetensors"), R"({"__metadata__": {"format": "pt", "format": "np"}})", 0);
+  expect_contains(open_error(path("b.safetensors")), {"each key once", "key \"format\" twice"});
 }
 
 TEST_F(SafetensorsTest, RefusesAHeaderThatIsNotAnObject) {
@@ -318,7 +327,7 @@ TEST_F(SafetensorsTest, RefusesATensorNamedTwice) {
             R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},)"
             R"( "w": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
             2);
-  expect_contains(open_error(path("a.safetensors")), {path("a.safetensors"), "'w'", "twice"});
+  expect_contains(open_error(path("a.safetensors")), {path("a.safetensors"), "key \"w\" twice"});
 }
 
 // "t<i>", built by appending: GCC 12 warns falsely (-Wrestrict) about "t" + std::to_string(i).
@@ -409,6 +418,20 @@ TEST_F(CheckpointTest, ShardedWriterRefusesMisuse) {
   // The directory now holds a checkpoint, which a second writer must not mix with its own.
   expect_contains(error_of([&] { ShardedWriter(dir_.string(), 128); }),
                   {dir_.string(), "without a checkpoint", "model.safetensors"});
+}
+
+// The index as the other JSON files: a tensor mapped twice (the second used to win) and deep
+// nesting are refused, naming the index.
+TEST_F(CheckpointTest, RefusesAnIndexWithARepeatedOrDeepEntry) {
+  write_sharded(dir_.string(), 6, 128);
+  const std::string file = path("model.safetensors.index.json");
+  std::string text = read_json(file).dump();
+  const std::string twice = text.substr(0, text.find("\"weight_map\":{") + 14) + "\"t0\":\"model-00002-of-00003.safetensors\"," +
+                            text.substr(text.find("\"weight_map\":{") + 14);
+  std::ofstream(file, std::ios::trunc) << twice;
+  expect_contains(error_of([&] { Checkpoint::open(dir_.string()); }), {file, "each key once", "key \"t0\" twice"});
+  std::ofstream(file, std::ios::trunc) << "{\"weight_map\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  expect_contains(error_of([&] { Checkpoint::open(dir_.string()); }), {file, "nested at most 64 levels deep"});
 }
 
 TEST_F(CheckpointTest, RefusesAnIndexNamingATensorMissingFromItsShard) {

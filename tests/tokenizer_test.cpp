@@ -260,6 +260,15 @@ TEST(Bpe, MalformedModelsAreRefused) {
   EXPECT_NE(error_of([] { Tokenizer::from_json("{\"model\": ", "broken.json"); }).find("broken.json: expected valid JSON"),
             std::string::npos);
   EXPECT_NE(error_of([] { Tokenizer::from_json("{}", "empty.json"); }).find("field 'model'"), std::string::npos);
+  // A second "model" used to replace the first one's vocabulary silently; deep nesting is refused
+  // before anything walks it.
+  std::string twice = tiny_bpe(json::array()).dump();
+  twice.insert(1, "\"model\": {\"type\": \"BPE\"}, ");
+  EXPECT_NE(error_of([&] { Tokenizer::from_json(twice, "twice.json"); }).find("twice.json: expected valid JSON with each key once"),
+            std::string::npos);
+  const std::string deep = "{\"model\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_NE(error_of([&] { Tokenizer::from_json(deep, "deep.json"); }).find("deep.json: expected valid JSON nested at most 64"),
+            std::string::npos);
 }
 
 // --- Added tokens --------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "model/json_document.h"
 
 namespace dsv41 {
 
@@ -85,11 +86,7 @@ void check_numbered_shards_complete(const std::string& dir, const std::vector<st
 json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, "a readable file", "one we cannot open");
-  try {
-    return json::parse(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const json::parse_error& error) {
-    fail(path, "valid UTF-8 JSON", error.what());
-  }
+  return parse_json(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), path);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "model/json_document.h"
 
 namespace dsv41 {
 
@@ -594,12 +595,7 @@ void validate(const Config& c) {
 // --- entry points -------------------------------------------------------------------------------
 
 Config parse_config(const std::string& text, const std::string& where) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail(where, "valid JSON", std::string("a parse error: ") + e.what());
-  }
+  const json j = parse_json(text, where);
   if (!j.is_object()) fail(where, "a JSON object", show(j));
   // The HF layout nests the text model under text_config; the official one is flat ModelArgs.
   Config c = j.contains("text_config") ? parse_hf(j, where) : parse_official(j, where);

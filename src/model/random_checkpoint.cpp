@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "model/checkpoint.h"
 #include "model/engram_compress.h"
+#include "model/json_document.h"
 #include "model/random_tokenizer.h"
 #include "model/tokenizer/tokenizer.h"
 #include "model/weights.h"
@@ -216,8 +217,7 @@ TokenizerFiles checkpoint_tokenizer(const Config& config, const std::string& dir
   std::string json = read_text(json_path), tokenizer_config = read_text(config_path);
   // The tokenizer config is copied, not interpreted here; but the loaders read its eos_token, so a
   // file that is not a JSON object would only fail later, at serving time.
-  const nlohmann::json parsed = nlohmann::json::parse(tokenizer_config, nullptr, false);
-  if (parsed.is_discarded() || !parsed.is_object()) fail(config_path, "a JSON object", "something else");
+  if (!parse_json(tokenizer_config, config_path).is_object()) fail(config_path, "a JSON object", "something else");
   Tokenizer tokenizer = Tokenizer::from_json(json, json_path);
   return {std::move(json), std::move(tokenizer_config), std::move(tokenizer)};
 }

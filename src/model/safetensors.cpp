@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/fd.h"
+#include "model/json_document.h"
 
 namespace dsv41 {
 
@@ -86,21 +87,10 @@ void sync_directory(const std::string& dir) {
   if (::fsync(fd.get()) != 0) fail(dir, "a successful fsync", errno_text());
 }
 
-// The header parsed as JSON. nlohmann::json keeps the last of repeated keys silently; a tensor
-// name given twice is refused instead, since it would hide one of the two tensors.
+// The header parsed as JSON (model/json_document.h: bounded depth, each key once, so that a
+// tensor name given twice cannot hide one of the two tensors).
 json parse_header_json(const std::string& path, const uint8_t* begin, const uint8_t* end) {
-  std::set<std::string> names;
-  const auto refuse_repeated_names = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth == 1 && event == json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second)
-      fail(path + ": header key '" + parsed.get<std::string>() + "'", "each key once", "it twice");
-    return true;
-  };
-  json header;
-  try {
-    header = json::parse(begin, end, refuse_repeated_names);
-  } catch (const json::parse_error& error) {
-    fail(path + ": header", "valid UTF-8 JSON", error.what());
-  }
+  const json header = parse_json(std::string_view(reinterpret_cast<const char*>(begin), size_t(end - begin)), path + ": header");
   if (!header.is_object()) fail(path + ": header", "a JSON object", header.type_name());
   return header;
 }

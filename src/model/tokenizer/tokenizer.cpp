@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "base/error.h"
+#include "model/json_document.h"
 #include "model/tokenizer/added_tokens.h"
 #include "model/tokenizer/bpe.h"
 #include "model/tokenizer/decoders.h"
@@ -79,12 +80,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 }
 
 Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where) {
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail(where, "valid JSON", e.what());
-  }
+  const json root = parse_json(text, where);
   if (!root.is_object()) fail(where, "a tokenizer.json object", root.type_name());
   refuse_if_set(root, "truncation", where);
   refuse_if_set(root, "padding", where);
@@ -241,8 +237,9 @@ std::string StreamDecoder::emit(bool force) {
 std::optional<int> config_eos_id(const std::string& dir, const Tokenizer& tokenizer) {
   std::ifstream in(dir + "/tokenizer_config.json");
   if (!in) return std::nullopt;
-  const json c = json::parse(in, nullptr, false);
-  if (c.is_discarded() || !c.is_object() || !c.contains("eos_token")) return std::nullopt;
+  const json c = parse_json(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()),
+                            dir + "/tokenizer_config.json");
+  if (!c.is_object() || !c.contains("eos_token")) return std::nullopt;
   const json& e = c["eos_token"];
   if (e.is_string()) return tokenizer.token_to_id(e.get<std::string>());
   if (e.is_object() && e.contains("content") && e["content"].is_string()) return tokenizer.token_to_id(e["content"].get<std::string>());
