@@ -2,6 +2,8 @@
 // and what was found.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -197,6 +199,23 @@ TEST(Config, RefusesWrongTypesAndRanges) {
   std::string twice = j.dump();
   twice.insert(1, "\"dim\": 7, ");
   expect_refused(twice, {"each key once", "key \"dim\" twice"});
+}
+
+// Integers are checked in the type they are stored in: 2^32 + 8 is not 8 in an int, and 2^64 - 1
+// is not -1 (both used to be read that way).
+TEST(Config, RefusesIntegersBeyondTheirType) {
+  json j = official("v41-tiny");
+  j["index_topk"] = (uint64_t(1) << 32) + 8;
+  expect_refused(j.dump(), {"'index_topk'", "found 4294967304"});
+  j = official("v41-tiny");
+  j["window_size"] = (uint64_t(1) << 32) + 16;
+  expect_refused(j.dump(), {"'window_size'", "found 4294967312"});
+  j = official("v41-tiny");
+  j["candidate_source_layer"] = std::numeric_limits<uint64_t>::max();
+  expect_refused(j.dump(), {"'candidate_source_layer'", "found 18446744073709551615"});
+  j = official("v41-tiny");
+  j["compress_ratios"][3] = (uint64_t(1) << 32) + 2;
+  expect_refused(j.dump(), {"compress_ratios[3]'", "found 4294967298"});
 }
 
 TEST(Config, RefusesUnknownFeaturesByName) {

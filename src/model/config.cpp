@@ -1,7 +1,9 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <climits>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -129,17 +131,28 @@ class Fields {
 
   bool has(const char* key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
 
+  // An integer in [lo, hi], compared as the JSON holds it: an unsigned above 2^63 - 1 would read
+  // as a negative int64_t (2^64 - 1 as -1).
+  static bool in_range(const json& v, int64_t lo, int64_t hi) {
+    if (!v.is_number_integer()) return false;
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      return hi >= 0 && u <= uint64_t(hi) && (lo <= 0 || u >= uint64_t(lo));
+    }
+    const int64_t x = v.get<int64_t>();
+    return x >= lo && x <= hi;
+  }
+
   void integer(const char* key, int64_t& out, int64_t lo, int64_t hi) {
     const json* v = take(key);
     if (!v) return;
-    if (!v->is_number_integer()) fail(at(key), "an integer " + range_text(lo, hi), show(*v));
-    int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) fail(at(key), "an integer " + range_text(lo, hi), show(*v));
-    out = x;
+    if (!in_range(*v, lo, hi)) fail(at(key), "an integer " + range_text(lo, hi), show(*v));
+    out = v->get<int64_t>();
   }
+  // Into an int: the range is cut to the int's, so that 2^32 + 8 is refused, not read as 8.
   void integer(const char* key, int& out, int64_t lo, int64_t hi) {
     int64_t x = out;
-    integer(key, x, lo, hi);
+    integer(key, x, std::max<int64_t>(lo, INT_MIN), std::min<int64_t>(hi, INT_MAX));
     out = int(x);
   }
   void number(const char* key, double& out, double lo, double hi) {
@@ -200,10 +213,11 @@ class Fields {
     std::string expect = "a list of integers " + range_text(lo, hi);
     if (!v->is_array()) fail(at(key), expect, show(*v));
     std::vector<T> xs;
+    lo = std::max<int64_t>(lo, std::numeric_limits<T>::min());
+    hi = std::min<int64_t>(hi, std::numeric_limits<T>::max());
     for (size_t i = 0; i < v->size(); ++i) {
       const json& e = (*v)[i];
-      if (!e.is_number_integer() || e.get<int64_t>() < lo || e.get<int64_t>() > hi)
-        fail(at(std::string(key) + "[" + std::to_string(i) + "]"), expect, show(e));
+      if (!in_range(e, lo, hi)) fail(at(std::string(key) + "[" + std::to_string(i) + "]"), expect, show(e));
       xs.push_back(T(e.get<int64_t>()));
     }
     out = std::move(xs);
