@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -120,6 +121,27 @@ TEST(PersistentStore, RoundTrip) {
   EXPECT_EQ(stats.bytes, bytes_on_disk(dir));
   EXPECT_EQ(stats.hits, 1u);
   EXPECT_EQ(stats.misses, 1u);
+}
+
+// Blocks hold prompts' token ids: the store's directories are 0700 and its files 0600, whatever
+// the umask (they were 0755 and 0644).
+TEST(PersistentStore, IsItsOwnersAlone) {
+  TempDir dir("store_permissions");
+  const mode_t umask_before = ::umask(0);  // the most permissive umask: only the store's own modes count
+  {
+    PersistentStore store(options(dir, 1 << 20));
+    ASSERT_EQ(store.put(key_of(1), tokens_of(1), payload_of(1)), PutResult::kStored);
+    auto mode = [](const fs::path& p) {
+      struct stat st;
+      EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+      return st.st_mode & 0777;
+    };
+    EXPECT_EQ(mode(dir.path()), 0700u);
+    EXPECT_EQ(mode(fs::path(store.path_of(key_of(1))).parent_path()), 0700u);
+    EXPECT_EQ(mode(store.path_of(key_of(1))), 0600u);
+    EXPECT_EQ(mode(dir / "LOCK"), 0600u);
+  }
+  ::umask(umask_before);
 }
 
 TEST(PersistentStore, EmptyPayloadAndTokens) {

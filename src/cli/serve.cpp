@@ -1,13 +1,16 @@
-// dsv41 serve --model DIR [--host 127.0.0.1] [--port 8080] [--api-key K] [--exact] [scheduler and cache flags]
+// dsv41 serve --model DIR [--host 127.0.0.1] [--port 8080] [--api-key K | --api-key-file F] [--exact]
+//             [scheduler and cache flags]
 //
 // The OpenAI-compatible server (server/server.h). Stops on SIGINT or SIGTERM.
 #include <fmt/core.h>
 
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "cli/commands.h"
+#include "base/error.h"
 #include "cli/flags.h"
 #include "server/server.h"
 
@@ -18,6 +21,7 @@ void add_serve(CLI::App& app) {
     ServerOptions server;
     CacheFlags cache;
     bool exact = false;
+    std::string api_key_file;
   };
   auto args = std::make_shared<Args>();
   ServerOptions& o = args->server;
@@ -26,7 +30,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--model-name", o.model_name, "The model's id in the API (default: the directory's name)");
   cmd->add_option("--host", o.host, "Address to listen on");
   cmd->add_option("--port", o.port, "Port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer KEY' on /v1 routes");
+  // A key on the command line is visible to every user in `ps`: the file or the environment is not.
+  CLI::Option* key = cmd->add_option("--api-key", o.api_key, "Require 'Authorization: Bearer KEY' on /v1 routes")
+                         ->envname("DSV41_API_KEY");
+  cmd->add_option("--api-key-file", args->api_key_file, "Read the API key from the first line of this file")->excludes(key);
   cmd->add_flag("--exact", args->exact, "Exact mode: every layer on every position, no bounded replay");
   cmd->add_option("--max-running", o.scheduler.max_running, "Sequences in one batch")->check(CLI::Range(1, 4096));
   cmd->add_option("--max-queued", o.scheduler.max_queued, "Requests waiting to join; more get 503")->check(CLI::Range(0, 1 << 20));
@@ -35,6 +42,13 @@ void add_serve(CLI::App& app) {
   add_cache_flags(*cmd, args->cache);
   cmd->callback([args] {
     ServerOptions options = args->server;
+    if (!args->api_key_file.empty()) {
+      std::ifstream in(args->api_key_file);
+      if (!in) fail(args->api_key_file, "a readable file holding the API key", "one we cannot open");
+      std::getline(in, options.api_key);
+      if (!options.api_key.empty() && options.api_key.back() == '\r') options.api_key.pop_back();
+      if (options.api_key.empty()) fail(args->api_key_file, "an API key on its first line", "an empty line");
+    }
     options.mode = args->exact ? Mode::Exact : Mode::Default;
     if (options.model_name.empty()) options.model_name = std::filesystem::path(options.model_dir).filename().string();
     options.cache = cache_options(args->cache, options.model_dir, options.mode);

@@ -68,14 +68,17 @@ PersistentStore::PersistentStore(PersistentStoreOptions options) : options_(std:
   if (options_.fingerprint.empty() || options_.fingerprint.size() > kMaxFingerprintBytes)
     fail(dir, "a fingerprint of 1 to " + std::to_string(kMaxFingerprintBytes) + " bytes",
          std::to_string(options_.fingerprint.size()) + " bytes");
+  // The blocks hold prompts' token ids: the store is its owner's alone (0700 directories, 0600
+  // files), whatever the umask. A directory that already exists keeps the permissions it has.
   std::error_code error;
-  std::filesystem::create_directories(dir, error);
+  if (std::filesystem::create_directories(dir, error))
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all, std::filesystem::perm_options::replace, error);
   if (error) fail(dir, "a directory we can create", error.message());
 
   // Two processes on one directory would delete each other's temporary files as crash
   // leftovers, and evict without seeing each other's budget.
   const std::string lock_path = dir + "/LOCK";
-  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd_ < 0) fail(lock_path, "a lock file we can create", errno_text());
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     const std::string why = errno == EWOULDBLOCK ? "it locked by another opener" : errno_text();
@@ -89,8 +92,12 @@ PersistentStore::PersistentStore(PersistentStoreOptions options) : options_(std:
     // parent each time.
     bool created = false;
     for (size_t shard = 0; shard < kShards; ++shard) {
-      created |= std::filesystem::create_directory(dir + "/" + shard_name(shard), error);
-      if (error) fail(dir + "/" + shard_name(shard), "a directory we can create", error.message());
+      const std::string shard_dir = dir + "/" + shard_name(shard);
+      if (std::filesystem::create_directory(shard_dir, error)) {
+        created = true;
+        std::filesystem::permissions(shard_dir, std::filesystem::perms::owner_all, std::filesystem::perm_options::replace, error);
+      }
+      if (error) fail(shard_dir, "a directory we can create", error.message());
     }
     if (created) {
       Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -219,7 +226,7 @@ PutResult PersistentStore::put(const BlockKey& key, std::span<const int32_t> tok
   try {
     const EncodedBlock block = encode_block(key, now, options_.fingerprint, tokens, payload);
     const std::span<const uint8_t> parts[] = {block.header, block.payload, block.trailer};
-    write_file_atomically(path, parts);
+    write_file_atomically(path, parts, 0, 0600);
   } catch (...) {
     std::lock_guard lock(mutex_);
     release();

@@ -308,9 +308,10 @@ void SafetensorsWriter::write(const std::string& path) const {
   write_file_atomically(path, parts, zeros);
 }
 
-void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts, size_t zeros) {
+void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts, size_t zeros,
+                           unsigned mode) {
   const std::string temporary = path + ".tmp";
-  Fd fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  Fd fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode_t(mode)));
   if (fd.get() < 0) fail(temporary, "a file we can create", errno_text());
   try {
     size_t size = 0;

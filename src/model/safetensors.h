@@ -107,7 +107,9 @@ class SafetensorsWriter {
 
 // Writes `parts`, one after another, to path + ".tmp", fsyncs it, renames it over `path` and
 // fsyncs the directory: a reader sees the old file or the complete new one, never half of one,
-// even after a crash. `zeros` more bytes of zeros follow the parts, as a hole.
-void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts, size_t zeros = 0);
+// even after a crash. `zeros` more bytes of zeros follow the parts, as a hole; `mode` is the new
+// file's permissions (before the umask).
+void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts, size_t zeros = 0,
+                           unsigned mode = 0644);
 
 }  // namespace dsv41
