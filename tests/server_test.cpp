@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -199,6 +202,67 @@ TEST(Server, AClientThatGoesAwayFreesItsSequence) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(server.metric("dsv41_running_sequences"), 0);
   EXPECT_EQ(server.metric("dsv41_requests_cancelled_total"), 1);
+}
+
+// What one raw HTTP request (written as it is, for requests a client library will not send) gets
+// back: the status line's code and the body. The request should ask for "Connection: close", so
+// that the reply ends with the connection (a half-closed socket is dropped unanswered).
+std::pair<int, std::string> raw_request(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return {-1, "connect failed"};
+  for (size_t at = 0; at < request.size();) {
+    const ssize_t n = ::write(fd, request.data() + at, request.size() - at);
+    if (n <= 0) break;
+    at += size_t(n);
+  }
+  std::string reply;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) reply.append(buf, size_t(n));
+  ::close(fd);
+  const size_t space = reply.find(' '), body = reply.find("\r\n\r\n");
+  if (space == std::string::npos || body == std::string::npos) return {-1, reply};
+  return {std::atoi(reply.c_str() + space + 1), reply.substr(body + 4)};
+}
+
+// The errors cpp-httplib answers by itself carry what a client can act on: a route under the
+// wrong method is 405 naming the right one (it was 404 "no route"), an oversized body 413, an
+// oversized URI 414, a malformed request 400, each with an OpenAI error body.
+TEST(Server, HttpErrorsSayWhatWasWrong) {
+  Running server(ServerOptions{});
+  httplib::Client c = server.client();
+  auto r = c.Post("/health", "", "text/plain");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "GET");
+  EXPECT_EQ(json::parse(r->body)["error"]["message"], "/health: expected method GET, found POST");
+  r = c.Get("/v1/chat/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  r = c.Get("/v1/nothing");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "not_found");
+
+  const size_t over = (size_t(64) << 20) + 1;  // one byte past the limit
+  auto [status, body] = raw_request(server.port(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                                   "Content-Type: application/json\r\nContent-Length: " + std::to_string(over) +
+                                                   "\r\n\r\n" + std::string(over, ' '));
+  EXPECT_EQ(status, 413) << body;
+  EXPECT_NE(body.find("request body: expected at most 64 MiB"), std::string::npos) << body;
+  std::tie(status, body) =
+      raw_request(server.port(), "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(status, 414) << body;
+  EXPECT_NE(body.find("uri_too_long"), std::string::npos) << body;
+  std::tie(status, body) = raw_request(server.port(), "NONSENSE\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(status, 400) << body;
+  EXPECT_NE(body.find("invalid_request"), std::string::npos) << body;
+  // And the server goes on serving.
+  EXPECT_EQ(server.post("/v1/completions", {{"model", "v41-tiny"}, {"prompt", "Once"}, {"max_tokens", 2}})["object"], "text_completion");
 }
 
 // A port a server listens on is refused to a second one, with the address named (cpp-httplib's

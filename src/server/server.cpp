@@ -5,8 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <nlohmann/json.hpp>
+#include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/error.h"
@@ -22,6 +23,9 @@ namespace {
 
 using Steady = std::chrono::steady_clock;
 using json = nlohmann::json;
+
+// The largest request body read (a chat of 16K-token turns is a few MB).
+constexpr size_t kMaxBodyBytes = size_t(64) << 20;
 
 double seconds_since(Steady::time_point t) { return std::chrono::duration<double>(Steady::now() - t).count(); }
 
@@ -404,10 +408,35 @@ void Server::State::routes() {
     if (authorized(req, res)) generate(req, res, false);
   });
   http.set_logger([this](const httplib::Request&, const httplib::Response& res) { http_responses(res.status).inc(); });
+  // The errors cpp-httplib answers itself, said as a client can act on them: a route under another
+  // method is 405 with Allow, not 404; a body, URI or request beyond the limits says which.
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    const ApiError e(res.status, "no route " + req.method + " " + req.path, "", "not_found");
-    res.set_content(json_text(e.body()), "application/json");
+    static const std::map<std::string, std::string> methods = {{"/health", "GET"},
+                                                               {"/metrics", "GET"},
+                                                               {"/v1/models", "GET"},
+                                                               {"/v1/chat/completions", "POST"},
+                                                               {"/v1/completions", "POST"}};
+    std::string message, code;
+    if (res.status == 404 && methods.count(req.path)) {
+      res.status = 405;
+      res.set_header("Allow", methods.at(req.path));
+      message = req.path + ": expected method " + methods.at(req.path) + ", found " + req.method;
+      code = "method_not_allowed";
+    } else if (res.status == 404) {
+      message = "no route " + req.method + " " + req.path;
+      code = "not_found";
+    } else if (res.status == 413) {
+      message = "request body: expected at most " + std::to_string(kMaxBodyBytes >> 20) + " MiB, found more";
+      code = "request_too_large";
+    } else if (res.status == 414) {
+      message = "request URI: expected at most " + std::to_string(CPPHTTPLIB_REQUEST_URI_MAX_LENGTH) + " bytes, found more";
+      code = "uri_too_long";
+    } else {
+      message = "request: expected a well-formed HTTP/1.1 request, found HTTP status " + std::to_string(res.status);
+      code = "invalid_request";
+    }
+    res.set_content(json_text(ApiError(res.status, message, "", code).body()), "application/json");
   });
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown error";
@@ -435,7 +464,7 @@ Server::Server(ServerOptions options) : state_(std::make_unique<State>()) {
   const SchedulerOptions& s = state_->options.scheduler;
   const size_t threads = size_t(s.max_running + s.max_queued + 8);
   state_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  state_->http.set_payload_max_length(size_t(64) << 20);
+  state_->http.set_payload_max_length(kMaxBodyBytes);
   state_->routes();
 }
 
