@@ -266,6 +266,22 @@ TEST(Bpe, MalformedModelsAreRefused) {
   twice.insert(1, "\"model\": {\"type\": \"BPE\"}, ");
   EXPECT_NE(error_of([&] { Tokenizer::from_json(twice, "twice.json"); }).find("twice.json: expected valid JSON with each key once"),
             std::string::npos);
+  // Ids: each once (a second token on id 3 hid the first), below 4 × the entries + 1024 (one id of
+  // 2^30 - 1 asked for 32 GiB, ending in bad_alloc with no context).
+  t = tiny_bpe(json::array());
+  t["model"]["vocab"]["e"] = 3;
+  EXPECT_NE(error_of([&] { encode(t, "a"); }).find(".vocab['e']: expected an id no other token has, found id 3, also 'd'"),
+            std::string::npos);
+  t = tiny_bpe(json::array());
+  t["model"]["vocab"]["e"] = (1 << 30) - 1;
+  EXPECT_NE(error_of([&] { encode(t, "a"); }).find(".vocab['e']: expected a token id in [0, 1068) (below 4 × the tokens listed"),
+            std::string::npos);
+  t = tiny_bpe(json::array());
+  t["added_tokens"] = json::array({{{"id", 10}, {"content", "<x>"}}, {{"id", 10}, {"content", "<y>"}}});
+  EXPECT_NE(error_of([&] { encode(t, "a"); }).find("added_tokens[1].id: expected an id no other added token has, found 10, also '<x>'"),
+            std::string::npos);
+  t["added_tokens"] = json::array({{{"id", 1 << 29}, {"content", "<x>"}}});
+  EXPECT_NE(error_of([&] { encode(t, "a"); }).find("added_tokens[0].id: expected a token id in [0, 1068)"), std::string::npos);
   const std::string deep = "{\"model\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
   EXPECT_NE(error_of([&] { Tokenizer::from_json(deep, "deep.json"); }).find("deep.json: expected valid JSON nested at most 64"),
             std::string::npos);

@@ -103,15 +103,21 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const nlohmann::json& spec, const 
 
   const json& vocab = required(spec, "vocab", where);
   if (!vocab.is_object()) fail(where + ".vocab", "an object of token: id", vocab.type_name());
+  // Each id once, and below a bound the file's own size accounts for, since id -> token is a table
+  // (one vocab id of 2^30 - 1 asked for 32 GiB).
+  const int64_t id_limit = token_id_limit(int64_t(vocab.size()));
+  const std::string expected = "a token id in [0, " + std::to_string(id_limit) + ") (" + kTokenIdLimitRule + ")";
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (1 << 30))
-      fail(where + ".vocab['" + it.key() + "']", "a non-negative id", it.value().dump());
+    const std::string at = where + ".vocab['" + it.key() + "']";
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= id_limit)
+      fail(at, expected, it.value().dump());
     int id = it.value().get<int>();
     m->vocab_[it.key()] = id;
     if (size_t(id) >= m->tokens_.size()) {
       m->tokens_.resize(size_t(id) + 1);
       m->has_id_.resize(size_t(id) + 1, false);
     }
+    if (m->has_id_[size_t(id)]) fail(at, "an id no other token has", "id " + std::to_string(id) + ", also '" + m->tokens_[size_t(id)] + "'");
     m->tokens_[size_t(id)] = it.key();
     m->has_id_[size_t(id)] = true;
   }

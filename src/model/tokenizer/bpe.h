@@ -29,6 +29,11 @@ struct StringHash {
 };
 using StringIdMap = std::unordered_map<std::string, int, StringHash, std::equal_to<>>;
 
+// Token ids a tokenizer.json may use: below 4 × the tokens it lists + 1024, so that an id -> token
+// table is at most a few times the size of the file that fills it.
+inline constexpr const char* kTokenIdLimitRule = "below 4 × the tokens listed + 1024";
+inline int64_t token_id_limit(int64_t entries) { return 4 * entries + 1024; }
+
 class BpeModel {
  public:
   static std::unique_ptr<BpeModel> from_json(const nlohmann::json& spec, const std::string& where);
@@ -42,6 +47,7 @@ class BpeModel {
   const std::string* id_to_token(int id) const;
   // The largest id in the vocabulary (-1 when empty).
   int max_id() const { return int(tokens_.size()) - 1; }
+  size_t size() const { return vocab_.size(); }  // the tokens of the vocabulary
 
  private:
   struct MergeTable;

@@ -102,7 +102,13 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
   std::vector<AddedToken> raw, normalized;
   std::vector<std::string> raw_patterns, normalized_patterns;
   int max_id = impl->model->max_id();
-  for (const AddedToken& a : added) {
+  const int64_t id_limit = token_id_limit(int64_t(impl->model->size()) + int64_t(added.size()));
+  for (size_t i = 0; i < added.size(); ++i) {
+    const AddedToken& a = added[i];
+    const std::string at = where + ": added_tokens[" + std::to_string(i) + "].id";
+    if (a.id >= id_limit)
+      fail(at, "a token id in [0, " + std::to_string(id_limit) + ") (" + kTokenIdLimitRule + ")", std::to_string(a.id));
+    if (impl->added.count(a.id)) fail(at, "an id no other added token has", std::to_string(a.id) + ", also '" + impl->added[a.id].content + "'");
     impl->added[a.id] = a;
     impl->added_ids[a.content] = a.id;
     max_id = std::max(max_id, a.id);
