@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <thread>
 #include <vector>
@@ -142,6 +143,35 @@ TEST(PersistentStore, IsItsOwnersAlone) {
     EXPECT_EQ(mode(dir / "LOCK"), 0600u);
   }
   ::umask(umask_before);
+}
+
+// A block whose checksums are right but whose shape is not the store's (a payload or token count
+// of another size), or whose creation time precedes the epoch, is damaged: dropped at open and
+// counted, never served. The first used to fail every request with its prefix, forever (restoring
+// it failed), the second to overflow every age computed from it.
+TEST(PersistentStore, DropsBlocksOfAnotherShape) {
+  TempDir dir("store_shape");
+  ManualClock before_epoch(std::numeric_limits<int64_t>::min());
+  {
+    PersistentStore store(options(dir, 1 << 20));
+    ASSERT_EQ(store.put(key_of(1), tokens_of(1), payload_of(1)), PutResult::kStored);
+    ASSERT_EQ(store.put(key_of(2), tokens_of(2), payload_of(2)), PutResult::kStored);
+  }
+  {
+    PersistentStore store(options(dir, 1 << 20, &before_epoch));
+    ASSERT_EQ(store.put(key_of(3), tokens_of(3), payload_of(1)), PutResult::kStored);
+  }
+  PersistentStoreOptions shaped = options(dir, 1 << 20);
+  shaped.payload_bytes = payload_of(1).size();
+  shaped.token_count = uint32_t(tokens_of(1).size());
+  ASSERT_NE(payload_of(2).size(), payload_of(1).size());
+  PersistentStore store(shaped);
+  EXPECT_EQ(store.stats().dropped_files, 2u);  // block 2's payload size, block 3's creation time
+  EXPECT_EQ(store.stats().blocks, 1u);
+  EXPECT_TRUE(serves(store, 1, payload_of(1)));
+  EXPECT_FALSE(store.get(key_of(2), tokens_of(2)));
+  EXPECT_FALSE(fs::exists(store.path_of(key_of(2))));
+  EXPECT_GE(store.stats().oldest_age_ms, 0);
 }
 
 TEST(PersistentStore, EmptyPayloadAndTokens) {

@@ -16,9 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "fixture.h"
 #include "base/error.h"
+#include "fixture.h"
 #include "server/server.h"
+#include "test_util.h"
 
 using namespace dsv41;
 using json = nlohmann::json;
@@ -263,6 +264,20 @@ TEST(Server, HttpErrorsSayWhatWasWrong) {
   EXPECT_NE(body.find("invalid_request"), std::string::npos) << body;
   // And the server goes on serving.
   EXPECT_EQ(server.post("/v1/completions", {{"model", "v41-tiny"}, {"prompt", "Once"}, {"max_tokens", 2}})["object"], "text_completion");
+}
+
+// A damaged block file in the store is dropped when the server opens it, and counted where an
+// operator looks (it used to vanish without a trace).
+TEST(Server, DamagedStoreFilesAreCounted) {
+  test::TempDir dir("server_store");
+  std::filesystem::create_directories(dir / "3f");
+  std::ofstream(dir / "3f" / "3f000000000000000000000000000000.blk") << "not a block";
+  ServerOptions options;
+  options.cache.store_dir = dir.string();
+  options.cache.store_budget_bytes = 1 << 20;
+  Running server(options);
+  EXPECT_EQ(server.metric("dsv41_store_dropped_files_total"), 1);
+  EXPECT_FALSE(std::filesystem::exists(dir / "3f" / "3f000000000000000000000000000000.blk"));
 }
 
 // A port a server listens on is refused to a second one, with the address named (cpp-httplib's

@@ -14,7 +14,8 @@ KvCache::KvCache(const Config& config, KvCacheOptions options)
       swa_(options.swa) {
   if (!options.store_dir.empty())
     store_ = std::make_unique<PersistentStore>(PersistentStoreOptions{
-        options.store_dir, keys_.fingerprint(), options.store_budget_bytes, options.store_lifetime_ms, options.clock});
+        options.store_dir, keys_.fingerprint(), options.store_budget_bytes, options.store_lifetime_ms, options.clock,
+        uint64_t(global_block_bytes(config, keys_.block_tokens())), uint32_t(keys_.block_tokens())});
 }
 
 BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {

@@ -155,7 +155,12 @@ void PersistentStore::scan() {
       // would be served for a prefix it does not hold.
       const bool named_right = header && to_hex(header->key) + std::string(kBlockSuffix) == name &&
                                name.substr(0, 2) == shard_name(shard);
-      if (!named_right) {
+      // And its shape the store's, its creation time after the epoch (INT64_MIN used to overflow
+      // every age computed from it).
+      const bool shaped_right = header && (options_.payload_bytes == 0 || header->payload_bytes == options_.payload_bytes) &&
+                                (options_.token_count == 0 || header->token_count == options_.token_count) &&
+                                header->created_ms >= 0;
+      if (!named_right || !shaped_right) {
         remove_file(path);
         ++counters_.dropped_files;
         continue;

@@ -38,6 +38,11 @@ struct PersistentStoreOptions {
   uint64_t budget_bytes = 0;  // on block files' sizes (header + tokens + payload + checksum)
   int64_t lifetime_ms = 72LL * 3600 * 1000;
   const Clock* clock = &SystemClock::instance();
+  // The shape every block of this fingerprint has (0: any): a block of another shape, its
+  // checksums right or not, is damaged: dropped at open, never served (one with a payload of the
+  // wrong length used to fail every request with its prefix, forever).
+  uint64_t payload_bytes = 0;
+  uint32_t token_count = 0;
 };
 
 struct PersistentStoreStats {

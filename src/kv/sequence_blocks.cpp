@@ -65,6 +65,13 @@ struct Reader {
 
 }  // namespace
 
+int64_t global_block_bytes(const Config& c, int block_tokens) {
+  check_block_tokens(c, block_tokens);
+  int64_t bytes = 0;
+  for (int s : c.kv_source_layers) bytes += block_tokens / c.compress_ratios[size_t(s)] * int64_t(entry_bytes(c) + key_bytes(c));
+  return bytes;
+}
+
 std::vector<uint8_t> global_block(const Config& c, const SequenceState& state, int64_t block, int block_tokens) {
   check_block_tokens(c, block_tokens);
   if ((block + 1) * block_tokens > state.length)

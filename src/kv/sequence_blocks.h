@@ -15,6 +15,10 @@
 
 namespace dsv41 {
 
+// The size of every global block's payload: per kv-source layer, B / ratio entries of KV-FP4 main KV
+// and MXFP4 index key.
+int64_t global_block_bytes(const Config& config, int block_tokens);
+
 // The global-KV payload of block `block` (tokens [block·B, (block+1)·B)) of a state holding them.
 std::vector<uint8_t> global_block(const Config& config, const SequenceState& state, int64_t block, int block_tokens);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -141,6 +142,10 @@ void Server::State::load() {
   cache_options.fingerprint = "checkpoint " + checkpoint_identity(dir);
   cache_options.mode = mode_name(options.mode);
   cache = std::make_unique<KvCache>(model->config(), cache_options);
+  if (const KvCacheStats s = cache->stats(); s.store && (s.store->dropped_files > 0 || s.store->removed_temp_files > 0))
+    std::fprintf(stderr, "dsv41: store %s: dropped %llu damaged or foreign block files, removed %llu unfinished writes\n",
+                 cache_options.store_dir.c_str(), (unsigned long long)s.store->dropped_files,
+                 (unsigned long long)s.store->removed_temp_files);
   SchedulerOptions scheduler_options = options.scheduler;
   scheduler_options.idle_ttl_ms = cache_options.swa.ttl_ms;
   scheduler = std::make_unique<Scheduler>(*model, &*tokenizer, options.mode, cache.get(), scheduler_options);
@@ -384,6 +389,8 @@ std::string Server::State::render_metrics() {
     sync(m.counter("dsv41_store_refused_writes_total", "Writes refused: the budget was full of blocks younger than the lifetime"),
          double(k.store->refused_writes));
     sync(m.counter("dsv41_store_evictions_total", "Blocks older than the lifetime evicted for room"), double(k.store->evictions));
+    sync(m.counter("dsv41_store_dropped_files_total", "Damaged or foreign block files deleted (at open or when read)"),
+         double(k.store->dropped_files));
   }
   return m.render();
 }
