@@ -218,6 +218,17 @@ TEST(Config, RefusesIntegersBeyondTheirType) {
   expect_refused(j.dump(), {"compress_ratios[3]'", "found 4294967298"});
 }
 
+// A model too large to list (1000 layers × 65,536 experts, each in range) is refused before the
+// weights map is built; it used to build 2·10^8 tensor specs and run out of memory.
+TEST(Config, RefusesAModelTooLargeToList) {
+  json j = official("v41-tiny");
+  const int mtp = j["n_mtp_layers"].get<int>();
+  j["n_layers"] = 1000;
+  j["n_routed_experts"] = 65536;
+  j["compress_ratios"] = std::vector<int>(size_t(1000 + mtp), 0);
+  expect_refused(j.dump(), {"'n_routed_experts'", "at most 16777216 expert tensors", "found 65536 experts"});
+}
+
 TEST(Config, RefusesUnknownFeaturesByName) {
   json j = official("v41-tiny");
   j["n_hash_layers"] = 3;  // V4's hash routing: not a V4.1 feature
@@ -258,7 +269,9 @@ TEST(Config, RefusesSourceIdsInconsistentWithTheRatios) {
 
 TEST(Config, EngramTableRowsAreSumsOfConsecutivePrimes) {
   Config c = preset("deepseek-v4.1-flash");
-  std::vector<int64_t> p0 = engram_primes(c, 0), p1 = engram_primes(c, 1);
+  const std::vector<std::vector<int64_t>> primes = engram_primes(c);
+  ASSERT_EQ(primes.size(), 2u);
+  const std::vector<int64_t>& p0 = primes[0], &p1 = primes[1];
   ASSERT_EQ(p0.size(), 24u);
   // components.md §2.2: the 48 primes above 16M, first 16000057, 16000079, 16000081, last 16000889.
   EXPECT_EQ(p0[0], 16000057);
@@ -266,6 +279,27 @@ TEST(Config, EngramTableRowsAreSumsOfConsecutivePrimes) {
   EXPECT_EQ(p0[2], 16000081);
   EXPECT_EQ(p1.back(), 16000889);
   EXPECT_EQ(engram_table_rows(c), (std::vector<int64_t>{384006168, 384016682}));
+
+  // Near the limit of engram_vocab_size (2^40), over many layers: consecutive primes, each one
+  // checked here by trial division (which the search used to do itself, taking a minute).
+  c.engram_vocab_size = (int64_t(1) << 40) - 5000;
+  c.engram_layer_ids.assign(64, 0);
+  auto trial_division = [](int64_t n) {
+    for (int64_t d = 2; d * d <= n; ++d)
+      if (n % d == 0) return false;
+    return n >= 2;
+  };
+  const std::vector<std::vector<int64_t>> far = engram_primes(c);
+  ASSERT_EQ(far.size(), 64u);
+  int64_t previous = c.engram_vocab_size - 1;
+  for (size_t layer : {size_t(0), size_t(63)}) {
+    if (layer == 63) previous = far[62].back();
+    for (int64_t p : far[layer]) {
+      for (int64_t n = previous + 1; n < p; ++n) ASSERT_FALSE(trial_division(n)) << n << " is prime, skipped";
+      ASSERT_TRUE(trial_division(p)) << p;
+      previous = p;
+    }
+  }
 
   json j = official("v41-tiny");
   j["engram_num_embeddings"] = {6126, 6333};

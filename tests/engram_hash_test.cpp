@@ -190,7 +190,9 @@ TEST(EngramMultipliers, AnyLayerAndVocabulary) {
 TEST(EngramLayout, ReleasedTableSizes) {
   Config c = preset("deepseek-v4.1-flash");
   EXPECT_EQ(engram_table_rows(c), (i64s{384006168, 384016682}));
-  i64s first = engram_primes(c, 0), second = engram_primes(c, 1);
+  const std::vector<i64s> primes = engram_primes(c);
+  ASSERT_EQ(primes.size(), 2u);
+  i64s first = primes[0], second = primes[1];
   ASSERT_EQ(first.size(), 24u);
   ASSERT_EQ(second.size(), 24u);
   EXPECT_EQ((i64s{first[0], first[1], first[2]}), (i64s{16000057, 16000079, 16000081}));

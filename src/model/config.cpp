@@ -63,33 +63,54 @@ int Config::activated_experts(int layer) const {
 
 // --- Engram prime layout ------------------------------------------------------------------------
 
+// Miller-Rabin with the first 12 primes as bases: exact for every n below 3.3e24, so for every
+// int64_t, at a dozen modular powers instead of up to 2^20 divisions near 2^40.
 static bool is_prime(int64_t n) {
   if (n < 2) return false;
-  if (n % 2 == 0) return n == 2;
-  for (int64_t d = 3; d * d <= n; d += 2)
-    if (n % d == 0) return false;
+  constexpr uint64_t kBases[] = {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37};
+  for (uint64_t b : kBases)
+    if (uint64_t(n) % b == 0) return uint64_t(n) == b;
+  const uint64_t m = uint64_t(n);
+  auto mul = [m](uint64_t a, uint64_t b) { return uint64_t((unsigned __int128)a * b % m); };
+  auto power = [&](uint64_t a, uint64_t e) {
+    uint64_t r = 1;
+    for (; e; e >>= 1, a = mul(a, a))
+      if (e & 1) r = mul(r, a);
+    return r;
+  };
+  uint64_t d = m - 1;
+  int s = 0;
+  for (; d % 2 == 0; d /= 2) ++s;
+  for (uint64_t a : kBases) {
+    uint64_t x = power(a, d);
+    if (x == 1 || x == m - 1) continue;
+    bool composite = true;
+    for (int i = 1; i < s && composite; ++i) composite = (x = mul(x, x)) != m - 1;
+    if (composite) return false;
+  }
   return true;
 }
 
-std::vector<int64_t> engram_primes(const Config& c, int index) {
+std::vector<std::vector<int64_t>> engram_primes(const Config& c) {
   // Every (order, head) restarts its search at engram_vocab_size - 1 but skips primes already
-  // taken, so the primes are simply consecutive: layer `index` starts after the earlier layers'.
-  int per_layer = c.engram_hash_columns();
-  std::vector<int64_t> primes;
+  // taken, so the primes are simply consecutive, layer after layer.
+  const int per_layer = c.engram_hash_columns();
+  std::vector<std::vector<int64_t>> primes(c.engram_layer_ids.size());
   int64_t p = c.engram_vocab_size - 1;
-  for (int k = 0; k < (index + 1) * per_layer; ++k) {
-    do ++p;
-    while (!is_prime(p));
-    if (k >= index * per_layer) primes.push_back(p);
-  }
+  for (std::vector<int64_t>& layer : primes)
+    for (int k = 0; k < per_layer; ++k) {
+      do ++p;
+      while (!is_prime(p));
+      layer.push_back(p);
+    }
   return primes;
 }
 
 std::vector<int64_t> engram_table_rows(const Config& c) {
   std::vector<int64_t> rows;
-  for (size_t i = 0; i < c.engram_layer_ids.size(); ++i) {
+  for (const std::vector<int64_t>& layer : engram_primes(c)) {
     int64_t total = 0;
-    for (int64_t p : engram_primes(c, int(i))) total += p;
+    for (int64_t p : layer) total += p;
     rows.push_back(total);
   }
   return rows;
@@ -258,6 +279,7 @@ class Fields {
 
 constexpr int64_t kMaxDim = 1 << 20;
 constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxExpertTensors = int64_t(1) << 24;
 constexpr int64_t kMaxId = int64_t(1) << 40;
 
 // The keys shared by both layouts under the same name.
@@ -514,6 +536,13 @@ void validate(const Config& c) {
   need(c.n_shared_experts == 1, "n_shared_experts", "1 (the reference has exactly one shared expert)", str(c.n_shared_experts));
   need(c.n_activated_experts <= c.n_routed_experts, "n_activated_experts",
        "at most n_routed_experts (" + str(c.n_routed_experts) + ")", str(c.n_activated_experts));
+  // The weights map lists every expert's three matrices and their scales: bound the product before
+  // anything builds it (1024 layers × 65,536 experts, each in range, made 2·10^8 tensor specs and
+  // ran out of memory). The released model has 43 × 256.
+  const int64_t expert_tensors = int64_t(total) * std::max(c.n_routed_experts, c.dspark_n_routed_experts) * 6;
+  need(expert_tensors <= kMaxExpertTensors, "n_routed_experts",
+       "at most " + str(kMaxExpertTensors) + " expert tensors in all (layers × experts × 6: w1, w2, w3 and their scales)",
+       str(c.n_routed_experts) + " experts × " + str(total) + " layers = " + str(expert_tensors));
   need(c.rope_head_dim % 2 == 0 && c.rope_head_dim <= c.head_dim, "rope_head_dim",
        "an even number no larger than head_dim (" + str(c.head_dim) + ")", str(c.rope_head_dim));
   need(c.head_dim % 32 == 0, "head_dim", "a multiple of 32 (SWA-FP8 scales per 32, KV-FP4 per 16)", str(c.head_dim));
@@ -586,8 +615,9 @@ void validate(const Config& c) {
     need(c.engram_pad_id < c.vocab_size, "engram_pad_id", "a token id below vocab_size", str(c.engram_pad_id));
     need(c.engram_num_embeddings.size() == c.engram_layer_ids.size(), "engram_num_embeddings",
          str(c.engram_layer_ids.size()) + " entries (one per engram_layer_ids)", str(c.engram_num_embeddings.size()) + " entries");
-    need(c.engram_num_embeddings == engram_table_rows(c), "engram_num_embeddings",
-         show_list(engram_table_rows(c)) + " (sums of the primes above engram_vocab_size)", show_list(c.engram_num_embeddings));
+    const std::vector<int64_t> rows = engram_table_rows(c);
+    need(c.engram_num_embeddings == rows, "engram_num_embeddings",
+         show_list(rows) + " (sums of the primes above engram_vocab_size)", show_list(c.engram_num_embeddings));
   }
 
   if (c.has_dspark()) {

@@ -156,8 +156,10 @@ std::vector<std::string> preset_names();
 
 // Engram table layout (reference engram.py): each (layer, order, head) hashes modulo its own
 // prime; the primes are the consecutive primes above engram_vocab_size - 1 in (layer, order,
-// head) order. Returns the primes of Engram layer `index` (index into engram_layer_ids).
-std::vector<int64_t> engram_primes(const Config& config, int index);
+// head) order. Returns the primes of every Engram layer (in engram_layer_ids' order), found in one
+// pass with a deterministic primality test (per-layer searches from the start, by trial
+// division, took a minute for settings inside the config's limits).
+std::vector<std::vector<int64_t>> engram_primes(const Config& config);
 // Total table rows of each Engram layer: the sum of its primes.
 std::vector<int64_t> engram_table_rows(const Config& config);
 

@@ -52,15 +52,15 @@ EngramHasher::EngramHasher(const Config& c, std::vector<int32_t> token_map) : to
          std::to_string(c.engram_pad_id));
   pad_id_ = token_map_[size_t(c.engram_pad_id)];
 
+  primes_ = engram_primes(c);
   for (size_t i = 0; i < c.engram_layer_ids.size(); ++i) {
     multipliers_.push_back(engram_multipliers(c.engram_layer_ids[i], max_ngram_size_, v));
-    primes_.push_back(engram_primes(c, int(i)));
     // Each column owns the rows [offset, offset + prime) of the layer's table: exclusive prefix sum.
-    std::vector<int64_t> offsets(primes_.back().size());
+    std::vector<int64_t> offsets(primes_[i].size());
     int64_t row = 0;
     for (size_t col = 0; col < offsets.size(); ++col) {
       offsets[col] = row;
-      row += primes_.back()[col];
+      row += primes_[i][col];
     }
     offsets_.push_back(std::move(offsets));
   }
