@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libopenblas-dev
+  clang libomp-dev
   libutf8proc-dev libpcre2-dev
   libxxhash-dev
   libcpp-httplib-dev

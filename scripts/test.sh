@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: install what is needed, build everything (CUDA code included when nvcc is found),
-# run the whole ctest suite. Tests labelled "gpu" need an NVIDIA GPU: they run where one is
-# present; elsewhere they are built, listed, and not run, and this script says so.
+# run the fuzz targets for a bounded time, then the whole ctest suite. Tests labelled "gpu" need
+# an NVIDIA GPU: they run where one is present; elsewhere they are built, listed, and not run,
+# and this script says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -15,4 +16,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "test.sh: no GPU here: the ${gpu_tests} test(s) labelled gpu are built but not run"
   exclude=(-LE gpu)
 fi
+# The fuzz targets (fuzz/, ASan + UBSan, their own clang build) for a bounded time each: ~2.5
+# minutes of fuzzing in all. First, so that ctest's summary closes the output.
+scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 ctest --test-dir build --output-on-failure -j "$(nproc)" "${exclude[@]}"
