@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -266,3 +267,43 @@ TEST(Cli, ServeTakesTheApiKeyFromTheEnvironmentOrAFile) {
   }
 }
 
+
+// SIGTERM while 8 streams run: every client gets a clean end of its stream (a last chunk, then
+// `data: [DONE]`), and the process says it stopped and exits 0.
+TEST(Cli, SigtermEndsEveryStreamCleanlyAndExitsZero) {
+  ServeProcess serve("--model " + dsv41::test::fixture_dir("v41-tiny") + " --max-running 8", "");
+  ASSERT_GT(serve.port(), 0) << serve.stop().second;
+  ASSERT_EQ(serve.get("/health", ""), 200);
+  constexpr int kStreams = 8;
+  std::vector<std::string> wires(kStreams);
+  std::atomic<int> started{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreams; ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", serve.port());
+      c.set_read_timeout(60, 0);
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.body = json{{"model", "v41-tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 3000}, {"stream", true}}.dump();
+      req.set_header("Content-Type", "application/json");
+      bool counted = false;
+      req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+        wires[size_t(i)].append(data, n);
+        if (!counted && wires[size_t(i)].find("\"text\"") != std::string::npos) counted = true, ++started;
+        return true;
+      };
+      c.send(req);
+    });
+  for (int i = 0; i < 6000 && started.load() < kStreams; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(started.load(), kStreams) << "not every stream started";
+  const auto [status, output] = serve.stop();  // SIGTERM
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("dsv41: stopped"), std::string::npos) << output;
+  for (int i = 0; i < kStreams; ++i) {
+    const std::string& w = wires[size_t(i)];
+    EXPECT_TRUE(w.ends_with("data: [DONE]\n\n")) << "stream " << i << " ended: " << w.substr(w.size() > 200 ? w.size() - 200 : 0);
+    EXPECT_NE(w.find("\"finish_reason\":\"stop\""), std::string::npos) << "stream " << i;
+  }
+}
