@@ -123,6 +123,16 @@ struct Server::State {
 
   void load();
   void routes();
+  // Every route with its one method, registered through route(): the error handler answers a
+  // request under another method from this table.
+  std::map<std::string, std::string> methods;
+  void route(const std::string& method, const std::string& path, httplib::Server::Handler handler) {
+    methods[path] = method;
+    if (method == "GET")
+      http.Get(path, std::move(handler));
+    else
+      http.Post(path, std::move(handler));
+  }
   bool authorized(const httplib::Request& req, httplib::Response& res);
   void generate(const httplib::Request& req, httplib::Response& res, bool chat);
   std::string render_metrics();
@@ -396,34 +406,29 @@ std::string Server::State::render_metrics() {
 }
 
 void Server::State::routes() {
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  route("GET", "/health", [this](const httplib::Request&, httplib::Response& res) {
     res.status = ready ? 200 : 503;
     res.set_content(json_text(json{{"status", ready ? "ok" : "loading"}}), "application/json");
   });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  route("GET", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(render_metrics(), kMetricsContentType);
   });
-  http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+  route("GET", "/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
     const ModelCard card{options.model_name, created};
     res.set_content(json_text(models_json(std::span(&card, 1))), "application/json");
   });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  route("POST", "/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     if (authorized(req, res)) generate(req, res, true);
   });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  route("POST", "/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     if (authorized(req, res)) generate(req, res, false);
   });
   http.set_logger([this](const httplib::Request&, const httplib::Response& res) { http_responses(res.status).inc(); });
   // The errors cpp-httplib answers itself, said as a client can act on them: a route under another
   // method is 405 with Allow, not 404; a body, URI or request beyond the limits says which.
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    static const std::map<std::string, std::string> methods = {{"/health", "GET"},
-                                                               {"/metrics", "GET"},
-                                                               {"/v1/models", "GET"},
-                                                               {"/v1/chat/completions", "POST"},
-                                                               {"/v1/completions", "POST"}};
     std::string message, code;
     if (res.status == 404 && methods.count(req.path)) {
       res.status = 405;

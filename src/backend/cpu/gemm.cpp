@@ -23,10 +23,10 @@ constexpr int64_t kParallelWork = int64_t(1) << 20;
 // streams past them.
 constexpr int64_t kRowBlock = 64;
 
-// A tile of outputs y[i·ldy + n], i < MR rows of x, n < NR rows of w, each sum in the order of
-// gemm.h: every instruction set gives a Tile<MR, NR> with a static run().
-
 // --- scalar: the order written out, one lane at a time --------------------------------------------
+//
+// Each instruction set gives a Tile<MR, NR> whose static run() computes the tile of outputs
+// y[i·ldy + n], i < MR rows of x, n < NR rows of w, each sum in the order of gemm.h.
 
 // The lanes' pairwise sum; the vector paths store their lanes and call it too.
 float add_lanes(float v[kLanes]) {
