@@ -268,6 +268,32 @@ TEST(Cli, ServeTakesTheApiKeyFromTheEnvironmentOrAFile) {
 }
 
 
+// Without a usable GPU (CUDA_VISIBLE_DEVICES hides every one, or the build has no CUDA), --device
+// cuda is refused before the model loads, naming what is missing; auto serves from the CPU.
+TEST(Cli, DeviceCudaWithoutAGpuIsRefusedAndAutoTakesTheCpu) {
+  const std::string model = "--model " + dsv41::test::fixture_dir("v41-tiny");
+  const std::string refused = "--device cuda: expected a CUDA device, found ";
+  {
+    ServeProcess serve(model + " --device cuda", "CUDA_VISIBLE_DEVICES=");
+    const auto [status, output] = serve.stop();
+    EXPECT_EQ(status, 1) << output;
+    EXPECT_NE(output.find(refused), std::string::npos) << output;
+  }
+  Outcome g = run_dsv41("generate " + model + " --ids 0,1,2 --max-tokens 1 --device cuda", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_EQ(g.status, 1) << g.output;
+  EXPECT_NE(g.output.find(refused), std::string::npos) << g.output;
+  Outcome bad = run_dsv41("generate " + model + " --ids 0,1,2 --device gpu");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("--device"), std::string::npos) << bad.output;
+  ServeProcess serve(model + " --device auto", "CUDA_VISIBLE_DEVICES=");
+  ASSERT_GT(serve.port(), 0) << serve.stop().second;
+  ASSERT_EQ(serve.get("/health", ""), 200);
+  httplib::Client c("127.0.0.1", serve.port());
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("dsv41_executor_info{device=\"cpu\"} 1"), std::string::npos) << metrics->body;
+}
+
 // SIGTERM while 8 streams run: every client gets a clean end of its stream (a last chunk, then
 // `data: [DONE]`), and the process says it stopped and exits 0.
 TEST(Cli, SigtermEndsEveryStreamCleanlyAndExitsZero) {

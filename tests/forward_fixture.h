@@ -27,7 +27,7 @@
 
 #include "backend/cpu/linear.h"
 #include "fixture.h"
-#include "forward/forward.h"
+#include "forward/executor.h"
 
 namespace dsv41::test {
 
@@ -73,17 +73,28 @@ using SequenceCall = std::function<std::vector<float>(std::span<const int> token
 // A new, empty sequence of that forward.
 using NewSequence = std::function<SequenceCall(const Model& model)>;
 
-// The CPU forward (forward/forward.h): the default.
-inline SequenceCall cpu_sequence(const Model& model) {
-  auto state = std::make_shared<SequenceState>(model.config());
-  return [&model, state](std::span<const int> tokens, const int64_t* ids, const ForwardOptions& options) {
-    return forward(model, *state, tokens, ids, options);
+// Sequences of an executor (forward/executor.h) that `make` builds over the model on first use:
+// each call one forward_batch of the one sequence.
+using MakeExecutor = std::function<std::unique_ptr<Executor>(const Model& model)>;
+inline NewSequence executor_sequences(MakeExecutor make) {
+  auto executor = std::make_shared<std::unique_ptr<Executor>>();
+  return [executor, make](const Model& model) -> SequenceCall {
+    if (!*executor) *executor = make(model);
+    std::shared_ptr<Sequence> sequence = (*executor)->new_sequence();
+    return [executor, sequence](std::span<const int> tokens, const int64_t* ids, const ForwardOptions& options) {
+      return (*executor)->forward_batch({BatchItem{sequence.get(), tokens, ids, options}}).front();
+    };
   };
+}
+
+// The CPU executor, the reference: the default.
+inline NewSequence cpu_sequences() {
+  return executor_sequences([](const Model& model) { return std::make_unique<CpuExecutor>(model); });
 }
 
 class Fixture {
  public:
-  explicit Fixture(const std::string& name, NewSequence new_sequence = cpu_sequence)
+  explicit Fixture(const std::string& name, NewSequence new_sequence = cpu_sequences())
       : name(name), model(Model::load(fixture_dir(name))), ex(name),
         baseline(json::parse(std::ifstream(fixture_dir(name) + "/baseline.json"))), new_sequence(std::move(new_sequence)) {}
 

@@ -52,10 +52,12 @@ TEST(ForwardModel, BatchEqualsSequencesRunAlone) {
   write_random_checkpoint(c, dir.string(), {});
   auto model = Model::load(dir.string());
   const std::vector<int> a = {0, 11, 12, 13, 14}, b = {0, 99, 98};
-  SequenceState sa(model->config()), sb(model->config()), alone_a(model->config()), alone_b(model->config());
-  std::vector<std::vector<float>> batched = forward_batch(*model, {{&sa, a}, {&sb, b}});
+  CpuExecutor executor(*model);
+  std::unique_ptr<Sequence> sa = executor.new_sequence(), sb = executor.new_sequence();
+  SequenceState alone_a(model->config()), alone_b(model->config());
+  std::vector<std::vector<float>> batched = executor.forward_batch({{sa.get(), a}, {sb.get(), b}});
   EXPECT_EQ(batched[0], forward(*model, alone_a, a, nullptr));
   EXPECT_EQ(batched[1], forward(*model, alone_b, b, nullptr));
-  EXPECT_EQ(sa.length, 5);
-  EXPECT_EQ(sb.length, 3);
+  EXPECT_EQ(sa->length(), 5);
+  EXPECT_EQ(sb->length(), 3);
 }

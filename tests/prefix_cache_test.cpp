@@ -243,9 +243,10 @@ TEST_F(PrefixCacheTest, BatchedPrefillsEqualOneByOne) {
     seed.prefill_prompt(first(200), &cache);
     clock.advance_ms(60'000);
     std::vector<std::vector<int>> prompts = {first(300), first(250), std::vector<int>(text.rbegin(), text.rbegin() + 90)};
+    CpuExecutor executor(*model);  // one batch runs the sessions of one executor
     std::vector<Session> sessions;
     sessions.reserve(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) sessions.emplace_back(*model, &tokenizer);
+    for (size_t i = 0; i < prompts.size(); ++i) sessions.emplace_back(executor, &tokenizer);
     std::vector<std::vector<float>> logits;
     std::vector<PrefixUse> uses;
     if (batched) {

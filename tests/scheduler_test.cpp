@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "engine/scheduler.h"
 #include "fixture.h"
+#include "test_device.h"
 
 using namespace dsv41;
 using namespace dsv41::test;
@@ -37,6 +38,8 @@ Outcome collect(Generation& g) {
 
 struct SchedulerTest : ::testing::Test {
   std::unique_ptr<Model> model = Model::load(fixture_dir("v41-tiny"));
+  std::unique_ptr<Executor> owned = make_executor(*model, test::test_device());
+  Executor& executor = *owned;
   Tokenizer tokenizer = Tokenizer::from_file(fixture_dir("v41-tiny") + "/tokenizer.json");
   std::vector<int> text;
   SchedulerTest() {
@@ -46,7 +49,7 @@ struct SchedulerTest : ::testing::Test {
   std::vector<int> slice(size_t from, size_t n) const { return std::vector<int>(text.begin() + from, text.begin() + from + n); }
   // Greedy tokens of a lone session: the prompt at once, then decode.
   std::vector<int> alone(const std::vector<int>& prompt, int n) {
-    Session s(*model, &tokenizer);
+    Session s(executor, &tokenizer);
     std::vector<float> logits = s.prefill(prompt);
     std::vector<int> out;
     for (int k = 0; k < n; ++k) {
@@ -68,7 +71,7 @@ struct SchedulerTest : ::testing::Test {
 // Five requests in one batch, joining and leaving at different steps, each get exactly the
 // greedy tokens they get alone (whole prompts per step: the budget covers them).
 TEST_F(SchedulerTest, BatchedRequestsGetWhatTheyGetAlone) {
-  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr, SchedulerOptions{8, 16, 4096, 0});
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{8, 16, 4096, 0});
   const std::vector<std::pair<std::vector<int>, int>> work = {
       {slice(0, 40), 6}, {slice(40, 7), 3}, {slice(100, 90), 9}, {slice(7, 1), 4}, {slice(200, 30), 1}};
   std::vector<std::shared_ptr<Generation>> gens;
@@ -87,7 +90,7 @@ TEST_F(SchedulerTest, BatchedRequestsGetWhatTheyGetAlone) {
 
 // Under a small per-step budget prompts run in chunks across steps, and every request completes.
 TEST_F(SchedulerTest, ChunkedPrefillUnderATokenBudget) {
-  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr, SchedulerOptions{4, 16, 24, 0});
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{4, 16, 24, 0});
   std::vector<std::shared_ptr<Generation>> gens;
   for (int i = 0; i < 4; ++i) gens.push_back(scheduler.submit(request(slice(size_t(i) * 50, 50 + size_t(i) * 10), 3)));
   for (auto& g : gens) {
@@ -106,12 +109,12 @@ TEST_F(SchedulerTest, ChunkedPrefillUnderATokenBudget) {
 TEST_F(SchedulerTest, OnlyTheLastChunkOfAPromptIsSampled) {
   const std::vector<int> prompt = slice(0, 50);
   for (Mode mode : {Mode::Default, Mode::Exact}) {
-    Scheduler scheduler(*model, &tokenizer, mode, nullptr, SchedulerOptions{1, 4, 24, 0});
+    Scheduler scheduler(executor, &tokenizer, mode, nullptr, SchedulerOptions{1, 4, 24, 0});
     const Outcome o = collect(*scheduler.submit(request(prompt, 3)));
     EXPECT_EQ(scheduler.stats().prefill_tokens, 50);
 
     // The same chunks of 24, 24 and 2 by hand, then greedy decoding.
-    Session s(*model, &tokenizer, mode);
+    Session s(executor, &tokenizer, mode);
     s.begin_prompt(prompt, nullptr);
     std::vector<float> logits;
     while (s.prompt_left() > 0) {
@@ -129,7 +132,7 @@ TEST_F(SchedulerTest, OnlyTheLastChunkOfAPromptIsSampled) {
 }
 
 TEST_F(SchedulerTest, CancelFreesTheSequence) {
-  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr);
   auto g = scheduler.submit(request(slice(0, 20), 1000));
   GenerationEvent e = g->next();
   ASSERT_EQ(e.kind, GenerationEvent::Kind::Prefilled);
@@ -146,7 +149,7 @@ TEST_F(SchedulerTest, CancelFreesTheSequence) {
 }
 
 TEST_F(SchedulerTest, TheQueueIsBounded) {
-  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr, SchedulerOptions{1, 1, 256, 0});
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{1, 1, 256, 0});
   auto first = scheduler.submit(request(slice(0, 10), 3000));  // busy for seconds, even on a fast machine
   ASSERT_EQ(first->next().kind, GenerationEvent::Kind::Prefilled);  // running: the queue is empty again
   auto second = scheduler.submit(request(slice(0, 10), 2));
@@ -165,7 +168,7 @@ TEST_F(SchedulerTest, TheQueueIsBounded) {
 TEST_F(SchedulerTest, StopTokensEndTheReplyUnemitted) {
   const std::vector<int> prompt = slice(0, 30);
   const std::vector<int> greedy = alone(prompt, 5);
-  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr);
   GenerationRequest r = request(prompt, 5);
   r.stop_ids = {greedy[3]};
   const size_t first_stop = size_t(std::find(greedy.begin(), greedy.end(), greedy[3]) - greedy.begin());
@@ -175,7 +178,7 @@ TEST_F(SchedulerTest, StopTokensEndTheReplyUnemitted) {
 }
 
 TEST_F(SchedulerTest, LogprobsAreTheModelsLogSoftmax) {
-  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr);
   GenerationRequest r = request(slice(0, 30), 4);
   r.top_logprobs = 5;
   Outcome o = collect(*scheduler.submit(r));
@@ -200,7 +203,7 @@ TEST_F(SchedulerTest, NextTurnContinuesTheFinishedSequence) {
   options.host_budget_bytes = 16 << 20;
   options.swa.budget_bytes = 16 << 20;
   KvCache cache(model->config(), options);
-  Scheduler scheduler(*model, &tokenizer, Mode::Default, &cache);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, &cache);
   std::vector<int> conversation = slice(0, 100);
   Outcome one = collect(*scheduler.submit(request(conversation, 5)));
   conversation.insert(conversation.end(), one.tokens.begin(), one.tokens.end());
@@ -216,7 +219,7 @@ TEST_F(SchedulerTest, NextTurnContinuesTheFinishedSequence) {
 // on that) fails alone, with the sampler's reason; the scheduler thread lives on and serves the
 // next request. It used to throw outside any handler and end the process.
 TEST_F(SchedulerTest, ARequestTheSamplerRefusesFailsAlone) {
-  Scheduler scheduler(*model, &tokenizer, Mode::Default, nullptr);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr);
   GenerationRequest bad = request(slice(0, 10), 3);
   bad.sampling.temperature = 1;
   bad.sampling.top_p = 0;

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "fixture.h"
 #include "server/server.h"
+#include "test_device.h"
 #include "test_util.h"
 
 using namespace dsv41;
@@ -31,6 +32,7 @@ class Running {
  public:
   explicit Running(ServerOptions options) {
     options.model_dir = test::fixture_dir("v41-tiny");
+    options.device = test::test_device();
     options.port = 0;
     options.on_listening = [this](int port) { port_.store(port); };
     server_ = std::make_unique<Server>(options);
@@ -126,6 +128,7 @@ TEST(Server, HealthIsUnavailableWhileLoading) {
   std::promise<int> listening;
   ServerOptions options;
   options.model_dir = test::fixture_dir("v41-tiny");
+  options.device = test::test_device();
   options.port = 0;
   options.on_listening = [&](int port) { listening.set_value(port); };
   options.before_load = [released] { released.wait(); };
@@ -286,6 +289,7 @@ TEST(Server, ASecondServerOnTheSamePortIsRefused) {
   Running first(ServerOptions{});
   ServerOptions options;
   options.model_dir = test::fixture_dir("v41-tiny");
+  options.device = test::test_device();
   options.host = "127.0.0.1";
   options.port = first.port();
   Server second(options);
@@ -369,9 +373,12 @@ TEST(Server, SseFramingWithCurl) {
 }
 
 // A long prefill is a long silence: the stream says ": keep-alive" meanwhile (so that a client that
-// hung up is noticed), and its events are framed as ever. 3500 prompt tokens take seconds here.
+// hung up is noticed), and its events are framed as ever. 3500 prompt tokens take seconds on the
+// CPU, milliseconds on the GPU: the heartbeat is set to 1 ms, shorter than either.
 TEST(Server, KeepAliveDuringALongPrefill) {
-  Running server(ServerOptions{});
+  ServerOptions options;
+  options.heartbeat_ms = 1;
+  Running server(options);
   std::vector<int> prompt(3500);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = 3 + int(i * 7919 % 400);
   const json body = {{"model", "v41-tiny"}, {"prompt", prompt}, {"max_tokens", 2}, {"stream", true}};

@@ -22,6 +22,7 @@
 #include "backend/cpu/sampling.h"
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/model_dir.h"
 #include "engine/session.h"
 #include "kv/checkpoint_identity.h"
@@ -85,7 +86,7 @@ Measured run_scenarios(const ModelDir& m, const Workload& w, Mode mode, const st
     return logits;
   };
 
-  Session a(*m.model, m.tokenizer_or_null(), mode);
+  Session a(*m.executor, m.tokenizer_or_null(), mode);
   const std::vector<int> p1 = cat({&w.document, &w.q1});
   std::vector<float> logits = timed("cold", a, p1);
   out.cold_work = a.work();
@@ -101,16 +102,16 @@ Measured run_scenarios(const ModelDir& m, const Workload& w, Mode mode, const st
   a.save(*cache);
   const std::vector<int> p2 = cat({&conversation, &w.u2});
 
-  Session b(*m.model, m.tokenizer_or_null(), mode);
+  Session b(*m.executor, m.tokenizer_or_null(), mode);
   timed("global_swa_hit", b, p2);
   swa_clock.advance_ms(options.swa.ttl_ms);
-  Session d(*m.model, m.tokenizer_or_null(), mode);
+  Session d(*m.executor, m.tokenizer_or_null(), mode);
   timed("global_hit_swa_miss", d, p2);
-  Session e(*m.model, m.tokenizer_or_null(), mode);
+  Session e(*m.executor, m.tokenizer_or_null(), mode);
   timed("host_hit", e, cat({&w.document, &w.q2}));
   cache.reset();  // the restart: host cache and SWA pool gone, the store reopened by scanning
   cache = std::make_unique<KvCache>(c, options);
-  Session f(*m.model, m.tokenizer_or_null(), mode);
+  Session f(*m.executor, m.tokenizer_or_null(), mode);
   timed("disk_hit", f, cat({&w.document, &w.q3}));
   return out;
 }
@@ -126,6 +127,7 @@ void add_bench(CLI::App& app) {
     int document_tokens = 1024, question_tokens = 64, reply_tokens = 16;
     uint64_t seed = 1;
     bool as_json = false;
+    Device device = Device::Auto;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = bench->add_subcommand("cache", "Time to first token and work per KV-cache scenario, default vs exact mode");
@@ -136,6 +138,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--reply-tokens", args->reply_tokens, "Tokens generated for the first turn")->check(CLI::Range(0, 1 << 16));
   cmd->add_option("--seed", args->seed, "Seed of the random checkpoint and the random prompts");
   cmd->add_flag("--json", args->as_json, "Print one JSON object");
+  add_device_flag(*cmd, args->device);
   cmd->callback([args] {
     const fs::path scratch = fs::temp_directory_path() / fmt::format("dsv41-bench-cache-{}", ::getpid());
     fs::remove_all(scratch);
@@ -154,7 +157,7 @@ void add_bench(CLI::App& app) {
       o.quantized = true;
       write_random_checkpoint(preset(args->preset), dir, o);
     }
-    ModelDir m = load_model_dir(dir);
+    ModelDir m = load_model_dir(dir, args->device);
     const Config& c = m.model->config();
 
     // Prompts of random ids above the tokenizer's specials (0..2 in DeepSeek's layout).
@@ -199,6 +202,7 @@ void add_bench(CLI::App& app) {
     }
     if (args->as_json) {
       nlohmann::json out = {{"model", args->model.empty() ? "random " + args->preset : args->model},
+                            {"device", m.executor->name()},
                             {"document_tokens", args->document_tokens},
                             {"question_tokens", args->question_tokens},
                             {"reply_tokens", args->reply_tokens},

@@ -1,4 +1,5 @@
-// dsv41 chat --model DIR [--system TEXT] [--thinking] [--exact] [--max-tokens N] [sampling] [cache flags] [--json]
+// dsv41 chat --model DIR [--system TEXT] [--thinking] [--exact] [--max-tokens N] [sampling] [cache flags]
+//            [--device D] [--json]
 //
 // One conversation over standard input: every non-empty line is a user turn. The whole
 // conversation is rendered in DeepSeek-V4.1's chat format each turn and handed to the session,
@@ -54,6 +55,7 @@ void add_chat(CLI::App& app) {
   struct Args {
     std::string model, system;
     bool thinking = false, exact = false, as_json = false;
+    Device device = Device::Auto;
     int max_tokens = 256;
     SamplingParams sampling;
     CacheFlags cache;
@@ -67,15 +69,16 @@ void add_chat(CLI::App& app) {
   cmd->add_option("--max-tokens", args->max_tokens, "Most tokens per reply")->check(CLI::Range(1, 1 << 20));
   add_sampling_flags(*cmd, args->sampling);
   add_cache_flags(*cmd, args->cache);
+  add_device_flag(*cmd, args->device);
   cmd->add_flag("--json", args->as_json, "Print one JSON object per turn instead of the reply text");
   cmd->callback([args] {
-    ModelDir m = load_model_dir(args->model);
+    ModelDir m = load_model_dir(args->model, args->device);
     if (!m.tokenizer) fail(args->model, "a tokenizer.json (chat renders text)", "none");
     const Tokenizer& tokenizer = *m.tokenizer;
     const Config& c = m.model->config();
     const Mode mode = args->exact ? Mode::Exact : Mode::Default;
     KvCache cache(c, cache_options(args->cache, args->model, mode));
-    Session session(*m.model, &tokenizer, mode);
+    Session session(*m.executor, &tokenizer, mode);
     Sampler sampler(args->sampling);
     std::vector<int> stop = m.stop_ids;
     if (std::optional<int> eos = tokenizer.token_to_id(chat_token::kEos)) stop.push_back(*eos);

@@ -17,6 +17,12 @@ void add_cache_flags(CLI::App& cmd, CacheFlags& f) {
       ->check(CLI::PositiveNumber);
 }
 
+void add_device_flag(CLI::App& cmd, Device& device) {
+  cmd.add_option("--device", device, "Where the model runs: auto (CUDA when built with it and a GPU is present), cpu, cuda")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, Device>{{"auto", Device::Auto}, {"cpu", Device::Cpu}, {"cuda", Device::Cuda}},
+                                          CLI::ignore_case));
+}
+
 void add_sampling_flags(CLI::App& cmd, SamplingParams& p) {
   cmd.add_option("--temperature", p.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
   cmd.add_option("--top-k", p.top_k, "Keep the k most likely tokens (0 = all)")->check(CLI::Range(0, 1 << 30));

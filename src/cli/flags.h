@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/cpu/sampling.h"
+#include "engine/executors.h"
 #include "engine/session.h"
 #include "kv/kv_cache.h"
 
@@ -20,6 +21,8 @@ struct CacheFlags {
 };
 
 void add_cache_flags(CLI::App& cmd, CacheFlags& flags);
+// --device auto|cpu|cuda into `device` (engine/executors.h).
+void add_device_flag(CLI::App& cmd, Device& device);
 void add_sampling_flags(CLI::App& cmd, SamplingParams& params);
 
 // The cache options for the model in `model_dir` served in `mode`, keyed by the checkpoint's identity.

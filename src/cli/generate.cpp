@@ -1,4 +1,4 @@
-// dsv41 generate --model DIR (--prompt TEXT | --ids 1,2,3) [--exact] [--max-tokens N] [sampling] [--json]
+// dsv41 generate --model DIR (--prompt TEXT | --ids 1,2,3) [--exact] [--max-tokens N] [sampling] [--device D] [--json]
 //
 // Streams the completion as it is produced and ends with a one-line summary; --json prints one
 // object instead.
@@ -50,6 +50,7 @@ void add_generate(CLI::App& app) {
   struct Args {
     std::string model, prompt, ids;
     bool exact = false, as_json = false;
+    Device device = Device::Auto;
     int max_tokens = 128;
     SamplingParams sampling;
   };
@@ -64,17 +65,18 @@ void add_generate(CLI::App& app) {
                 "decoder bounded replay, the decoder on the prompt's last window only)");
   cmd->add_option("--max-tokens", args->max_tokens, "Most tokens to generate")->check(CLI::Range(1, 1 << 20));
   add_sampling_flags(*cmd, args->sampling);
+  add_device_flag(*cmd, args->device);
   cmd->add_flag("--json", args->as_json, "Print one JSON object: prompt_ids, generated_ids, text, timing");
   cmd->callback([args] {
     if (args->prompt.empty() && args->ids.empty()) fail("generate", "--prompt TEXT or --ids 1,2,3", "neither");
-    ModelDir m = load_model_dir(args->model);
+    ModelDir m = load_model_dir(args->model, args->device);
     const Config& c = m.model->config();
     const std::optional<Tokenizer>& tokenizer = m.tokenizer;
     if (!args->prompt.empty() && !tokenizer) fail(args->model, "a tokenizer.json to encode --prompt", "none (use --ids)");
     std::vector<int> prompt_ids = args->prompt.empty() ? parse_ids(args->ids) : tokenizer->encode(args->prompt);
     for (int id : prompt_ids)
       if (id < 0 || id >= c.vocab_size) fail("--ids", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(id));
-    Session session(*m.model, m.tokenizer_or_null(), args->exact ? Mode::Exact : Mode::Default);
+    Session session(*m.executor, m.tokenizer_or_null(), args->exact ? Mode::Exact : Mode::Default);
     const char* mode = args->exact ? "exact" : "default";
     Sampler sampler(args->sampling);
     std::optional<StreamDecoder> stream;

@@ -1,5 +1,5 @@
 // dsv41 serve --model DIR [--host 127.0.0.1] [--port 8080] [--api-key K | --api-key-file F] [--exact]
-//             [scheduler and cache flags]
+//             [--device auto|cpu|cuda] [scheduler and cache flags]
 //
 // The OpenAI-compatible server (server/server.h). Stops on SIGINT or SIGTERM.
 #include <fmt/core.h>
@@ -40,8 +40,10 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--step-tokens", o.scheduler.step_tokens, "Prompt tokens per step (chunked prefill budget)")
       ->check(CLI::Range(1, 1 << 24));
   add_cache_flags(*cmd, args->cache);
+  add_device_flag(*cmd, o.device);
   cmd->callback([args] {
     ServerOptions options = args->server;
+    check_device(options.device);
     if (!args->api_key_file.empty()) {
       std::ifstream in(args->api_key_file);
       if (!in) fail(args->api_key_file, "a readable file holding the API key", "one we cannot open");

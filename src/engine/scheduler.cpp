@@ -59,11 +59,11 @@ TokenEvent token_event(std::span<const float> logits, int token, int top) {
 
 }  // namespace
 
-Scheduler::Scheduler(const Model& model, const Tokenizer* tokenizer, Mode mode, KvCache* cache, SchedulerOptions options)
-    : model_(model),
+Scheduler::Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, KvCache* cache, SchedulerOptions options)
+    : executor_(executor),
       mode_(mode),
-      vocab_(sampling_vocab(model.config(), tokenizer)),
-      hasher_(engram_hasher(model.config(), tokenizer)),
+      vocab_(sampling_vocab(executor.model().config(), tokenizer)),
+      hasher_(engram_hasher(executor.model().config(), tokenizer)),
       cache_(cache), options_(options), seeds_(std::random_device{}()) {
   if (options.max_running < 1 || options.max_queued < 0 || options.step_tokens < 1 || options.max_idle < 0)
     fail("scheduler", "max_running >= 1, max_queued >= 0, step_tokens >= 1, max_idle >= 0",
@@ -84,7 +84,7 @@ void Scheduler::stop() {
 }
 
 std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
-  const Config& c = model_.config();
+  const Config& c = executor_.model().config();
   if (request.prompt.empty()) fail("request", "at least one prompt token", "none");
   for (int t : request.prompt)
     if (t < 0 || t >= vocab_) fail("request", "token ids in [0, " + std::to_string(vocab_) + ")", std::to_string(t));
@@ -148,7 +148,7 @@ std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt) 
         (best == idle_.end() || t.size() > best->session->tokens().size()))
       best = it;
   }
-  if (best == idle_.end()) return std::make_unique<Session>(model_, hasher_, mode_);
+  if (best == idle_.end()) return std::make_unique<Session>(executor_, hasher_, mode_);
   std::unique_ptr<Session> s = std::move(best->session);
   idle_.erase(best);
   return s;

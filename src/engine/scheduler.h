@@ -99,7 +99,8 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  Scheduler(const Model& model, const Tokenizer* tokenizer, Mode mode, KvCache* cache, SchedulerOptions options = {});
+  // Runs every sequence on `executor` (which must outlive the scheduler).
+  Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, KvCache* cache, SchedulerOptions options = {});
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -132,7 +133,7 @@ class Scheduler {
   std::unique_ptr<Session> session_for(const std::vector<int>& prompt);
   void publish();  // running and idle counts into the stats
 
-  const Model& model_;
+  Executor& executor_;
   const Mode mode_;
   const int64_t vocab_;  // sampling_vocab
   const std::shared_ptr<const EngramHasher> hasher_;

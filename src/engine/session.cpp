@@ -23,11 +23,24 @@ std::shared_ptr<const EngramHasher> engram_hasher(const Config& c, const Tokeniz
   return std::make_shared<const EngramHasher>(c, std::move(vocab.token_map));
 }
 
+Session::Session(Executor& executor, const Tokenizer* tokenizer, Mode mode)
+    : Session(executor, engram_hasher(executor.model().config(), tokenizer), mode) {}
+
+Session::Session(Executor& executor, std::shared_ptr<const EngramHasher> hasher, Mode mode)
+    : executor_(executor), mode_(mode), kv_(executor.new_sequence()), hasher_(std::move(hasher)) {
+  if (model().config().has_engram() && !hasher_)
+    fail(model().config().source, "an Engram hasher for a model with Engram", "none");
+}
+
 Session::Session(const Model& model, const Tokenizer* tokenizer, Mode mode)
     : Session(model, engram_hasher(model.config(), tokenizer), mode) {}
 
 Session::Session(const Model& model, std::shared_ptr<const EngramHasher> hasher, Mode mode)
-    : model_(model), mode_(mode), state_(model.config()), hasher_(std::move(hasher)) {
+    : own_executor_(std::make_unique<CpuExecutor>(model)),
+      executor_(*own_executor_),
+      mode_(mode),
+      kv_(executor_.new_sequence()),
+      hasher_(std::move(hasher)) {
   if (model.config().has_engram() && !hasher_)
     fail(model.config().source, "an Engram hasher for a model with Engram", "none");
 }
@@ -49,7 +62,7 @@ void Session::start_over(std::span<const int> tokens, SequenceState state) {
   pending_ = Call{};
   cursor_ = 0;
   tokens_.assign(tokens.begin(), tokens.end());
-  state_ = std::move(state);
+  kv_->assign(std::move(state));
   if (hasher_) history_ = hasher_->history_after(tokens, {});
   stored_blocks_ = 0;
 }
@@ -67,7 +80,7 @@ void Session::start_call(Call call, KvCache* cache) {
 }
 
 std::vector<float> Session::run_alone(const BatchItem& item) {
-  std::vector<float> logits = forward(model_, state_, item.tokens, item.engram_ids, item.options);
+  std::vector<float> logits = std::move(executor_.forward_batch({item}).front());
   ran();
   return logits;
 }
@@ -78,8 +91,8 @@ void Session::check_cache(const KvCache& cache) const {
 }
 
 std::vector<float> Session::prefill(std::span<const int> tokens) {
-  const int64_t end = state_.length + int64_t(tokens.size());
-  start_call(append(tokens, prompt_decoder_from(mode_, end, int64_t(tokens.size()), model_.config().window_size)), nullptr);
+  const int64_t end = length() + int64_t(tokens.size());
+  start_call(append(tokens, prompt_decoder_from(mode_, end, int64_t(tokens.size()), model().config().window_size)), nullptr);
   return run_alone(next_chunk(int64_t(tokens.size())));
 }
 
@@ -93,7 +106,7 @@ void Session::resume(std::span<const int> tokens, SequenceState state) {
 }
 
 Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use) {
-  const Config& c = model_.config();
+  const Config& c = model().config();
   const int64_t P = int64_t(prompt.size()), W = c.window_size;
   if (P == 0) fail("prompt", "at least one token", "none");
   for (int t : prompt)
@@ -105,7 +118,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   // The running sequence: continue it when the prompt extends it.
   // (A prompt that failed half way leaves tokens the state never ran: such a state starts over.)
   const int64_t L = int64_t(tokens_.size());
-  if (L > 0 && L == state_.length && L < P && std::equal(tokens_.begin(), tokens_.end(), prompt.begin())) {
+  if (L > 0 && L == length() && L < P && std::equal(tokens_.begin(), tokens_.end(), prompt.begin())) {
     use.device_tokens = L;
     return append(prompt.subspan(size_t(L)), prompt_decoder_from(mode_, P, P - L, W));
   }
@@ -160,13 +173,13 @@ BatchItem Session::item(int64_t from, int64_t rows, ForwardOptions options) {
   const int64_t per_token = hasher_ ? int64_t(hasher_->n_layers()) * hasher_->columns() : 0;
   handed_ = rows;
   handed_options_ = options;
-  return BatchItem{&state_, pending_.tokens.subspan(size_t(from), size_t(rows)),
+  return BatchItem{kv_.get(), pending_.tokens.subspan(size_t(from), size_t(rows)),
                    hasher_ ? pending_.engram_ids.data() + from * per_token : nullptr, options};
 }
 
 BatchItem Session::next_chunk(int64_t max_tokens) {
   if (prompt_left() == 0) fail("next_chunk", "a prompt with tokens left to run", "none");
-  const int64_t start = state_.length;
+  const int64_t start = length();
   int64_t rows = std::min(std::max<int64_t>(max_tokens, 1), prompt_left());
   ForwardOptions options = pending_.options;
   // The replay reads the cached global KV up to H: the call that regenerates [H - W, H) must
@@ -185,7 +198,7 @@ BatchItem Session::next_decode(int token) {
 }
 
 void Session::ran() {
-  const int64_t end = state_.length, start = end - handed_;
+  const int64_t end = length(), start = end - handed_;
   const int64_t decoder_from = std::max(handed_options_.decoder_from, handed_options_.replay_until);
   work_.encoder_tokens += handed_;
   work_.decoder_tokens += end - std::clamp(decoder_from, start, end);
@@ -208,10 +221,11 @@ std::vector<float> Session::prefill_prompt(std::span<const int> prompt, KvCache*
 
 void Session::save(KvCache& cache) {
   check_cache(cache);
-  if (state_.length == 0) return;
-  cache.store_blocks(tokens_, state_, stored_blocks_);
-  stored_blocks_ = state_.length / cache.block_tokens();
-  cache.store_tail(tokens_, state_);
+  if (length() == 0) return;
+  const SequenceState& state = kv_->host();
+  cache.store_blocks(tokens_, state, stored_blocks_);
+  stored_blocks_ = state.length / cache.block_tokens();
+  cache.store_tail(tokens_, state);
 }
 
 std::vector<std::vector<float>> prefill_prompts(std::span<Session* const> sessions,
@@ -248,10 +262,10 @@ KvCacheCounters tally(std::span<const PrefixUse> uses, int64_t block_tokens, dou
 
 std::vector<std::vector<float>> run_batch(std::span<Session* const> sessions, const std::vector<BatchItem>& batch) {
   if (sessions.empty()) return {};
-  const Model& model = sessions.front()->model();
+  Executor& executor = sessions.front()->executor();
   for (Session* s : sessions)
-    if (&s->model() != &model) fail("run_batch", "sessions of one model", "sessions of several");
-  return forward_batch(model, batch);
+    if (&s->executor() != &executor) fail("run_batch", "sessions of one executor", "sessions of several");
+  return executor.forward_batch(batch);
 }
 
 }  // namespace dsv41

@@ -14,7 +14,7 @@
 #include <span>
 #include <vector>
 
-#include "forward/forward.h"
+#include "forward/executor.h"
 #include "kv/kv_cache.h"
 #include "model/engram_hash.h"
 #include "model/tokenizer/tokenizer.h"
@@ -49,11 +49,15 @@ struct PrefixUse {
 
 class Session {
  public:
-  // `tokenizer` may be null for a model without Engram; Engram hashes over the compressed
-  // vocabulary that the tokenizer defines, so a model with Engram needs it.
-  Session(const Model& model, const Tokenizer* tokenizer, Mode mode = Mode::Default);
+  // A sequence of `executor`'s (which must outlive the session). `tokenizer` may be null for a
+  // model without Engram; Engram hashes over the compressed vocabulary that the tokenizer
+  // defines, so a model with Engram needs it.
+  Session(Executor& executor, const Tokenizer* tokenizer, Mode mode = Mode::Default);
   // With the Engram hasher made once (engram_hasher()) and shared: building it compresses the
   // whole vocabulary, too slow to repeat for every request of a server.
+  Session(Executor& executor, std::shared_ptr<const EngramHasher> hasher, Mode mode = Mode::Default);
+  // The same on a CPU executor of the session's own.
+  Session(const Model& model, const Tokenizer* tokenizer, Mode mode = Mode::Default);
   Session(const Model& model, std::shared_ptr<const EngramHasher> hasher, Mode mode = Mode::Default);
 
   // Appends a prompt (or the next turn's input). In default mode the decoder layers run on its
@@ -96,10 +100,12 @@ class Session {
   };
   const Work& work() const { return work_; }
   Mode mode() const { return mode_; }
-  int64_t length() const { return state_.length; }
-  const SequenceState& state() const { return state_; }
+  int64_t length() const { return kv_->length(); }
+  // The KV state in host memory (a copy from the device on a device executor).
+  const SequenceState& state() const { return kv_->host(); }
   const std::vector<int>& tokens() const { return tokens_; }
-  const Model& model() const { return model_; }
+  const Model& model() const { return executor_.model(); }
+  Executor& executor() const { return executor_; }
 
  private:
   // One forward call, prepared: the tokens it runs (a suffix of tokens_), their Engram rows and
@@ -116,14 +122,15 @@ class Session {
   BatchItem item(int64_t from, int64_t rows, ForwardOptions options);
   // Makes `call` the one being handed out; at its end, `cache` (if any) gets the blocks and tail.
   void start_call(Call call, KvCache* cache);
-  std::vector<float> run_alone(const BatchItem& item);  // forward() on this session only, then ran()
+  std::vector<float> run_alone(const BatchItem& item);  // this session's item alone, then ran()
   void check_cache(const KvCache& cache) const;          // of this session's mode
   void start_over(std::span<const int> tokens, SequenceState state);
 
-  const Model& model_;
+  std::unique_ptr<Executor> own_executor_;  // the Model constructors' CPU executor
+  Executor& executor_;
   Mode mode_;
   std::vector<int> tokens_;  // every token the state holds, then the ones of the call under way
-  SequenceState state_;
+  std::unique_ptr<Sequence> kv_;
   std::shared_ptr<const EngramHasher> hasher_;  // null without Engram
   EngramHistory history_;
   int64_t stored_blocks_ = 0;  // global blocks of this sequence known to be in the cache
@@ -142,7 +149,7 @@ std::vector<std::vector<float>> prefill_prompts(std::span<Session* const> sessio
                                                 std::span<const std::span<const int>> prompts, KvCache* cache,
                                                 std::vector<PrefixUse>* uses = nullptr);
 
-// One forward_batch call over items the sessions handed out (all of one model).
+// One forward_batch call over items the sessions handed out (all of one executor).
 std::vector<std::vector<float>> run_batch(std::span<Session* const> sessions, const std::vector<BatchItem>& batch);
 
 // What a step's prompts add to the cache's tier counters; `seconds` (the step's forward time) is

@@ -444,10 +444,4 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
   return logits;
 }
 
-std::vector<std::vector<float>> forward_batch(const Model& model, const std::vector<BatchItem>& batch) {
-  std::vector<std::vector<float>> logits;
-  for (const BatchItem& item : batch) logits.push_back(forward(model, *item.state, item.tokens, item.engram_ids, item.options));
-  return logits;
-}
-
 }  // namespace dsv41

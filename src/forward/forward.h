@@ -1,7 +1,8 @@
 #pragma once
 // The V4.1 network over the op set, exact mode: every layer on every position, as the official
 // inference/model.py computes it (DESIGN §3). Prefill of any length in chunks of any size, then
-// incremental decode, for a batch of sequences each with its own SequenceState.
+// incremental decode of one sequence and its SequenceState; the CPU executor (executor.h) runs a
+// batch of them through it.
 #include <cstdint>
 #include <map>
 #include <span>
@@ -62,17 +63,5 @@ struct ForwardOptions {
 // Engram (nullptr otherwise).
 std::vector<float> forward(const Model& model, SequenceState& state, std::span<const int> tokens,
                            const int64_t* engram_ids, const ForwardOptions& options = {});
-
-struct BatchItem {
-  SequenceState* state;
-  std::span<const int> tokens;
-  const int64_t* engram_ids = nullptr;
-  ForwardOptions options = {};
-};
-
-// A batch of sequences, each advanced by its own tokens under its own options (prefills, decodes
-// and replays mixed); returns each one's logits as forward() does. On the CPU backend the items
-// run one after another; the batch is the unit a device backend fuses.
-std::vector<std::vector<float>> forward_batch(const Model& model, const std::vector<BatchItem>& batch);
 
 }  // namespace dsv41

@@ -109,6 +109,7 @@ struct Server::State {
   std::string load_error;
 
   std::unique_ptr<Model> model;
+  std::unique_ptr<Executor> executor;
   std::optional<Tokenizer> tokenizer;
   std::vector<int> stop_ids;
   std::unique_ptr<KvCache> cache;
@@ -144,6 +145,7 @@ struct Server::State {
 void Server::State::load() {
   const std::string& dir = options.model_dir;
   model = Model::load(dir);
+  executor = make_executor(*model, options.device);
   if (!std::filesystem::exists(dir + "/tokenizer.json")) fail(dir, "a tokenizer.json (the server speaks text)", "none");
   tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
   if (std::optional<int> eos = config_eos_id(dir, *tokenizer)) stop_ids.push_back(*eos);
@@ -158,7 +160,8 @@ void Server::State::load() {
                  (unsigned long long)s.store->removed_temp_files);
   SchedulerOptions scheduler_options = options.scheduler;
   scheduler_options.idle_ttl_ms = cache_options.swa.ttl_ms;
-  scheduler = std::make_unique<Scheduler>(*model, &*tokenizer, options.mode, cache.get(), scheduler_options);
+  scheduler = std::make_unique<Scheduler>(*executor, &*tokenizer, options.mode, cache.get(), scheduler_options);
+  std::fprintf(stderr, "dsv41: the model runs on %s\n", executor->name().c_str());
   api.models = {options.model_name};
   api.vocab_size = sampling_vocab(model->config(), &*tokenizer);
   ready = true;
@@ -290,10 +293,10 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       write(sse_event(chat_chunk_json(meta, role, include_usage)));
     }
     for (;;) {
-      std::optional<GenerationEvent> e = generation->next_for(std::chrono::milliseconds(250));
-      // A second of silence (a long prefill, a slow step): a byte that costs the client nothing,
-      // to learn whether it is still there.
-      if (seconds_since(last_write) >= 1.0) write(stream ? ": keep-alive\n\n" : " ");
+      std::optional<GenerationEvent> e = generation->next_for(std::chrono::milliseconds(std::min(250, options.heartbeat_ms)));
+      // Silence (ServerOptions::heartbeat_ms): a byte that costs the client nothing, to learn
+      // whether it is still there.
+      if (seconds_since(last_write) * 1000 >= options.heartbeat_ms) write(stream ? ": keep-alive\n\n" : " ");
       if (!e) continue;
       if (e->kind == GenerationEvent::Kind::Prefilled) {
         usage.cached_tokens = e->use.cached();
@@ -354,6 +357,7 @@ std::string Server::State::render_metrics() {
   MetricsRegistry& m = metrics;
   m.gauge("dsv41_ready", "1 once the model is loaded").set(ready ? 1 : 0);
   if (!ready) return m.render();
+  m.gauge("dsv41_executor_info", "1, labelled with the executor the model runs on", {{"device", executor->name()}}).set(1);
   const SchedulerStats s = scheduler->stats();
   sync(m.counter("dsv41_requests_total", "Requests admitted to the scheduler"), double(s.requests));
   sync(m.counter("dsv41_requests_refused_total", "Requests refused with 503: the queue was full"), double(s.refused));

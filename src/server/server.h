@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/executors.h"
 #include "engine/scheduler.h"
 #include "kv/kv_cache.h"
 
@@ -21,8 +22,12 @@ struct ServerOptions {
   int port = 8080;         // 0: any free port (see Server::port())
   std::string api_key;     // empty: no authentication
   Mode mode = Mode::Default;
+  Device device = Device::Auto;  // where the model runs
   KvCacheOptions cache;    // fingerprint and mode are filled in from the checkpoint
   SchedulerOptions scheduler;
+  // A stream silent this long (a long prefill, a slow step) gets a ": keep-alive" comment, a
+  // non-streamed reply a space: a byte that costs the client nothing, to learn if it is still there.
+  int heartbeat_ms = 1000;
   std::function<void(int port)> on_listening;  // called once bound, before the model loads
   std::function<void()> before_load;           // called on the loading thread, before it loads
 };

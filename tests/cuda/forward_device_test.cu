@@ -21,6 +21,7 @@
 #include "../forward_fixture.h"
 #include "base/error.h"
 #include "device_util.h"
+#include "forward/device/cuda_executor.h"
 #include "forward/device/decode_graph.h"
 #include "forward/device/device_forward.h"
 
@@ -29,17 +30,10 @@ namespace {
 
 using namespace dsv41::test;
 
-// Sequences of the device forward over one DeviceModel, made from the fixture's Model on first use.
+// Sequences of the CUDA executor (forward/device/cuda_executor.h): the harness's calls go through
+// the interface the engine drives, caches growing from their first capacity as sequences do.
 NewSequence device_sequences() {
-  auto holder = std::make_shared<std::unique_ptr<cuda::DeviceModel>>();
-  return [holder](const Model& model) -> SequenceCall {
-    if (!*holder) *holder = std::make_unique<cuda::DeviceModel>(model);
-    cuda::DeviceModel* dm = holder->get();
-    auto seq = std::make_shared<cuda::DeviceSequence>(model.config(), model.config().max_seq_len);
-    return [dm, seq](std::span<const int> tokens, const int64_t* ids, const ForwardOptions& options) {
-      return cuda::forward_batch(*dm, {cuda::DeviceItem{seq.get(), tokens, ids, options}})[0];
-    };
-  };
+  return executor_sequences([](const Model& model) { return cuda::make_executor(model); });
 }
 
 class DeviceForwardFixture : public testing::TestWithParam<std::string> {};

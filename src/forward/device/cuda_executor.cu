@@ -1,0 +1,91 @@
+#include "forward/device/cuda_executor.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "base/error.h"
+#include "forward/device/device_forward.h"
+
+namespace dsv41::cuda {
+
+namespace {
+
+// A sequence's caches start with room for this many tokens and double when a call needs more
+// (one copy through the host per doubling), so a short chat does not hold a long context's memory.
+constexpr int64_t kFirstCapacity = 4096;
+
+class CudaSequence final : public Sequence {
+ public:
+  explicit CudaSequence(const Config& config) : config_(config), device_(std::make_unique<DeviceSequence>(config, kFirstCapacity)) {}
+  int64_t length() const override { return device_->length; }
+  const SequenceState& host() override {
+    if (!host_) host_ = device_->download();
+    return *host_;
+  }
+  void assign(SequenceState state) override {
+    reserve(state.length);
+    device_->upload(state);
+    host_ = std::move(state);
+  }
+  // Room for `tokens` tokens, the state kept.
+  void reserve(int64_t tokens) {
+    if (tokens <= device_->capacity()) return;
+    SequenceState state = device_->download();
+    device_ = std::make_unique<DeviceSequence>(config_, std::max(tokens, 2 * device_->capacity()));
+    device_->upload(state);
+  }
+  // The device state, about to change: the host copy is stale from now on.
+  DeviceSequence* running() {
+    host_.reset();
+    return device_.get();
+  }
+
+ private:
+  const Config& config_;
+  std::unique_ptr<DeviceSequence> device_;
+  std::optional<SequenceState> host_;  // the last host() copy while the device state is unchanged
+};
+
+class CudaExecutor final : public Executor {
+ public:
+  explicit CudaExecutor(const Model& model) : model_(model), device_(model) {}
+  const Model& model() const override { return model_; }
+  std::string name() const override { return "cuda"; }
+  std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<CudaSequence>(model_.config()); }
+
+  std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override {
+    std::vector<DeviceItem> items;
+    for (const BatchItem& item : batch) {
+      auto* s = dynamic_cast<CudaSequence*>(item.sequence);
+      if (!s) fail("CudaExecutor", "sequences of the CUDA executor", "another executor's");
+      s->reserve(s->length() + int64_t(item.tokens.size()));
+    }
+    for (const BatchItem& item : batch)
+      items.push_back(DeviceItem{static_cast<CudaSequence*>(item.sequence)->running(), item.tokens, item.engram_ids, item.options});
+    return cuda::forward_batch(device_, items);
+  }
+
+ private:
+  const Model& model_;
+  DeviceModel device_;
+};
+
+}  // namespace
+
+bool device_available(std::string* why) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaSuccess && count > 0) return true;
+  if (why) *why = e == cudaSuccess ? "no CUDA device" : std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")";
+  return false;
+}
+
+std::unique_ptr<Executor> make_executor(const Model& model) {
+  std::string why;
+  if (!device_available(&why)) fail("--device cuda", "a CUDA device", why);
+  return std::make_unique<CudaExecutor>(model);
+}
+
+}  // namespace dsv41::cuda

@@ -1,0 +1,61 @@
+#pragma once
+// What the engine runs the network on (DESIGN §2): an executor holds each sequence's KV where it
+// computes (host memory for the CPU, device memory for CUDA) and advances a batch of sequences per
+// call, under forward()'s contract (forward.h: exact mode, decoder and encoder bounded replay, the
+// logits it returns). The CPU executor is the reference; docs/forward.md says how the others are
+// held to it.
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "forward/forward.h"
+
+namespace dsv41 {
+
+// One sequence's KV as an executor holds it.
+class Sequence {
+ public:
+  virtual ~Sequence() = default;
+  virtual int64_t length() const = 0;
+  // The state in host memory, for the KV tiers (their blocks and tails are cut from it): the CPU
+  // executor's own, a copy brought back from the device otherwise, valid until the next call that
+  // runs this sequence.
+  virtual const SequenceState& host() = 0;
+  // Replaces the state (a restore from the tiers, or a fresh start).
+  virtual void assign(SequenceState state) = 0;
+};
+
+struct BatchItem {
+  Sequence* sequence;
+  std::span<const int> tokens;
+  const int64_t* engram_ids = nullptr;  // [rows, engram layers, hash columns], as forward()'s
+  ForwardOptions options = {};
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual const Model& model() const = 0;
+  virtual std::string name() const = 0;  // "cpu", "cuda"
+  // An empty sequence of this executor's.
+  virtual std::unique_ptr<Sequence> new_sequence() = 0;
+  // Advances each item's sequence by its tokens under its options; returns each one's logits as
+  // forward() does. Every item's sequence is one of this executor's, each at most once.
+  virtual std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) = 0;
+};
+
+// The reference: forward() in host memory, the items one after another.
+class CpuExecutor final : public Executor {
+ public:
+  explicit CpuExecutor(const Model& model) : model_(model) {}
+  const Model& model() const override { return model_; }
+  std::string name() const override { return "cpu"; }
+  std::unique_ptr<Sequence> new_sequence() override;
+  std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override;
+
+ private:
+  const Model& model_;
+};
+
+}  // namespace dsv41
