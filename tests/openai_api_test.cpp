@@ -98,6 +98,7 @@ TEST(OpenAiRequest, ChatReadsEveryParameter) {
                               {"seed", -42},
                               {"stop", {"\n\n", "END"}},
                               {"max_tokens", 64},
+                              {"ignore_eos", true},
                               {"n", 1},
                               {"logprobs", true},
                               {"top_logprobs", 3},
@@ -120,6 +121,7 @@ TEST(OpenAiRequest, ChatReadsEveryParameter) {
   EXPECT_EQ(r.gen.sampling.seed, -42);
   EXPECT_EQ(r.gen.sampling.stop, (std::vector<std::string>{"\n\n", "END"}));
   EXPECT_EQ(r.gen.sampling.max_tokens, 64);
+  EXPECT_TRUE(r.gen.sampling.ignore_eos);
   EXPECT_TRUE(r.gen.logprobs.enabled);
   EXPECT_EQ(r.gen.logprobs.top, 3);
   EXPECT_EQ(r.tools, ojson::array({{{"type", "function"}}}));

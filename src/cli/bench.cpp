@@ -121,6 +121,7 @@ Measured run_scenarios(const ModelDir& m, const Workload& w, Mode mode, const st
 void add_bench(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
+  add_bench_serve(*bench);
 
   struct Args {
     std::string model, preset = "flash-kv";

@@ -10,6 +10,7 @@ void add_tokenize(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_chat(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_bench_serve(CLI::App& bench);  // under add_bench's "bench"
 void add_serve(CLI::App& app);
 
 }  // namespace dsv41::cli

@@ -1,4 +1,4 @@
-// dsv41 init-random --preset P --out DIR [--seed S] [--quantized] [--tokenizer DIR] [--vocab N]
+// dsv41 init-random --preset P --out DIR [--seed S] [--quantized | --layout-only] [--tokenizer DIR] [--vocab N]
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -12,7 +12,7 @@ void add_init_random(CLI::App& app) {
     std::string preset, out, tokenizer;
     uint64_t seed = 0;
     int64_t vocab = 0;
-    bool quantized = false;
+    bool quantized = false, layout_only = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("init-random", "Write a checkpoint of random weights in the official layout");
@@ -23,7 +23,10 @@ void add_init_random(CLI::App& app) {
   }())->required();
   cmd->add_option("--out", args->out, "Directory to create")->required();
   cmd->add_option("--seed", args->seed, "Random seed (values depend only on seed and tensor name)");
-  cmd->add_flag("--quantized", args->quantized, "fp8 dense weights (32x32 ue8m0) and fp4 experts, as released");
+  auto* quantized = cmd->add_flag("--quantized", args->quantized, "fp8 dense weights (32x32 ue8m0) and fp4 experts, as released");
+  cmd->add_flag("--layout-only", args->layout_only,
+                "The tensor layout only, as released, no values (a sparse file): for `dsv41 serve --random-weights`")
+      ->excludes(quantized);
   cmd->add_option("--tokenizer", args->tokenizer,
                   "Directory with a Hugging Face tokenizer.json and tokenizer_config.json to ship instead of the "
                   "random tokenizer (at most vocab_size ids)");
@@ -36,6 +39,12 @@ void add_init_random(CLI::App& app) {
     opt.seed = args->seed;
     opt.quantized = args->quantized;
     opt.tokenizer_dir = args->tokenizer;
+    if (args->layout_only) {
+      write_layout_checkpoint_with_tokenizer(config, args->out, opt);
+      fmt::print("wrote {} ({}, vocab_size {}, the tensor layout only, {} tokenizer)\n", args->out, config.source,
+                 config.vocab_size, args->tokenizer.empty() ? "random" : args->tokenizer + "'s");
+      return;
+    }
     const bool tty = isatty(STDERR_FILENO);
     int last_percent = -1;
     opt.progress = [&](int64_t done, int64_t total) {

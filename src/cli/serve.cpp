@@ -1,5 +1,5 @@
 // dsv41 serve --model DIR [--host 127.0.0.1] [--port 8080] [--api-key K | --api-key-file F] [--exact]
-//             [--device auto|cpu|cuda] [scheduler and cache flags]
+//             [--device auto|cpu|cuda] [--random-weights SEED] [scheduler and cache flags]
 //
 // The OpenAI-compatible server (server/server.h). Stops on SIGINT or SIGTERM.
 #include <fmt/core.h>
@@ -41,6 +41,9 @@ void add_serve(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 24));
   add_cache_flags(*cmd, args->cache);
   add_device_flag(*cmd, o.device);
+  cmd->add_option("--random-weights", o.random_weights,
+                  "Random weights made on the device from this seed instead of the checkpoint's (CUDA; benchmarks over "
+                  "`init-random --layout-only`)");
   cmd->callback([args] {
     ServerOptions options = args->server;
     check_device(options.device);

@@ -28,11 +28,14 @@ void check_device(Device device) {
   if (device == Device::Cuda && !cuda_available(&why)) fail("--device cuda", "a CUDA device", why);
 }
 
-std::unique_ptr<Executor> make_executor(const Model& model, Device device) {
+std::unique_ptr<Executor> make_executor(const Model& model, Device device, std::optional<uint64_t> random_weights) {
   check_device(device);
-  if (device == Device::Cpu || (device == Device::Auto && !cuda_available())) return std::make_unique<CpuExecutor>(model);
+  if (device == Device::Cpu || (device == Device::Auto && !cuda_available())) {
+    if (random_weights) fail("--random-weights", "the CUDA executor (the CPU one computes with the checkpoint's values)", "the CPU");
+    return std::make_unique<CpuExecutor>(model);
+  }
 #ifdef DSV41_HAVE_CUDA
-  return cuda::make_executor(model);
+  return cuda::make_executor(model, random_weights);
 #else
   return std::make_unique<CpuExecutor>(model);  // not reached: check_device refused Device::Cuda
 #endif

@@ -1,6 +1,8 @@
 #pragma once
 // Choosing the executor (forward/executor.h) a command runs on: `--device auto|cpu|cuda`.
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "forward/executor.h"
@@ -19,7 +21,9 @@ bool cuda_available(std::string* why = nullptr);
 void check_device(Device device);
 
 // The executor for `device` over `model` (which must outlive it). Device::Cuda without a usable
-// GPU is a dsv41::Error naming what is missing; Device::Auto then takes the CPU.
-std::unique_ptr<Executor> make_executor(const Model& model, Device device);
+// GPU is a dsv41::Error naming what is missing; Device::Auto then takes the CPU. `random_weights`
+// (a seed): random values made on the device instead of the checkpoint's (CUDA only; benchmarks
+// over a layout checkpoint, `dsv41 init-random --layout-only`).
+std::unique_ptr<Executor> make_executor(const Model& model, Device device, std::optional<uint64_t> random_weights = std::nullopt);
 
 }  // namespace dsv41

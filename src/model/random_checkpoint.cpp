@@ -12,6 +12,7 @@
 #include "model/checkpoint.h"
 #include "model/engram_compress.h"
 #include "model/json_document.h"
+#include "model/layout_checkpoint.h"
 #include "model/random_tokenizer.h"
 #include "model/tokenizer/tokenizer.h"
 #include "model/weights.h"
@@ -246,6 +247,16 @@ void write_random_checkpoint(const Config& config, const std::string& dir, const
   write_text(dir + "/tokenizer.json", tokenizer.tokenizer_json);
   write_text(dir + "/tokenizer_config.json", tokenizer.tokenizer_config_json);
   write_text(dir + "/config.json", to_official_json(c));  // last: a directory with a config is complete
+}
+
+void write_layout_checkpoint_with_tokenizer(const Config& config, const std::string& dir, const RandomCheckpointOptions& opt) {
+  const TokenizerFiles tokenizer = checkpoint_tokenizer(config, opt.tokenizer_dir);
+  const Config c = random_checkpoint_config(config, /*quantized=*/true, tokenizer.tokenizer);
+  validate(c);
+  std::filesystem::create_directories(dir);
+  write_text(dir + "/tokenizer.json", tokenizer.tokenizer_json);
+  write_text(dir + "/tokenizer_config.json", tokenizer.tokenizer_config_json);
+  write_layout_checkpoint(c, dir);  // config.json last
 }
 
 }  // namespace dsv41

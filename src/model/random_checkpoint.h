@@ -43,4 +43,10 @@ TokenizerFiles checkpoint_tokenizer(const Config& config, const std::string& dir
 // Every tensor's values depend only on (seed, tensor name), not on write order or sharding.
 void write_random_checkpoint(const Config& config, const std::string& dir, const RandomCheckpointOptions& options);
 
+// The same files with a layout checkpoint (layout_checkpoint.h) in place of the weights: every
+// tensor's shape and format as released (fp8 dense, fp4 experts), no values, a few kilobytes of
+// disk at any size. A model to serve with random weights made on the device (`dsv41 serve
+// --random-weights`), for benchmarks at sizes no disk holds. options.seed and quantized unused.
+void write_layout_checkpoint_with_tokenizer(const Config& config, const std::string& dir, const RandomCheckpointOptions& options);
+
 }  // namespace dsv41

@@ -178,6 +178,10 @@ void parse_sampling(const ojson& body, RequestSampling& s) {
     s.seed = integer_in(*v, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
                         "a 64-bit signed integer");
   if (const ojson* v = field(body, "stop")) s.stop = parse_stop(*v);
+  if (const ojson* v = field(body, "ignore_eos")) {
+    if (!v->is_boolean()) bad_type("ignore_eos", "true or false", *v);
+    s.ignore_eos = v->get<bool>();
+  }
   // max_completion_tokens is the newer name; when both are sent it wins, as in OpenAI's API.
   for (const char* key : {"max_tokens", "max_completion_tokens"})
     if (const ojson* v = field(body, key))

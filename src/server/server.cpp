@@ -145,7 +145,7 @@ struct Server::State {
 void Server::State::load() {
   const std::string& dir = options.model_dir;
   model = Model::load(dir);
-  executor = make_executor(*model, options.device);
+  executor = make_executor(*model, options.device, options.random_weights);
   if (!std::filesystem::exists(dir + "/tokenizer.json")) fail(dir, "a tokenizer.json (the server speaks text)", "none");
   tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
   if (std::optional<int> eos = config_eos_id(dir, *tokenizer)) stop_ids.push_back(*eos);
@@ -220,7 +220,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   const RequestSampling& s = gen.sampling;
   request.sampling = SamplingParams{s.temperature, s.top_k, s.top_p, s.min_p, uint64_t(s.seed.value_or(0))};
   request.max_tokens = s.max_tokens.value_or(int32_t(model->config().max_seq_len - int64_t(request.prompt.size())));
-  request.stop_ids = stop_ids;
+  if (!s.ignore_eos) request.stop_ids = stop_ids;
   request.top_logprobs = gen.logprobs.enabled ? gen.logprobs.top : -1;
 
   std::shared_ptr<Generation> generation;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/executors.h"
@@ -23,6 +24,7 @@ struct ServerOptions {
   std::string api_key;     // empty: no authentication
   Mode mode = Mode::Default;
   Device device = Device::Auto;  // where the model runs
+  std::optional<uint64_t> random_weights;  // a seed: random weights on the device (make_executor)
   KvCacheOptions cache;    // fingerprint and mode are filled in from the checkpoint
   SchedulerOptions scheduler;
   // A stream silent this long (a long prefill, a slow step) gets a ": keep-alive" comment, a

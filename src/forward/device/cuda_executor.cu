@@ -50,7 +50,9 @@ class CudaSequence final : public Sequence {
 
 class CudaExecutor final : public Executor {
  public:
-  explicit CudaExecutor(const Model& model) : model_(model), device_(model) {}
+  CudaExecutor(const Model& model, std::optional<uint64_t> random_seed)
+      : model_(model),
+        device_(model, random_seed ? DeviceModel::Values::Random : DeviceModel::Values::Checkpoint, random_seed.value_or(0)) {}
   const Model& model() const override { return model_; }
   std::string name() const override { return "cuda"; }
   std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<CudaSequence>(model_.config()); }
@@ -82,10 +84,10 @@ bool device_available(std::string* why) {
   return false;
 }
 
-std::unique_ptr<Executor> make_executor(const Model& model) {
+std::unique_ptr<Executor> make_executor(const Model& model, std::optional<uint64_t> random_seed) {
   std::string why;
   if (!device_available(&why)) fail("--device cuda", "a CUDA device", why);
-  return std::make_unique<CudaExecutor>(model);
+  return std::make_unique<CudaExecutor>(model, random_seed);
 }
 
 }  // namespace dsv41::cuda

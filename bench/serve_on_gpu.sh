@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The serving benchmark of docs/benchmarks.md ("Serving on the H200"), on the GPU machine with .gpu
+# carried (scripts/gpu-env.sh): builds dsv41 and cuda_forward_bench, writes a bench-1gpu layout
+# checkpoint, and measures in one run of the machine, at one commit:
+#   raw  the device forward's batch-64 decode at a 4K context (cuda_forward_bench)
+#   c1, c8, c64  `dsv41 bench serve` against one `dsv41 serve --device cuda --random-weights 1`
+#   agent        `dsv41 bench serve --agent` (its own server: the disk phase restarts it)
+# Every result is a JSON line in $LOGS/serve.jsonl as soon as it is measured; AGENT_SESSIONS,
+# PREFIX_TOKENS size the agent run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs=${LOGS:-gpu-logs}
+build=${BUILD:-/tmp/dsv41-gpu}
+mkdir -p "$logs"
+source scripts/gpu-env.sh > "$logs/machine.txt" || exit 1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$logs/machine.txt" 2>&1
+git log -1 --format='commit %H' >> "$logs/machine.txt" 2>/dev/null
+cmake -S . -B "$build" -G Ninja -DDSV41_REQUIRE_ALL=ON -DDSV41_TESTS=OFF > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
+ninja -C "$build" -j"$(nproc)" dsv41 cuda_forward_bench > "$logs/build.log" 2>&1 || { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
+dsv41=$build/dsv41
+out=$logs/serve.jsonl
+: > "$out"
+
+"$build/bench/cuda_forward_bench" --batches 64 --contexts 4096 --prefill , --steps 8 > "$logs/raw.txt" 2>&1
+raw=$(awk -F'|' '$2 ~ /^ *64 *$/ && $3 ~ /4,096/ {gsub(/[ ,]/, "", $7); print $7}' "$logs/raw.txt")
+echo "{\"scenario\":\"raw\",\"raw_batch64_tokens_per_s\":${raw:-null}}" >> "$out"
+cat "$logs/raw.txt"
+
+model=/tmp/bench-1gpu
+[ -f $model/config.json ] || $dsv41 init-random --preset bench-1gpu --layout-only --out $model > "$logs/init.log" 2>&1
+serve="--model $model --device cuda --random-weights 1 --max-running 64 --max-queued 1024 --step-tokens 8192"
+$dsv41 serve --port 8090 $serve > "$logs/server.log" 2>&1 &
+server=$!
+until python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8090/health')" 2> /dev/null; do sleep 1; kill -0 $server 2>/dev/null || { cat "$logs/server.log"; exit 1; }; done
+for c in 1 8 64; do
+  requests=$((c * 2 > 8 ? c * 2 : 8))
+  $dsv41 bench serve --url http://127.0.0.1:8090 --concurrency $c --requests $requests --prompt-tokens 128 \
+    --output-tokens 64 --max-id 100000 --json | sed "s/^{/{\"key\":\"c$c\",/" >> "$out"
+  [ $c = 64 ] && nvidia-smi --query-gpu=memory.used --format=csv,noheader > "$logs/memory_c64.txt"
+  tail -1 "$out"
+done
+kill $server; wait $server
+
+store=/tmp/bench-store
+rm -rf $store
+$dsv41 bench serve --agent --sessions "${AGENT_SESSIONS:-3}" --prefix-tokens "${PREFIX_TOKENS:-32768}" --turn-tokens 64 \
+  --turn-output 16 --ttl-wait 6 --max-id 100000 --json --serve "$serve --store $store --swa-ttl 5" \
+  2> "$logs/agent.log" | sed 's/^{/{"key":"agent",/' >> "$out"
+tail -1 "$out"
