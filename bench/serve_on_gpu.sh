@@ -4,6 +4,7 @@
 # checkpoint, and measures in one run of the machine, at one commit:
 #   raw  the device forward's batch-64 decode at a 4K context (cuda_forward_bench)
 #   c1, c8, c64  `dsv41 bench serve` against one `dsv41 serve --device cuda --random-weights 1`
+#                (128-token prompts, 64 output tokens); c64_decode: 16 in, 256 out
 #   agent        `dsv41 bench serve --agent` (its own server: the disk phase restarts it)
 # Every result is a JSON line in $LOGS/serve.jsonl as soon as it is measured; AGENT_SESSIONS,
 # PREFIX_TOKENS size the agent run.
@@ -32,13 +33,18 @@ serve="--model $model --device cuda --random-weights 1 --max-running 64 --max-qu
 $dsv41 serve --port 8090 $serve > "$logs/server.log" 2>&1 &
 server=$!
 until python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8090/health')" 2> /dev/null; do sleep 1; kill -0 $server 2>/dev/null || { cat "$logs/server.log"; exit 1; }; done
-for c in 1 8 64; do
-  requests=$((c * 2 > 8 ? c * 2 : 8))
-  $dsv41 bench serve --url http://127.0.0.1:8090 --concurrency $c --requests $requests --prompt-tokens 128 \
-    --output-tokens 64 --max-id 100000 --json | sed "s/^{/{\"key\":\"c$c\",/" >> "$out"
-  [ $c = 64 ] && nvidia-smi --query-gpu=memory.used --format=csv,noheader > "$logs/memory_c64.txt"
+# key concurrency requests prompt-tokens output-tokens; c64_decode: decode-bound, the prefill's share small
+while read -r key c requests prompt output; do
+  $dsv41 bench serve --url http://127.0.0.1:8090 --concurrency $c --requests $requests --prompt-tokens $prompt \
+    --output-tokens $output --max-id 100000 --json | sed "s/^{/{\"key\":\"$key\",/" >> "$out"
+  [ $key = c64 ] && nvidia-smi --query-gpu=memory.used --format=csv,noheader > "$logs/memory_c64.txt"
   tail -1 "$out"
-done
+done <<'RUNS'
+c1 1 8 128 64
+c8 8 16 128 64
+c64 64 64 128 64
+c64_decode 64 64 16 256
+RUNS
 kill $server; wait $server
 
 store=/tmp/bench-store

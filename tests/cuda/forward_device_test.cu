@@ -24,6 +24,7 @@
 #include "forward/device/cuda_executor.h"
 #include "forward/device/decode_graph.h"
 #include "forward/device/device_forward.h"
+#include "numerics/codecs.h"
 
 namespace dsv41 {
 namespace {
@@ -373,6 +374,39 @@ TEST_P(DeviceForwardFixture, BadInputChangesNothing) {
     EXPECT_EQ(now.encoder_window_floor, before.encoder_window_floor);
     for (size_t l = 0; l < now.window.size(); ++l) EXPECT_EQ(mismatches(now.window[l], before.window[l]), 0u);
   }
+}
+
+// The CUDA executor's sequences grow: a state restored from the KV tiers for encoder replay holds
+// the global KV up to the hit, past its length (the replay start), and past the first capacity
+// (4,096 tokens) here; assign() uploads every byte, and host() downloads them again.
+TEST_P(DeviceForwardFixture, ExecutorSequenceTakesAStateBeyondItsFirstCapacity) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f(GetParam());
+  const Config& c = f.config();
+  SequenceState s(c);
+  s.length = 100;
+  const int64_t held = 9000;  // tokens of global KV
+  uint8_t byte = 1;
+  for (auto& [layer, cache] : s.compressed) {
+    cache.entries = held / c.compress_ratios[size_t(layer)];
+    cache.kv.resize(size_t(cache.entries) * kv_fp4::bytes(c.head_dim));
+    cache.index_k.resize(size_t(cache.entries) * mxfp4::bytes(c.index_head_dim));
+    for (uint8_t& b : cache.kv) b = byte++;
+    for (uint8_t& b : cache.index_k) b = byte++;
+  }
+  for (auto& ring : s.window)
+    for (uint8_t& b : ring) b = byte++;
+  std::unique_ptr<Executor> executor = cuda::make_executor(*f.model);
+  std::unique_ptr<Sequence> sequence = executor->new_sequence();
+  sequence->assign(s);
+  EXPECT_EQ(sequence->length(), 100);
+  const SequenceState* copy = &sequence->host();  // downloaded
+  for (const auto& [layer, cache] : s.compressed) {
+    EXPECT_EQ(copy->compressed.at(layer).entries, cache.entries);
+    EXPECT_EQ(mismatches(copy->compressed.at(layer).kv, cache.kv), 0u) << "layer " << layer;
+    EXPECT_EQ(mismatches(copy->compressed.at(layer).index_k, cache.index_k), 0u) << "layer " << layer;
+  }
+  for (size_t l = 0; l < s.window.size(); ++l) EXPECT_EQ(mismatches(copy->window[l], s.window[l]), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DeviceForwardFixture, testing::ValuesIn(kFixtures), FixtureName());

@@ -25,9 +25,13 @@ class CudaSequence final : public Sequence {
     return *host_;
   }
   void assign(SequenceState state) override {
-    reserve(state.length);
+    // A state restored for encoder replay holds the global KV past its length (up to the hit).
+    int64_t held = state.length;
+    for (const auto& [layer, cache] : state.compressed)
+      held = std::max(held, cache.entries * config_.compress_ratios[size_t(layer)] + cache.pending);
+    if (held > device_->capacity()) device_ = std::make_unique<DeviceSequence>(config_, held);  // nothing to keep
     device_->upload(state);
-    host_ = std::move(state);
+    host_.reset();
   }
   // Room for `tokens` tokens, the state kept.
   void reserve(int64_t tokens) {
