@@ -15,7 +15,6 @@ build=${BUILD:-/tmp/dsv41-gpu}
 mkdir -p "$logs"
 source scripts/gpu-env.sh > "$logs/machine.txt" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$logs/machine.txt" 2>&1
-git log -1 --format='commit %H' >> "$logs/machine.txt" 2>/dev/null
 cmake -S . -B "$build" -G Ninja -DDSV41_REQUIRE_ALL=ON -DDSV41_TESTS=OFF > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
 ninja -C "$build" -j"$(nproc)" dsv41 cuda_forward_bench > "$logs/build.log" 2>&1 || { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
 dsv41=$build/dsv41
@@ -23,7 +22,7 @@ out=$logs/serve.jsonl
 : > "$out"
 
 "$build/bench/cuda_forward_bench" --batches 64 --contexts 4096 --prefill , --steps 8 > "$logs/raw.txt" 2>&1
-raw=$(awk -F'|' '$2 ~ /^ *64 *$/ && $3 ~ /4,096/ {gsub(/[ ,]/, "", $7); print $7}' "$logs/raw.txt")
+raw=$(awk -F'|' '$2 ~ /^ *64 *$/ && $3 ~ /^ *4,?096 *$/ {gsub(/[ ,]/, "", $7); print $7}' "$logs/raw.txt")
 echo "{\"scenario\":\"raw\",\"raw_batch64_tokens_per_s\":${raw:-null}}" >> "$out"
 cat "$logs/raw.txt"
 

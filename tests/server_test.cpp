@@ -269,6 +269,28 @@ TEST(Server, HttpErrorsSayWhatWasWrong) {
   EXPECT_EQ(server.post("/v1/completions", {{"model", "v41-tiny"}, {"prompt", "Once"}, {"max_tokens", 2}})["object"], "text_completion");
 }
 
+// A restart loses the host cache and the SWA pool, not the persistent store: the restarted server
+// serves the conversation's prefix from disk (with encoder replay over W), and says so.
+TEST(Server, ARestartedServerServesThePrefixFromDisk) {
+  test::TempDir dir("server_restart");
+  ServerOptions options;
+  options.cache.store_dir = dir.string();
+  options.cache.store_budget_bytes = 64 << 20;
+  std::vector<int> prompt(300);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = 3 + int(i * 7919 % 400);
+  {
+    Running first(options);
+    first.post("/v1/completions", {{"model", "v41-tiny"}, {"prompt", prompt}, {"max_tokens", 2}});
+  }
+  prompt.insert(prompt.end(), {7, 8, 9, 10});
+  Running second(options);
+  json r = second.post("/v1/completions", {{"model", "v41-tiny"}, {"prompt", prompt}, {"max_tokens", 2}});
+  EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 256) << r;  // the whole blocks of the first prompt
+  EXPECT_GE(second.metric("dsv41_cache_hit_tokens_total{tier=\"disk\"}"), 256);
+  EXPECT_EQ(second.metric("dsv41_cache_hit_tokens_total{tier=\"host\"}"), 0);
+  EXPECT_EQ(second.metric("dsv41_cache_replayed_tokens_total"), 16);  // W of v41-tiny
+}
+
 // A damaged block file in the store is dropped when the server opens it, and counted where an
 // operator looks (it used to vanish without a trace).
 TEST(Server, DamagedStoreFilesAreCounted) {
