@@ -11,6 +11,7 @@
 #include "backend/cpu/norm.h"
 #include "backend/cpu/sparse_attention.h"
 #include "base/error.h"
+#include "forward/call_plan.h"
 #include "forward/window.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
@@ -21,20 +22,19 @@ namespace {
 
 using Rows = std::vector<float>;
 
-// One forward call of one sequence: `rows` tokens at positions start .. start + rows - 1.
-// Sources hand their results down the stack here (model.py SharedAttentionRuntime): the latest
-// index source's top-k, and the candidate source's block mask.
+// One forward call of one sequence, as its plan (call_plan.h) lays it out. Sources hand their
+// results down the stack here (model.py SharedAttentionRuntime): the latest index source's top-k,
+// and the candidate source's block mask.
 struct Pass {
   const Model& model;
   const Config& c;
   SequenceState& state;
+  const ItemPlan& plan;
   int64_t start, rows;  // the rows still running: decoder bounded replay drops the first ones
   Trace* trace;
   std::vector<std::vector<int64_t>> topk;        // [row] compressed entries attended, -1 = none
   std::vector<std::vector<uint8_t>> candidates;  // [row] mask over compressed entries
   int64_t window_floor = 0;   // positions below it are outside the current layer's window
-  bool kv_projected = false;  // the decoder kv-source already compressed this call's rows
-  int64_t replay_until = 0;   // rows before it regenerate SWA KV only (encoder bounded replay)
 
   int64_t pos(int64_t row) const { return start + row; }
   float eps() const { return float(c.norm_eps); }
@@ -54,28 +54,26 @@ Rows normed_linear(const Rows& x, int64_t rows, const Weight& w, const Weight& n
 
 // --- CSA2: the compressor of a kv-source layer ------------------------------------------------------
 
-// Runs the compressor over this call's rows and appends every completed group to the layer's
-// cache: the index key (from the latent before RoPE) and the main KV entry (after RoPE).
+// Runs the compressor over the positions its plan gives (call_plan.h: encoder bounded replay leaves
+// out the rows whose global KV is already cached, to be read, never rewritten) and writes every
+// group they close into the layer's cache: the index key (from the latent before RoPE) and the
+// main KV entry (after RoPE), at the entries the plan places them. advance() counts them.
 void compress(Pass& p, int l, const Rows& x) {
   const Config& c = p.c;
   const AttentionWeights& a = p.model.layer(l).attn;
   const RopeTable& rope = p.model.rope(l);
-  const int ratio = c.compress_ratios[size_t(l)];
-  const int64_t hd = c.head_dim, rd = c.rope_head_dim, ihd = c.index_head_dim;
+  const CompressorPlan& g = p.plan.compressors.at(l);
+  const int ratio = g.ratio;
+  const int64_t hd = c.head_dim, rd = c.rope_head_dim, ihd = c.index_head_dim, rows = g.rows;
   CompressedCache& cache = p.state.compressed.at(l);
-  // Encoder bounded replay: rows before replay_until only regenerate SWA KV; the global KV of
-  // their positions is already in the cache and is read, never rewritten.
-  const int64_t first = std::clamp<int64_t>(p.replay_until - p.start, 0, p.rows), rows = p.rows - first;
   if (rows == 0) return;
-  const Rows xs(x.begin() + first * c.dim, x.begin() + p.rows * c.dim);
-  auto pos = [&](int64_t r) { return p.pos(first + r); };
+  const int64_t first = g.first_pos - p.start;  // x's row of the first position
+  const Rows xs(x.begin() + first * c.dim, x.begin() + (first + rows) * c.dim);
 
-  // New latents (pre-RoPE, bf16 values) with the position of their group's first token.
+  // New latents (pre-RoPE, bf16 values), one per group the call closes.
   Rows latents;
-  std::vector<int64_t> group_pos;
   if (ratio == 1) {
     latents = normed_linear(xs, rows, a.compressor_wkv, a.compressor_norm, p.eps());
-    for (int64_t r = 0; r < rows; ++r) group_pos.push_back(pos(r));
   } else {
     // Gated pooling in fp32 over each group of `ratio` tokens; the open group waits in the cache.
     Rows kv(size_t(rows * hd)), score(size_t(rows * hd));
@@ -84,36 +82,34 @@ void compress(Pass& p, int l, const Rows& x) {
     cache.pending_kv.resize(size_t(ratio * hd));
     cache.pending_score.resize(size_t(ratio * hd));
     Rows pooled(static_cast<size_t>(hd));
+    int open = g.pending_before;
     for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(kv.data() + r * hd, hd, cache.pending_kv.data() + cache.pending * hd);
-      std::copy_n(score.data() + r * hd, hd, cache.pending_score.data() + cache.pending * hd);
-      if (++cache.pending < ratio) continue;
+      std::copy_n(kv.data() + r * hd, hd, cache.pending_kv.data() + open * hd);
+      std::copy_n(score.data() + r * hd, hd, cache.pending_score.data() + open * hd);
+      if (++open < ratio) continue;
       pool_group(cache.pending_kv.data(), cache.pending_score.data(), ratio, int(hd), pooled.data());
       for (float& v : pooled) v = round_bf16(v);
       latents.resize(latents.size() + size_t(hd));
       rms_norm(pooled.data(), 1, hd, &a.compressor_norm, p.eps(), latents.data() + latents.size() - hd);
-      group_pos.push_back(pos(r) + 1 - ratio);
-      cache.pending = 0;
+      open = 0;
     }
   }
-  const int64_t n_new = int64_t(group_pos.size());
-  if (n_new == 0) return;
+  if (g.groups == 0) return;
 
   // Index keys: k = RoPE(k_norm(wk(latent))), stored MXFP4.
-  Rows k = normed_linear(latents, n_new, a.indexer_wk, a.indexer_k_norm, p.eps());
+  Rows k = normed_linear(latents, g.groups, a.indexer_wk, a.indexer_k_norm, p.eps());
   const size_t key_bytes = mxfp4::bytes(int(ihd)), entry_bytes = kv_fp4::bytes(int(hd));
-  cache.index_k.resize(size_t(cache.entries + n_new) * key_bytes);
-  cache.kv.resize(size_t(cache.entries + n_new) * entry_bytes);
-  for (int64_t g = 0; g < n_new; ++g) {
-    float* key = k.data() + g * ihd;
-    rope.apply(key + ihd - rd, group_pos[g]);
-    mxfp4::encode(key, int(ihd), cache.index_k.data() + size_t(cache.entries + g) * key_bytes);
+  cache.index_k.resize(size_t(g.entries_after()) * key_bytes);
+  cache.kv.resize(size_t(g.entries_after()) * entry_bytes);
+  for (int64_t e = 0; e < g.groups; ++e) {
+    float* key = k.data() + e * ihd;
+    rope.apply(key + ihd - rd, g.group_pos(e));
+    mxfp4::encode(key, int(ihd), cache.index_k.data() + size_t(g.entries_before + e) * key_bytes);
     // Main KV: the latent, RoPE'd at its group's first position, stored KV-FP4.
-    float* latent = latents.data() + g * hd;
-    rope.apply(latent + hd - rd, group_pos[g]);
-    kv_fp4::encode(latent, int(hd), cache.kv.data() + size_t(cache.entries + g) * entry_bytes);
+    float* latent = latents.data() + e * hd;
+    rope.apply(latent + hd - rd, g.group_pos(e));
+    kv_fp4::encode(latent, int(hd), cache.kv.data() + size_t(g.entries_before + e) * entry_bytes);
   }
-  cache.entries += n_new;
 }
 
 // --- CSA2: the indexer of an index-source layer -----------------------------------------------------
@@ -125,7 +121,7 @@ void index(Pass& p, int l, const Rows& x, const Rows& qr) {
   const int ratio = c.compress_ratios[size_t(l)];
   const int heads = c.index_n_heads, ihd = c.index_head_dim, rd = c.rope_head_dim;
   const CompressedCache& cache = p.state.compressed.at(c.kv_source_of(l));
-  const int64_t n = cache.entries;  // (start + rows) / ratio: every entry this call can see
+  const int64_t n = p.plan.compressors.at(c.kv_source_of(l)).entries_after();  // every entry this call can see
   const bool candidate_source = l == c.candidate_source_layer;
   const bool uses_candidates = c.candidate_source_layer >= 0 && l > c.candidate_source_layer;
 
@@ -196,13 +192,15 @@ void attention(Pass& p, int l, const Rows& x, Rows& out) {
 
   Rows compressed_kv;
   if (ratio > 0) {
-    if (c.is_kv_source(l) && !p.kv_projected) compress(p, l, x);
+    // (The decoder's first kv-source ran when the cut rows left: drop_encoder_only_rows.)
+    if (c.is_kv_source(l) && !(l == c.decoder_start() && p.plan.cut > 0)) compress(p, l, x);
     if (c.is_index_source(l)) index(p, l, x, qr);
     // Decode only the entries some row attends to: at most rows × top-k of them, not the whole
     // (context-long) cache, and not once more for every Reuse layer than the top-k requires.
     const CompressedCache& cache = p.state.compressed.at(c.kv_source_of(l));
-    compressed_kv.resize(size_t(cache.entries * hd));
-    std::vector<uint8_t> decoded(size_t(cache.entries), 0);
+    const int64_t entries = p.plan.compressors.at(c.kv_source_of(l)).entries_after();
+    compressed_kv.resize(size_t(entries * hd));
+    std::vector<uint8_t> decoded(size_t(entries), 0);
     for (const std::vector<int64_t>& row : p.topk)
       for (int64_t t : row)
         if (t >= 0 && !decoded[size_t(t)]) {
@@ -316,24 +314,22 @@ void engram(Pass& p, int l, const int64_t* ids, Rows& X) {
 
 }  // namespace
 
-// Decoder bounded replay (DESIGN §3): the rows before `from` run the encoder and the decoder's KV
+// Decoder bounded replay (DESIGN §3): the plan's cut rows run the encoder and the decoder's KV
 // projection only (the kv-source at the decoder start compresses the collapsed stream entering it),
-// then leave the call. Returns how many rows were dropped.
-int64_t drop_encoder_only_rows(Pass& p, int64_t from, Rows& X, Rows& pre_mix, Rows& h) {
+// then leave the call.
+void drop_encoder_only_rows(Pass& p, Rows& X, Rows& pre_mix, Rows& h) {
   const Config& c = p.c;
   const int64_t hc = c.hc_mult, d = c.dim, ds = c.decoder_start();
-  const int64_t cut = std::clamp<int64_t>(from - p.start, 0, p.rows);
-  if (cut == 0) return 0;
+  const int64_t cut = p.plan.cut;
+  if (cut == 0) return;
   const LayerWeights& L = p.model.layer(int(ds));
   for (int64_t r = 0; r < p.rows; ++r) hc_pre(X.data() + r * hc * d, pre_mix.data() + r * hc, int(hc), d, h.data() + r * d);
   rms_norm(h.data(), p.rows, d, &L.attn_norm, p.eps(), h.data());
   compress(p, int(ds), h);
-  p.kv_projected = true;
   X.erase(X.begin(), X.begin() + cut * hc * d);
   pre_mix.erase(pre_mix.begin(), pre_mix.begin() + cut * hc);
   p.start += cut;
   p.rows -= cut;
-  return cut;
 }
 
 // Layer-local parity: layer l starts from the imposed streams and mix (Trace::forced_streams).
@@ -355,7 +351,8 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
   int64_t R = n_tokens;
   if (R == 0) fail("forward", "at least one token", "none");
   if (c.has_engram() && !engram_ids) fail("forward", "Engram hash ids for a model with Engram", "none");
-  Pass p{model, c, state, state.length, R, options.trace, {}, {}};
+  const ItemPlan plan = plan_item(c, state, R, options);
+  Pass p{model, c, state, plan, state.length, R, options.trace, {}, {}};
   if (p.trace) {
     p.trace->block_out.assign(size_t(c.n_layers), {});
     p.trace->route_experts.assign(size_t(c.n_layers), {});
@@ -386,28 +383,15 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
     }
   };
   const int ds = c.decoder_start();
-  if (options.replay_until > 0) {
-    // Encoder bounded replay: the call starts at s = the replay start; the encoder's windows are
-    // truncated there, and the rows up to replay_until read the cached global KV.
-    if (options.replay_until <= p.start || options.replay_until > p.start + R)
-      fail("forward", "replay_until inside the call's positions (" + std::to_string(p.start) + ", " +
-                          std::to_string(p.start + R) + "]", std::to_string(options.replay_until));
-    p.replay_until = options.replay_until;
-    state.encoder_window_floor = p.start;
-  }
-  const int64_t decoder_from = std::max(options.decoder_from, p.replay_until);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = model.layer(l);
     if (l == ds) {
-      state.decoder_window_floor = std::max(state.decoder_window_floor, decoder_from);
-      if (!options.keep_replayed_rows) {
-        const int64_t cut = drop_encoder_only_rows(p, decoder_from, X, pre_mix, h);
-        if (engram_ids) engram_ids += cut * int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-        R = p.rows;
-        if (R == 0) break;
-      }
+      drop_encoder_only_rows(p, X, pre_mix, h);
+      if (engram_ids) engram_ids += plan.cut * int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+      R = p.rows;
+      if (R == 0) break;
     }
-    p.window_floor = l >= ds ? state.decoder_window_floor : state.encoder_window_floor;
+    p.window_floor = l >= ds ? plan.decoder_floor : plan.encoder_floor;
     if (l > 0 && p.trace && p.trace->forced_streams) impose_layer_input(p, l, X, pre_mix);
     if (L.engram) engram(p, l, engram_ids, X);
 
@@ -431,11 +415,11 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
       p.trace->block_out[size_t(l)] = X;
     }
   }
-  state.length += n_tokens;
-  if (R == 0) return {};
+  advance(state, plan);
+  if (plan.logits_rows == 0) return {};
 
   // The last FFN's `pre` folds the streams; then the final norm and the fp32 head.
-  const int64_t first = options.all_logits ? 0 : R - 1, n = R - first;
+  const int64_t first = plan.logits_first, n = plan.logits_rows;
   Rows last(size_t(n * d));
   for (int64_t r = first; r < R; ++r) hc_pre(X.data() + r * hc * d, pre_mix.data() + r * hc, int(hc), d, last.data() + (r - first) * d);
   rms_norm(last.data(), n, d, &model.norm(), p.eps(), last.data());

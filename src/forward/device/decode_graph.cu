@@ -9,6 +9,7 @@
 
 #include "backend/cuda/check.h"
 #include "base/error.h"
+#include "forward/call_plan.h"
 
 namespace dsv41::cuda {
 
@@ -70,7 +71,7 @@ std::vector<std::vector<float>> DecodeGraph::step(std::span<const int32_t> token
   check(cudaGraphLaunch(exec_, stream_), "cuda::DecodeGraph launch");
   const int64_t V = model_.config().vocab_size;
   const std::vector<float> all = logits_.download(stream_);
-  for (DeviceSequence* s : sequences_) advance_decode(*s);
+  for (size_t b = 0; b < B; ++b) advance(*sequences_[b], plan.items[b]);
   std::vector<std::vector<float>> out(B);
   for (size_t b = 0; b < B; ++b) out[b].assign(all.begin() + int64_t(b) * V, all.begin() + int64_t(b + 1) * V);
   return out;

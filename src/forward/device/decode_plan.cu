@@ -56,6 +56,9 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
     for (size_t b2 = 0; b2 < b; ++b2)
       if (rows[b2].sequence == r.sequence) fail("cuda decode step", "each sequence once in a step", "a sequence twice");
     p.sequences.push_back(r.sequence);
+    ForwardOptions options;
+    options.decoder_from = r.decoder_from;
+    p.items.push_back(plan_item(c, s, 1, options));
     tokens.push_back(r.token);
     positions.push_back(s.length);
     pre_mix[b * size_t(c.hc_mult)] = 1.0f;
@@ -86,10 +89,9 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
   std::vector<int64_t> positions_in_window;
   for (int phase = 0; phase < 2; ++phase) {
     std::vector<int32_t> list;
-    for (const DecodeRow& r : rows) {
-      const DeviceSequence& s = *r.sequence;
-      const int64_t floor = phase ? std::max(s.decoder_window_floor, r.decoder_from) : s.encoder_window_floor;
-      window_positions(s.length, s.length, 1, W, floor, positions_in_window);
+    for (const ItemPlan& item : p.items) {
+      const int64_t floor = phase ? item.decoder_floor : item.encoder_floor;
+      window_positions(item.start, item.start, 1, W, floor, positions_in_window);
       for (int64_t t : positions_in_window) list.push_back(int32_t(t == kEmptySlot ? -1 : t % W));
     }
     p.window[phase] = block.add(list);
@@ -102,10 +104,12 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
     std::vector<float*> open_kv, open_score;
     std::vector<int32_t> open_rows;
     std::vector<int64_t> group_pos, entries, visible;
-    for (const DecodeRow& r : rows) {
+    for (size_t b = 0; b < rows.size(); ++b) {
+      const DecodeRow& r = rows[b];
       DeviceCompressed& cache = r.sequence->compressed.at(l);
-      const bool closes = closes_group(cache);
-      if (closes && cache.entries + 1 > cache.capacity)
+      const CompressorPlan& g = p.items[b].compressors.at(l);
+      const bool closes = g.groups == 1;
+      if (g.entries_after() > cache.capacity)
         fail("cuda decode step", "a compressed cache within its capacity (" + std::to_string(cache.capacity) + ")",
              std::to_string(cache.entries + 1) + " entries at layer " + std::to_string(l));
       caches.push_back(cache.kv.get());
@@ -114,8 +118,8 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
       open_rows.push_back(cache.pending);
       kv_dest.push_back(closes ? cache.kv.get() + cache.entries * int64_t(kv_bytes) : nullptr);
       index_dest.push_back(closes ? cache.index_k.get() + cache.entries * int64_t(index_bytes) : nullptr);
-      group_pos.push_back(r.sequence->length - cache.pending);
-      entries.push_back(cache.entries + (closes ? 1 : 0));
+      group_pos.push_back(g.group_pos(0));
+      entries.push_back(g.entries_after());
       visible.push_back((r.sequence->length + 1) / cache.ratio);
     }
     DecodePlan::Compressed& f = p.compressed[l];
@@ -130,19 +134,6 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
     f.visible = block.add(visible);
   }
   return p;
-}
-
-void advance_decode(DeviceSequence& s, int64_t decoder_from) {
-  s.decoder_window_floor = std::max(s.decoder_window_floor, decoder_from);
-  for (auto& [layer, cache] : s.compressed) {
-    if (closes_group(cache)) {
-      cache.entries += 1;
-      cache.pending = 0;
-    } else {
-      cache.pending += 1;
-    }
-  }
-  s.length += 1;
 }
 
 }  // namespace dsv41::cuda

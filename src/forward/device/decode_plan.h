@@ -10,6 +10,7 @@
 #include <map>
 #include <vector>
 
+#include "forward/call_plan.h"
 #include "forward/device/device_sequence.h"
 #include "model/config.h"
 
@@ -25,6 +26,7 @@ struct DecodeRow {
 
 struct DecodePlan {
   std::vector<DeviceSequence*> sequences;  // B, the rows' sequences
+  std::vector<ItemPlan> items;             // B, each row's call plan (advance() follows it)
   std::vector<uint8_t> block;  // the host image of the block
   // Byte offsets of the fields in the block; [B] unless said.
   size_t tokens = 0;                  // int32
@@ -53,11 +55,5 @@ struct DecodePlan {
 // every cache, a decoder_from that cuts nothing) and names what it found.
 DecodePlan plan_decode(const Config& config, const std::vector<DecodeRow>& rows);
 
-// Whether the sequence's next row closes a group of its compressed cache (every row does at ratio 1).
-inline bool closes_group(const DeviceCompressed& cache) { return cache.ratio == 1 || cache.pending + 1 == cache.ratio; }
-
-// The host's counters after a decode step: one more row, each cache's open group or entries, and
-// the decoder window floor raised to the row's decoder_from.
-void advance_decode(DeviceSequence& sequence, int64_t decoder_from = 0);
 
 }  // namespace dsv41::cuda

@@ -42,6 +42,7 @@
 #include "backend/cuda/rope.h"
 #include "backend/cuda/sparse_attention.h"
 #include "base/error.h"
+#include "forward/call_plan.h"
 #include "forward/device/decode_plan.h"
 #include "forward/device/rows.h"
 #include "forward/window.h"
@@ -56,13 +57,13 @@ using Floats = DeviceBuffer<float>;
 // The most the indexer's per-call scratch may take; longer prompts run in chunks.
 constexpr int64_t kIndexScratchBytes = int64_t(16) << 30;
 
-// One item during the call: its rows (those still running) and where they sit in the batch.
+// One item during the call: its plan (call_plan.h), its rows (those still running) and where they
+// sit in the batch.
 struct Item {
   DeviceSequence* seq;
   const DeviceItem* in;
+  ItemPlan plan;
   int64_t start, rows, offset;
-  int64_t replay_until = 0;
-  bool kv_projected = false;
   const int64_t* engram_ids;
   DeviceBuffer<uint8_t> candidates;  // [rows, entries] from the candidate source layer
   int64_t candidate_entries = 0;
@@ -100,7 +101,7 @@ class Call {
                                           std::to_string(kIndexScratchBytes >> 30) + " GiB)",
                std::to_string(R) + " rows at " + std::to_string(entries) + " entries");
       }
-      items_.push_back(Item{s, &in, s->length, R, offset, 0, false, in.engram_ids, {}, 0});
+      items_.push_back(Item{s, &in, plan_item(c_, *s, R, in.options), s->length, R, offset, in.engram_ids, {}, 0});
       offset += R;
     }
     T_ = offset;
@@ -188,8 +189,7 @@ void Call::mixes_and_input(int l) {
 
 std::vector<std::vector<float>> Call::run() {
   enqueue();
-  if (!decode())
-    for (Item& it : items_) it.seq->length += int64_t(it.in->tokens.size());
+  for (Item& it : items_) advance(*it.seq, it.plan);
   const int64_t V = c_.vocab_size;
   std::vector<std::vector<float>> out(items_.size());
   const std::vector<float> all = logits_buffer_.download(stream_);  // logits()'s rows, item by item
@@ -240,19 +240,6 @@ void Call::enqueue(float* logits_out) {
   for (Floats* b : {&a_comb_, &f_comb_}) *b = scratch<float>(T_ * hc * hc, stream_);
   upload_positions();
 
-  // Every item's input is checked before any sequence changes.
-  for (const Item& it : items_) {
-    const int64_t until = it.in->options.replay_until;
-    if (until > 0 && (until <= it.start || until > it.start + it.rows))
-      fail("forward", "replay_until inside the call's positions (" + std::to_string(it.start) + ", " +
-                          std::to_string(it.start + it.rows) + "]", std::to_string(until));
-  }
-  for (Item& it : items_) {
-    if (it.in->options.replay_until == 0) continue;
-    it.replay_until = it.in->options.replay_until;
-    it.seq->encoder_window_floor = it.start;
-  }
-
   bool fused_entry = false;  // h_ and a_* already hold this layer's attention input (mega_mhc)
   for (int l = 0; l < c_.n_layers && T_ > 0; ++l) {
     const LayerWeights& L = m_.layer(l);
@@ -290,16 +277,9 @@ void Call::enqueue(float* logits_out) {
 // Decoder bounded replay (forward.cpp drop_encoder_only_rows), for each item on its own.
 void Call::drop_encoder_only_rows(int ds) {
   const int64_t d = c_.dim, hc = c_.hc_mult;
-  std::vector<int64_t> cut(items_.size());
-  bool any = false;
-  for (size_t i = 0; i < items_.size(); ++i) {
-    Item& it = items_[i];
-    const int64_t from = std::max(it.in->options.decoder_from, it.replay_until);
-    if (!decode()) it.seq->decoder_window_floor = std::max(it.seq->decoder_window_floor, from);  // a decode call's: advance_decode
-    cut[i] = std::clamp<int64_t>(from - it.start, 0, it.rows);
-    any |= cut[i] > 0;
-  }
-  if (!any) return;
+  std::vector<int64_t> cut;
+  for (const Item& it : items_) cut.push_back(it.plan.cut);
+  if (std::all_of(cut.begin(), cut.end(), [](int64_t n) { return n == 0; })) return;
   const LayerWeights& L = m_.layer(ds);
   hc_pre(X_.get(), pre_mix_.get(), T_, int(hc), d, h_.get(), stream_);
   rms_norm(h_.get(), T_, d, &L.attn_norm, eps(), h_.get(), stream_);
@@ -307,10 +287,7 @@ void Call::drop_encoder_only_rows(int ds) {
   int64_t offset = 0;
   for (size_t i = 0; i < items_.size(); ++i) {
     Item& it = items_[i];
-    if (cut[i] > 0) {
-      compress(it, ds, h_.get() + it.offset * d);
-      it.kv_projected = true;
-    }
+    if (cut[i] > 0) compress(it, ds, h_.get() + it.offset * d);
     for (int64_t r = cut[i]; r < it.rows; ++r) keep.push_back(int32_t(it.offset + r));
     if (it.engram_ids) it.engram_ids += cut[i] * int64_t(c_.engram_layer_ids.size()) * c_.engram_hash_columns();
     it.start += cut[i];
@@ -374,7 +351,7 @@ void Call::window_lists(int l) {
   std::vector<int64_t> slots;
   window_offset_.clear();
   for (const Item& it : items_) {
-    const int64_t floor = phase ? it.seq->decoder_window_floor : it.seq->encoder_window_floor, width = window_width(it);
+    const int64_t floor = phase ? it.plan.decoder_floor : it.plan.encoder_floor, width = window_width(it);
     window_offset_.push_back(int64_t(list.size()));
     for (int64_t r = 0; r < it.rows; ++r) {
       window_positions(pos(it, r), it.start, it.rows, W, floor, slots);
@@ -392,47 +369,41 @@ void Call::window_lists(int l) {
 
 void Call::compress(Item& it, int l, const float* x) {
   const AttentionWeights& a = m_.layer(l).attn;
-  const int ratio = c_.compress_ratios[size_t(l)];
-  const int64_t hd = c_.head_dim, ihd = c_.index_head_dim;
+  const CompressorPlan& g = it.plan.compressors.at(l);
+  const int ratio = g.ratio;
+  const int64_t hd = c_.head_dim, ihd = c_.index_head_dim, rows = g.rows;
   DeviceCompressed& cache = it.seq->compressed.at(l);
-  const int64_t first = std::clamp<int64_t>(it.replay_until - it.start, 0, it.rows), rows = it.rows - first;
   if (rows == 0) return;
-  const float* xs = x + first * c_.dim;
+  const float* xs = x + (g.first_pos - it.start) * c_.dim;
 
-  const int64_t n_groups = ratio == 1 ? rows : (cache.pending + rows) / ratio;
-  if (cache.entries + n_groups > cache.capacity)
+  if (g.entries_after() > cache.capacity)
     fail("cuda::forward_batch", "a compressed cache within its capacity (" + std::to_string(cache.capacity) + ")",
-         std::to_string(cache.entries + n_groups) + " entries");
+         std::to_string(g.entries_after()) + " entries");
   Floats latents;
-  std::vector<int64_t> group_pos;
   if (ratio == 1) {
     latents = scratch<float>(rows * hd, stream_);
     linear(xs, rows, a.compressor_wkv, latents.get(), stream_);
-    for (int64_t r = 0; r < rows; ++r) group_pos.push_back(pos(it, first + r));
   } else {
     // The open group's rows, then this call's: every complete group is pooled, the rest waits.
-    const int64_t staged = cache.pending + rows, groups = staged / ratio, left = staged - groups * ratio;
+    const int64_t staged = g.pending_before + rows;
     Floats kv = scratch<float>(staged * hd, stream_), score = scratch<float>(staged * hd, stream_);
-    const size_t pending_bytes = size_t(cache.pending * hd) * sizeof(float);
+    const size_t pending_bytes = size_t(g.pending_before * hd) * sizeof(float);
     check(cudaMemcpyAsync(kv.get(), cache.pending_kv.get(), pending_bytes, cudaMemcpyDeviceToDevice, stream_), "compress");
     check(cudaMemcpyAsync(score.get(), cache.pending_score.get(), pending_bytes, cudaMemcpyDeviceToDevice, stream_), "compress");
-    linear_f32(xs, rows, a.compressor_wkv, kv.get() + cache.pending * hd, stream_);
-    linear_f32(xs, rows, a.compressor_wgate, score.get() + cache.pending * hd, stream_);
-    const size_t left_bytes = size_t(left * hd) * sizeof(float);
-    check(cudaMemcpyAsync(cache.pending_kv.get(), kv.get() + groups * ratio * hd, left_bytes, cudaMemcpyDeviceToDevice, stream_), "compress");
-    check(cudaMemcpyAsync(cache.pending_score.get(), score.get() + groups * ratio * hd, left_bytes, cudaMemcpyDeviceToDevice, stream_), "compress");
-    const int64_t first_staged = pos(it, first) - cache.pending;
-    cache.pending = int(left);
-    if (groups == 0) return;
-    latents = scratch<float>(groups * hd, stream_);
-    pool_groups(kv.get(), score.get(), groups, ratio, int(hd), /*round=*/true, latents.get(), stream_);
-    for (int64_t g = 0; g < groups; ++g) group_pos.push_back(first_staged + g * ratio);
+    linear_f32(xs, rows, a.compressor_wkv, kv.get() + g.pending_before * hd, stream_);
+    linear_f32(xs, rows, a.compressor_wgate, score.get() + g.pending_before * hd, stream_);
+    const size_t left_bytes = size_t(g.pending_after * hd) * sizeof(float);
+    check(cudaMemcpyAsync(cache.pending_kv.get(), kv.get() + g.groups * ratio * hd, left_bytes, cudaMemcpyDeviceToDevice, stream_), "compress");
+    check(cudaMemcpyAsync(cache.pending_score.get(), score.get() + g.groups * ratio * hd, left_bytes, cudaMemcpyDeviceToDevice, stream_), "compress");
+    if (g.groups == 0) return;
+    latents = scratch<float>(g.groups * hd, stream_);
+    pool_groups(kv.get(), score.get(), g.groups, ratio, int(hd), /*round=*/true, latents.get(), stream_);
   }
-  const int64_t n_new = int64_t(group_pos.size());
+  std::vector<int64_t> group_pos;
+  for (int64_t e = 0; e < g.groups; ++e) group_pos.push_back(g.group_pos(e));
   DeviceBuffer<int64_t> gpos = scratch_from(group_pos, stream_);
-  store_entries(l, latents.get(), n_new, gpos.get(), cache.index_k.get() + cache.entries * int64_t(mxfp4::bytes(int(ihd))),
-                cache.kv.get() + cache.entries * int64_t(kv_fp4::bytes(int(hd))));
-  cache.entries += n_new;
+  store_entries(l, latents.get(), g.groups, gpos.get(), cache.index_k.get() + g.entries_before * int64_t(mxfp4::bytes(int(ihd))),
+                cache.kv.get() + g.entries_before * int64_t(kv_fp4::bytes(int(hd))));
 }
 
 // The entries of n latents [n, head_dim] (projected or pooled, not yet normed) at positions gpos:
@@ -511,7 +482,7 @@ void Call::index(int l, const float* x, const float* qr) {
   for (Item& it : items_) {
     if (it.rows == 0) continue;
     const DeviceCompressed& cache = it.seq->compressed.at(c_.kv_source_of(l));
-    const int64_t n = decode() ? cache.entries + (closes_group(cache) ? 1 : 0) : cache.entries;
+    const int64_t n = it.plan.compressors.at(c_.kv_source_of(l)).entries_after();
     const int64_t* n_device = decode() ? planned<int64_t>(plan_->compressed.at(c_.kv_source_of(l)).entries) + it.offset : nullptr;
     const int64_t stride = decode() ? cache.capacity : n;  // between a row's scores and the next's
     int32_t* topk = topk_.get() + it.offset * K_;
@@ -611,7 +582,7 @@ void Call::attention(int l, float* out) {
         compress_decode(l, h_.get());
       } else {
         for (Item& it : items_)
-          if (!it.kv_projected) compress(it, l, h_.get() + it.offset * c_.dim);
+          if (!(l == c_.decoder_start() && it.plan.cut > 0)) compress(it, l, h_.get() + it.offset * c_.dim);  // else at the cut
       }
     }
     if (c_.is_index_source(l)) {
@@ -785,9 +756,7 @@ std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const st
   // A decode call: its plan on the device in one copy, then the same kernels a DecodeGraph replays.
   const DecodePlan plan = plan_decode(model.config(), rows);
   DeviceBuffer<uint8_t> plan_d = scratch_from(plan.block, stream);
-  std::vector<std::vector<float>> logits = Call(model, batch, stream, &plan, plan_d.get()).run();
-  for (const DecodeRow& r : rows) advance_decode(*r.sequence, r.decoder_from);
-  return logits;
+  return Call(model, batch, stream, &plan, plan_d.get()).run();
 }
 
 }  // namespace dsv41::cuda

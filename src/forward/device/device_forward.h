@@ -39,7 +39,7 @@ std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const st
 // The kernels of a decode step (one token per item, none replayed: the calls forward_batch plans
 // with plan_decode) on `stream`, every per-step value read from the plan's copy at plan_device,
 // the logits into `logits` [items, V]. Changes no host state: the caller advances the sequences
-// (advance_decode). `plan` must be plan_decode's of the same sequences in the batch's order. The launches depend on the items and their caches' capacities alone, so
+// (advance(), with the plan's items). `plan` must be plan_decode's of the same sequences in the batch's order. The launches depend on the items and their caches' capacities alone, so
 // DecodeGraph captures them once.
 void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& batch, const DecodePlan& plan,
                     uint8_t* plan_device, float* logits, cudaStream_t stream);
