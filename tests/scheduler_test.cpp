@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "engine/scheduler.h"
+#include "model/accounting.h"
 #include "fixture.h"
 #include "test_device.h"
 
@@ -48,8 +49,8 @@ struct SchedulerTest : ::testing::Test {
   }
   std::vector<int> slice(size_t from, size_t n) const { return std::vector<int>(text.begin() + from, text.begin() + from + n); }
   // Greedy tokens of a lone session: the prompt at once, then decode.
-  std::vector<int> alone(const std::vector<int>& prompt, int n) {
-    Session s(executor, &tokenizer);
+  std::vector<int> alone(const std::vector<int>& prompt, int n, Mode mode = Mode::Default) {
+    Session s(executor, &tokenizer, mode);
     std::vector<float> logits = s.prefill(prompt);
     std::vector<int> out;
     for (int k = 0; k < n; ++k) {
@@ -58,6 +59,7 @@ struct SchedulerTest : ::testing::Test {
     }
     return out;
   }
+  void kv_budget_run(Mode mode);
   GenerationRequest request(std::vector<int> prompt, int max_tokens) {
     GenerationRequest r;
     r.prompt = std::move(prompt);
@@ -238,4 +240,61 @@ TEST_F(SchedulerTest, ARequestTheSamplerRefusesFailsAlone) {
   const Outcome next = collect(*scheduler.submit(request(slice(0, 10), 3)));
   EXPECT_EQ(next.finish, FinishKind::Length);
   EXPECT_EQ(next.tokens, alone(slice(0, 10), 3));
+}
+
+// Under a KV budget that holds two of these sequences at their prompts but not as they grow, the
+// third waits to join, and growth preempts the latest admitted: swapped out to the KV tiers, it
+// continues from its SWA tail as if never stopped — its sampled token runs as a decode row, not as
+// a new prompt segment with a truncated decoder window — so every request's tokens are the ones it
+// gets alone, bit for bit, in either mode; the preemptions are counted.
+TEST_F(SchedulerTest, AKvBudgetAdmitsWhatFitsAndPreemptsOnGrowth) {
+  for (Mode mode : {Mode::Exact, Mode::Default}) {
+    SCOPED_TRACE(mode_name(mode));
+    kv_budget_run(mode);
+  }
+}
+
+void SchedulerTest::kv_budget_run(Mode mode) {
+  KvCacheOptions options;
+  options.fingerprint = "v41-tiny";
+  options.mode = mode_name(mode);
+  options.host_budget_bytes = 16 << 20;
+  options.swa.budget_bytes = 16 << 20;
+  KvCache cache(model->config(), options);
+  const Accounting::Kv kv = account(model->config(), 1).kv;
+  auto bytes = [&](int64_t tokens) { return kv.swa_bytes_per_sequence + int64_t(std::ceil(kv.global_bytes_per_token * double(tokens))); };
+  const int prompt = 40, n = 24;
+  SchedulerOptions o{8, 16, 4096, 0};
+  o.kv_budget_bytes = 2 * bytes(prompt + 1) + (bytes(prompt + n) - bytes(prompt + 1)) / 2;
+  ASSERT_GT(3 * bytes(prompt + 1), o.kv_budget_bytes);  // a third does not fit even at its prompt
+  Scheduler scheduler(executor, &tokenizer, mode, &cache, o);
+  std::vector<std::shared_ptr<Generation>> gens;
+  for (int i = 0; i < 4; ++i) gens.push_back(scheduler.submit(request(slice(size_t(i) * 30, prompt), n)));
+  for (int i = 0; i < 4; ++i) {
+    const Outcome out = collect(*gens[size_t(i)]);
+    EXPECT_EQ(out.finish, FinishKind::Length) << i;
+    EXPECT_EQ(out.tokens, alone(slice(size_t(i) * 30, prompt), n, mode)) << "request " << i;
+  }
+  const SchedulerStats st = scheduler.stats();
+  EXPECT_GE(st.preempted, 2);
+  EXPECT_LE(st.kv_bytes, o.kv_budget_bytes);
+  EXPECT_GT(cache.stats().counters.swa_tokens, 0);  // the continuations came from their SWA tails
+}
+
+// A prompt that cannot fit the budget even alone fails at once, saying so; the next one runs.
+TEST_F(SchedulerTest, APromptBeyondTheKvBudgetFailsAlone) {
+  const Accounting::Kv kv = account(model->config(), 1).kv;
+  SchedulerOptions o{8, 16, 4096, 0};
+  o.kv_budget_bytes = kv.swa_bytes_per_sequence + int64_t(kv.global_bytes_per_token * 30);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, o);
+  std::shared_ptr<Generation> g = scheduler.submit(request(slice(0, 100), 3));
+  std::string error;
+  for (GenerationEvent e = g->next();; e = g->next())
+    if (e.kind == GenerationEvent::Kind::Finished) {
+      EXPECT_EQ(e.finish, FinishKind::Error);
+      error = e.error;
+      break;
+    }
+  EXPECT_NE(error.find("KV budget of " + std::to_string(o.kv_budget_bytes) + " bytes"), std::string::npos) << error;
+  EXPECT_EQ(collect(*scheduler.submit(request(slice(0, 10), 3))).finish, FinishKind::Length);
 }

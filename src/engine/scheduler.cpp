@@ -7,6 +7,7 @@
 #include <span>
 
 #include "base/error.h"
+#include "model/accounting.h"
 
 namespace dsv41 {
 
@@ -65,10 +66,15 @@ Scheduler::Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
       vocab_(sampling_vocab(executor.model().config(), tokenizer)),
       hasher_(engram_hasher(executor.model().config(), tokenizer)),
       cache_(cache), options_(options), seeds_(std::random_device{}()) {
-  if (options.max_running < 1 || options.max_queued < 0 || options.step_tokens < 1 || options.max_idle < 0)
-    fail("scheduler", "max_running >= 1, max_queued >= 0, step_tokens >= 1, max_idle >= 0",
+  if (options.max_running < 1 || options.max_queued < 0 || options.step_tokens < 1 || options.max_idle < 0 ||
+      options.kv_budget_bytes < 0)
+    fail("scheduler", "max_running >= 1, max_queued >= 0, step_tokens >= 1, max_idle >= 0, kv_budget_bytes >= 0",
          std::to_string(options.max_running) + ", " + std::to_string(options.max_queued) + ", " +
-             std::to_string(options.step_tokens) + ", " + std::to_string(options.max_idle));
+             std::to_string(options.step_tokens) + ", " + std::to_string(options.max_idle) + ", " +
+             std::to_string(options.kv_budget_bytes));
+  const Accounting::Kv kv = account(executor.model().config(), 1).kv;
+  global_bytes_per_token_ = kv.global_bytes_per_token;
+  window_bytes_ = kv.swa_bytes_per_sequence;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -116,7 +122,7 @@ void Scheduler::loop() {
   for (;;) {
     {
       std::unique_lock lock(mutex_);
-      const bool busy = !running_.empty();
+      const bool busy = !running_.empty() || !preempted_.empty();
       wake_.wait(lock, [&] { return stopping_ || busy || !queue_.empty(); });
       if (stopping_) break;
     }
@@ -133,6 +139,7 @@ void Scheduler::loop() {
   }
   // Shutting down: every waiter hears that its request ended.
   for (Running& r : running_) r.generation->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
+  for (Running& r : preempted_) r.generation->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
   std::lock_guard lock(mutex_);
   for (auto& g : queue_) g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
 }
@@ -154,27 +161,75 @@ std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt) 
   return s;
 }
 
+int64_t Scheduler::kv_bytes(int64_t tokens) const { return window_bytes_ + int64_t(std::ceil(global_bytes_per_token_ * double(tokens))); }
+
+int64_t Scheduler::kv_held() const {
+  int64_t held = 0;
+  for (const Running& r : running_) {
+    const Session& s = *r.session;
+    held += kv_bytes(int64_t(s.tokens().size()) + (s.prompt_left() == 0 ? 1 : 0));  // the whole prompt, or one more token
+  }
+  for (const Idle& i : idle_) held += kv_bytes(i.session->length());
+  return held;
+}
+
 void Scheduler::admit() {
+  const int64_t budget = options_.kv_budget_bytes;
   for (;;) {
+    if (int64_t(running_.size()) >= options_.max_running) return;
+    // A preempted sequence continues before a new request starts.
+    const bool resuming = !preempted_.empty();
     std::shared_ptr<Generation> g;
-    {
+    if (resuming) {
+      g = preempted_.front().generation;
+    } else {
       std::lock_guard lock(mutex_);
-      if (queue_.empty() || int64_t(running_.size()) >= options_.max_running) return;
-      g = std::move(queue_.front());
+      if (queue_.empty()) return;
+      g = queue_.front();
+    }
+    auto pop = [&] {
+      if (resuming) return preempted_.pop_front();
+      std::lock_guard lock(mutex_);
       queue_.pop_front();
       stats_.queued = int64_t(queue_.size());
-    }
+    };
     if (g->cancelled()) {  // gone while it waited: nothing to run
+      pop();
       g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
       std::lock_guard lock(mutex_);
       stats_.cancelled += 1;
       continue;
     }
+    // Room for its prompt and a first token: idle sequences make way; else it waits for a
+    // running one to end, unless none runs, when it can never fit.
+    if (budget > 0) {
+      const int64_t tokens = int64_t(resuming ? preempted_.front().resume.size() : g->request.prompt.size());
+      const int64_t need = kv_bytes(tokens + 1);
+      while (kv_held() + need > budget && !idle_.empty()) idle_.pop_back();
+      if (kv_held() + need > budget) {
+        if (!running_.empty()) return;
+        pop();
+        g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Error,
+                 "the KV budget of " + std::to_string(budget) + " bytes holds fewer than the " + std::to_string(tokens + 1) +
+                     " tokens of this prompt and a first token (" + std::to_string(need) + " bytes)"});
+        std::lock_guard lock(mutex_);
+        stats_.failed += 1;
+        continue;
+      }
+    }
+    if (resuming) {
+      Running r = std::move(preempted_.front());
+      pop();
+      r.session = session_for(r.resume);
+      if (start(r)) running_.push_back(std::move(r));
+      continue;
+    }
+    pop();
     SamplingParams sampling = g->request.sampling;
     if (sampling.temperature > 0 && sampling.seed == 0) sampling.seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
     std::optional<Running> started;
     try {
-      started.emplace(Running{g, session_for(g->request.prompt), Sampler(sampling), 0, std::nullopt});
+      started.emplace(Running{g, session_for(g->request.prompt), Sampler(sampling), 0, std::nullopt, {}});
     } catch (const std::exception& e) {  // sampling parameters the sampler refuses: this request's fault
       {
         std::lock_guard lock(mutex_);
@@ -183,18 +238,64 @@ void Scheduler::admit() {
       g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Error, e.what()});
       continue;
     }
-    Running& r = *started;
-    try {
-      const PrefixUse use = r.session->begin_prompt(g->request.prompt, cache_);
-      g->post({GenerationEvent::Kind::Prefilled, use, {}, FinishKind::Stop, {}});
-      if (cache_) cache_->count(tally(std::span(&use, 1), cache_->block_tokens(), 0));
+    if (start(*started)) running_.push_back(std::move(*started));
+  }
+}
+
+bool Scheduler::start(Running& r) {
+  // A preempted sequence that was decoding continues its reply: its tokens so far and the one it
+  // sampled run as decode rows would (Session::begin_prompt's continuation), from its SWA tail
+  // when the tiers kept it. One preempted in its prompt starts the prompt over.
+  const bool continuing = !r.resume.empty() && r.generated > 0;
+  const std::vector<int> prompt = r.resume.empty() ? r.generation->request.prompt : std::move(r.resume);
+  r.resume.clear();
+  try {
+    const PrefixUse use = r.session->begin_prompt(prompt, cache_, continuing);
+    if (cache_) cache_->count(tally(std::span(&use, 1), cache_->block_tokens(), 0));
+    if (r.generated == 0 && r.next_token == std::nullopt) {
+      r.generation->post({GenerationEvent::Kind::Prefilled, use, {}, FinishKind::Stop, {}});
       std::lock_guard lock(mutex_);
       stats_.prompt_tokens += use.prompt_tokens;
-    } catch (const std::exception& e) {
-      finish(r, FinishKind::Error, e.what());
-      continue;
     }
-    running_.push_back(std::move(r));
+  } catch (const std::exception& e) {
+    finish(r, FinishKind::Error, e.what());
+    return false;
+  }
+  return true;
+}
+
+void Scheduler::preempt(Running& r) {
+  Session& s = *r.session;
+  if (s.prompt_left() == 0 && r.generated > 0) {
+    r.resume = s.tokens();
+    r.resume.push_back(*r.next_token);
+    if (cache_) s.save(*cache_);  // swapped out: its blocks and its tail into the tiers
+  } else {
+    r.resume = r.generation->request.prompt;  // recomputed (a prompt's blocks are stored at its end)
+  }
+  r.session.reset();
+  {
+    std::lock_guard lock(mutex_);
+    stats_.preempted += 1;
+  }
+}
+
+void Scheduler::make_room() {
+  const int64_t budget = options_.kv_budget_bytes;
+  if (budget == 0) return;
+  while (kv_held() > budget && !idle_.empty()) idle_.pop_back();
+  // The latest admitted wait; the earliest admitted of them continues first.
+  while (kv_held() > budget && running_.size() > 1) {
+    preempt(running_.back());
+    preempted_.push_front(std::move(running_.back()));
+    running_.pop_back();
+  }
+  if (kv_held() > budget && !running_.empty()) {
+    Running& r = running_.front();
+    finish(r, FinishKind::Error,
+           "the KV budget of " + std::to_string(budget) + " bytes is full with this sequence alone, at " +
+               std::to_string(r.session->tokens().size()) + " tokens");
+    running_.clear();
   }
 }
 
@@ -222,6 +323,7 @@ void Scheduler::step() {
       ++it;
     }
   }
+  make_room();
   if (running_.empty()) {
     publish();
     return;
@@ -316,6 +418,7 @@ void Scheduler::publish() {
   std::lock_guard lock(mutex_);
   stats_.running = int64_t(running_.size());
   stats_.idle = int64_t(idle_.size());
+  stats_.kv_bytes = kv_held();
 }
 
 }  // namespace dsv41

@@ -84,11 +84,19 @@ struct SchedulerOptions {
   int max_idle = 8;           // finished sequences kept on the device for a continuation
   // How long one stays: it holds SWA state, so by default as long as the SWA pool keeps it.
   int64_t idle_ttl_ms = 5 * 60 * 1000;
+  // The KV bytes the running and idle sequences may hold together, each counted at its tokens in
+  // the cache formats (Accounting::Kv); 0: no limit. A request joins when its prompt fits; when the
+  // sequences' growth would pass it, idle sequences go first, then the latest admitted running
+  // ones are preempted: their state saved to the KV tiers (when there are tiers; else it is
+  // recomputed), to continue where they stopped once there is room.
+  int64_t kv_budget_bytes = 0;
 };
 
 struct SchedulerStats {
   int64_t queued = 0, running = 0, idle = 0;  // now
   int64_t requests = 0, refused = 0, cancelled = 0, failed = 0;
+  int64_t preempted = 0;         // running sequences put back to wait for KV room
+  int64_t kv_bytes = 0;          // held by the running and idle sequences now (kv_budget_bytes)
   int64_t prompt_tokens = 0;     // all prompt tokens of admitted requests
   int64_t prefill_tokens = 0;    // prompt tokens run (cached ones not)
   int64_t decode_tokens = 0;     // tokens generated
@@ -122,6 +130,7 @@ class Scheduler {
     Sampler sampler;
     int64_t generated = 0;
     std::optional<int> next_token;  // sampled and emitted, to run at the next step
+    std::vector<int> resume;        // a preempted sequence's tokens, to continue from
   };
   void loop();
   void admit();
@@ -131,6 +140,14 @@ class Scheduler {
   // Ends a sequence: posts Finished and keeps the session idle for a continuation.
   void finish(Running& r, FinishKind kind, const std::string& error = {});
   std::unique_ptr<Session> session_for(const std::vector<int>& prompt);
+  // Starts r's prompt (or, preempted, its continuation) in its session; false if it failed.
+  bool start(Running& r);
+  // The KV bytes of a sequence of `tokens` tokens, and of every running and idle one after this step.
+  int64_t kv_bytes(int64_t tokens) const;
+  int64_t kv_held() const;
+  // Frees KV room for the next step, under the budget: idle sequences, then preemption.
+  void make_room();
+  void preempt(Running& r);
   void publish();  // running and idle counts into the stats
 
   Executor& executor_;
@@ -153,6 +170,9 @@ class Scheduler {
     std::chrono::steady_clock::time_point until;
   };
   std::list<Idle> idle_;  // most recently finished first
+  std::deque<Running> preempted_;  // to continue first, in the order they were preempted (oldest first)
+  double global_bytes_per_token_ = 0;
+  int64_t window_bytes_ = 0;
   uint64_t seeds_ = 0;
   std::thread thread_;
 };

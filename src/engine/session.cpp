@@ -105,9 +105,12 @@ void Session::resume(std::span<const int> tokens, SequenceState state) {
   start_over(tokens, std::move(state));
 }
 
-Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use) {
+Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, bool continuation) {
   const Config& c = model().config();
   const int64_t P = int64_t(prompt.size()), W = c.window_size;
+  // Where the decoder starts on the segment of n new tokens: bounded replay's cut for a prompt,
+  // none for a continuation.
+  auto decoder_from = [&](int64_t n) { return continuation ? 0 : prompt_decoder_from(mode_, P, n, W); };
   if (P == 0) fail("prompt", "at least one token", "none");
   for (int t : prompt)
     if (t < 0 || t >= c.vocab_size) fail("prompt", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
@@ -120,10 +123,10 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   const int64_t L = int64_t(tokens_.size());
   if (L > 0 && L == length() && L < P && std::equal(tokens_.begin(), tokens_.end(), prompt.begin())) {
     use.device_tokens = L;
-    return append(prompt.subspan(size_t(L)), prompt_decoder_from(mode_, P, P - L, W));
+    return append(prompt.subspan(size_t(L)), decoder_from(P - L));
   }
   start_over({}, SequenceState(c));
-  if (!cache) return append(prompt, prompt_decoder_from(mode_, P, P, W));
+  if (!cache) return append(prompt, decoder_from(P));
 
   // The blocks the tiers hold, leaving the last token to run.
   const int B = cache->block_tokens();
@@ -143,7 +146,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
     stored_blocks_ = blocks;
     use.swa_tokens = n;
     count_blocks(blocks);
-    return append(prompt.subspan(size_t(n)), prompt_decoder_from(mode_, P, P - n, W));
+    return append(prompt.subspan(size_t(n)), decoder_from(P - n));
   }
 
   // A global hit: encoder bounded replay over [H - W, H), adopted only past the window.
@@ -155,17 +158,17 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
     use.global_tokens = H;
     use.replayed = W;
     count_blocks(H / B);
-    Call call = append(prompt.subspan(size_t(H - W)), prompt_decoder_from(mode_, P, P, W));
+    Call call = append(prompt.subspan(size_t(H - W)), decoder_from(P));
     call.options.replay_until = H;
     return call;
   }
   if (mode_ == Mode::Default) use.short_hit = H;
-  return append(prompt, prompt_decoder_from(mode_, P, P, W));
+  return append(prompt, decoder_from(P));
 }
 
-PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache) {
+PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache, bool continuation) {
   PrefixUse use;
-  start_call(plan(prompt, cache, use), cache);
+  start_call(plan(prompt, cache, use, continuation), cache);
   return use;
 }
 

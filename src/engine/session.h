@@ -86,8 +86,10 @@ class Session {
   // nothing; next_chunk hands out the prompt's next tokens (at most max_tokens, except that an
   // encoder replay reaches its hit position in one call) and next_decode one decode token, each as
   // an item of a forward_batch call; ran() books the item after the batch ran it, and at the end of
-  // the prompt stores its blocks and tail in the cache given to begin_prompt.
-  PrefixUse begin_prompt(std::span<const int> prompt, KvCache* cache);
+  // the prompt stores its blocks and tail in the cache given to begin_prompt. With `continuation`
+  // the prompt's new tokens continue a reply (a preempted sequence resuming): they run as decode
+  // rows do, through every layer, so that from an SWA tail the reply goes on as if never stopped.
+  PrefixUse begin_prompt(std::span<const int> prompt, KvCache* cache, bool continuation = false);
   int64_t prompt_left() const { return int64_t(pending_.tokens.size()) - cursor_; }
   BatchItem next_chunk(int64_t max_tokens);
   BatchItem next_decode(int token);
@@ -117,7 +119,7 @@ class Session {
   };
   // Sets the state up for `prompt` from the running sequence or the cache and returns the call
   // that finishes it.
-  Call plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use);
+  Call plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, bool continuation);
   Call append(std::span<const int> tokens, int64_t decoder_from);
   BatchItem item(int64_t from, int64_t rows, ForwardOptions options);
   // Makes `call` the one being handed out; at its end, `cache` (if any) gets the blocks and tail.

@@ -40,6 +40,9 @@ class Executor {
   virtual std::string name() const = 0;  // "cpu", "cuda"
   // An empty sequence of this executor's.
   virtual std::unique_ptr<Sequence> new_sequence() = 0;
+  // The KV bytes its sequences may hold together unless told otherwise (SchedulerOptions::
+  // kv_budget_bytes); 0: no limit of its own.
+  virtual int64_t default_kv_budget() const { return 0; }
   // Advances each item's sequence by its tokens under its options; returns each one's logits as
   // forward() does. Every item's sequence is one of this executor's, each at most once.
   virtual std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) = 0;

@@ -116,6 +116,7 @@ struct Server::State {
   std::unique_ptr<Scheduler> scheduler;
   ApiConfig api;
   int64_t created = 0;
+  int64_t kv_budget = 0;  // the scheduler's
 
   MetricsRegistry metrics;
   std::mutex scrape;  // a scrape raises counters to the engine's totals: one at a time
@@ -160,6 +161,8 @@ void Server::State::load() {
                  (unsigned long long)s.store->removed_temp_files);
   SchedulerOptions scheduler_options = options.scheduler;
   scheduler_options.idle_ttl_ms = cache_options.swa.ttl_ms;
+  scheduler_options.kv_budget_bytes = options.kv_budget_gb < 0 ? executor->default_kv_budget() : int64_t(options.kv_budget_gb * 1e9);
+  kv_budget = scheduler_options.kv_budget_bytes;
   scheduler = std::make_unique<Scheduler>(*executor, &*tokenizer, options.mode, cache.get(), scheduler_options);
   std::fprintf(stderr, "dsv41: the model runs on %s\n", executor->name().c_str());
   api.models = {options.model_name};
@@ -375,6 +378,9 @@ std::string Server::State::render_metrics() {
       .set(s.decode_seconds > 0 ? double(s.decode_tokens) / s.decode_seconds : 0);
   m.gauge("dsv41_queue_depth", "Requests waiting to join the batch").set(double(s.queued));
   m.gauge("dsv41_running_sequences", "Sequences in the batch").set(double(s.running));
+  m.gauge("dsv41_kv_bytes", "KV bytes the running and idle sequences hold (in the cache formats)").set(double(s.kv_bytes));
+  m.gauge("dsv41_kv_budget_bytes", "The sequences' KV budget (0: none)").set(double(kv_budget));
+  sync(m.counter("dsv41_preemptions_total", "Running sequences put back to wait for KV room"), double(s.preempted));
   m.gauge("dsv41_idle_sequences", "Finished sequences kept on the device for a continuation").set(double(s.idle));
 
   const KvCacheStats k = cache->stats();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "backend/cuda/check.h"
 #include "base/error.h"
 #include "forward/device/device_forward.h"
 
@@ -56,9 +57,16 @@ class CudaExecutor final : public Executor {
  public:
   CudaExecutor(const Model& model, std::optional<uint64_t> random_seed)
       : model_(model),
-        device_(model, random_seed ? DeviceModel::Values::Random : DeviceModel::Values::Checkpoint, random_seed.value_or(0)) {}
+        device_(model, random_seed ? DeviceModel::Values::Random : DeviceModel::Values::Checkpoint, random_seed.value_or(0)) {
+    size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "CudaExecutor");
+    free_at_start_ = int64_t(free);
+  }
   const Model& model() const override { return model_; }
   std::string name() const override { return "cuda"; }
+  // Half the device memory free once the weights are placed: each sequence's caches grow by
+  // doubling, so a sequence can hold up to twice its tokens' bytes; scratch takes its share too.
+  int64_t default_kv_budget() const override { return free_at_start_ / 2; }
   std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<CudaSequence>(model_.config()); }
 
   std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override {
@@ -76,6 +84,7 @@ class CudaExecutor final : public Executor {
  private:
   const Model& model_;
   DeviceModel device_;
+  int64_t free_at_start_ = 0;
 };
 
 }  // namespace
