@@ -1,4 +1,4 @@
-// Unit tests of src/backend/cpu/weight.h and linear.h against naive products in double.
+// Unit tests of src/model/weight.h and linear.h against naive products in double.
 //
 // The reference (model.py linear, kernel fp8_gemm / fp4_gemm) quantizes the bf16 activation to
 // e4m3 per 32 along K with a power-of-two scale (act_quant), multiplies each 32-wide K block in
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/linear.h"
-#include "backend/cpu/weight.h"
+#include "model/weight.h"
 #include "base/error.h"
 #include "model/safetensors.h"
 #include "numerics/codecs.h"

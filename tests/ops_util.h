@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cpu/weight.h"
+#include "model/weight.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 

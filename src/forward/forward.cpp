@@ -7,6 +7,7 @@
 #include "backend/cpu/engram.h"
 #include "backend/cpu/indexer.h"
 #include "backend/cpu/linear.h"
+#include "backend/cpu/mhc.h"
 #include "backend/cpu/moe.h"
 #include "backend/cpu/norm.h"
 #include "backend/cpu/sparse_attention.h"

@@ -26,16 +26,6 @@ const RopeTable& Model::rope(int layer) const {
   return config_.compress_ratios[size_t(layer)] > 0 ? rope_compressed_ : rope_window_;
 }
 
-GateOptions gate_options(const Config& c, int layer) {
-  GateOptions opt;
-  opt.topk = c.activated_experts(layer);
-  opt.score_func = c.score_func;
-  opt.gate_temp = float(c.gate_temp);
-  opt.norm_topk_prob = c.norm_topk_prob;
-  opt.route_scale = float(c.route_scale);
-  return opt;
-}
-
 Weight Model::get(const std::string& name) const { return weight_of(ckpt_.get(name)); }
 
 Weight Model::get_linear(const std::string& name) const {

@@ -6,12 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/mhc.h"
-#include "backend/cpu/moe.h"
 #include "backend/cpu/rope.h"
-#include "backend/cpu/weight.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/gate.h"
+#include "model/weight.h"
 
 namespace dsv41 {
 
@@ -44,10 +43,6 @@ struct LayerWeights {
   ExpertWeights shared;
   std::unique_ptr<EngramWeights> engram;  // layers in engram_layer_ids
 };
-
-// Layer `layer`'s gate: its activated experts and the config's score function, temperature,
-// normalization and route scale.
-GateOptions gate_options(const Config& config, int layer);
 
 class Model {
  public:

@@ -2,7 +2,7 @@
 // Matrix products against checkpoint weights, with the reference's precision (model.py `linear`).
 #include <cstdint>
 
-#include "backend/cpu/weight.h"
+#include "model/weight.h"
 
 namespace dsv41 {
 

@@ -4,15 +4,9 @@
 // mixes them through the doubly-stochastic `comb` (kernel.py hc_split_sinkhorn, model.py Block).
 #include <cstdint>
 
-#include "backend/cpu/weight.h"
+#include "model/weight.h"
 
 namespace dsv41 {
-
-struct HcWeights {
-  Weight fn;     // [(2 + hc) hc, hc d] fp32
-  Weight base;   // [(2 + hc) hc] fp32
-  Weight scale;  // [3] fp32
-};
 
 // For each of `rows` tokens, from its streams X [hc, d] (bf16 values): pre [hc], post [hc] and
 // comb [hc, hc] (row-major, comb[i][j] weighs stream i into stream j), all fp32.

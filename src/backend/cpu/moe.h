@@ -4,17 +4,10 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/cpu/weight.h"
+#include "model/gate.h"
+#include "model/weight.h"
 
 namespace dsv41 {
-
-struct GateOptions {
-  int topk = 6;
-  std::string score_func = "sqrtsoftplus";
-  float gate_temp = 1.0f;
-  bool norm_topk_prob = true;
-  float route_scale = 1.0f;
-};
 
 // For each row of x [rows, dim]: experts [rows, topk] (best biased score first) and their weights
 // [rows, topk]: the unbiased scores, normalized over the chosen k, times route_scale. With

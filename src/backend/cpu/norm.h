@@ -2,7 +2,7 @@
 // RMSNorm as the reference's: statistics in fp32, output rounded to bf16.
 #include <cstdint>
 
-#include "backend/cpu/weight.h"
+#include "model/weight.h"
 
 namespace dsv41 {
 

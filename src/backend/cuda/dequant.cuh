@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backend/cpu/weight.h"
+#include "model/weight.h"
 
 namespace dsv41::cuda {
 

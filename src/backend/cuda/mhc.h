@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "backend/cpu/mhc.h"
+#include "model/weight.h"
 
 namespace dsv41::cuda {
 

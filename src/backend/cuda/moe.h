@@ -8,7 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/cpu/moe.h"
+#include "model/gate.h"
+#include "model/weight.h"
 
 namespace dsv41::cuda {
 

@@ -44,7 +44,7 @@
 #include "base/error.h"
 #include "forward/call_plan.h"
 #include "forward/device/decode_plan.h"
-#include "forward/device/rows.h"
+#include "backend/cuda/rows.h"
 #include "forward/window.h"
 #include "numerics/codecs.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/moe.h"
-#include "forward/device/device_buffer.h"
+#include "backend/cuda/device_buffer.h"
 #include "forward/model.h"
 
 namespace dsv41::cuda {

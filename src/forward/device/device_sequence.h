@@ -8,7 +8,7 @@
 #include <map>
 #include <vector>
 
-#include "forward/device/device_buffer.h"
+#include "backend/cuda/device_buffer.h"
 #include "forward/sequence_state.h"
 
 namespace dsv41::cuda {

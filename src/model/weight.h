@@ -34,4 +34,11 @@ struct Weight {
 // A 1-D or 2-D tensor as a weight; `scale` is the tensor's .scale companion (quantized only).
 Weight weight_of(const TensorView& tensor, const TensorView* scale = nullptr);
 
+// The mHC weights of one sub-layer (model.py Block's hc_attn_* / hc_ffn_*).
+struct HcWeights {
+  Weight fn;     // [(2 + hc) hc, hc d] fp32
+  Weight base;   // [(2 + hc) hc] fp32
+  Weight scale;  // [3] fp32
+};
+
 }  // namespace dsv41

@@ -1,4 +1,4 @@
-#include "backend/cpu/weight.h"
+#include "model/weight.h"
 
 #include <cstring>
 

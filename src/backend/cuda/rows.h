@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "backend/cpu/weight.h"
+#include "model/weight.h"
 
 namespace dsv41::cuda {
 

@@ -1,6 +1,6 @@
 // Row plumbing kernels (rows.h): one thread per output element, grid-stride free (grids sized to
 // the element count), coalesced along the row.
-#include "forward/device/rows.h"
+#include "backend/cuda/rows.h"
 
 #include <cmath>
 
