@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -473,6 +474,11 @@ void Server::State::routes() {
 }
 
 Server::Server(ServerOptions options) : state_(std::make_unique<State>()) {
+  // Request bodies of many MB (up to kMaxBodyBytes) are read by many handler threads. glibc's
+  // malloc raises its mmap threshold once such a buffer is freed and then keeps each later one in
+  // a thread's arena: 50 rejected 10 MB bodies left the RSS ~390 MB higher. A fixed threshold keeps
+  // every buffer of 4 MiB or more in a mapping of its own, returned when it is freed.
+  mallopt(M_MMAP_THRESHOLD, 4 << 20);
   if (options.model_name.empty()) options.model_name = std::filesystem::path(options.model_dir).filename().string();
   if (options.model_name.empty()) options.model_name = "dsv41";
   state_->options = std::move(options);
