@@ -28,6 +28,7 @@ using json = nlohmann::json;
 
 // The largest request body read (a chat of 16K-token turns is a few MB).
 constexpr size_t kMaxBodyBytes = size_t(64) << 20;
+constexpr size_t kSlowConnections = 256;
 
 double seconds_since(Steady::time_point t) { return std::chrono::duration<double>(Steady::now() - t).count(); }
 
@@ -488,9 +489,12 @@ Server::Server(ServerOptions options) : state_(std::make_unique<State>()) {
   state_->duration = &state_->metrics.histogram("dsv41_request_duration_seconds", "From a request's arrival to its last byte",
                                                 {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300});
   // A handler waits on its request for the whole generation: enough threads for every running
-  // and queued request, and a few for /health and /metrics.
+  // and queued request, a few for /health and /metrics, and kSlowConnections for connections
+  // still sending their request: a client that sends a header line a second holds its thread as
+  // long as it likes (cpp-httplib times out each read, not the request), and without these 150
+  // such clients starved /health.
   const SchedulerOptions& s = state_->options.scheduler;
-  const size_t threads = size_t(s.max_running + s.max_queued + 8);
+  const size_t threads = size_t(s.max_running + s.max_queued + 8) + kSlowConnections;
   state_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   state_->http.set_payload_max_length(kMaxBodyBytes);
   state_->routes();
