@@ -556,7 +556,7 @@ TEST(Server, SlowClientsDoNotStarveHealth) {
     addr.sin_port = htons(uint16_t(server.port()));
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    ASSERT_GT(::send(fd, "GET /health HTTP/1.1\r\n", 23, MSG_NOSIGNAL), 0);
+    ASSERT_GT(::send(fd, "GET /health HTTP/1.1\r\n", 22, MSG_NOSIGNAL), 0);
     slow.push_back(fd);
   }
   httplib::Client c("127.0.0.1", server.port());

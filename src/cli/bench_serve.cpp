@@ -45,7 +45,8 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
-// The q-quantile of `v` (sorted here), 0 when empty: the nearest rank, as the serving benchmarks do.
+// The q-quantile of `v` (sorted here), 0 when empty: the sample at the rounded rank q·(n − 1), so
+// p99 of fewer than 51 samples is their maximum.
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -94,7 +95,8 @@ class ServerProcess {
     const char* marker = "listening on http://";
     char line[4096];
     while (port_ == 0 && std::fgets(line, sizeof line, out_))
-      if (const char* at = std::strstr(line, marker)) port_ = std::atoi(std::strchr(at + std::strlen(marker), ':') + 1);
+      if (const char* at = std::strstr(line, marker))
+        if (const char* colon = std::strchr(at + std::strlen(marker), ':')) port_ = std::atoi(colon + 1);
     if (port_ == 0) fail("bench serve", "a server that listens (dsv41 serve " + args + ")", "one that exited");
     httplib::Client c("127.0.0.1", port_);
     for (;;) {
@@ -177,7 +179,8 @@ class Client {
           if (auto d = chunk["usage"].find("prompt_tokens_details"); d != chunk["usage"].end() && d->is_object())
             s.cached_tokens = d->value("cached_tokens", int64_t(0));
         }
-        if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+        // A token's text (a chunk with none — held-back bytes, the closing finish_reason — is no token).
+        if (!chunk.contains("choices") || chunk["choices"].empty() || chunk["choices"][0].value("text", "").empty()) continue;
         const Clock::time_point now = Clock::now();
         if (first) s.ttft_ms = std::chrono::duration<double, std::milli>(now - sent).count(), first = false;
         else s.itl_ms.push_back(std::chrono::duration<double, std::milli>(now - last).count());

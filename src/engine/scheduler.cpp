@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <random>
 #include <span>
@@ -220,7 +221,12 @@ void Scheduler::admit() {
     if (resuming) {
       Running r = std::move(preempted_.front());
       pop();
-      r.session = session_for(r.resume);
+      try {
+        r.session = session_for(r.resume);
+      } catch (const std::exception& e) {
+        finish(r, FinishKind::Error, e.what());
+        continue;
+      }
       if (start(r)) running_.push_back(std::move(r));
       continue;
     }
@@ -229,8 +235,8 @@ void Scheduler::admit() {
     if (sampling.temperature > 0 && sampling.seed == 0) sampling.seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
     std::optional<Running> started;
     try {
-      started.emplace(Running{g, session_for(g->request.prompt), Sampler(sampling), 0, std::nullopt, {}});
-    } catch (const std::exception& e) {  // sampling parameters the sampler refuses: this request's fault
+      started.emplace(Running{g, session_for(g->request.prompt), Sampler(sampling)});
+    } catch (const std::exception& e) {  // sampling parameters the sampler refuses, or no memory: this request's fault
       {
         std::lock_guard lock(mutex_);
         stats_.failed += 1;
@@ -243,16 +249,16 @@ void Scheduler::admit() {
 }
 
 bool Scheduler::start(Running& r) {
-  // A preempted sequence that was decoding continues its reply: its tokens so far and the one it
-  // sampled run as decode rows would (Session::begin_prompt's continuation), from its SWA tail
-  // when the tiers kept it. One preempted in its prompt starts the prompt over.
-  const bool continuing = !r.resume.empty() && r.generated > 0;
+  // A preempted sequence that had begun its reply continues it: its tokens so far and the one it
+  // sampled, under the decoder floor it had (Session::begin_prompt's continuation), from its SWA
+  // tail when the tiers kept it, else recomputed. One preempted in its prompt starts it over.
   const std::vector<int> prompt = r.resume.empty() ? r.generation->request.prompt : std::move(r.resume);
   r.resume.clear();
   try {
-    const PrefixUse use = r.session->begin_prompt(prompt, cache_, continuing);
+    const PrefixUse use = r.session->begin_prompt(prompt, cache_, r.generated > 0 ? r.decoder_floor : std::nullopt);
     if (cache_) cache_->count(tally(std::span(&use, 1), cache_->block_tokens(), 0));
-    if (r.generated == 0 && r.next_token == std::nullopt) {
+    if (!r.prefilled) {  // once per request, preempted or not
+      r.prefilled = true;
       r.generation->post({GenerationEvent::Kind::Prefilled, use, {}, FinishKind::Stop, {}});
       std::lock_guard lock(mutex_);
       stats_.prompt_tokens += use.prompt_tokens;
@@ -266,10 +272,17 @@ bool Scheduler::start(Running& r) {
 
 void Scheduler::preempt(Running& r) {
   Session& s = *r.session;
-  if (s.prompt_left() == 0 && r.generated > 0) {
-    r.resume = s.tokens();
-    r.resume.push_back(*r.next_token);
-    if (cache_) s.save(*cache_);  // swapped out: its blocks and its tail into the tiers
+  if (r.generated > 0) {
+    r.resume = s.tokens();  // during a continuation's prompt these hold the sampled token already
+    r.decoder_floor = s.decoder_floor();
+    if (s.prompt_left() == 0) {
+      r.resume.push_back(*r.next_token);
+      try {
+        if (cache_) s.save(*cache_);  // swapped out: its blocks and its tail into the tiers
+      } catch (const std::exception& e) {  // then it is recomputed
+        std::fprintf(stderr, "dsv41: storing a preempted sequence's KV failed: %s\n", e.what());
+      }
+    }
   } else {
     r.resume = r.generation->request.prompt;  // recomputed (a prompt's blocks are stored at its end)
   }
@@ -309,7 +322,12 @@ void Scheduler::finish(Running& r, FinishKind kind, const std::string& error) {
   // A sequence whose prompt has not finished, or whose step failed, is no use to anyone; else it
   // stays for a continuation, and the SWA pool gets its end of output.
   if (kind == FinishKind::Error || !r.session || r.session->prompt_left() > 0 || r.session->length() == 0) return;
-  if (cache_) r.session->save(*cache_);
+  try {
+    if (cache_) r.session->save(*cache_);
+  } catch (const std::exception& e) {  // the reply is whole: a tier that refuses its blocks costs only their reuse
+    std::fprintf(stderr, "dsv41: storing a finished sequence's KV failed: %s\n", e.what());
+    return;
+  }
   idle_.push_front({std::move(r.session), std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.idle_ttl_ms)});
   while (int64_t(idle_.size()) > options_.max_idle) idle_.pop_back();
 }

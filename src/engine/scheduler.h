@@ -130,7 +130,9 @@ class Scheduler {
     Sampler sampler;
     int64_t generated = 0;
     std::optional<int> next_token;  // sampled and emitted, to run at the next step
+    bool prefilled = false;         // its Prefilled event posted
     std::vector<int> resume;        // a preempted sequence's tokens, to continue from
+    std::optional<int64_t> decoder_floor;  // and its decoder window floor, once it had replied
   };
   void loop();
   void admit();

@@ -62,6 +62,7 @@ void Session::start_over(std::span<const int> tokens, SequenceState state) {
   pending_ = Call{};
   cursor_ = 0;
   tokens_.assign(tokens.begin(), tokens.end());
+  decoder_floor_ = state.decoder_window_floor;
   kv_->assign(std::move(state));
   if (hasher_) history_ = hasher_->history_after(tokens, {});
   stored_blocks_ = 0;
@@ -74,6 +75,7 @@ static int64_t prompt_decoder_from(Mode mode, int64_t end, int64_t n, int64_t W)
 }
 
 void Session::start_call(Call call, KvCache* cache) {
+  decoder_floor_ = std::max({decoder_floor_, call.options.decoder_from, call.options.replay_until});
   pending_ = std::move(call);
   cursor_ = 0;
   prompt_cache_ = cache;
@@ -105,12 +107,12 @@ void Session::resume(std::span<const int> tokens, SequenceState state) {
   start_over(tokens, std::move(state));
 }
 
-Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, bool continuation) {
+Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, std::optional<int64_t> continuation) {
   const Config& c = model().config();
   const int64_t P = int64_t(prompt.size()), W = c.window_size;
   // Where the decoder starts on the segment of n new tokens: bounded replay's cut for a prompt,
-  // none for a continuation.
-  auto decoder_from = [&](int64_t n) { return continuation ? 0 : prompt_decoder_from(mode_, P, n, W); };
+  // the stopped sequence's floor for a continuation.
+  auto decoder_from = [&](int64_t n) { return continuation ? *continuation : prompt_decoder_from(mode_, P, n, W); };
   if (P == 0) fail("prompt", "at least one token", "none");
   for (int t : prompt)
     if (t < 0 || t >= c.vocab_size) fail("prompt", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
@@ -166,7 +168,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   return append(prompt, decoder_from(P));
 }
 
-PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache, bool continuation) {
+PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache, std::optional<int64_t> continuation) {
   PrefixUse use;
   start_call(plan(prompt, cache, use, continuation), cache);
   return use;

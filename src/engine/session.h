@@ -87,9 +87,11 @@ class Session {
   // encoder replay reaches its hit position in one call) and next_decode one decode token, each as
   // an item of a forward_batch call; ran() books the item after the batch ran it, and at the end of
   // the prompt stores its blocks and tail in the cache given to begin_prompt. With `continuation`
-  // the prompt's new tokens continue a reply (a preempted sequence resuming): they run as decode
-  // rows do, through every layer, so that from an SWA tail the reply goes on as if never stopped.
-  PrefixUse begin_prompt(std::span<const int> prompt, KvCache* cache, bool continuation = false);
+  // (a decoder floor, decoder_floor() of the sequence that was stopped) the prompt continues a
+  // reply, a preempted sequence resuming: its new tokens run under that floor, as the stopped
+  // sequence's decode rows did — from an SWA tail one more decode row, recomputed its prompt's cut
+  // again — so that the reply goes on as if never stopped.
+  PrefixUse begin_prompt(std::span<const int> prompt, KvCache* cache, std::optional<int64_t> continuation = std::nullopt);
   int64_t prompt_left() const { return int64_t(pending_.tokens.size()) - cursor_; }
   BatchItem next_chunk(int64_t max_tokens);
   BatchItem next_decode(int token);
@@ -102,6 +104,8 @@ class Session {
   };
   const Work& work() const { return work_; }
   Mode mode() const { return mode_; }
+  // Where the decoder's windows of this sequence begin (bounded replay's cut; 0 in exact mode).
+  int64_t decoder_floor() const { return decoder_floor_; }
   int64_t length() const { return kv_->length(); }
   // The KV state in host memory (a copy from the device on a device executor).
   const SequenceState& state() const { return kv_->host(); }
@@ -119,7 +123,7 @@ class Session {
   };
   // Sets the state up for `prompt` from the running sequence or the cache and returns the call
   // that finishes it.
-  Call plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, bool continuation);
+  Call plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, std::optional<int64_t> continuation);
   Call append(std::span<const int> tokens, int64_t decoder_from);
   BatchItem item(int64_t from, int64_t rows, ForwardOptions options);
   // Makes `call` the one being handed out; at its end, `cache` (if any) gets the blocks and tail.
@@ -136,6 +140,7 @@ class Session {
   std::shared_ptr<const EngramHasher> hasher_;  // null without Engram
   EngramHistory history_;
   int64_t stored_blocks_ = 0;  // global blocks of this sequence known to be in the cache
+  int64_t decoder_floor_ = 0;  // the state's decoder_window_floor, as the calls handed out set it
   Work work_;
   Call pending_;               // the prompt (or decode token) being run
   int64_t cursor_ = 0;         // its tokens handed out so far

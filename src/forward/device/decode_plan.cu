@@ -111,7 +111,7 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
       const bool closes = g.groups == 1;
       if (g.entries_after() > cache.capacity)
         fail("cuda decode step", "a compressed cache within its capacity (" + std::to_string(cache.capacity) + ")",
-             std::to_string(cache.entries + 1) + " entries at layer " + std::to_string(l));
+             std::to_string(g.entries_after()) + " entries at layer " + std::to_string(l));
       caches.push_back(cache.kv.get());
       open_kv.push_back(cache.pending_kv.get());
       open_score.push_back(cache.pending_score.get());

@@ -113,10 +113,10 @@ class Call {
   }
 
   // Every kernel of the call, in order on the stream; the logits rows end in `logits` [rows, V]
-  // (scratch of the call's if null). Changes no host state of a decode call's sequences, so a
-  // captured step replays; forward_batch and DecodeGraph advance them.
+  // (scratch of the call's if null). Changes no sequence's counters, so a captured step replays;
+  // run() and DecodeGraph advance them (call_plan.h).
   void enqueue(float* logits = nullptr);
-  // enqueue, then the host's side: sequence lengths (a general call's), the logits per item.
+  // enqueue, then the host's side: the logits per item, and every sequence advanced by its plan.
   std::vector<std::vector<float>> run();
 
  private:
@@ -189,10 +189,10 @@ void Call::mixes_and_input(int l) {
 
 std::vector<std::vector<float>> Call::run() {
   enqueue();
-  for (Item& it : items_) advance(*it.seq, it.plan);
   const int64_t V = c_.vocab_size;
   std::vector<std::vector<float>> out(items_.size());
   const std::vector<float> all = logits_buffer_.download(stream_);  // logits()'s rows, item by item
+  for (Item& it : items_) advance(*it.seq, it.plan);
   int64_t at = 0;
   for (size_t i = 0; i < items_.size(); ++i) {
     const Item& it = items_[i];
