@@ -159,6 +159,11 @@ TEST(ChatFormat, ErrorsNameTheFieldWhatWasExpectedAndWhatWasFound) {
                "messages[0].tool_calls[0].function.name: expected a non-empty string, found nothing");
   expect_error(messages(R"([{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{oops"}}]}])"),
                R"(messages[0].tool_calls[0].function.arguments: expected the text of a JSON object, found text that is not JSON: "{oops")");
+  // Quoted to 40 bytes, which here cut a three-byte character: the quote shows U+FFFD there (it
+  // threw out of the error path and aborted, request_fuzz found).
+  expect_error(messages(R"([{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{\"OOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOO\u7777 x"}}]}])"),
+               "messages[0].tool_calls[0].function.arguments: expected the text of a JSON object, found text that is not JSON: "
+               "\"{\\\"OOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOOO\xef\xbf\xbd\"");
   expect_error(messages(R"([{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]}])"),
                "messages[0].tool_calls[0].function.arguments: expected the text of a JSON object, found the text of an array");
   expect_error(messages(R"([{"role":"tool","content":"r","tool_call_id":7}])"),

@@ -62,7 +62,11 @@ std::string python_json(const ordered_json& v) {
   return out;
 }
 
-std::string json_string(std::string_view s) { return ordered_json(std::string(s)).dump(); }
+// A JSON string literal of `s`; bytes that are not UTF-8 (a quote cut inside a character, a
+// model's stray bytes) become U+FFFD, where dump() would throw (the fuzzer found it aborting).
+std::string json_string(std::string_view s) {
+  return ordered_json(std::string(s)).dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
 
 // Tool-call arguments given as text, parsed at most kMaxArgumentDepth levels deep: rendering walks
 // them recursively (python_json), and text nested 100,000 deep inside a small request would
