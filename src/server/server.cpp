@@ -480,6 +480,8 @@ Server::Server(ServerOptions options) : state_(std::make_unique<State>()) {
   // a thread's arena: 50 rejected 10 MB bodies left the RSS ~390 MB higher. A fixed threshold keeps
   // every buffer of 4 MiB or more in a mapping of its own, returned when it is freed.
   mallopt(M_MMAP_THRESHOLD, 4 << 20);
+  if (options.heartbeat_ms < 1) fail("server", "a heartbeat of at least 1 ms", std::to_string(options.heartbeat_ms) + " ms");
+  if (!(options.kv_budget_gb < 1e9)) fail("--kv-budget-gb", "a budget below 1e9 GB", std::to_string(options.kv_budget_gb));
   if (options.model_name.empty()) options.model_name = std::filesystem::path(options.model_dir).filename().string();
   if (options.model_name.empty()) options.model_name = "dsv41";
   state_->options = std::move(options);
