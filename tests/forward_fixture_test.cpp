@@ -1,5 +1,5 @@
-// The CPU forward against DeepSeek's reference on the golden fixtures (the harness and its three
-// levels: forward_fixture.h).
+// The CPU forward's own claims on the golden fixtures, beyond the parity suite every executor
+// passes (forward_parity_test.cpp).
 #include "forward_fixture.h"
 
 using namespace dsv41;
@@ -8,66 +8,6 @@ using namespace dsv41::test;
 namespace {
 
 class ForwardFixture : public testing::TestWithParam<std::string> {};
-
-// Exact: the 5-token prompt's prefill makes no near-tied choice, and the reference agrees with
-// itself across devices there (baseline.json: 1e-6 on the fp8 fixtures, 0.052 on the bf16 one,
-// whose CPU run multiplies in bf16). On v41-tiny no choice is near-tied in decode either: the whole
-// run, and its greedy tokens, match. Each summation variant is held to it, the prefill bound being
-// at least the variants' spread (forward_fixture.h, kVariants).
-TEST_P(ForwardFixture, ShortPromptEndToEnd) {
-  Fixture f(GetParam());
-  const int64_t V = f.config().vocab_size;
-  std::vector<Logits> runs;
-  std::vector<std::vector<float>> prefills, decodes;
-  for (int v = 0; v < kVariants; ++v) {
-    VariantScope scope(v);
-    runs.push_back(f.run(0, false));
-    prefills.push_back(runs.back().prefill);
-    decodes.push_back(runs.back().decode);
-  }
-  const LogitStats prefill_spread = spread(prefills, V), decode_spread = spread(decodes, V);
-  std::printf("%s prompt0 spread over %d summation variants: prefill max %.2e, decode max %.2e\n", f.name.c_str(), kVariants,
-              prefill_spread.max, decode_spread.max);
-  for (int v = 0; v < kVariants; ++v) {
-    expect_short_prompt_exact(f, runs[size_t(v)], f.name + " exact variant " + std::to_string(v), &prefill_spread);
-    // The CPU forward's own claim on v41-tiny: its whole decode, logits too, is the reference's,
-    // to fp32 rounding (1e-5: 10 fp32 ulps at the logits' magnitude of ~1), or to the variants'
-    // spread if that is wider.
-    if (f.name == "v41-tiny") {
-      EXPECT_LE(compare_logits(runs[size_t(v)].decode, f.ex.floats("prompt0.decode.logits"), V).max,
-                std::max(1e-5, kHeadroom * decode_spread.max))
-          << "variant " << v;
-    }
-  }
-}
-
-// Forced: with the reference's top-k and experts imposed, each prompt within the baseline's
-// forced_topk_routing figures (or the summation variants' spread, if wider), for every variant.
-TEST_P(ForwardFixture, ForcedChoices) {
-  Fixture f(GetParam());
-  for (int prompt = 0; prompt < 3; ++prompt) expect_mode(f, "forced_topk_routing", {prompt}, kVariants);
-}
-
-// Free: our own choices, all prompts pooled (a single near-tie flip in 8 decode rows moves one
-// prompt's figures arbitrarily; the near-tie test below accounts for every flip).
-TEST_P(ForwardFixture, FreeChoices) {
-  Fixture f(GetParam());
-  expect_mode(f, "free", {0, 1, 2}, kVariants);
-}
-
-// Under forcing, every forward call sees the reference's own inputs up to rounding noise; where our
-// own pick still differs from the recorded one, the two must be nearly tied under our scores.
-TEST_P(ForwardFixture, OwnChoicesDifferOnlyAtNearTies) {
-  Fixture f(GetParam());
-  for (int prompt = 0; prompt < 3; ++prompt) {
-    std::vector<Trace> traces;
-    f.run(prompt, true, 0, &traces);
-    std::vector<int64_t> rows(traces.size(), 1);
-    rows[0] = int64_t(f.tokens(prompt).size());
-    ChoiceSource reference = [&](bool decode, int64_t first, int64_t n) { return f.recorded(prompt, decode, first, n); };
-    expect_near_ties(f, choice_gaps(f.config(), traces, rows, reference), f.name + " prompt" + std::to_string(prompt));
-  }
-}
 
 // Chunked prefill (chunks of 1, 7 and 64 tokens, then the same decode steps) equals one-shot
 // prefill to the bit, its choices too: every product's sum depends on its own row alone

@@ -13,6 +13,7 @@
 #include "backend/cpu/sparse_attention.h"
 #include "base/error.h"
 #include "forward/call_plan.h"
+#include "forward/network.h"
 #include "forward/window.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
@@ -35,7 +36,6 @@ struct Pass {
   Trace* trace;
   std::vector<std::vector<int64_t>> topk;        // [row] compressed entries attended, -1 = none
   std::vector<std::vector<uint8_t>> candidates;  // [row] mask over compressed entries
-  int64_t window_floor = 0;   // positions below it are outside the current layer's window
 
   int64_t pos(int64_t row) const { return start + row; }
   float eps() const { return float(c.norm_eps); }
@@ -210,6 +210,7 @@ void attention(Pass& p, int l, const Rows& x, Rows& out) {
         }
   }
 
+  const int64_t floor = p.plan.window_floor(l, c.decoder_start());
   Rows sink(static_cast<size_t>(H)), o(size_t(R * H * hd));
   a.attn_sink.row(0, sink.data());
   const float scale = float(std::pow(double(hd), -0.5));
@@ -220,7 +221,7 @@ void attention(Pass& p, int l, const Rows& x, Rows& out) {
     thread_local std::vector<int64_t> slots;
     entries.clear();
     const int64_t pos = p.pos(r);
-    window_positions(pos, p.start, R, W, p.window_floor, slots);
+    window_positions(pos, p.start, R, W, floor, slots);
     for (int64_t t : slots)
       entries.push_back(t == kEmptySlot ? nullptr
                         : t < p.start   ? ring_kv.data() + (t % W) * hd
@@ -304,7 +305,7 @@ void engram(Pass& p, int l, const int64_t* ids, Rows& X) {
   const Config& c = p.c;
   const EngramWeights& g = *p.model.layer(l).engram;
   const int n_engram = int(c.engram_layer_ids.size()), cols = c.engram_hash_columns();
-  const int e = int(std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), l) - c.engram_layer_ids.begin());
+  const int e = c.engram_index(l);
   const int64_t hd = c.engram_head_dim, d = c.dim, hc = c.hc_mult, R = p.rows;
   Rows emb(size_t(R * cols * hd));
   for (int64_t r = 0; r < R; ++r)
@@ -313,43 +314,134 @@ void engram(Pass& p, int l, const int64_t* ids, Rows& X) {
   for (int64_t r = 0; r < R; ++r) engram_gate(X.data() + r * hc * d, kv.data() + r * (hc + 1) * d, g.qk.data(), int(hc), d, p.eps());
 }
 
+// The CPU's op set for the network (network.h): one sequence's rows in host memory.
+class CpuOps {
+ public:
+  CpuOps(Pass& p, std::span<const int> tokens, const int64_t* engram_ids)
+      : p_(p), c_(p.c), model_(p.model), tokens_(tokens), engram_ids_(engram_ids) {}
+
+  int64_t rows() const { return p_.rows; }
+  bool cuts_rows() const { return p_.plan.cut > 0; }
+
+  void embed() {
+    const int64_t d = c_.dim, hc = c_.hc_mult, R = p_.rows;
+    X_.resize(size_t(R * hc * d));
+    Rows emb(static_cast<size_t>(d));
+    for (int64_t r = 0; r < R; ++r) {
+      const int t = tokens_[size_t(r)];
+      if (t < 0 || t >= c_.vocab_size) fail("forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
+      model_.embed().row(t, emb.data());
+      for (int64_t m = 0; m < hc; ++m) std::copy_n(emb.data(), d, X_.data() + (r * hc + m) * d);
+    }
+    for (Mix& m : mix_) m = Mix{Rows(size_t(R * hc)), Rows(size_t(R * hc)), Rows(size_t(R * hc * hc))};
+    std::fill(ffn().pre.begin(), ffn().pre.end(), 0.0f);
+    for (int64_t r = 0; r < R; ++r) ffn().pre[r * hc] = 1.0f;
+    h_.resize(size_t(R * d));
+  }
+
+  void mix(int l, Sub s) {
+    const LayerWeights& L = model_.layer(l);
+    Mix& m = mix_[size_t(s)];
+    hc_mixes(X_.data(), p_.rows, int(c_.hc_mult), c_.dim, s == Sub::Attention ? L.hc_attn : L.hc_ffn, p_.eps(),
+             c_.hc_sinkhorn_iters, float(c_.hc_eps), m.pre.data(), m.post.data(), m.comb.data());
+  }
+
+  void input(int l, Sub s) {
+    const int64_t hc = c_.hc_mult, d = c_.dim;
+    const Rows& pre = (s == Sub::Attention ? ffn() : attn()).pre;
+    for (int64_t r = 0; r < p_.rows; ++r) hc_pre(X_.data() + r * hc * d, pre.data() + r * hc, int(hc), d, h_.data() + r * d);
+    const LayerWeights& L = model_.layer(l);
+    rms_norm(h_.data(), p_.rows, d, s == Sub::Attention ? &L.attn_norm : &L.ffn_norm, p_.eps(), h_.data());
+  }
+
+  // X_r ← hc_post(y_r, X_r): the streams are rewritten from themselves, so through a scratch row.
+  void write_back(Sub s) {
+    const int64_t hc = c_.hc_mult, d = c_.dim;
+    const Mix& m = mix_[size_t(s)];
+    Rows mixed(size_t(hc * d));
+    for (int64_t r = 0; r < p_.rows; ++r) {
+      hc_post(y_.data() + r * d, X_.data() + r * hc * d, m.post.data() + r * hc, m.comb.data() + r * hc * hc, int(hc), d,
+              mixed.data());
+      std::copy(mixed.begin(), mixed.end(), X_.begin() + r * hc * d);
+    }
+  }
+
+  void boundary(int l, Sub from, Sub to) {
+    write_back(from);
+    mix(l, to);
+    input(l, to);
+  }
+
+  void engram(int l) { dsv41::engram(p_, l, engram_ids_, X_); }
+  void attention(int l) { dsv41::attention(p_, l, h_, y_); }
+  void moe(int l) { dsv41::moe(p_, l, h_, y_); }
+
+  void compress_cut(int l) { compress(p_, l, h_); }
+
+  void drop_cut() {
+    const int64_t hc = c_.hc_mult, d = c_.dim, cut = p_.plan.cut;
+    X_.erase(X_.begin(), X_.begin() + cut * hc * d);
+    for (Mix& m : mix_) {
+      m.pre.erase(m.pre.begin(), m.pre.begin() + cut * hc);
+      m.post.erase(m.post.begin(), m.post.begin() + cut * hc);
+      m.comb.erase(m.comb.begin(), m.comb.begin() + cut * hc * hc);
+    }
+    h_.resize(size_t((p_.rows - cut) * d));
+    if (engram_ids_) engram_ids_ += cut * int64_t(c_.engram_layer_ids.size()) * c_.engram_hash_columns();
+    p_.start += cut;
+    p_.rows -= cut;
+  }
+
+  // Layer-local parity: layer l starts from the imposed streams and mix (Trace::forced_streams).
+  void impose_input(int l) {
+    const Trace& t = *p_.trace;
+    if (!t.forced_pre_mix) fail("forward", "imposed input mixes with the imposed streams", "none");
+    const Rows& streams = t.forced_streams->at(size_t(l - 1));
+    const Rows& mix = t.forced_pre_mix->at(size_t(l - 1));
+    if (streams.size() != X_.size() || mix.size() != ffn().pre.size())
+      fail("forward", "imposed inputs of layer " + std::to_string(l) + " for " + std::to_string(p_.rows) + " rows",
+           std::to_string(streams.size()) + " stream and " + std::to_string(mix.size()) + " mix values");
+    X_ = streams;
+    ffn().pre = mix;
+  }
+
+  void record_block(int l) { p_.trace->block_out[size_t(l)] = X_; }
+
+  // The last FFN's `pre` folds the streams; then the final norm and the fp32 head.
+  void logits() {
+    const int64_t hc = c_.hc_mult, d = c_.dim, first = p_.plan.logits_first, n = p_.plan.logits_rows;
+    if (n == 0) return;
+    Rows last(size_t(n * d));
+    for (int64_t r = first; r < first + n; ++r)
+      hc_pre(X_.data() + r * hc * d, ffn().pre.data() + r * hc, int(hc), d, last.data() + (r - first) * d);
+    rms_norm(last.data(), n, d, &model_.norm(), p_.eps(), last.data());
+    logits_.resize(size_t(n * c_.vocab_size));
+    linear_f32(last.data(), n, model_.head(), logits_.data());
+  }
+  Rows take_logits() { return std::move(logits_); }
+
+ private:
+  struct Mix {
+    Rows pre, post, comb;  // [rows, hc], [rows, hc], [rows, hc, hc]
+  };
+  Mix& attn() { return mix_[size_t(Sub::Attention)]; }
+  Mix& ffn() { return mix_[size_t(Sub::Ffn)]; }
+
+  Pass& p_;
+  const Config& c_;
+  const Model& model_;
+  std::span<const int> tokens_;
+  const int64_t* engram_ids_;
+  Rows X_, h_, y_, logits_;  // X [rows, hc, dim] the residual streams; h the sub-layer input; y its output
+  Mix mix_[2];
+};
+
 }  // namespace
-
-// Decoder bounded replay (DESIGN §3): the plan's cut rows run the encoder and the decoder's KV
-// projection only (the kv-source at the decoder start compresses the collapsed stream entering it),
-// then leave the call.
-void drop_encoder_only_rows(Pass& p, Rows& X, Rows& pre_mix, Rows& h) {
-  const Config& c = p.c;
-  const int64_t hc = c.hc_mult, d = c.dim, ds = c.decoder_start();
-  const int64_t cut = p.plan.cut;
-  if (cut == 0) return;
-  const LayerWeights& L = p.model.layer(int(ds));
-  for (int64_t r = 0; r < p.rows; ++r) hc_pre(X.data() + r * hc * d, pre_mix.data() + r * hc, int(hc), d, h.data() + r * d);
-  rms_norm(h.data(), p.rows, d, &L.attn_norm, p.eps(), h.data());
-  compress(p, int(ds), h);
-  X.erase(X.begin(), X.begin() + cut * hc * d);
-  pre_mix.erase(pre_mix.begin(), pre_mix.begin() + cut * hc);
-  p.start += cut;
-  p.rows -= cut;
-}
-
-// Layer-local parity: layer l starts from the imposed streams and mix (Trace::forced_streams).
-void impose_layer_input(const Pass& p, int l, Rows& X, Rows& pre_mix) {
-  if (!p.trace->forced_pre_mix) fail("forward", "imposed input mixes with the imposed streams", "none");
-  const Rows& streams = p.trace->forced_streams->at(size_t(l - 1));
-  const Rows& mix = p.trace->forced_pre_mix->at(size_t(l - 1));
-  if (streams.size() != X.size() || mix.size() != pre_mix.size())
-    fail("forward", "imposed inputs of layer " + std::to_string(l) + " for " + std::to_string(p.rows) + " rows",
-         std::to_string(streams.size()) + " stream and " + std::to_string(mix.size()) + " mix values");
-  X = streams;
-  pre_mix = mix;
-}
 
 std::vector<float> forward(const Model& model, SequenceState& state, std::span<const int> tokens, const int64_t* engram_ids,
                            const ForwardOptions& options) {
   const Config& c = model.config();
-  const int64_t d = c.dim, hc = c.hc_mult, n_tokens = int64_t(tokens.size());
-  int64_t R = n_tokens;
+  const int64_t R = int64_t(tokens.size());
   if (R == 0) fail("forward", "at least one token", "none");
   if (c.has_engram() && !engram_ids) fail("forward", "Engram hash ids for a model with Engram", "none");
   const ItemPlan plan = plan_item(c, state, R, options);
@@ -360,73 +452,10 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
     p.trace->route_scores.assign(size_t(c.n_layers), {});
     p.trace->topk.clear();
   }
-
-  // The residual: hc identical copies of the embedding; the first input mix is the one-hot e0.
-  Rows X(size_t(R * hc * d)), emb(static_cast<size_t>(d));
-  for (int64_t r = 0; r < R; ++r) {
-    const int t = tokens[size_t(r)];
-    if (t < 0 || t >= c.vocab_size) fail("forward", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
-    model.embed().row(t, emb.data());
-    for (int64_t m = 0; m < hc; ++m) std::copy_n(emb.data(), d, X.data() + (r * hc + m) * d);
-  }
-  Rows pre_mix(size_t(R * hc), 0.0f);
-  for (int64_t r = 0; r < R; ++r) pre_mix[r * hc] = 1.0f;
-
-  Rows a_pre(size_t(R * hc)), a_post(size_t(R * hc)), a_comb(size_t(R * hc * hc));
-  Rows f_pre(size_t(R * hc)), f_post(size_t(R * hc)), f_comb(size_t(R * hc * hc));
-  Rows h(size_t(R * d)), y, mixed(size_t(hc * d));
-  // X_r ← hc_post(f_r, X_r): the streams are rewritten from themselves, so through a scratch row.
-  auto write_back = [&](const Rows& f, const Rows& post, const Rows& comb) {
-    for (int64_t r = 0; r < R; ++r) {
-      hc_post(f.data() + r * d, X.data() + r * hc * d, post.data() + r * hc, comb.data() + r * hc * hc, int(hc), d,
-              mixed.data());
-      std::copy(mixed.begin(), mixed.end(), X.begin() + r * hc * d);
-    }
-  };
-  const int ds = c.decoder_start();
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = model.layer(l);
-    if (l == ds) {
-      drop_encoder_only_rows(p, X, pre_mix, h);
-      if (engram_ids) engram_ids += plan.cut * int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-      R = p.rows;
-      if (R == 0) break;
-    }
-    p.window_floor = l >= ds ? plan.decoder_floor : plan.encoder_floor;
-    if (l > 0 && p.trace && p.trace->forced_streams) impose_layer_input(p, l, X, pre_mix);
-    if (L.engram) engram(p, l, engram_ids, X);
-
-    // Single-pass mHC: this block's attention reads the streams with the `pre` the previous
-    // block's FFN computed; its FFN with the `pre` its attention computed.
-    hc_mixes(X.data(), R, int(hc), d, L.hc_attn, p.eps(), c.hc_sinkhorn_iters, float(c.hc_eps), a_pre.data(),
-             a_post.data(), a_comb.data());
-    for (int64_t r = 0; r < R; ++r) hc_pre(X.data() + r * hc * d, pre_mix.data() + r * hc, int(hc), d, h.data() + r * d);
-    rms_norm(h.data(), R, d, &L.attn_norm, p.eps(), h.data());
-    attention(p, l, h, y);
-    write_back(y, a_post, a_comb);
-
-    hc_mixes(X.data(), R, int(hc), d, L.hc_ffn, p.eps(), c.hc_sinkhorn_iters, float(c.hc_eps), f_pre.data(),
-             f_post.data(), f_comb.data());
-    for (int64_t r = 0; r < R; ++r) hc_pre(X.data() + r * hc * d, a_pre.data() + r * hc, int(hc), d, h.data() + r * d);
-    rms_norm(h.data(), R, d, &L.ffn_norm, p.eps(), h.data());
-    moe(p, l, h, y);
-    write_back(y, f_post, f_comb);
-    pre_mix = f_pre;
-    if (p.trace) {
-      p.trace->block_out[size_t(l)] = X;
-    }
-  }
+  CpuOps ops(p, tokens, engram_ids);
+  run_network(c, ops, options.trace);
   advance(state, plan);
-  if (plan.logits_rows == 0) return {};
-
-  // The last FFN's `pre` folds the streams; then the final norm and the fp32 head.
-  const int64_t first = plan.logits_first, n = plan.logits_rows;
-  Rows last(size_t(n * d));
-  for (int64_t r = first; r < R; ++r) hc_pre(X.data() + r * hc * d, pre_mix.data() + r * hc, int(hc), d, last.data() + (r - first) * d);
-  rms_norm(last.data(), n, d, &model.norm(), p.eps(), last.data());
-  Rows logits(size_t(n * c.vocab_size));
-  linear_f32(last.data(), n, model.head(), logits.data());
-  return logits;
+  return ops.take_logits();
 }
 
 }  // namespace dsv41

@@ -39,6 +39,11 @@ LayerKind Config::layer_kind(int layer) const {
   return LayerKind::Reuse;
 }
 
+int Config::engram_index(int layer) const {
+  const auto at = std::find(engram_layer_ids.begin(), engram_layer_ids.end(), layer);
+  return at == engram_layer_ids.end() ? -1 : int(at - engram_layer_ids.begin());
+}
+
 int Config::kv_source_of(int layer) const {
   if (layer >= n_layers || compress_ratios.at(layer) == 0) return -1;
   int source = -1;

@@ -137,6 +137,9 @@ struct Config {
   int activated_experts(int layer) const;
   // The n-grams hashed per Engram layer: (max_ngram_size - 1) orders x n_heads.
   int engram_hash_columns() const { return (engram_max_ngram_size - 1) * engram_n_heads; }
+  // Layer `layer`'s place in engram_layer_ids (its hash ids' column block), -1 if it has no Engram.
+  int engram_index(int layer) const;
+  bool is_engram_layer(int layer) const { return engram_index(layer) >= 0; }
 };
 
 // Checks every field and every cross-field rule; throws dsv41::Error naming the key, what was

@@ -1,4 +1,4 @@
-// The forward on the device (device_forward.h), step for step the CPU forward (forward.cpp); the
+// The device's op set for the network (network.h), each op as the CPU's (forward.cpp); the
 // comments there say why each step is what it is, the comments here what differs on the device.
 //
 // Rows. A call's rows are the items' rows one after another ([T, ...] buffers, item b at rows
@@ -11,10 +11,8 @@
 // window buffer [W ring slots | the call's rows], since its rows need entries their successors
 // overwrite in the ring; the ring keeps the last W rows afterwards.
 //
-// Sub-layer boundaries run as cuda::mega_mhc (the residual read and written once) wherever the
-// CPU's write_back, hc_mixes, hc_pre and rms_norm follow each other with nothing in between: not
-// before a layer with Engram (which updates the streams first), nor at the decoder's start (where
-// bounded replay drops rows).
+// The network's sub-layer boundaries (network.h) run as cuda::mega_mhc: the residual read and
+// written once.
 //
 // Decode calls (one row per sequence, none replayed) read every per-step value from their plan
 // (decode_plan.h) in device memory instead of uploading lists per layer, run the compressor for
@@ -44,6 +42,7 @@
 #include "base/error.h"
 #include "forward/call_plan.h"
 #include "forward/device/decode_plan.h"
+#include "forward/network.h"
 #include "backend/cuda/rows.h"
 #include "forward/window.h"
 #include "numerics/codecs.h"
@@ -79,6 +78,8 @@ class Call {
        const DecodePlan* plan = nullptr, uint8_t* plan_device = nullptr)
       : m_(model), c_(model.config()), stream_(stream), plan_(plan), plan_d_(plan_device) {
     int64_t offset = 0;
+    if (plan_ && plan_->items.size() != batch.size())
+      fail("cuda decode step", "a plan of the batch's sequences, one row each", std::to_string(plan_->items.size()) + " planned rows");
     for (const DeviceItem& in : batch) {
       const int64_t R = int64_t(in.tokens.size());
       if (R == 0) fail("cuda::forward_batch", "at least one token per item", "none");
@@ -101,12 +102,13 @@ class Call {
                                           std::to_string(kIndexScratchBytes >> 30) + " GiB)",
                std::to_string(R) + " rows at " + std::to_string(entries) + " entries");
       }
-      items_.push_back(Item{s, &in, plan_item(c_, *s, R, in.options), s->length, R, offset, in.engram_ids, {}, 0});
+      ItemPlan plan = plan_ ? plan_->items[items_.size()] : plan_item(c_, *s, R, in.options);
+      items_.push_back(Item{s, &in, std::move(plan), s->length, R, offset, in.engram_ids, {}, 0});
       offset += R;
     }
     T_ = offset;
-    if (plan_ && (plan_->sequences.size() != items_.size() || T_ != int64_t(items_.size())))
-      fail("cuda decode step", "a plan of the batch's sequences, one row each", std::to_string(plan_->sequences.size()) + " planned rows");
+    if (plan_ && T_ != int64_t(items_.size()))
+      fail("cuda decode step", "a plan of the batch's sequences, one row each", std::to_string(T_) + " rows");
     for (size_t i = 0; plan_ && i < items_.size(); ++i)
       if (plan_->sequences[i] != items_[i].seq) fail("cuda decode step", "the plan's sequences in the batch's order", "another sequence");
     trace_ = batch.size() == 1 ? batch[0].options.trace : nullptr;
@@ -119,16 +121,38 @@ class Call {
   // enqueue, then the host's side: the logits per item, and every sequence advanced by its plan.
   std::vector<std::vector<float>> run();
 
+  // The op set run_network drives (network.h says what each does).
+  int64_t rows() const { return T_; }
+  bool cuts_rows() const {
+    return std::any_of(items_.begin(), items_.end(), [](const Item& it) { return it.plan.cut > 0; });
+  }
+  void embed();
+  void mix(int l, Sub s);
+  void input(int l, Sub s);
+  void write_back(Sub s);
+  void boundary(int l, Sub from, Sub to);
+  void engram(int l);
+  void attention(int l) { attention(l, y_.get()); }
+  void moe(int l) { moe(l, y_.get()); }
+  void compress_cut(int ds);
+  void drop_cut();
+  void impose_input(int l);
+  void record_block(int l) { trace_->block_out[size_t(l)] = X_.download(stream_, T_ * c_.hc_mult * c_.dim); }
+  void logits();
+
  private:
+  struct Mix {
+    Floats pre, post, comb;  // [T, hc], [T, hc], [T, hc, hc]
+  };
+  Mix& mixes(Sub s) { return mix_[size_t(s)]; }
+  // The mix whose `pre` gives sub-layer s its input: the FFN's for attention, the attention's for the FFN.
+  Mix& before(Sub s) { return mix_[size_t(s == Sub::Attention ? Sub::Ffn : Sub::Attention)]; }
   bool decode() const { return plan_ != nullptr; }
   template <class T>
   T* planned(size_t offset) const { return plan_->at<T>(plan_d_, offset); }
   float eps() const { return float(c_.norm_eps); }
   int64_t pos(const Item& it, int64_t r) const { return it.start + r; }
   void upload_positions();
-  void mixes_and_input(int l);
-  void drop_encoder_only_rows(int ds);
-  void engram(int l);
   void attention(int l, float* out);
   void window_lists(int l);
   void compress(Item& it, int l, const float* x);
@@ -137,7 +161,6 @@ class Call {
   void store_entries(int l, float* latents, int64_t n, const int64_t* gpos, Dest index_dest, Dest kv_dest);
   void index(int l, const float* x, const float* qr);
   void moe(int l, float* out);
-  void logits(float* out);
 
   const DeviceModel& m_;
   const Config& c_;
@@ -148,12 +171,12 @@ class Call {
   const DecodePlan* plan_;
   uint8_t* plan_d_;
 
-  Floats X_, X2_, pre_mix_, h_, y_;
-  Floats a_pre_, a_post_, a_comb_, f_pre_, f_post_, f_comb_;
+  Floats X_, X2_, h_, y_;  // X [T, hc, dim] the residual streams (X2 the next ones); h a sub-layer's input; y its output
+  Mix mix_[2];
   DeviceBuffer<int64_t> positions_buffer_;
   const int64_t* positions_ = nullptr;  // [T]
   Floats logits_buffer_;
-  float* logits_ = nullptr;
+  float* logits_out_ = nullptr;
   DeviceBuffer<int32_t> topk_;  // [T, K] entries of the latest index source
   int K_ = 0;
   // The window slot lists of the current phase (encoder / decoder layers), item by item.
@@ -176,15 +199,45 @@ void Call::upload_positions() {
   positions_ = positions_buffer_.get();
 }
 
-// Layer l's attention input, unfused: its mixes of the streams X_ (a_*), and
-// h = attn_norm(hc_pre(X_, pre_mix)).
-void Call::mixes_and_input(int l) {
-  const int hc = c_.hc_mult;
+void Call::mix(int l, Sub s) {
+  const HcWeights& w = s == Sub::Attention ? m_.layer(l).hc_attn : m_.layer(l).hc_ffn;
+  Mix& m = mixes(s);
+  hc_mixes(X_.get(), T_, c_.hc_mult, c_.dim, w, eps(), c_.hc_sinkhorn_iters, float(c_.hc_eps), m.pre.get(), m.post.get(),
+           m.comb.get(), stream_);
+}
+
+void Call::input(int l, Sub s) {
   const LayerWeights& L = m_.layer(l);
-  hc_mixes(X_.get(), T_, hc, c_.dim, L.hc_attn, eps(), c_.hc_sinkhorn_iters, float(c_.hc_eps), a_pre_.get(), a_post_.get(),
-           a_comb_.get(), stream_);
-  hc_pre(X_.get(), pre_mix_.get(), T_, hc, c_.dim, h_.get(), stream_);
-  rms_norm(h_.get(), T_, c_.dim, &L.attn_norm, eps(), h_.get(), stream_);
+  hc_pre(X_.get(), before(s).pre.get(), T_, c_.hc_mult, c_.dim, h_.get(), stream_);
+  rms_norm(h_.get(), T_, c_.dim, s == Sub::Attention ? &L.attn_norm : &L.ffn_norm, eps(), h_.get(), stream_);
+}
+
+void Call::write_back(Sub s) {
+  const Mix& m = mixes(s);
+  hc_post(y_.get(), X_.get(), m.post.get(), m.comb.get(), T_, c_.hc_mult, c_.dim, X2_.get(), stream_);
+  std::swap(X_, X2_);
+}
+
+void Call::boundary(int l, Sub from, Sub to) {
+  const LayerWeights& L = m_.layer(l);
+  const Mix& f = mixes(from);
+  Mix& t = mixes(to);
+  const bool attn = to == Sub::Attention;
+  mega_mhc(y_.get(), X_.get(), f.post.get(), f.comb.get(), before(to).pre.get(), T_, c_.hc_mult, c_.dim,
+           attn ? L.hc_attn : L.hc_ffn, attn ? &L.attn_norm : &L.ffn_norm, eps(), c_.hc_sinkhorn_iters, float(c_.hc_eps),
+           X2_.get(), h_.get(), t.pre.get(), t.post.get(), t.comb.get(), stream_);
+  std::swap(X_, X2_);
+}
+
+void Call::impose_input(int l) {
+  if (!trace_->forced_pre_mix) fail("forward", "imposed input mixes with the imposed streams", "none");
+  const std::vector<float>& streams = trace_->forced_streams->at(size_t(l - 1));
+  const std::vector<float>& mix = trace_->forced_pre_mix->at(size_t(l - 1));
+  if (int64_t(streams.size()) != T_ * c_.hc_mult * c_.dim || int64_t(mix.size()) != T_ * c_.hc_mult)
+    fail("forward", "imposed inputs of layer " + std::to_string(l) + " for " + std::to_string(T_) + " rows",
+         std::to_string(streams.size()) + " stream and " + std::to_string(mix.size()) + " mix values");
+  X_ = scratch_from(streams, stream_);
+  mixes(Sub::Ffn).pre = scratch_from(mix, stream_);
 }
 
 std::vector<std::vector<float>> Call::run() {
@@ -196,7 +249,7 @@ std::vector<std::vector<float>> Call::run() {
   int64_t at = 0;
   for (size_t i = 0; i < items_.size(); ++i) {
     const Item& it = items_[i];
-    const int64_t count = it.rows == 0 ? 0 : it.in->options.all_logits ? it.rows : 1;
+    const int64_t count = it.plan.logits_rows;
     out[i].assign(all.begin() + at * V, all.begin() + (at + count) * V);
     at += count;
   }
@@ -204,23 +257,27 @@ std::vector<std::vector<float>> Call::run() {
 }
 
 void Call::enqueue(float* logits_out) {
-  const int64_t d = c_.dim, hc = c_.hc_mult;
-  const int ds = c_.decoder_start();
+  logits_out_ = logits_out;
   if (trace_) {
     trace_->block_out.assign(size_t(c_.n_layers), {});
     trace_->route_experts.assign(size_t(c_.n_layers), {});
     trace_->route_scores.assign(size_t(c_.n_layers), {});
     trace_->topk.clear();
   }
+  run_network(c_, *this, trace_);
+}
 
-  // The residual: hc copies of each embedding row; the first input mix is e0.
+// The residual: hc copies of each embedding row; the first input mix is e0.
+void Call::embed() {
+  const int64_t d = c_.dim, hc = c_.hc_mult;
   X_ = scratch<float>(T_ * hc * d, stream_);
   X2_ = scratch<float>(T_ * hc * d, stream_);
+  Floats& e0 = mixes(Sub::Ffn).pre;
   if (decode()) {
     embed_rows(m_.embed(), planned<int32_t>(plan_->tokens), T_, int(hc), d, X_.get(), stream_);
-    pre_mix_ = scratch<float>(T_ * hc, stream_);
-    check(cudaMemcpyAsync(pre_mix_.get(), planned<float>(plan_->pre_mix), size_t(T_ * hc) * sizeof(float),
-                          cudaMemcpyDeviceToDevice, stream_), "forward");
+    e0 = scratch<float>(T_ * hc, stream_);
+    check(cudaMemcpyAsync(e0.get(), planned<float>(plan_->pre_mix), size_t(T_ * hc) * sizeof(float), cudaMemcpyDeviceToDevice,
+                          stream_), "forward");
   } else {
     std::vector<int32_t> tokens;
     std::vector<float> pre_mix(size_t(T_ * hc), 0.0f);
@@ -232,77 +289,44 @@ void Call::enqueue(float* logits_out) {
         tokens.push_back(t);
       }
     embed_rows(m_.embed(), scratch_from(tokens, stream_).get(), T_, int(hc), d, X_.get(), stream_);
-    pre_mix_ = scratch_from(pre_mix, stream_);
+    e0 = scratch_from(pre_mix, stream_);
   }
   h_ = scratch<float>(T_ * d, stream_);
   y_ = scratch<float>(T_ * d, stream_);
-  for (Floats* b : {&a_pre_, &a_post_, &f_pre_, &f_post_}) *b = scratch<float>(T_ * hc, stream_);
-  for (Floats* b : {&a_comb_, &f_comb_}) *b = scratch<float>(T_ * hc * hc, stream_);
+  for (Floats* b : {&mixes(Sub::Attention).pre, &mixes(Sub::Attention).post, &mixes(Sub::Ffn).post}) *b = scratch<float>(T_ * hc, stream_);
+  for (Sub s : {Sub::Attention, Sub::Ffn}) mixes(s).comb = scratch<float>(T_ * hc * hc, stream_);
   upload_positions();
-
-  bool fused_entry = false;  // h_ and a_* already hold this layer's attention input (mega_mhc)
-  for (int l = 0; l < c_.n_layers && T_ > 0; ++l) {
-    const LayerWeights& L = m_.layer(l);
-    if (l == ds) {
-      drop_encoder_only_rows(ds);
-      if (T_ == 0) break;
-    }
-    if (!fused_entry) {
-      if (L.engram) engram(l);
-      mixes_and_input(l);
-    }
-    attention(l, y_.get());
-    mega_mhc(y_.get(), X_.get(), a_post_.get(), a_comb_.get(), a_pre_.get(), T_, int(hc), d, L.hc_ffn, &L.ffn_norm, eps(),
-             c_.hc_sinkhorn_iters, float(c_.hc_eps), X2_.get(), h_.get(), f_pre_.get(), f_post_.get(), f_comb_.get(),
-             stream_);
-    std::swap(X_, X2_);
-    moe(l, y_.get());
-    const int next = l + 1;
-    fused_entry = next < c_.n_layers && next != ds && !m_.layer(next).engram;
-    if (fused_entry) {
-      const LayerWeights& N = m_.layer(next);
-      mega_mhc(y_.get(), X_.get(), f_post_.get(), f_comb_.get(), f_pre_.get(), T_, int(hc), d, N.hc_attn, &N.attn_norm,
-               eps(), c_.hc_sinkhorn_iters, float(c_.hc_eps), X2_.get(), h_.get(), a_pre_.get(), a_post_.get(),
-               a_comb_.get(), stream_);
-    } else {
-      hc_post(y_.get(), X_.get(), f_post_.get(), f_comb_.get(), T_, int(hc), d, X2_.get(), stream_);
-    }
-    std::swap(X_, X2_);
-    std::swap(pre_mix_, f_pre_);  // the next sub-layer's `pre` input is this FFN's
-    if (trace_) trace_->block_out[size_t(l)] = X_.download(stream_, T_ * hc * d);
-  }
-  logits(logits_out);
 }
 
-// Decoder bounded replay (forward.cpp drop_encoder_only_rows), for each item on its own.
-void Call::drop_encoder_only_rows(int ds) {
-  const int64_t d = c_.dim, hc = c_.hc_mult;
-  std::vector<int64_t> cut;
-  for (const Item& it : items_) cut.push_back(it.plan.cut);
-  if (std::all_of(cut.begin(), cut.end(), [](int64_t n) { return n == 0; })) return;
-  const LayerWeights& L = m_.layer(ds);
-  hc_pre(X_.get(), pre_mix_.get(), T_, int(hc), d, h_.get(), stream_);
-  rms_norm(h_.get(), T_, d, &L.attn_norm, eps(), h_.get(), stream_);
+// Decoder bounded replay (network.h), for each item on its own: its cut rows' compressor at the
+// decoder start, on the stream entering it (h_).
+void Call::compress_cut(int ds) {
+  for (Item& it : items_)
+    if (it.plan.cut > 0) compress(it, ds, h_.get() + it.offset * c_.dim);
+}
+
+// Then those rows leave: the others are gathered to the front, with the `pre` of their next input.
+void Call::drop_cut() {
+  const int64_t hc = c_.hc_mult;
   std::vector<int32_t> keep;
   int64_t offset = 0;
-  for (size_t i = 0; i < items_.size(); ++i) {
-    Item& it = items_[i];
-    if (cut[i] > 0) compress(it, ds, h_.get() + it.offset * d);
-    for (int64_t r = cut[i]; r < it.rows; ++r) keep.push_back(int32_t(it.offset + r));
-    if (it.engram_ids) it.engram_ids += cut[i] * int64_t(c_.engram_layer_ids.size()) * c_.engram_hash_columns();
-    it.start += cut[i];
-    it.rows -= cut[i];
+  for (Item& it : items_) {
+    const int64_t cut = it.plan.cut;
+    for (int64_t r = cut; r < it.rows; ++r) keep.push_back(int32_t(it.offset + r));
+    if (it.engram_ids) it.engram_ids += cut * int64_t(c_.engram_layer_ids.size()) * c_.engram_hash_columns();
+    it.start += cut;
+    it.rows -= cut;
     it.offset = offset;
     offset += it.rows;
   }
   T_ = offset;
   if (T_ == 0) return;
   DeviceBuffer<int32_t> index = scratch_from(keep, stream_);
-  gather_rows(X_.get(), index.get(), T_, hc * d, X2_.get(), stream_);
+  gather_rows(X_.get(), index.get(), T_, hc * c_.dim, X2_.get(), stream_);
   std::swap(X_, X2_);
   Floats pre = scratch<float>(T_ * hc, stream_);
-  gather_rows(pre_mix_.get(), index.get(), T_, hc, pre.get(), stream_);
-  pre_mix_ = std::move(pre);
+  gather_rows(mixes(Sub::Ffn).pre.get(), index.get(), T_, hc, pre.get(), stream_);
+  mixes(Sub::Ffn).pre = std::move(pre);
   upload_positions();
   window_phase_ = -1;
 }
@@ -310,7 +334,7 @@ void Call::drop_encoder_only_rows(int ds) {
 void Call::engram(int l) {
   const EngramWeights& g = *m_.layer(l).engram;
   const int n_engram = int(c_.engram_layer_ids.size()), cols = c_.engram_hash_columns();
-  const int e = int(std::find(c_.engram_layer_ids.begin(), c_.engram_layer_ids.end(), l) - c_.engram_layer_ids.begin());
+  const int e = c_.engram_index(l);
   const int64_t hd = c_.engram_head_dim, d = c_.dim, hc = c_.hc_mult;
   DeviceBuffer<int64_t> ids_buffer;
   const int64_t* ids = nullptr;
@@ -351,7 +375,7 @@ void Call::window_lists(int l) {
   std::vector<int64_t> slots;
   window_offset_.clear();
   for (const Item& it : items_) {
-    const int64_t floor = phase ? it.plan.decoder_floor : it.plan.encoder_floor, width = window_width(it);
+    const int64_t floor = it.plan.window_floor(l, c_.decoder_start()), width = window_width(it);
     window_offset_.push_back(int64_t(list.size()));
     for (int64_t r = 0; r < it.rows; ++r) {
       window_positions(pos(it, r), it.start, it.rows, W, floor, slots);
@@ -708,26 +732,27 @@ void Call::moe(int l, float* out) {
 
 // --- the head ---------------------------------------------------------------------------------------
 
-// The rows that give logits (each item's last, or all of an all_logits item's), into out [n, V].
-void Call::logits(float* out) {
+// The plan's logits rows of every item, into logits_out_ [n, V] (the call's scratch if null).
+void Call::logits() {
   const int64_t d = c_.dim, hc = c_.hc_mult, V = c_.vocab_size;
   std::vector<int32_t> rows;
   for (const Item& it : items_)
-    for (int64_t r = it.in->options.all_logits ? 0 : it.rows - 1; r >= 0 && r < it.rows; ++r) rows.push_back(int32_t(it.offset + r));
+    for (int64_t r = it.plan.logits_first; r < it.plan.logits_first + it.plan.logits_rows; ++r) rows.push_back(int32_t(it.offset + r));
   const int64_t n = int64_t(rows.size());
-  if (n == 0 || T_ == 0) return;
+  if (n == 0) return;
+  float* out = logits_out_;
   if (!out) {
     logits_buffer_ = scratch<float>(n * V, stream_);
     out = logits_buffer_.get();
   }
   // Every row gives logits (a decode call): no gather, the rows being 0 … T - 1 in order.
   Floats Xr, pre, last = scratch<float>(n * d, stream_);
-  const float *X = X_.get(), *mix = pre_mix_.get();
+  const float *X = X_.get(), *mix = mixes(Sub::Ffn).pre.get();
   if (n < T_) {
     DeviceBuffer<int32_t> rows_d = scratch_from(rows, stream_);
     Xr = scratch<float>(n * hc * d, stream_), pre = scratch<float>(n * hc, stream_);
     gather_rows(X_.get(), rows_d.get(), n, hc * d, Xr.get(), stream_);
-    gather_rows(pre_mix_.get(), rows_d.get(), n, hc, pre.get(), stream_);
+    gather_rows(mix, rows_d.get(), n, hc, pre.get(), stream_);
     X = Xr.get(), mix = pre.get();
   }
   hc_pre(X, mix, n, int(hc), d, last.get(), stream_);

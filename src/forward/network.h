@@ -1,0 +1,68 @@
+#pragma once
+// The V4.1 network, written once (DESIGN §3): the layer loop of model.py's Transformer.forward with
+// single-pass mHC, the CED cut of decoder bounded replay, the trace, and the head. Each executor
+// runs it over its own op set (`Ops`: forward.cpp's on the CPU, device_forward.cu's on CUDA), whose
+// rows are one call's (its items' rows one after another) and whose state is the call's plan
+// (call_plan.h). What an op set must offer:
+//
+//   rows()                     rows still running (bounded replay drops some at the decoder start)
+//   embed()                    the residual X: hc copies of each token's embedding; the FFN mix slot
+//                              holds the one-hot e0 as the first attention input's `pre`
+//   mix(l, s)                  sub-layer s's mixes (pre, post, comb) of X, from layer l's hc weights
+//   input(l, s)                h = norm_s(hc_pre(X, pre)), pre being the mix of the sub-layer before
+//                              s (the FFN's for attention, the attention's for the FFN)
+//   write_back(s)              X = hc_post(y, X, post_s, comb_s)
+//   boundary(l, from, to)      write_back(from); mix(l, to); input(l, to) — one op, so that an
+//                              executor may fuse it (CUDA's Mega-mHC: the residual read and written once)
+//   engram(l), attention(l), moe(l)   the sub-layers (y from h; Engram updates X itself)
+//   compress_cut(l), drop_cut()       decoder bounded replay at the decoder start (below)
+//   impose_input(l), record_block(l)  the Trace's layer inputs and block outputs
+//   logits()                   the plan's logits rows through hc_pre, the final norm and the head
+#include "forward/forward.h"
+#include "model/config.h"
+
+namespace dsv41 {
+
+// The two sub-layers of a block, each with its own mHC mixes.
+enum class Sub { Attention, Ffn };
+
+template <class Ops>
+void run_network(const Config& c, Ops& ops, const Trace* trace) {
+  const int ds = c.decoder_start();
+  const auto imposed = [&](int l) { return l > 0 && trace && trace->forced_streams; };
+  // Where a boundary may run as one op: not before a layer with Engram (which updates the streams
+  // first), nor at the decoder's start (where bounded replay drops rows), nor before imposed inputs.
+  const auto fusable = [&](int l) { return l < c.n_layers && l != ds && !c.is_engram_layer(l) && !imposed(l); };
+
+  ops.embed();
+  bool entered = false;  // this layer's attention input is ready (the previous boundary made it)
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (l == ds && ops.cuts_rows()) {
+      // Decoder bounded replay (DESIGN §3): the cut rows run the encoder and the decoder's KV
+      // projection only — the decoder's first kv-source compresses the collapsed stream entering
+      // it, the cut rows included — then leave the call.
+      ops.input(ds, Sub::Attention);
+      ops.compress_cut(ds);
+      ops.drop_cut();
+      if (ops.rows() == 0) break;
+    }
+    if (!entered) {
+      if (imposed(l)) ops.impose_input(l);
+      if (c.is_engram_layer(l)) ops.engram(l);
+      ops.mix(l, Sub::Attention);
+      ops.input(l, Sub::Attention);
+    }
+    // Single-pass mHC: this block's attention reads the streams with the `pre` the previous
+    // block's FFN computed; its FFN with the `pre` its attention computed.
+    ops.attention(l);
+    ops.boundary(l, Sub::Attention, Sub::Ffn);
+    ops.moe(l);
+    entered = fusable(l + 1);
+    if (entered) ops.boundary(l + 1, Sub::Ffn, Sub::Attention);
+    else ops.write_back(Sub::Ffn);
+    if (trace) ops.record_block(l);
+  }
+  ops.logits();
+}
+
+}  // namespace dsv41
