@@ -48,6 +48,8 @@ struct ItemPlan {
   std::map<int, CompressorPlan> compressors;  // by kv-source layer
 
   int64_t decoder_rows() const { return rows - cut; }
+  // Whether kv-source l's compressor ran at the CED cut (network.h), not in l's attention.
+  bool compressed_at_cut(int l, int decoder_start) const { return l == decoder_start && cut > 0; }
   // The window floor of layer l's attention (decoder layers from decoder_start on).
   int64_t window_floor(int l, int decoder_start) const { return l >= decoder_start ? decoder_floor : encoder_floor; }
   int64_t end() const { return start + rows; }

@@ -162,28 +162,16 @@ void index(Pass& p, int l, const Rows& x, const Rows& qr) {
   if (p.trace) p.trace->topk[l] = p.topk;
 }
 
-// --- attention --------------------------------------------------------------------------------------
+// --- attention: what is the CPU's own (the rest is the network's, network.h) -----------------------
 
-void attention(Pass& p, int l, const Rows& x, Rows& out) {
+// Entries of earlier calls, from the ring (slot = position mod W); this call's from kv, already
+// SWA-FP8 values (window_entries); and the compressed entries the rows chose. Returns o [rows, H, hd].
+Rows attend(Pass& p, int l, const Rows& q, const Rows& kv) {
   const Config& c = p.c;
   const AttentionWeights& a = p.model.layer(l).attn;
-  const RopeTable& rope = p.model.rope(l);
-  const int64_t H = c.n_heads, hd = c.head_dim, rd = c.rope_head_dim, W = c.window_size, R = p.rows;
+  const int64_t H = c.n_heads, hd = c.head_dim, W = c.window_size, R = p.rows;
   const int ratio = c.compress_ratios[size_t(l)];
-
-  Rows qr = normed_linear(x, R, a.wq_a, a.q_norm, p.eps());
-  Rows q = linear_rows(qr, R, a.wq_b);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t h = 0; h < H; ++h) rope.apply(q.data() + (r * H + h) * hd + hd - rd, p.pos(r));
-
-  // This call's window entries: kv_norm(wkv(x)), RoPE'd, fp8-quantized (the SWA-FP8 cache values).
-  Rows kv = normed_linear(x, R, a.wkv, a.kv_norm, p.eps());
-  for (int64_t r = 0; r < R; ++r) {
-    rope.apply(kv.data() + r * hd + hd - rd, p.pos(r));
-    swa_fp8::quantize_dequantize(kv.data() + r * hd, int(hd));
-  }
-  // Entries of earlier calls, from the ring (slot = position mod W).
-  std::vector<uint8_t>& ring = p.state.window[size_t(l)];
+  const std::vector<uint8_t>& ring = p.state.window[size_t(l)];
   const size_t slot_bytes = swa_fp8::bytes(int(hd));
   Rows ring_kv;
   if (p.start > 0) {
@@ -191,13 +179,10 @@ void attention(Pass& p, int l, const Rows& x, Rows& out) {
     for (int64_t s = 0; s < W; ++s) swa_fp8::decode(ring.data() + s * slot_bytes, int(hd), ring_kv.data() + s * hd);
   }
 
+  // Decode only the entries some row attends to: at most rows × top-k of them, not the whole
+  // (context-long) cache, and not once more for every Reuse layer than the top-k requires.
   Rows compressed_kv;
   if (ratio > 0) {
-    // (The decoder's first kv-source ran when the cut rows left: drop_encoder_only_rows.)
-    if (c.is_kv_source(l) && !(l == c.decoder_start() && p.plan.cut > 0)) compress(p, l, x);
-    if (c.is_index_source(l)) index(p, l, x, qr);
-    // Decode only the entries some row attends to: at most rows × top-k of them, not the whole
-    // (context-long) cache, and not once more for every Reuse layer than the top-k requires.
     const CompressedCache& cache = p.state.compressed.at(c.kv_source_of(l));
     const int64_t entries = p.plan.compressors.at(c.kv_source_of(l)).entries_after();
     compressed_kv.resize(size_t(entries * hd));
@@ -220,35 +205,31 @@ void attention(Pass& p, int l, const Rows& x, Rows& out) {
     thread_local std::vector<const float*> entries;
     thread_local std::vector<int64_t> slots;
     entries.clear();
-    const int64_t pos = p.pos(r);
-    window_positions(pos, p.start, R, W, floor, slots);
+    window_positions(p.pos(r), p.start, R, W, floor, slots);
     for (int64_t t : slots)
       entries.push_back(t == kEmptySlot ? nullptr
                         : t < p.start   ? ring_kv.data() + (t % W) * hd
                                         : kv.data() + (t - p.start) * hd);
     if (ratio > 0)
       for (int64_t t : p.topk[r]) entries.push_back(t < 0 ? nullptr : compressed_kv.data() + t * hd);
-    float* orow = o.data() + r * H * hd;
-    sparse_attention(q.data() + r * H * hd, int(H), int(hd), entries, sink.data(), scale, orow);
-    for (int64_t h = 0; h < H; ++h) rope.apply(orow + h * hd + hd - rd, pos, /*inverse=*/true);
+    sparse_attention(q.data() + r * H * hd, int(H), int(hd), entries, sink.data(), scale, o.data() + r * H * hd);
   }
+  return o;
+}
 
-  // The ring keeps the last W entries for the calls to come.
-  for (int64_t r = std::max<int64_t>(0, R - W); r < R; ++r)
-    swa_fp8::encode(kv.data() + r * hd, int(hd), ring.data() + (p.pos(r) % W) * slot_bytes);
-
-  // Grouped low-rank output: group g's heads through wo_a's rows [g·r, (g+1)·r), then wo_b.
-  const int64_t G = c.o_groups, olr = c.o_lora_rank, in_g = H * hd / G;
+// Grouped low-rank output: group g's heads (o [rows, G, in_g]) through wo_a's rows [g·r, (g+1)·r).
+Rows linear_grouped(const Pass& p, const Rows& o, const Weight& wo_a) {
+  const int64_t G = p.c.o_groups, olr = p.c.o_lora_rank, in_g = p.c.n_heads * p.c.head_dim / G, R = p.rows;
   Rows og(size_t(R * in_g)), yg(size_t(R * olr)), ya(size_t(R * G * olr));
   for (int64_t g = 0; g < G; ++g) {
-    for (int64_t r = 0; r < R; ++r) std::copy_n(o.data() + r * H * hd + g * in_g, in_g, og.data() + r * in_g);
-    Weight wg = a.wo_a;
+    for (int64_t r = 0; r < R; ++r) std::copy_n(o.data() + r * G * in_g + g * in_g, in_g, og.data() + r * in_g);
+    Weight wg = wo_a;
     wg.rows = olr;
-    wg.data = a.wo_a.data + g * olr * in_g * 2;  // bf16 rows
+    wg.data = wo_a.data + g * olr * in_g * 2;  // bf16 rows
     linear(og.data(), R, wg, yg.data());
     for (int64_t r = 0; r < R; ++r) std::copy_n(yg.data() + r * olr, olr, ya.data() + (r * G + g) * olr);
   }
-  out = linear_rows(ya, R, a.wo_b);
+  return ya;
 }
 
 // --- MoE --------------------------------------------------------------------------------------------
@@ -351,7 +332,7 @@ class CpuOps {
     const Rows& pre = (s == Sub::Attention ? ffn() : attn()).pre;
     for (int64_t r = 0; r < p_.rows; ++r) hc_pre(X_.data() + r * hc * d, pre.data() + r * hc, int(hc), d, h_.data() + r * d);
     const LayerWeights& L = model_.layer(l);
-    rms_norm(h_.data(), p_.rows, d, s == Sub::Attention ? &L.attn_norm : &L.ffn_norm, p_.eps(), h_.data());
+    dsv41::rms_norm(h_.data(), p_.rows, d, s == Sub::Attention ? &L.attn_norm : &L.ffn_norm, p_.eps(), h_.data());
   }
 
   // X_r ← hc_post(y_r, X_r): the streams are rewritten from themselves, so through a scratch row.
@@ -373,10 +354,42 @@ class CpuOps {
   }
 
   void engram(int l) { dsv41::engram(p_, l, engram_ids_, X_); }
-  void attention(int l) { dsv41::attention(p_, l, h_, y_); }
+  void attention(int l) { dsv41::attention(c_, *this, l); }
   void moe(int l) { dsv41::moe(p_, l, h_, y_); }
 
-  void compress_cut(int l) { compress(p_, l, h_); }
+  // The attention's ops (network.h attention()).
+  using Tensor = Rows;
+  const LayerWeights& layer(int l) const { return model_.layer(l); }
+  const Rows& h() const { return h_; }
+  Rows linear(const Rows& x, const Weight& w) const { return linear_rows(x, p_.rows, w); }
+  void rms_norm(Rows& x, int64_t cols, const Weight& w) const { dsv41::rms_norm(x.data(), p_.rows, cols, &w, p_.eps(), x.data()); }
+  void rope(Rows& x, int l, int heads, int64_t head_dim, bool inverse) const {
+    const RopeTable& rope = model_.rope(l);
+    const int64_t rd = c_.rope_head_dim;
+    for (int64_t r = 0; r < p_.rows; ++r)
+      for (int64_t h = 0; h < heads; ++h) rope.apply(x.data() + (r * heads + h) * head_dim + head_dim - rd, p_.pos(r), inverse);
+  }
+  // This call's window entries take their SWA-FP8 values (the ring gets them in keep_window).
+  void window_entries(int, Rows& kv) const {
+    for (int64_t r = 0; r < p_.rows; ++r) swa_fp8::quantize_dequantize(kv.data() + r * c_.head_dim, int(c_.head_dim));
+  }
+  // (The decoder's first kv-source ran at the cut when rows left there.)
+  void compress(int l) {
+    if (!p_.plan.compressed_at_cut(l, c_.decoder_start())) dsv41::compress(p_, l, h_);
+  }
+  void index(int l, const Rows& qr) { dsv41::index(p_, l, h_, qr); }
+  Rows attend(int l, const Rows& q, const Rows& kv) { return dsv41::attend(p_, l, q, kv); }
+  // The ring keeps the last W entries for the calls to come.
+  void keep_window(int l, const Rows& kv) {
+    const int64_t hd = c_.head_dim, W = c_.window_size;
+    std::vector<uint8_t>& ring = p_.state.window[size_t(l)];
+    for (int64_t r = std::max<int64_t>(0, p_.rows - W); r < p_.rows; ++r)
+      swa_fp8::encode(kv.data() + r * hd, int(hd), ring.data() + (p_.pos(r) % W) * swa_fp8::bytes(int(hd)));
+  }
+  Rows linear_grouped(const Rows& o, const Weight& wo_a) const { return dsv41::linear_grouped(p_, o, wo_a); }
+  void output(Rows y) { y_ = std::move(y); }
+
+  void compress_cut(int l) { dsv41::compress(p_, l, h_); }
 
   void drop_cut() {
     const int64_t hc = c_.hc_mult, d = c_.dim, cut = p_.plan.cut;
@@ -414,7 +427,7 @@ class CpuOps {
     Rows last(size_t(n * d));
     for (int64_t r = first; r < first + n; ++r)
       hc_pre(X_.data() + r * hc * d, ffn().pre.data() + r * hc, int(hc), d, last.data() + (r - first) * d);
-    rms_norm(last.data(), n, d, &model_.norm(), p_.eps(), last.data());
+    dsv41::rms_norm(last.data(), n, d, &model_.norm(), p_.eps(), last.data());
     logits_.resize(size_t(n * c_.vocab_size));
     linear_f32(last.data(), n, model_.head(), logits_.data());
   }

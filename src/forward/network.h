@@ -14,7 +14,8 @@
 //   write_back(s)              X = hc_post(y, X, post_s, comb_s)
 //   boundary(l, from, to)      write_back(from); mix(l, to); input(l, to) — one op, so that an
 //                              executor may fuse it (CUDA's Mega-mHC: the residual read and written once)
-//   engram(l), attention(l), moe(l)   the sub-layers (y from h; Engram updates X itself)
+//   engram(l), attention(l), moe(l)   the sub-layers (y from h; Engram updates X itself); an op
+//                              set's attention(l) is attention() below over its attention ops
 //   compress_cut(l), drop_cut()       decoder bounded replay at the decoder start (below)
 //   impose_input(l), record_block(l)  the Trace's layer inputs and block outputs
 //   logits()                   the plan's logits rows through hc_pre, the final norm and the head
@@ -25,6 +26,42 @@ namespace dsv41 {
 
 // The two sub-layers of a block, each with its own mHC mixes.
 enum class Sub { Attention, Ffn };
+
+// Attention (model.py Attention.forward), y from h. The op set brings the tensors (Ops::Tensor,
+// [rows, ...]) and the ops on them; what reads a sequence's own KV is its own (the executors'
+// backend-specific attention): the window entries of the call and the ring, the compressor, the
+// indexer, and sparse attention over both kinds of entries.
+//   linear(x, w), rms_norm(x, cols, w), rope(x, l, heads, head_dim, inverse)   per row, at its position
+//   window_entries(l, kv)   this call's SWA-FP8 window entries, from kv (its values become theirs)
+//   compress(l), index(l, qr)   CSA2: a kv-source's new entries; an index source's top-k per row
+//   attend(l, q, kv)        o: each row over its window and the compressed entries chosen, with the sink
+//   keep_window(l, kv)      the ring keeps the call's last W entries
+//   linear_grouped(o, wo_a), output(y)
+template <class Ops>
+void attention(const Config& c, Ops& ops, int l) {
+  const AttentionWeights& a = ops.layer(l).attn;
+  const int H = c.n_heads;
+  const int64_t hd = c.head_dim;
+  // The query through its low-rank path, RoPE'd on each head's last rope_head_dim values.
+  typename Ops::Tensor qr = ops.linear(ops.h(), a.wq_a);
+  ops.rms_norm(qr, c.q_lora_rank, a.q_norm);
+  typename Ops::Tensor q = ops.linear(qr, a.wq_b);
+  ops.rope(q, l, H, hd, false);
+  // This call's window entries: kv_norm(wkv(h)), RoPE'd, SWA-FP8.
+  typename Ops::Tensor kv = ops.linear(ops.h(), a.wkv);
+  ops.rms_norm(kv, hd, a.kv_norm);
+  ops.rope(kv, l, 1, hd, false);
+  ops.window_entries(l, kv);
+  if (c.compress_ratios[size_t(l)] > 0) {
+    if (c.is_kv_source(l)) ops.compress(l);
+    if (c.is_index_source(l)) ops.index(l, qr);
+  }
+  typename Ops::Tensor o = ops.attend(l, q, kv);
+  ops.rope(o, l, H, hd, /*inverse=*/true);
+  ops.keep_window(l, kv);
+  // Grouped low-rank output: wo_a per head group, then wo_b.
+  ops.output(ops.linear(ops.linear_grouped(o, a.wo_a), a.wo_b));
+}
 
 template <class Ops>
 void run_network(const Config& c, Ops& ops, const Trace* trace) {

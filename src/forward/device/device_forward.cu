@@ -132,8 +132,23 @@ class Call {
   void write_back(Sub s);
   void boundary(int l, Sub from, Sub to);
   void engram(int l);
-  void attention(int l) { attention(l, y_.get()); }
+  void attention(int l) { dsv41::attention(c_, *this, l); }
   void moe(int l) { moe(l, y_.get()); }
+
+  // The attention's ops (network.h attention()).
+  using Tensor = Floats;
+  const LayerWeights& layer(int l) const { return m_.layer(l); }
+  const Floats& h() const { return h_; }
+  Floats linear(const Floats& x, const Weight& w);
+  void rms_norm(Floats& x, int64_t cols, const Weight& w) { cuda::rms_norm(x.get(), T_, cols, &w, eps(), x.get(), stream_); }
+  void rope(Floats& x, int l, int heads, int64_t head_dim, bool inverse);
+  void window_entries(int l, Floats& kv);
+  void compress(int l);
+  void index(int l, const Floats& qr);
+  Floats attend(int l, const Floats& q, const Floats& kv);
+  void keep_window(int l, const Floats& kv);
+  Floats linear_grouped(const Floats& o, const Weight& wo_a);
+  void output(Floats y) { y_ = std::move(y); }
   void compress_cut(int ds);
   void drop_cut();
   void impose_input(int l);
@@ -153,7 +168,6 @@ class Call {
   float eps() const { return float(c_.norm_eps); }
   int64_t pos(const Item& it, int64_t r) const { return it.start + r; }
   void upload_positions();
-  void attention(int l, float* out);
   void window_lists(int l);
   void compress(Item& it, int l, const float* x);
   void compress_decode(int l, const float* x);
@@ -184,6 +198,11 @@ class Call {
   DeviceBuffer<int32_t> window_buffer_;
   const int32_t* window_ = nullptr;
   std::vector<int64_t> window_offset_;
+  // The current layer's window entries (window_entries), for attend and keep_window.
+  std::vector<DeviceBuffer<uint8_t>> window_buffers_;
+  std::vector<uint8_t*> base_, ring_dest_;  // [T] each row's window buffer; where keep_window writes it
+  DeviceBuffer<uint8_t> discard_;
+  bool ring_update_ = false;
   int64_t window_width(const Item& it) const { return it.first_call() ? std::min<int64_t>(it.rows, c_.window_size) : c_.window_size; }
 };
 
@@ -209,7 +228,7 @@ void Call::mix(int l, Sub s) {
 void Call::input(int l, Sub s) {
   const LayerWeights& L = m_.layer(l);
   hc_pre(X_.get(), before(s).pre.get(), T_, c_.hc_mult, c_.dim, h_.get(), stream_);
-  rms_norm(h_.get(), T_, c_.dim, s == Sub::Attention ? &L.attn_norm : &L.ffn_norm, eps(), h_.get(), stream_);
+  cuda::rms_norm(h_.get(), T_, c_.dim, s == Sub::Attention ? &L.attn_norm : &L.ffn_norm, eps(), h_.get(), stream_);
 }
 
 void Call::write_back(Sub s) {
@@ -350,7 +369,7 @@ void Call::engram(int l) {
   }
   Floats emb = scratch<float>(T_ * cols * hd, stream_), kv = scratch<float>(T_ * (hc + 1) * d, stream_);
   engram_gather(g.table, g.table_scale, hd, ids, T_, cols, emb.get(), stream_);
-  linear(emb.get(), T_, g.wkv, kv.get(), stream_);
+  cuda::linear(emb.get(), T_, g.wkv, kv.get(), stream_);
   engram_gate(X_.get(), kv.get(), m_.engram_qk(l), T_, int(hc), d, eps(), stream_);
 }
 
@@ -406,7 +425,7 @@ void Call::compress(Item& it, int l, const float* x) {
   Floats latents;
   if (ratio == 1) {
     latents = scratch<float>(rows * hd, stream_);
-    linear(xs, rows, a.compressor_wkv, latents.get(), stream_);
+    cuda::linear(xs, rows, a.compressor_wkv, latents.get(), stream_);
   } else {
     // The open group's rows, then this call's: every complete group is pooled, the rest waits.
     const int64_t staged = g.pending_before + rows;
@@ -439,13 +458,13 @@ void Call::store_entries(int l, float* latents, int64_t n, const int64_t* gpos, 
   const AttentionWeights& a = m_.layer(l).attn;
   const float* freqs = m_.rope_freqs(l);
   const int64_t hd = c_.head_dim, rd = c_.rope_head_dim, ihd = c_.index_head_dim;
-  rms_norm(latents, n, hd, &a.compressor_norm, eps(), latents, stream_);
+  cuda::rms_norm(latents, n, hd, &a.compressor_norm, eps(), latents, stream_);
   Floats k = scratch<float>(n * ihd, stream_);
-  linear(latents, n, a.indexer_wk, k.get(), stream_);
-  rms_norm(k.get(), n, ihd, &a.indexer_k_norm, eps(), k.get(), stream_);
-  rope(k.get() + ihd - rd, n, 1, ihd, ihd, int(rd), gpos, freqs, false, stream_);
+  cuda::linear(latents, n, a.indexer_wk, k.get(), stream_);
+  cuda::rms_norm(k.get(), n, ihd, &a.indexer_k_norm, eps(), k.get(), stream_);
+  cuda::rope(k.get() + ihd - rd, n, 1, ihd, ihd, int(rd), gpos, freqs, false, stream_);
   mxfp4_encode(k.get(), n, int(ihd), index_dest, stream_);
-  rope(latents + hd - rd, n, 1, hd, hd, int(rd), gpos, freqs, false, stream_);
+  cuda::rope(latents + hd - rd, n, 1, hd, hd, int(rd), gpos, freqs, false, stream_);
   kv_fp4_encode(latents, n, int(hd), kv_dest, stream_);
 }
 
@@ -460,7 +479,7 @@ void Call::compress_decode(int l, const float* x) {
   const DecodePlan::Compressed& f = plan_->compressed.at(l);
   Floats latents = scratch<float>(B * hd, stream_);
   if (ratio == 1) {
-    linear(x, B, a.compressor_wkv, latents.get(), stream_);
+    cuda::linear(x, B, a.compressor_wkv, latents.get(), stream_);
   } else {
     Floats kv = scratch<float>(B * hd, stream_), score = scratch<float>(B * hd, stream_);
     linear_f32(x, B, a.compressor_wkv, kv.get(), stream_);
@@ -482,9 +501,9 @@ void Call::index(int l, const float* x, const float* qr) {
   const bool uses_candidates = c_.candidate_source_layer >= 0 && l > c_.candidate_source_layer;
 
   Floats q = scratch<float>(T_ * heads * ihd, stream_), w = scratch<float>(T_ * heads, stream_);
-  linear(qr, T_, a.indexer_wq_b, q.get(), stream_);
-  rope(q.get() + ihd - rd, T_, heads, int64_t(heads) * ihd, ihd, rd, positions_, m_.rope_freqs(l), false, stream_);
-  linear(x, T_, a.indexer_weights_proj, w.get(), stream_);
+  cuda::linear(qr, T_, a.indexer_wq_b, q.get(), stream_);
+  cuda::rope(q.get() + ihd - rd, T_, heads, int64_t(heads) * ihd, ihd, rd, positions_, m_.rope_freqs(l), false, stream_);
+  cuda::linear(x, T_, a.indexer_weights_proj, w.get(), stream_);
   scale_round(w.get(), T_ * heads, float(std::pow(double(ihd), -0.5) * std::pow(double(heads), -0.5)), stream_);
 
   // A decode call reads its entry counts and visible counts from its plan, and sizes the scores
@@ -555,69 +574,62 @@ void Call::index(int l, const float* x, const float* qr) {
 
 // --- attention --------------------------------------------------------------------------------------
 
-void Call::attention(int l, float* out) {
-  const AttentionWeights& a = m_.layer(l).attn;
-  const float* freqs = m_.rope_freqs(l);
-  const int64_t H = c_.n_heads, hd = c_.head_dim, rd = c_.rope_head_dim, W = c_.window_size, T = T_;
-  const int ratio = c_.compress_ratios[size_t(l)];
+// This call's window entries, SWA-FP8 into each item's window buffer (or ring), and the window
+// lists that index them.
+void Call::window_entries(int l, Floats& kv) {
+  const int64_t hd = c_.head_dim, W = c_.window_size, T = T_;
   const size_t slot = swa_fp8::bytes(int(hd));
-
-  Floats qr = scratch<float>(T * c_.q_lora_rank, stream_), q = scratch<float>(T * H * hd, stream_);
-  linear(h_.get(), T, a.wq_a, qr.get(), stream_);
-  rms_norm(qr.get(), T, c_.q_lora_rank, &a.q_norm, eps(), qr.get(), stream_);
-  linear(qr.get(), T, a.wq_b, q.get(), stream_);
-  rope(q.get() + hd - rd, T, int(H), H * hd, hd, int(rd), positions_, freqs, false, stream_);
-
-  // This call's window entries, SWA-FP8 into each item's window buffer (or ring).
-  Floats kv = scratch<float>(T * hd, stream_);
-  linear(h_.get(), T, a.wkv, kv.get(), stream_);
-  rms_norm(kv.get(), T, hd, &a.kv_norm, eps(), kv.get(), stream_);
-  rope(kv.get() + hd - rd, T, 1, hd, hd, int(rd), positions_, freqs, false, stream_);
-  std::vector<DeviceBuffer<uint8_t>> buffers;
-  std::vector<uint8_t*> dest(static_cast<size_t>(T)), base(static_cast<size_t>(T)), ring_dest(static_cast<size_t>(T));
+  window_buffers_.clear();
+  std::vector<uint8_t*> dest(static_cast<size_t>(T));
+  base_.assign(size_t(T), nullptr);
+  ring_dest_.assign(size_t(T), nullptr);
   // A multi-row item's ring gets its last W rows after attention; the other rows of that second
   // encode go to a scratch slot. A batch of decodes needs neither.
-  const bool ring_update = std::any_of(items_.begin(), items_.end(), [](const Item& it) { return it.rows > 0 && !it.decode_in_ring(); });
-  DeviceBuffer<uint8_t> discard = ring_update ? scratch<uint8_t>(int64_t(slot), stream_) : DeviceBuffer<uint8_t>();
+  ring_update_ = std::any_of(items_.begin(), items_.end(), [](const Item& it) { return it.rows > 0 && !it.decode_in_ring(); });
+  discard_ = ring_update_ ? scratch<uint8_t>(int64_t(slot), stream_) : DeviceBuffer<uint8_t>();
   for (Item& it : items_) {
     if (it.rows == 0 || decode()) continue;  // a decode call's destinations are in its plan
     uint8_t* ring = it.seq->window[size_t(l)].get();
     uint8_t* buffer = ring;
     if (!it.decode_in_ring()) {
-      buffer = buffers.emplace_back(scratch<uint8_t>((W + it.rows) * int64_t(slot), stream_)).get();
+      buffer = window_buffers_.emplace_back(scratch<uint8_t>((W + it.rows) * int64_t(slot), stream_)).get();
       if (!it.first_call())
         check(cudaMemcpyAsync(buffer, ring, W * slot, cudaMemcpyDeviceToDevice, stream_), "attention window");
     }
     for (int64_t r = 0; r < it.rows; ++r) {
       const int64_t row = it.offset + r, p = pos(it, r);
-      base[size_t(row)] = buffer;
+      base_[size_t(row)] = buffer;
       dest[size_t(row)] = it.decode_in_ring() ? ring + (p % W) * slot : buffer + (W + r) * slot;
-      ring_dest[size_t(row)] = !it.decode_in_ring() && r >= it.rows - W ? ring + (p % W) * slot : discard.get();
+      ring_dest_[size_t(row)] = !it.decode_in_ring() && r >= it.rows - W ? ring + (p % W) * slot : discard_.get();
     }
   }
   DeviceBuffer<uint8_t*> dest_d;
   if (!decode()) dest_d = scratch_from(dest, stream_);
   swa_fp8_encode(kv.get(), T, int(hd), decode() ? planned<uint8_t*>(plan_->swa_dest[size_t(l)]) : dest_d.get(), stream_);
   window_lists(l);
+}
 
-  if (ratio > 0) {
-    if (c_.is_kv_source(l)) {
-      if (decode()) {
-        compress_decode(l, h_.get());
-      } else {
-        for (Item& it : items_)
-          if (!(l == c_.decoder_start() && it.plan.cut > 0)) compress(it, l, h_.get() + it.offset * c_.dim);  // else at the cut
-      }
-    }
-    if (c_.is_index_source(l)) {
-      if (topk_.size() == 0) {
-        K_ = c_.index_topk;
-        topk_ = scratch<int32_t>(T * K_, stream_);
-      }
-      index(l, h_.get(), qr.get());
-    }
+void Call::compress(int l) {
+  if (decode()) {
+    compress_decode(l, h_.get());
+    return;
   }
+  for (Item& it : items_)
+    if (!it.plan.compressed_at_cut(l, c_.decoder_start())) compress(it, l, h_.get() + it.offset * c_.dim);
+}
 
+void Call::index(int l, const Floats& qr) {
+  if (topk_.size() == 0) {
+    K_ = c_.index_topk;
+    topk_ = scratch<int32_t>(T_ * K_, stream_);
+  }
+  index(l, h_.get(), qr.get());
+}
+
+// Sparse attention over each row's window (window_entries) and chosen compressed entries.
+Floats Call::attend(int l, const Floats& q, const Floats&) {
+  const int64_t H = c_.n_heads, hd = c_.head_dim, T = T_;
+  const int ratio = c_.compress_ratios[size_t(l)];
   DeviceBuffer<uint8_t*> base_d;
   DeviceBuffer<const uint8_t*> caches_d;
   const uint8_t* const* rings = nullptr;
@@ -626,7 +638,7 @@ void Call::attention(int l, float* out) {
     rings = planned<const uint8_t*>(plan_->rings[size_t(l)]);
     if (ratio > 0) caches = planned<const uint8_t*>(plan_->compressed.at(c_.kv_source_of(l)).caches);
   } else {
-    base_d = scratch_from(base, stream_);
+    base_d = scratch_from(base_, stream_);
     rings = base_d.get();
     if (ratio > 0) {
       std::vector<const uint8_t*> host_caches(static_cast<size_t>(T));
@@ -654,19 +666,34 @@ void Call::attention(int l, float* out) {
     batch.caches = caches + row;
     batch.topk = ratio > 0 ? topk_.get() + row * K_ : nullptr;
     batch.K = ratio > 0 ? K_ : 0;
-    sparse_attention(batch, q.get() + row * H * hd, m_.attn_sink(l), float(std::pow(double(hd), -0.5)),
-                     o.get() + row * H * hd, stream_);
+    sparse_attention(batch, q.get() + row * H * hd, m_.attn_sink(l), float(std::pow(double(hd), -0.5)), o.get() + row * H * hd,
+                     stream_);
   }
-  rope(o.get() + hd - rd, T, int(H), H * hd, hd, int(rd), positions_, freqs, /*inverse=*/true, stream_);
+  return o;
+}
 
-  // The ring keeps the last W entries of a multi-row call (a decode row is there already).
-  if (ring_update) swa_fp8_encode(kv.get(), T, int(hd), scratch_from(ring_dest, stream_).get(), stream_);
+// The ring keeps the last W entries of a multi-row call (a decode row is there already).
+void Call::keep_window(int, const Floats& kv) {
+  if (ring_update_) swa_fp8_encode(kv.get(), T_, int(c_.head_dim), scratch_from(ring_dest_, stream_).get(), stream_);
+}
 
-  // Grouped low-rank output: group g's heads (o [T, G, in_g]) through wo_a's rows [g·r, (g+1)·r),
-  // into ya [T, G, r]; then wo_b.
-  Floats ya = scratch<float>(T * c_.o_groups * c_.o_lora_rank, stream_);
-  linear_grouped(o.get(), T, c_.o_groups, a.wo_a, ya.get(), stream_);
-  linear(ya.get(), T, a.wo_b, out, stream_);
+Floats Call::linear(const Floats& x, const Weight& w) {
+  Floats y = scratch<float>(T_ * w.rows, stream_);
+  cuda::linear(x.get(), T_, w, y.get(), stream_);
+  return y;
+}
+
+void Call::rope(Floats& x, int l, int heads, int64_t head_dim, bool inverse) {
+  const int rd = c_.rope_head_dim;
+  cuda::rope(x.get() + head_dim - rd, T_, heads, heads * head_dim, head_dim, rd, positions_, m_.rope_freqs(l), inverse, stream_);
+}
+
+// Grouped low-rank output: group g's heads (o [T, G, in_g]) through wo_a's rows [g·r, (g+1)·r),
+// into ya [T, G, r].
+Floats Call::linear_grouped(const Floats& o, const Weight& wo_a) {
+  Floats ya = scratch<float>(T_ * c_.o_groups * c_.o_lora_rank, stream_);
+  cuda::linear_grouped(o.get(), T_, c_.o_groups, wo_a, ya.get(), stream_);
+  return ya;
 }
 
 // --- MoE --------------------------------------------------------------------------------------------
@@ -756,7 +783,7 @@ void Call::logits() {
     X = Xr.get(), mix = pre.get();
   }
   hc_pre(X, mix, n, int(hc), d, last.get(), stream_);
-  rms_norm(last.get(), n, d, &m_.norm(), eps(), last.get(), stream_);
+  cuda::rms_norm(last.get(), n, d, &m_.norm(), eps(), last.get(), stream_);
   linear_f32(last.get(), n, m_.head(), out, stream_);
 }
 
