@@ -75,11 +75,12 @@ void synthetic_context(const Config& c, DeviceSequence& s, int64_t context, uint
   for (auto& w : s.window)  // e4m3 codes without the NaN pattern; block scale 2^-4
     fill(w.get(), c.window_size, int(swa_fp8::bytes(hd)), hd, 0x77, uint8_t(127 - 4), seed++);
   for (auto& [layer, d] : s.compressed) {
-    d.entries = context / d.ratio;
-    d.pending = int(context % d.ratio);
+    const int ratio = c.compress_ratios[size_t(layer)];
+    d.entries = context / ratio;
+    d.pending = int(context % ratio);
     fill(d.kv.get(), d.entries, int(kv_fp4::bytes(hd)), hd / 2, 0xFF, e4m3_from_float(0.125f), seed++);
     fill(d.index_k.get(), d.entries, int(mxfp4::bytes(ihd)), ihd / 2, 0xFF, uint8_t(127 - 3), seed++);
-    if (d.ratio > 1) {
+    if (ratio > 1) {
       check(cudaMemset(d.pending_kv.get(), 0, size_t(d.pending_kv.bytes())), "bench");
       check(cudaMemset(d.pending_score.get(), 0, size_t(d.pending_score.bytes())), "bench");
     }

@@ -3,10 +3,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 
 #include "backend/cuda/check.h"
 #include "base/error.h"
+#include "forward/device/decode_graph.h"
 #include "forward/device/device_forward.h"
 
 namespace dsv41::cuda {
@@ -17,9 +19,17 @@ namespace {
 // (one copy through the host per doubling), so a short chat does not hold a long context's memory.
 constexpr int64_t kFirstCapacity = 4096;
 
+// Every DeviceSequence a CudaSequence makes gets an id of its own, never reused: a captured decode
+// step names its sequences by these ids, so it is replayed only on the very buffers it captured.
+uint64_t next_device_id() {
+  static std::atomic<uint64_t> ids{0};
+  return ++ids;
+}
+
 class CudaSequence final : public Sequence {
  public:
-  explicit CudaSequence(const Config& config) : config_(config), device_(std::make_unique<DeviceSequence>(config, kFirstCapacity)) {}
+  explicit CudaSequence(const Config& config)
+      : config_(config), device_(std::make_unique<DeviceSequence>(config, kFirstCapacity)), id_(next_device_id()) {}
   int64_t length() const override { return device_->length; }
   const SequenceState& host() override {
     if (!host_) host_ = device_->download();
@@ -30,7 +40,7 @@ class CudaSequence final : public Sequence {
     int64_t held = state.length;
     for (const auto& [layer, cache] : state.compressed)
       held = std::max(held, cache.entries * config_.compress_ratios[size_t(layer)] + cache.pending);
-    if (held > device_->capacity()) device_ = std::make_unique<DeviceSequence>(config_, held);  // nothing to keep
+    if (held > device_->capacity()) replace(std::make_unique<DeviceSequence>(config_, held));  // nothing to keep
     device_->upload(state);
     host_.reset();
   }
@@ -38,7 +48,7 @@ class CudaSequence final : public Sequence {
   void reserve(int64_t tokens) {
     if (tokens <= device_->capacity()) return;
     SequenceState state = device_->download();
-    device_ = std::make_unique<DeviceSequence>(config_, std::max(tokens, 2 * device_->capacity()));
+    replace(std::make_unique<DeviceSequence>(config_, std::max(tokens, 2 * device_->capacity())));
     device_->upload(state);
   }
   // The device state, about to change: the host copy is stale from now on.
@@ -46,10 +56,17 @@ class CudaSequence final : public Sequence {
     host_.reset();
     return device_.get();
   }
+  uint64_t id() const { return id_; }
 
  private:
+  void replace(std::unique_ptr<DeviceSequence> device) {
+    device_ = std::move(device);
+    id_ = next_device_id();
+  }
+
   const Config& config_;
   std::unique_ptr<DeviceSequence> device_;
+  uint64_t id_;
   std::optional<SequenceState> host_;  // the last host() copy while the device state is unchanged
 };
 
@@ -76,15 +93,54 @@ class CudaExecutor final : public Executor {
       if (!s) fail("CudaExecutor", "sequences of the CUDA executor", "another executor's");
       s->reserve(s->length() + int64_t(item.tokens.size()));
     }
+    if (decode_step(batch)) return replay(batch);
     for (const BatchItem& item : batch)
       items.push_back(DeviceItem{static_cast<CudaSequence*>(item.sequence)->running(), item.tokens, item.engram_ids, item.options});
     return cuda::forward_batch(device_, items);
   }
 
  private:
+  // A step of one decode row per sequence, none replayed or traced, at most kDeviceRoutedRows:
+  // what a captured step (DecodeGraph) runs, to the bit as forward_batch would.
+  static bool decode_step(const std::vector<BatchItem>& batch) {
+    if (batch.empty() || int64_t(batch.size()) > kDeviceRoutedRows) return false;
+    for (const BatchItem& item : batch) {
+      const ForwardOptions& o = item.options;
+      if (item.tokens.size() != 1 || item.sequence->length() == 0 || o.trace || o.replay_until != 0 ||
+          o.keep_replayed_rows || o.decoder_from > item.sequence->length())
+        return false;
+    }
+    return true;
+  }
+
+  // The step through the captured graph of these sequences, captured now if the last one was of
+  // others (a batch that changed, or a sequence whose caches grew).
+  std::vector<std::vector<float>> replay(const std::vector<BatchItem>& batch) {
+    std::vector<uint64_t> ids;
+    std::vector<DeviceSequence*> sequences;
+    std::vector<int32_t> tokens;
+    std::vector<const int64_t*> engram_ids;
+    for (const BatchItem& item : batch) {
+      auto* s = static_cast<CudaSequence*>(item.sequence);
+      ids.push_back(s->id());
+      sequences.push_back(s->running());
+      tokens.push_back(item.tokens[0]);
+      engram_ids.push_back(item.engram_ids);
+    }
+    if (!graph_ || ids != graph_ids_) {
+      graph_.reset();
+      graph_ = std::make_unique<DecodeGraph>(device_, sequences);
+      graph_ids_ = ids;
+    }
+    if (std::all_of(engram_ids.begin(), engram_ids.end(), [](const int64_t* p) { return p == nullptr; })) engram_ids.clear();
+    return graph_->step(tokens, engram_ids);
+  }
+
   const Model& model_;
   DeviceModel device_;
   int64_t free_at_start_ = 0;
+  std::unique_ptr<DecodeGraph> graph_;  // the last decode step's, replayed while its batch stays
+  std::vector<uint64_t> graph_ids_;
 };
 
 }  // namespace

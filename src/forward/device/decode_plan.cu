@@ -109,8 +109,8 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
       DeviceCompressed& cache = r.sequence->compressed.at(l);
       const CompressorPlan& g = p.items[b].compressors.at(l);
       const bool closes = g.groups == 1;
-      if (g.entries_after() > cache.capacity)
-        fail("cuda decode step", "a compressed cache within its capacity (" + std::to_string(cache.capacity) + ")",
+      if (g.entries_after() > r.sequence->entry_capacity(l))
+        fail("cuda decode step", "a compressed cache within its capacity (" + std::to_string(r.sequence->entry_capacity(l)) + ")",
              std::to_string(g.entries_after()) + " entries at layer " + std::to_string(l));
       caches.push_back(cache.kv.get());
       open_kv.push_back(cache.pending_kv.get());
@@ -120,7 +120,7 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
       index_dest.push_back(closes ? cache.index_k.get() + cache.entries * int64_t(index_bytes) : nullptr);
       group_pos.push_back(g.group_pos(0));
       entries.push_back(g.entries_after());
-      visible.push_back((r.sequence->length + 1) / cache.ratio);
+      visible.push_back((r.sequence->length + 1) / g.ratio);
     }
     DecodePlan::Compressed& f = p.compressed[l];
     f.caches = block.add(caches);

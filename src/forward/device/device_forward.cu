@@ -419,8 +419,8 @@ void Call::compress(Item& it, int l, const float* x) {
   if (rows == 0) return;
   const float* xs = x + (g.first_pos - it.start) * c_.dim;
 
-  if (g.entries_after() > cache.capacity)
-    fail("cuda::forward_batch", "a compressed cache within its capacity (" + std::to_string(cache.capacity) + ")",
+  if (g.entries_after() > it.seq->entry_capacity(l))
+    fail("cuda::forward_batch", "a compressed cache within its capacity (" + std::to_string(it.seq->entry_capacity(l)) + ")",
          std::to_string(g.entries_after()) + " entries");
   Floats latents;
   if (ratio == 1) {
@@ -527,7 +527,7 @@ void Call::index(int l, const float* x, const float* qr) {
     const DeviceCompressed& cache = it.seq->compressed.at(c_.kv_source_of(l));
     const int64_t n = it.plan.compressors.at(c_.kv_source_of(l)).entries_after();
     const int64_t* n_device = decode() ? planned<int64_t>(plan_->compressed.at(c_.kv_source_of(l)).entries) + it.offset : nullptr;
-    const int64_t stride = decode() ? cache.capacity : n;  // between a row's scores and the next's
+    const int64_t stride = decode() ? it.seq->entry_capacity(c_.kv_source_of(l)) : n;  // between a row's scores and the next's
     int32_t* topk = topk_.get() + it.offset * K_;
     const int k = decode() ? K_ : int(std::min<int64_t>(c_.index_topk, n));
     const int64_t* seen = visible + it.offset;

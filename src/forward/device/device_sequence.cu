@@ -17,13 +17,12 @@ DeviceSequence::DeviceSequence(const Config& c, int64_t capacity) : config_(c), 
   }
   for (int s : c.kv_source_layers) {
     DeviceCompressed& d = compressed[s];
-    d.ratio = c.compress_ratios[size_t(s)];
-    d.capacity = capacity / d.ratio + 1;
-    d.kv = DeviceBuffer<uint8_t>(d.capacity * int64_t(kv_fp4::bytes(c.head_dim)));
-    d.index_k = DeviceBuffer<uint8_t>(d.capacity * int64_t(mxfp4::bytes(c.index_head_dim)));
-    if (d.ratio > 1) {
-      d.pending_kv = DeviceBuffer<float>(d.ratio * int64_t(c.head_dim));
-      d.pending_score = DeviceBuffer<float>(d.ratio * int64_t(c.head_dim));
+    const int ratio = c.compress_ratios[size_t(s)];
+    d.kv = DeviceBuffer<uint8_t>(entry_capacity(s) * int64_t(kv_fp4::bytes(c.head_dim)));
+    d.index_k = DeviceBuffer<uint8_t>(entry_capacity(s) * int64_t(mxfp4::bytes(c.index_head_dim)));
+    if (ratio > 1) {
+      d.pending_kv = DeviceBuffer<float>(ratio * int64_t(c.head_dim));
+      d.pending_score = DeviceBuffer<float>(ratio * int64_t(c.head_dim));
     }
   }
 }
@@ -39,9 +38,10 @@ void DeviceSequence::upload(const SequenceState& s) {
            std::to_string(s.window[size_t(l)].size()));
   for (auto& [layer, d] : compressed) {
     const CompressedCache& h = s.compressed.at(layer);
+    const int ratio = c.compress_ratios[size_t(layer)];
     const size_t want_kv = size_t(h.entries) * kv_fp4::bytes(c.head_dim), want_k = size_t(h.entries) * mxfp4::bytes(c.index_head_dim);
-    if (h.entries > d.capacity || h.kv.size() < want_kv || h.index_k.size() < want_k || h.pending >= std::max(d.ratio, 1))
-      fail("DeviceSequence::upload", "layer " + std::to_string(layer) + ": at most " + std::to_string(d.capacity) +
+    if (h.entries > entry_capacity(layer) || h.kv.size() < want_kv || h.index_k.size() < want_k || h.pending >= std::max(ratio, 1))
+      fail("DeviceSequence::upload", "layer " + std::to_string(layer) + ": at most " + std::to_string(entry_capacity(layer)) +
                                          " entries with their bytes and fewer open rows than the ratio",
            std::to_string(h.entries) + " entries, " + std::to_string(h.kv.size()) + " + " + std::to_string(h.index_k.size()) +
                " bytes, " + std::to_string(h.pending) + " open rows");
@@ -56,7 +56,7 @@ void DeviceSequence::upload(const SequenceState& s) {
     d.kv.upload(h.kv.data(), h.entries * int64_t(kv_fp4::bytes(c.head_dim)));
     d.index_k.upload(h.index_k.data(), h.entries * int64_t(mxfp4::bytes(c.index_head_dim)));
     d.pending = h.pending;
-    if (d.ratio > 1 && h.pending > 0) {
+    if (c.compress_ratios[size_t(layer)] > 1 && h.pending > 0) {
       d.pending_kv.upload(h.pending_kv.data(), int64_t(h.pending) * c.head_dim);
       d.pending_score.upload(h.pending_score.data(), int64_t(h.pending) * c.head_dim);
     }
@@ -77,7 +77,7 @@ SequenceState DeviceSequence::download() const {
     h.kv = d.kv.download(nullptr, d.entries * int64_t(kv_fp4::bytes(c.head_dim)));
     h.index_k = d.index_k.download(nullptr, d.entries * int64_t(mxfp4::bytes(c.index_head_dim)));
     h.pending = d.pending;
-    if (d.ratio > 1) {
+    if (c.compress_ratios[size_t(layer)] > 1) {
       h.pending_kv = d.pending_kv.download();
       h.pending_score = d.pending_score.download();
     }

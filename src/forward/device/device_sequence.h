@@ -13,24 +13,17 @@
 
 namespace dsv41::cuda {
 
-struct DeviceCompressed {
-  int ratio = 0;
-  int64_t entries = 0, capacity = 0;
-  DeviceBuffer<uint8_t> kv, index_k;               // capacity × kv_fp4::bytes(head_dim), × mxfp4::bytes(index_head_dim)
-  DeviceBuffer<float> pending_kv, pending_score;  // ratio × head_dim (m > 1)
-  int pending = 0;
-};
+using DeviceCompressed = CompressedKv<DeviceBuffer>;
 
-class DeviceSequence {
+// SequenceState's KvState in device memory: each cache's kv and index_k hold entry_capacity()
+// entries, pending_kv and pending_score ratio rows.
+class DeviceSequence : public KvState<DeviceBuffer> {
  public:
   DeviceSequence(const Config& config, int64_t capacity);
 
   int64_t capacity() const { return capacity_; }
-  int64_t length = 0;
-  int64_t decoder_window_floor = 0;
-  int64_t encoder_window_floor = 0;
-  std::vector<DeviceBuffer<uint8_t>> window;    // per layer: W × swa_fp8::bytes(head_dim)
-  std::map<int, DeviceCompressed> compressed;  // by kv-source layer
+  // The entries kv-source `layer`'s cache has room for.
+  int64_t entry_capacity(int layer) const { return capacity_ / config_.compress_ratios[size_t(layer)] + 1; }
 
   // The same state as a host SequenceState, and back (tests; moving a sequence between tiers).
   void upload(const SequenceState& state);
