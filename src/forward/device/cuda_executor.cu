@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "backend/cuda/check.h"
@@ -26,26 +28,43 @@ uint64_t next_device_id() {
   return ++ids;
 }
 
+// The device is one executor's at a time: every CUDA call of the executor and its sequences holds
+// this lock, so that no thread's call lands in another's graph capture (which refuses it) and no
+// two forwards overlap (Mega-mHC's arrival counters are shared). Shared, since a sequence may
+// outlive the executor's other users.
+using DeviceLock = std::shared_ptr<std::recursive_mutex>;
+
 class CudaSequence final : public Sequence {
  public:
-  explicit CudaSequence(const Config& config)
-      : config_(config), device_(std::make_unique<DeviceSequence>(config, kFirstCapacity)), id_(next_device_id()) {}
+  CudaSequence(const Config& config, DeviceLock lock) : config_(config), lock_(std::move(lock)) {
+    std::lock_guard hold(*lock_);
+    device_ = std::make_unique<DeviceSequence>(config, kFirstCapacity);
+    id_ = next_device_id();
+  }
+  ~CudaSequence() override {
+    std::lock_guard hold(*lock_);
+    device_.reset();
+  }
   int64_t length() const override { return device_->length; }
   const SequenceState& host() override {
+    std::lock_guard hold(*lock_);
     if (!host_) host_ = device_->download();
     return *host_;
   }
   void assign(SequenceState state) override {
-    // A state restored for encoder replay holds the global KV past its length (up to the hit).
+    std::lock_guard hold(*lock_);
+    // A state restored for encoder replay holds the global KV past its length (up to the hit); the
+    // caches get room for a turn more, so that the call after a restore does not grow them at once.
     int64_t held = state.length;
     for (const auto& [layer, cache] : state.compressed)
       held = std::max(held, cache.entries * config_.compress_ratios[size_t(layer)] + cache.pending);
-    if (held > device_->capacity()) replace(std::make_unique<DeviceSequence>(config_, held));  // nothing to keep
+    if (held > device_->capacity()) replace(std::make_unique<DeviceSequence>(config_, held + kFirstCapacity));  // nothing to keep
     device_->upload(state);
     host_.reset();
   }
   // Room for `tokens` tokens, the state kept.
   void reserve(int64_t tokens) {
+    std::lock_guard hold(*lock_);
     if (tokens <= device_->capacity()) return;
     SequenceState state = device_->download();
     replace(std::make_unique<DeviceSequence>(config_, std::max(tokens, 2 * device_->capacity())));
@@ -65,8 +84,9 @@ class CudaSequence final : public Sequence {
   }
 
   const Config& config_;
+  DeviceLock lock_;
   std::unique_ptr<DeviceSequence> device_;
-  uint64_t id_;
+  uint64_t id_ = 0;
   std::optional<SequenceState> host_;  // the last host() copy while the device state is unchanged
 };
 
@@ -84,9 +104,10 @@ class CudaExecutor final : public Executor {
   // Half the device memory free once the weights are placed: each sequence's caches grow by
   // doubling, so a sequence can hold up to twice its tokens' bytes; scratch takes its share too.
   int64_t default_kv_budget() const override { return free_at_start_ / 2; }
-  std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<CudaSequence>(model_.config()); }
+  std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<CudaSequence>(model_.config(), lock_); }
 
   std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override {
+    std::lock_guard hold(*lock_);
     std::vector<DeviceItem> items;
     for (const BatchItem& item : batch) {
       auto* s = dynamic_cast<CudaSequence*>(item.sequence);
@@ -137,6 +158,7 @@ class CudaExecutor final : public Executor {
   }
 
   const Model& model_;
+  DeviceLock lock_ = std::make_shared<std::recursive_mutex>();
   DeviceModel device_;
   int64_t free_at_start_ = 0;
   std::unique_ptr<DecodeGraph> graph_;  // the last decode step's, replayed while its batch stays
