@@ -16,7 +16,7 @@
 //                              executor may fuse it (CUDA's Mega-mHC: the residual read and written once)
 //   engram(l), attention(l), moe(l)   the sub-layers (y from h; Engram updates X itself); an op
 //                              set's attention(l) is attention() below over its attention ops
-//   compress_cut(l), drop_cut()       decoder bounded replay at the decoder start (below)
+//   cuts_rows(), compress_cut(l), drop_cut()   decoder bounded replay at the decoder start (below)
 //   impose_input(l), record_block(l)  the Trace's layer inputs and block outputs
 //   logits()                   the plan's logits rows through hc_pre, the final norm and the head
 #include "forward/forward.h"
