@@ -20,7 +20,7 @@ namespace {
 struct Outcome {
   PrefixUse use;
   std::vector<int> tokens;
-  std::vector<TokenEvent> events;
+  std::vector<TokenChoice> events;
   FinishKind finish = FinishKind::Error;
 };
 
@@ -185,7 +185,7 @@ TEST_F(SchedulerTest, LogprobsAreTheModelsLogSoftmax) {
   r.top_logprobs = 5;
   Outcome o = collect(*scheduler.submit(r));
   ASSERT_EQ(o.events.size(), 4u);
-  for (const TokenEvent& e : o.events) {
+  for (const TokenChoice& e : o.events) {
     ASSERT_EQ(e.top.size(), 5u);
     EXPECT_EQ(e.top[0].first, e.token);  // greedy picks the most likely
     EXPECT_FLOAT_EQ(e.top[0].second, e.logprob);

@@ -36,30 +36,6 @@ void Generation::post(GenerationEvent event) {
   ready_.notify_one();
 }
 
-namespace {
-
-// The chosen token's log-probability under the model (log-softmax of the logits) and the
-// `top` most likely tokens'.
-TokenEvent token_event(std::span<const float> logits, int token, int top) {
-  TokenEvent e;
-  e.token = token;
-  if (top < 0) return e;
-  const float max = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(double(l - max));
-  const float log_z = max + float(std::log(sum));
-  e.logprob = logits[size_t(token)] - log_z;
-  std::vector<int> ids(logits.size());
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int(i);
-  const size_t k = std::min(ids.size(), size_t(top));
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) {
-    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
-  });
-  for (size_t i = 0; i < k; ++i) e.top.emplace_back(ids[i], logits[size_t(ids[i])] - log_z);
-  return e;
-}
-
-}  // namespace
 
 Scheduler::Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, KvCache* cache, SchedulerOptions options)
     : executor_(executor),
@@ -366,6 +342,17 @@ void Scheduler::step() {
     members.push_back(&r);
     sessions.push_back(&s);
   }
+  // Each decode and each prompt's last chunk give a token: chosen by the executor (on CUDA, on the
+  // device) at the point the sequence's sampler draws.
+  std::vector<SampleRequest> requests(batch.size());
+  std::vector<TokenChoice> choices(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Running& r = *members[i];
+    if (int64_t(batch[i].tokens.size()) < r.session->prompt_left()) continue;
+    requests[i] = SampleRequest{r.sampler.params(), r.sampler.draw(), vocab_, r.generation->request.top_logprobs};
+    batch[i].sample = &requests[i];
+    batch[i].choice = &choices[i];
+  }
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<float>> logits;
   try {
@@ -395,7 +382,7 @@ void Scheduler::step() {
   for (size_t i = 0; i < members.size(); ++i) {
     Running& r = *members[i];
     try {
-      advance(r, logits[i]);
+      advance(r, choices[i]);
     } catch (const std::exception& e) {
       finish(r, FinishKind::Error, e.what());
       r.generation = nullptr;
@@ -405,19 +392,17 @@ void Scheduler::step() {
   publish();
 }
 
-void Scheduler::advance(Running& r, const std::vector<float>& logits) {
+void Scheduler::advance(Running& r, const TokenChoice& choice) {
   r.session->ran();
-  // A prompt chunk before the last one may still return logits (of its last row): not a token.
-  if (r.session->prompt_left() > 0) return;
+  if (r.session->prompt_left() > 0) return;  // a prompt chunk before the last: no token
   const GenerationRequest& req = r.generation->request;
-  const std::span<const float> scores(logits.data(), size_t(vocab_));
-  const int token = r.sampler.sample(scores.data(), vocab_);
+  const int token = choice.token;
   if (std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end()) {
     finish(r, FinishKind::Stop);
     r.generation = nullptr;
     return;
   }
-  r.generation->post({GenerationEvent::Kind::Token, {}, token_event(scores, token, req.top_logprobs), FinishKind::Stop, {}});
+  r.generation->post({GenerationEvent::Kind::Token, {}, choice, FinishKind::Stop, {}});
   r.generated += 1;
   {
     std::lock_guard lock(mutex_);

@@ -38,18 +38,13 @@ struct GenerationRequest {
   int top_logprobs = -1;       // -1: no logprobs; else the chosen token's and this many others
 };
 
-struct TokenEvent {
-  int token = 0;
-  float logprob = 0;                      // log-softmax of the model's logits (before sampling)
-  std::vector<std::pair<int, float>> top;  // the top_logprobs most likely, best first
-};
 
 enum class FinishKind { Stop, Length, Cancelled, Error };
 
 struct GenerationEvent {
   enum class Kind { Prefilled, Token, Finished } kind;
   PrefixUse use;       // Prefilled: how the prompt was served
-  TokenEvent token;    // Token
+  TokenChoice token;   // Token
   FinishKind finish = FinishKind::Stop;  // Finished
   std::string error;                     // Finished with Error
 };
@@ -137,8 +132,8 @@ class Scheduler {
   void loop();
   void admit();
   void step();
-  // Books a sequence's batch item and samples its next token when its prompt is done.
-  void advance(Running& r, const std::vector<float>& logits);
+  // Books a sequence's batch item and takes its next token when its prompt is done.
+  void advance(Running& r, const TokenChoice& choice);
   // Ends a sequence: posts Finished and keeps the session idle for a continuation.
   void finish(Running& r, FinishKind kind, const std::string& error = {});
   std::unique_ptr<Session> session_for(const std::vector<int>& prompt);

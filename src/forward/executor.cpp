@@ -1,5 +1,6 @@
 #include "forward/executor.h"
 
+#include "backend/cpu/sampling.h"
 #include "base/error.h"
 
 namespace dsv41 {
@@ -20,14 +21,31 @@ class CpuSequence final : public Sequence {
 
 }  // namespace
 
+void check_sample(const BatchItem& item, int64_t vocab_size) {
+  if (!item.sample) return;
+  if (!item.choice || item.options.all_logits)
+    fail("forward_batch", "a choice to write and one logits row for an item to sample", item.choice ? "all_logits" : "no choice");
+  const int64_t vocab = item.sample->vocab;
+  if (vocab < 1 || vocab > vocab_size || item.sample->top_logprobs > kMaxTopLogprobs)
+    fail("forward_batch", "a sampled vocabulary of 1 to " + std::to_string(vocab_size) + " ids and at most " +
+                              std::to_string(kMaxTopLogprobs) + " top logprobs",
+         std::to_string(vocab) + " ids, " + std::to_string(item.sample->top_logprobs) + " top logprobs");
+}
+
 std::unique_ptr<Sequence> CpuExecutor::new_sequence() { return std::make_unique<CpuSequence>(model_.config()); }
 
 std::vector<std::vector<float>> CpuExecutor::forward_batch(const std::vector<BatchItem>& batch) {
   for (const BatchItem& item : batch)
     if (!dynamic_cast<CpuSequence*>(item.sequence)) fail("CpuExecutor", "sequences of the CPU executor", "another executor's");
+  for (const BatchItem& item : batch) check_sample(item, model_.config().vocab_size);
   std::vector<std::vector<float>> logits;
-  for (const BatchItem& item : batch)
+  for (const BatchItem& item : batch) {
     logits.push_back(forward(model_, static_cast<CpuSequence*>(item.sequence)->state(), item.tokens, item.engram_ids, item.options));
+    if (item.sample && !logits.back().empty()) {
+      *item.choice = choose(logits.back().data(), *item.sample);
+      logits.back().clear();
+    }
+  }
   return logits;
 }
 

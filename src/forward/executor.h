@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "forward/forward.h"
+#include "model/sampling.h"
 
 namespace dsv41 {
 
@@ -31,6 +32,11 @@ struct BatchItem {
   std::span<const int> tokens;
   const int64_t* engram_ids = nullptr;  // [rows, engram layers, hash columns], as forward()'s
   ForwardOptions options = {};
+  // When set, the token to choose from the item's logits row (one row: not all_logits): the
+  // executor writes it to `choice` and returns no logits for the item (CUDA chooses on the
+  // device, so the row never comes back).
+  const SampleRequest* sample = nullptr;
+  TokenChoice* choice = nullptr;
 };
 
 class Executor {
@@ -44,9 +50,15 @@ class Executor {
   // kv_budget_bytes); 0: no limit of its own.
   virtual int64_t default_kv_budget() const { return 0; }
   // Advances each item's sequence by its tokens under its options; returns each one's logits as
-  // forward() does. Every item's sequence is one of this executor's, each at most once.
+  // forward() does, or chooses its token (BatchItem::sample). Every item's sequence is one of this
+  // executor's, each at most once.
   virtual std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) = 0;
 };
+
+// Throws dsv41::Error, naming what it found, for an item whose sample request no executor can
+// take (no choice to write, all_logits, a vocabulary outside [1, vocab_size], more than
+// kMaxTopLogprobs).
+void check_sample(const BatchItem& item, int64_t vocab_size);
 
 // The reference: forward() in host memory, the items one after another.
 class CpuExecutor final : public Executor {

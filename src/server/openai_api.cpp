@@ -1,3 +1,4 @@
+#include "model/sampling.h"
 #include "server/openai_api.h"
 
 #include <chrono>
@@ -30,7 +31,6 @@ namespace {
 // whatever walks the tree recursively afterwards.
 constexpr int kMaxDepth = 128;
 constexpr int kMaxStop = 4;
-constexpr int kMaxTopLogprobs = 20;
 // OpenAI's default for /v1/completions (chat has none: it runs to a stop or the context's end).
 constexpr int32_t kCompletionsDefaultMaxTokens = 16;
 

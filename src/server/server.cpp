@@ -48,7 +48,7 @@ class ReplyStream {
     bool empty() const { return text.empty() && reasoning.empty() && tool_calls.empty() && logprobs.empty(); }
   };
 
-  Delta push(const TokenEvent& e) {
+  Delta push(const TokenChoice& e) {
     Delta d;
     if (top_logprobs_ >= 0) {
       TokenLogprob lp{piece(e.token), e.logprob, {}};

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "base/error.h"
@@ -16,31 +18,53 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
   if (!(params.min_p >= 0 && params.min_p <= 1)) fail("sampling", "min_p in [0, 1]", std::to_string(params.min_p));
 }
 
-int Sampler::sample(const float* logits, int64_t vocab) {
+// (What std::uniform_real_distribution<double>(0, mass) scales by mass: the stream's tokens are
+// the ones a draw inside the choice gave.)
+double Sampler::draw() {
+  return params_.temperature == 0 ? 0.0 : std::generate_canonical<double, std::numeric_limits<double>::digits>(rng_);
+}
+
+TokenChoice choose(const float* logits, const SampleRequest& r) {
+  const SamplingParams& params = r.params;
+  const int64_t vocab = r.vocab;
+  const auto before = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  TokenChoice c;
   const int64_t best = std::max_element(logits, logits + vocab) - logits;
-  if (params_.temperature == 0) return int(best);
-
-  // Candidates by descending logit; each filter keeps a prefix of this order.
-  std::vector<int> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  int64_t keep = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, vocab) : vocab;
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                    [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-  std::vector<double> p(static_cast<size_t>(keep));
-  double sum = 0;
-  for (int64_t i = 0; i < keep; ++i) sum += (p[i] = std::exp(double(logits[order[i]] - logits[best]) / params_.temperature));
-  for (double& x : p) x /= sum;
-  int64_t n = 0;
-  double mass = 0;
-  while (n < keep && (n == 0 || (mass < params_.top_p && p[n] >= params_.min_p * p[0]))) mass += p[n++];
-
-  std::uniform_real_distribution<double> uniform(0.0, mass);
-  double u = uniform(rng_);
-  for (int64_t i = 0; i < n; ++i) {
-    if (u < p[i]) return order[i];
-    u -= p[i];
+  c.token = int(best);
+  if (params.temperature > 0) {
+    // Candidates by descending logit; each filter keeps a prefix of this order.
+    std::vector<int> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    const int64_t keep = params.top_k > 0 ? std::min<int64_t>(params.top_k, vocab) : vocab;
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
+    std::vector<double> p(static_cast<size_t>(keep));
+    double sum = 0;
+    for (int64_t i = 0; i < keep; ++i) sum += (p[i] = std::exp(double(logits[order[i]] - logits[best]) / params.temperature));
+    for (double& x : p) x /= sum;
+    int64_t n = 0;
+    double mass = 0;
+    while (n < keep && (n == 0 || (mass < params.top_p && p[n] >= params.min_p * p[0]))) mass += p[n++];
+    double u = r.u * mass;
+    c.token = order[n - 1];
+    for (int64_t i = 0; i < n; ++i) {
+      if (u < p[i]) {
+        c.token = order[i];
+        break;
+      }
+      u -= p[i];
+    }
   }
-  return order[n - 1];
+  if (r.top_logprobs < 0) return c;
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i] - logits[best]));
+  const float log_z = logits[best] + float(std::log(sum));
+  c.logprob = logits[c.token] - log_z;
+  std::vector<int> ids(static_cast<size_t>(vocab));
+  std::iota(ids.begin(), ids.end(), 0);
+  const int64_t k = std::min<int64_t>(vocab, r.top_logprobs);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), before);
+  for (int64_t i = 0; i < k; ++i) c.top.emplace_back(ids[size_t(i)], logits[ids[size_t(i)]] - log_z);
+  return c;
 }
 
 }  // namespace dsv41

@@ -1,24 +1,25 @@
 #pragma once
-// Choosing the next token from logits: greedy, or temperature sampling restricted by top-k, top-p
-// and min-p (DESIGN §3). A Sampler owns its random stream, so the same seed and the same logits
-// give the same tokens.
+// Choosing the next token from logits on the CPU: greedy, or temperature sampling restricted by
+// top-k, top-p and min-p (model/sampling.h). A Sampler owns its random stream, so the same seed and
+// the same logits give the same tokens.
 #include <cstdint>
 #include <random>
 
+#include "model/sampling.h"
+
 namespace dsv41 {
 
-struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy (argmax)
-  int top_k = 0;             // 0: no limit
-  float top_p = 1.0f;        // nucleus: the smallest set of tokens whose probability reaches top_p
-  float min_p = 0.0f;        // drop tokens below min_p × the most likely token's probability
-  uint64_t seed = 0;
-};
+// The candidates by descending logit (ties: the lower id first); top-k, then min-p and top-p keep
+// a prefix of them, whose probabilities (softmax at the temperature) are walked to u × their mass.
+TokenChoice choose(const float* logits, const SampleRequest& request);
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);
-  int sample(const float* logits, int64_t vocab);
+  explicit Sampler(const SamplingParams& params);  // refuses parameters out of range, naming them
+  const SamplingParams& params() const { return params_; }
+  // The next row's point in [0, 1): a draw from the stream when sampling, 0 (no draw) when greedy.
+  double draw();
+  int sample(const float* logits, int64_t vocab) { return choose(logits, SampleRequest{params_, draw(), vocab}).token; }
 
  private:
   SamplingParams params_;

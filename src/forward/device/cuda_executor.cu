@@ -110,13 +110,14 @@ class CudaExecutor final : public Executor {
     std::lock_guard hold(*lock_);
     std::vector<DeviceItem> items;
     for (const BatchItem& item : batch) {
-      auto* s = dynamic_cast<CudaSequence*>(item.sequence);
-      if (!s) fail("CudaExecutor", "sequences of the CUDA executor", "another executor's");
-      s->reserve(s->length() + int64_t(item.tokens.size()));
+      if (!dynamic_cast<CudaSequence*>(item.sequence)) fail("CudaExecutor", "sequences of the CUDA executor", "another executor's");
+      check_sample(item, model_.config().vocab_size);
     }
+    for (const BatchItem& item : batch) static_cast<CudaSequence*>(item.sequence)->reserve(item.sequence->length() + int64_t(item.tokens.size()));
     if (decode_step(batch)) return replay(batch);
     for (const BatchItem& item : batch)
-      items.push_back(DeviceItem{static_cast<CudaSequence*>(item.sequence)->running(), item.tokens, item.engram_ids, item.options});
+      items.push_back(DeviceItem{static_cast<CudaSequence*>(item.sequence)->running(), item.tokens, item.engram_ids, item.options,
+                                 item.sample, item.choice});
     return cuda::forward_batch(device_, items);
   }
 
@@ -141,12 +142,16 @@ class CudaExecutor final : public Executor {
     std::vector<DeviceSequence*> sequences;
     std::vector<int32_t> tokens;
     std::vector<const int64_t*> engram_ids;
+    std::vector<const SampleRequest*> sample;
+    std::vector<TokenChoice*> choice;
     for (const BatchItem& item : batch) {
       auto* s = static_cast<CudaSequence*>(item.sequence);
       ids.push_back(s->id());
       sequences.push_back(s->running());
       tokens.push_back(item.tokens[0]);
       engram_ids.push_back(item.engram_ids);
+      sample.push_back(item.sample);
+      choice.push_back(item.choice);
     }
     if (!graph_ || ids != graph_ids_) {
       graph_.reset();
@@ -154,7 +159,9 @@ class CudaExecutor final : public Executor {
       graph_ids_ = ids;
     }
     if (std::all_of(engram_ids.begin(), engram_ids.end(), [](const int64_t* p) { return p == nullptr; })) engram_ids.clear();
-    return graph_->step(tokens, engram_ids);
+    graph_->launch(tokens, engram_ids);
+    const std::vector<int64_t> one_row(batch.size(), 1);
+    return deliver_logits(graph_->logits(), model_.config().vocab_size, one_row, sample, choice, graph_->stream());
   }
 
   const Model& model_;

@@ -28,7 +28,7 @@ DecodeGraph::~DecodeGraph() {
   cudaStreamDestroy(stream_);
 }
 
-std::vector<std::vector<float>> DecodeGraph::step(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids) {
+void DecodeGraph::launch(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids) {
   const size_t B = sequences_.size();
   if (tokens.size() != B) fail("cuda::DecodeGraph::step", std::to_string(B) + " tokens, one per sequence", std::to_string(tokens.size()));
   if (!engram_ids.empty() && engram_ids.size() != B)
@@ -69,9 +69,14 @@ std::vector<std::vector<float>> DecodeGraph::step(std::span<const int32_t> token
     std::memcpy(plan_host_, plan.block.data(), plan_bytes_);
   }
   check(cudaGraphLaunch(exec_, stream_), "cuda::DecodeGraph launch");
+  for (size_t b = 0; b < B; ++b) advance(*sequences_[b], plan.items[b]);
+}
+
+std::vector<std::vector<float>> DecodeGraph::step(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids) {
+  launch(tokens, engram_ids);
+  const size_t B = sequences_.size();
   const int64_t V = model_.config().vocab_size;
   const std::vector<float> all = logits_.download(stream_);
-  for (size_t b = 0; b < B; ++b) advance(*sequences_[b], plan.items[b]);
   std::vector<std::vector<float>> out(B);
   for (size_t b = 0; b < B; ++b) out[b].assign(all.begin() + int64_t(b) * V, all.begin() + int64_t(b + 1) * V);
   return out;

@@ -38,6 +38,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/norm.h"
 #include "backend/cuda/rope.h"
+#include "backend/cuda/sampling.h"
 #include "backend/cuda/sparse_attention.h"
 #include "base/error.h"
 #include "forward/call_plan.h"
@@ -261,17 +262,16 @@ void Call::impose_input(int l) {
 
 std::vector<std::vector<float>> Call::run() {
   enqueue();
-  const int64_t V = c_.vocab_size;
-  std::vector<std::vector<float>> out(items_.size());
-  const std::vector<float> all = logits_buffer_.download(stream_);  // logits()'s rows, item by item
-  for (Item& it : items_) advance(*it.seq, it.plan);
-  int64_t at = 0;
-  for (size_t i = 0; i < items_.size(); ++i) {
-    const Item& it = items_[i];
-    const int64_t count = it.plan.logits_rows;
-    out[i].assign(all.begin() + at * V, all.begin() + (at + count) * V);
-    at += count;
+  std::vector<int64_t> counts;
+  std::vector<const SampleRequest*> sample;
+  std::vector<TokenChoice*> choice;
+  for (const Item& it : items_) {
+    counts.push_back(it.plan.logits_rows);
+    sample.push_back(it.in->sample);
+    choice.push_back(it.in->choice);
   }
+  std::vector<std::vector<float>> out = deliver_logits(logits_buffer_.get(), c_.vocab_size, counts, sample, choice, stream_);
+  for (Item& it : items_) advance(*it.seq, it.plan);
   return out;
 }
 
@@ -788,6 +788,39 @@ void Call::logits() {
 }
 
 }  // namespace
+
+std::vector<std::vector<float>> deliver_logits(const float* logits, int64_t V, std::span<const int64_t> counts,
+                                               std::span<const SampleRequest* const> sample, std::span<TokenChoice* const> choice,
+                                               cudaStream_t stream) {
+  std::vector<int64_t> rows;
+  std::vector<SampleRequest> requests;
+  std::vector<size_t> chooser;
+  int64_t at = 0;
+  bool rows_back = false;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (sample[i] && counts[i] == 1) {
+      rows.push_back(at);
+      requests.push_back(*sample[i]);
+      chooser.push_back(i);
+    } else {
+      rows_back = rows_back || counts[i] > 0;
+    }
+    at += counts[i];
+  }
+  const std::vector<TokenChoice> chosen = choose(logits, V, rows, requests, stream);
+  for (size_t k = 0; k < chooser.size(); ++k) *choice[chooser[k]] = chosen[k];
+  std::vector<std::vector<float>> out(counts.size());
+  if (!rows_back) return out;
+  std::vector<float> all(size_t(at * V));
+  check(cudaMemcpyAsync(all.data(), logits, all.size() * sizeof(float), cudaMemcpyDeviceToHost, stream), "logits");
+  check(cudaStreamSynchronize(stream), "logits");
+  at = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (!(sample[i] && counts[i] == 1)) out[i].assign(all.begin() + at * V, all.begin() + (at + counts[i]) * V);
+    at += counts[i];
+  }
+  return out;
+}
 
 void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& batch, const DecodePlan& plan,
                     uint8_t* plan_device, float* logits, cudaStream_t stream) {

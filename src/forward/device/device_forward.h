@@ -14,6 +14,7 @@
 #include "forward/device/device_model.h"
 #include "forward/device/device_sequence.h"
 #include "forward/forward.h"
+#include "model/sampling.h"
 
 namespace dsv41::cuda {
 
@@ -27,9 +28,12 @@ struct DeviceItem {
   std::span<const int> tokens;
   const int64_t* engram_ids = nullptr;  // host [rows, engram layers, hash columns], as forward()'s
   ForwardOptions options = {};
+  const SampleRequest* sample = nullptr;  // as BatchItem's (forward/executor.h): the token, chosen on the device
+  TokenChoice* choice = nullptr;
 };
 
-// Advances each item's sequence by its tokens; returns each item's logits as forward() does.
+// Advances each item's sequence by its tokens; returns each item's logits as forward() does, or
+// writes the token it asks for (DeviceItem::sample, checked by the caller: check_sample).
 // A Trace (options.trace) is supported for a batch of one item; keep_replayed_rows is not. Every
 // input is checked before any sequence changes (docs/cuda.md lists the limits). Calls on
 // different streams must not overlap: Mega-mHC's arrival counters are shared.
@@ -41,6 +45,13 @@ std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const st
 // the logits into `logits` [items, V]. Changes no host state: the caller advances the sequences
 // (advance(), with the plan's items). `plan` must be plan_decode's of the same sequences in the batch's order. The launches depend on the items and their caches' capacities alone, so
 // DecodeGraph captures them once.
+// A call's logits rows on the device (logits [rows, V], item i's counts[i] rows one after another)
+// for the host: for each item with a sample request and one row, the token chosen on the device
+// (cuda::choose) into its choice and no rows; for the others their rows.
+std::vector<std::vector<float>> deliver_logits(const float* logits, int64_t V, std::span<const int64_t> counts,
+                                               std::span<const SampleRequest* const> sample, std::span<TokenChoice* const> choice,
+                                               cudaStream_t stream);
+
 void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& batch, const DecodePlan& plan,
                     uint8_t* plan_device, float* logits, cudaStream_t stream);
 

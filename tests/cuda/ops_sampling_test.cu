@@ -1,0 +1,89 @@
+// cuda::choose against the CPU's choose() (backend/cpu/sampling.h) on the same logits and draws.
+//
+// Tokens must be equal: both walk the same candidates in the same order (the device's sort is
+// stable, ties by the lower id as the CPU's comparator) with the same filters; only the fp64 sums
+// of the probabilities run in another order, which moves a boundary between two candidates by
+// ~vocab × 2^-53 of the mass, and a draw lands that close to one with probability ~10^-11 per
+// case here. Logprobs: the same float logits less a log-normaliser whose fp64 sum differs in the
+// last bits; the normaliser's and the difference's float roundings can each move a result by one
+// ulp, at most 3.8e-6 below magnitude 64 (these logprobs stay within ±60): within 1e-5.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "backend/cpu/sampling.h"
+#include "backend/cuda/sampling.h"
+#include "base/error.h"
+#include "device_util.h"
+
+namespace dsv41 {
+namespace {
+
+using namespace dsv41::test;
+
+struct Case {
+  SamplingParams params;
+  int top_logprobs;
+};
+
+TEST(CudaSampling, ChoosesWhatTheCpuChooses) {
+  DSV41_REQUIRE_DEVICE();
+  std::mt19937_64 rng(7);
+  const std::vector<Case> cases = {
+      {{0.0f, 0, 1.0f, 0.0f}, -1},    // greedy: the argmax path
+      {{0.0f, 0, 1.0f, 0.0f}, 5},     // greedy with logprobs: the sorted path
+      {{1.0f, 0, 1.0f, 0.0f}, -1},    // the whole vocabulary
+      {{0.7f, 40, 1.0f, 0.0f}, 3},    // top-k
+      {{1.3f, 0, 0.9f, 0.0f}, -1},    // top-p
+      {{1.0f, 0, 1.0f, 0.05f}, 20},   // min-p
+      {{0.6f, 100, 0.95f, 0.01f}, 1}  // all three
+  };
+  for (const int64_t vocab : {int64_t(50), int64_t(129280)}) {
+    const int64_t stride = vocab + 3;  // rows apart by more than the sampled ids, as a tokenizer's smaller vocabulary
+    const int rows = 24;
+    std::vector<float> logits(size_t(rows * stride));
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    for (float& x : logits) x = normal(rng);
+    // Ties: a few rows with repeated values (the lower id first on both).
+    for (int r = 0; r < rows; r += 5)
+      for (int64_t i = 0; i < vocab; ++i) logits[size_t(r * stride + i)] = float(int(logits[size_t(r * stride + i)]));
+    DeviceArray<float> device(logits);
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    for (const Case& c : cases) {
+      std::vector<int64_t> row_of;
+      std::vector<SampleRequest> requests;
+      for (int r = rows - 1; r >= 0; --r) {  // out of order, as a batch's sampled rows may be
+        row_of.push_back(r);
+        requests.push_back(SampleRequest{c.params, uniform(rng), vocab, c.top_logprobs});
+      }
+      const std::vector<TokenChoice> got = cuda::choose(device.get(), stride, row_of, requests, nullptr);
+      ASSERT_EQ(got.size(), requests.size());
+      for (size_t i = 0; i < requests.size(); ++i) {
+        const TokenChoice want = choose(logits.data() + row_of[i] * stride, requests[i]);
+        const std::string what = "vocab " + std::to_string(vocab) + " T " + std::to_string(c.params.temperature) + " k " +
+                                 std::to_string(c.params.top_k) + " p " + std::to_string(c.params.top_p) + " min_p " +
+                                 std::to_string(c.params.min_p) + " row " + std::to_string(row_of[i]);
+        EXPECT_EQ(got[i].token, want.token) << what;
+        if (c.top_logprobs < 0) continue;
+        EXPECT_NEAR(got[i].logprob, want.logprob, 1e-5) << what;
+        ASSERT_EQ(got[i].top.size(), want.top.size()) << what;
+        for (size_t j = 0; j < want.top.size(); ++j) {
+          EXPECT_EQ(got[i].top[j].first, want.top[j].first) << what << " top " << j;
+          EXPECT_NEAR(got[i].top[j].second, want.top[j].second, 1e-5) << what << " top " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaSampling, RefusesWhatItCannotTake) {
+  DSV41_REQUIRE_DEVICE();
+  DeviceArray<float> device(std::vector<float>(8, 0.0f));
+  const std::vector<int64_t> row = {0};
+  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 9, -1}}, nullptr), Error);
+  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, 21}}, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace dsv41
