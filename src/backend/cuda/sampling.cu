@@ -19,7 +19,8 @@ namespace dsv41::cuda {
 
 namespace {
 
-constexpr int kThreads = 1024;
+// Per block: a row. 256 threads keep the fp64 walk's registers within one block's share.
+constexpr int kThreads = 256;
 
 struct Row {
   float temperature, top_p, min_p;
@@ -50,7 +51,7 @@ struct Lowest {
   __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
 };
 
-__global__ void argmax_rows(const float* logits, int64_t stride, const Row* rows, Chosen* out) {
+__global__ void __launch_bounds__(kThreads) argmax_rows(const float* logits, int64_t stride, const Row* rows, Chosen* out) {
   const Row r = rows[blockIdx.x];
   const float* x = logits + r.row * stride;
   Best best{-INFINITY, int(r.vocab)};
@@ -68,7 +69,7 @@ __global__ void fill_ids(int32_t* ids, int64_t stride, const Row* rows) {
 }
 
 // Over the sorted candidates `key` (descending) and their ids.
-__global__ void choose_sorted(const float* keys, const int32_t* ids, int64_t stride, const Row* rows, Chosen* out) {
+__global__ void __launch_bounds__(kThreads) choose_sorted(const float* keys, const int32_t* ids, int64_t stride, const Row* rows, Chosen* out) {
   const Row r = rows[blockIdx.x];
   const float* k = keys + r.row * stride;
   const int32_t* id = ids + r.row * stride;
