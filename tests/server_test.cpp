@@ -7,11 +7,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <mutex>
@@ -540,6 +542,34 @@ TEST(Server, LargeRejectedBodiesGiveTheirMemoryBack) {
   const int64_t grown = resident_bytes() - before;
   std::printf("RSS grew by %.1f MB\n", double(grown) / 1e6);
   EXPECT_LT(grown, int64_t(100) << 20);
+}
+
+// The listener holds a burst of connections: its backlog (the kernel's, as TCP_INFO reports it
+// for a listening socket) is 4,096 or the kernel's cap (net.core.somaxconn), not cpp-httplib's 5,
+// which a burst of 64 clients overflowed (each burst: dozens of ListenOverflows, and connections
+// completed by SYN cookies that the full queue dropped: the client's read error).
+TEST(Server, TheListenerHoldsABurstOfConnections) {
+  Running server(ServerOptions{});
+  int cap = 4096;
+  std::ifstream("/proc/sys/net/core/somaxconn") >> cap;
+  int found = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    int listening = 0;
+    socklen_t n = sizeof listening;
+    sockaddr_in addr{};
+    socklen_t len = sizeof addr;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &n) != 0 || !listening) continue;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.sin_family != AF_INET ||
+        ntohs(addr.sin_port) != server.port())
+      continue;
+    tcp_info info{};
+    socklen_t info_len = sizeof info;
+    ASSERT_EQ(::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &info_len), 0);
+    EXPECT_EQ(int(info.tcpi_sacked), std::min(4096, cap)) << "the listener's backlog";
+    found += 1;
+  }
+  EXPECT_EQ(found, 1) << "listening sockets on port " << server.port();
 }
 
 // 150 slow clients, each sending a header line a second and never finishing its request, hold a

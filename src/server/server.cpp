@@ -3,9 +3,13 @@
 #include <httplib.h>
 #include <malloc.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -102,11 +106,25 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.set_content(json_text(e.body()), "application/json");
 }
 
+// The connections the kernel holds for the listener before it accepts them. cpp-httplib listens
+// with a backlog of 5 (compiled into Debian's library): a burst of clients overflows it, and the
+// connections the kernel then completes with SYN cookies but cannot queue are dropped — a client
+// at concurrency 64 saw its request end in a read error, never reaching a handler.
+constexpr int kListenBacklog = 4096;
+
+// cpp-httplib's server with its listening socket in reach (a protected member there), so that
+// run() can listen on it again with kListenBacklog (Linux takes a new backlog on a socket that
+// listens already).
+class HttpServer : public httplib::Server {
+ public:
+  socket_t listening_socket() const { return svr_sock_; }
+};
+
 }  // namespace
 
 struct Server::State {
   ServerOptions options;
-  httplib::Server http;
+  HttpServer http;
   std::atomic<bool> ready{false};
   std::string load_error;
 
@@ -524,6 +542,8 @@ void Server::run() {
   if (st.options.port != 0 && !st.http.bind_to_port(st.options.host, port))
     fail("serve", "a free address to listen on", st.options.host + ":" + std::to_string(port) + " (in use, or not ours)");
   if (port < 0) fail("serve", "a free port on " + st.options.host, "none");
+  if (::listen(st.http.listening_socket(), kListenBacklog) != 0)
+    fail("serve", "a listening socket that takes a backlog of " + std::to_string(kListenBacklog), std::strerror(errno));
   port_ = port;
   if (st.options.on_listening) st.options.on_listening(port);
   std::thread loader([&st] {
