@@ -1,5 +1,7 @@
 #include "forward/executor.h"
 
+#include <algorithm>
+
 #include "backend/cpu/sampling.h"
 #include "base/error.h"
 
@@ -25,6 +27,11 @@ void check_sample(const BatchItem& item, int64_t vocab_size) {
   if (!item.sample) return;
   if (!item.choice || item.options.all_logits)
     fail("forward_batch", "a choice to write and one logits row for an item to sample", item.choice ? "all_logits" : "no choice");
+  // A row to choose from: the call's last row runs the decoder (bounded replay cuts no further).
+  const int64_t end = item.sequence->length() + int64_t(item.tokens.size());
+  if (std::max(item.options.decoder_from, item.options.replay_until) >= end)
+    fail("forward_batch", "a row that gives logits for an item to sample (decoder_from below " + std::to_string(end) + ")",
+         std::to_string(std::max(item.options.decoder_from, item.options.replay_until)));
   const int64_t vocab = item.sample->vocab;
   if (vocab < 1 || vocab > vocab_size || item.sample->top_logprobs > kMaxTopLogprobs)
     fail("forward_batch", "a sampled vocabulary of 1 to " + std::to_string(vocab_size) + " ids and at most " +

@@ -19,6 +19,7 @@
 #include <numeric>
 
 #include "../forward_fixture.h"
+#include "backend/cpu/sampling.h"
 #include "base/error.h"
 #include "device_util.h"
 #include "forward/device/cuda_executor.h"
@@ -374,6 +375,57 @@ TEST_P(DeviceForwardFixture, ExecutorSequenceTakesAStateBeyondItsFirstCapacity) 
     EXPECT_EQ(mismatches(copy->compressed.at(layer).index_k, cache.index_k), 0u) << "layer " << layer;
   }
   for (size_t l = 0; l < s.window.size(); ++l) EXPECT_EQ(mismatches(copy->window[l], s.window[l]), 0u);
+}
+
+// The CUDA executor replays a decode-only step through its captured graph (cuda_executor.cu)
+// under each row's decoder_from, as the uncaptured call runs it: the decoder window floor moves to
+// it, and the tokens chosen on the device from the graph's logits are those the CPU chooses from
+// the uncaptured call's (the same kernels: the same logits). Two steps: the first captures, the
+// second replays.
+TEST_P(DeviceForwardFixture, ExecutorDecodeStepsKeepEachRowsDecoderStart) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f(GetParam());
+  const Config& c = f.config();
+  cuda::DeviceModel dm(*f.model);
+  std::unique_ptr<Executor> executor = cuda::make_executor(*f.model);
+  std::vector<std::vector<int>> prompts;
+  std::vector<std::vector<int64_t>> hashes;
+  std::vector<std::unique_ptr<Sequence>> graphed;
+  std::vector<std::unique_ptr<cuda::DeviceSequence>> plain;
+  const int64_t prefill = 8;
+  for (int p = 1; p < 3; ++p) {
+    prompts.push_back(f.tokens(p));
+    hashes.push_back(f.hashes(p));
+    graphed.push_back(executor->new_sequence());
+    plain.push_back(std::make_unique<cuda::DeviceSequence>(c, 4096));
+    const std::span<const int> head = std::span<const int>(prompts.back()).first(size_t(prefill));
+    executor->forward_batch({BatchItem{graphed.back().get(), head, f.ids(hashes.back(), 0)}});
+    cuda::forward_batch(dm, {cuda::DeviceItem{plain.back().get(), head, f.ids(hashes.back(), 0)}});
+  }
+  for (int64_t pos = prefill; pos < prefill + 2; ++pos) {
+    std::vector<BatchItem> batch;
+    std::vector<cuda::DeviceItem> items;
+    std::vector<SampleRequest> requests(prompts.size());
+    std::vector<TokenChoice> choices(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ForwardOptions options;
+      options.decoder_from = pos;  // the decoder starts at this very row: its window holds it alone
+      const std::span<const int> t = std::span<const int>(prompts[i]).subspan(size_t(pos), 1);
+      requests[i] = SampleRequest{{}, 0, c.vocab_size, 3};
+      batch.push_back(BatchItem{graphed[i].get(), t, f.ids(hashes[i], pos), options, &requests[i], &choices[i]});
+      items.push_back(cuda::DeviceItem{plain[i].get(), t, f.ids(hashes[i], pos), options});
+    }
+    executor->forward_batch(batch);
+    const std::vector<std::vector<float>> want = cuda::forward_batch(dm, items);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string what = "sequence " + std::to_string(i) + " at " + std::to_string(pos);
+      EXPECT_EQ(graphed[i]->host().decoder_window_floor, pos) << what;
+      EXPECT_EQ(plain[i]->decoder_window_floor, pos) << what;
+      const TokenChoice cpu = choose(want[i].data(), requests[i]);
+      EXPECT_EQ(choices[i].token, cpu.token) << what;
+      EXPECT_NEAR(choices[i].logprob, cpu.logprob, 1e-5) << what;  // ops_sampling_test's bound
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DeviceForwardFixture, testing::ValuesIn(kFixtures), FixtureName());

@@ -9,6 +9,7 @@
 
 #include <cub/cub.cuh>
 
+#include <limits>
 #include <string>
 
 #include "backend/cuda/check.h"
@@ -185,6 +186,9 @@ std::vector<TokenChoice> choose(const float* logits, int64_t stride, std::span<c
     // The sort's segments are the requests' rows, in place in buffers as long as the logits up to
     // the last of them.
     const int64_t items = (last_row + 1) * stride;
+    if (items > std::numeric_limits<int>::max())  // CUB's item count here is an int
+      fail("cuda::choose", "sampled rows within the first " + std::to_string(std::numeric_limits<int>::max() / stride) + " logits rows",
+           "row " + std::to_string(last_row));
     std::vector<int64_t> begin, end;
     for (const Row& r : host) begin.push_back(r.row * stride), end.push_back(r.row * stride + r.vocab);
     DeviceBuffer<int64_t> begin_d = scratch_from(begin, stream), end_d = scratch_from(end, stream);

@@ -15,7 +15,8 @@ namespace dsv41::cuda {
 // the same candidates in the same order as the CPU's choice (descending logit, ties by the lower
 // id), the same filters and the same walk to u × their mass; only the fp64 sums of the
 // probabilities run in another order, so a token differs from the CPU's only where u falls within
-// that rounding of a boundary between two candidates.
+// that rounding of a boundary between two candidates. Logits are finite (a NaN may win the argmax
+// here, never on the CPU), and -0.0 sorts after +0.0 here where the CPU ties them by id.
 std::vector<TokenChoice> choose(const float* logits, int64_t stride, std::span<const int64_t> rows,
                                 std::span<const SampleRequest> requests, cudaStream_t stream);
 

@@ -104,6 +104,10 @@ class CudaExecutor final : public Executor {
   // Half the device memory free once the weights are placed: each sequence's caches grow by
   // doubling, so a sequence can hold up to twice its tokens' bytes; scratch takes its share too.
   int64_t default_kv_budget() const override { return free_at_start_ / 2; }
+  ~CudaExecutor() override {
+    std::lock_guard hold(*lock_);
+    graph_.reset();
+  }
   std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<CudaSequence>(model_.config(), lock_); }
 
   std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override {
@@ -144,6 +148,7 @@ class CudaExecutor final : public Executor {
     std::vector<const int64_t*> engram_ids;
     std::vector<const SampleRequest*> sample;
     std::vector<TokenChoice*> choice;
+    std::vector<int64_t> decoder_from;
     for (const BatchItem& item : batch) {
       auto* s = static_cast<CudaSequence*>(item.sequence);
       ids.push_back(s->id());
@@ -152,6 +157,7 @@ class CudaExecutor final : public Executor {
       engram_ids.push_back(item.engram_ids);
       sample.push_back(item.sample);
       choice.push_back(item.choice);
+      decoder_from.push_back(item.options.decoder_from);
     }
     if (!graph_ || ids != graph_ids_) {
       graph_.reset();
@@ -159,7 +165,7 @@ class CudaExecutor final : public Executor {
       graph_ids_ = ids;
     }
     if (std::all_of(engram_ids.begin(), engram_ids.end(), [](const int64_t* p) { return p == nullptr; })) engram_ids.clear();
-    graph_->launch(tokens, engram_ids);
+    graph_->launch(tokens, engram_ids, decoder_from);
     const std::vector<int64_t> one_row(batch.size(), 1);
     return deliver_logits(graph_->logits(), model_.config().vocab_size, one_row, sample, choice, graph_->stream());
   }

@@ -28,13 +28,19 @@ DecodeGraph::~DecodeGraph() {
   cudaStreamDestroy(stream_);
 }
 
-void DecodeGraph::launch(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids) {
+void DecodeGraph::launch(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids,
+                         std::span<const int64_t> decoder_from) {
   const size_t B = sequences_.size();
   if (tokens.size() != B) fail("cuda::DecodeGraph::step", std::to_string(B) + " tokens, one per sequence", std::to_string(tokens.size()));
   if (!engram_ids.empty() && engram_ids.size() != B)
     fail("cuda::DecodeGraph::step", std::to_string(B) + " Engram id lists or none", std::to_string(engram_ids.size()));
+  if (!decoder_from.empty() && decoder_from.size() != B)
+    fail("cuda::DecodeGraph::step", std::to_string(B) + " decoder starts or none", std::to_string(decoder_from.size()));
+  // (The plan's layout does not depend on decoder_from: the captured graph holds for any.)
   std::vector<DecodeRow> rows;
-  for (size_t b = 0; b < B; ++b) rows.push_back(DecodeRow{sequences_[b], tokens[b], engram_ids.empty() ? nullptr : engram_ids[b]});
+  for (size_t b = 0; b < B; ++b)
+    rows.push_back(DecodeRow{sequences_[b], tokens[b], engram_ids.empty() ? nullptr : engram_ids[b],
+                             decoder_from.empty() ? 0 : decoder_from[b]});
   const DecodePlan plan = plan_decode(model_.config(), rows);
 
   if (!exec_) {

@@ -27,9 +27,11 @@ class DecodeGraph {
   DecodeGraph& operator=(const DecodeGraph&) = delete;
 
   // Appends tokens[b] to sequence b (with its Engram ids, host [engram layers, hash columns], for a
-  // model with Engram): launches the step on stream() and advances the sequences. Its logits
-  // [B, V] are at logits() on the device until the next launch.
-  void launch(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids = {});
+  // model with Engram; under its decoder_from, at most its length, if given): launches the step on
+  // stream() and advances the sequences. Its logits [B, V] are at logits() on the device until the
+  // next launch.
+  void launch(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids = {},
+              std::span<const int64_t> decoder_from = {});
   const float* logits() const { return logits_.get(); }
   cudaStream_t stream() const { return stream_; }
   // launch, then each sequence's logits to the host, as forward_batch returns them.
