@@ -181,6 +181,17 @@ TEST(Server, RefusesBadRequestsAndKeepsServing) {
   r = c.Get("/v1/nothing-here", auth);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);
+  // One model by id (the SDKs' models.retrieve): this one, or 404 model_not_found.
+  r = c.Get("/v1/models/v41-tiny", auth);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["id"], "v41-tiny");
+  EXPECT_EQ(json::parse(r->body)["object"], "model");
+  r = c.Get("/v1/models/other/model", auth);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "model_not_found");
+  EXPECT_EQ(c.Get("/v1/models/v41-tiny")->status, 401);
   r = c.Post("/v1/completions", auth, R"({"model":"v41-tiny","prompt":"hi","max_tokens":2})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;

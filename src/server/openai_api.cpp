@@ -523,10 +523,11 @@ json completion_usage_chunk_json(const ResponseMeta& meta, const Usage& usage) {
 std::string sse_event(const json& value) { return "data: " + json_text(value) + "\n\n"; }
 std::string sse_done() { return "data: [DONE]\n\n"; }
 
+json model_json(const ModelCard& m) { return {{"id", m.id}, {"object", "model"}, {"created", m.created}, {"owned_by", m.owned_by}}; }
+
 json models_json(std::span<const ModelCard> models) {
   json data = json::array();
-  for (const ModelCard& m : models)
-    data.push_back({{"id", m.id}, {"object", "model"}, {"created", m.created}, {"owned_by", m.owned_by}});
+  for (const ModelCard& m : models) data.push_back(model_json(m));
   return {{"object", "list"}, {"data", std::move(data)}};
 }
 

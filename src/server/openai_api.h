@@ -190,5 +190,7 @@ struct ModelCard {
   std::string owned_by = "dsv41";
 };
 nlohmann::json models_json(std::span<const ModelCard> models);
+// One model object (GET /v1/models/{id}: the SDKs' models.retrieve).
+nlohmann::json model_json(const ModelCard& model);
 
 }  // namespace dsv41

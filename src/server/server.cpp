@@ -448,6 +448,15 @@ void Server::State::routes() {
     const ModelCard card{options.model_name, created};
     res.set_content(json_text(models_json(std::span(&card, 1))), "application/json");
   });
+  // The path's rest is the id (model ids may hold '/', as Hugging Face names do).
+  route("GET", R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    const std::string id = req.matches[1];
+    if (id != options.model_name)
+      return send_error(res, ApiError(404, "model: expected " + json_text(options.model_name) + ", found " + json_text(id), "model",
+                                      "model_not_found"));
+    res.set_content(json_text(model_json(ModelCard{options.model_name, created})), "application/json");
+  });
   route("POST", "/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     if (authorized(req, res)) generate(req, res, true);
   });

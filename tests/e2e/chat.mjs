@@ -1,5 +1,6 @@
 // Non-streaming chat through the official openai client: the chat.completion object, its usage
-// (with prompt_tokens_details.cached_tokens), finish_reason against max_tokens, and logprobs.
+// (with prompt_tokens_details.cached_tokens), finish_reason against max_tokens, the model listed and
+// retrieved by id, and logprobs.
 //   node tests/e2e/chat.mjs --base-url http://127.0.0.1:8080 --model NAME [--max-tokens 16]
 import { check, checkFinish, checkUsage, client, parseArgs, run } from './lib.mjs';
 
@@ -23,6 +24,12 @@ run(script, async () => {
   check(c.logprobs === null || c.logprobs === undefined, 'expected no logprobs when not asked', c.logprobs);
   checkUsage(r.usage, 'chat');
   checkFinish(c.finish_reason, r.usage, maxTokens, 'chat');
+
+  // The model, listed and by id (models.retrieve).
+  const listed = await openai.models.list();
+  check(listed.data.some((m) => m.id === args.model), `expected models.list to name ${JSON.stringify(args.model)}`, listed.data);
+  const card = await openai.models.retrieve(args.model);
+  check(card.id === args.model && card.object === 'model', `expected models.retrieve to give ${JSON.stringify(args.model)}`, card);
 
   // logprobs: one entry per generated token, each with top_logprobs alternatives.
   const top = 2;

@@ -117,9 +117,14 @@ const server = http.createServer((req, res) => {
   req.on('end', async () => {
     ++served;
     if (opts.fault === 'flaky' && served % 25 === 0) return error(res, 500, 'fake_server: a failure on purpose (--fault flaky)');
+    const card = { id: opts.model, object: 'model', created: 0, owned_by: 'fake' };
     if (req.method === 'GET' && req.url === '/v1/models') {
       res.writeHead(200, { 'content-type': 'application/json' });
-      return res.end(JSON.stringify({ object: 'list', data: [{ id: opts.model, object: 'model', created: 0, owned_by: 'fake' }] }));
+      return res.end(JSON.stringify({ object: 'list', data: [card] }));
+    }
+    if (req.method === 'GET' && req.url === `/v1/models/${encodeURIComponent(opts.model)}`) {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      return res.end(JSON.stringify(card));
     }
     const chat = req.url === '/v1/chat/completions';
     if (req.method !== 'POST' || (!chat && req.url !== '/v1/completions')) return error(res, 404, `no route ${req.method} ${req.url}`);
