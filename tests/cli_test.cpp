@@ -78,6 +78,19 @@ TEST(Cli, UsageErrorsSayWhatIsExpected) {
   EXPECT_NE(bad.output.find("deepseek-v4.1-flash"), std::string::npos) << bad.output;
 }
 
+// --help shows each option's default: the value itself, or the default's words where a sentinel
+// stands for one (a 0 that means "10% of RAM" shows no "=0").
+TEST(Cli, HelpShowsTheDefaults) {
+  Outcome serve = run_dsv41("serve --help");
+  EXPECT_EQ(serve.status, 0);
+  for (const char* shown : {"=127.0.0.1", "=8080", "--max-running INT:INT in [1 - 4096]=8", "=auto", "--swa-ttl FLOAT:POSITIVE=300"})
+    EXPECT_NE(serve.output.find(shown), std::string::npos) << shown << " in\n" << serve.output;
+  for (const char* hidden : {"--host-cache-mb FLOAT:NONNEGATIVE=", "--kv-budget-gb FLOAT:NONNEGATIVE=", "=-1"})
+    EXPECT_EQ(serve.output.find(hidden), std::string::npos) << hidden << " in\n" << serve.output;
+  Outcome generate = run_dsv41("generate --help");
+  EXPECT_NE(generate.output.find("--max-tokens INT:INT in [1 - 1048576]=128"), std::string::npos) << generate.output;
+}
+
 // The reference's greedy continuation of fixture v41-tiny's prompt0 (its README), reproduced end
 // to end by the command: tokenizer-derived Engram vocabulary, hashing, forward, argmax.
 TEST(Cli, GenerateReproducesTheReferenceGreedyContinuation) {

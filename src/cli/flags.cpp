@@ -10,9 +10,13 @@ void add_cache_flags(CLI::App& cmd, CacheFlags& f) {
   cmd.add_option("--store-lifetime-hours", f.store_lifetime_hours,
                  "Guaranteed lifetime of a stored block: younger blocks are never evicted")
       ->check(CLI::NonNegativeNumber);
+  // (0 stands for the machine-derived default these two say in words.)
   cmd.add_option("--host-cache-mb", f.host_cache_mb, "Host global-KV cache budget, MB (default: 10% of RAM)")
-      ->check(CLI::NonNegativeNumber);
-  cmd.add_option("--swa-pool-mb", f.swa_pool_mb, "SWA pool budget, MB (default: 10% of RAM)")->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->default_str("");
+  cmd.add_option("--swa-pool-mb", f.swa_pool_mb, "SWA pool budget, MB (default: 10% of RAM)")
+      ->check(CLI::NonNegativeNumber)
+      ->default_str("");
   cmd.add_option("--swa-ttl", f.swa_ttl_seconds, "SWA pool time to live from the last use, seconds")
       ->check(CLI::PositiveNumber);
 }
@@ -20,7 +24,8 @@ void add_cache_flags(CLI::App& cmd, CacheFlags& f) {
 void add_device_flag(CLI::App& cmd, Device& device) {
   cmd.add_option("--device", device, "Where the model runs: auto (CUDA when built with it and a GPU is present), cpu, cuda")
       ->transform(CLI::CheckedTransformer(std::map<std::string, Device>{{"auto", Device::Auto}, {"cpu", Device::Cpu}, {"cuda", Device::Cuda}},
-                                          CLI::ignore_case));
+                                          CLI::ignore_case))
+      ->default_str("auto");
 }
 
 void add_sampling_flags(CLI::App& cmd, SamplingParams& p) {

@@ -31,7 +31,8 @@ void add_init_random(CLI::App& app) {
                   "Directory with a Hugging Face tokenizer.json and tokenizer_config.json to ship instead of the "
                   "random tokenizer (at most vocab_size ids)");
   cmd->add_option("--vocab", args->vocab, "vocab_size instead of the preset's (rows of embed and head)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->default_str("");
   cmd->callback([args] {
     Config config = preset(args->preset);
     if (args->vocab > 0) config.vocab_size = args->vocab;

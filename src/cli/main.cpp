@@ -11,6 +11,8 @@
 int main(int argc, char** argv) {
   CLI::App app{"dsv41: an inference engine for DeepSeek-V4.1-Flash"};
   app.require_subcommand(1);
+  // Every option's --help line shows its default (subcommands take these option defaults).
+  app.option_defaults()->always_capture_default();
   dsv41::cli::add_inspect(app);
   dsv41::cli::add_init_random(app);
   dsv41::cli::add_tokenize(app);

@@ -41,7 +41,8 @@ void add_serve(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--kv-budget-gb", o.kv_budget_gb,
                   "KV the sequences may hold, GB (default: CUDA half the device memory free after the weights, CPU none; 0: none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->default_str("");
   add_cache_flags(*cmd, args->cache);
   add_device_flag(*cmd, o.device);
   cmd->add_option("--random-weights", o.random_weights,
