@@ -448,11 +448,14 @@ TEST(Server, LoadTest) {
   options.scheduler.max_running = 16;
   options.scheduler.max_queued = 64;
   Running server(options);
+  test::TempDir dir("load");  // the script's report, out of whatever directory the test runs in
+  std::filesystem::create_directories(dir.path());
+  const std::string report = (dir / "load.json").string();
   const std::string cmd = std::string("node ") + DSV41_SOURCE_DIR + "/tests/e2e/load.mjs --base-url http://127.0.0.1:" +
                           std::to_string(server.port()) + " --model v41-tiny --clients 64 --requests 20 --max-tokens 4 --pid " +
-                          std::to_string(::getpid()) + " > load.json";
+                          std::to_string(::getpid()) + " > " + report;
   EXPECT_EQ(std::system(cmd.c_str()), 0);
-  std::ifstream in("load.json");
+  std::ifstream in(report);
   json j = json::parse(in);
   std::printf("load: %s\n", j.dump().c_str());
   EXPECT_EQ(j["errors"], 0);
