@@ -48,7 +48,7 @@ std::vector<std::vector<float>> CpuExecutor::forward_batch(const std::vector<Bat
   std::vector<std::vector<float>> logits;
   for (const BatchItem& item : batch) {
     logits.push_back(forward(model_, static_cast<CpuSequence*>(item.sequence)->state(), item.tokens, item.engram_ids, item.options));
-    if (item.sample && !logits.back().empty()) {
+    if (item.sample) {  // check_sample: a row to choose from
       *item.choice = choose(logits.back().data(), *item.sample);
       logits.back().clear();
     }

@@ -315,9 +315,9 @@ class CpuOps {
       for (int64_t m = 0; m < hc; ++m) std::copy_n(emb.data(), d, X_.data() + (r * hc + m) * d);
     }
     for (Mix& m : mix_) m = Mix{Rows(size_t(R * hc)), Rows(size_t(R * hc)), Rows(size_t(R * hc * hc))};
-    std::fill(ffn().pre.begin(), ffn().pre.end(), 0.0f);
     for (int64_t r = 0; r < R; ++r) ffn().pre[r * hc] = 1.0f;
     h_.resize(size_t(R * d));
+    mixed_.resize(size_t(hc * d));
   }
 
   void mix(int l, Sub s) {
@@ -339,11 +339,10 @@ class CpuOps {
   void write_back(Sub s) {
     const int64_t hc = c_.hc_mult, d = c_.dim;
     const Mix& m = mix_[size_t(s)];
-    Rows mixed(size_t(hc * d));
     for (int64_t r = 0; r < p_.rows; ++r) {
       hc_post(y_.data() + r * d, X_.data() + r * hc * d, m.post.data() + r * hc, m.comb.data() + r * hc * hc, int(hc), d,
-              mixed.data());
-      std::copy(mixed.begin(), mixed.end(), X_.begin() + r * hc * d);
+              mixed_.data());
+      std::copy(mixed_.begin(), mixed_.end(), X_.begin() + r * hc * d);
     }
   }
 
@@ -393,12 +392,9 @@ class CpuOps {
 
   void drop_cut() {
     const int64_t hc = c_.hc_mult, d = c_.dim, cut = p_.plan.cut;
+    // The streams and the `pre` of their next input; the other mixes are made anew before they are read.
     X_.erase(X_.begin(), X_.begin() + cut * hc * d);
-    for (Mix& m : mix_) {
-      m.pre.erase(m.pre.begin(), m.pre.begin() + cut * hc);
-      m.post.erase(m.post.begin(), m.post.begin() + cut * hc);
-      m.comb.erase(m.comb.begin(), m.comb.begin() + cut * hc * hc);
-    }
+    ffn().pre.erase(ffn().pre.begin(), ffn().pre.begin() + cut * hc);
     h_.resize(size_t((p_.rows - cut) * d));
     if (engram_ids_) engram_ids_ += cut * int64_t(c_.engram_layer_ids.size()) * c_.engram_hash_columns();
     p_.start += cut;
@@ -446,6 +442,7 @@ class CpuOps {
   std::span<const int> tokens_;
   const int64_t* engram_ids_;
   Rows X_, h_, y_, logits_;  // X [rows, hc, dim] the residual streams; h the sub-layer input; y its output
+  Rows mixed_;               // one row's streams being rewritten (write_back)
   Mix mix_[2];
 };
 

@@ -76,6 +76,7 @@ class CudaSequence final : public Sequence {
     return device_.get();
   }
   uint64_t id() const { return id_; }
+  const DeviceSequence* device() const { return device_.get(); }
 
  private:
   void replace(std::unique_ptr<DeviceSequence> device) {
@@ -130,12 +131,9 @@ class CudaExecutor final : public Executor {
   // what a captured step (DecodeGraph) runs, to the bit as forward_batch would.
   static bool decode_step(const std::vector<BatchItem>& batch) {
     if (batch.empty() || int64_t(batch.size()) > kDeviceRoutedRows) return false;
-    for (const BatchItem& item : batch) {
-      const ForwardOptions& o = item.options;
-      if (item.tokens.size() != 1 || item.sequence->length() == 0 || o.trace || o.replay_until != 0 ||
-          o.keep_replayed_rows || o.decoder_from > item.sequence->length())
+    for (const BatchItem& item : batch)
+      if (item.options.trace || !decode_row(*static_cast<CudaSequence*>(item.sequence)->device(), item.tokens.size(), item.options))
         return false;
-    }
     return true;
   }
 

@@ -174,7 +174,6 @@ class Call {
   void compress_decode(int l, const float* x);
   template <class Dest>
   void store_entries(int l, float* latents, int64_t n, const int64_t* gpos, Dest index_dest, Dest kv_dest);
-  void index(int l, const float* x, const float* qr);
   void moe(int l, float* out);
 
   const DeviceModel& m_;
@@ -493,17 +492,21 @@ void Call::compress_decode(int l, const float* x) {
 
 // --- CSA2: the indexer of an index-source layer -----------------------------------------------------
 
-void Call::index(int l, const float* x, const float* qr) {
+void Call::index(int l, const Floats& qr) {
   const AttentionWeights& a = m_.layer(l).attn;
+  if (topk_.size() == 0) {
+    K_ = c_.index_topk;
+    topk_ = scratch<int32_t>(T_ * K_, stream_);
+  }
   const int ratio = c_.compress_ratios[size_t(l)];
   const int heads = c_.index_n_heads, ihd = c_.index_head_dim, rd = c_.rope_head_dim;
   const bool candidate_source = l == c_.candidate_source_layer;
   const bool uses_candidates = c_.candidate_source_layer >= 0 && l > c_.candidate_source_layer;
 
   Floats q = scratch<float>(T_ * heads * ihd, stream_), w = scratch<float>(T_ * heads, stream_);
-  cuda::linear(qr, T_, a.indexer_wq_b, q.get(), stream_);
+  cuda::linear(qr.get(), T_, a.indexer_wq_b, q.get(), stream_);
   cuda::rope(q.get() + ihd - rd, T_, heads, int64_t(heads) * ihd, ihd, rd, positions_, m_.rope_freqs(l), false, stream_);
-  cuda::linear(x, T_, a.indexer_weights_proj, w.get(), stream_);
+  cuda::linear(h_.get(), T_, a.indexer_weights_proj, w.get(), stream_);
   scale_round(w.get(), T_ * heads, float(std::pow(double(ihd), -0.5) * std::pow(double(heads), -0.5)), stream_);
 
   // A decode call reads its entry counts and visible counts from its plan, and sizes the scores
@@ -616,14 +619,6 @@ void Call::compress(int l) {
   }
   for (Item& it : items_)
     if (!it.plan.compressed_at_cut(l, c_.decoder_start())) compress(it, l, h_.get() + it.offset * c_.dim);
-}
-
-void Call::index(int l, const Floats& qr) {
-  if (topk_.size() == 0) {
-    K_ = c_.index_topk;
-    topk_ = scratch<int32_t>(T_ * K_, stream_);
-  }
-  index(l, h_.get(), qr.get());
 }
 
 // Sparse attention over each row's window (window_entries) and chosen compressed entries.
@@ -789,6 +784,10 @@ void Call::logits() {
 
 }  // namespace
 
+bool decode_row(const DeviceSequence& s, size_t tokens, const ForwardOptions& o) {
+  return tokens == 1 && s.length > 0 && o.replay_until == 0 && o.decoder_from <= s.length && !o.keep_replayed_rows;
+}
+
 std::vector<std::vector<float>> deliver_logits(const float* logits, int64_t V, std::span<const int64_t> counts,
                                                std::span<const SampleRequest* const> sample, std::span<TokenChoice* const> choice,
                                                cudaStream_t stream) {
@@ -797,8 +796,9 @@ std::vector<std::vector<float>> deliver_logits(const float* logits, int64_t V, s
   std::vector<size_t> chooser;
   int64_t at = 0;
   bool rows_back = false;
+  const auto on_device = [&](size_t i) { return sample[i] && counts[i] == 1; };
   for (size_t i = 0; i < counts.size(); ++i) {
-    if (sample[i] && counts[i] == 1) {
+    if (on_device(i)) {
       rows.push_back(at);
       requests.push_back(*sample[i]);
       chooser.push_back(i);
@@ -816,7 +816,7 @@ std::vector<std::vector<float>> deliver_logits(const float* logits, int64_t V, s
   check(cudaStreamSynchronize(stream), "logits");
   at = 0;
   for (size_t i = 0; i < counts.size(); ++i) {
-    if (!(sample[i] && counts[i] == 1)) out[i].assign(all.begin() + at * V, all.begin() + (at + counts[i]) * V);
+    if (!on_device(i)) out[i].assign(all.begin() + at * V, all.begin() + (at + counts[i]) * V);
     at += counts[i];
   }
   return out;
@@ -832,10 +832,7 @@ std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const st
   if (batch.empty()) return {};
   std::vector<DecodeRow> rows;
   for (const DeviceItem& in : batch) {
-    const DeviceSequence& s = *in.sequence;
-    if (in.tokens.size() != 1 || s.length == 0 || in.options.replay_until != 0 || in.options.decoder_from > s.length ||
-        in.options.keep_replayed_rows)
-      return Call(model, batch, stream).run();
+    if (!decode_row(*in.sequence, in.tokens.size(), in.options)) return Call(model, batch, stream).run();
     rows.push_back(DecodeRow{in.sequence, in.tokens[0], in.engram_ids, in.options.decoder_from});
   }
   // A decode call: its plan on the device in one copy, then the same kernels a DecodeGraph replays.

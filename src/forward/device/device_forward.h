@@ -45,6 +45,10 @@ std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const st
 // the logits into `logits` [items, V]. Changes no host state: the caller advances the sequences
 // (advance(), with the plan's items). `plan` must be plan_decode's of the same sequences in the batch's order. The launches depend on the items and their caches' capacities alone, so
 // DecodeGraph captures them once.
+// Whether an item is a decode row (one token on a prefilled sequence, none replayed, the decoder
+// not starting past it): what plan_decode plans and a DecodeGraph replays.
+bool decode_row(const DeviceSequence& sequence, size_t tokens, const ForwardOptions& options);
+
 // A call's logits rows on the device (logits [rows, V], item i's counts[i] rows one after another)
 // for the host: for each item with a sample request and one row, the token chosen on the device
 // (cuda::choose) into its choice and no rows; for the others their rows.

@@ -116,7 +116,7 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
     experts_.push_back(std::make_unique<ExpertTable>(w1, w2, w3));
     d.shared = {place(h.shared.w1, Fill::Matrix), place(h.shared.w2, Fill::Matrix), place(h.shared.w3, Fill::Matrix)};
     if (h.engram) {
-      const size_t e = size_t(std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), i) - c.engram_layer_ids.begin());
+      const size_t e = size_t(c.engram_index(i));
       const int64_t rows = c.engram_num_embeddings[e];  // the table's rows, as the weights map has them
       auto g = std::make_unique<EngramWeights>();
       const int64_t hd = c.engram_head_dim;
