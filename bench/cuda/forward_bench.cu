@@ -11,10 +11,16 @@
 // entries of each compressed layer and the index keys each index source scans. Achieved GB/s is
 // those bytes over the step time, against a measured device-to-device copy. Decode is timed both
 // as a forward_batch call per step and replaying a DecodeGraph (decode_graph.h); tokens/s and the
-// bandwidth are the graph's.
+// bandwidth are the graph's. Each prompt length's exact prefill runs a third time with op times
+// (op_times.h): the device time per op, and the GPU's idle time between ops.
 //
 //   cuda_forward_bench [--preset bench-1gpu | --model DIR] [--batches 1,8,64]
 //                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
+//                      [--json FILE --commit REV]
+//
+// --json writes every figure as one object: commit, gpu, decode.<batch>.<context>.{ms_per_step,
+// tokens_per_s, copy_bw_fraction}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
+// exact_ops_ms.<op>, exact_idle_ms}.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +29,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -33,6 +40,9 @@
 #include "base/error.h"
 #include "forward/device/decode_graph.h"
 #include "forward/device/device_forward.h"
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/op_times.h"
 #include "model/accounting.h"
 #include "model/layout_checkpoint.h"
 #include "numerics/codecs.h"
@@ -167,7 +177,7 @@ Inputs random_inputs(const Config& c, int64_t n, uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string preset_name = "bench-1gpu", model_dir;
+  std::string preset_name = "bench-1gpu", model_dir, json_path, commit = "unknown";
   std::vector<int64_t> batches = {1, 8, 64}, contexts = {4096, 32768, 131072, 1048576}, prefills = {4096, 32768};
   int steps = 8;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -178,12 +188,17 @@ int main(int argc, char** argv) try {
     else if (flag == "--contexts") contexts = numbers(value);
     else if (flag == "--prefill") prefills = numbers(value);
     else if (flag == "--steps") steps = int(std::stoi(value));
-    else fail("cuda_forward_bench", "--preset, --model, --batches, --contexts, --prefill or --steps", flag);
+    else if (flag == "--json") json_path = value;
+    else if (flag == "--commit") commit = value;
+    else fail("cuda_forward_bench", "--preset, --model, --batches, --contexts, --prefill, --steps, --json or --commit", flag);
   }
+  nlohmann::json report = {{"commit", commit}};
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "device");
   std::printf("device: %s, %.1f GiB\n", prop.name, double(prop.totalGlobalMem) / double(1 << 30));
   const double copy_bw = copy_bandwidth();
+  report["gpu"] = prop.name;
+  report["copy_bytes_per_s"] = copy_bw;
   std::printf("device-to-device copy: %.0f GB/s\n", copy_bw / 1e9);
 
   const bool random = model_dir.empty();
@@ -262,28 +277,60 @@ int main(int argc, char** argv) try {
                   double(B) / step_s, step_bytes / double(B) / 1e9, step_bytes / step_s / 1e9,
                   100.0 * step_bytes / step_s / copy_bw);
       std::fflush(stdout);
+      report["decode"][std::to_string(B)][std::to_string(context)] = {
+          {"ms_per_step", step_s * 1e3}, {"tokens_per_s", double(B) / step_s}, {"copy_bw_fraction", step_bytes / step_s / copy_bw}};
     }
 
   std::printf("\n| prompt | mode | seconds | tokens/s | weight TFLOP/s | default / exact |\n| ---: | --- | ---: | ---: | ---: | ---: |\n");
   const Accounting acc = account(c, 1);
+  std::vector<std::pair<int64_t, std::unique_ptr<OpTimes>>> breakdowns;
   for (int64_t P : prefills) {
     double exact_s = 0;
-    for (bool exact : {true, false}) {
+    // Exact, default, then exact again with op times.
+    for (int run = 0; run < 3; ++run) {
+      const bool exact = run != 1;
       DeviceSequence seq(c, P + 1);
       const Inputs in = random_inputs(c, P, uint64_t(P));
       DeviceItem item{&seq, in.tokens, c.has_engram() ? in.engram.data() : nullptr};
       if (!exact) item.options.decoder_from = P - std::min<int64_t>(c.window_size, P);
+      std::unique_ptr<OpTimes> times = run == 2 ? std::make_unique<OpTimes>() : nullptr;
       check(cudaDeviceSynchronize(), "prefill");
       const auto start = std::chrono::steady_clock::now();
-      forward_batch(dm, {item});
+      forward_batch(dm, {item}, nullptr, times.get());
       check(cudaDeviceSynchronize(), "prefill");
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (times) {
+        breakdowns.emplace_back(P, std::move(times));
+        continue;
+      }
       if (exact) exact_s = s;
       const double flops = 2.0 * double(exact ? acc.params.active_prefill_exact : acc.params.active_prefill) * double(P);
       std::printf("| %lld | %s | %.2f | %.0f | %.1f | %s |\n", (long long)P, exact ? "exact" : "default", s, double(P) / s,
                   flops / s / 1e12, exact ? "" : (std::to_string(s / exact_s).substr(0, 5)).c_str());
       std::fflush(stdout);
+      report["prefill"][std::to_string(P)][exact ? "exact_tokens_per_s" : "default_tokens_per_s"] = double(P) / s;
     }
+  }
+  // Where an exact prefill's time goes: each op's device time, largest first.
+  for (const auto& [P, times] : breakdowns) {
+    std::vector<OpTimes::Total> totals = times->totals();
+    std::sort(totals.begin(), totals.end(), [](const OpTimes::Total& a, const OpTimes::Total& b) { return a.ms > b.ms; });
+    const double total = times->total_ms();
+    double spans = 0;
+    nlohmann::json& ops = report["prefill"][std::to_string(P)]["exact_ops_ms"];
+    std::printf("\nExact prefill of %lld tokens, device time per op (%.1f ms from the first op to the last):\n\n", (long long)P, total);
+    std::printf("| op | calls | ms | share |\n| --- | ---: | ---: | ---: |\n");
+    for (const OpTimes::Total& t : totals) {
+      std::printf("| %s | %d | %.2f | %.1f%% |\n", t.name.c_str(), t.calls, t.ms, 100.0 * t.ms / total);
+      spans += t.ms;
+      ops[t.name] = t.ms;
+    }
+    std::printf("| (GPU idle between ops) | | %.2f | %.1f%% |\n", total - spans, 100.0 * (total - spans) / total);
+    report["prefill"][std::to_string(P)]["exact_idle_ms"] = total - spans;
+  }
+  if (!json_path.empty()) {
+    std::ofstream(json_path) << report.dump(2) << "\n";
+    std::printf("\nwrote %s\n", json_path.c_str());
   }
   return 0;
 } catch (const std::exception& e) {

@@ -17,11 +17,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "cublaslt.h"
 #include "backend/cuda/indexer.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/mhc.h"
@@ -614,6 +616,78 @@ void gemm_bench(benchmark::State& state, bool qgemv_passes) {
   cudaFree(x), cudaFree(y);
 }
 
+// The peer of BM_Gemm: cuBLASLt's fp8 GEMM (e4m3 × e4m3 → bf16, one scale per tensor: no block
+// scales, and the fp4 experts' shapes as fp8) on the same shapes, x already in e4m3 (our time
+// includes act_quant).
+void BM_GemmCublasLtFp8(benchmark::State& state) {
+  const LinearShape& s = kGemmBench[state.range(0)];
+  const int M = int(state.range(1));
+  void* w[2] = {device_codes(size_t(s.N) * s.K, 40, 0xB7, 0), device_codes(size_t(s.N) * s.K, 41, 0xB7, 0)};
+  void* x = device_codes(size_t(M) * s.K, 42, 0xB7, 0);
+  void* y = nullptr;
+  check(cudaMalloc(&y, size_t(M) * s.N * 2), "alloc");
+  bench::LtGemm gemm(bench::LtGemm::Kind::Fp8, M, s.N, s.K);
+  const double bytes = double(s.N) * s.K + double(M) * s.K + 2.0 * M * s.N;
+  time_calls(state, bytes, [&](int i) { gemm.run(x, w[i % 2], y); });
+  const double tflop = 2.0 * M * s.N * double(s.K) / 1e12;
+  state.counters["TFLOP/s"] = benchmark::Counter(tflop * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["of_fp8_peak"] =
+      benchmark::Counter(tflop / kFp8DensePeakTflops * state.iterations(), benchmark::Counter::kIsRate);
+  state.SetLabel(s.name);
+  cudaFree(w[0]), cudaFree(w[1]), cudaFree(x), cudaFree(y);
+}
+
+// The products over bf16 weights at prefill (gemm_bf16.cu): wo_a (8 groups, linear_grouped) and the
+// compressor's projection (linear_f32), beside cuBLASLt's bf16 GEMM (a strided batch for the
+// groups) and the gemv's passes of 8 rows that M > 8 took before. TFLOP/s at 2·M·N·K; the
+// H200's dense bf16 peak ~989 TFLOP/s (datasheet).
+struct Bf16Shape {
+  const char* name;
+  int groups, N, K;  // N rows per group
+};
+const Bf16Shape kBf16Bench[] = {
+    {"wo_a bf16 8x(1024x4096)", 8, 1024, 4096},
+    {"compressor bf16 512x5120", 1, 512, 5120},
+};
+constexpr double kBf16DensePeakTflops = 989;
+
+enum class Bf16Peer { Ours, CublasLt, GemvPasses };
+
+void gemm_bf16_bench(benchmark::State& state, Bf16Peer peer) {
+  const Bf16Shape& s = kBf16Bench[state.range(0)];
+  const int M = int(state.range(1)), N = s.groups * s.N, K = s.K;
+  float *x = nullptr, *y = nullptr;
+  check(cudaMalloc(&x, size_t(M) * s.groups * K * 4), "alloc"), check(cudaMalloc(&y, size_t(M) * N * 4), "alloc");
+  fill_activations<<<1024, 256>>>(x, size_t(M) * s.groups * K, 11);
+  check(cudaGetLastError(), "fill"), check(cudaDeviceSynchronize(), "fill");
+  void* w[2] = {device_codes(size_t(N) * K * 2, 50, 0xBF, 0), device_codes(size_t(N) * K * 2, 51, 0xBF, 0)};
+  std::unique_ptr<bench::LtGemm> lt;
+  void* xb = nullptr;
+  if (peer == Bf16Peer::CublasLt) {
+    lt = std::make_unique<bench::LtGemm>(bench::LtGemm::Kind::Bf16, M, s.N, K, s.groups);
+    xb = device_codes(size_t(M) * s.groups * K * 2, 52, 0xBF, 0);  // bf16 of |v| < 2: no NaN or infinity
+  }
+  const double bytes = 2.0 * N * K + (peer == Bf16Peer::CublasLt ? 2.0 : 4.0) * M * s.groups * K + 4.0 * M * N;
+  time_calls(state, bytes, [&](int i) {
+    const Weight wt{WeightFormat::BF16, N, K, static_cast<const uint8_t*>(w[i % 2]), nullptr};
+    if (peer == Bf16Peer::CublasLt) return lt->run(xb, w[i % 2], y);
+    for (int m0 = 0; m0 < M; m0 += peer == Bf16Peer::Ours ? M : 8) {
+      const int rows = std::min(peer == Bf16Peer::Ours ? M : 8, M - m0);
+      cuda::linear_grouped(x + size_t(m0) * s.groups * K, rows, s.groups, wt, y + size_t(m0) * N);
+    }
+  });
+  const double tflop = 2.0 * M * N * double(K) / 1e12;
+  state.counters["TFLOP/s"] = benchmark::Counter(tflop * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["of_bf16_peak"] =
+      benchmark::Counter(tflop / kBf16DensePeakTflops * state.iterations(), benchmark::Counter::kIsRate);
+  state.SetLabel(s.name);
+  cudaFree(w[0]), cudaFree(w[1]), cudaFree(xb), cudaFree(x), cudaFree(y);
+}
+
+void BM_GemmBf16(benchmark::State& state) { gemm_bf16_bench(state, Bf16Peer::Ours); }
+void BM_GemmBf16CublasLt(benchmark::State& state) { gemm_bf16_bench(state, Bf16Peer::CublasLt); }
+void BM_GemmBf16GemvPasses(benchmark::State& state) { gemm_bf16_bench(state, Bf16Peer::GemvPasses); }
+
 void BM_Gemm(benchmark::State& state) { gemm_bench(state, false); }
 void BM_GemmQgemvPasses(benchmark::State& state) { gemm_bench(state, true); }
 
@@ -626,6 +700,14 @@ BENCHMARK(BM_Gemm)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.2);
+BENCHMARK(BM_GemmCublasLtFp8)
+    ->ArgsProduct({{0, 1, 2, 3}, {4096}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.2);
+BENCHMARK(BM_GemmBf16)->ArgsProduct({{0, 1}, {512, 4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_GemmBf16CublasLt)->ArgsProduct({{0, 1}, {512, 4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_GemmBf16GemvPasses)->ArgsProduct({{0, 1}, {4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
 BENCHMARK(BM_GemmQgemvPasses)
     ->ArgsProduct({{0, 1}, {64, 4096}})
     ->UseManualTime()

@@ -100,8 +100,8 @@ TEST(CudaLinear, F32ProductMatchesCpu) {
 // The grouped product (wo_a): every group's rows against its own slice of x, in one call, equal to
 // the CPU's linear() of each group's slice on the group's rows (the same tolerance as above), and
 // bit-identical to cuda::linear of each group alone (the same per-row sums: for bf16/fp32 the
-// same gemv over a strided input, or, for groups of an odd row count, and for fp8/fp4, linear
-// itself on a copy).
+// same gemv over a strided input — or, from M = 64, the same bf16 GEMM with the group's offsets
+// — or, for groups of an odd row count, and for fp8/fp4, linear itself on a copy).
 TEST(CudaLinear, GroupedProductIsEachGroupsLinear) {
   DSV41_REQUIRE_DEVICE();
   uint32_t seed = 1300;
@@ -109,7 +109,8 @@ TEST(CudaLinear, GroupedProductIsEachGroupsLinear) {
     int M, groups, r, K;
   };
   for (WeightFormat f : {WeightFormat::BF16, WeightFormat::F32, WeightFormat::FP8, WeightFormat::FP4})
-    for (const Case c : {Case{1, 8, 256, 1024}, Case{3, 4, 64, 256}, Case{11, 2, 32, 96}, Case{2, 3, 5, 64}}) {
+    for (const Case c : {Case{1, 8, 256, 1024}, Case{3, 4, 64, 256}, Case{11, 2, 32, 96}, Case{2, 3, 5, 64},
+                         Case{100, 8, 128, 512}, Case{70, 4, 36, 288}}) {
       if (f == WeightFormat::FP8 && c.r % 32 != 0) continue;  // fp8 groups hold whole 32-row scale blocks
       const int N = c.groups * c.r;
       const std::vector<float> x = test::bf16_normal(size_t(c.M) * c.groups * c.K, 1.0, seed += 7);
@@ -353,6 +354,30 @@ TEST(CudaGemm, LinearAtPrefillSizesMatchesCpu) {
       EXPECT_LT(r.nmse, kGemmNmse) << test::format_name(f) << " M " << M;
     }
   }
+}
+
+// ---- The bf16 prefill GEMM ------------------------------------------------------------------------
+
+// linear and linear_f32 over bf16 weights at M ≥ 64 (gemm_bf16.cu; linear_grouped's groups are in
+// the test above). The products of bf16 values are exact in fp32 on both sides; the sums differ.
+// The tensor cores add each mma's 16 products to the accumulator aligning to the largest term and
+// truncating (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021), K/16 times along K,
+// where the CPU rounds each add to nearest: the truncations all lean toward zero, up to one fp32
+// unit of the accumulator each, so y may move by up to (K/16)·2^-24 relative — 2e-5 at K = 5120,
+// NMSE ≤ 4e-10, where two round-to-nearest orders stay near K·2^-48 ≈ 2e-11. Bound 1e-9 for
+// linear_f32; with y rounded to bf16 (linear) the flips dominate, as for the fp8 GEMM: bound 1e-7.
+// A wrong swizzle, fragment order or tail (K not a multiple of the 64-wide k-tile; M, N not of
+// 128) puts wrong or missing products into whole rows: NMSE ~1, or NaN from the poisoned output.
+TEST(CudaGemmBf16, MatchesCpuAtPrefillShapes) {
+  DSV41_REQUIRE_DEVICE();
+  uint32_t seed = 2100;
+  for (const Shape& s : {Shape{"compressor 300x512x5120", 300, 512, 5120}, Shape{"weights_proj 130x64x5120", 130, 64, 5120},
+                         Shape{"odd 77x50x72", 77, 50, 72}, Shape{"64x1000x1024", 64, 1000, 1024}})
+    for (bool f32 : {false, true}) {
+      const double e = run(WeightFormat::BF16, s, f32, seed += 7);
+      std::printf("bf16 gemm %s %-26s NMSE %.3g\n", f32 ? "linear_f32" : "linear    ", s.name, e);
+      EXPECT_LT(e, f32 ? 1e-9 : 1e-7) << s.name << (f32 ? " linear_f32" : " linear");
+    }
 }
 
 }  // namespace

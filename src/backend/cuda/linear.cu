@@ -1,7 +1,8 @@
 // Weight GEMV/GEMM reading checkpoint formats directly (fp8 32x32-block, fp4 per-32, bf16, fp32).
 //
-// Two kernels here, and the prefill GEMM in gemm.cu: linear() over fp8/fp4 weights at M ≥ 64
-// (gemm::kMinRows) with K a multiple of 128 runs on the tensor cores there.
+// Two kernels here, and the prefill GEMMs on the tensor cores: linear() over fp8/fp4 weights at
+// M ≥ 64 (gemm::kMinRows) with K a multiple of 128 runs in gemm.cu, every product over a bf16
+// weight at M ≥ 64 (gemm_bf16::kMinRows) in gemm_bf16.cu.
 //
 // qgemv (linear() over fp8/fp4 weights, the decode path): the activation quantization is folded
 // into the GEMV. Each block first act-quantizes its slice of x (≤ 8 rows) into shared memory,
@@ -31,6 +32,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/gemm_bf16.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -495,6 +497,7 @@ void dispatch(const float* x, int64_t M, const Weight& w, float* y, bool round, 
 }  // namespace
 
 void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {
+  if (gemm_bf16::usable(M, w)) return gemm_bf16::linear(x, M, 1, w, y, true, stream);
   if (!w.quantized()) return dispatch(x, M, w, y, true, stream);
   if (w.cols % kBlock != 0)
     fail("cuda::linear", "K a multiple of 32 for a quantized weight", "K = " + std::to_string(w.cols));
@@ -506,6 +509,7 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
 }
 
 void linear_f32(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {
+  if (gemm_bf16::usable(M, w)) return gemm_bf16::linear(x, M, 1, w, y, false, stream);
   dispatch(x, M, w, y, false, stream);
 }
 
@@ -514,6 +518,7 @@ void linear_grouped(const float* x, int64_t M, int64_t groups, const Weight& w, 
     fail("cuda::linear_grouped", "a weight whose rows split into the groups evenly",
          std::to_string(groups) + " groups of " + std::to_string(w.rows) + " rows");
   if (groups == 1) return linear(x, M, w, y, stream);
+  if (gemm_bf16::usable(M, w, groups)) return gemm_bf16::linear(x, M, groups, w, y, true, stream);
   const int64_t r = w.rows / groups, K = w.cols;
   // One gemv launch over every group (bf16/fp32 weights: rows independent, no act-quant; a
   // thread's kRows rows in one group). Otherwise each group is one linear() on a contiguous copy

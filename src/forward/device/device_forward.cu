@@ -37,6 +37,7 @@
 #include "backend/cuda/mhc.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/norm.h"
+#include "backend/cuda/op_times.h"
 #include "backend/cuda/rope.h"
 #include "backend/cuda/sampling.h"
 #include "backend/cuda/sparse_attention.h"
@@ -76,8 +77,8 @@ class Call {
   // A decode call (one row per sequence, none replayed) comes with its plan (decode_plan.h) and the
   // plan's copy on the device; its kernels then read every per-step value there.
   Call(const DeviceModel& model, const std::vector<DeviceItem>& batch, cudaStream_t stream,
-       const DecodePlan* plan = nullptr, uint8_t* plan_device = nullptr)
-      : m_(model), c_(model.config()), stream_(stream), plan_(plan), plan_d_(plan_device) {
+       const DecodePlan* plan = nullptr, uint8_t* plan_device = nullptr, OpTimes* times = nullptr)
+      : m_(model), c_(model.config()), stream_(stream), plan_(plan), plan_d_(plan_device), times_(times) {
     int64_t offset = 0;
     if (plan_ && plan_->items.size() != batch.size())
       fail("cuda decode step", "a plan of the batch's sequences, one row each", std::to_string(plan_->items.size()) + " planned rows");
@@ -141,7 +142,10 @@ class Call {
   const LayerWeights& layer(int l) const { return m_.layer(l); }
   const Floats& h() const { return h_; }
   Floats linear(const Floats& x, const Weight& w);
-  void rms_norm(Floats& x, int64_t cols, const Weight& w) { cuda::rms_norm(x.get(), T_, cols, &w, eps(), x.get(), stream_); }
+  void rms_norm(Floats& x, int64_t cols, const Weight& w) {
+    const auto span = timed("rms_norm");
+    cuda::rms_norm(x.get(), T_, cols, &w, eps(), x.get(), stream_);
+  }
   void rope(Floats& x, int l, int heads, int64_t head_dim, bool inverse);
   void window_entries(int l, Floats& kv);
   void compress(int l);
@@ -164,6 +168,8 @@ class Call {
   // The mix whose `pre` gives sub-layer s its input: the FFN's for attention, the attention's for the FFN.
   Mix& before(Sub s) { return mix_[size_t(s == Sub::Attention ? Sub::Ffn : Sub::Attention)]; }
   bool decode() const { return plan_ != nullptr; }
+  // The span of an op in the call's op times, if it keeps them.
+  OpTimes::Span timed(std::string name) const { return {times_, std::move(name), stream_}; }
   template <class T>
   T* planned(size_t offset) const { return plan_->at<T>(plan_d_, offset); }
   float eps() const { return float(c_.norm_eps); }
@@ -184,6 +190,7 @@ class Call {
   Trace* trace_ = nullptr;
   const DecodePlan* plan_;
   uint8_t* plan_d_;
+  OpTimes* times_;
 
   Floats X_, X2_, h_, y_;  // X [T, hc, dim] the residual streams (X2 the next ones); h a sub-layer's input; y its output
   Mix mix_[2];
@@ -219,6 +226,7 @@ void Call::upload_positions() {
 }
 
 void Call::mix(int l, Sub s) {
+  const auto span = timed("mhc mix");
   const HcWeights& w = s == Sub::Attention ? m_.layer(l).hc_attn : m_.layer(l).hc_ffn;
   Mix& m = mixes(s);
   hc_mixes(X_.get(), T_, c_.hc_mult, c_.dim, w, eps(), c_.hc_sinkhorn_iters, float(c_.hc_eps), m.pre.get(), m.post.get(),
@@ -226,18 +234,21 @@ void Call::mix(int l, Sub s) {
 }
 
 void Call::input(int l, Sub s) {
+  const auto span = timed("mhc input");
   const LayerWeights& L = m_.layer(l);
   hc_pre(X_.get(), before(s).pre.get(), T_, c_.hc_mult, c_.dim, h_.get(), stream_);
   cuda::rms_norm(h_.get(), T_, c_.dim, s == Sub::Attention ? &L.attn_norm : &L.ffn_norm, eps(), h_.get(), stream_);
 }
 
 void Call::write_back(Sub s) {
+  const auto span = timed("mhc write_back");
   const Mix& m = mixes(s);
   hc_post(y_.get(), X_.get(), m.post.get(), m.comb.get(), T_, c_.hc_mult, c_.dim, X2_.get(), stream_);
   std::swap(X_, X2_);
 }
 
 void Call::boundary(int l, Sub from, Sub to) {
+  const auto span = timed("mhc boundary (mega_mhc)");
   const LayerWeights& L = m_.layer(l);
   const Mix& f = mixes(from);
   Mix& t = mixes(to);
@@ -287,6 +298,7 @@ void Call::enqueue(float* logits_out) {
 
 // The residual: hc copies of each embedding row; the first input mix is e0.
 void Call::embed() {
+  const auto span = timed("embed");
   const int64_t d = c_.dim, hc = c_.hc_mult;
   X_ = scratch<float>(T_ * hc * d, stream_);
   X2_ = scratch<float>(T_ * hc * d, stream_);
@@ -319,12 +331,14 @@ void Call::embed() {
 // Decoder bounded replay (network.h), for each item on its own: its cut rows' compressor at the
 // decoder start, on the stream entering it (h_).
 void Call::compress_cut(int ds) {
+  const auto span = timed("compress (cut rows)");
   for (Item& it : items_)
     if (it.plan.cut > 0) compress(it, ds, h_.get() + it.offset * c_.dim);
 }
 
 // Then those rows leave: the others are gathered to the front, with the `pre` of their next input.
 void Call::drop_cut() {
+  const auto span = timed("drop cut rows");
   const int64_t hc = c_.hc_mult;
   std::vector<int32_t> keep;
   int64_t offset = 0;
@@ -350,6 +364,7 @@ void Call::drop_cut() {
 }
 
 void Call::engram(int l) {
+  const auto span = timed("engram");
   const EngramWeights& g = *m_.layer(l).engram;
   const int n_engram = int(c_.engram_layer_ids.size()), cols = c_.engram_hash_columns();
   const int e = c_.engram_index(l);
@@ -493,6 +508,7 @@ void Call::compress_decode(int l, const float* x) {
 // --- CSA2: the indexer of an index-source layer -----------------------------------------------------
 
 void Call::index(int l, const Floats& qr) {
+  const auto span = timed("indexer");
   const AttentionWeights& a = m_.layer(l).attn;
   if (topk_.size() == 0) {
     K_ = c_.index_topk;
@@ -580,6 +596,7 @@ void Call::index(int l, const Floats& qr) {
 // This call's window entries, SWA-FP8 into each item's window buffer (or ring), and the window
 // lists that index them.
 void Call::window_entries(int l, Floats& kv) {
+  const auto span = timed("window entries");
   const int64_t hd = c_.head_dim, W = c_.window_size, T = T_;
   const size_t slot = swa_fp8::bytes(int(hd));
   window_buffers_.clear();
@@ -613,6 +630,7 @@ void Call::window_entries(int l, Floats& kv) {
 }
 
 void Call::compress(int l) {
+  const auto span = timed("compressor");
   if (decode()) {
     compress_decode(l, h_.get());
     return;
@@ -623,6 +641,7 @@ void Call::compress(int l) {
 
 // Sparse attention over each row's window (window_entries) and chosen compressed entries.
 Floats Call::attend(int l, const Floats& q, const Floats&) {
+  const auto span = timed("sparse attention");
   const int64_t H = c_.n_heads, hd = c_.head_dim, T = T_;
   const int ratio = c_.compress_ratios[size_t(l)];
   DeviceBuffer<uint8_t*> base_d;
@@ -669,16 +688,25 @@ Floats Call::attend(int l, const Floats& q, const Floats&) {
 
 // The ring keeps the last W entries of a multi-row call (a decode row is there already).
 void Call::keep_window(int, const Floats& kv) {
+  const auto span = timed("window entries");
   if (ring_update_) swa_fp8_encode(kv.get(), T_, int(c_.head_dim), scratch_from(ring_dest_, stream_).get(), stream_);
 }
 
+// A projection's name in the op times: its shape and format (the shapes of V4.1's projections differ).
+std::string linear_name(const Weight& w) {
+  static const char* formats[] = {"f32", "bf16", "fp8", "fp4"};
+  return "linear " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " " + formats[int(w.format)];
+}
+
 Floats Call::linear(const Floats& x, const Weight& w) {
+  const auto span = timed(times_ ? linear_name(w) : std::string());
   Floats y = scratch<float>(T_ * w.rows, stream_);
   cuda::linear(x.get(), T_, w, y.get(), stream_);
   return y;
 }
 
 void Call::rope(Floats& x, int l, int heads, int64_t head_dim, bool inverse) {
+  const auto span = timed("rope");
   const int rd = c_.rope_head_dim;
   cuda::rope(x.get() + head_dim - rd, T_, heads, heads * head_dim, head_dim, rd, positions_, m_.rope_freqs(l), inverse, stream_);
 }
@@ -686,6 +714,7 @@ void Call::rope(Floats& x, int l, int heads, int64_t head_dim, bool inverse) {
 // Grouped low-rank output: group g's heads (o [T, G, in_g]) through wo_a's rows [g·r, (g+1)·r),
 // into ya [T, G, r].
 Floats Call::linear_grouped(const Floats& o, const Weight& wo_a) {
+  const auto span = timed("linear wo_a (grouped)");
   Floats ya = scratch<float>(T_ * c_.o_groups * c_.o_lora_rank, stream_);
   cuda::linear_grouped(o.get(), T_, c_.o_groups, wo_a, ya.get(), stream_);
   return ya;
@@ -722,32 +751,42 @@ void Call::moe(int l, float* out) {
   // Few rows (decode): one op, the routing never leaving the device, each chosen expert's weights
   // read once per 8 of its rows.
   if (T <= kDeviceRoutedRows) {
+    const auto span = timed("moe (cuda::moe)");
     cuda::moe(h_.get(), T, L.gate, L.gate_bias, opt, m_.experts(l), L.shared.w1, L.shared.w2, L.shared.w3, limit, forced,
               experts_d.get(), weights_d.get(), out, stream_);
     return;
   }
   // Many rows (prefill): the routing comes to the host, which lists each expert's rows, so that
   // each expert runs as one GEMM over all of them (tensor cores from 64 rows on).
-  cuda::route(h_.get(), T, L.gate, L.gate_bias, opt, experts_d.get(), weights_d.get(), stream_, forced);
-  const std::vector<int32_t> experts = experts_d.download(stream_);
-  const std::vector<float> weights = weights_d.download(stream_);
-  Floats y = scratch<float>(T * d, stream_), ys = scratch<float>(T * d, stream_);
-  check(cudaMemsetAsync(y.get(), 0, size_t(T * d) * sizeof(float), stream_), "moe");
-  for (int e = 0; e < int(L.experts.size()); ++e) {
-    std::vector<int32_t> rows;
-    std::vector<float> we;
-    for (int64_t r = 0; r < T; ++r)
-      for (int j = 0; j < k; ++j)
-        if (experts[size_t(r * k + j)] == e) rows.push_back(int32_t(r)), we.push_back(weights[size_t(r * k + j)]);
-    if (rows.empty()) continue;
-    const int64_t n = int64_t(rows.size());
-    DeviceBuffer<int32_t> rows_d = scratch_from(rows, stream_);
-    Floats xe = scratch<float>(n * d, stream_), ye = scratch<float>(n * d, stream_);
-    gather_rows(h_.get(), rows_d.get(), n, d, xe.get(), stream_);
-    const ExpertWeights& ew = L.experts[size_t(e)];
-    expert_ffn(xe.get(), n, ew.w1, ew.w2, ew.w3, limit, scratch_from(we, stream_).get(), ye.get(), stream_);
-    scatter_add_rows(ye.get(), rows_d.get(), n, d, y.get(), stream_);
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+  {
+    const auto span = timed("moe routing (to the host)");
+    cuda::route(h_.get(), T, L.gate, L.gate_bias, opt, experts_d.get(), weights_d.get(), stream_, forced);
+    experts = experts_d.download(stream_);
+    weights = weights_d.download(stream_);
   }
+  Floats y = scratch<float>(T * d, stream_), ys = scratch<float>(T * d, stream_);
+  {
+    const auto span = timed("moe routed experts");
+    check(cudaMemsetAsync(y.get(), 0, size_t(T * d) * sizeof(float), stream_), "moe");
+    for (int e = 0; e < int(L.experts.size()); ++e) {
+      std::vector<int32_t> rows;
+      std::vector<float> we;
+      for (int64_t r = 0; r < T; ++r)
+        for (int j = 0; j < k; ++j)
+          if (experts[size_t(r * k + j)] == e) rows.push_back(int32_t(r)), we.push_back(weights[size_t(r * k + j)]);
+      if (rows.empty()) continue;
+      const int64_t n = int64_t(rows.size());
+      DeviceBuffer<int32_t> rows_d = scratch_from(rows, stream_);
+      Floats xe = scratch<float>(n * d, stream_), ye = scratch<float>(n * d, stream_);
+      gather_rows(h_.get(), rows_d.get(), n, d, xe.get(), stream_);
+      const ExpertWeights& ew = L.experts[size_t(e)];
+      expert_ffn(xe.get(), n, ew.w1, ew.w2, ew.w3, limit, scratch_from(we, stream_).get(), ye.get(), stream_);
+      scatter_add_rows(ye.get(), rows_d.get(), n, d, y.get(), stream_);
+    }
+  }
+  const auto span = timed("moe shared expert");
   expert_ffn(h_.get(), T, L.shared.w1, L.shared.w2, L.shared.w3, limit, nullptr, ys.get(), stream_);
   add_round(y.get(), ys.get(), T * d, out, stream_);
 }
@@ -756,6 +795,7 @@ void Call::moe(int l, float* out) {
 
 // The plan's logits rows of every item, into logits_out_ [n, V] (the call's scratch if null).
 void Call::logits() {
+  const auto span = timed("head");
   const int64_t d = c_.dim, hc = c_.hc_mult, V = c_.vocab_size;
   std::vector<int32_t> rows;
   for (const Item& it : items_)
@@ -828,17 +868,17 @@ void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& bat
 }
 
 std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const std::vector<DeviceItem>& batch,
-                                              cudaStream_t stream) {
+                                              cudaStream_t stream, OpTimes* times) {
   if (batch.empty()) return {};
   std::vector<DecodeRow> rows;
   for (const DeviceItem& in : batch) {
-    if (!decode_row(*in.sequence, in.tokens.size(), in.options)) return Call(model, batch, stream).run();
+    if (!decode_row(*in.sequence, in.tokens.size(), in.options)) return Call(model, batch, stream, nullptr, nullptr, times).run();
     rows.push_back(DecodeRow{in.sequence, in.tokens[0], in.engram_ids, in.options.decoder_from});
   }
   // A decode call: its plan on the device in one copy, then the same kernels a DecodeGraph replays.
   const DecodePlan plan = plan_decode(model.config(), rows);
   DeviceBuffer<uint8_t> plan_d = scratch_from(plan.block, stream);
-  return Call(model, batch, stream, &plan, plan_d.get()).run();
+  return Call(model, batch, stream, &plan, plan_d.get(), times).run();
 }
 
 }  // namespace dsv41::cuda

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/cuda/op_times.h"
 #include "forward/device/decode_plan.h"
 #include "forward/device/device_model.h"
 #include "forward/device/device_sequence.h"
@@ -36,15 +37,11 @@ struct DeviceItem {
 // writes the token it asks for (DeviceItem::sample, checked by the caller: check_sample).
 // A Trace (options.trace) is supported for a batch of one item; keep_replayed_rows is not. Every
 // input is checked before any sequence changes (docs/cuda.md lists the limits). Calls on
-// different streams must not overlap: Mega-mHC's arrival counters are shared.
+// different streams must not overlap: Mega-mHC's arrival counters are shared. With `times`, each
+// op's device time goes there (op_times.h).
 std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const std::vector<DeviceItem>& batch,
-                                              cudaStream_t stream = nullptr);
+                                              cudaStream_t stream = nullptr, OpTimes* times = nullptr);
 
-// The kernels of a decode step (one token per item, none replayed: the calls forward_batch plans
-// with plan_decode) on `stream`, every per-step value read from the plan's copy at plan_device,
-// the logits into `logits` [items, V]. Changes no host state: the caller advances the sequences
-// (advance(), with the plan's items). `plan` must be plan_decode's of the same sequences in the batch's order. The launches depend on the items and their caches' capacities alone, so
-// DecodeGraph captures them once.
 // Whether an item is a decode row (one token on a prefilled sequence, none replayed, the decoder
 // not starting past it): what plan_decode plans and a DecodeGraph replays.
 bool decode_row(const DeviceSequence& sequence, size_t tokens, const ForwardOptions& options);
@@ -56,6 +53,12 @@ std::vector<std::vector<float>> deliver_logits(const float* logits, int64_t V, s
                                                std::span<const SampleRequest* const> sample, std::span<TokenChoice* const> choice,
                                                cudaStream_t stream);
 
+// The kernels of a decode step (one token per item, none replayed: the calls forward_batch plans
+// with plan_decode) on `stream`, every per-step value read from the plan's copy at plan_device,
+// the logits into `logits` [items, V]. Changes no host state: the caller advances the sequences
+// (advance(), with the plan's items). `plan` must be plan_decode's of the same sequences in the
+// batch's order. The launches depend on the items and their caches' capacities alone, so
+// DecodeGraph captures them once.
 void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& batch, const DecodePlan& plan,
                     uint8_t* plan_device, float* logits, cudaStream_t stream);
 

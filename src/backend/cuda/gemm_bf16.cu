@@ -1,0 +1,197 @@
+// The prefill GEMM over bf16 weights: y[M, N] = x[M, K] · Wᵀ on the tensor cores through bf16
+// mma.sync (m16n8k16, fp32 accumulation), for wo_a (grouped), the compressor's projections and
+// the indexer's bf16 weights, which the gemv (linear.cu) otherwise reads once per 8 rows.
+//
+// Two kernels.
+//
+// to_bf16_kernel: x (fp32 storage of bf16 values, the activations' dtype) → bf16, exactly. One
+// value a thread; traffic M·K·(4 + 2) bytes: 0.2 ms for wo_a's input at M = 4096 (32768 columns).
+//
+// gemm_kernel: CTA tile 128 (M) × 128 (N) × 64 (K), 8 warps as 2 (M) × 4 (N), warp tile 64 × 32
+// (4 × 4 mma tiles, 64 fp32 accumulators a thread). Both operands are K-contiguous rows (x [M, K],
+// W [N, K]: the mma's row.col form) and go global → shared memory by cp.async, 16-byte chunks,
+// 3 stages (96 KB, 2 CTAs per SM), each 128-byte row's 8 chunks XOR-swizzled by the row's low
+// 3 bits so that ldmatrix's 8 rows of one chunk column hit 32 distinct banks; shared → registers
+// by ldmatrix (x4: an A fragment of 16 × 16, or the B fragments of two n8 tiles). Rows past M or
+// N and chunks past K are zero-filled (K is a multiple of 8, so a chunk is wholly in or out).
+// Groups (linear_grouped) are gridDim.z, each with its own x columns, weight rows and y columns.
+//
+// Precision: the products of bf16 values are exact in fp32 and the tensor cores sum them at fp32
+// width (aligning and truncating, where the CPU's gemm_f32 rounds each add in its own order), so
+// y differs from the CPU's by the order and the rounding of fp32 sums only: a few fp32 units
+// relative to the terms (ops_linear_test states the bounds). y is rounded to bf16 when asked, as
+// the CPU's linear() rounds its fp32 product.
+//
+// Speed of light (H200: ~990 TFLOP/s dense bf16 by the datasheet, ~790 measured through PyTorch;
+// mma.sync reaches roughly two thirds of the wgmma rate). wo_a at M = 4096 (8 groups of 1024 ×
+// 4096): 275 GFLOP, bytes W 64 MB + x 256 MB (bf16) + y 128 MB → ~0.1 ms of HBM time, so the
+// tensor cores bound it: ~0.35 ms at 790 TFLOP/s. The gemv's 512 passes of 8 rows read W 512
+// times.
+#include "backend/cuda/gemm_bf16.cuh"
+
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ptx.cuh"
+#include "numerics/types.h"
+
+namespace dsv41::cuda::gemm_bf16 {
+
+namespace {
+
+using namespace ptx;
+
+constexpr int kBM = 128, kBN = 128, kBK = 64;  // CTA tile; kBK in bf16 elements (128 bytes a row)
+constexpr int kThreads = 256;                  // 8 warps: 2 along M × 4 along N, warp tile 64 × 32
+constexpr int kStages = 3;
+constexpr int kRowBytes = kBK * 2;
+constexpr int kTileBytes = kBM * kRowBytes;    // one operand's tile: 16 KB (kBN == kBM)
+constexpr int kStageBytes = 2 * kTileBytes;
+constexpr int kSmemBytes = kStages * kStageBytes;
+constexpr int kConvertThreads = 256;
+
+static_assert(kBM == kBN, "one tile size for both operands");
+
+__global__ void __launch_bounds__(kConvertThreads) to_bf16_kernel(const float* __restrict__ x, int64_t n,
+                                                                   __nv_bfloat16* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * kConvertThreads + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(x[i]);
+}
+
+// D += A·B over a 16 × 8 × 16 bf16 tile (HMMA.16816.F32.BF16).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The byte offset of chunk c (16 bytes) of row r within a tile.
+__device__ __forceinline__ uint32_t swizzled(int r, int c) { return uint32_t(r * kRowBytes + ((c ^ (r & 7)) << 4)); }
+
+// Grid (N tile, M tile, group). x [M, lda] bf16, group g's columns from g·K; w [groups·N, K], group
+// g's rows from g·N; y [M, ldy], group g's columns from g·N.
+__global__ void __launch_bounds__(kThreads, 2)
+    gemm_kernel(const __nv_bfloat16* __restrict__ x, int lda, int M, int N, int K, const __nv_bfloat16* __restrict__ w,
+                float* __restrict__ y, int ldy, bool round) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t smem0 = smem_addr(smem);
+  const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int wm = warp / 4, wn = warp % 4, g = lane / 4, t = lane % 4;
+  const int n0 = int(blockIdx.x) * kBN, m0 = int(blockIdx.y) * kBM, group = int(blockIdx.z);
+  x += int64_t(group) * K;
+  w += int64_t(group) * N * K;
+  y += int64_t(group) * N;
+  const int KT = (K + kBK - 1) / kBK;
+
+  // This thread's 4 chunks of each operand per stage: rows tid/8 + 32q, chunk tid%8.
+  const int row0 = tid / 8, chunk = tid % 8;
+  auto load_stage = [&](int stage, int kt) {
+    const uint32_t base = smem0 + uint32_t(stage * kStageBytes);
+    const int k = kt * kBK + chunk * 8;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int r = row0 + 32 * q;
+      const bool a_ok = m0 + r < M && k < K, b_ok = n0 + r < N && k < K;
+      cp_async16(base + swizzled(r, chunk), a_ok ? x + int64_t(m0 + r) * lda + k : x, a_ok);
+      cp_async16(base + kTileBytes + swizzled(r, chunk), b_ok ? w + int64_t(n0 + r) * K + k : w, b_ok);
+    }
+  };
+
+  float acc[4][4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < KT) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage kt has landed for every thread; stage kt - 1's reads are done
+    if (kt + kStages - 1 < KT) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
+    cp_async_commit();
+    const uint32_t a_base = smem0 + uint32_t(kt % kStages * kStageBytes), b_base = a_base + kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      // A: matrices (rows 0-7 | 8-15) × (k 0-7 | 8-15) of each m16 tile; lane l names row l%16, chunk l/16.
+      uint32_t a[4][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) ldmatrix_x4(a[mt], a_base + swizzled(wm * 64 + mt * 16 + lane % 16, 2 * kk + lane / 16));
+      // B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) of a pair of n8 tiles.
+      uint32_t b[4][2];
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t r[4];
+        ldmatrix_x4(r, b_base + swizzled(wn * 32 + np * 16 + lane / 16 * 8 + lane % 8, 2 * kk + lane / 8 % 2));
+        b[2 * np][0] = r[0], b[2 * np][1] = r[1], b[2 * np + 1][0] = r[2], b[2 * np + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) mma_bf16(acc[mt][nt], a[mt], b[nt][0], b[nt][1]);
+    }
+  }
+
+  // Accumulator (mt, nt): rows g and g + 8 of the m16 tile, columns 2t and 2t + 1 of the n8 tile.
+  const bool pairs = (N % 2 == 0) && (ldy % 2 == 0);
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = m0 + wm * 64 + mt * 16 + g + 8 * h, n = n0 + wn * 32 + nt * 8 + 2 * t;
+        if (m >= M || n >= N) continue;
+        float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
+        if (round) v0 = round_bf16(v0), v1 = round_bf16(v1);
+        float* out = y + int64_t(m) * ldy + n;
+        if (pairs) {
+          *reinterpret_cast<float2*>(out) = make_float2(v0, v1);
+        } else {
+          out[0] = v0;
+          if (n + 1 < N) out[1] = v1;
+        }
+      }
+}
+
+}  // namespace
+
+bool usable(int64_t M, const Weight& w, int64_t groups) {
+  const int64_t limit = int64_t(1) << 31;
+  return w.format == WeightFormat::BF16 && w.data && M >= kMinRows && groups > 0 && w.rows % groups == 0 &&
+         w.rows > 0 && w.cols > 0 && w.cols % 8 == 0 && M < limit && groups * w.cols < limit && w.rows < limit &&
+         (M + kBM) / kBM < 65536 && groups < 65536;
+}
+
+void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream) {
+  if (!usable(M, w, groups))
+    fail("cuda::linear bf16 gemm", "a bf16 weight, M >= 64, K % 8 == 0, rows in whole groups",
+         std::to_string(M) + " rows over " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " in " +
+             std::to_string(groups) + " groups");
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes), "cuda::linear bf16 gemm");
+    return true;
+  }();
+  (void)configured;
+  const int64_t K = w.cols, lda = groups * K, N = w.rows / groups, values = M * lda;
+  keep_scratch_pool();
+  __nv_bfloat16* xb = nullptr;
+  check(cudaMallocAsync(reinterpret_cast<void**>(&xb), size_t(values) * sizeof(__nv_bfloat16), stream), "cuda::linear bf16 gemm");
+  to_bf16_kernel<<<unsigned((values + kConvertThreads - 1) / kConvertThreads), kConvertThreads, 0, stream>>>(x, values, xb);
+  check_launch("cuda::linear bf16 gemm");
+  const dim3 grid(unsigned((N + kBN - 1) / kBN), unsigned((M + kBM - 1) / kBM), unsigned(groups));
+  gemm_kernel<<<grid, kThreads, kSmemBytes, stream>>>(xb, int(lda), int(M), int(N), int(K),
+                                                      reinterpret_cast<const __nv_bfloat16*>(w.data), y, int(w.rows), round);
+  check_launch("cuda::linear bf16 gemm");
+  check(cudaFreeAsync(xb, stream), "cuda::linear bf16 gemm");
+}
+
+}  // namespace dsv41::cuda::gemm_bf16

@@ -1,0 +1,27 @@
+#pragma once
+// The prefill GEMM of cuda::linear, linear_f32 and linear_grouped over bf16 weights (gemm_bf16.cu):
+// bf16 mma.sync with fp32 accumulation. Internal to the CUDA backend; linear.cu calls it for
+// M ≥ kMinRows.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "model/weight.h"
+
+namespace dsv41::cuda::gemm_bf16 {
+
+// The fewest activation rows for which the products take this GEMM (below it, the gemv's passes of 8).
+inline constexpr int64_t kMinRows = 64;
+
+// Whether a product over w at M rows runs here: a bf16 weight, M ≥ kMinRows, K a multiple of 8
+// (whole 16-byte chunks), and every offset within 32 bits.
+bool usable(int64_t M, const Weight& w, int64_t groups = 1);
+
+// y[M, N] = x · Wᵀ for W [N, K] in `groups` groups of r = N / groups rows, as linear_grouped: x is
+// [M, groups·K] and group g's rows W[g·r .. (g + 1)·r) multiply x[m, g·K .. (g + 1)·K) into
+// y[m, g·r .. (g + 1)·r); groups = 1 is a plain product. x holds bf16 values (fp32 storage); round:
+// y to bf16 (linear) or not (linear_f32). Scratch (x as bf16, M·groups·K·2 bytes) from
+// cudaMallocAsync on `stream`.
+void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream);
+
+}  // namespace dsv41::cuda::gemm_bf16
