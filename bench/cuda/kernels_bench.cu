@@ -626,9 +626,16 @@ void BM_GemmCublasLtFp8(benchmark::State& state) {
   void* x = device_codes(size_t(M) * s.K, 42, 0xB7, 0);
   void* y = nullptr;
   check(cudaMalloc(&y, size_t(M) * s.N * 2), "alloc");
-  bench::LtGemm gemm(bench::LtGemm::Kind::Fp8, M, s.N, s.K);
+  std::unique_ptr<bench::LtGemm> gemm;
+  try {
+    gemm = std::make_unique<bench::LtGemm>(bench::LtGemm::Kind::Fp8, M, s.N, s.K);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    cudaFree(w[0]), cudaFree(w[1]), cudaFree(x), cudaFree(y);
+    return;
+  }
   const double bytes = double(s.N) * s.K + double(M) * s.K + 2.0 * M * s.N;
-  time_calls(state, bytes, [&](int i) { gemm.run(x, w[i % 2], y); });
+  time_calls(state, bytes, [&](int i) { gemm->run(x, w[i % 2], y); });
   const double tflop = 2.0 * M * s.N * double(s.K) / 1e12;
   state.counters["TFLOP/s"] = benchmark::Counter(tflop * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["of_fp8_peak"] =
@@ -664,8 +671,14 @@ void gemm_bf16_bench(benchmark::State& state, Bf16Peer peer) {
   std::unique_ptr<bench::LtGemm> lt;
   void* xb = nullptr;
   if (peer == Bf16Peer::CublasLt) {
-    lt = std::make_unique<bench::LtGemm>(bench::LtGemm::Kind::Bf16, M, s.N, K, s.groups);
     xb = device_codes(size_t(M) * s.groups * K * 2, 52, 0xBF, 0);  // bf16 of |v| < 2: no NaN or infinity
+    try {
+      lt = std::make_unique<bench::LtGemm>(bench::LtGemm::Kind::Bf16, M, s.N, K, s.groups);
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+      cudaFree(w[0]), cudaFree(w[1]), cudaFree(xb), cudaFree(x), cudaFree(y);
+      return;
+    }
   }
   const double bytes = 2.0 * N * K + (peer == Bf16Peer::CublasLt ? 2.0 : 4.0) * M * s.groups * K + 4.0 * M * N;
   time_calls(state, bytes, [&](int i) {

@@ -15,6 +15,14 @@
 // The two paths (one block walking a token's tiles; three kernels split over the tiles) compute
 // every intermediate value with the same device functions in the same order, so their outputs
 // must be equal to the bit, empty slots and entirely empty tiles included.
+//
+// The tensor-core path (D = 512, heads a multiple of 32) runs the same softmax steps, but its
+// scores and P·V sums are bf16 mma with fp32 accumulation, which aligns and truncates over the 32
+// k-steps of a score (relative error up to 32·2^-24 ≈ 2e-6 of the terms, where the CUDA-core
+// order's is ~1e-7) and rescales the accumulator before adding a tile's products. For unit normal
+// q and entries a score (~N(0, 1) after the 1/√512 scale) moves by ~1e-6, a probability as much
+// relative, flipping its bf16 rounding with probability ~1e-6 / 2^-8 ≈ 3e-4, and an output's bf16
+// rounding flips as rarely: NMSE ~ 5e-4 · 2^-16 / 3 ≈ 3e-9, under the same bound 1e-7.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -44,7 +52,7 @@ struct Case {
 
 // The CPU op's output and both GPU paths' for one case.
 struct Outputs {
-  std::vector<float> want, head_groups, split_tiles;
+  std::vector<float> want, head_groups, split_tiles, tensor_cores;  // tensor_cores: empty where the shape has no such path
 };
 
 Outputs run(const Case& c, uint32_t seed) {
@@ -119,7 +127,9 @@ Outputs run(const Case& c, uint32_t seed) {
     cuda::sparse_attention(batch, dq.get(), dsink.get(), scale, dout.get());
     return dout.download();
   };
-  return {want, gpu(cuda::SparseAttentionPath::head_groups), gpu(cuda::SparseAttentionPath::split_tiles)};
+  const bool mma = c.D == 512 && c.H % 32 == 0;
+  return {want, gpu(cuda::SparseAttentionPath::head_groups), gpu(cuda::SparseAttentionPath::split_tiles),
+          mma ? gpu(cuda::SparseAttentionPath::tensor_cores) : std::vector<float>{}};
 }
 
 // Both paths against the CPU op, and against each other bit for bit.
@@ -134,6 +144,11 @@ void check_case(const Case& c, uint32_t seed) {
   EXPECT_LT(e_groups, 1e-7) << "B=" << c.B << " D=" << c.D;
   EXPECT_LT(e_split, 1e-7) << "B=" << c.B << " D=" << c.D;
   EXPECT_EQ(differ, 0u) << "B=" << c.B << " W=" << c.W << " K=" << c.K;
+  if (!o.tensor_cores.empty()) {
+    const double e_mma = test::nmse(o.tensor_cores, o.want);
+    std::printf("  tensor cores NMSE %.3g\n", e_mma);
+    EXPECT_LT(e_mma, 1e-7) << "tensor cores B=" << c.B << " W=" << c.W << " K=" << c.K;
+  }
 }
 
 TEST(CudaSparseAttention, MatchesCpuOverTheStoredCaches) {
@@ -142,6 +157,17 @@ TEST(CudaSparseAttention, MatchesCpuOverTheStoredCaches) {
   for (const Case c : {Case{1, 64, 512, 128, 512, 4096, 0, 0}, Case{9, 64, 512, 128, 512, 600, 5, 3},
                        Case{20, 64, 512, 128, 512, 600, 0, 100}, Case{40, 64, 512, 128, 512, 520, 127, 0},
                        Case{3, 4, 64, 16, 8, 40, 4, 2}, Case{2, 4, 64, 16, 8, 8, 16, 0}})
+    check_case(c, seed += 11);
+}
+
+// Prefill-sized calls, which take the tensor-core path automatically (66 tokens and more at 64
+// heads): a full call, a part-filled last tile (W = 100), an uncompressed layer (K = 0, its first
+// tile empty) and a top-k whose last tile is empty.
+TEST(CudaSparseAttention, ManyTokensMatchCpu) {
+  DSV41_REQUIRE_DEVICE();
+  uint32_t seed = 301;
+  for (const Case c : {Case{80, 64, 512, 128, 512, 600, 5, 3}, Case{70, 64, 512, 100, 512, 600, 3, 7},
+                       Case{66, 64, 512, 128, 0, 8, 70, 0}, Case{67, 64, 512, 128, 512, 520, 64, 64}})
     check_case(c, seed += 11);
 }
 

@@ -60,14 +60,6 @@ __global__ void __launch_bounds__(kConvertThreads) to_bf16_kernel(const float* _
   if (i < n) out[i] = __float2bfloat16_rn(x[i]);
 }
 
-// D += A·B over a 16 × 8 × 16 bf16 tile (HMMA.16816.F32.BF16).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // The byte offset of chunk c (16 bytes) of row r within a tile.
 __device__ __forceinline__ uint32_t swizzled(int r, int c) { return uint32_t(r * kRowBytes + ((c ^ (r & 7)) << 4)); }
 

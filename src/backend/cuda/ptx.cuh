@@ -1,6 +1,6 @@
 #pragma once
-// PTX wrappers of the tensor-core kernels (gemm.cu, gemm_bf16.cu): shared-memory addresses,
-// cp.async copies, ldmatrix and shared-memory loads.
+// PTX wrappers of the tensor-core kernels (gemm.cu, gemm_bf16.cu, sparse_attention.cu): shared-memory
+// addresses, cp.async copies, ldmatrix, shared-memory loads and the bf16 mma.
 #include <cstdint>
 
 namespace dsv41::cuda::ptx {
@@ -23,6 +23,21 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+// The same four 8 × 8 matrices, each transposed (a B operand stored k-major: rows of k, n contiguous).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D += A·B over a 16 × 8 × 16 bf16 tile with fp32 accumulation (HMMA.16816.F32.BF16).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {

@@ -38,6 +38,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
+#include "backend/cuda/ptx.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -92,8 +93,13 @@ __device__ __forceinline__ void load_swa_fp8(const uint8_t* entry, int lane, Raw
   }
 }
 
+// Where channel c of a decoded row goes: plainly at c, or (a swizzled row, the tensor-core path's)
+// with its 8-channel chunk XORed by `x`, the row's low 3 bits, so that ldmatrix's 8 rows of one
+// chunk column fall into distinct banks. A lane's 4 or 8 channels stay within one chunk.
+__device__ __forceinline__ int channel_at(int c, int x) { return (((c >> 3) ^ x) << 3) | (c & 7); }
+
 template <int D>
-__device__ __forceinline__ void decode_swa_fp8(const Raw<D>& raw, int lane, uint16_t* row) {
+__device__ __forceinline__ void decode_swa_fp8(const Raw<D>& raw, int lane, uint16_t* row, int x = 0) {
 #pragma unroll
   for (int i = 0; i < kSwaSteps<D>; ++i) {
     const int c = 4 * lane + 128 * i;
@@ -101,7 +107,7 @@ __device__ __forceinline__ void decode_swa_fp8(const Raw<D>& raw, int lane, uint
     const float scale = e8m0_to_float(uint8_t(raw.scale[i])) * kE4m3Unscale;
     float v[4];
     e4m3x4(raw.word[i], v);
-    *reinterpret_cast<uint2*>(row + c) = make_uint2(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale));
+    *reinterpret_cast<uint2*>(row + channel_at(c, x)) = make_uint2(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale));
   }
 }
 
@@ -118,7 +124,7 @@ __device__ __forceinline__ void load_kv_fp4(const uint8_t* entry, int lane, Raw<
 }
 
 template <int D>
-__device__ __forceinline__ void decode_kv_fp4(const Raw<D>& raw, int lane, uint16_t* row) {
+__device__ __forceinline__ void decode_kv_fp4(const Raw<D>& raw, int lane, uint16_t* row, int x = 0) {
 #pragma unroll
   for (int i = 0; i < kKvSteps<D>; ++i) {
     const int c = 8 * lane + 256 * i;
@@ -126,7 +132,7 @@ __device__ __forceinline__ void decode_kv_fp4(const Raw<D>& raw, int lane, uint1
     const float scale = e4m3_to_float(uint8_t(raw.scale[i])) * kE2m1Unscale;
     float v[8];
     e2m1x8(raw.word[i], v);
-    *reinterpret_cast<uint4*>(row + c) = make_uint4(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale),
+    *reinterpret_cast<uint4*>(row + channel_at(c, x)) = make_uint4(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale),
                                                     bf16_pair(v[4] * scale, v[5] * scale), bf16_pair(v[6] * scale, v[7] * scale));
   }
 }
@@ -134,8 +140,8 @@ __device__ __forceinline__ void decode_kv_fp4(const Raw<D>& raw, int lane, uint1
 // Step 1, decode: entries e0 .. e0 + n - 1 of token b into the tile; warp w takes entries w,
 // w + 8, ... `ring` and `cache` are the token's (cache unread, may be null, if K = 0). The warp
 // loads its 8 entries' indices at once (a lane each), then every entry's bytes, then decodes:
-// two memory latencies per tile instead of two per entry.
-template <int D>
+// two memory latencies per tile instead of two per entry. kSwizzled: rows as channel_at places them.
+template <int D, bool kSwizzled = false>
 __device__ __forceinline__ void decode_tile(const SparseAttentionBatch& batch, int64_t b, const uint8_t* ring,
                                             const uint8_t* cache, int e0, int n, Tile<D>& tile) {
   constexpr int kPer = kTile / kWarps;
@@ -147,29 +153,35 @@ __device__ __forceinline__ void decode_tile(const SparseAttentionBatch& batch, i
     const int e = e0 + warp + kWarps * lane;
     mine = e < W ? batch.window[b * W + e] : batch.topk[b * K + (e - W)];
   }
-  int32_t index[kPer];
-  Raw<D> raw[kPer];
+  // The tensor-core kernel holds its accumulators across the decode: half the entries in flight.
+  constexpr int kRound = kSwizzled ? kPer / 2 : kPer;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int j = warp + kWarps * i, e = e0 + j;
-    index[i] = __shfl_sync(0xFFFFFFFFu, mine, i);
-    if (j >= n || index[i] < 0) continue;
-    if (e < W) load_swa_fp8<D>(ring + int64_t(index[i]) * swa_fp8::bytes(D), lane, raw[i]);
-    else load_kv_fp4<D>(cache + int64_t(index[i]) * kv_fp4::bytes(D), lane, raw[i]);
-  }
+  for (int i0 = 0; i0 < kPer; i0 += kRound) {
+    int32_t index[kRound];
+    Raw<D> raw[kRound];
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int j = warp + kWarps * i, e = e0 + j;
-    if (j >= n) continue;
-    uint16_t* row = tile.row[j];
-    if (index[i] < 0) {
-      for (int c = lane; c < D; c += 32) row[c] = 0;
-    } else if (e < W) {
-      decode_swa_fp8<D>(raw[i], lane, row);
-    } else {
-      decode_kv_fp4<D>(raw[i], lane, row);
+    for (int i = 0; i < kRound; ++i) {
+      const int j = warp + kWarps * (i0 + i), e = e0 + j;
+      index[i] = __shfl_sync(0xFFFFFFFFu, mine, i0 + i);
+      if (j >= n || index[i] < 0) continue;
+      if (e < W) load_swa_fp8<D>(ring + int64_t(index[i]) * swa_fp8::bytes(D), lane, raw[i]);
+      else load_kv_fp4<D>(cache + int64_t(index[i]) * kv_fp4::bytes(D), lane, raw[i]);
     }
-    if (lane == 0) tile.valid[j] = index[i] >= 0;
+#pragma unroll
+    for (int i = 0; i < kRound; ++i) {
+      const int j = warp + kWarps * (i0 + i), e = e0 + j;
+      if (j >= n) continue;
+      uint16_t* row = tile.row[j];
+      const int x = kSwizzled ? j & 7 : 0;
+      if (index[i] < 0) {
+        for (int c = lane; c < D; c += 32) row[c] = 0;
+      } else if (e < W) {
+        decode_swa_fp8<D>(raw[i], lane, row, x);
+      } else {
+        decode_kv_fp4<D>(raw[i], lane, row, x);
+      }
+      if (lane == 0) tile.valid[j] = index[i] >= 0;
+    }
   }
 }
 
@@ -463,6 +475,155 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const fl
   o[3] = round_bf16(acc.w / denominator);
 }
 
+// ---- on the tensor cores: one block per (token, 32 heads) ----------------------------------------
+//
+// Many tokens at once (prefill, large decode batches): a token's heads share each entry (one KV
+// vector per position), so per tile the scores are a small GEMM, S [32 heads, 64 entries] =
+// Q [32, D] · tileᵀ, and so is P·V, O [32, D] += P [32, 64] · tile [64, D] — both bf16 mma.sync
+// with fp32 accumulation, the tile in shared memory once for both (ldmatrix for S, ldmatrix.trans
+// for P·V). The softmax step between them is attention_kernel's (tile_max, tile_probabilities, the
+// same running maximum), one warp per head. Rounding differs from the CUDA-core paths only in the
+// fp32 sums: the tensor cores align and truncate (ops_attention_test states the bound), and O is
+// rescaled before the tile's products are added to it, where the other paths add a separate block
+// sum. 8 warps: for S, warp w takes heads 16·(w/4).. and entries 16·(w%4)..; for P·V, channels
+// 64w .. 64w + 63 of all 32 heads (64 fp32 accumulators a thread, in registers across the tiles).
+// Shared memory: Q 32·D·2 (32 KB at D = 512), the tile 64·D·2 (64 KB), S 8 KB, P 4 KB: two blocks
+// per SM. Reads a token's entries once per 32 heads (twice for V4.1's 64) and q; writes out.
+constexpr int kMmaHeads = 32;
+
+template <int D>
+struct MmaSmem {
+  Tile<D> tile;                          // swizzled rows (decode_tile<D, true>)
+  alignas(16) uint16_t q[kMmaHeads][D];  // bf16, swizzled as the tile's rows
+  float s[kMmaHeads][kTile + 1];         // scores (padded: the fragment stores' rows fall into distinct banks)
+  alignas(16) uint16_t p[kMmaHeads][kTile];  // bf16 probabilities, each row's 8 chunks swizzled
+  float rescale[kMmaHeads], running_max[kMmaHeads], sum_exp[kMmaHeads];
+};
+
+// The shared-memory address of channel chunk c (8 bf16) of a swizzled row r of `width` channels.
+__device__ __forceinline__ uint32_t chunk_address(const uint16_t* base, int width, int r, int c) {
+  return ptx::smem_addr(base + r * width + channel_at(8 * c, r & 7));
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttentionBatch batch, const float* q,
+                                                                     const float* sink, float scale, float* out) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  MmaSmem<D>& sm = *reinterpret_cast<MmaSmem<D>*>(smem_bytes);
+  const int64_t b = blockIdx.x;
+  const int h0 = blockIdx.y * kMmaHeads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int H = batch.heads, E = batch.W + batch.K;
+
+  // q [32, D] as bf16 (exact: q holds bf16 values), swizzled.
+  for (int i = threadIdx.x; i < kMmaHeads * D / 4; i += kThreads) {
+    const int h = i / (D / 4), c = i % (D / 4) * 4;
+    const float4 v = __ldg(reinterpret_cast<const float4*>(q + (b * H + h0 + h) * D + c));
+    *reinterpret_cast<uint2*>(&sm.q[h][channel_at(c, h & 7)]) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
+  }
+  if (threadIdx.x < kMmaHeads) sm.running_max[threadIdx.x] = kInitialMax, sm.sum_exp[threadIdx.x] = 0;
+  float o[2][8][4];  // [m16 tile][n8 tile of this warp's 64 channels][fragment]
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.0f;
+  const uint8_t* ring = batch.rings[b];
+  const uint8_t* cache = batch.K > 0 ? batch.caches[b] : nullptr;
+
+  for (int e0 = 0; e0 < E; e0 += kTile) {
+    const int n = E - e0 < kTile ? E - e0 : kTile;
+    decode_tile<D, true>(batch, b, ring, cache, e0, n, sm.tile);
+    // Rows past the tile's end take part in the products (with p = 0): zeros, not stale bytes.
+    for (int i = threadIdx.x; i < (kTile - n) * D / 8; i += kThreads)
+      *reinterpret_cast<uint4*>(&sm.tile.row[n + i / (D / 8)][i % (D / 8) * 8]) = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+
+    // S: warp w, heads 16·(w/4) .. + 15 (one m16 tile), entries 16·(w%4) .. + 15 (two n8 tiles).
+    {
+      const int hm = 16 * (warp / 4), en = 16 * (warp % 4);
+      float acc[2][4] = {};
+#pragma unroll 8
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4], r[4];
+        ptx::ldmatrix_x4(a, chunk_address(&sm.q[0][0], D, hm + lane % 16, 2 * kk + lane / 16));
+        ptx::ldmatrix_x4(r, chunk_address(&sm.tile.row[0][0], D, en + lane / 16 * 8 + lane % 8, 2 * kk + lane / 8 % 2));
+        ptx::mma_bf16(acc[0], a, r[0], r[1]);
+        ptx::mma_bf16(acc[1], a, r[2], r[3]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = hm + g + 8 * (e / 2), j = en + 8 * nt + 2 * t + e % 2;
+          sm.s[h][j] = sm.tile.valid[j] && j < n ? acc[nt][e] * scale : -INFINITY;
+        }
+    }
+    __syncthreads();
+
+    // The softmax step, one warp per head (attention_kernel's), P as bf16 into its swizzled rows.
+    for (int h = warp; h < kMmaHeads; h += kWarps) {
+      const float s0 = sm.s[h][lane], s1 = sm.s[h][lane + 32];
+      const float previous = sm.running_max[h];
+      const float running = fmaxf(previous, tile_max(s0, s1));
+      float p0, p1;
+      const float block_sum = tile_probabilities(s0, s1, running, p0, p1);
+      sm.p[h][channel_at(lane, h & 7)] = uint16_t(float_bits(p0) >> 16);  // exact: p0 is bf16
+      sm.p[h][channel_at(lane + 32, h & 7)] = uint16_t(float_bits(p1) >> 16);
+      if (lane == 0) {
+        const float rescale = expf(previous - running);
+        sm.rescale[h] = rescale;
+        sm.running_max[h] = running;
+        sm.sum_exp[h] = sm.sum_exp[h] * rescale + block_sum;
+      }
+    }
+    __syncthreads();
+
+    // P·V: warp w, channels 64w .. 64w + 63 (8 n8 tiles) of the 32 heads (two m16 tiles).
+    if (64 * warp < D) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const float r0 = sm.rescale[16 * mt + g], r1 = sm.rescale[16 * mt + g + 8];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) o[mt][nt][0] *= r0, o[mt][nt][1] *= r0, o[mt][nt][2] *= r1, o[mt][nt][3] *= r1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) ptx::ldmatrix_x4(a[mt], chunk_address(&sm.p[0][0], kTile, 16 * mt + lane % 16, 2 * kk + lane / 16));
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          // Matrices (entries 16kk + 0-7 | 8-15) × (channel chunks 8w + 2np | 8w + 2np + 1), transposed.
+          uint32_t r[4];
+          ptx::ldmatrix_x4_trans(r, chunk_address(&sm.tile.row[0][0], D, 16 * kk + lane / 8 % 2 * 8 + lane % 8, 8 * warp + 2 * np + lane / 16));
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            ptx::mma_bf16(o[mt][2 * np], a[mt], r[0], r[1]);
+            ptx::mma_bf16(o[mt][2 * np + 1], a[mt], r[2], r[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the tile, S and P are rewritten by the next tile
+  }
+
+  if (64 * warp < D)
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int h = 16 * mt + g + 8 * half;
+        const float denominator = sm.sum_exp[h] + expf(sink[h0 + h] - sm.running_max[h]);
+        float* row = out + (b * H + h0 + h) * D + 64 * warp + 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<float2*>(row + 8 * nt) =
+              make_float2(round_bf16(o[mt][nt][2 * half] / denominator), round_bf16(o[mt][nt][2 * half + 1] / denominator));
+      }
+}
+
 // ---- host ---------------------------------------------------------------------------------------
 
 template <int D, int G>
@@ -515,6 +676,21 @@ void launch_split(const SparseAttentionBatch& batch, const float* q, const float
 }
 
 template <int D>
+void launch_mma(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
+                cudaStream_t stream) {
+  const size_t smem = sizeof(MmaSmem<D>);
+  static const bool configured = [smem] {
+    check(cudaFuncSetAttribute(mma_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "cuda::sparse_attention");
+    return true;
+  }();
+  (void)configured;
+  mma_attention_kernel<D><<<dim3(unsigned(batch.tokens), unsigned(batch.heads / kMmaHeads)), kThreads, smem, stream>>>(
+      batch, q, sink, scale, out);
+  check_launch("cuda::sparse_attention");
+}
+
+template <int D>
 void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
                 cudaStream_t stream) {
   const int H = batch.heads;
@@ -533,7 +709,19 @@ void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* 
   // wait. The split path has ⌈E/64⌉ times the blocks (80 for V4.1 at batch 1: 64·10 / 8) and
   // walks no tile sequence, at the price of a second decode of each tile and three launches.
   bool split = batch.tokens * (H / G) < blocks_wanted;
-  if (batch.path != SparseAttentionPath::automatic) split = batch.path == SparseAttentionPath::split_tiles;
+  // The tensor cores from a grid of one block per SM on (V4.1: 66 tokens), at D = 512.
+  bool mma = D == 512 && H % kMmaHeads == 0 && batch.tokens * (H / kMmaHeads) >= blocks_wanted / 2;
+  if (batch.path != SparseAttentionPath::automatic) {
+    split = batch.path == SparseAttentionPath::split_tiles;
+    mma = batch.path == SparseAttentionPath::tensor_cores;
+  }
+  if (mma) {
+    if constexpr (D == 512) {
+      if (H % kMmaHeads == 0) return launch_mma<D>(batch, q, sink, scale, out, stream);
+    }
+    fail("cuda::sparse_attention", "D = 512 and heads a multiple of 32 for the tensor-core path",
+         "D = " + std::to_string(D) + ", " + std::to_string(H) + " heads");
+  }
   if (split) {
     // 8 heads per block where H allows: one warp per head in step 3, each tile decoded by H/8
     // blocks; 82 KB (kernel 1) and 66 KB (kernel 2) of shared memory at dim 512.
