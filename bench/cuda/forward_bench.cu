@@ -11,15 +11,16 @@
 // entries of each compressed layer and the index keys each index source scans. Achieved GB/s is
 // those bytes over the step time, against a measured device-to-device copy. Decode is timed both
 // as a forward_batch call per step and replaying a DecodeGraph (decode_graph.h); tokens/s and the
-// bandwidth are the graph's. Each prompt length's exact prefill runs a third time with op times
-// (op_times.h): the device time per op, and the GPU's idle time between ops.
+// bandwidth are the graph's. One more decode step per row, and each prompt length's exact prefill
+// a third time, run with op times (op_times.h): the device time per op, and the GPU's idle time
+// between ops.
 //
 //   cuda_forward_bench [--preset bench-1gpu | --model DIR] [--batches 1,8,64]
 //                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
 //                      [--json FILE --commit REV]
 //
 // --json writes every figure as one object: commit, gpu, decode.<batch>.<context>.{ms_per_step,
-// tokens_per_s, copy_bw_fraction}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
+// tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
 // exact_ops_ms.<op>, exact_idle_ms}.
 #include <cuda_runtime.h>
 
@@ -174,6 +175,27 @@ Inputs random_inputs(const Config& c, int64_t n, uint64_t seed) {
   return in;
 }
 
+// The op times as a markdown table, largest first, and into `ops` (name → ms) and `idle` (the
+// GPU's time between ops).
+std::string op_table(const OpTimes& times, nlohmann::json& ops, nlohmann::json& idle) {
+  std::vector<OpTimes::Total> totals = times.totals();
+  std::sort(totals.begin(), totals.end(), [](const OpTimes::Total& a, const OpTimes::Total& b) { return a.ms > b.ms; });
+  const double total = times.total_ms();
+  double spans = 0;
+  std::string out = "| op | calls | ms | share |\n| --- | ---: | ---: | ---: |\n";
+  char line[256];
+  for (const OpTimes::Total& t : totals) {
+    std::snprintf(line, sizeof(line), "| %s | %d | %.2f | %.1f%% |\n", t.name.c_str(), t.calls, t.ms, 100.0 * t.ms / total);
+    out += line;
+    spans += t.ms;
+    ops[t.name] = t.ms;
+  }
+  std::snprintf(line, sizeof(line), "| (GPU idle between ops) | | %.2f | %.1f%% |\n| all | | %.2f | |\n", total - spans,
+                100.0 * (total - spans) / total, total);
+  idle = total - spans;
+  return out + line;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -218,6 +240,11 @@ int main(int argc, char** argv) try {
   int moe_layers = 0;
   for (int l = 0; l < c.n_layers; ++l) moe_layers += !model->layer(l).experts.empty();
 
+  struct DecodeBreakdown {
+    int64_t batch, context;
+    std::string table;
+  };
+  std::vector<DecodeBreakdown> decode_breakdown;
   std::printf("\n| batch | context | ms / step, calls | ms / step, graph | graph nodes | tokens/s | bytes / token | achieved GB/s | of copy BW |\n");
   std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int64_t context : contexts)
@@ -241,9 +268,10 @@ int main(int argc, char** argv) try {
         synthetic_context(c, *seqs.back(), context, uint64_t(b) * 1000 + 7);
         ptrs.push_back(seqs.back().get());
       }
-      const Inputs in = random_inputs(c, B * (2 * steps + 4), uint64_t(context + B));
+      const Inputs in = random_inputs(c, B * (2 * steps + 5), uint64_t(context + B));
       const int64_t per = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
       std::unique_ptr<DecodeGraph> graph;
+      OpTimes* times = nullptr;  // set for the one step that keeps op times
       auto step = [&](int s, bool graphed) {
         std::vector<DeviceItem> items;
         std::vector<int32_t> tokens;
@@ -256,7 +284,7 @@ int main(int argc, char** argv) try {
           if (id) ids.push_back(id);
         }
         if (graphed) graph->step(tokens, ids);
-        else forward_batch(dm, items);
+        else forward_batch(dm, items, nullptr, times);
       };
       auto timed = [&](int first, bool graphed) {
         step(first, graphed), step(first + 1, graphed);
@@ -277,8 +305,14 @@ int main(int argc, char** argv) try {
                   double(B) / step_s, step_bytes / double(B) / 1e9, step_bytes / step_s / 1e9,
                   100.0 * step_bytes / step_s / copy_bw);
       std::fflush(stdout);
-      report["decode"][std::to_string(B)][std::to_string(context)] = {
-          {"ms_per_step", step_s * 1e3}, {"tokens_per_s", double(B) / step_s}, {"copy_bw_fraction", step_bytes / step_s / copy_bw}};
+      nlohmann::json& row = report["decode"][std::to_string(B)][std::to_string(context)];
+      row = {{"ms_per_step", step_s * 1e3}, {"tokens_per_s", double(B) / step_s}, {"copy_bw_fraction", step_bytes / step_s / copy_bw}};
+      // One more step as a forward_batch call with op times: where a decode step goes.
+      OpTimes decode_times;
+      times = &decode_times;
+      step(2 * steps + 4, false);
+      check(cudaDeviceSynchronize(), "decode");
+      decode_breakdown.push_back({B, context, op_table(decode_times, row["ops_ms"], row["idle_ms"])});
     }
 
   std::printf("\n| prompt | mode | seconds | tokens/s | weight TFLOP/s | default / exact |\n| ---: | --- | ---: | ---: | ---: | ---: |\n");
@@ -311,22 +345,14 @@ int main(int argc, char** argv) try {
       report["prefill"][std::to_string(P)][exact ? "exact_tokens_per_s" : "default_tokens_per_s"] = double(P) / s;
     }
   }
-  // Where an exact prefill's time goes: each op's device time, largest first.
+  // Where the time goes: each op's device time, largest first.
+  for (const auto& [B, context, table] : decode_breakdown)
+    std::printf("\nDecode step, batch %lld at %lld context, device time per op (one forward_batch call):\n\n%s", (long long)B,
+                (long long)context, table.c_str());
   for (const auto& [P, times] : breakdowns) {
-    std::vector<OpTimes::Total> totals = times->totals();
-    std::sort(totals.begin(), totals.end(), [](const OpTimes::Total& a, const OpTimes::Total& b) { return a.ms > b.ms; });
-    const double total = times->total_ms();
-    double spans = 0;
-    nlohmann::json& ops = report["prefill"][std::to_string(P)]["exact_ops_ms"];
-    std::printf("\nExact prefill of %lld tokens, device time per op (%.1f ms from the first op to the last):\n\n", (long long)P, total);
-    std::printf("| op | calls | ms | share |\n| --- | ---: | ---: | ---: |\n");
-    for (const OpTimes::Total& t : totals) {
-      std::printf("| %s | %d | %.2f | %.1f%% |\n", t.name.c_str(), t.calls, t.ms, 100.0 * t.ms / total);
-      spans += t.ms;
-      ops[t.name] = t.ms;
-    }
-    std::printf("| (GPU idle between ops) | | %.2f | %.1f%% |\n", total - spans, 100.0 * (total - spans) / total);
-    report["prefill"][std::to_string(P)]["exact_idle_ms"] = total - spans;
+    nlohmann::json& row = report["prefill"][std::to_string(P)];
+    std::printf("\nExact prefill of %lld tokens, device time per op:\n\n%s", (long long)P,
+                op_table(*times, row["exact_ops_ms"], row["exact_idle_ms"]).c_str());
   }
   if (!json_path.empty()) {
     std::ofstream(json_path) << report.dump(2) << "\n";
