@@ -92,13 +92,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
 
-  float acc[4][4][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+  float acc[4][4][4] = {};
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {

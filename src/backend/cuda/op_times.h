@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -19,8 +20,8 @@ class OpTimes {
   // Records from construction to destruction on `stream`, unless a span is already open.
   class Span {
    public:
-    Span(OpTimes* times, std::string name, cudaStream_t stream) : times_(times) {
-      if (times_ && times_->depth_++ == 0) times_->open(std::move(name), stream);
+    Span(OpTimes* times, std::string_view name, cudaStream_t stream) : times_(times) {
+      if (times_ && times_->depth_++ == 0) times_->open(std::string(name), stream);
     }
     ~Span() {
       if (times_ && --times_->depth_ == 0) times_->close();

@@ -235,6 +235,21 @@ __device__ __forceinline__ float tile_probabilities(float s0, float s1, float ru
   return sum;
 }
 
+// Step 3 for one head, every lane of its warp: the running maximum raised to the tile's, the
+// tile's probabilities p0, p1 (as tile_probabilities), and by lane 0 the head's state in shared
+// memory: its rescale for this tile, running maximum and denominator.
+__device__ __forceinline__ void softmax_step(float s0, float s1, float& running_max, float& sum_exp, float& rescale,
+                                             float& p0, float& p1) {
+  const float previous = running_max;
+  const float running = fmaxf(previous, tile_max(s0, s1));
+  const float block_sum = tile_probabilities(s0, s1, running, p0, p1);
+  if (threadIdx.x % 32 == 0) {
+    rescale = expf(previous - running);
+    running_max = running;
+    sum_exp = sum_exp * rescale + block_sum;
+  }
+}
+
 // Step 4, P·V in entry order: block[g] = Σ_j p[g][j]·entry j over the tile's n entries, for the
 // channels 2·pair and 2·pair + 1 (pair < D/2) of every head.
 template <int D, int G>
@@ -297,19 +312,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(SparseAttentionBatc
     __syncthreads();
     for (int g = warp; g < G; g += kWarps) {
       const float s0 = lane < n ? sm.s[g][lane] : -INFINITY, s1 = lane + 32 < n ? sm.s[g][lane + 32] : -INFINITY;
-      const float previous = sm.running_max[g];
-      const float running = fmaxf(previous, tile_max(s0, s1));
       float p0, p1;
-      const float block_sum = tile_probabilities(s0, s1, running, p0, p1);
+      softmax_step(s0, s1, sm.running_max[g], sm.sum_exp[g], sm.rescale[g], p0, p1);
       __syncwarp();  // every lane has read its scores before they are overwritten
       if (lane < n) sm.s[g][lane] = p0;
       if (lane + 32 < n) sm.s[g][lane + 32] = p1;
-      if (lane == 0) {
-        const float rescale = expf(previous - running);
-        sm.rescale[g] = rescale;
-        sm.running_max[g] = running;
-        sm.sum_exp[g] = sm.sum_exp[g] * rescale + block_sum;
-      }
     }
     __syncthreads();
     if (2 * pair < D) {
@@ -522,13 +529,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttent
     *reinterpret_cast<uint2*>(&sm.q[h][channel_at(c, h & 7)]) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
   }
   if (threadIdx.x < kMmaHeads) sm.running_max[threadIdx.x] = kInitialMax, sm.sum_exp[threadIdx.x] = 0;
-  float o[2][8][4];  // [m16 tile][n8 tile of this warp's 64 channels][fragment]
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.0f;
+  float o[2][8][4] = {};  // [m16 tile][n8 tile of this warp's 64 channels][fragment]
   const uint8_t* ring = batch.rings[b];
   const uint8_t* cache = batch.K > 0 ? batch.caches[b] : nullptr;
 
@@ -565,18 +566,10 @@ __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttent
     // The softmax step, one warp per head (attention_kernel's), P as bf16 into its swizzled rows.
     for (int h = warp; h < kMmaHeads; h += kWarps) {
       const float s0 = sm.s[h][lane], s1 = sm.s[h][lane + 32];
-      const float previous = sm.running_max[h];
-      const float running = fmaxf(previous, tile_max(s0, s1));
       float p0, p1;
-      const float block_sum = tile_probabilities(s0, s1, running, p0, p1);
+      softmax_step(s0, s1, sm.running_max[h], sm.sum_exp[h], sm.rescale[h], p0, p1);
       sm.p[h][channel_at(lane, h & 7)] = uint16_t(float_bits(p0) >> 16);  // exact: p0 is bf16
       sm.p[h][channel_at(lane + 32, h & 7)] = uint16_t(float_bits(p1) >> 16);
-      if (lane == 0) {
-        const float rescale = expf(previous - running);
-        sm.rescale[h] = rescale;
-        sm.running_max[h] = running;
-        sm.sum_exp[h] = sm.sum_exp[h] * rescale + block_sum;
-      }
     }
     __syncthreads();
 

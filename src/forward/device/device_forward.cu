@@ -169,7 +169,7 @@ class Call {
   Mix& before(Sub s) { return mix_[size_t(s == Sub::Attention ? Sub::Ffn : Sub::Attention)]; }
   bool decode() const { return plan_ != nullptr; }
   // The span of an op in the call's op times, if it keeps them.
-  OpTimes::Span timed(std::string name) const { return {times_, std::move(name), stream_}; }
+  OpTimes::Span timed(std::string_view name) const { return {times_, name, stream_}; }
   template <class T>
   T* planned(size_t offset) const { return plan_->at<T>(plan_d_, offset); }
   float eps() const { return float(c_.norm_eps); }
