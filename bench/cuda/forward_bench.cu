@@ -294,7 +294,7 @@ int main(int argc, char** argv) try {
       };
       const double calls_s = timed(0, false);
       double step_s = calls_s;
-      if (B <= kDeviceRoutedRows) {
+      if (B <= kDecodeGraphRows) {
         graph = std::make_unique<DecodeGraph>(dm, ptrs);
         step_s = timed(steps + 2, true);
       }

@@ -243,9 +243,15 @@ void BM_MegaMhc(benchmark::State& state) {
   cudaFree(base), cudaFree(scale), cudaFree(norm), cudaFree(pre), cudaFree(post), cudaFree(comb);
 }
 
-// Sparse attention decode, V4.1-Flash: 64 heads × 512, window 128 (SWA-FP8), top-k 512 (KV-FP4).
+// Sparse attention decode, V4.1-Flash: 64 heads × 512, window 128 (SWA-FP8), top-k 512 (KV-FP4);
+// B tokens, the path (cuda::SparseAttentionPath) as the second argument.
 void BM_SparseAttention(benchmark::State& state) {
   const int B = int(state.range(0)), H = 64, D = 512, W = 128, K = 512, entries = 4096;
+  const auto path = cuda::SparseAttentionPath(state.range(1));
+  state.SetLabel(path == cuda::SparseAttentionPath::automatic     ? "automatic"
+                 : path == cuda::SparseAttentionPath::head_groups ? "head groups"
+                 : path == cuda::SparseAttentionPath::split_tiles ? "split tiles"
+                                                                   : "tensor cores");
   const size_t swa = swa_fp8::bytes(D), kv = kv_fp4::bytes(D);
   const size_t per_token = size_t(W) * swa + size_t(entries) * kv;
   const int copies = int(std::max<size_t>(1, kRotateBytes / (per_token * B)));
@@ -307,6 +313,7 @@ void BM_SparseAttention(benchmark::State& state) {
     batch.tokens = B, batch.heads = H, batch.dim = D;
     batch.rings = dring_ptrs + size_t(c) * B, batch.window = dwindow, batch.W = W;
     batch.caches = dcache_ptrs + size_t(c) * B, batch.topk = dtopk, batch.K = K;
+    batch.path = path;
     cuda::sparse_attention(batch, q, sink, 1.0f / std::sqrt(float(D)), out);
   });
   // 2·H·(W + K)·D multiply-adds per token.
@@ -443,7 +450,18 @@ BENCHMARK(BM_LinearGraph)
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.2);
 BENCHMARK(BM_MegaMhc)->Arg(1)->Arg(8)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
-BENCHMARK(BM_SparseAttention)->Arg(1)->Arg(8)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+BENCHMARK(BM_SparseAttention)
+    ->Args({1, 0})
+    ->Args({8, 0})
+    ->Args({32, 1})
+    ->Args({32, 3})
+    ->Args({64, 1})
+    ->Args({64, 3})
+    ->Args({128, 1})
+    ->Args({128, 3})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.3);
 BENCHMARK(BM_IndexScores)->Arg(65536)->Arg(1 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_TopPositions)->Arg(65536)->Arg(1 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_Route)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);

@@ -231,7 +231,13 @@ bool Scheduler::start(Running& r) {
   const std::vector<int> prompt = r.resume.empty() ? r.generation->request.prompt : std::move(r.resume);
   r.resume.clear();
   try {
+    const auto t0 = std::chrono::steady_clock::now();
     const PrefixUse use = r.session->begin_prompt(prompt, cache_, r.generated > 0 ? r.decoder_floor : std::nullopt);
+    const double looked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    {
+      std::lock_guard lock(mutex_);
+      stats_.lookup_seconds += looked;
+    }
     if (cache_) cache_->count(tally(std::span(&use, 1), cache_->block_tokens(), 0));
     if (!r.prefilled) {  // once per request, preempted or not
       r.prefilled = true;
@@ -299,7 +305,11 @@ void Scheduler::finish(Running& r, FinishKind kind, const std::string& error) {
   // stays for a continuation, and the SWA pool gets its end of output.
   if (kind == FinishKind::Error || !r.session || r.session->prompt_left() > 0 || r.session->length() == 0) return;
   try {
+    const auto t0 = std::chrono::steady_clock::now();
     if (cache_) r.session->save(*cache_);
+    const double stored = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard lock(mutex_);
+    stats_.store_seconds += stored;
   } catch (const std::exception& e) {  // the reply is whole: a tier that refuses its blocks costs only their reuse
     std::fprintf(stderr, "dsv41: storing a finished sequence's KV failed: %s\n", e.what());
     return;
@@ -397,12 +407,21 @@ void Scheduler::advance(Running& r, const TokenChoice& choice) {
   if (r.session->prompt_left() > 0) return;  // a prompt chunk before the last: no token
   const GenerationRequest& req = r.generation->request;
   const int token = choice.token;
-  if (std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end()) {
+  const bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end();
+  if (!stop) r.generation->post({GenerationEvent::Kind::Token, {}, choice, FinishKind::Stop, {}});
+  // The prompt's blocks and tail once its first token is out (a no-op after a decode row).
+  const auto t0 = std::chrono::steady_clock::now();
+  r.session->store_prompt();
+  const double stored = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::lock_guard lock(mutex_);
+    stats_.store_seconds += stored;
+  }
+  if (stop) {
     finish(r, FinishKind::Stop);
     r.generation = nullptr;
     return;
   }
-  r.generation->post({GenerationEvent::Kind::Token, {}, choice, FinishKind::Stop, {}});
   r.generated += 1;
   {
     std::lock_guard lock(mutex_);

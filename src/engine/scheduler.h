@@ -97,6 +97,9 @@ struct SchedulerStats {
   int64_t decode_tokens = 0;     // tokens generated
   double prefill_seconds = 0;    // step time, split between prefill and decode by their rows
   double decode_seconds = 0;
+  // Time outside the steps: looking prompts up in the KV tiers and restoring what was found
+  // (Session::begin_prompt), and storing blocks and tails at the end of prompts and replies.
+  double lookup_seconds = 0, store_seconds = 0;
   int64_t steps = 0;
 };
 

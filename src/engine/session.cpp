@@ -209,10 +209,13 @@ void Session::ran() {
   work_.decoder_tokens += end - std::clamp(decoder_from, start, end);
   cursor_ += handed_;
   handed_ = 0;
-  if (prompt_left() == 0 && prompt_cache_) {
-    save(*prompt_cache_);
-    prompt_cache_ = nullptr;
-  }
+}
+
+void Session::store_prompt() {
+  if (prompt_left() > 0 || !prompt_cache_) return;
+  KvCache& cache = *prompt_cache_;
+  prompt_cache_ = nullptr;
+  save(cache);
 }
 
 std::vector<float> Session::prefill_prompt(std::span<const int> prompt, KvCache* cache, PrefixUse* use) {
@@ -245,7 +248,7 @@ std::vector<std::vector<float>> prefill_prompts(std::span<Session* const> sessio
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::vector<float>> logits = run_batch(sessions, batch);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  for (Session* s : sessions) s->ran();
+  for (Session* s : sessions) s->ran(), s->store_prompt();
   if (cache) cache->count(tally(use, cache->block_tokens(), seconds));
   if (uses) *uses = std::move(use);
   return logits;

@@ -85,8 +85,10 @@ class Session {
   // (engine/scheduler.h): begin_prompt looks the prompt up and adopts what it finds, running
   // nothing; next_chunk hands out the prompt's next tokens (at most max_tokens, except that an
   // encoder replay reaches its hit position in one call) and next_decode one decode token, each as
-  // an item of a forward_batch call; ran() books the item after the batch ran it, and at the end of
-  // the prompt stores its blocks and tail in the cache given to begin_prompt. With `continuation`
+  // an item of a forward_batch call; ran() books the item after the batch ran it; store_prompt(),
+  // once the prompt has run, stores its blocks and tail in the cache given to begin_prompt (a
+  // scheduler calls it after sending the prompt's first token, so the store does not delay that
+  // token; a no-op when nothing is left to store). With `continuation`
   // (a decoder floor, decoder_floor() of the sequence that was stopped) the prompt continues a
   // reply, a preempted sequence resuming: its new tokens run under that floor, as the stopped
   // sequence's decode rows did — from an SWA tail one more decode row, recomputed its prompt's cut
@@ -96,6 +98,7 @@ class Session {
   BatchItem next_chunk(int64_t max_tokens);
   BatchItem next_decode(int token);
   void ran();
+  void store_prompt();
 
   // Tokens run through the encoder and through the decoder layers so far: the work bounded
   // replay saves is the difference between the two.

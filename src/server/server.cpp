@@ -392,6 +392,9 @@ std::string Server::State::render_metrics() {
   sync(m.counter("dsv41_prefill_seconds_total", "Step time spent on prompt rows"), s.prefill_seconds);
   sync(m.counter("dsv41_decode_seconds_total", "Step time spent on decode rows"), s.decode_seconds);
   sync(m.counter("dsv41_steps_total", "Scheduler steps (batched forward calls)"), double(s.steps));
+  sync(m.counter("dsv41_prompt_lookup_seconds_total", "Time looking prompts up in the KV tiers and restoring the hits"),
+       s.lookup_seconds);
+  sync(m.counter("dsv41_kv_store_seconds_total", "Time storing blocks and SWA tails into the KV tiers"), s.store_seconds);
   m.gauge("dsv41_prefill_tokens_per_second", "Prompt tokens run per second of prefill step time")
       .set(s.prefill_seconds > 0 ? double(s.prefill_tokens) / s.prefill_seconds : 0);
   m.gauge("dsv41_decode_tokens_per_second", "Tokens generated per second of decode step time")

@@ -269,8 +269,11 @@ TEST(CudaMoe, SubLayerMatchesCpu) {
            MoeCase{"E=16", 16, 6, 1, 4096, 2048, 2048, fp4, fp4, true, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, false},
            MoeCase{"E=16", 16, 6, 64, 4096, 2048, 2048, fp4, fp4, true, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, false},
            MoeCase{"E=16", 16, 6, 300, 4096, 2048, 2048, fp4, fp4, true, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, false},
+           MoeCase{"E=16", 16, 6, 700, 4096, 2048, 2048, fp4, fp8, true, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, false},
+           MoeCase{"fp8 E=8", 8, 2, 100, 256, 384, 128, fp8, fp8, false, "sigmoid", false, 1.3f, 1.0f, 2.0f, false},
            MoeCase{"forced E=384", 384, 6, 8, 4096, 2048, 2048, fp4, fp8, true, "sqrtsoftplus", true, 1.0f, 1.5f, 10.0f, true},
            MoeCase{"forced E=16", 16, 6, 64, 4096, 2048, 2048, fp4, fp4, true, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, true},
+           MoeCase{"forced E=4", 4, 3, 200, 256, 128, 128, fp4, fp4, false, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, true},
            MoeCase{"small fp8 sigmoid", 7, 3, 13, 160, 96, 64, fp8, bf16, false, "sigmoid", false, 1.3f, 1.0f, 2.0f, false},
            MoeCase{"small fp8 forced", 7, 3, 1, 160, 96, 64, fp8, bf16, false, "sigmoid", false, 1.3f, 1.0f, 2.0f, true},
            MoeCase{"small bf16", 5, 2, 6, 64, 40, 64, bf16, fp4, false, "sqrtsoftplus", true, 1.0f, 1.0f, 0.0f, false},
@@ -303,45 +306,51 @@ TEST(CudaMoe, SubLayerMatchesCpu) {
     DeviceWeight dgate(gate);
     DeviceArray<float> dx(x), dbias(bias), dweights(nk), dy(size_t(c.rows) * c.dim);
     DeviceArray<int32_t> dexperts(nk), dforced(forced);
-    dweights.poison(), dexperts.poison(), dy.poison();
     Weight bias_w = test::f32_view(bias, 1, c.experts);
     bias_w.data = reinterpret_cast<const uint8_t*>(dbias.get());
     const cuda::ExpertTable table(routed.d1, routed.d2, routed.d3);
-    cuda::moe(dx.get(), c.rows, dgate.w, bias_w, opt, table, shared.d1[0], shared.d2[0], shared.d3[0], c.limit,
-              c.forced ? dforced.get() : nullptr, dexperts.get(), dweights.get(), dy.get());
-    const std::vector<int32_t> got_e = dexperts.download();
-    const std::vector<float> got_w = dweights.download(), got_y = dy.download();
+    // Both expert paths where the tensor cores take the shapes (fp8/fp4, multiples of 128).
+    std::vector<cuda::MoePath> paths{cuda::MoePath::gemv};
+    if (c.routed != bf16 && c.dim % 128 == 0 && c.inter % 128 == 0) paths.push_back(cuda::MoePath::tensor_cores);
+    for (const cuda::MoePath path : paths) {
+      const char* path_name = path == cuda::MoePath::gemv ? "gemv" : "tensor cores";
+      dweights.poison(), dexperts.poison(), dy.poison();
+      cuda::moe(dx.get(), c.rows, dgate.w, bias_w, opt, table, shared.d1[0], shared.d2[0], shared.d3[0], c.limit,
+                c.forced ? dforced.get() : nullptr, dexperts.get(), dweights.get(), dy.get(), nullptr, path);
+      const std::vector<int32_t> got_e = dexperts.download();
+      const std::vector<float> got_w = dweights.download(), got_y = dy.download();
 
-    // The routing: the forced experts exactly, or the CPU's choice up to near-ties.
-    int near_ties = 0, wrong = 0;
-    for (int r = 0; r < c.rows; ++r)
-      for (int j = 0; j < c.k; ++j) {
-        const size_t i = size_t(r) * c.k + j;
-        const int32_t g = got_e[i], w = c.forced ? forced[i] : want_e[i];
-        if (g == w) continue;
-        const bool valid = !c.forced && g >= 0 && g < c.experts;
-        if (valid && std::fabs(biased[size_t(r) * c.experts + g] - biased[size_t(r) * c.experts + w]) <= 1e-4) ++near_ties;
-        else ++wrong;
-      }
-    EXPECT_EQ(wrong, 0) << c.name << " rows=" << c.rows;
-    EXPECT_LE(near_ties, 2) << c.name << " rows=" << c.rows;
-    if (wrong > 0) continue;
+      // The routing: the forced experts exactly, or the CPU's choice up to near-ties.
+      int near_ties = 0, wrong = 0;
+      for (int r = 0; r < c.rows; ++r)
+        for (int j = 0; j < c.k; ++j) {
+          const size_t i = size_t(r) * c.k + j;
+          const int32_t g = got_e[i], w = c.forced ? forced[i] : want_e[i];
+          if (g == w) continue;
+          const bool valid = !c.forced && g >= 0 && g < c.experts;
+          if (valid && std::fabs(biased[size_t(r) * c.experts + g] - biased[size_t(r) * c.experts + w]) <= 1e-4) ++near_ties;
+          else ++wrong;
+        }
+      EXPECT_EQ(wrong, 0) << c.name << " rows=" << c.rows << " " << path_name;
+      EXPECT_LE(near_ties, 2) << c.name << " rows=" << c.rows << " " << path_name;
+      if (wrong > 0) continue;
 
-    // The CPU sub-layer on the GPU's experts: their CPU weights, then the experts and the sum.
-    std::vector<int32_t> ref_e(nk);
-    std::vector<float> ref_w(nk);
-    route(x.data(), c.rows, gate.view(), test::f32_view(bias, 1, c.experts), opt, ref_e.data(), ref_w.data(), nullptr,
-          got_e.data());
-    const std::vector<float> want_y = cpu_moe(x, c.rows, c.dim, c.k, ref_e, ref_w, routed, shared, c.limit);
-    const double ew = test::nmse(got_w, ref_w), ey = test::nmse(got_y, want_y);
-    size_t same = 0;
-    for (size_t i = 0; i < got_y.size(); ++i) same += got_y[i] == want_y[i];
-    std::printf("moe %-18s E=%d k=%d rows=%d %dx%d %s/%s: %d near-tie swaps, weights NMSE %.3g, y NMSE %.3g, %.4f "
-                "of y bit-equal\n",
-                c.name, c.experts, c.k, c.rows, c.inter, c.dim, test::format_name(c.routed),
-                test::format_name(c.shared), near_ties, ew, ey, double(same) / double(got_y.size()));
-    EXPECT_LT(ew, 1e-10) << c.name << " rows=" << c.rows;
-    EXPECT_LT(ey, 1e-4) << c.name << " rows=" << c.rows;
+      // The CPU sub-layer on the GPU's experts: their CPU weights, then the experts and the sum.
+      std::vector<int32_t> ref_e(nk);
+      std::vector<float> ref_w(nk);
+      route(x.data(), c.rows, gate.view(), test::f32_view(bias, 1, c.experts), opt, ref_e.data(), ref_w.data(), nullptr,
+            got_e.data());
+      const std::vector<float> want_y = cpu_moe(x, c.rows, c.dim, c.k, ref_e, ref_w, routed, shared, c.limit);
+      const double ew = test::nmse(got_w, ref_w), ey = test::nmse(got_y, want_y);
+      size_t same = 0;
+      for (size_t i = 0; i < got_y.size(); ++i) same += got_y[i] == want_y[i];
+      std::printf("moe %-18s E=%d k=%d rows=%d %dx%d %s/%s %s: %d near-tie swaps, weights NMSE %.3g, y NMSE %.3g, "
+                  "%.4f of y bit-equal\n",
+                  c.name, c.experts, c.k, c.rows, c.inter, c.dim, test::format_name(c.routed),
+                  test::format_name(c.shared), path_name, near_ties, ew, ey, double(same) / double(got_y.size()));
+      EXPECT_LT(ew, 1e-10) << c.name << " rows=" << c.rows << " " << path_name;
+      EXPECT_LT(ey, 1e-4) << c.name << " rows=" << c.rows << " " << path_name;
+    }
   }
 }
 
@@ -384,27 +393,39 @@ TEST(CudaMoe, SubLayerCapturesInGraph) {
   const Weight s3{WeightFormat::FP8, inter, dim, sdata.get() + 2 * s8, sscale.get() + 2 * s8scales};
   cuda::check(cudaDeviceSynchronize(), "fill");  // the calls below run on another stream
 
-  const test::OwnedWeight gate =
-      test::make_weight(WeightFormat::BF16, test::bf16_normal(size_t(E) * dim, 0.02, 31), E, dim);
-  DeviceWeight dgate(gate);
-  const std::vector<float> bias = test::bf16_normal(size_t(E), 0.1, 32);
-  DeviceArray<float> dbias(bias);
-  Weight bias_w = test::f32_view(bias, 1, E);
-  bias_w.data = reinterpret_cast<const uint8_t*>(dbias.get());
-  GateOptions opt;
-  opt.topk = k, opt.route_scale = 1.5f;
-  const cuda::ExpertTable table(w1, w2, w3);
   cudaStream_t stream;
   cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
 
-  for (const int rows : {1, 8}) {
+  // The first E of the experts (384: V4.1-Flash; 16: bench-1gpu), at decode batches, each path.
+  using cuda::MoePath;
+  struct Run {
+    int E, rows;
+    MoePath path;
+  };
+  for (const Run run : {Run{384, 1, MoePath::gemv}, Run{384, 8, MoePath::gemv}, Run{384, 64, MoePath::gemv},
+                        Run{384, 64, MoePath::tensor_cores}, Run{16, 1, MoePath::gemv}, Run{16, 1, MoePath::tensor_cores},
+                        Run{16, 8, MoePath::gemv}, Run{16, 8, MoePath::tensor_cores}, Run{16, 16, MoePath::gemv},
+                        Run{16, 16, MoePath::tensor_cores}, Run{16, 64, MoePath::gemv}, Run{16, 64, MoePath::tensor_cores}}) {
+    const int E = run.E, rows = run.rows;
+    const char* path_name = run.path == MoePath::gemv ? "gemv" : "tensor cores";
+    const test::OwnedWeight gate =
+        test::make_weight(WeightFormat::BF16, test::bf16_normal(size_t(E) * dim, 0.02, 31), E, dim);
+    DeviceWeight dgate(gate);
+    const std::vector<float> bias = test::bf16_normal(size_t(E), 0.1, 32);
+    DeviceArray<float> dbias(bias);
+    Weight bias_w = test::f32_view(bias, 1, E);
+    bias_w.data = reinterpret_cast<const uint8_t*>(dbias.get());
+    GateOptions opt;
+    opt.topk = k, opt.route_scale = 1.5f;
+    const cuda::ExpertTable table(std::vector<Weight>(w1.begin(), w1.begin() + E), std::vector<Weight>(w2.begin(), w2.begin() + E),
+                                  std::vector<Weight>(w3.begin(), w3.begin() + E));
     const size_t n = size_t(rows) * dim, nk = size_t(rows) * k;
     DeviceArray<float> x(test::bf16_normal(calls * n, 1.0, 40 + rows));
     DeviceArray<float> y_direct(calls * n), y_graph(calls * n), weights(calls * nk);
     DeviceArray<int32_t> e_direct(calls * nk), e_graph(calls * nk);
     auto call = [&](int i, float* y, int32_t* experts) {
       cuda::moe(x.get() + i * n, rows, dgate.w, bias_w, opt, table, s1, s2, s3, 10.0f, nullptr, experts + i * nk,
-                weights.get() + i * nk, y + i * n, stream);
+                weights.get() + i * nk, y + i * n, stream, run.path);
     };
     for (int i = 0; i < calls; ++i) call(i, y_direct.get(), e_direct.get());
     cuda::check(cudaStreamSynchronize(stream), "direct");
@@ -413,8 +434,9 @@ TEST(CudaMoe, SubLayerCapturesInGraph) {
     cuda::check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
     call(0, y_graph.get(), e_graph.get());
     cuda::check(cudaStreamEndCapture(stream, &one), "capture");
-    std::vector<cudaGraphNode_t> nodes(64);
-    size_t count = nodes.size();
+    size_t count = 0;
+    cuda::check(cudaGraphGetNodes(one, nullptr, &count), "nodes");
+    std::vector<cudaGraphNode_t> nodes(count);
     cuda::check(cudaGraphGetNodes(one, nodes.data(), &count), "nodes");
     int kernels = 0;
     for (size_t i = 0; i < count; ++i) {
@@ -433,8 +455,8 @@ TEST(CudaMoe, SubLayerCapturesInGraph) {
     cuda::check(cudaDeviceSynchronize(), "poison");
     cuda::check(cudaGraphLaunch(exec, stream), "replay");
     cuda::check(cudaStreamSynchronize(stream), "replay");
-    EXPECT_EQ(y_graph.download(), y_direct.download()) << "rows=" << rows;
-    EXPECT_EQ(e_graph.download(), e_direct.download()) << "rows=" << rows;
+    EXPECT_EQ(y_graph.download(), y_direct.download()) << "E=" << E << " rows=" << rows << " " << path_name;
+    EXPECT_EQ(e_graph.download(), e_direct.download()) << "E=" << E << " rows=" << rows << " " << path_name;
 
     cudaEvent_t start, stop;
     cuda::check(cudaEventCreate(&start), "event"), cuda::check(cudaEventCreate(&stop), "event");
@@ -460,9 +482,9 @@ TEST(CudaMoe, SubLayerCapturesInGraph) {
     }
     distinct /= calls;
     const double bytes = distinct * 3 * (wbytes + sbytes) + 3.0 * (s8 + s8scales) + 2.0 * E * dim;
-    std::printf("moe graph E=%d k=%d rows=%d %dx%d fp4/fp8: %d kernels per call, %.1f us per call, %.1f distinct "
+    std::printf("moe graph E=%d k=%d rows=%d %dx%d fp4/fp8 %s: %d kernels per call, %.1f us per call, %.1f distinct "
                 "experts, %.0f MB, %.0f GB/s\n",
-                E, k, rows, inter, dim, kernels, us, distinct, bytes / 1e6, bytes / us / 1e3);
+                E, k, rows, inter, dim, path_name, kernels, us, distinct, bytes / 1e6, bytes / us / 1e3);
     cudaEventDestroy(start), cudaEventDestroy(stop);
     cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
   }

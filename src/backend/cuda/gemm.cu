@@ -65,6 +65,7 @@
 // and its weight tiles in L2 (94% hit rate): W is read from HBM once per band.
 #include "backend/cuda/gemm.cuh"
 
+#include <algorithm>
 #include <string>
 
 #include "backend/cuda/check.h"
@@ -139,19 +140,38 @@ __device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_
 
 // ---- act_quant ----
 
-// One thread: 8 consecutive values x[m, 8q..8q+7]; the 4 threads of a 32-block are 4 consecutive
-// lanes. Rows M..Mpad-1 write only their (zero) scales.
+// Where act_quant's row m comes from: x row m (dense, tiles == nullptr), or, m a slot of `tiles`,
+// its entry's token row (k > 0) or x's own slot row (k = 0); -1 for a padding slot.
+struct RowSource {
+  const int4* tiles = nullptr;
+  const int* count = nullptr;
+  const int32_t* list = nullptr;
+  int k = 0;
+  int64_t M = 0;  // dense: rows M..Mpad-1 are padding
+  __device__ int64_t row(int64_t m) const {
+    if (!tiles) return m < M ? m : -1;
+    const int64_t t = m / kTileRows, i = m % kTileRows;
+    if (t >= *count) return -1;
+    const int4 tile = tiles[t];
+    if (i >= tile.z) return -1;
+    return k > 0 ? list[tile.y + i] / k : m;
+  }
+};
+
+// One thread: 8 consecutive values x[src, 8q..8q+7] for row m; the 4 threads of a 32-block are 4
+// consecutive lanes. Padding rows write only their (zero) scales.
 template <bool kFp4Order>
-__global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* __restrict__ x, int64_t M, int64_t Mpad,
-                                                                  int64_t K, uint8_t* __restrict__ codes,
+__global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* __restrict__ x, const RowSource src,
+                                                                  int64_t Mpad, int64_t K, uint8_t* __restrict__ codes,
                                                                   float* __restrict__ scales) {
   const int64_t per_row = K / 8, items = Mpad * per_row;
   const int64_t i = int64_t(blockIdx.x) * kQuantThreads + threadIdx.x;
   const bool on = i < items;
   const int64_t m = on ? i / per_row : 0, q8 = on ? i % per_row : 0;
-  const bool live = on && m < M;
+  const int64_t from = on ? src.row(m) : -1;
+  const bool live = from >= 0;
   float v[8];
-  const float amax = load8_block_amax(x + m * K + 8 * q8, live, v);
+  const float amax = load8_block_amax(x + (live ? from : 0) * K + 8 * q8, live, v);
   if (!on) return;
   const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
   const int64_t b = q8 / 4;
@@ -175,13 +195,40 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* _
   }
 }
 
+void launch_act_quant(const float* x, const RowSource& src, int64_t Mpad, int64_t K, bool fp4_order, uint8_t* codes,
+                      float* scales, cudaStream_t stream) {
+  const int64_t items = Mpad * (K / 8);
+  const unsigned grid = unsigned((items + kQuantThreads - 1) / kQuantThreads);
+  if (fp4_order) act_quant_kernel<true><<<grid, kQuantThreads, 0, stream>>>(x, src, Mpad, K, codes, scales);
+  else act_quant_kernel<false><<<grid, kQuantThreads, 0, stream>>>(x, src, Mpad, K, codes, scales);
+  check_launch("cuda::gemm::act_quant");
+}
+
 // ---- the GEMM ----
 
+// What one launch computes. Dense: y [M, N] = A · Wᵀ (fp32 holding bf16 values), CTA tiles
+// rastered in bands. Grouped (cuda::moe): CTA x = t + tiles.max · (N tile), z = which of
+// `matrix`; tile t's rows of A (slots t·128 ..), the weight table[expert].data[matrix[z]], out
+// to slots[z] (slot order, fp32 holding bf16 values) or to the bf16 bits of entries' rows
+// list[first + i].
+enum class Out { Dense, Slots, Entries };
+struct GemmArgs {
+  const uint8_t* xq;
+  const float* xs;
+  int M, Mpad, N, K;
+  const uint8_t* w;  // dense
+  const uint8_t* wscale;
+  float* y;
+  Tiles tiles;  // grouped
+  const ExpertPointers* table;
+  int matrix[2];
+  float* slots[2];
+  uint16_t* entries;
+};
+
 // kCtas CTAs per SM: 2 (≤ 128 registers, 3 stages) or 1 (4 stages).
-template <WeightFormat F, int kCtas>
-__global__ void __launch_bounds__(kThreads, kCtas)
-    gemm_kernel(const uint8_t* __restrict__ xq, const float* __restrict__ xs, int M, int Mpad, int N, int K,
-                const uint8_t* __restrict__ w, const uint8_t* __restrict__ wscale, float* __restrict__ y) {
+template <WeightFormat F, int kCtas, Out kOut>
+__global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a) {
   constexpr int kStages = kCtas == 1 ? 4 : 3;
   using S = Smem<F, kStages>;
   constexpr bool kFp4 = S::kFp4;
@@ -190,12 +237,32 @@ __global__ void __launch_bounds__(kThreads, kCtas)
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int wm = warp / 4, wn = warp % 4, g = lane / 4, t = lane % 4;
 
-  // Raster: bands of kGroupM M tiles; within a band M fastest, then N.
-  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kBN - 1) / kBN;
-  const int per_band = kGroupM * tiles_n, band = int(blockIdx.x) / per_band, first = band * kGroupM;
-  const int band_m = min(tiles_m - first, kGroupM), r = int(blockIdx.x) % per_band;
-  const int m0 = (first + r % band_m) * kBM, n0 = r / band_m * kBN;
+  const uint8_t* __restrict__ xq = a.xq;
+  const float* __restrict__ xs = a.xs;
+  const int Mpad = a.Mpad, N = a.N, K = a.K;
+  // The CTA's tile: rows m0 .. m0 + rows of A (fewer than kBM at the end), columns n0 ..
+  int m0, n0, rows, first = 0;
+  const uint8_t* __restrict__ w;
+  const uint8_t* __restrict__ wscale;
+  if constexpr (kOut == Out::Dense) {
+    // Raster: bands of kGroupM M tiles; within a band M fastest, then N.
+    const int tiles_m = (a.M + kBM - 1) / kBM, tiles_n = (N + kBN - 1) / kBN;
+    const int per_band = kGroupM * tiles_n, band = int(blockIdx.x) / per_band, first_m = band * kGroupM;
+    const int band_m = min(tiles_m - first_m, kGroupM), r = int(blockIdx.x) % per_band;
+    m0 = (first_m + r % band_m) * kBM, n0 = r / band_m * kBN, rows = a.M - m0;
+    w = a.w, wscale = a.wscale;
+  } else {
+    // One expert's tiles are consecutive in t, so the CTAs that read its weight tile run together.
+    const int max = int(a.tiles.max), t = int(blockIdx.x) % max;
+    if (t >= *a.tiles.count) return;
+    const int4 tile = a.tiles.tile[t];
+    m0 = t * kBM, n0 = int(blockIdx.x) / max * kBN, rows = tile.z, first = tile.y;
+    const int matrix = blockIdx.z == 0 ? a.matrix[0] : a.matrix[1];
+    w = a.table[tile.x].data[matrix], wscale = a.table[tile.x].scale[matrix];
+  }
   const int KT = K / kBK, kblocks = K / 32;
+  // Warps whose 64 rows are all past the tile's rows skip the math (a decode's tiles are short).
+  const bool busy = wm * 64 < rows;
 
   // This thread's cp.async sources and destinations (offsets within a stage). Rows past M or N
   // are zero-filled (their source, clamped to the first row, is not read).
@@ -220,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, kCtas)
     const uint32_t k0 = uint32_t(kt) * kBK;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const bool ok = m0 + a_row + 32 * q < M;
+      const bool ok = a_row + 32 * q < rows;
       cp_async16(base + a_dst + q * 32 * kBK, xq + (ok ? a_src + uint32_t(32 * q * K) + k0 : 0u), ok);
     }
 #pragma unroll
@@ -304,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, kCtas)
     // spill); 1 CTA/SM: unrolled by 2 (by 4 it spills at 255), so two blocks' loads and
     // conversions overlap their mma.
 #pragma unroll(kCtas == 1 ? 2 : 1)
-    for (int blk = 0; blk < 4; ++blk) {
+    for (int blk = 0; blk < (busy ? 4 : 0); ++blk) {
       uint32_t bf[4][2];
       if constexpr (kFp4) {
 #pragma unroll
@@ -345,6 +412,7 @@ __global__ void __launch_bounds__(kThreads, kCtas)
       }
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt) {
+        if (wm * 64 + mt * 16 >= rows) continue;
         uint32_t af[4];
         const int row = a_frag_row + mt * 16, c = 2 * blk + a_frag_half;
         ldmatrix_x4(af, sA + uint32_t(row * kBK + ((c ^ (row & 7)) << 4)));
@@ -387,9 +455,20 @@ __global__ void __launch_bounds__(kThreads, kCtas)
   for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int m = m0 + wm * 64 + mt * 16 + h * 8 + g;
-      if (m >= M) continue;
-      float* yr = y + int64_t(m) * N;
+      const int m = wm * 64 + mt * 16 + h * 8 + g;  // within the tile
+      if (m >= rows) continue;
+      if constexpr (kOut == Out::Entries) {  // grouped_usable: N even
+        uint16_t* yr = a.entries + int64_t(a.tiles.list[first + m]) * N;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int n = n0 + wn * 32 + nt * 8 + 2 * t;
+          const uint32_t v = uint32_t(bf16_from_float(acc[mt][nt][2 * h])) |
+                             uint32_t(bf16_from_float(acc[mt][nt][2 * h + 1])) << 16;
+          if (n < N) *reinterpret_cast<uint32_t*>(yr + n) = v;
+        }
+        continue;
+      }
+      float* yr = (kOut == Out::Dense ? a.y : blockIdx.z == 0 ? a.slots[0] : a.slots[1]) + int64_t(m0 + m) * N;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int n = n0 + wn * 32 + nt * 8 + 2 * t;
@@ -404,19 +483,16 @@ __global__ void __launch_bounds__(kThreads, kCtas)
     }
 }
 
-template <WeightFormat F, int kCtas>
-void launch_gemm(const uint8_t* xq, const float* xs, int64_t M, int64_t Mpad, const Weight& w, float* y,
-                 cudaStream_t stream) {
+template <WeightFormat F, int kCtas, Out kOut>
+void launch_gemm(const GemmArgs& a, dim3 grid, cudaStream_t stream) {
   constexpr int kBytes = Smem<F, kCtas == 1 ? 4 : 3>::kBytes;
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(gemm_kernel<F, kCtas>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
+    check(cudaFuncSetAttribute(gemm_kernel<F, kCtas, kOut>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
           "cuda::linear gemm");
     return true;
   }();
   (void)configured;
-  const int64_t tiles = (M + kBM - 1) / kBM * ((w.rows + kBN - 1) / kBN);
-  gemm_kernel<F, kCtas><<<unsigned(tiles), kThreads, kBytes, stream>>>(xq, xs, int(M), int(Mpad), int(w.rows),
-                                                                         int(w.cols), w.data, w.scale, y);
+  gemm_kernel<F, kCtas, kOut><<<grid, kThreads, kBytes, stream>>>(a);
   check_launch("cuda::linear gemm");
 }
 
@@ -425,6 +501,17 @@ void launch_gemm(const uint8_t* xq, const float* xs, int64_t M, int64_t Mpad, co
 // under 128 registers the fp4 decode spills).
 template <WeightFormat F>
 constexpr int kCtasFor = F == WeightFormat::FP8 ? 2 : 1;
+
+template <Out kOut>
+void launch_for_format(WeightFormat f, const GemmArgs& a, dim3 grid, cudaStream_t stream) {
+  if (f == WeightFormat::FP4) launch_gemm<WeightFormat::FP4, kCtasFor<WeightFormat::FP4>, kOut>(a, grid, stream);
+  else launch_gemm<WeightFormat::FP8, kCtasFor<WeightFormat::FP8>, kOut>(a, grid, stream);
+}
+
+// The grouped launches' grid: every possible tile (x) of every N tile, `matrices` along z.
+dim3 grouped_grid(const Tiles& tiles, int64_t N, int matrices) {
+  return dim3{unsigned(tiles.max * ((N + kBN - 1) / kBN)), 1u, unsigned(matrices)};
+}
 
 }  // namespace
 
@@ -439,11 +526,9 @@ void act_quant(const float* x, int64_t M, int64_t K, bool fp4_order, uint8_t* co
                cudaStream_t stream) {
   if (M <= 0) return;
   if (K % 32 != 0) fail("cuda::gemm::act_quant", "K a multiple of 32", "K = " + std::to_string(K));
-  const int64_t Mpad = padded_rows(M), items = Mpad * (K / 8);
-  const unsigned grid = unsigned((items + kQuantThreads - 1) / kQuantThreads);
-  if (fp4_order) act_quant_kernel<true><<<grid, kQuantThreads, 0, stream>>>(x, M, Mpad, K, codes, scales);
-  else act_quant_kernel<false><<<grid, kQuantThreads, 0, stream>>>(x, M, Mpad, K, codes, scales);
-  check_launch("cuda::gemm::act_quant");
+  RowSource src;
+  src.M = M;
+  launch_act_quant(x, src, padded_rows(M), K, fp4_order, codes, scales, stream);
 }
 
 void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {
@@ -457,9 +542,44 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   uint8_t* codes = scratch;
   float* scales = reinterpret_cast<float*>(scratch + code_bytes);  // code_bytes: a multiple of 128
   act_quant(x, M, K, fp4, codes, scales, stream);
-  if (fp4) launch_gemm<WeightFormat::FP4, kCtasFor<WeightFormat::FP4>>(codes, scales, M, Mpad, w, y, stream);
-  else launch_gemm<WeightFormat::FP8, kCtasFor<WeightFormat::FP8>>(codes, scales, M, Mpad, w, y, stream);
+  GemmArgs a{};
+  a.xq = codes, a.xs = scales, a.M = int(M), a.Mpad = int(Mpad), a.N = int(w.rows), a.K = int(K);
+  a.w = w.data, a.wscale = w.scale, a.y = y;
+  const int64_t tiles = (M + kBM - 1) / kBM * ((w.rows + kBN - 1) / kBN);
+  launch_for_format<Out::Dense>(w.format, a, dim3{unsigned(tiles)}, stream);
   check(cudaFreeAsync(scratch, stream), "cuda::linear gemm");
+}
+
+bool grouped_usable(WeightFormat up, WeightFormat down, int64_t dim, int64_t inter, int64_t max_tiles) {
+  const auto quantized = [](WeightFormat f) { return f == WeightFormat::FP4 || f == WeightFormat::FP8; };
+  const int64_t limit = int64_t(1) << 31, slots = max_tiles * kTileRows;
+  return quantized(up) && quantized(down) && dim > 0 && inter > 0 && dim % kTileK == 0 && inter % kTileK == 0 &&
+         max_tiles > 0 && slots * std::max(dim, inter) < limit && dim * inter < limit &&
+         max_tiles * ((std::max(dim, inter) + kBN - 1) / kBN) < limit;
+}
+
+void act_quant_slots(const float* x, int64_t K, const Tiles& tiles, int k, bool fp4_order, uint8_t* codes,
+                     float* scales, cudaStream_t stream) {
+  if (K % 32 != 0) fail("cuda::gemm::act_quant_slots", "K a multiple of 32", "K = " + std::to_string(K));
+  RowSource src;
+  src.tiles = tiles.tile, src.count = tiles.count, src.list = tiles.list, src.k = k;
+  launch_act_quant(x, src, tiles.slots(), K, fp4_order, codes, scales, stream);
+}
+
+void grouped_up(const uint8_t* codes, const float* scales, const Tiles& tiles, const ExpertPointers* table,
+                WeightFormat format, int64_t dim, int64_t inter, float* g, float* u, cudaStream_t stream) {
+  GemmArgs a{};
+  a.xq = codes, a.xs = scales, a.Mpad = int(tiles.slots()), a.N = int(inter), a.K = int(dim);
+  a.tiles = tiles, a.table = table, a.matrix[0] = 0, a.matrix[1] = 2, a.slots[0] = g, a.slots[1] = u;
+  launch_for_format<Out::Slots>(format, a, grouped_grid(tiles, inter, 2), stream);
+}
+
+void grouped_down(const uint8_t* codes, const float* scales, const Tiles& tiles, const ExpertPointers* table,
+                  WeightFormat format, int64_t inter, int64_t dim, uint16_t* ye, cudaStream_t stream) {
+  GemmArgs a{};
+  a.xq = codes, a.xs = scales, a.Mpad = int(tiles.slots()), a.N = int(dim), a.K = int(inter);
+  a.tiles = tiles, a.table = table, a.matrix[0] = a.matrix[1] = 1, a.entries = ye;
+  launch_for_format<Out::Entries>(format, a, grouped_grid(tiles, dim, 1), stream);
 }
 
 }  // namespace dsv41::cuda::gemm

@@ -1,7 +1,8 @@
 #pragma once
-// The prefill GEMM of cuda::linear over fp8/fp4 weights (gemm.cu): tensor-core mma.sync (f16
-// HMMA on exactly converted e4m3 operands), with the CPU op's per-32-block scaling. Internal to the CUDA backend; linear.cu calls
-// it for M ≥ kMinRows, and the tests reach the act-quantization step directly.
+// The GEMM of cuda::linear over fp8/fp4 weights (gemm.cu): tensor-core mma.sync (f16 HMMA on
+// exactly converted e4m3 operands), with the CPU op's per-32-block scaling. Internal to the CUDA
+// backend: linear.cu calls it for M ≥ kMinRows, cuda::moe its grouped form for the routed
+// experts, and the tests reach the act-quantization step directly.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -24,6 +25,47 @@ bool usable(int64_t M, const Weight& w);
 // y[M, N] = x[M, K] · Wᵀ for an fp8/fp4 weight, rounded to bf16 (cuda::linear's contract). Scratch
 // (the quantized x: M·K bytes + M·K/8 bytes of scales) from cudaMallocAsync on `stream`.
 void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream);
+
+// ---- the grouped form: cuda::moe's routed experts --------------------------------------------
+
+// The device array an ExpertTable owns (moe.h): expert e's weights, index 0 = w1, 1 = w2, 2 = w3.
+struct ExpertPointers {
+  const uint8_t* data[3];
+  const uint8_t* scale[3];
+};
+
+// The routed entries in row tiles of one expert each (cuda::moe's bucket step, on the device):
+// tile t < *count is (expert, first list position, rows ≤ kTileRows), and list[first + i] is
+// its row i's entry (entry = token·k + slot). A tile's rows are the slots t·kTileRows + i of
+// [max·kTileRows, ·] matrices ("slot order"); the grids are sized for `max` tiles and blocks past
+// *count exit at once, so the host needs no count (a CUDA graph can hold the calls).
+struct Tiles {
+  const int4* tile;
+  const int* count;
+  int64_t max;
+  const int32_t* list;
+  DSV41_HD int64_t slots() const { return max * kTileRows; }
+};
+
+// Whether grouped_up/grouped_down take experts of this shape: fp8/fp4 w1, w3 [inter, dim] and w2
+// [dim, inter], dim and inter multiples of kTileK, slot offsets within 32 bits.
+bool grouped_usable(WeightFormat up, WeightFormat down, int64_t dim, int64_t inter, int64_t max_tiles);
+
+// act_quant of the slot rows: slot (t, i) from x[list[first + i] / k] (k > 0: x holds one row per
+// token, the layer's input) or from x's own slot row (k = 0: x in slot order, the hidden values).
+// Padding slots get scale 0 and no codes. codes: slots·K bytes; scales: (K/32)·slots floats.
+void act_quant_slots(const float* x, int64_t K, const Tiles& tiles, int k, bool fp4_order, uint8_t* codes,
+                     float* scales, cudaStream_t stream);
+
+// g, u [slots, inter] (bf16 values) = A · w1ᵀ, A · w3ᵀ of each tile's expert, A = act_quant_slots
+// of the input (dim features, fp4_order for fp4 weights).
+void grouped_up(const uint8_t* codes, const float* scales, const Tiles& tiles, const ExpertPointers* table,
+                WeightFormat format, int64_t dim, int64_t inter, float* g, float* u, cudaStream_t stream);
+
+// ye[list[first + i], dim] (bf16 bits) = A · w2ᵀ of each tile's expert, A = act_quant_slots of the
+// hidden values (inter features).
+void grouped_down(const uint8_t* codes, const float* scales, const Tiles& tiles, const ExpertPointers* table,
+                  WeightFormat format, int64_t inter, int64_t dim, uint16_t* ye, cudaStream_t stream);
 
 // ---- the act-quantization step, exposed for the tests ----
 

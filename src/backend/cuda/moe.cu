@@ -12,16 +12,23 @@
 // the activations' dtype), then w2. Traffic per call: the three weights once (3 × 2304 × 5120 / 2
 // bytes + scales ≈ 18.4 MB per V4.1 expert at fp4) and 2 × rows × 2304 × 4 for the hidden values.
 //
-// The sub-layer (moe()): forward.cpp's moe() with the routing kept on the device. Kernels, in
-// order (8 launches for a decode step, plus one gate pass per further 8 rows):
+// The sub-layer (moe()): forward.cpp's moe() with the routing kept on the device, at any row
+// count. Kernels, in order (8 launches for a decode step, plus one gate pass per further 8 rows):
 //   gate      cuda::linear_f32 → logits [rows, E]
 //   route     route_kernel → experts, weights [rows, k] (or the forced experts, weighted)
 //   bucket    bucket_kernel → each expert's entries (entry = row·k + slot) in ascending entry
-//             order, cut into tiles of ≤ 8 entries of one expert, and the tile count
-//   up        grouped_kernel<up> over (tile, slice of inter): h = the SwiGLU of w1, w3 → h [entry]
-//   down      grouped_kernel<down> over (tile, slice of dim): ye [entry] = w2 h (bf16)
-//   shared    the same two kernels over the shared expert, the rows in tiles of 8 (no routing)
+//             order, cut into tiles of ≤ 8 (GEMV) or ≤ 128 (tensor cores) entries of one expert,
+//             and the tile count
+//   up        GEMV: grouped_kernel<up> over (tile, slice of inter): h = the SwiGLU of w1, w3 →
+//             h [entry]. Tensor cores: gemm::act_quant_slots of x by entry, gemm::grouped_up →
+//             g, u [slot], slot_swiglu_kernel → h [slot]
+//   down      GEMV: grouped_kernel<down> over (tile, slice of dim): ye [entry] = w2 h (bf16).
+//             Tensor cores: act_quant_slots of h, gemm::grouped_down → ye [entry]
+//   shared    below 64 rows the GEMV kernels over the shared expert, the rows in tiles of 8 (no
+//             routing); from 64 on expert_ffn (cuda::linear's GEMMs), then to bf16
 //   combine   combine_kernel: y = bf16(Σ ye over the row's experts in ascending id + shared)
+// The tensor-core path computes what gemm::linear computes for each expert on its rows (the same
+// kernel, its tiles gathered on the device), so a prefill's experts need no host round trip.
 // The grids are sized from rows, k and E alone (the most tiles the entries can make); a block
 // past the device's tile count exits at once, so a decode step reads the k chosen experts'
 // weights and no other's, and each expert's weights are read once per tile of ≤ 8 of its rows.
@@ -39,6 +46,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
+#include "backend/cuda/gemm.cuh"
 #include "backend/cuda/linear.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
@@ -116,11 +124,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
 
 // ---- the sub-layer: bucket, grouped GEMV, combine ------------------------------------------------
 
-// The device array an ExpertTable owns: expert e's weights, index 0 = w1, 1 = w2, 2 = w3.
-struct ExpertPointers {
-  const uint8_t* data[3];
-  const uint8_t* scale[3];
-};
+using gemm::ExpertPointers;
 
 constexpr int kTile = 8;               // entries per tile: one pass over an expert's weights
 constexpr int kBucketThreads = 1024;   // bucket_kernel is one block
@@ -621,6 +625,25 @@ __global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t in
   g[i] = swiglu(g[i], u[i], limit, row_weights ? row_weights + i / inter : nullptr);
 }
 
+// The tensor-core path's hidden values: h = swiglu(g, u) with the entry's routing weight, in place
+// of g, over the live slots of `tiles` (g, u [slots, inter] in slot order, as grouped_up wrote them).
+__global__ void slot_swiglu_kernel(float* g, const float* u, const gemm::Tiles tiles, int64_t inter, float limit,
+                                   const float* weights) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tiles.slots() * inter) return;
+  const int64_t slot = i / inter, t = slot / gemm::kTileRows, r = slot % gemm::kTileRows;
+  if (t >= *tiles.count) return;
+  const int4 tile = tiles.tile[t];
+  if (r >= tile.z) return;
+  g[i] = swiglu(g[i], u[i], limit, weights + tiles.list[tile.y + r]);
+}
+
+// The shared expert's fp32 output (bf16 values) as bf16 bits, as combine_kernel reads it.
+__global__ void to_bf16_kernel(const float* y, int64_t n, uint16_t* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = bf16_from_float(y[i]);
+}
+
 }  // namespace
 
 void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
@@ -695,7 +718,7 @@ ExpertTable::~ExpertTable() { cudaFree(table_); }
 
 void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
          const ExpertTable& routed, const Weight& s1, const Weight& s2, const Weight& s3, float limit,
-         const int32_t* forced, int32_t* experts, float* weights, float* y, cudaStream_t stream) {
+         const int32_t* forced, int32_t* experts, float* weights, float* y, cudaStream_t stream, MoePath path) {
   if (rows <= 0) return;
   const int E = routed.experts(), k = opt.topk;
   const int64_t dim = routed.dim(), inter = routed.inter(), inter_s = s1.rows;
@@ -714,26 +737,39 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   const int64_t n = rows * k;
   if (n > INT_MAX / 2) fail("cuda::moe", "rows · k < 2^30", std::to_string(n));
 
-  // Tiles of the routed entries: one entry each when no expert can have two (one row, no forcing),
-  // else up to kTile. The most tiles n entries make over ≤ min(E, n) experts: Σ ceil(c_e / tile)
-  // ≤ (n + (tile − 1)·min(E, n)) / tile, and never more than n.
-  const int tile = rows == 1 && !forced ? 1 : kTile;
+  // The path, and the tiles of the routed entries: for the GEMV one entry each when no expert can
+  // have two (one row, no forcing), else up to kTile; for the tensor cores up to 128. The most tiles
+  // n entries make over ≤ min(E, n) experts: Σ ceil(c_e / tile) ≤ (n + (tile − 1)·min(E, n)) / tile,
+  // and never more than n.
   const int64_t nonzero = n < E ? n : E;
-  const int64_t max_tiles = std::min<int64_t>(n, (n + (tile - 1) * nonzero) / tile);
+  auto tiles_of = [&](int64_t tile) { return std::min<int64_t>(n, (n + (tile - 1) * nonzero) / tile); };
+  const bool tensor_ok = gemm::grouped_usable(routed.w1().format, routed.w2().format, dim, inter, tiles_of(gemm::kTileRows));
+  if (path == MoePath::tensor_cores && !tensor_ok)
+    fail("cuda::moe", "fp8/fp4 routed experts with dim and inter multiples of 128 for the tensor-core path",
+         std::string(routed.w1().quantized() && routed.w2().quantized() ? "quantized" : "unquantized") + " experts of " +
+             std::to_string(inter) + " x " + std::to_string(dim));
+  const bool tensor = path == MoePath::tensor_cores || (path == MoePath::automatic && tensor_ok && (rows > 1 || forced));
+  const int tile = tensor ? int(gemm::kTileRows) : rows == 1 && !forced ? 1 : kTile;
+  const int64_t max_tiles = tiles_of(tile), slots = max_tiles * gemm::kTileRows;
   const int dense_tile = rows == 1 ? 1 : kTile;
   const int64_t dense_tiles = (rows + dense_tile - 1) / dense_tile;
+  const bool shared_gemm = rows >= gemm::kMinRows;  // cuda::linear's GEMMs: one pass over the weights per 128 rows
 
-  // One scratch allocation, each part 256-byte aligned.
+  // One scratch allocation, each part 256-byte aligned (the paths' parts, the rest 0 bytes).
   size_t bytes = 0;
   auto part = [&](size_t size) {
     const size_t at = bytes;
     bytes += (size + 255) / 256 * 256;
     return at;
   };
+  const int64_t wide = std::max(dim, inter);
   const size_t at_logits = part(size_t(rows) * E * 4), at_list = part(size_t(n) * 4),
                at_tiles = part(size_t(max_tiles) * sizeof(int4)), at_count = part(4),
-               at_h = part(size_t(n) * inter * 4), at_ye = part(size_t(n) * dim * 2),
-               at_hs = part(size_t(rows) * inter_s * 4), at_ys = part(size_t(rows) * dim * 2);
+               at_h = part(tensor ? 0 : size_t(n) * inter * 4), at_g = part(tensor ? size_t(slots) * inter * 4 : 0),
+               at_u = part(tensor ? size_t(slots) * inter * 4 : 0), at_codes = part(tensor ? size_t(slots * wide) : 0),
+               at_scales = part(tensor ? size_t(wide / 32 * slots) * 4 : 0), at_ye = part(size_t(n) * dim * 2),
+               at_hs = part(shared_gemm ? 0 : size_t(rows) * inter_s * 4), at_ys32 = part(shared_gemm ? size_t(rows) * dim * 4 : 0),
+               at_ys = part(size_t(rows) * dim * 2);
   keep_scratch_pool();
   uint8_t* scratch = nullptr;
   check(cudaMallocAsync(reinterpret_cast<void**>(&scratch), bytes, stream), "cuda::moe");
@@ -741,9 +777,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   int32_t* list = reinterpret_cast<int32_t*>(scratch + at_list);
   int4* tiles = reinterpret_cast<int4*>(scratch + at_tiles);
   int* tile_count = reinterpret_cast<int*>(scratch + at_count);
-  float* h = reinterpret_cast<float*>(scratch + at_h);
   uint16_t* ye = reinterpret_cast<uint16_t*>(scratch + at_ye);
-  float* hs = reinterpret_cast<float*>(scratch + at_hs);
   uint16_t* ys = reinterpret_cast<uint16_t*>(scratch + at_ys);
 
   linear_f32(x, rows, gate, logits, stream);
@@ -753,16 +787,41 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   check_launch("cuda::moe bucket");
 
   const auto* table = static_cast<const ExpertPointers*>(routed.device());
-  GroupedArgs up{tiles, tile_count, list, 0, k, x, dim, inter, table, {}, weights, limit, h, nullptr};
-  grouped<true>(routed.w1().format, tile, up, max_tiles, stream);
-  GroupedArgs down{tiles, tile_count, list, 0, k, h, inter, dim, table, {}, nullptr, limit, nullptr, ye};
-  grouped<false>(routed.w2().format, tile, down, max_tiles, stream);
+  if (tensor) {
+    // x per entry in slot order → g, u → h in place of g → ye at the entries' rows.
+    const gemm::Tiles t{tiles, tile_count, max_tiles, list};
+    float* g = reinterpret_cast<float*>(scratch + at_g);
+    float* u = reinterpret_cast<float*>(scratch + at_u);
+    uint8_t* codes = scratch + at_codes;
+    float* scales = reinterpret_cast<float*>(scratch + at_scales);
+    gemm::act_quant_slots(x, dim, t, k, routed.w1().format == WeightFormat::FP4, codes, scales, stream);
+    gemm::grouped_up(codes, scales, t, table, routed.w1().format, dim, inter, g, u, stream);
+    const int64_t hn = slots * inter;
+    slot_swiglu_kernel<<<unsigned((hn + 255) / 256), 256, 0, stream>>>(g, u, t, inter, limit, weights);
+    check_launch("cuda::moe swiglu");
+    gemm::act_quant_slots(g, inter, t, 0, routed.w2().format == WeightFormat::FP4, codes, scales, stream);
+    gemm::grouped_down(codes, scales, t, table, routed.w2().format, inter, dim, ye, stream);
+  } else {
+    float* h = reinterpret_cast<float*>(scratch + at_h);
+    GroupedArgs up{tiles, tile_count, list, 0, k, x, dim, inter, table, {}, weights, limit, h, nullptr};
+    grouped<true>(routed.w1().format, tile, up, max_tiles, stream);
+    GroupedArgs down{tiles, tile_count, list, 0, k, h, inter, dim, table, {}, nullptr, limit, nullptr, ye};
+    grouped<false>(routed.w2().format, tile, down, max_tiles, stream);
+  }
 
-  const ExpertPointers shared{{s1.data, s2.data, s3.data}, {s1.scale, s2.scale, s3.scale}};
-  GroupedArgs sup{nullptr, nullptr, nullptr, rows, 1, x, dim, inter_s, nullptr, shared, nullptr, limit, hs, nullptr};
-  grouped<true>(s1.format, dense_tile, sup, dense_tiles, stream);
-  GroupedArgs sdown{nullptr, nullptr, nullptr, rows, 1, hs, inter_s, dim, nullptr, shared, nullptr, limit, nullptr, ys};
-  grouped<false>(s2.format, dense_tile, sdown, dense_tiles, stream);
+  if (shared_gemm) {
+    float* ys32 = reinterpret_cast<float*>(scratch + at_ys32);
+    expert_ffn(x, rows, s1, s2, s3, limit, nullptr, ys32, stream);
+    to_bf16_kernel<<<unsigned((rows * dim + 255) / 256), 256, 0, stream>>>(ys32, rows * dim, ys);
+    check_launch("cuda::moe shared");
+  } else {
+    float* hs = reinterpret_cast<float*>(scratch + at_hs);
+    const ExpertPointers shared{{s1.data, s2.data, s3.data}, {s1.scale, s2.scale, s3.scale}};
+    GroupedArgs sup{nullptr, nullptr, nullptr, rows, 1, x, dim, inter_s, nullptr, shared, nullptr, limit, hs, nullptr};
+    grouped<true>(s1.format, dense_tile, sup, dense_tiles, stream);
+    GroupedArgs sdown{nullptr, nullptr, nullptr, rows, 1, hs, inter_s, dim, nullptr, shared, nullptr, limit, nullptr, ys};
+    grouped<false>(s2.format, dense_tile, sdown, dense_tiles, stream);
+  }
 
   const dim3 combine_grid{unsigned(rows), unsigned((dim / 2 + kCombineThreads - 1) / kCombineThreads)};
   combine_kernel<<<combine_grid, kCombineThreads, 0, stream>>>(experts, k, E, ye, ys, dim, y);

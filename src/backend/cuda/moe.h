@@ -49,7 +49,7 @@ class ExpertTable {
   const Weight& w1() const { return w1_; }
   const Weight& w2() const { return w2_; }
   const Weight& w3() const { return w3_; }
-  const void* device() const { return table_; }  // ExpertPointers[experts] (moe.cu)
+  const void* device() const { return table_; }  // gemm::ExpertPointers[experts] (gemm.cuh)
 
  private:
   int experts_ = 0;
@@ -66,8 +66,19 @@ class ExpertTable {
 // Everything on `stream`: no host synchronization and nothing on the host that depends on the
 // routing (the grids are sized from rows, k and E; kernels exit early on the device's counts), so
 // the call can be captured in a CUDA graph. Scratch comes from cudaMallocAsync on `stream`.
+//
+// How the experts run (the tests and benchmarks pick; the engine takes `automatic`):
+//   gemv          the grouped GEMV, each expert's weights read once per tile of ≤ 8 of its rows;
+//   tensor_cores  the grouped tensor-core GEMM (gemm.cuh), once per tile of ≤ 128 rows; needs
+//                 fp8/fp4 routed weights with dim and inter multiples of 128;
+//   automatic     gemv for one row (its tiles of one entry stream the weights at ~1.2 TB/s, twice
+//                 the tensor-core path's rate there), else tensor_cores where usable (from 8 rows
+//                 on 1.4× to 4× the GEMV's speed in ops_moe_test's graph timings, at 1 to 24 rows
+//                 per expert). The shared expert takes cuda::linear's GEMMs from 64 rows on.
+enum class MoePath { automatic, gemv, tensor_cores };
 void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
          const ExpertTable& routed, const Weight& s1, const Weight& s2, const Weight& s3, float limit,
-         const int32_t* forced, int32_t* experts, float* weights, float* y, cudaStream_t stream = nullptr);
+         const int32_t* forced, int32_t* experts, float* weights, float* y, cudaStream_t stream = nullptr,
+         MoePath path = MoePath::automatic);
 
 }  // namespace dsv41::cuda

@@ -30,16 +30,6 @@ __global__ void gather_kernel(const float* src, const int32_t* index, int64_t n,
   if (i < n * width) dst[i] = src[int64_t(index[i / width]) * width + i % width];
 }
 
-__global__ void scatter_add_kernel(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n * width) dst[int64_t(index[i / width]) * width + i % width] += src[i];
-}
-
-__global__ void add_round_kernel(const float* a, const float* b, int64_t n, float* out) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = round_bf16(a[i] + b[i]);
-}
-
 __global__ void scale_round_kernel(float* x, int64_t n, float s) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = round_bf16(x[i] * s);
@@ -72,18 +62,6 @@ void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t widt
   if (n <= 0) return;
   gather_kernel<<<blocks(n * width), kThreads, 0, stream>>>(src, index, n, width, dst);
   check_launch("cuda::gather_rows");
-}
-
-void scatter_add_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream) {
-  if (n <= 0) return;
-  scatter_add_kernel<<<blocks(n * width), kThreads, 0, stream>>>(src, index, n, width, dst);
-  check_launch("cuda::scatter_add_rows");
-}
-
-void add_round(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream) {
-  if (n <= 0) return;
-  add_round_kernel<<<blocks(n), kThreads, 0, stream>>>(a, b, n, out);
-  check_launch("cuda::add_round");
 }
 
 void scale_round(float* x, int64_t n, float s, cudaStream_t stream) {

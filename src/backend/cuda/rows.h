@@ -17,12 +17,6 @@ void embed_rows(const Weight& embed, const int32_t* tokens, int64_t rows, int hc
 // dst[i] = src[index[i]] for i < n rows of `width` floats.
 void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream);
 
-// dst[index[i]] += src[i] in fp32, for i < n rows of `width` (index distinct within a call).
-void scatter_add_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream);
-
-// out = bf16(a + b), n values.
-void add_round(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
-
 // x = bf16(x · s), n values.
 void scale_round(float* x, int64_t n, float s, cudaStream_t stream);
 

@@ -127,10 +127,10 @@ class CudaExecutor final : public Executor {
   }
 
  private:
-  // A step of one decode row per sequence, none replayed or traced, at most kDeviceRoutedRows:
+  // A step of one decode row per sequence, none replayed or traced, at most kDecodeGraphRows:
   // what a captured step (DecodeGraph) runs, to the bit as forward_batch would.
   static bool decode_step(const std::vector<BatchItem>& batch) {
-    if (batch.empty() || int64_t(batch.size()) > kDeviceRoutedRows) return false;
+    if (batch.empty() || int64_t(batch.size()) > kDecodeGraphRows) return false;
     for (const BatchItem& item : batch)
       if (item.options.trace || !decode_row(*static_cast<CudaSequence*>(item.sequence)->device(), item.tokens.size(), item.options))
         return false;

@@ -15,8 +15,8 @@ namespace dsv41::cuda {
 
 DecodeGraph::DecodeGraph(const DeviceModel& model, std::vector<DeviceSequence*> sequences)
     : model_(model), sequences_(std::move(sequences)) {
-  if (sequences_.empty() || int64_t(sequences_.size()) > kDeviceRoutedRows)
-    fail("cuda::DecodeGraph", "1 to " + std::to_string(kDeviceRoutedRows) + " sequences", std::to_string(sequences_.size()));
+  if (sequences_.empty() || int64_t(sequences_.size()) > kDecodeGraphRows)
+    fail("cuda::DecodeGraph", "1 to " + std::to_string(kDecodeGraphRows) + " sequences", std::to_string(sequences_.size()));
   logits_ = DeviceBuffer<float>(int64_t(sequences_.size()) * model.config().vocab_size);
   // A blocking stream: it waits for work on the legacy default stream (sequence uploads, prefills).
   check(cudaStreamCreate(&stream_), "cuda::DecodeGraph");

@@ -17,10 +17,9 @@ namespace dsv41::cuda {
 
 class DecodeGraph {
  public:
-  // The step of `sequences` (each already prefilled, at most kDeviceRoutedRows: the MoE of more
-  // rows lists its experts' rows on the host). They must outlive the graph (their caches' places
-  // are in it); other calls on them between steps are fine, since each step's plan is made from
-  // their state at that step.
+  // The step of `sequences` (each already prefilled, at most kDecodeGraphRows). They must outlive
+  // the graph (their caches' places are in it); other calls on them between steps are fine, since
+  // each step's plan is made from their state at that step.
   DecodeGraph(const DeviceModel& model, std::vector<DeviceSequence*> sequences);
   ~DecodeGraph();
   DecodeGraph(const DecodeGraph&) = delete;

@@ -19,9 +19,8 @@
 // all sequences at once (compress_decode) and the indexer with entry counts read on the device;
 // their launches are then the same at every position, which DecodeGraph captures.
 //
-// MoE: up to 64 rows (decode batches) cuda::moe, whose routing never leaves the device; above it
-// (prefill) the routing comes to the host once per layer to list each expert's rows, so that each
-// expert is one tensor-core GEMM over them.
+// MoE: cuda::moe at every row count, its routing never leaving the device: the grouped GEMV for
+// a few rows per expert, the grouped tensor-core GEMM for many.
 #include "forward/device/device_forward.h"
 
 #include <algorithm>
@@ -748,47 +747,10 @@ void Call::moe(int l, float* out) {
     }
   }
 
-  // Few rows (decode): one op, the routing never leaving the device, each chosen expert's weights
-  // read once per 8 of its rows.
-  if (T <= kDeviceRoutedRows) {
-    const auto span = timed("moe (cuda::moe)");
-    cuda::moe(h_.get(), T, L.gate, L.gate_bias, opt, m_.experts(l), L.shared.w1, L.shared.w2, L.shared.w3, limit, forced,
-              experts_d.get(), weights_d.get(), out, stream_);
-    return;
-  }
-  // Many rows (prefill): the routing comes to the host, which lists each expert's rows, so that
-  // each expert runs as one GEMM over all of them (tensor cores from 64 rows on).
-  std::vector<int32_t> experts;
-  std::vector<float> weights;
-  {
-    const auto span = timed("moe routing (to the host)");
-    cuda::route(h_.get(), T, L.gate, L.gate_bias, opt, experts_d.get(), weights_d.get(), stream_, forced);
-    experts = experts_d.download(stream_);
-    weights = weights_d.download(stream_);
-  }
-  Floats y = scratch<float>(T * d, stream_), ys = scratch<float>(T * d, stream_);
-  {
-    const auto span = timed("moe routed experts");
-    check(cudaMemsetAsync(y.get(), 0, size_t(T * d) * sizeof(float), stream_), "moe");
-    for (int e = 0; e < int(L.experts.size()); ++e) {
-      std::vector<int32_t> rows;
-      std::vector<float> we;
-      for (int64_t r = 0; r < T; ++r)
-        for (int j = 0; j < k; ++j)
-          if (experts[size_t(r * k + j)] == e) rows.push_back(int32_t(r)), we.push_back(weights[size_t(r * k + j)]);
-      if (rows.empty()) continue;
-      const int64_t n = int64_t(rows.size());
-      DeviceBuffer<int32_t> rows_d = scratch_from(rows, stream_);
-      Floats xe = scratch<float>(n * d, stream_), ye = scratch<float>(n * d, stream_);
-      gather_rows(h_.get(), rows_d.get(), n, d, xe.get(), stream_);
-      const ExpertWeights& ew = L.experts[size_t(e)];
-      expert_ffn(xe.get(), n, ew.w1, ew.w2, ew.w3, limit, scratch_from(we, stream_).get(), ye.get(), stream_);
-      scatter_add_rows(ye.get(), rows_d.get(), n, d, y.get(), stream_);
-    }
-  }
-  const auto span = timed("moe shared expert");
-  expert_ffn(h_.get(), T, L.shared.w1, L.shared.w2, L.shared.w3, limit, nullptr, ys.get(), stream_);
-  add_round(y.get(), ys.get(), T * d, out, stream_);
+  // One op, the routing never leaving the device (cuda::moe picks the GEMV or the tensor cores).
+  const auto span = timed("moe (cuda::moe)");
+  cuda::moe(h_.get(), T, L.gate, L.gate_bias, opt, m_.experts(l), L.shared.w1, L.shared.w2, L.shared.w3, limit, forced,
+            experts_d.get(), weights_d.get(), out, stream_);
 }
 
 // --- the head ---------------------------------------------------------------------------------------

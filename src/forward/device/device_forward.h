@@ -19,10 +19,9 @@
 
 namespace dsv41::cuda {
 
-// Up to this many rows a call's MoE runs as cuda::moe, its routing never leaving the device (so a
-// decode step of that many sequences can be captured); above it the routing comes to the host
-// once per layer and each expert runs as GEMMs over its listed rows.
-inline constexpr int64_t kDeviceRoutedRows = 64;
+// The most sequences of a decode step that DecodeGraph captures (the scheduler's largest batch in
+// docs/benchmarks.md); a bigger step runs through forward_batch directly.
+inline constexpr int64_t kDecodeGraphRows = 64;
 
 struct DeviceItem {
   DeviceSequence* sequence;
