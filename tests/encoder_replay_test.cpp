@@ -11,6 +11,7 @@
 #include "forward/forward.h"
 #include "kv/prefix_key.h"
 #include "kv/sequence_blocks.h"
+#include "test_util.h"
 
 using namespace dsv41;
 using namespace dsv41::test;
@@ -35,7 +36,7 @@ TEST(EncoderReplay, RegeneratesSwaFromCachedGlobalKv) {
   // The hit: the global KV of [0, H) from the cold run's blocks, no SWA.
   std::vector<std::vector<uint8_t>> blocks;
   for (int64_t b = 0; b < H / B; ++b) blocks.push_back(global_block(c, cold, b, int(B)));
-  SequenceState warm = restore_sequence(c, blocks, int(B));
+  SequenceState warm = restore_sequence(c, test::payloads(blocks), int(B));
   warm.length = s;
   ForwardOptions replay;
   replay.replay_until = H;

@@ -16,12 +16,15 @@ namespace {
 BlockKey key(uint64_t n) { return BlockKey{n * 0x9e3779b97f4a7c15ull, n}; }
 
 // A block of 4 tokens (16 bytes) and `payload` bytes, the tokens derived from `n`.
-HostBlock block(uint64_t n, size_t payload = 84) {
+HostBlock block_of(uint64_t n, size_t payload = 84) {
   const int t = int(n);
   return HostBlock{key(n), {t, t + 1, t + 2, t + 3}, std::vector<uint8_t>(payload, uint8_t(n))};
 }
+std::shared_ptr<const HostBlock> block(uint64_t n, size_t payload = 84) {
+  return std::make_shared<const HostBlock>(block_of(n, payload));
+}
 
-std::vector<int> tokens_of(uint64_t n) { return block(n, 0).tokens; }
+std::vector<int> tokens_of(uint64_t n) { return block_of(n, 0).tokens; }
 
 bool holds(HostCache& cache, uint64_t n) { return cache.get(key(n), tokens_of(n)) != nullptr; }
 
@@ -39,7 +42,7 @@ TEST(HostCache, PutThenGet) {
   EXPECT_TRUE(cache.put(block(1)));
   const auto got = cache.get(key(1), tokens_of(1));
   ASSERT_NE(got, nullptr);
-  EXPECT_EQ(got->payload, block(1).payload);
+  EXPECT_EQ(got->payload, block_of(1).payload);
   EXPECT_EQ(cache.get(key(2), tokens_of(2)), nullptr);
   const HostCacheStats s = cache.stats();
   EXPECT_EQ(s.blocks, 1);
@@ -106,9 +109,9 @@ TEST(HostCache, CollisionIsAMissNotServed) {
   EXPECT_TRUE(holds(cache, 1));  // the stored block is intact for its own tokens
 
   // A put under a key held with other tokens replaces the block, and counts the collision.
-  HostBlock other = block(9);
+  HostBlock other = block_of(9);
   other.key = key(1);
-  ASSERT_TRUE(cache.put(other));
+  ASSERT_TRUE(cache.put(std::make_shared<const HostBlock>(other)));
   s = cache.stats();
   EXPECT_EQ(s.collisions, 3);
   EXPECT_EQ(s.blocks, 1);
@@ -122,7 +125,7 @@ TEST(HostCache, EvictedBlockStaysValidForItsReader) {
   const auto reader = cache.get(key(1), tokens_of(1));
   ASSERT_TRUE(cache.put(block(2)));  // evicts 1
   EXPECT_FALSE(holds(cache, 1));
-  EXPECT_EQ(reader->payload, block(1).payload);
+  EXPECT_EQ(reader->payload, block_of(1).payload);
 }
 
 TEST(HostCache, BudgetNeverExceeded) {

@@ -8,6 +8,7 @@
 #include "fixture.h"
 #include "kv/prefix_key.h"
 #include "kv/sequence_blocks.h"
+#include "test_util.h"
 
 using namespace dsv41;
 using namespace dsv41::test;
@@ -32,7 +33,7 @@ TEST(KvRestore, BlocksAndTailContinueExactly) {
     const std::vector<uint8_t> tail = sequence_tail(c, cold.state(), B);
 
     Session warm(*model, &tokenizer, mode);
-    warm.resume(prompt, restore_sequence(c, blocks, B, &tail));
+    warm.resume(prompt, restore_sequence(c, test::payloads(blocks), B, &tail));
     EXPECT_EQ(warm.state().kv_bytes(), cold.state().kv_bytes());
     for (int token : next) EXPECT_EQ(warm.decode(token), cold.decode(token)) << "token " << token;
   }
@@ -50,7 +51,7 @@ TEST(KvRestore, GlobalBlocksAloneHoldTheGlobalKv) {
   std::vector<std::vector<uint8_t>> blocks;
   for (int64_t b = 0; b < 200 / B; ++b) blocks.push_back(global_block(c, cold.state(), b, B));
   // No tail: an SWA miss. The state holds the complete blocks' global KV, byte for byte.
-  SequenceState restored = restore_sequence(c, blocks, B);
+  SequenceState restored = restore_sequence(c, test::payloads(blocks), B);
   EXPECT_EQ(restored.length, (200 / B) * B);
   for (int s : c.kv_source_layers) {
     const CompressedCache& a = restored.compressed.at(s);
@@ -62,5 +63,5 @@ TEST(KvRestore, GlobalBlocksAloneHoldTheGlobalKv) {
   // A block of the wrong size, or a tail of another sequence, is refused.
   std::vector<std::vector<uint8_t>> bad = blocks;
   bad[0].pop_back();
-  EXPECT_THROW(restore_sequence(c, bad, B), Error);
+  EXPECT_THROW(restore_sequence(c, test::payloads(bad), B), Error);
 }

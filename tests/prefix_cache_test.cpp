@@ -133,7 +133,7 @@ TEST_F(PrefixCacheTest, GlobalHitWithSwaMissReplaysTheEncoder) {
   // By hand: the blocks from the session that computed them, replay from H - W.
   std::vector<std::vector<uint8_t>> blocks;
   for (int64_t blk = 0; blk < H / 64; ++blk) blocks.push_back(global_block(c, a.state(), blk, 64));
-  SequenceState state = restore_sequence(c, blocks, 64);
+  SequenceState state = restore_sequence(c, test::payloads(blocks), 64);
   state.length = H - W;
   const std::vector<int> suffix(prompt.begin() + (H - W), prompt.end());
   EngramHasher hasher(c, engram_compress_vocabulary(tokenizer).token_map);

@@ -1,16 +1,24 @@
 #pragma once
 // Small helpers shared by the tests: reading a file whole, a fresh temporary directory that is
-// removed when the test ends, and running the dsv41 command.
+// removed when the test ends, running the dsv41 command, and views of KV block payloads.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace dsv41::test {
+
+// Payloads made by global_block(), as restore_sequence takes them.
+inline std::vector<std::span<const uint8_t>> payloads(const std::vector<std::vector<uint8_t>>& blocks) {
+  return {blocks.begin(), blocks.end()};
+}
 
 inline std::string read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -13,15 +13,17 @@
 // as a forward_batch call per step and replaying a DecodeGraph (decode_graph.h); tokens/s and the
 // bandwidth are the graph's. One more decode step per row, and each prompt length's exact prefill
 // a third time, run with op times (op_times.h): the device time per op, and the GPU's idle time
-// between ops.
+// between ops. --turn N: after each default-mode prefill, a call of N more tokens on the same
+// sequence (an agent's next turn on its cached prefix: the compute of an SWA hit's TTFT), timed,
+// then once more with op times.
 //
 //   cuda_forward_bench [--preset bench-1gpu | --model DIR] [--batches 1,8,64]
 //                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
-//                      [--json FILE --commit REV]
+//                      [--turn 80] [--json FILE --commit REV]
 //
 // --json writes every figure as one object: commit, gpu, decode.<batch>.<context>.{ms_per_step,
 // tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
-// exact_ops_ms.<op>, exact_idle_ms}.
+// exact_ops_ms.<op>, exact_idle_ms, turn_rows, turn_ms, turn_ops_ms.<op>, turn_idle_ms}.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -202,6 +204,7 @@ int main(int argc, char** argv) try {
   std::string preset_name = "bench-1gpu", model_dir, json_path, commit = "unknown";
   std::vector<int64_t> batches = {1, 8, 64}, contexts = {4096, 32768, 131072, 1048576}, prefills = {4096, 32768};
   int steps = 8;
+  int64_t turn = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--preset") preset_name = value;
@@ -212,7 +215,8 @@ int main(int argc, char** argv) try {
     else if (flag == "--steps") steps = int(std::stoi(value));
     else if (flag == "--json") json_path = value;
     else if (flag == "--commit") commit = value;
-    else fail("cuda_forward_bench", "--preset, --model, --batches, --contexts, --prefill, --steps, --json or --commit", flag);
+    else if (flag == "--turn") turn = int64_t(std::stoll(value));
+    else fail("cuda_forward_bench", "--preset, --model, --batches, --contexts, --prefill, --steps, --turn, --json or --commit", flag);
   }
   nlohmann::json report = {{"commit", commit}};
   cudaDeviceProp prop{};
@@ -317,13 +321,14 @@ int main(int argc, char** argv) try {
 
   std::printf("\n| prompt | mode | seconds | tokens/s | weight TFLOP/s | default / exact |\n| ---: | --- | ---: | ---: | ---: | ---: |\n");
   const Accounting acc = account(c, 1);
-  std::vector<std::pair<int64_t, std::unique_ptr<OpTimes>>> breakdowns;
+  std::vector<std::pair<int64_t, std::unique_ptr<OpTimes>>> breakdowns, turn_breakdowns;
+  std::string turn_rows;
   for (int64_t P : prefills) {
     double exact_s = 0;
     // Exact, default, then exact again with op times.
     for (int run = 0; run < 3; ++run) {
       const bool exact = run != 1;
-      DeviceSequence seq(c, P + 1);
+      DeviceSequence seq(c, P + 2 * turn + 1);
       const Inputs in = random_inputs(c, P, uint64_t(P));
       DeviceItem item{&seq, in.tokens, c.has_engram() ? in.engram.data() : nullptr};
       if (!exact) item.options.decoder_from = P - std::min<int64_t>(c.window_size, P);
@@ -336,6 +341,27 @@ int main(int argc, char** argv) try {
       if (times) {
         breakdowns.emplace_back(P, std::move(times));
         continue;
+      }
+      if (!exact && turn > 0) {
+        // The next turn, twice: timed, then with op times (at P + turn: the same work within a turn).
+        for (int t = 0; t < 2; ++t) {
+          const Inputs next = random_inputs(c, turn, uint64_t(P + 7 + t));
+          DeviceItem call{&seq, next.tokens, c.has_engram() ? next.engram.data() : nullptr};
+          call.options.decoder_from = seq.length + turn - std::min<int64_t>(c.window_size, turn);
+          std::unique_ptr<OpTimes> turn_times = t == 1 ? std::make_unique<OpTimes>() : nullptr;
+          check(cudaDeviceSynchronize(), "turn");
+          const auto t0 = std::chrono::steady_clock::now();
+          forward_batch(dm, {call}, nullptr, turn_times.get());
+          check(cudaDeviceSynchronize(), "turn");
+          const double ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (turn_times) {
+            turn_breakdowns.emplace_back(P, std::move(turn_times));
+            continue;
+          }
+          turn_rows += "| " + std::to_string(P) + " | " + std::to_string(turn) + " | " + std::to_string(ms).substr(0, 6) + " |\n";
+          report["prefill"][std::to_string(P)]["turn_rows"] = turn;
+          report["prefill"][std::to_string(P)]["turn_ms"] = ms;
+        }
       }
       if (exact) exact_s = s;
       const double flops = 2.0 * double(exact ? acc.params.active_prefill_exact : acc.params.active_prefill) * double(P);
@@ -353,6 +379,15 @@ int main(int argc, char** argv) try {
     nlohmann::json& row = report["prefill"][std::to_string(P)];
     std::printf("\nExact prefill of %lld tokens, device time per op:\n\n%s", (long long)P,
                 op_table(*times, row["exact_ops_ms"], row["exact_idle_ms"]).c_str());
+  }
+  if (!turn_rows.empty())
+    std::printf("\nA turn after a default-mode prefill (one call on the same sequence):\n\n| prompt | turn tokens | ms |\n"
+                "| ---: | ---: | ---: |\n%s",
+                turn_rows.c_str());
+  for (const auto& [P, times] : turn_breakdowns) {
+    nlohmann::json& row = report["prefill"][std::to_string(P)];
+    std::printf("\nA turn of %lld tokens after %lld, device time per op:\n\n%s", (long long)turn, (long long)P,
+                op_table(*times, row["turn_ops_ms"], row["turn_idle_ms"]).c_str());
   }
   if (!json_path.empty()) {
     std::ofstream(json_path) << report.dump(2) << "\n";

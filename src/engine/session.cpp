@@ -143,8 +143,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   const int64_t lo = mode_ == Mode::Default ? std::max<int64_t>(1, H - W + 1) : 1;
   if (auto tail = cache->find_tail(prompt, run.keys, lo, std::min(P - 1, H + B - 1))) {
     const int64_t n = tail->position, blocks = n / B;
-    run.blocks.resize(size_t(blocks));
-    start_over(prompt.first(size_t(n)), restore_sequence(c, run.blocks, B, &tail->snapshot->tail));
+    start_over(prompt.first(size_t(n)), restore_sequence(c, run.payloads(size_t(blocks)), B, &tail->snapshot->tail));
     stored_blocks_ = blocks;
     use.swa_tokens = n;
     count_blocks(blocks);
@@ -153,7 +152,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
 
   // A global hit: encoder bounded replay over [H - W, H), adopted only past the window.
   if (mode_ == Mode::Default && H > W) {
-    SequenceState state = restore_sequence(c, run.blocks, B);
+    SequenceState state = restore_sequence(c, run.payloads(run.blocks.size()), B);
     state.length = H - W;
     start_over(prompt.first(size_t(H - W)), std::move(state));
     stored_blocks_ = H / B;

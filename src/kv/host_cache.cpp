@@ -38,8 +38,7 @@ void HostCache::erase(Lru::iterator it) {
   lru_.erase(it);
 }
 
-bool HostCache::put(HostBlock block) {
-  auto shared = std::make_shared<const HostBlock>(std::move(block));
+bool HostCache::put(std::shared_ptr<const HostBlock> shared) {
   const int64_t size = shared->bytes();
   std::lock_guard lock(mutex_);
   if (size > budget_) {

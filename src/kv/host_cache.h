@@ -47,8 +47,8 @@ class HostCache {
 
   // Stores a block (replacing any block under the same key) as the most recently used, evicting
   // from the least recently used end until it fits. A block larger than the budget is refused:
-  // returns false and counts it, leaving the cache as it was.
-  bool put(HostBlock block);
+  // returns false and counts it, leaving the cache as it was. The cache shares the block given.
+  bool put(std::shared_ptr<const HostBlock> block);
   // The block under `key` if it holds exactly `tokens` (and marks it most recently used); else null.
   std::shared_ptr<const HostBlock> get(const BlockKey& key, std::span<const int> tokens);
 

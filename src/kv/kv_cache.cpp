@@ -27,7 +27,7 @@ BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {
     const std::span<const int> block = tokens.subspan(size_t(b * B), size_t(B));
     const BlockKey key = keys_.next(b == 0 ? keys_.salt() : run.keys.back(), block);
     if (auto hit = host_.get(key, block)) {
-      run.blocks.push_back(hit->payload);
+      run.blocks.push_back(std::move(hit));
       run.from_disk.push_back(false);
       run.keys.push_back(key);
       continue;
@@ -35,8 +35,9 @@ BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {
     if (!store_) break;
     std::optional<std::vector<uint8_t>> payload = store_->get(key, block);
     if (!payload) break;
-    host_.put(HostBlock{key, std::vector<int>(block.begin(), block.end()), *payload});
-    run.blocks.push_back(std::move(*payload));
+    auto found = std::make_shared<const HostBlock>(HostBlock{key, std::vector<int>(block.begin(), block.end()), std::move(*payload)});
+    host_.put(found);
+    run.blocks.push_back(std::move(found));
     run.from_disk.push_back(true);
     run.keys.push_back(key);
   }
@@ -78,7 +79,7 @@ void KvCache::store_blocks(std::span<const int> tokens, const SequenceState& sta
         counters_.store_errors += 1;
       }
     }
-    host_.put(HostBlock{keys[size_t(b)], std::vector<int>(block.begin(), block.end()), std::move(payload)});
+    host_.put(std::make_shared<const HostBlock>(HostBlock{keys[size_t(b)], std::vector<int>(block.begin(), block.end()), std::move(payload)}));
   }
 }
 

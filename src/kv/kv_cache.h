@@ -56,12 +56,18 @@ struct KvCacheStats {
   KvCacheCounters counters;
 };
 
-// The run of a prompt's blocks found from its start.
+// The run of a prompt's blocks found from its start: the host cache's own blocks, shared (no copy).
 struct BlockRun {
-  std::vector<std::vector<uint8_t>> blocks;  // payloads, in order
-  std::vector<bool> from_disk;               // per block: found in the store, not the host cache
-  std::vector<BlockKey> keys;                // per block: its key
+  std::vector<std::shared_ptr<const HostBlock>> blocks;  // in order
+  std::vector<bool> from_disk;  // per block: found in the store, not the host cache
+  std::vector<BlockKey> keys;   // per block: its key
   int64_t tokens(int block_tokens) const { return int64_t(blocks.size()) * block_tokens; }
+  // The first n blocks' payloads, as restore_sequence takes them.
+  std::vector<std::span<const uint8_t>> payloads(size_t n) const {
+    std::vector<std::span<const uint8_t>> out;
+    for (size_t b = 0; b < n && b < blocks.size(); ++b) out.emplace_back(blocks[b]->payload);
+    return out;
+  }
 };
 
 class KvCache {

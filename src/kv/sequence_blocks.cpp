@@ -109,10 +109,17 @@ std::vector<uint8_t> sequence_tail(const Config& c, const SequenceState& state, 
   return std::move(w.out);
 }
 
-SequenceState restore_sequence(const Config& c, const std::vector<std::vector<uint8_t>>& blocks, int block_tokens,
+SequenceState restore_sequence(const Config& c, std::span<const std::span<const uint8_t>> blocks, int block_tokens,
                                const std::vector<uint8_t>* tail) {
   check_block_tokens(c, block_tokens);
   SequenceState state(c);
+  // Room for the blocks' entries and a tail's (fewer than one block's).
+  for (int s : c.kv_source_layers) {
+    CompressedCache& cache = state.compressed.at(s);
+    const size_t entries = (blocks.size() + (tail ? 1 : 0)) * size_t(block_tokens / c.compress_ratios[size_t(s)]);
+    cache.kv.reserve(entries * entry_bytes(c));
+    cache.index_k.reserve(entries * key_bytes(c));
+  }
   for (size_t b = 0; b < blocks.size(); ++b) {
     size_t at = 0;
     for (int s : c.kv_source_layers) {

@@ -9,6 +9,7 @@
 // B must be a multiple of every compression ratio (PrefixKeys::block_tokens guarantees it), so a
 // block owns whole entries.
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "forward/sequence_state.h"
@@ -25,9 +26,10 @@ std::vector<uint8_t> global_block(const Config& config, const SequenceState& sta
 // Everything beyond the state's complete blocks.
 std::vector<uint8_t> sequence_tail(const Config& config, const SequenceState& state, int block_tokens);
 
-// Rebuilds a state from its global blocks (in order) and, optionally, its tail. Without a tail the
-// state holds the blocks' global KV only (length = blocks · B, no SWA): an SWA miss.
-SequenceState restore_sequence(const Config& config, const std::vector<std::vector<uint8_t>>& blocks, int block_tokens,
+// Rebuilds a state from its global blocks' payloads (in order) and, optionally, its tail. Without a
+// tail the state holds the blocks' global KV only (length = blocks · B, no SWA): an SWA miss. Each
+// cache is allocated once at its final size and every byte copied once.
+SequenceState restore_sequence(const Config& config, std::span<const std::span<const uint8_t>> blocks, int block_tokens,
                                const std::vector<uint8_t>* tail = nullptr);
 
 }  // namespace dsv41

@@ -36,41 +36,43 @@ using DeviceLock = std::shared_ptr<std::recursive_mutex>;
 
 class CudaSequence final : public Sequence {
  public:
-  CudaSequence(const Config& config, DeviceLock lock) : config_(config), lock_(std::move(lock)) {
-    std::lock_guard hold(*lock_);
-    device_ = std::make_unique<DeviceSequence>(config, kFirstCapacity);
-    id_ = next_device_id();
-  }
+  // No device memory until the first call needs it: a sequence made for a restore from the tiers
+  // is allocated once, at the restored length (allocations and frees of device memory synchronize
+  // with the device).
+  CudaSequence(const Config& config, DeviceLock lock) : config_(config), lock_(std::move(lock)) {}
   ~CudaSequence() override {
     std::lock_guard hold(*lock_);
     device_.reset();
   }
-  int64_t length() const override { return device_->length; }
+  int64_t length() const override { return device_ ? device_->length : 0; }
   const SequenceState& host() override {
     std::lock_guard hold(*lock_);
-    if (!host_) host_ = device_->download();
+    if (!host_) host_ = device_ ? device_->download() : SequenceState(config_);
     return *host_;
   }
   void assign(SequenceState state) override {
     std::lock_guard hold(*lock_);
+    host_.reset();
+    // An empty state needs no memory yet; a device state in use is cleared in place.
+    if (state.length == 0 && !device_) return;
     // A state restored for encoder replay holds the global KV past its length (up to the hit); the
     // caches get room for a turn more, so that the call after a restore does not grow them at once.
     int64_t held = state.length;
     for (const auto& [layer, cache] : state.compressed)
       held = std::max(held, cache.entries * config_.compress_ratios[size_t(layer)] + cache.pending);
-    if (held > device_->capacity()) replace(std::make_unique<DeviceSequence>(config_, held + kFirstCapacity));  // nothing to keep
+    if (!device_ || held > device_->capacity()) replace(held + kFirstCapacity);  // nothing to keep
     device_->upload(state);
-    host_.reset();
   }
   // Room for `tokens` tokens, the state kept.
   void reserve(int64_t tokens) {
     std::lock_guard hold(*lock_);
+    if (!device_) return replace(std::max(tokens, kFirstCapacity));
     if (tokens <= device_->capacity()) return;
     SequenceState state = device_->download();
-    replace(std::make_unique<DeviceSequence>(config_, std::max(tokens, 2 * device_->capacity())));
+    replace(std::max(tokens, 2 * device_->capacity()));
     device_->upload(state);
   }
-  // The device state, about to change: the host copy is stale from now on.
+  // The device state, about to change: the host copy is stale from now on (reserve() first).
   DeviceSequence* running() {
     host_.reset();
     return device_.get();
@@ -79,14 +81,15 @@ class CudaSequence final : public Sequence {
   const DeviceSequence* device() const { return device_.get(); }
 
  private:
-  void replace(std::unique_ptr<DeviceSequence> device) {
-    device_ = std::move(device);
+  void replace(int64_t capacity) {
+    device_.reset();  // its memory first: the new caches may reuse it
+    device_ = std::make_unique<DeviceSequence>(config_, capacity);
     id_ = next_device_id();
   }
 
   const Config& config_;
   DeviceLock lock_;
-  std::unique_ptr<DeviceSequence> device_;
+  std::unique_ptr<DeviceSequence> device_;  // null until a call or a restore needs it
   uint64_t id_ = 0;
   std::optional<SequenceState> host_;  // the last host() copy while the device state is unchanged
 };

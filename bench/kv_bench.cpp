@@ -1,0 +1,98 @@
+// The KV tiers' host work around one agent turn on a long cached prefix, at bench-1gpu's shapes
+// (V4.1-Flash's attention: the KV of a token in every layer), on one core:
+//   BM_LookupSwaHit  what Session::plan does on an SWA-pool hit before handing the state to the
+//                    executor: find_blocks over the prefix (host cache), find_tail, restore_sequence
+//   BM_StoreTurn     what Session::save does after a turn of 80 new tokens: store_blocks (the new
+//                    blocks only) and store_tail (the SWA snapshot at the end)
+// Argument: the prefix's tokens. The speed of light is the bytes moved (the prefix's global KV,
+// ~890 B per token, and the windows) over the core's memory bandwidth; the figures name them.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "kv/sequence_blocks.h"
+#include "model/config.h"
+#include "numerics/codecs.h"
+
+namespace {
+
+using namespace dsv41;
+
+// A state of `tokens` tokens with random cache bytes, as a forward would leave it.
+SequenceState random_state(const Config& c, int64_t tokens, uint32_t seed) {
+  SequenceState s(c);
+  std::mt19937 rng(seed);
+  auto fill = [&](std::vector<uint8_t>& v) {
+    for (uint8_t& b : v) b = uint8_t(rng());
+  };
+  for (auto& ring : s.window) fill(ring);
+  for (auto& [layer, cache] : s.compressed) {
+    const int ratio = c.compress_ratios[size_t(layer)];
+    cache.entries = tokens / ratio;
+    cache.kv.resize(size_t(cache.entries) * kv_fp4::bytes(c.head_dim));
+    cache.index_k.resize(size_t(cache.entries) * mxfp4::bytes(c.index_head_dim));
+    fill(cache.kv), fill(cache.index_k);
+    cache.pending = int(tokens % ratio);
+    if (ratio > 1) cache.pending_kv.assign(size_t(ratio) * c.head_dim, 0.5f), cache.pending_score.assign(size_t(ratio) * c.head_dim, 0.25f);
+  }
+  s.length = tokens;
+  return s;
+}
+
+std::vector<int> random_tokens(int64_t n, uint32_t seed) {
+  std::vector<int> t(static_cast<size_t>(n));
+  std::mt19937 rng(seed);
+  for (int& v : t) v = 3 + int(rng() % 100000);
+  return t;
+}
+
+KvCacheOptions options() {
+  KvCacheOptions o;
+  o.fingerprint = "kv_bench";
+  o.mode = "default";
+  return o;
+}
+
+void BM_LookupSwaHit(benchmark::State& state) {
+  const Config c = preset("bench-1gpu");
+  const int64_t n = state.range(0);
+  KvCache cache(c, options());
+  const std::vector<int> tokens = random_tokens(n + 80, 1);
+  const SequenceState s = random_state(c, n, 2);
+  cache.store_blocks(std::span(tokens).first(size_t(n)), s, 0);
+  cache.store_tail(std::span(tokens).first(size_t(n)), s);
+  const int B = cache.block_tokens();
+  const int64_t P = int64_t(tokens.size());
+  for (auto _ : state) {
+    BlockRun run = cache.find_blocks(tokens, (P - 1) / B);
+    const int64_t H = run.tokens(B);  // Session::plan's range in default mode
+    auto tail = cache.find_tail(tokens, run.keys, std::max<int64_t>(1, H - c.window_size + 1), std::min(P - 1, H + B - 1));
+    if (!tail) state.SkipWithError("no tail found");
+    SequenceState restored = restore_sequence(c, run.payloads(size_t(tail->position / B)), B, &tail->snapshot->tail);
+    benchmark::DoNotOptimize(restored.length);
+  }
+  state.counters["KV MB"] = double(s.kv_bytes()) / 1e6;
+  state.SetBytesProcessed(int64_t(state.iterations()) * s.kv_bytes());
+}
+BENCHMARK(BM_LookupSwaHit)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
+
+void BM_StoreTurn(benchmark::State& state) {
+  const Config c = preset("bench-1gpu");
+  const int64_t n = state.range(0);
+  KvCache cache(c, options());
+  const std::vector<int> tokens = random_tokens(n + 80, 1);
+  const SequenceState before = random_state(c, n, 2), after = random_state(c, n + 80, 3);
+  cache.store_blocks(std::span(tokens).first(size_t(n)), before, 0);
+  const int64_t stored = n / cache.block_tokens();
+  for (auto _ : state) {
+    cache.store_blocks(tokens, after, stored);
+    cache.store_tail(tokens, after);
+  }
+  state.counters["KV MB"] = double(after.kv_bytes()) / 1e6;
+}
+BENCHMARK(BM_StoreTurn)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
+
+}  // namespace
