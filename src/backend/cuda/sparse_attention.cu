@@ -702,9 +702,10 @@ void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* 
   // wait. The split path has ⌈E/64⌉ times the blocks (80 for V4.1 at batch 1: 64·10 / 8) and
   // walks no tile sequence, at the price of a second decode of each tile and three launches.
   bool split = batch.tokens * (H / G) < blocks_wanted;
-  // The tensor cores from 32 tokens on at V4.1's 64 heads, at D = 512 (BM_SparseAttention on the
-  // H200: 105 µs against 317 µs for the head groups at 32 tokens, 106 against 723 at 64).
-  bool mma = D == 512 && H % kMmaHeads == 0 && batch.tokens * (H / kMmaHeads) >= 64;
+  // The tensor cores from 8 tokens on at V4.1's 64 heads, at D = 512 (BM_SparseAttention on the
+  // H200: 103 µs against 179 µs split at 8 tokens, 104 against 222 at 16, 106 against 723 for the
+  // head groups at 64).
+  bool mma = D == 512 && H % kMmaHeads == 0 && batch.tokens * (H / kMmaHeads) >= 16;
   if (batch.path != SparseAttentionPath::automatic) {
     split = batch.path == SparseAttentionPath::split_tiles;
     mma = batch.path == SparseAttentionPath::tensor_cores;
