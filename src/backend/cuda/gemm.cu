@@ -67,8 +67,10 @@
 // The grouped form (cuda::moe's routed experts): the same kernel over device-made tiles of ≤ 128
 // rows of one expert each (gemm.cuh Tiles), A gathered by act_quant_slots into slot order, the
 // weight looked up in the expert table per CTA, the output to slot rows (up: g, u) or to the
-// entries' rows (down: bf16 ye). Warps and m16 tiles past a tile's rows skip their math, and the
-// fp4 form keeps 6 stages in flight: a decode batch's tiles are short, its CTAs wait on weights.
+// entries' rows (down: bf16 ye). Warps and m16 tiles past a tile's rows skip their math. At
+// decode shapes (bench-1gpu, 64 rows: 16 experts of ~24 rows) it reaches ~390 GB/s, well short
+// of the bandwidth: 1 CTA per SM keeps too few weight bytes in flight (6 stages instead of 4
+// measured no faster: 618 against 614 µs), issue 17.
 #include "backend/cuda/gemm.cuh"
 
 #include <algorithm>
@@ -233,15 +235,9 @@ struct GemmArgs {
 };
 
 // kCtas CTAs per SM: 2 (≤ 128 registers, 3 stages) or 1 (4 stages).
-// Pipeline stages: 3 at 2 CTAs/SM, 4 at 1; the grouped form's tiles are mostly short (a decode's
-// experts hold a few rows each), so its CTAs wait on the weights alone: 6 stages keep more of them
-// in flight.
-template <int kCtas, Out kOut>
-constexpr int kStagesFor = kCtas == 2 ? 3 : kOut == Out::Dense ? 4 : 6;
-
 template <WeightFormat F, int kCtas, Out kOut>
 __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a) {
-  constexpr int kStages = kStagesFor<kCtas, kOut>;
+  constexpr int kStages = kCtas == 1 ? 4 : 3;
   using S = Smem<F, kStages>;
   constexpr bool kFp4 = S::kFp4;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -497,7 +493,7 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
 
 template <WeightFormat F, int kCtas, Out kOut>
 void launch_gemm(const GemmArgs& a, dim3 grid, cudaStream_t stream) {
-  constexpr int kBytes = Smem<F, kStagesFor<kCtas, kOut>>::kBytes;
+  constexpr int kBytes = Smem<F, kCtas == 1 ? 4 : 3>::kBytes;
   static const bool configured = [] {
     check(cudaFuncSetAttribute(gemm_kernel<F, kCtas, kOut>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
           "cuda::linear gemm");
