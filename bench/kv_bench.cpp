@@ -4,15 +4,23 @@
 //                    executor: find_blocks over the prefix (host cache), find_tail, restore_sequence
 //   BM_StoreTurn     what Session::save does after a turn of 80 new tokens: store_blocks (the new
 //                    blocks only) and store_tail (the SWA snapshot at the end)
+//   BM_StorePrompt   a cold prompt's blocks into the host cache and a persistent store (a temporary
+//                    directory): the time store_blocks holds the caller (the engine's loop), and
+//                    the writer thread's time to have them on disk (flush), as "disk_ms"
 // Argument: the prefix's tokens. The speed of light is the bytes moved (the prefix's global KV,
 // ~890 B per token, and the windows) over the core's memory bandwidth; the figures name them.
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
 #include <random>
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "kv/prefix_key.h"
 #include "kv/sequence_blocks.h"
 #include "model/config.h"
 #include "numerics/codecs.h"
@@ -94,5 +102,33 @@ void BM_StoreTurn(benchmark::State& state) {
   state.counters["KV MB"] = double(after.kv_bytes()) / 1e6;
 }
 BENCHMARK(BM_StoreTurn)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
+
+void BM_StorePrompt(benchmark::State& state) {
+  const Config c = preset("bench-1gpu");
+  const int64_t n = state.range(0);
+  const std::vector<int> tokens = random_tokens(n, 1);
+  const SequenceState s = random_state(c, n, 2);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kv_bench_" + std::to_string(::getpid()));
+  double disk_ms = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::filesystem::remove_all(dir);
+    KvCacheOptions o = options();
+    o.store_dir = dir.string();
+    auto cache = std::make_unique<KvCache>(c, o);
+    state.ResumeTiming();
+    cache->store_blocks(tokens, s, 0);
+    state.PauseTiming();
+    const auto t0 = std::chrono::steady_clock::now();
+    cache->flush();
+    disk_ms += 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    cache.reset();
+    state.ResumeTiming();
+  }
+  std::filesystem::remove_all(dir);
+  state.counters["disk_ms"] = disk_ms / double(state.iterations());
+  state.counters["blocks"] = double(n / block_tokens(c));
+}
+BENCHMARK(BM_StorePrompt)->Arg(32768)->Unit(benchmark::kMillisecond)->Iterations(3);
 
 }  // namespace

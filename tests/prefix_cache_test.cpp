@@ -204,6 +204,21 @@ TEST_F(PrefixCacheTest, ExactModeNeverReplays) {
   EXPECT_EQ(b.length(), int64_t(prompt.size()));
 }
 
+// Store writes run on the cache's writer thread: the blocks still queued when the cache is
+// destroyed are written before it goes, so a restart finds every one.
+TEST_F(PrefixCacheTest, QueuedStoreWritesOutliveTheCache) {
+  TempDir dir("prefix_cache");
+  KvCacheOptions o = options(Mode::Default);
+  o.store_dir = dir.string();
+  {
+    KvCache cache(c, o);
+    Session a(*model, &tokenizer);
+    a.prefill_prompt(first(200), &cache);
+  }
+  KvCache reopened(c, o);
+  EXPECT_EQ(reopened.stats().store->blocks, 3u);
+}
+
 // The persistent store serves a prefix after a restart (a new KvCache over the same directory),
 // then the host tier serves it, the block copied up on the disk hit.
 TEST_F(PrefixCacheTest, DiskThenHostAfterRestart) {
@@ -215,6 +230,7 @@ TEST_F(PrefixCacheTest, DiskThenHostAfterRestart) {
     KvCache cache(c, o);
     Session a(*model, &tokenizer);
     a.prefill_prompt(first(200), &cache);
+    cache.flush();  // the writer's blocks on disk
     EXPECT_EQ(cache.stats().store->blocks, 3u);
   }
   KvCacheOptions o = options(Mode::Default);

@@ -16,6 +16,48 @@ KvCache::KvCache(const Config& config, KvCacheOptions options)
     store_ = std::make_unique<PersistentStore>(PersistentStoreOptions{
         options.store_dir, keys_.fingerprint(), options.store_budget_bytes, options.store_lifetime_ms, options.clock,
         uint64_t(global_block_bytes(config, keys_.block_tokens())), uint32_t(keys_.block_tokens())});
+  if (store_) writer_ = std::thread([this] { write_loop(); });
+}
+
+KvCache::~KvCache() {
+  {
+    std::lock_guard lock(write_mutex_);
+    stopping_ = true;
+  }
+  queued_.notify_all();
+  if (writer_.joinable()) writer_.join();
+}
+
+void KvCache::write_loop() {
+  for (;;) {
+    std::shared_ptr<const HostBlock> block;
+    {
+      std::unique_lock lock(write_mutex_);
+      queued_.wait(lock, [&] { return stopping_ || !writes_.empty(); });
+      if (writes_.empty()) return;  // stopping, everything written
+      block = std::move(writes_.front());
+      writes_.pop_front();
+      writing_ = 1;
+    }
+    written_.notify_all();  // room in the queue
+    try {
+      if (!store_->contains(block->key))
+        store_->put(block->key, std::span<const int32_t>(block->tokens.data(), block->tokens.size()), block->payload);
+    } catch (const std::exception&) {
+      std::lock_guard lock(mutex_);
+      counters_.store_errors += 1;
+    }
+    {
+      std::lock_guard lock(write_mutex_);
+      writing_ = 0;
+    }
+    written_.notify_all();
+  }
+}
+
+void KvCache::flush() {
+  std::unique_lock lock(write_mutex_);
+  written_.wait(lock, [&] { return writes_.empty() && writing_ == 0; });
 }
 
 BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {
@@ -70,16 +112,15 @@ void KvCache::store_blocks(std::span<const int> tokens, const SequenceState& sta
   const std::vector<BlockKey> keys = keys_.keys(tokens.first(size_t(blocks * B)));
   for (int64_t b = first_block; b < blocks; ++b) {
     const std::span<const int> block = tokens.subspan(size_t(b * B), size_t(B));
-    std::vector<uint8_t> payload = global_block(config_, state, b, B);
-    if (store_ && !store_->contains(keys[size_t(b)])) {
-      try {
-        store_->put(keys[size_t(b)], std::span<const int32_t>(block.data(), block.size()), payload);
-      } catch (const std::exception&) {
-        std::lock_guard lock(mutex_);
-        counters_.store_errors += 1;
-      }
-    }
-    host_.put(std::make_shared<const HostBlock>(HostBlock{keys[size_t(b)], std::vector<int>(block.begin(), block.end()), std::move(payload)}));
+    auto stored = std::make_shared<const HostBlock>(
+        HostBlock{keys[size_t(b)], std::vector<int>(block.begin(), block.end()), global_block(config_, state, b, B)});
+    host_.put(stored);
+    if (!store_ || store_->contains(stored->key)) continue;
+    std::unique_lock lock(write_mutex_);
+    written_.wait(lock, [&] { return writes_.size() < kMaxQueuedWrites; });
+    writes_.push_back(std::move(stored));
+    lock.unlock();
+    queued_.notify_one();
   }
 }
 

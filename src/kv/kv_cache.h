@@ -9,12 +9,19 @@
 // sequences only ever see KV that exact-mode runs produced (default mode's encoder replay makes
 // global KV that differs slightly from a cold run's, which exact mode must never read).
 //
-// Thread-safe: every tier is.
+// Thread-safe: every tier is. Writes to the persistent store (a file and an fsync per block) run
+// on a writer thread of the cache's own, so that storing a long prompt's blocks does not stall the
+// engine's loop; a block is in the host cache before its write is queued, so nothing is served
+// later for it. The destructor writes what is queued.
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "forward/sequence_state.h"
@@ -73,6 +80,9 @@ struct BlockRun {
 class KvCache {
  public:
   KvCache(const Config& config, KvCacheOptions options);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
 
   const Config& config() const { return config_; }
   const std::string& mode() const { return mode_; }
@@ -92,9 +102,13 @@ class KvCache {
                                    int64_t hi);
 
   // Stores blocks [first_block, state.length / B) of a state holding `tokens`, in the host cache
-  // and the persistent store (a block the store holds already is not rewritten). A write the
-  // store fails (disk full, I/O error) is counted and skipped: serving goes on without it.
+  // and, queued for the writer, the persistent store (a block the store holds already is not
+  // rewritten). A write the store fails (disk full, I/O error) is counted and skipped: serving goes
+  // on without it. Waits only when kMaxQueuedWrites blocks are queued already.
   void store_blocks(std::span<const int> tokens, const SequenceState& state, int64_t first_block);
+  // Returns once every store write queued so far is done (written, present, refused or failed).
+  void flush();
+  static constexpr size_t kMaxQueuedWrites = 4096;
   // Stores the state's tail in the SWA pool at its position.
   void store_tail(std::span<const int> tokens, const SequenceState& state);
 
@@ -111,6 +125,15 @@ class KvCache {
   std::unique_ptr<PersistentStore> store_;
   mutable std::mutex mutex_;
   KvCacheCounters counters_;
+
+  // The writer: blocks queued for the store, taken in order; `writing_` counts the one in hand.
+  void write_loop();
+  std::mutex write_mutex_;
+  std::condition_variable queued_, written_;
+  std::deque<std::shared_ptr<const HostBlock>> writes_;
+  int64_t writing_ = 0;
+  bool stopping_ = false;
+  std::thread writer_;
 };
 
 }  // namespace dsv41
