@@ -12,6 +12,14 @@
 
 namespace dsv41 {
 
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 GenerationEvent Generation::next() {
   std::unique_lock lock(mutex_);
   ready_.wait(lock, [&] { return !events_.empty(); });
@@ -233,11 +241,7 @@ bool Scheduler::start(Running& r) {
   try {
     const auto t0 = std::chrono::steady_clock::now();
     const PrefixUse use = r.session->begin_prompt(prompt, cache_, r.generated > 0 ? r.decoder_floor : std::nullopt);
-    const double looked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    {
-      std::lock_guard lock(mutex_);
-      stats_.lookup_seconds += looked;
-    }
+    book(&SchedulerStats::lookup_seconds, seconds_since(t0));
     if (cache_) cache_->count(tally(std::span(&use, 1), cache_->block_tokens(), 0));
     if (!r.prefilled) {  // once per request, preempted or not
       r.prefilled = true;
@@ -307,9 +311,7 @@ void Scheduler::finish(Running& r, FinishKind kind, const std::string& error) {
   try {
     const auto t0 = std::chrono::steady_clock::now();
     if (cache_) r.session->save(*cache_);
-    const double stored = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::lock_guard lock(mutex_);
-    stats_.store_seconds += stored;
+    book(&SchedulerStats::store_seconds, seconds_since(t0));
   } catch (const std::exception& e) {  // the reply is whole: a tier that refuses its blocks costs only their reuse
     std::fprintf(stderr, "dsv41: storing a finished sequence's KV failed: %s\n", e.what());
     return;
@@ -373,7 +375,7 @@ void Scheduler::step() {
     publish();
     return;
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds = seconds_since(t0);
   if (cache_ && std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.options.replay_until > 0; })) {
     KvCacheCounters replay;
     replay.replay_seconds = seconds;
@@ -412,11 +414,7 @@ void Scheduler::advance(Running& r, const TokenChoice& choice) {
   // The prompt's blocks and tail once its first token is out (a no-op after a decode row).
   const auto t0 = std::chrono::steady_clock::now();
   r.session->store_prompt();
-  const double stored = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  {
-    std::lock_guard lock(mutex_);
-    stats_.store_seconds += stored;
-  }
+  book(&SchedulerStats::store_seconds, seconds_since(t0));
   if (stop) {
     finish(r, FinishKind::Stop);
     r.generation = nullptr;
@@ -432,6 +430,11 @@ void Scheduler::advance(Running& r, const TokenChoice& choice) {
     finish(r, FinishKind::Length);
     r.generation = nullptr;
   }
+}
+
+void Scheduler::book(double SchedulerStats::*field, double seconds) {
+  std::lock_guard lock(mutex_);
+  stats_.*field += seconds;
 }
 
 void Scheduler::publish() {

@@ -149,6 +149,7 @@ class Scheduler {
   void make_room();
   void preempt(Running& r);
   void publish();  // running and idle counts into the stats
+  void book(double SchedulerStats::*field, double seconds);  // time outside the steps into the stats
 
   Executor& executor_;
   const Mode mode_;

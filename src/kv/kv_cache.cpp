@@ -37,7 +37,7 @@ void KvCache::write_loop() {
       if (writes_.empty()) return;  // stopping, everything written
       block = std::move(writes_.front());
       writes_.pop_front();
-      writing_ = 1;
+      writing_ = true;
     }
     written_.notify_all();  // room in the queue
     try {
@@ -49,7 +49,7 @@ void KvCache::write_loop() {
     }
     {
       std::lock_guard lock(write_mutex_);
-      writing_ = 0;
+      writing_ = false;
     }
     written_.notify_all();
   }
@@ -57,7 +57,7 @@ void KvCache::write_loop() {
 
 void KvCache::flush() {
   std::unique_lock lock(write_mutex_);
-  written_.wait(lock, [&] { return writes_.empty() && writing_ == 0; });
+  written_.wait(lock, [&] { return writes_.empty() && !writing_; });
 }
 
 BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {

@@ -126,12 +126,12 @@ class KvCache {
   mutable std::mutex mutex_;
   KvCacheCounters counters_;
 
-  // The writer: blocks queued for the store, taken in order; `writing_` counts the one in hand.
+  // The writer: blocks queued for the store, taken in order; `writing_` while one is in hand.
   void write_loop();
   std::mutex write_mutex_;
   std::condition_variable queued_, written_;
   std::deque<std::shared_ptr<const HostBlock>> writes_;
-  int64_t writing_ = 0;
+  bool writing_ = false;
   bool stopping_ = false;
   std::thread writer_;
 };

@@ -2,10 +2,10 @@
 // mma.sync (m16n8k16, fp32 accumulation), for wo_a (grouped), the compressor's projections and
 // the indexer's bf16 weights, which the gemv (linear.cu) otherwise reads once per 8 rows.
 //
-// Two kernels.
+// Two steps.
 //
-// to_bf16_kernel: x (fp32 storage of bf16 values, the activations' dtype) → bf16, exactly. One
-// value a thread; traffic M·K·(4 + 2) bytes: 0.2 ms for wo_a's input at M = 4096 (32768 columns).
+// cuda::to_bf16 (rows.h): x (fp32 storage of bf16 values, the activations' dtype) → bf16, exactly.
+// Traffic M·K·(4 + 2) bytes: 0.2 ms for wo_a's input at M = 4096 (32768 columns).
 //
 // gemm_kernel: CTA tile 128 (M) × 128 (N) × 64 (K), 8 warps as 2 (M) × 4 (N), warp tile 64 × 32
 // (4 × 4 mma tiles, 64 fp32 accumulators a thread). Both operands are K-contiguous rows (x [M, K],
@@ -35,6 +35,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ptx.cuh"
+#include "backend/cuda/rows.h"
 #include "numerics/types.h"
 
 namespace dsv41::cuda::gemm_bf16 {
@@ -50,15 +51,8 @@ constexpr int kRowBytes = kBK * 2;
 constexpr int kTileBytes = kBM * kRowBytes;    // one operand's tile: 16 KB (kBN == kBM)
 constexpr int kStageBytes = 2 * kTileBytes;
 constexpr int kSmemBytes = kStages * kStageBytes;
-constexpr int kConvertThreads = 256;
 
 static_assert(kBM == kBN, "one tile size for both operands");
-
-__global__ void __launch_bounds__(kConvertThreads) to_bf16_kernel(const float* __restrict__ x, int64_t n,
-                                                                   __nv_bfloat16* __restrict__ out) {
-  const int64_t i = int64_t(blockIdx.x) * kConvertThreads + threadIdx.x;
-  if (i < n) out[i] = __float2bfloat16_rn(x[i]);
-}
 
 // The byte offset of chunk c (16 bytes) of row r within a tile.
 __device__ __forceinline__ uint32_t swizzled(int r, int c) { return uint32_t(r * kRowBytes + ((c ^ (r & 7)) << 4)); }
@@ -171,8 +165,7 @@ void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y
   keep_scratch_pool();
   __nv_bfloat16* xb = nullptr;
   check(cudaMallocAsync(reinterpret_cast<void**>(&xb), size_t(values) * sizeof(__nv_bfloat16), stream), "cuda::linear bf16 gemm");
-  to_bf16_kernel<<<unsigned((values + kConvertThreads - 1) / kConvertThreads), kConvertThreads, 0, stream>>>(x, values, xb);
-  check_launch("cuda::linear bf16 gemm");
+  to_bf16(x, values, reinterpret_cast<uint16_t*>(xb), stream);
   const dim3 grid(unsigned((N + kBN - 1) / kBN), unsigned((M + kBM - 1) / kBM), unsigned(groups));
   gemm_kernel<<<grid, kThreads, kSmemBytes, stream>>>(xb, int(lda), int(M), int(N), int(K),
                                                       reinterpret_cast<const __nv_bfloat16*>(w.data), y, int(w.rows), round);

@@ -48,6 +48,7 @@
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/rows.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -638,12 +639,6 @@ __global__ void slot_swiglu_kernel(float* g, const float* u, const gemm::Tiles t
   g[i] = swiglu(g[i], u[i], limit, weights + tiles.list[tile.y + r]);
 }
 
-// The shared expert's fp32 output (bf16 values) as bf16 bits, as combine_kernel reads it.
-__global__ void to_bf16_kernel(const float* y, int64_t n, uint16_t* out) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = bf16_from_float(y[i]);
-}
-
 }  // namespace
 
 void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
@@ -765,8 +760,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   const int64_t wide = std::max(dim, inter);
   const size_t at_logits = part(size_t(rows) * E * 4), at_list = part(size_t(n) * 4),
                at_tiles = part(size_t(max_tiles) * sizeof(int4)), at_count = part(4),
-               at_h = part(tensor ? 0 : size_t(n) * inter * 4), at_g = part(tensor ? size_t(slots) * inter * 4 : 0),
-               at_u = part(tensor ? size_t(slots) * inter * 4 : 0), at_codes = part(tensor ? size_t(slots * wide) : 0),
+               at_h = part(size_t(tensor ? slots : n) * inter * 4), at_u = part(tensor ? size_t(slots) * inter * 4 : 0), at_codes = part(tensor ? size_t(slots * wide) : 0),
                at_scales = part(tensor ? size_t(wide / 32 * slots) * 4 : 0), at_ye = part(size_t(n) * dim * 2),
                at_hs = part(shared_gemm ? 0 : size_t(rows) * inter_s * 4), at_ys32 = part(shared_gemm ? size_t(rows) * dim * 4 : 0),
                at_ys = part(size_t(rows) * dim * 2);
@@ -787,22 +781,21 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   check_launch("cuda::moe bucket");
 
   const auto* table = static_cast<const ExpertPointers*>(routed.device());
+  float* h = reinterpret_cast<float*>(scratch + at_h);  // GEMV: [entries, inter]; tensor cores: g, then h [slots, inter]
   if (tensor) {
-    // x per entry in slot order → g, u → h in place of g → ye at the entries' rows.
+    // x per entry in slot order → g (in h), u → h in place of g → ye at the entries' rows.
     const gemm::Tiles t{tiles, tile_count, max_tiles, list};
-    float* g = reinterpret_cast<float*>(scratch + at_g);
     float* u = reinterpret_cast<float*>(scratch + at_u);
     uint8_t* codes = scratch + at_codes;
     float* scales = reinterpret_cast<float*>(scratch + at_scales);
     gemm::act_quant_slots(x, dim, t, k, routed.w1().format == WeightFormat::FP4, codes, scales, stream);
-    gemm::grouped_up(codes, scales, t, table, routed.w1().format, dim, inter, g, u, stream);
+    gemm::grouped_up(codes, scales, t, table, routed.w1().format, dim, inter, h, u, stream);
     const int64_t hn = slots * inter;
-    slot_swiglu_kernel<<<unsigned((hn + 255) / 256), 256, 0, stream>>>(g, u, t, inter, limit, weights);
+    slot_swiglu_kernel<<<unsigned((hn + 255) / 256), 256, 0, stream>>>(h, u, t, inter, limit, weights);
     check_launch("cuda::moe swiglu");
-    gemm::act_quant_slots(g, inter, t, 0, routed.w2().format == WeightFormat::FP4, codes, scales, stream);
+    gemm::act_quant_slots(h, inter, t, 0, routed.w2().format == WeightFormat::FP4, codes, scales, stream);
     gemm::grouped_down(codes, scales, t, table, routed.w2().format, inter, dim, ye, stream);
   } else {
-    float* h = reinterpret_cast<float*>(scratch + at_h);
     GroupedArgs up{tiles, tile_count, list, 0, k, x, dim, inter, table, {}, weights, limit, h, nullptr};
     grouped<true>(routed.w1().format, tile, up, max_tiles, stream);
     GroupedArgs down{tiles, tile_count, list, 0, k, h, inter, dim, table, {}, nullptr, limit, nullptr, ye};
@@ -812,8 +805,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   if (shared_gemm) {
     float* ys32 = reinterpret_cast<float*>(scratch + at_ys32);
     expert_ffn(x, rows, s1, s2, s3, limit, nullptr, ys32, stream);
-    to_bf16_kernel<<<unsigned((rows * dim + 255) / 256), 256, 0, stream>>>(ys32, rows * dim, ys);
-    check_launch("cuda::moe shared");
+    to_bf16(ys32, rows * dim, ys, stream);  // as combine_kernel reads it
   } else {
     float* hs = reinterpret_cast<float*>(scratch + at_hs);
     const ExpertPointers shared{{s1.data, s2.data, s3.data}, {s1.scale, s2.scale, s3.scale}};

@@ -30,6 +30,11 @@ __global__ void gather_kernel(const float* src, const int32_t* index, int64_t n,
   if (i < n * width) dst[i] = src[int64_t(index[i / width]) * width + i % width];
 }
 
+__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, uint16_t* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = bf16_from_float(x[i]);
+}
+
 __global__ void scale_round_kernel(float* x, int64_t n, float s) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = round_bf16(x[i] * s);
@@ -62,6 +67,12 @@ void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t widt
   if (n <= 0) return;
   gather_kernel<<<blocks(n * width), kThreads, 0, stream>>>(src, index, n, width, dst);
   check_launch("cuda::gather_rows");
+}
+
+void to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  to_bf16_kernel<<<blocks(n), kThreads, 0, stream>>>(x, n, out);
+  check_launch("cuda::to_bf16");
 }
 
 void scale_round(float* x, int64_t n, float s, cudaStream_t stream) {

@@ -17,6 +17,9 @@ void embed_rows(const Weight& embed, const int32_t* tokens, int64_t rows, int hc
 // dst[i] = src[index[i]] for i < n rows of `width` floats.
 void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream);
 
+// out = the bf16 bits of x, n values (fp32 storage of bf16 values, the activations' dtype: exact).
+void to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
+
 // x = bf16(x · s), n values.
 void scale_round(float* x, int64_t n, float s, cudaStream_t stream);
 
