@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/gemm.cuh"
 #include "cublaslt.h"
 #include "backend/cuda/indexer.h"
 #include "backend/cuda/linear.h"
@@ -585,7 +586,9 @@ BENCHMARK(BM_IndexerStepGraph)
 // H200's dense fp8 peak (~1979 TFLOP/s, through wgmma only: on sm_90 mma.sync's e4m3 form runs as
 // f16 HMMA, whose ceiling is about a third of that).
 // BM_GemmQgemvPasses times the path M > 8 took before, qgemv over the weight in passes of 8 rows
-// (cuda::linear on 8 rows at a time), on the same data.
+// (cuda::linear on 8 rows at a time), on the same data. BM_GemmTiling forces gemm.cuh's wide (1)
+// or narrow (2) tiling at decode-sized M, where the weight's bytes set the speed of light (the
+// bytes_per_second counter against the H200's ~4.3 TB/s copy).
 const LinearShape kGemmBench[] = {
     {"wq_b fp8 32768x1024", WeightFormat::FP8, 32768, 1024},
     {"expert w1 fp4 2048x4096", WeightFormat::FP4, 2048, 4096},
@@ -605,7 +608,9 @@ __global__ void fill_activations(float* p, size_t n, uint32_t seed) {
   }
 }
 
-void gemm_bench(benchmark::State& state, bool qgemv_passes) {
+enum class GemmPath { Linear, QgemvPasses, Tiled };
+
+void gemm_bench(benchmark::State& state, GemmPath path) {
   const LinearShape& s = kGemmBench[state.range(0)];
   const int M = int(state.range(1));
   const bool fp8 = s.format == WeightFormat::FP8;
@@ -625,7 +630,8 @@ void gemm_bench(benchmark::State& state, bool qgemv_passes) {
   const double bytes = double(data + scales) + 4.0 * M * s.K + 4.0 * M * s.N;
   time_calls(state, bytes, [&](int i) {
     const Weight wt{s.format, s.N, s.K, static_cast<const uint8_t*>(w[i % 2]), static_cast<const uint8_t*>(sc[i % 2])};
-    if (!qgemv_passes) return cuda::linear(x, M, wt, y);
+    if (path == GemmPath::Linear) return cuda::linear(x, M, wt, y);
+    if (path == GemmPath::Tiled) return cuda::gemm::linear(x, M, wt, y, nullptr, cuda::gemm::Tiling(state.range(2)));
     for (int m0 = 0; m0 < M; m0 += 8) cuda::linear(x + size_t(m0) * s.K, std::min(8, M - m0), wt, y + size_t(m0) * s.N);
   });
   const double tflop = 2.0 * M * s.N * double(s.K) / 1e12;
@@ -724,8 +730,9 @@ void BM_GemmBf16(benchmark::State& state) { gemm_bf16_bench(state, Bf16Peer::Our
 void BM_GemmBf16CublasLt(benchmark::State& state) { gemm_bf16_bench(state, Bf16Peer::CublasLt); }
 void BM_GemmBf16GemvPasses(benchmark::State& state) { gemm_bf16_bench(state, Bf16Peer::GemvPasses); }
 
-void BM_Gemm(benchmark::State& state) { gemm_bench(state, false); }
-void BM_GemmQgemvPasses(benchmark::State& state) { gemm_bench(state, true); }
+void BM_Gemm(benchmark::State& state) { gemm_bench(state, GemmPath::Linear); }
+void BM_GemmQgemvPasses(benchmark::State& state) { gemm_bench(state, GemmPath::QgemvPasses); }
+void BM_GemmTiling(benchmark::State& state) { gemm_bench(state, GemmPath::Tiled); }
 
 BENCHMARK(BM_Gemm)
     ->ArgsProduct({{0, 1, 2, 3}, {4096}})
@@ -736,6 +743,11 @@ BENCHMARK(BM_Gemm)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.2);
+BENCHMARK(BM_GemmTiling)
+    ->ArgsProduct({{0, 1, 2, 3}, {64, 128, 256}, {1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.1);
 BENCHMARK(BM_GemmCublasLtFp8)
     ->ArgsProduct({{0, 1, 2, 3}, {4096}})
     ->UseManualTime()

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "../ops_util.h"
@@ -354,6 +355,32 @@ TEST(CudaGemm, LinearAtPrefillSizesMatchesCpu) {
       EXPECT_LT(r.nmse, kGemmNmse) << test::format_name(f) << " M " << M;
     }
   }
+}
+
+// The two tilings compute every output with the same instructions in the same order (gemm.cuh
+// Tiling), so they agree bit for bit: at row counts ending inside a narrow tile, at a wide tile's
+// end and past a raster band, on an odd N and a long K, both formats. A wrong swizzle, scale row
+// or tile bound in either gives differing or still-poisoned outputs.
+TEST(CudaGemm, NarrowTilingEqualsWide) {
+  DSV41_REQUIRE_DEVICE();
+  uint64_t seed = 900;
+  for (WeightFormat f : {WeightFormat::FP8, WeightFormat::FP4})
+    for (const auto& [N, K] : {std::pair{200, 384}, std::pair{1000, 2048}}) {
+      const test::OwnedWeight w = gemm_weight(f, N, K, seed += 7);
+      DeviceArray<uint8_t> ddata(w.data), dscale(w.scale);
+      Weight dw = w.view();
+      dw.data = ddata.get(), dw.scale = dscale.get();
+      for (int64_t M : {int64_t(64), int64_t(77), int64_t(128), int64_t(200), int64_t(2100)}) {
+        DeviceArray<float> dx(activations(M, K, seed += 7)), wide(size_t(M) * N), narrow(size_t(M) * N);
+        wide.poison(), narrow.poison();
+        cuda::gemm::linear(dx.get(), M, dw, wide.get(), nullptr, cuda::gemm::Tiling::wide);
+        cuda::gemm::linear(dx.get(), M, dw, narrow.get(), nullptr, cuda::gemm::Tiling::narrow);
+        const std::vector<float> yw = wide.download(), yn = narrow.download();
+        EXPECT_TRUE(std::all_of(yw.begin(), yw.end(), [](float v) { return std::isfinite(v); }))
+            << test::format_name(f) << " " << N << "x" << K << " M " << M;
+        EXPECT_EQ(yn, yw) << test::format_name(f) << " " << N << "x" << K << " M " << M;
+      }
+    }
 }
 
 // ---- The bf16 prefill GEMM ------------------------------------------------------------------------

@@ -10,9 +10,11 @@
 // result bit for bit). 4 threads per 32-block, 8 values each. Traffic M·K·4 read, M·K·(1 + 1/8)
 // written: 8.5 µs at M = 4096, K = 1024 and 24 µs at K = 4096 on the H200.
 //
-// gemm_kernel: CTA tile 128 (M) × 128 (N) × 128 (K = four 32-blocks), 8 warps as 2 (M) × 4 (N),
-// warp tile 64 × 32. Operands go global → shared memory by cp.async (16-byte chunks; 3 stages at
-// 2 CTAs/SM for fp8, 4 stages at 1 CTA/SM for fp4; XOR-swizzled rows, so the ldmatrix and 32-bit
+// gemm_kernel, in two tilings (Cta). Wide: CTA tile 128 (M) × 128 (N) × 128 (K = four
+// 32-blocks), 8 warps as 2 (M) × 4 (N), warp tile 64 × 32. Narrow, for few rows: 32 × 128 × 128,
+// the 8 warps side by side along N, warp tile 32 × 16. Operands go global → shared memory by
+// cp.async (16-byte chunks; wide: 3 stages at 2 CTAs/SM for fp8, 4 stages at 1 CTA/SM for fp4;
+// narrow: 5 (fp8) or 6 (fp4) stages at 2 CTAs/SM; XOR-swizzled rows, so the ldmatrix and 32-bit
 // fragment loads hit 32 distinct banks), then shared → registers by ldmatrix (x codes; fp8 weight
 // codes) or by 32-bit loads decoded in registers (fp4 weight codes, see below).
 //
@@ -67,10 +69,17 @@
 // The grouped form (cuda::moe's routed experts): the same kernel over device-made tiles of ≤ 128
 // rows of one expert each (gemm.cuh Tiles), A gathered by act_quant_slots into slot order, the
 // weight looked up in the expert table per CTA, the output to slot rows (up: g, u) or to the
-// entries' rows (down: bf16 ye). Warps and m16 tiles past a tile's rows skip their math. At
-// decode shapes (bench-1gpu, 64 rows: 16 experts of ~24 rows) it reaches ~390 GB/s, well short
-// of the bandwidth: 1 CTA per SM keeps too few weight bytes in flight (6 stages instead of 4
-// measured no faster: 618 against 614 µs), issue 17.
+// entries' rows (down: bf16 ye). Warps and m16 tiles past a tile's rows skip their math.
+//
+// Why two tilings. At decode shapes (bench-1gpu, 64 rows: 16 experts of ~24 rows) the wide tile
+// leaves 6 of its 8 warps idle (their rows are past the tile's) and runs 1 CTA per SM: one busy
+// warp per scheduler walks the dependent LDS → decode → F2FP → HMMA → FFMA chain of each block
+// alone, ~1.4 µs per k-tile, so the weights stream at ~390 GB/s. The narrow tile puts all 8 warps
+// on the columns (each a quarter of the wide warp's fragment work per block) and 2 CTAs per SM
+// with 5–6 stages keep 80–100 KB of weight bytes in flight per SM, what the HBM's latency needs.
+// A narrow CTA re-reads its weight tile once per 32 rows (from L2 when its neighbours in x run
+// together), so for many rows the wide tile's 4× reuse wins.
+
 #include "backend/cuda/gemm.cuh"
 
 #include <algorithm>
@@ -88,23 +97,40 @@ namespace {
 
 using namespace ptx;
 
-constexpr int kBM = 128, kBN = 128, kBK = 128;  // CTA tile; kBK in e4m3 bytes (four 32-blocks)
-constexpr int kThreads = 256;  // 8 warps: 2 along M × 4 along N, warp tile 64 × 32
+constexpr int kBN = 128, kBK = 128;  // CTA tile columns and depth (kBK in e4m3 bytes: four 32-blocks)
+constexpr int kThreads = 256;  // 8 warps
 constexpr int kGroupM = 16;    // M tiles per raster band
 constexpr int kQuantThreads = 256;
 
-static_assert(kBM == kTileRows && kBK == kTileK, "gemm.cuh's layout constants");
+static_assert(kBK == kTileK, "gemm.cuh's layout constants");
 
-template <WeightFormat F, int kStages>
-struct Smem {
-  static constexpr bool kFp4 = F == WeightFormat::FP4;
+// A CTA's shape and pipeline (see the header comment). Wide: 128 rows, warps 2 (M) × 4 (N) with
+// warp tiles of 64 × 32; narrow: 32 rows, warps 1 × 8 of 32 × 16.
+template <WeightFormat F, Tiling T>
+struct Cta {
+  static constexpr bool kFp4 = F == WeightFormat::FP4, kNarrow = T == Tiling::narrow;
+  static constexpr int kBM = kNarrow ? 32 : 128;
+  static constexpr int kWarpsM = kNarrow ? 1 : 2, kWarpsN = 8 / kWarpsM;
+  static constexpr int kMT = kBM / kWarpsM / 16;  // m16 tiles per warp
+  static constexpr int kNT = kBN / kWarpsN / 8;   // n8 tiles per warp
+  static constexpr int kWarpCols = 8 * kNT;
+  // CTAs per SM and stages, measured on the H200: wide fp8 2 CTAs of 3 stages (wq_b at M = 4096:
+  // 1021 µs against 1173 µs with 1), wide fp4 1 CTA of 4 (expert w1: 357 µs against 404 µs with 2,
+  // whose 128 registers spill the fp4 decode); narrow 2 CTAs with as many stages as fit.
+  static constexpr int kCtas = kNarrow || !kFp4 ? 2 : 1;
+  static constexpr int kStages = kNarrow ? (kFp4 ? 6 : 5) : kFp4 ? 4 : 3;
+  // Blocks of a k-tile unrolled: by 2 where registers allow (wide at 2 CTAs/SM would hoist 4
+  // blocks' loads under its 128 registers and spill).
+  static constexpr int kUnroll = kNarrow || kCtas == 1 ? 2 : 1;
+  // Shared memory of one stage.
   static constexpr int kBRow = kFp4 ? kBK / 2 : kBK;  // bytes of one weight row in a k-tile
   static constexpr int kA = kBM * kBK;                 // x codes
   static constexpr int kB = kBN * kBRow;               // weight codes
-  static constexpr int kX = 4 * kBM * 4;               // x scales [4 blocks][128 rows] floats
+  static constexpr int kX = 4 * kBM * 4;               // x scales [4 blocks][kBM rows] floats
   static constexpr int kW = kFp4 ? 4 * kBN * 4 : 128;  // weight scales: [4][128] or [4][4] floats
   static constexpr int kStage = kA + kB + kX + kW;
   static constexpr int kBytes = kStage * kStages;
+  static_assert(kMT % 2 == 0 && kNT % 2 == 0 && kStage % 128 == 0, "tile shapes");
 };
 
 // 4 e4m3 codes → two f16x2 (codes 0, 1 and 2, 3; the lower code in the lower half), exactly.
@@ -215,10 +241,10 @@ void launch_act_quant(const float* x, const RowSource& src, int64_t Mpad, int64_
 // ---- the GEMM ----
 
 // What one launch computes. Dense: y [M, N] = A · Wᵀ (fp32 holding bf16 values), CTA tiles
-// rastered in bands. Grouped (cuda::moe): CTA x = t + tiles.max · (N tile), z = which of
-// `matrix`; tile t's rows of A (slots t·128 ..), the weight table[expert].data[matrix[z]], out
-// to slots[z] (slot order, fp32 holding bf16 values) or to the bf16 bits of entries' rows
-// list[first + i].
+// rastered in bands. Grouped (cuda::moe): CTA x = (t · subs + sub) + tiles.max · subs · (N tile),
+// z = which of `matrix`; rows sub·kBM .. of tile t's rows of A (slots t·128 ..), the weight
+// table[expert].data[matrix[z]], out to slots[z] (slot order, fp32 holding bf16 values) or to the
+// bf16 bits of entries' rows list[first + i].
 enum class Out { Dense, Slots, Entries };
 struct GemmArgs {
   const uint8_t* xq;
@@ -228,22 +254,22 @@ struct GemmArgs {
   const uint8_t* wscale;
   float* y;
   Tiles tiles;  // grouped
+  int subs;     // CTAs of kBM rows per tile (the wide tiling: 1)
   const ExpertPointers* table;
   int matrix[2];
   float* slots[2];
   uint16_t* entries;
 };
 
-// kCtas CTAs per SM: 2 (≤ 128 registers, 3 stages) or 1 (4 stages).
-template <WeightFormat F, int kCtas, Out kOut>
-__global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a) {
-  constexpr int kStages = kCtas == 1 ? 4 : 3;
-  using S = Smem<F, kStages>;
-  constexpr bool kFp4 = S::kFp4;
+template <WeightFormat F, Tiling T, Out kOut>
+__global__ void __launch_bounds__(kThreads, Cta<F, T>::kCtas) gemm_kernel(const GemmArgs a) {
+  using C = Cta<F, T>;
+  constexpr bool kFp4 = C::kFp4;
+  constexpr int kBM = C::kBM, kMT = C::kMT, kNT = C::kNT, kWarpCols = C::kWarpCols, kStages = C::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t smem0 = smem_addr(smem);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int wm = warp / 4, wn = warp % 4, g = lane / 4, t = lane % 4;
+  const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN, g = lane / 4, t = lane % 4;
 
   const uint8_t* __restrict__ xq = a.xq;
   const float* __restrict__ xs = a.xs;
@@ -260,21 +286,24 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
     m0 = (first_m + r % band_m) * kBM, n0 = r / band_m * kBN, rows = a.M - m0;
     w = a.w, wscale = a.wscale;
   } else {
-    // One expert's tiles are consecutive in t, so the CTAs that read its weight tile run together.
-    const int max = int(a.tiles.max), t = int(blockIdx.x) % max;
-    if (t >= *a.tiles.count) return;
-    const int4 tile = a.tiles.tile[t];
-    m0 = t * kBM, n0 = int(blockIdx.x) / max * kBN, rows = tile.z, first = tile.y;
+    // One expert's CTAs are consecutive in x, so those that read its weight tile run together.
+    const int per = int(a.tiles.max) * a.subs, i = int(blockIdx.x) % per, tt = i / a.subs, sub = i % a.subs;
+    if (tt >= *a.tiles.count) return;
+    const int4 tile = a.tiles.tile[tt];
+    rows = tile.z - sub * kBM;
+    if (rows <= 0) return;
+    m0 = tt * int(kTileRows) + sub * kBM, n0 = int(blockIdx.x) / per * kBN, first = tile.y + sub * kBM;
     const int matrix = blockIdx.z == 0 ? a.matrix[0] : a.matrix[1];
     w = a.table[tile.x].data[matrix], wscale = a.table[tile.x].scale[matrix];
   }
   const int KT = K / kBK, kblocks = K / 32;
-  // Warps whose 64 rows are all past the tile's rows skip the math (a decode's tiles are short).
-  const bool busy = wm * 64 < rows;
+  // Warps whose rows are all past the tile's rows skip the math (a decode's tiles are short).
+  const bool busy = wm * 16 * kMT < rows;
 
   // This thread's cp.async sources and destinations (offsets within a stage). Rows past M or N
   // are zero-filled (their source, clamped to the first row, is not read).
-  // A: chunks tid + 256q, q < 4: row tid/8 + 32q, chunk tid%8 (16 bytes of K).
+  // A: chunks tid + 256q, q < kBM/32: row tid/8 + 32q, chunk tid%8 (16 bytes of K).
+  constexpr int kAq = kBM / 32;
   const int a_row = tid / 8, a_chunk = tid % 8;
   const uint32_t a_dst = uint32_t(a_row * kBK + ((a_chunk ^ (a_row & 7)) << 4));
   const uint32_t a_src = uint32_t(m0 + a_row) * uint32_t(K) + a_chunk * 16;  // usable(): M·K < 2^31
@@ -286,25 +315,26 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
                               : uint32_t(b_row * kBK + ((b_chunk ^ (b_row & 7)) << 4));
   const uint32_t w_stride = kFp4 ? K / 2 : K;
   const uint32_t b_src = uint32_t(n0 + b_row) * w_stride + b_chunk * 16;  // usable(): N·K < 2^31
-  // x scales: threads < 128, block tid/32, 16 bytes tid%32 of the tile's 512.
-  const uint32_t x_src = uint32_t(tid / 32 % 4) * uint32_t(Mpad) + m0 + (tid % 32) * 4;
-  const uint32_t x_dst = uint32_t(S::kA + S::kB + (tid % 128) * 16);
+  // x scales (kBM consecutive floats per block, gemm.cuh scale_offset): threads < kBM, block
+  // tid / (kBM/4), 16 bytes tid % (kBM/4).
+  const uint32_t x_src = uint32_t(tid / (kBM / 4) % 4) * uint32_t(Mpad) + m0 + (tid % (kBM / 4)) * 4;
+  const uint32_t x_dst = uint32_t(C::kA + C::kB + (tid % kBM) * 16);
 
   auto load_tiles = [&](int stage, int kt) {
-    const uint32_t base = smem0 + uint32_t(stage * S::kStage);
+    const uint32_t base = smem0 + uint32_t(stage * C::kStage);
     const uint32_t k0 = uint32_t(kt) * kBK;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kAq; ++q) {
       const bool ok = a_row + 32 * q < rows;
       cp_async16(base + a_dst + q * 32 * kBK, xq + (ok ? a_src + uint32_t(32 * q * K) + k0 : 0u), ok);
     }
 #pragma unroll
     for (int q = 0; q < kBq; ++q) {
       const bool ok = n0 + b_row + kBStep * q < N;
-      cp_async16(base + uint32_t(S::kA) + b_dst + q * kBStep * kBRowBytes,
+      cp_async16(base + uint32_t(C::kA) + b_dst + q * kBStep * kBRowBytes,
                  w + (ok ? b_src + uint32_t(kBStep * q) * w_stride + k0 * kBRowBytes / kBK : 0u), ok);
     }
-    if (tid < 128) cp_async16(base + x_dst, xs + (x_src + uint32_t(kt) * 4 * uint32_t(Mpad)), true);
+    if (tid < kBM) cp_async16(base + x_dst, xs + (x_src + uint32_t(kt) * 4 * uint32_t(Mpad)), true);
   };
 
   // Weight scales of k-tile kt: read into registers (before the current tile's math), decoded and
@@ -326,12 +356,13 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
     }
   };
   auto store_scales = [&](int stage) {
-    float* ws = reinterpret_cast<float*>(smem + stage * S::kStage + S::kA + S::kB + S::kX);
+    float* ws = reinterpret_cast<float*>(smem + stage * C::kStage + C::kA + C::kB + C::kX);
 #pragma unroll
     for (int q = 0; q < kWq; ++q) {
       if constexpr (kFp4) {
+        // Column nl at (warp, t, nt, j) so that a thread's 2·kNT scales are consecutive.
         const int e = tid + 256 * q, nl = e / 4, blk = e % 4;
-        const int col = nl / 32 * 32 + (nl % 8 / 2) * 8 + (nl % 32 / 8) * 2 + nl % 2;  // wn, t, nt, j
+        const int col = nl / kWarpCols * kWarpCols + (nl % 8 / 2) * 2 * kNT + (nl % kWarpCols / 8) * 2 + nl % 2;
         ws[blk * kBN + col] = n0 + nl < N ? e8m0_to_float(w_code[q]) : 0.0f;
       } else if (tid < 16) {
         ws[(tid % 4) * 4 + tid / 4] = n0 + (tid / 4) * 32 < N ? e8m0_to_float(w_code[q]) : 0.0f;
@@ -339,11 +370,11 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
     }
   };
 
-  float acc[4][4][4];
+  float acc[kMT][kNT][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kMT; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0;
 
@@ -360,8 +391,8 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
   // Fragment addresses within a stage. A (ldmatrix.x4 of a 16 × 32 block): lane l gives row
   // (l%8) + 8·((l/8)%2) of the m16 tile, chunk 2b + l/16. fp8 B (x4 over two n8 tiles): row
   // (l%8) + 8·(l/16), chunk 2b + (l/8)%2.
-  const int a_frag_row = wm * 64 + (lane % 8) + 8 * ((lane / 8) % 2), a_frag_half = lane / 16;
-  const int b_frag_row = wn * 32 + (lane % 8) + 8 * (lane / 16), b_frag_half = (lane / 8) % 2;
+  const int a_frag_row = wm * 16 * kMT + (lane % 8) + 8 * ((lane / 8) % 2), a_frag_half = lane / 16;
+  const int b_frag_row = wn * kWarpCols + (lane % 8) + 8 * (lane / 16), b_frag_half = (lane / 8) % 2;
 
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<kStages - 2>();
@@ -373,54 +404,53 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
     }
     cp_async_commit();
 
-    const uint32_t base = smem0 + uint32_t((kt % kStages) * S::kStage);
-    const uint32_t sA = base, sB = base + S::kA, sX = base + S::kA + S::kB, sW = sX + S::kX;
-    // 2 CTAs/SM: not unrolled (under 128 registers the scheduler would hoist 4 blocks' loads and
-    // spill); 1 CTA/SM: unrolled by 2 (by 4 it spills at 255), so two blocks' loads and
-    // conversions overlap their mma.
-#pragma unroll(kCtas == 1 ? 2 : 1)
+    const uint32_t base = smem0 + uint32_t((kt % kStages) * C::kStage);
+    const uint32_t sA = base, sB = base + C::kA, sX = base + C::kA + C::kB, sW = sX + C::kX;
+#pragma unroll(C::kUnroll)
     for (int blk = 0; blk < (busy ? 4 : 0); ++blk) {
-      uint32_t bf[4][2];
+      uint32_t bf[kNT][2];
       if constexpr (kFp4) {
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int n = wn * 32 + nt * 8 + g;
+        for (int nt = 0; nt < kNT; ++nt) {
+          const int n = wn * kWarpCols + nt * 8 + g;
           const uint32_t v = lds32(sB + uint32_t(n * 64 + ((blk ^ ((n >> 1) & 3)) << 4) + 4 * t));
           e2m1x8_to_e4m3(v, bf[nt][0], bf[nt][1]);
         }
       } else {
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < kNT / 2; ++np) {
           const int n = b_frag_row + np * 16, c = 2 * blk + b_frag_half;
           uint32_t r4[4];
           ldmatrix_x4(r4, sB + uint32_t(n * kBK + ((c ^ (n & 7)) << 4)));
           bf[2 * np][0] = r4[0], bf[2 * np][1] = r4[1], bf[2 * np + 1][0] = r4[2], bf[2 * np + 1][1] = r4[3];
         }
       }
-      // Weight scales: fp4 those of columns nt·8 + 2t + j at [2nt + j]; fp8 one for the warp's 32
-      // columns, folded into the row scales below (exactly: powers of two).
-      // (2 CTAs/SM, fp4: the pair of each nt loaded where it is used, 6 registers fewer.)
-      float sw[8];
-      const uint32_t sw_cols = sW + uint32_t((blk * kBN + wn * 32 + t * 8) * 4);
-      if constexpr (kFp4 && kCtas == 1) {
-        const uint32_t p = sw_cols;
-        const float4 u = lds128f(p), v = lds128f(p + 16);
-        sw[0] = u.x, sw[1] = u.y, sw[2] = u.z, sw[3] = u.w, sw[4] = v.x, sw[5] = v.y, sw[6] = v.z, sw[7] = v.w;
-      } else if constexpr (!kFp4) {
-        sw[0] = lds32f(sW + uint32_t((blk * 4 + wn) * 4));
+      // Weight scales: fp4 those of columns nt·8 + 2t + j at [2nt + j]; fp8 one for the warp's
+      // columns (one 32-row group), folded into the row scales below (exactly: powers of two).
+      float sw[2 * kNT];
+      if constexpr (kFp4) {
+        const uint32_t p = sW + uint32_t((blk * kBN + wn * kWarpCols + t * 2 * kNT) * 4);
+#pragma unroll
+        for (int i = 0; i < kNT / 2; ++i) {
+          const float4 u = lds128f(p + 16 * i);
+          sw[4 * i] = u.x, sw[4 * i + 1] = u.y, sw[4 * i + 2] = u.z, sw[4 * i + 3] = u.w;
+        }
+      } else {
+        sw[0] = lds32f(sW + uint32_t((blk * 4 + wn * kWarpCols / 32) * 4));
       }
-      const uint32_t sx_row = sX + uint32_t((blk * kBM + wm * 64 + g * 8) * 4);
+      // The x scales of rows mt·16 + g and mt·16 + 8 + g: [mt/2 · 32 + g·4 + (mt%2)·2 + h].
+      const uint32_t sx_row = sX + uint32_t((blk * kBM + wm * 16 * kMT + g * 4) * 4);
       // The B fragments as f16: [nt][0..1] the first k16 half of the block's (permuted) positions,
       // [nt][2..3] the second (see the header comment).
-      uint32_t bh[4][4];
+      uint32_t bh[kNT][4];
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < kNT; ++nt) {
         e4m3x4_to_f16(bf[nt][0], bh[nt][0], bh[nt][1]);
         e4m3x4_to_f16(bf[nt][1], bh[nt][2], bh[nt][3]);
       }
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        if (wm * 64 + mt * 16 >= rows) continue;
+      for (int mt = 0; mt < kMT; ++mt) {
+        if (wm * 16 * kMT + mt * 16 >= rows) continue;
         uint32_t af[4];
         const int row = a_frag_row + mt * 16, c = 2 * blk + a_frag_half;
         ldmatrix_x4(af, sA + uint32_t(row * kBK + ((c ^ (row & 7)) << 4)));
@@ -429,19 +459,19 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
         e4m3x4_to_f16(af[1], a1[1], a1[3]);
         e4m3x4_to_f16(af[2], a2[0], a2[2]);
         e4m3x4_to_f16(af[3], a2[1], a2[3]);
-        float2 sx = lds64f(sx_row + mt * 8);  // the x scales of rows mt·16 + g and mt·16 + 8 + g
+        float2 sx = lds64f(sx_row + uint32_t((mt / 2 * 32 + mt % 2 * 2) * 4));
         if constexpr (!kFp4) sx.x *= sw[0], sx.y *= sw[0];
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
+        for (int nt = 0; nt < kNT; ++nt) {
           float d[4];
           mma_f16(d, a1, bh[nt][0], bh[nt][1]);
           mma_f16_acc(d, a2, bh[nt][2], bh[nt][3]);
           if constexpr (kFp4) {
-            const float2 wv = kCtas == 1 ? make_float2(sw[2 * nt], sw[2 * nt + 1]) : lds64f(sw_cols + nt * 8);
-            acc[mt][nt][0] = fmaf(d[0], sx.x * wv.x, acc[mt][nt][0]);
-            acc[mt][nt][1] = fmaf(d[1], sx.x * wv.y, acc[mt][nt][1]);
-            acc[mt][nt][2] = fmaf(d[2], sx.y * wv.x, acc[mt][nt][2]);
-            acc[mt][nt][3] = fmaf(d[3], sx.y * wv.y, acc[mt][nt][3]);
+            const float wx = sw[2 * nt], wy = sw[2 * nt + 1];
+            acc[mt][nt][0] = fmaf(d[0], sx.x * wx, acc[mt][nt][0]);
+            acc[mt][nt][1] = fmaf(d[1], sx.x * wy, acc[mt][nt][1]);
+            acc[mt][nt][2] = fmaf(d[2], sx.y * wx, acc[mt][nt][2]);
+            acc[mt][nt][3] = fmaf(d[3], sx.y * wy, acc[mt][nt][3]);
           } else {
             acc[mt][nt][0] = fmaf(d[0], sx.x, acc[mt][nt][0]);
             acc[mt][nt][1] = fmaf(d[1], sx.x, acc[mt][nt][1]);
@@ -460,16 +490,16 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
   // y: row mt·16 + h·8 + g, columns nt·8 + 2t, +1 of the warp tile; values [2h], [2h + 1].
   const bool pairs = N % 2 == 0;
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int m = wm * 64 + mt * 16 + h * 8 + g;  // within the tile
+      const int m = wm * 16 * kMT + mt * 16 + h * 8 + g;  // within the tile
       if (m >= rows) continue;
       if constexpr (kOut == Out::Entries) {  // grouped_usable: N even
         uint16_t* yr = a.entries + int64_t(a.tiles.list[first + m]) * N;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int n = n0 + wn * 32 + nt * 8 + 2 * t;
+        for (int nt = 0; nt < kNT; ++nt) {
+          const int n = n0 + wn * kWarpCols + nt * 8 + 2 * t;
           const uint32_t v = uint32_t(bf16_from_float(acc[mt][nt][2 * h])) |
                              uint32_t(bf16_from_float(acc[mt][nt][2 * h + 1])) << 16;
           if (n < N) *reinterpret_cast<uint32_t*>(yr + n) = v;
@@ -478,8 +508,8 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
       }
       float* yr = (kOut == Out::Dense ? a.y : blockIdx.z == 0 ? a.slots[0] : a.slots[1]) + int64_t(m0 + m) * N;
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int n = n0 + wn * 32 + nt * 8 + 2 * t;
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int n = n0 + wn * kWarpCols + nt * 8 + 2 * t;
         const float v0 = round_bf16(acc[mt][nt][2 * h]), v1 = round_bf16(acc[mt][nt][2 * h + 1]);
         if (pairs && n + 1 < N) {
           *reinterpret_cast<float2*>(yr + n) = make_float2(v0, v1);
@@ -491,34 +521,38 @@ __global__ void __launch_bounds__(kThreads, kCtas) gemm_kernel(const GemmArgs a)
     }
 }
 
-template <WeightFormat F, int kCtas, Out kOut>
+template <WeightFormat F, Tiling T, Out kOut>
 void launch_gemm(const GemmArgs& a, dim3 grid, cudaStream_t stream) {
-  constexpr int kBytes = Smem<F, kCtas == 1 ? 4 : 3>::kBytes;
+  constexpr int kBytes = Cta<F, T>::kBytes;
   static const bool configured = [] {
-    check(cudaFuncSetAttribute(gemm_kernel<F, kCtas, kOut>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
+    check(cudaFuncSetAttribute(gemm_kernel<F, T, kOut>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
           "cuda::linear gemm");
     return true;
   }();
   (void)configured;
-  gemm_kernel<F, kCtas, kOut><<<grid, kThreads, kBytes, stream>>>(a);
+  gemm_kernel<F, T, kOut><<<grid, kThreads, kBytes, stream>>>(a);
   check_launch("cuda::linear gemm");
 }
 
-// CTAs per SM by format (measured on the H200 at M = 4096, both variants checked by the tests):
-// fp8 2 (wq_b 1021 µs against 1173 µs with 1), fp4 1 (expert w1 357 µs against 404 µs with 2:
-// under 128 registers the fp4 decode spills).
-template <WeightFormat F>
-constexpr int kCtasFor = F == WeightFormat::FP8 ? 2 : 1;
-
 template <Out kOut>
-void launch_for_format(WeightFormat f, const GemmArgs& a, dim3 grid, cudaStream_t stream) {
-  if (f == WeightFormat::FP4) launch_gemm<WeightFormat::FP4, kCtasFor<WeightFormat::FP4>, kOut>(a, grid, stream);
-  else launch_gemm<WeightFormat::FP8, kCtasFor<WeightFormat::FP8>, kOut>(a, grid, stream);
+void launch_for(WeightFormat f, Tiling tiling, const GemmArgs& a, dim3 grid, cudaStream_t stream) {
+  constexpr WeightFormat fp4 = WeightFormat::FP4, fp8 = WeightFormat::FP8;
+  const bool narrow = tiling == Tiling::narrow;
+  if (f == fp4) narrow ? launch_gemm<fp4, Tiling::narrow, kOut>(a, grid, stream) : launch_gemm<fp4, Tiling::wide, kOut>(a, grid, stream);
+  else narrow ? launch_gemm<fp8, Tiling::narrow, kOut>(a, grid, stream) : launch_gemm<fp8, Tiling::wide, kOut>(a, grid, stream);
 }
 
-// The grouped launches' grid: every possible tile (x) of every N tile, `matrices` along z.
-dim3 grouped_grid(const Tiles& tiles, int64_t N, int matrices) {
-  return dim3{unsigned(tiles.max * ((N + kBN - 1) / kBN)), 1u, unsigned(matrices)};
+int rows_of(Tiling tiling) { return tiling == Tiling::narrow ? Cta<WeightFormat::FP4, Tiling::narrow>::kBM : int(kTileRows); }
+
+// A grouped launch: its CTAs of `rows_of(tiling)` rows, enough for tiles of tiles.most rows, for
+// every possible tile of every N tile, `matrices` along z.
+template <Out kOut>
+void launch_grouped(WeightFormat f, Tiling tiling, GemmArgs& a, int64_t N, int matrices, cudaStream_t stream) {
+  if (tiling == Tiling::automatic) fail("cuda::gemm grouped", "a wide or narrow tiling", "automatic");
+  const int rows = rows_of(tiling);
+  a.subs = int((std::min<int64_t>(a.tiles.most, kTileRows) + rows - 1) / rows);
+  const dim3 grid{unsigned(a.tiles.max * a.subs * ((N + kBN - 1) / kBN)), 1u, unsigned(matrices)};
+  launch_for<kOut>(f, tiling, a, grid, stream);
 }
 
 }  // namespace
@@ -539,10 +573,19 @@ void act_quant(const float* x, int64_t M, int64_t K, bool fp4_order, uint8_t* co
   launch_act_quant(x, src, padded_rows(M), K, fp4_order, codes, scales, stream);
 }
 
-void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {
+Tiling dense_tiling(int64_t M, int64_t N) {
+  int device = 0, sms = 0;
+  check(cudaGetDevice(&device), "cuda::linear gemm");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cuda::linear gemm");
+  const int64_t wide_tiles = (M + kTileRows - 1) / kTileRows * ((N + kBN - 1) / kBN);
+  return wide_tiles < 2 * int64_t(sms) ? Tiling::narrow : Tiling::wide;
+}
+
+void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream, Tiling tiling) {
   if (!usable(M, w)) fail("cuda::linear gemm", "an fp8/fp4 weight, M >= 64, K % 128 == 0", "another shape");
   const int64_t K = w.cols, Mpad = padded_rows(M);
   const bool fp4 = w.format == WeightFormat::FP4;
+  if (tiling == Tiling::automatic) tiling = dense_tiling(M, w.rows);
   keep_scratch_pool();
   const size_t code_bytes = size_t(M * K), scale_bytes = size_t(K / 32 * Mpad) * sizeof(float);
   uint8_t* scratch = nullptr;
@@ -553,8 +596,9 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   GemmArgs a{};
   a.xq = codes, a.xs = scales, a.M = int(M), a.Mpad = int(Mpad), a.N = int(w.rows), a.K = int(K);
   a.w = w.data, a.wscale = w.scale, a.y = y;
-  const int64_t tiles = (M + kBM - 1) / kBM * ((w.rows + kBN - 1) / kBN);
-  launch_for_format<Out::Dense>(w.format, a, dim3{unsigned(tiles)}, stream);
+  const int rows = rows_of(tiling);
+  const int64_t tiles = (M + rows - 1) / rows * ((w.rows + kBN - 1) / kBN);
+  launch_for<Out::Dense>(w.format, tiling, a, dim3{unsigned(tiles)}, stream);
   check(cudaFreeAsync(scratch, stream), "cuda::linear gemm");
 }
 
@@ -575,19 +619,19 @@ void act_quant_slots(const float* x, int64_t K, const Tiles& tiles, int k, bool 
 }
 
 void grouped_up(const uint8_t* codes, const float* scales, const Tiles& tiles, const ExpertPointers* table,
-                WeightFormat format, int64_t dim, int64_t inter, float* g, float* u, cudaStream_t stream) {
+                WeightFormat format, Tiling tiling, int64_t dim, int64_t inter, float* g, float* u, cudaStream_t stream) {
   GemmArgs a{};
   a.xq = codes, a.xs = scales, a.Mpad = int(tiles.slots()), a.N = int(inter), a.K = int(dim);
   a.tiles = tiles, a.table = table, a.matrix[0] = 0, a.matrix[1] = 2, a.slots[0] = g, a.slots[1] = u;
-  launch_for_format<Out::Slots>(format, a, grouped_grid(tiles, inter, 2), stream);
+  launch_grouped<Out::Slots>(format, tiling, a, inter, 2, stream);
 }
 
 void grouped_down(const uint8_t* codes, const float* scales, const Tiles& tiles, const ExpertPointers* table,
-                  WeightFormat format, int64_t inter, int64_t dim, uint16_t* ye, cudaStream_t stream) {
+                  WeightFormat format, Tiling tiling, int64_t inter, int64_t dim, uint16_t* ye, cudaStream_t stream) {
   GemmArgs a{};
   a.xq = codes, a.xs = scales, a.Mpad = int(tiles.slots()), a.N = int(dim), a.K = int(inter);
   a.tiles = tiles, a.table = table, a.matrix[0] = a.matrix[1] = 1, a.entries = ye;
-  launch_for_format<Out::Entries>(format, a, grouped_grid(tiles, dim, 1), stream);
+  launch_grouped<Out::Entries>(format, tiling, a, dim, 1, stream);
 }
 
 }  // namespace dsv41::cuda::gemm

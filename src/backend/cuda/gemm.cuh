@@ -22,9 +22,19 @@ inline constexpr int64_t kTileK = 128;
 // Whether linear(x, M, w) runs here: an fp8/fp4 weight, M ≥ kMinRows, K a multiple of kTileK.
 bool usable(int64_t M, const Weight& w);
 
+// How the CTAs tile the rows (gemm.cu): wide, 128 rows per CTA, for many rows; narrow, 32 rows
+// per CTA with all its warps across the columns, for few (decode; prefill's small projections).
+// Both compute every output with the same instructions in the same order: their results are equal
+// bit for bit, so the choice is one of speed alone.
+enum class Tiling { automatic, wide, narrow };
+
+// automatic for linear(): narrow while the wide tiling would not give every SM two CTAs.
+Tiling dense_tiling(int64_t M, int64_t N);
+
 // y[M, N] = x[M, K] · Wᵀ for an fp8/fp4 weight, rounded to bf16 (cuda::linear's contract). Scratch
 // (the quantized x: M·K bytes + M·K/8 bytes of scales) from cudaMallocAsync on `stream`.
-void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream);
+void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream,
+            Tiling tiling = Tiling::automatic);
 
 // ---- the grouped form: cuda::moe's routed experts --------------------------------------------
 
@@ -37,15 +47,23 @@ struct ExpertPointers {
 // The routed entries in row tiles of one expert each (cuda::moe's bucket step, on the device):
 // tile t < *count is (expert, first list position, rows ≤ kTileRows), and list[first + i] is
 // its row i's entry (entry = token·k + slot). A tile's rows are the slots t·kTileRows + i of
-// [max·kTileRows, ·] matrices ("slot order"); the grids are sized for `max` tiles and blocks past
-// *count exit at once, so the host needs no count (a CUDA graph can hold the calls).
+// [max·kTileRows, ·] matrices ("slot order"); the grids are sized for `max` tiles of at most
+// `most` rows and blocks past *count or a tile's rows exit at once, so the host needs no count (a
+// CUDA graph can hold the calls).
 struct Tiles {
   const int4* tile;
   const int* count;
   int64_t max;
   const int32_t* list;
+  int64_t most = kTileRows;
   DSV41_HD int64_t slots() const { return max * kTileRows; }
 };
+
+// The grouped launches' tiling for `entries` routed over `experts`: narrow while an expert holds
+// half a wide tile or less on average (decode; prefill over many experts).
+inline Tiling grouped_tiling(int64_t entries, int64_t experts) {
+  return entries * 2 <= experts * kTileRows ? Tiling::narrow : Tiling::wide;
+}
 
 // Whether grouped_up/grouped_down take experts of this shape: fp8/fp4 w1, w3 [inter, dim] and w2
 // [dim, inter], dim and inter multiples of kTileK, slot offsets within 32 bits.
@@ -60,12 +78,12 @@ void act_quant_slots(const float* x, int64_t K, const Tiles& tiles, int k, bool 
 // g, u [slots, inter] (bf16 values) = A · w1ᵀ, A · w3ᵀ of each tile's expert, A = act_quant_slots
 // of the input (dim features, fp4_order for fp4 weights).
 void grouped_up(const uint8_t* codes, const float* scales, const Tiles& tiles, const ExpertPointers* table,
-                WeightFormat format, int64_t dim, int64_t inter, float* g, float* u, cudaStream_t stream);
+                WeightFormat format, Tiling tiling, int64_t dim, int64_t inter, float* g, float* u, cudaStream_t stream);
 
 // ye[list[first + i], dim] (bf16 bits) = A · w2ᵀ of each tile's expert, A = act_quant_slots of the
 // hidden values (inter features).
 void grouped_down(const uint8_t* codes, const float* scales, const Tiles& tiles, const ExpertPointers* table,
-                  WeightFormat format, int64_t inter, int64_t dim, uint16_t* ye, cudaStream_t stream);
+                  WeightFormat format, Tiling tiling, int64_t inter, int64_t dim, uint16_t* ye, cudaStream_t stream);
 
 // ---- the act-quantization step, exposed for the tests ----
 
@@ -74,8 +92,9 @@ inline int64_t padded_rows(int64_t M) { return (M + kTileRows - 1) / kTileRows *
 
 // Where act_quant puts the e4m3 code of x[m, k] (an offset into codes, [M, K] row-major with the
 // 32 values of each block permuted when fp4_order), and the scale of x[m, 32b..32b+31] (an offset
-// into scales, [K/32, padded_rows(M)] with the rows of each 128-row tile permuted). The GEMM's
-// fragment loads read them in these orders (gemm.cu says why).
+// into scales, [K/32, padded_rows(M)] with the rows of each 32-row group permuted so that the two
+// rows g, g + 8 of each m16 tile that a thread reads are consecutive, its m16 tiles' pairs too).
+// The GEMM's fragment loads read them in these orders (gemm.cu says why).
 DSV41_HD inline int64_t code_offset(int64_t m, int64_t k, int64_t K, bool fp4_order) {
   if (!fp4_order) return m * K + k;
   const int64_t base = k & ~int64_t(31);
@@ -83,9 +102,8 @@ DSV41_HD inline int64_t code_offset(int64_t m, int64_t k, int64_t K, bool fp4_or
   return m * K + base + (j < 4 ? 4 * t + j : 16 + 4 * t + j - 4);
 }
 DSV41_HD inline int64_t scale_offset(int64_t m, int64_t b, int64_t Mpad) {
-  const int64_t tile = m & ~(kTileRows - 1);
-  const int r = int(m & (kTileRows - 1)), wm = r / 64, mt = r % 64 / 16, h = r % 16 / 8, g = r % 8;
-  return b * Mpad + tile + wm * 64 + g * 8 + mt * 2 + h;
+  const int r = int(m & 31), mt = r / 16, h = r % 16 / 8, g = r % 8;
+  return b * Mpad + (m & ~int64_t(31)) + g * 4 + mt * 2 + h;
 }
 
 // act_quant of x[M, K] (fp32, bf16 values) as qgemv and the CPU do it: e4m3 codes of x / s and

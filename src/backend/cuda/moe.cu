@@ -784,17 +784,19 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   float* h = reinterpret_cast<float*>(scratch + at_h);  // GEMV: [entries, inter]; tensor cores: g, then h [slots, inter]
   if (tensor) {
     // x per entry in slot order → g (in h), u → h in place of g → ye at the entries' rows.
-    const gemm::Tiles t{tiles, tile_count, max_tiles, list};
+    // A tile holds one expert's entries: at most one per token, or k when the routing is forced.
+    const gemm::Tiles t{tiles, tile_count, max_tiles, list, std::min<int64_t>(gemm::kTileRows, forced ? n : rows)};
+    const gemm::Tiling tiling = gemm::grouped_tiling(n, E);
     float* u = reinterpret_cast<float*>(scratch + at_u);
     uint8_t* codes = scratch + at_codes;
     float* scales = reinterpret_cast<float*>(scratch + at_scales);
     gemm::act_quant_slots(x, dim, t, k, routed.w1().format == WeightFormat::FP4, codes, scales, stream);
-    gemm::grouped_up(codes, scales, t, table, routed.w1().format, dim, inter, h, u, stream);
+    gemm::grouped_up(codes, scales, t, table, routed.w1().format, tiling, dim, inter, h, u, stream);
     const int64_t hn = slots * inter;
     slot_swiglu_kernel<<<unsigned((hn + 255) / 256), 256, 0, stream>>>(h, u, t, inter, limit, weights);
     check_launch("cuda::moe swiglu");
     gemm::act_quant_slots(h, inter, t, 0, routed.w2().format == WeightFormat::FP4, codes, scales, stream);
-    gemm::grouped_down(codes, scales, t, table, routed.w2().format, inter, dim, ye, stream);
+    gemm::grouped_down(codes, scales, t, table, routed.w2().format, tiling, inter, dim, ye, stream);
   } else {
     GroupedArgs up{tiles, tile_count, list, 0, k, x, dim, inter, table, {}, weights, limit, h, nullptr};
     grouped<true>(routed.w1().format, tile, up, max_tiles, stream);
