@@ -430,6 +430,25 @@ TEST(Server, KeepAliveDuringALongPrefill) {
   EXPECT_EQ(wire.substr(wire.size() - 14), "data: [DONE]\n\n");
 }
 
+// An engine failure before the first token answers with a status of 500 and an OpenAI error
+// body, streamed or not — not 200 with the error inside (the status line waits for the first
+// token, up to a heartbeat). The failure here: a KV budget of 1 KB, which no prompt fits, so the
+// scheduler refuses every request at admission.
+TEST(Server, AnEngineFailureBeforeTheFirstTokenIs500) {
+  ServerOptions options;
+  options.kv_budget_gb = 1e-6;
+  Running server(options);
+  for (bool stream : {false, true}) {
+    const json body = {{"model", "v41-tiny"}, {"prompt", "Hello"}, {"max_tokens", 2}, {"stream", stream}};
+    auto r = server.client().Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 500) << (stream ? "stream: " : "") << r->body;
+    const json e = json::parse(r->body);
+    EXPECT_EQ(e["error"]["type"], "server_error") << r->body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find("KV budget"), std::string::npos) << r->body;
+  }
+}
+
 // The official openai npm client (tests/e2e, installed by scripts/setup-e2e.sh) against the
 // server: chat, streaming chat, completions, error cases and the SSE framing byte by byte.
 TEST(Server, OpenAiClientScripts) {

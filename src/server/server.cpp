@@ -258,6 +258,24 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
                                     "server_busy", "server_error"));
   }
 
+  // The status line waits for the engine's first token, up to one heartbeat interval: a request
+  // that fails before it (refused at admission, a failed prompt lookup or a quick prefill) gets
+  // 500, not 200 with an error body. Longer it cannot wait: until a byte goes out, a client that
+  // has gone away is not noticed. The events taken meanwhile go to the provider.
+  std::vector<GenerationEvent> taken;
+  for (const auto until = Steady::now() + std::chrono::milliseconds(options.heartbeat_ms);;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Steady::now());
+    if (left.count() <= 0) break;
+    std::optional<GenerationEvent> e = generation->next_for(left);
+    if (!e) break;
+    if (e->kind == GenerationEvent::Kind::Finished && e->finish == FinishKind::Error) {
+      duration->observe(seconds_since(arrived));
+      return send_error(res, ApiError(500, "the engine failed: " + e->error, "", "", "server_error"));
+    }
+    taken.push_back(std::move(*e));
+    if (taken.back().kind != GenerationEvent::Kind::Prefilled) break;
+  }
+
   // The response is written by a content provider, so that a client that goes away is noticed
   // at the next write and its sequence freed at once. A stream writes every delta; after a second
   // with nothing written, a stream writes an SSE comment and a plain response a space (JSON
@@ -266,7 +284,8 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   auto reply = std::make_shared<ReplyStream>(*tokenizer, gen.sampling.stop, chat, thinking, request.top_logprobs);
   const int64_t prompt_tokens = int64_t(request.prompt.size());
   const bool stream = gen.stream, include_usage = gen.include_usage;
-  auto provider = [this, generation, reply, meta, chat, stream, include_usage, prompt_tokens, arrived](size_t, httplib::DataSink& sink) {
+  auto provider = [this, generation, reply, meta, chat, stream, include_usage, prompt_tokens, arrived,
+                   taken = std::move(taken)](size_t, httplib::DataSink& sink) mutable {
     Usage usage{prompt_tokens, 0, 0};
     ChatChoice chat_choice;
     CompletionChoice completion_choice;
@@ -315,8 +334,10 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       role.content = "";
       write(sse_event(chat_chunk_json(meta, role, include_usage)));
     }
-    for (;;) {
-      std::optional<GenerationEvent> e = generation->next_for(std::chrono::milliseconds(std::min(250, options.heartbeat_ms)));
+    for (size_t next_taken = 0;;) {
+      std::optional<GenerationEvent> e;
+      if (next_taken < taken.size()) e = std::move(taken[next_taken++]);
+      else e = generation->next_for(std::chrono::milliseconds(std::min(250, options.heartbeat_ms)));
       // Silence (ServerOptions::heartbeat_ms): a byte that costs the client nothing, to learn
       // whether it is still there.
       if (seconds_since(last_write) * 1000 >= options.heartbeat_ms) write(stream ? ": keep-alive\n\n" : " ");
