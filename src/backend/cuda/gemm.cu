@@ -578,7 +578,9 @@ Tiling dense_tiling(int64_t M, int64_t N) {
   check(cudaGetDevice(&device), "cuda::linear gemm");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cuda::linear gemm");
   const int64_t wide_tiles = (M + kTileRows - 1) / kTileRows * ((N + kBN - 1) / kBN);
-  return wide_tiles < 2 * int64_t(sms) ? Tiling::narrow : Tiling::wide;
+  // Measured (docs/benchmarks.md, BM_GemmTiling): with a wide tile per SM or more the wide tiling
+  // wins (narrow re-reads each weight tile once per 32 rows); below it narrow wins 1.4-2x.
+  return wide_tiles < int64_t(sms) ? Tiling::narrow : Tiling::wide;
 }
 
 void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream, Tiling tiling) {

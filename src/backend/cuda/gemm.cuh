@@ -28,7 +28,7 @@ bool usable(int64_t M, const Weight& w);
 // bit for bit, so the choice is one of speed alone.
 enum class Tiling { automatic, wide, narrow };
 
-// automatic for linear(): narrow while the wide tiling would not give every SM two CTAs.
+// automatic for linear(): narrow while the wide tiling would leave an SM without a CTA.
 Tiling dense_tiling(int64_t M, int64_t N);
 
 // y[M, N] = x[M, K] · Wᵀ for an fp8/fp4 weight, rounded to bf16 (cuda::linear's contract). Scratch
