@@ -527,38 +527,46 @@ void BM_CandidateMaskDecode(benchmark::State& state) {
 }
 
 // One layer's indexer at decode as a captured step replays it: index_scores (32 heads × 128) then
-// top-512, both reading n from the device, captured once at n_max = 1M and replayed at n; time per
-// step (graph of 8 steps). Bytes: the n keys + the scores written and read once.
+// top-512 over `rows` sequences, each its own cache of n entries, both reading the counts from the
+// device; one row captured at n_max = 1M and replayed at n, 64 rows (batch-64 decode) at n_max =
+// n; time per step (graph of 8 steps). Bytes: the keys + the scores written and read once.
 void BM_IndexerStepGraph(benchmark::State& state) {
-  const int64_t n = state.range(0), n_max = int64_t(1) << 20;
+  const int64_t n = state.range(0), rows = state.range(1), n_max = rows == 1 ? int64_t(1) << 20 : n;
   const int heads = 32, hd = 128;
-  const size_t kb = mxfp4::bytes(hd);
+  const size_t kb = mxfp4::bytes(hd), cache_bytes = size_t(n_max) * kb;
   // e2m1 codes any, scales near 2^0 (e8m0 124..127).
-  void* keys = device_codes(size_t(n_max) * kb, 21, 0xFF, 0);
+  uint8_t* keys = static_cast<uint8_t*>(device_codes(cache_bytes * size_t(rows), 21, 0xFF, 0));
   {
-    std::vector<uint8_t> k(size_t(n_max) * kb);
+    std::vector<uint8_t> k(cache_bytes * size_t(rows));
     check(cudaMemcpy(k.data(), keys, k.size(), cudaMemcpyDeviceToHost), "download");
-    for (size_t t = 0; t < size_t(n_max); ++t)
+    for (size_t t = 0; t < size_t(n_max * rows); ++t)
       for (int i = 0; i < hd / 32; ++i) k[t * kb + hd / 2 + i] = uint8_t(124 + k[t * kb + hd / 2 + i] % 4);
     check(cudaMemcpy(keys, k.data(), k.size(), cudaMemcpyHostToDevice), "upload");
   }
-  std::vector<float> qh(size_t(heads) * hd), wh(static_cast<size_t>(heads));
+  std::vector<float> qh(size_t(rows * heads * hd)), wh(size_t(rows * heads));
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
   for (float& v : qh) v = round_bf16(nd(rng));
   for (float& v : wh) v = round_bf16(0.1f * nd(rng));
+  std::vector<const uint8_t*> caches;
+  for (int64_t r = 0; r < rows; ++r) caches.push_back(keys + size_t(r) * cache_bytes);
+  const std::vector<int64_t> counts(size_t(rows), n);
   float *q = nullptr, *w = nullptr, *scores = nullptr;
   int32_t* positions = nullptr;
+  int64_t* dn = nullptr;
+  const uint8_t** dcaches = nullptr;
   check(cudaMalloc(&q, qh.size() * 4), "alloc"), check(cudaMalloc(&w, wh.size() * 4), "alloc");
-  check(cudaMalloc(&scores, size_t(n_max) * 4), "alloc"), check(cudaMalloc(&positions, 512 * 4), "alloc");
+  check(cudaMalloc(&scores, size_t(rows * n_max) * 4), "alloc"), check(cudaMalloc(&positions, size_t(rows) * 512 * 4), "alloc");
+  check(cudaMalloc(&dn, size_t(rows) * 8), "alloc"), check(cudaMalloc(&dcaches, size_t(rows) * 8), "alloc");
   check(cudaMemcpy(q, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice), "upload");
   check(cudaMemcpy(w, wh.data(), wh.size() * 4, cudaMemcpyHostToDevice), "upload");
-  int64_t* dn = device_count(n);
-  time_graph(state, double(n) * (kb + 8), 8, [&](int, cudaStream_t stream) {
-    cuda::index_scores(q, w, 1, heads, hd, static_cast<const uint8_t*>(keys), dn, n_max, nullptr, scores, stream);
-    cuda::top_positions(scores, 1, dn, n_max, 512, positions, stream);
+  check(cudaMemcpy(dn, counts.data(), counts.size() * 8, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(dcaches, caches.data(), caches.size() * 8, cudaMemcpyHostToDevice), "upload");
+  time_graph(state, double(rows * n) * (kb + 8), 8, [&](int, cudaStream_t stream) {
+    cuda::index_scores(q, w, rows, heads, hd, dcaches, dn, n_max, nullptr, scores, stream);
+    cuda::top_positions(scores, rows, dn, n_max, 512, positions, stream);
   });
-  cudaFree(keys), cudaFree(q), cudaFree(w), cudaFree(scores), cudaFree(positions), cudaFree(dn);
+  cudaFree(keys), cudaFree(q), cudaFree(w), cudaFree(scores), cudaFree(positions), cudaFree(dn), cudaFree(dcaches);
 }
 
 BENCHMARK(BM_TopKDecode)
@@ -572,10 +580,8 @@ BENCHMARK(BM_CandidateMaskDecode)
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.1);
 BENCHMARK(BM_IndexerStepGraph)
-    ->Arg(4096)
-    ->Arg(32768)
-    ->Arg(262144)
-    ->Arg(1 << 20)
+    ->ArgsProduct({{4096, 32768, 262144, 1 << 20}, {1}})
+    ->ArgsProduct({{1024, 8192, 65536}, {64}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.1);

@@ -7,7 +7,8 @@
 // Top-k and candidate blocks also at decode's long contexts (one row of 256K and 1M scores, which
 // the many-block select spreads over the GPU): scores drawn directly (bf16 normals, a few levels
 // with many ties, all tied, -inf masked tails), and the forms that read n from device memory (rows
-// n_max apart) against the host-n forms, also replayed in a CUDA graph while n grows.
+// n_max apart) against the host-n forms, also replayed in a CUDA graph while n grows; and a batch
+// of rows each over its own cache and count (a decode step of several sequences).
 //
 // Tolerance: none, the results must be identical. Scores: q (fake-quantized to MXFP4 on both
 // sides) and the MXFP4 keys make every product exact in fp32, and for inputs like these (block
@@ -21,8 +22,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../ops_util.h"
@@ -135,7 +138,7 @@ TEST(CudaIndexer, TopPositionsAndCandidateBlocksMatchTheCpu) {
     for (int r = 0; r < c.rows; ++r)
       std::copy_n(in.scores.begin() + size_t(r) * c.n, c.n, wide.begin() + size_t(r) * n_max);
     DeviceArray<float> dwide(wide);
-    DeviceArray<int64_t> dn(std::vector<int64_t>{c.n});
+    DeviceArray<int64_t> dn(std::vector<int64_t>(size_t(c.rows), c.n));
     DeviceArray<uint8_t> dwide_mask(size_t(c.rows) * n_max);
     dpos.poison();
     cuda::top_positions(dwide.get(), c.rows, dn.get(), n_max, c.topk, dpos.get());
@@ -173,11 +176,12 @@ TEST(CudaIndexer, DeviceCountScoresAreTheHostCountScores) {
     const int64_t n_max = c.n + 300;  // rows n_max apart; the last 300 of each row left untouched
     DeviceArray<float> dq(in.q), dw(in.w), host_scores(in.scores.size()), dev_scores(size_t(c.rows) * n_max);
     DeviceArray<uint8_t> dkeys(in.keys);
-    DeviceArray<int64_t> dvisible(in.visible), dn(std::vector<int64_t>{c.n});
+    DeviceArray<int64_t> dvisible(in.visible), dn(std::vector<int64_t>(size_t(c.rows), c.n));
+    DeviceArray<const uint8_t*> dcaches(std::vector<const uint8_t*>(size_t(c.rows), dkeys.get()));
     host_scores.poison();
     dev_scores.poison();
     cuda::index_scores(dq.get(), dw.get(), c.rows, c.heads, c.hd, dkeys.get(), c.n, dvisible.get(), host_scores.get());
-    cuda::index_scores(dq.get(), dw.get(), c.rows, c.heads, c.hd, dkeys.get(), dn.get(), n_max, dvisible.get(),
+    cuda::index_scores(dq.get(), dw.get(), c.rows, c.heads, c.hd, dcaches.get(), dn.get(), n_max, dvisible.get(),
                        dev_scores.get());
     const std::vector<float> want = host_scores.download(), got = dev_scores.download();
     std::vector<float> rows_got;
@@ -230,6 +234,65 @@ void cpu_select(const std::vector<float>& s, int rows, int64_t n, int topk, cons
   }
 }
 
+// A batch of rows each over its own cache with its own entry count (a decode step of several
+// sequences: one launch per op): every row equals the CPU on its own keys. Counts from 0 to 40,000
+// in one batch (the many-block select, most of its blocks idle on the short rows) and up to 2,000
+// in another (one block per row), at the tensor-core (32 × 128) and dp4a (8 × 64) score kernels.
+TEST(CudaIndexer, RowsOverTheirOwnCachesEqualTheCpu) {
+  DSV41_REQUIRE_DEVICE();
+  const int topk = 512, topk_blocks = 64, block_size = 8;
+  const std::vector<std::vector<int64_t>> batches = {{1000, 0, 37, 4099, 1, 40000}, {300, 0, 5, 2000}};
+  uint32_t seed = 4242;
+  for (const auto [heads, hd] : {std::pair{32, 128}, std::pair{8, 64}})
+    for (const std::vector<int64_t>& counts : batches) {
+      const int rows = int(counts.size());
+      const int64_t n_max = *std::max_element(counts.begin(), counts.end()) + 3;
+      std::vector<Inputs> in;
+      std::vector<std::unique_ptr<DeviceArray<uint8_t>>> caches;
+      std::vector<const uint8_t*> cache_ptrs;
+      std::vector<float> q, w;
+      std::vector<int64_t> visible;
+      for (int r = 0; r < rows; ++r) {
+        in.push_back(make_inputs({1, heads, hd, counts[size_t(r)], topk, topk_blocks, block_size}, seed += 11));
+        const int64_t seen = std::max<int64_t>(0, counts[size_t(r)] - r);  // some entries not yet visible
+        for (int64_t t = seen; t < counts[size_t(r)]; ++t) in.back().scores[size_t(t)] = -INFINITY;
+        visible.push_back(seen);
+        caches.push_back(std::make_unique<DeviceArray<uint8_t>>(in.back().keys));
+        cache_ptrs.push_back(caches.back()->get());
+        q.insert(q.end(), in.back().q.begin(), in.back().q.end());
+        w.insert(w.end(), in.back().w.begin(), in.back().w.end());
+      }
+      DeviceArray<float> dq(q), dw(w), dscores(size_t(rows) * n_max);
+      DeviceArray<const uint8_t*> dcaches(cache_ptrs);
+      DeviceArray<int64_t> dn(counts), dvisible(visible);
+      DeviceArray<int32_t> dpos(size_t(rows) * topk);
+      DeviceArray<uint8_t> dmask(size_t(rows) * n_max);
+      dscores.poison();
+      dpos.poison();
+      cuda::index_scores(dq.get(), dw.get(), rows, heads, hd, dcaches.get(), dn.get(), n_max, dvisible.get(), dscores.get());
+      const std::vector<float> scores = dscores.download();
+      cuda::top_positions(dscores.get(), rows, dn.get(), n_max, topk, dpos.get());
+      cuda::candidate_mask(dscores.get(), rows, dn.get(), n_max, dvisible.get(), topk_blocks, block_size, dmask.get());
+      const std::vector<int32_t> pos = dpos.download();
+      const std::vector<uint8_t> mask = dmask.download();
+      size_t bad_scores = 0, bad_rows = 0;
+      for (int r = 0; r < rows; ++r) {
+        const int64_t n = counts[size_t(r)];
+        const std::vector<float> got(scores.begin() + r * n_max, scores.begin() + r * n_max + n);
+        bad_scores += bit_mismatches(got, in[size_t(r)].scores);
+        std::vector<int32_t> want_pos;
+        std::vector<uint8_t> want_mask;
+        cpu_select(in[size_t(r)].scores, 1, n, topk, {visible[size_t(r)]}, topk_blocks, block_size, want_pos, want_mask);
+        bad_rows += !std::equal(want_pos.begin(), want_pos.end(), pos.begin() + r * topk) ||
+                    !std::equal(want_mask.begin(), want_mask.end(), mask.begin() + r * n_max);
+      }
+      std::printf("rows over their own caches, %d heads x %d, %d rows up to n=%lld: %zu scores differ, %zu rows' "
+                  "positions or masks differ\n", heads, hd, rows, (long long)(n_max - 3), bad_scores, bad_rows);
+      EXPECT_EQ(bad_scores, 0u) << heads << " heads, n_max " << n_max;
+      EXPECT_EQ(bad_rows, 0u) << heads << " heads, n_max " << n_max;
+    }
+}
+
 // The host-n and device-n forms on the same scores; the device form's rows n_max apart.
 TEST(CudaIndexer, LongContextTopPositionsAndCandidateBlocksMatchTheCpu) {
   DSV41_REQUIRE_DEVICE();
@@ -251,7 +314,7 @@ TEST(CudaIndexer, LongContextTopPositionsAndCandidateBlocksMatchTheCpu) {
 
     // Host n.
     DeviceArray<float> dscores(s);
-    DeviceArray<int64_t> dlen(len), dn(std::vector<int64_t>{c.n});
+    DeviceArray<int64_t> dlen(len), dn(std::vector<int64_t>(size_t(c.rows), c.n));
     DeviceArray<int32_t> dpos(want_pos.size());
     DeviceArray<uint8_t> dmask(want_mask.size());
     dpos.poison();

@@ -92,22 +92,32 @@ __device__ __forceinline__ float small_int_to_float(int s) {
 // word of nibbles (elements 8j..8j+7) becomes int8 word 2j (even elements) and 2j+1 (odd ones).
 __device__ __forceinline__ int int8_slot(int c) { return ((c / 8) * 2 + (c & 1)) * 4 + ((c & 7) >> 1); }
 
-// Entry count: a host value, or min(*device, host) read by the kernel (host then the bound n_max).
+// Row r's entry count: a host value for every row, or min(device[r], host) read by the kernel
+// (host then the bound n_max).
 struct Count {
   const int64_t* device;
   int64_t host;
-  __device__ int64_t get() const {
+  __device__ int64_t get(int64_t r) const {
     if (!device) return host;
-    const int64_t n = *device;
+    const int64_t n = device[r];
     return n < host ? (n > 0 ? n : 0) : host;
   }
+  Count from(int64_t r) const { return {device ? device + r : nullptr, host}; }
+};
+
+// Row r's key cache: one for every row, or rows[r] (a device array of caches).
+struct Keys {
+  const uint8_t* shared;
+  const uint8_t* const* rows;
+  __device__ const uint8_t* get(int64_t r) const { return rows ? rows[r] : shared; }
+  Keys from(int64_t r) const { return {shared, rows ? rows + r : nullptr}; }
 };
 
 // Grid (blocks, rows), 256 threads; block x takes tiles x, x + gridDim.x, … below n (one tile per
 // block when n is on the host). Row r's scores at scores + r·stride.
 template <int HD>
 __global__ void __launch_bounds__(kKeysPerBlock) score_kernel(const float* q, const float* w, int heads,
-                                                              const uint8_t* keys, Count entries, int64_t stride,
+                                                              Keys cache, Count entries, int64_t stride,
                                                               const int64_t* visible, float* scores) {
   constexpr int kKeyBytes = int(mxfp4::bytes(HD));  // 17, 34, 68
   constexpr int kWords = HD / 4;                    // int8 words of a vector
@@ -118,8 +128,9 @@ __global__ void __launch_bounds__(kKeysPerBlock) score_kernel(const float* q, co
   __shared__ float head_weight[kMaxHeads];
   __shared__ uint32_t tile[kKeysPerBlock * kKeyBytes / 4 + 1];  // +1: the funnel read past a key's end
 
-  const int64_t n = entries.get(), r = blockIdx.y;
+  const int64_t r = blockIdx.y, n = entries.get(r);
   if (int64_t(blockIdx.x) * kKeysPerBlock >= n) return;  // past the entries (n on the device)
+  const uint8_t* keys = cache.get(r);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   // 1. The row's q → MXFP4 (mxfp4::quantize_dequantize's scale and codes), one warp per 32-block.
@@ -228,7 +239,7 @@ __device__ __forceinline__ void mma_s8(uint32_t a0, uint32_t a1, uint32_t a2, ui
 // warps) per SM.
 template <int HT>
 __global__ void __launch_bounds__(kMmaThreads, HT <= 2 ? 4 : 1)
-    score_mma_kernel(const float* q, const float* w, const uint8_t* keys, Count entries, int64_t stride,
+    score_mma_kernel(const float* q, const float* w, Keys cache, Count entries, int64_t stride,
                      const int64_t* visible, float* scores) {
   constexpr int HD = 128, kHeads = 16 * HT, kWords = HD / 4, kBlocks = HD / mxfp4::kBlock;
   constexpr int kKeyBytes = int(mxfp4::bytes(HD));  // 68: keys start on a word
@@ -236,8 +247,9 @@ __global__ void __launch_bounds__(kMmaThreads, HT <= 2 ? 4 : 1)
   __shared__ float qscale[kHeads][kBlocks];
   __shared__ float terms[kMmaWarps][32][kHeads + 1];  // +1: lane l reads row l conflict-free
 
-  const int64_t n = entries.get(), r = blockIdx.y;
+  const int64_t r = blockIdx.y, n = entries.get(r);
   if (int64_t(blockIdx.x) * kMmaKeysPerBlock >= n) return;  // past the entries (n on the device)
+  const uint8_t* keys = cache.get(r);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
   // 1. The row's q → MXFP4 codes and scales, one warp per 32-block (as score_kernel).
@@ -462,7 +474,7 @@ __device__ Threshold select_threshold(const float* s, int64_t n, int64_t k) {
 // Grid rows, 1024 threads: row r's top positions. Scores at r·stride, positions at r·k.
 __global__ void __launch_bounds__(kSelectThreads) top_kernel(const float* scores, Count entries, int64_t stride, int k,
                                                              int32_t* positions) {
-  const int64_t n = entries.get();
+  const int64_t n = entries.get(blockIdx.x);
   const float* s = scores + blockIdx.x * stride;
   int32_t* out = positions + int64_t(blockIdx.x) * k;
   const int64_t take = k < n ? k : n;
@@ -478,7 +490,7 @@ __global__ void __launch_bounds__(kSelectThreads) candidate_kernel(const float* 
                                                                    const int64_t* compress_len, int topk_blocks,
                                                                    int block_size, float* block_scores,
                                                                    uint8_t* chosen, int64_t blocks_stride, uint8_t* mask) {
-  const int64_t r = blockIdx.x, n = entries.get(), blocks = (n + block_size - 1) / block_size;
+  const int64_t r = blockIdx.x, n = entries.get(r), blocks = (n + block_size - 1) / block_size;
   if (n <= 0) return;
   const float* s = scores + r * stride;
   float* bs = block_scores + r * blocks_stride;
@@ -568,7 +580,7 @@ __global__ void __launch_bounds__(kPassThreads) pass_kernel(SelectRows m, int sh
   __shared__ uint32_t hist[256], low_or[256], low_nor[256];
   __shared__ Digit chosen;
   __shared__ bool last;
-  const int64_t r = blockIdx.y, n = m.entries.get(), count = m.count(n), take = m.k < count ? m.k : count;
+  const int64_t r = blockIdx.y, n = m.entries.get(r), count = m.count(n), take = m.k < count ? m.k : count;
   if (take <= 0) return;  // (every block of the row alike)
   SelectState* st = m.state + r;
   if (shift < 24 && st->whole) return;
@@ -697,7 +709,7 @@ __device__ Slice emit_slice(const SelectRows& m, int64_t r, int64_t count, int64
 
 // Grid (G, rows), kPassThreads: row r's top positions from its slices; block 0 writes the -1 tail.
 __global__ void __launch_bounds__(kPassThreads) top_emit_kernel(SelectRows m, int k, int32_t* positions) {
-  const int64_t r = blockIdx.y, count = m.count(m.entries.get()), take = k < count ? k : count;
+  const int64_t r = blockIdx.y, count = m.count(m.entries.get(r)), take = k < count ? k : count;
   int32_t* out = positions + r * k;
   if (blockIdx.x == 0)
     for (int64_t i = (take > 0 ? take : 0) + threadIdx.x; i < k; i += kPassThreads) out[i] = -1;
@@ -710,7 +722,7 @@ __global__ void __launch_bounds__(kPassThreads) top_emit_kernel(SelectRows m, in
 // slice's mask bytes once, coalesced.
 __global__ void __launch_bounds__(kPassThreads) candidate_emit_kernel(SelectRows m, uint8_t* chosen, uint8_t* mask,
                                                                       int64_t mask_stride) {
-  const int64_t r = blockIdx.y, n = m.entries.get(), count = m.count(n), take = m.k < count ? m.k : count;
+  const int64_t r = blockIdx.y, n = m.entries.get(r), count = m.count(n), take = m.k < count ? m.k : count;
   uint8_t* ch = chosen + r * m.values_stride;
   const Slice sl = emit_slice(m, r, count, take, [&](int64_t b, int64_t) { ch[b] = 1; });
   __syncthreads();  // the flags
@@ -730,7 +742,7 @@ namespace {
 
 // The tensor-core kernel in one wave: as many blocks per row as fit on the GPU at once.
 template <int HT>
-void mma_launch(const float* q, const float* w, int64_t rows, const uint8_t* keys, Count entries, int64_t stride,
+void mma_launch(const float* q, const float* w, int64_t rows, Keys keys, Count entries, int64_t stride,
                 int64_t n_max, const int64_t* visible, float* scores, int64_t sms, cudaStream_t stream) {
   static const int per_sm = [] {
     int b = 0;
@@ -744,12 +756,17 @@ void mma_launch(const float* q, const float* w, int64_t rows, const uint8_t* key
 
 // n_max: the most entries a row can have (n itself when on the host). capped: the dp4a kernel gets
 // at most a few blocks per SM per row, as the tensor-core kernel always does; else one per tile.
-void score_launch(const float* q, const float* w, int64_t rows, int heads, int hd, const uint8_t* keys, Count entries,
+// Rows go in launches of at most 65535 (the grid's y).
+void score_launch(const float* q, const float* w, int64_t rows, int heads, int hd, Keys keys, Count entries,
                   int64_t stride, int64_t n_max, bool capped, const int64_t* visible, float* scores,
                   cudaStream_t stream) {
   if (heads <= 0 || heads > kMaxHeads) fail("cuda::index_scores", "1 to 64 heads", std::to_string(heads));
-  if (reinterpret_cast<uintptr_t>(keys) % 4 != 0) fail("cuda::index_scores", "a 4-byte aligned key cache", "unaligned");
-  if (rows > 65535) fail("cuda::index_scores", "at most 65535 query rows", std::to_string(rows));
+  if (reinterpret_cast<uintptr_t>(keys.shared) % 4 != 0) fail("cuda::index_scores", "a 4-byte aligned key cache", "unaligned");
+  constexpr int64_t kMaxRows = 65535;
+  for (int64_t r0 = kMaxRows; r0 < rows; r0 += kMaxRows)
+    score_launch(q + r0 * heads * hd, w + r0 * heads, std::min(kMaxRows, rows - r0), heads, hd, keys.from(r0),
+                 entries.from(r0), stride, n_max, capped, visible ? visible + r0 : nullptr, scores + r0 * stride, stream);
+  rows = std::min(rows, kMaxRows);
   // A few blocks per SM, each striding over its tiles (q made once per block, no wave of empty
   // blocks while n on the device is far below n_max); one block per tile when n is on the host
   // and small enough that the cap would not bind.
@@ -866,14 +883,15 @@ void candidate_launch(const float* scores, int64_t rows, Count entries, int64_t 
 void index_scores(const float* q, const float* w, int64_t rows, int heads, int hd, const uint8_t* keys, int64_t n,
                   const int64_t* visible, float* scores, cudaStream_t stream) {
   if (rows <= 0 || n <= 0) return;
-  score_launch(q, w, rows, heads, hd, keys, Count{nullptr, n}, n, n, false, visible, scores, stream);
+  score_launch(q, w, rows, heads, hd, Keys{keys, nullptr}, Count{nullptr, n}, n, n, false, visible, scores, stream);
 }
 
-void index_scores(const float* q, const float* w, int64_t rows, int heads, int hd, const uint8_t* keys,
+void index_scores(const float* q, const float* w, int64_t rows, int heads, int hd, const uint8_t* const* keys,
                   const int64_t* n_device, int64_t n_max, const int64_t* visible, float* scores, cudaStream_t stream) {
   if (rows <= 0 || n_max <= 0) return;
-  if (!n_device) fail("cuda::index_scores", "a device entry count", "null");
-  score_launch(q, w, rows, heads, hd, keys, Count{n_device, n_max}, n_max, n_max, true, visible, scores, stream);
+  if (!n_device || !keys) fail("cuda::index_scores", "device entry counts and key caches per row", "null");
+  score_launch(q, w, rows, heads, hd, Keys{nullptr, keys}, Count{n_device, n_max}, n_max, n_max, true, visible, scores,
+               stream);
 }
 
 void top_positions(const float* scores, int64_t rows, int64_t n, int k, int32_t* positions, cudaStream_t stream) {

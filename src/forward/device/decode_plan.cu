@@ -100,7 +100,7 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
   const size_t kv_bytes = kv_fp4::bytes(int(c.head_dim)), index_bytes = mxfp4::bytes(int(c.index_head_dim));
   for (int l = 0; l < c.n_layers; ++l) {
     if (!c.is_kv_source(l)) continue;
-    std::vector<uint8_t*> caches, kv_dest, index_dest;
+    std::vector<uint8_t*> caches, index_caches, kv_dest, index_dest;
     std::vector<float*> open_kv, open_score;
     std::vector<int32_t> open_rows;
     std::vector<int64_t> group_pos, entries, visible;
@@ -113,6 +113,7 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
         fail("cuda decode step", "a compressed cache within its capacity (" + std::to_string(r.sequence->entry_capacity(l)) + ")",
              std::to_string(g.entries_after()) + " entries at layer " + std::to_string(l));
       caches.push_back(cache.kv.get());
+      index_caches.push_back(cache.index_k.get());
       open_kv.push_back(cache.pending_kv.get());
       open_score.push_back(cache.pending_score.get());
       open_rows.push_back(cache.pending);
@@ -124,6 +125,7 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
     }
     DecodePlan::Compressed& f = p.compressed[l];
     f.caches = block.add(caches);
+    f.index_caches = block.add(index_caches);
     f.open_kv = block.add(open_kv);
     f.open_score = block.add(open_score);
     f.open_rows = block.add(open_rows);

@@ -38,6 +38,7 @@ struct DecodePlan {
   size_t window[2] = {0, 0};          // encoder / decoder layers: int32 [B, W] ring slots, -1 empty
   struct Compressed {
     size_t caches = 0;                   // uint8_t*, the KV-FP4 cache
+    size_t index_caches = 0;             // uint8_t*, the MXFP4 index-key cache
     size_t open_kv = 0, open_score = 0;  // float*, the open group's rows (ratio > 1)
     size_t open_rows = 0;                // int32, its row count before the step
     size_t kv_dest = 0, index_dest = 0;  // uint8_t*, the new entry's place, null if the group stays open

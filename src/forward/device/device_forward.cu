@@ -65,8 +65,7 @@ struct Item {
   ItemPlan plan;
   int64_t start, rows, offset;
   const int64_t* engram_ids;
-  DeviceBuffer<uint8_t> candidates;  // [rows, entries] from the candidate source layer
-  int64_t candidate_entries = 0;
+  int64_t candidate_entries = 0;  // at the candidate source layer
   bool first_call() const { return start == 0; }
   bool decode_in_ring() const { return rows == 1 && start > 0; }
 };
@@ -104,7 +103,7 @@ class Call {
                std::to_string(R) + " rows at " + std::to_string(entries) + " entries");
       }
       ItemPlan plan = plan_ ? plan_->items[items_.size()] : plan_item(c_, *s, R, in.options);
-      items_.push_back(Item{s, &in, std::move(plan), s->length, R, offset, in.engram_ids, {}, 0});
+      items_.push_back(Item{s, &in, std::move(plan), s->length, R, offset, in.engram_ids, 0});
       offset += R;
     }
     T_ = offset;
@@ -199,6 +198,7 @@ class Call {
   float* logits_out_ = nullptr;
   DeviceBuffer<int32_t> topk_;  // [T, K] entries of the latest index source
   int K_ = 0;
+  std::vector<DeviceBuffer<uint8_t>> candidates_;  // per row group of index(): [rows, stride] from the candidate source
   // The window slot lists of the current phase (encoder / decoder layers), item by item.
   int window_phase_ = -1;
   DeviceBuffer<int32_t> window_buffer_;
@@ -517,6 +517,7 @@ void Call::index(int l, const Floats& qr) {
   const int heads = c_.index_n_heads, ihd = c_.index_head_dim, rd = c_.rope_head_dim;
   const bool candidate_source = l == c_.candidate_source_layer;
   const bool uses_candidates = c_.candidate_source_layer >= 0 && l > c_.candidate_source_layer;
+  const int src = c_.kv_source_of(l);
 
   Floats q = scratch<float>(T_ * heads * ihd, stream_), w = scratch<float>(T_ * heads, stream_);
   cuda::linear(qr.get(), T_, a.indexer_wq_b, q.get(), stream_);
@@ -529,7 +530,7 @@ void Call::index(int l, const Floats& qr) {
   DeviceBuffer<int64_t> visible_buffer;
   const int64_t* visible = nullptr;
   if (decode()) {
-    visible = planned<int64_t>(plan_->compressed.at(c_.kv_source_of(l)).visible);  // the source's ratio is l's (Config)
+    visible = planned<int64_t>(plan_->compressed.at(src).visible);  // the source's ratio is l's (Config)
   } else {
     std::vector<int64_t> host;
     for (const Item& it : items_)
@@ -540,50 +541,97 @@ void Call::index(int l, const Floats& qr) {
   const auto* forced = trace_ && trace_->forced_topk && trace_->forced_topk->count(l) ? &trace_->forced_topk->at(l) : nullptr;
   if (trace_) trace_->topk[l].clear();
 
-  for (Item& it : items_) {
-    if (it.rows == 0) continue;
-    const DeviceCompressed& cache = it.seq->compressed.at(c_.kv_source_of(l));
-    const int64_t n = it.plan.compressors.at(c_.kv_source_of(l)).entries_after();
-    const int64_t* n_device = decode() ? planned<int64_t>(plan_->compressed.at(c_.kv_source_of(l)).entries) + it.offset : nullptr;
-    const int64_t stride = decode() ? it.seq->entry_capacity(c_.kv_source_of(l)) : n;  // between a row's scores and the next's
-    int32_t* topk = topk_.get() + it.offset * K_;
-    const int k = decode() ? K_ : int(std::min<int64_t>(c_.index_topk, n));
-    const int64_t* seen = visible + it.offset;
-    Floats scores = scratch<float>(it.rows * std::max<int64_t>(stride, 1), stream_);
-    if (n > 0 || decode()) {
-      const float *qi = q.get() + it.offset * heads * ihd, *wi = w.get() + it.offset * heads;
-      if (decode()) index_scores(qi, wi, it.rows, heads, ihd, cache.index_k.get(), n_device, stride, seen, scores.get(), stream_);
-      else index_scores(qi, wi, it.rows, heads, ihd, cache.index_k.get(), n, seen, scores.get(), stream_);
-      if (candidate_source) {
-        it.candidates = scratch<uint8_t>(it.rows * stride, stream_);
-        it.candidate_entries = n;
-        const int blocks = c_.candidate_topk_blocks, size = c_.candidate_block_size;
-        if (decode()) candidate_mask(scores.get(), it.rows, n_device, stride, seen, blocks, size, it.candidates.get(), stream_);
-        else candidate_mask(scores.get(), it.rows, n, seen, blocks, size, it.candidates.get(), stream_);
-      } else if (uses_candidates) {
-        if (it.candidate_entries != n)
-          fail("cuda::forward_batch", "the candidate source's entry count (" + std::to_string(it.candidate_entries) + ")",
-               std::to_string(n) + " entries at layer " + std::to_string(l));
-        mask_scores(scores.get(), it.candidates.get(), it.rows * stride, stream_);
+  // Each row reads its key cache and entry count from device arrays (the plan's, or uploaded
+  // here). The rows go in groups sharing one score buffer, rows `stride` apart: a decode step's
+  // rows all together (the stride the largest capacity, so that a captured step replays while the
+  // contexts grow); a general call's consecutive items while the padding to the longest stays
+  // under the group's own scores or 64 MiB (one launch per op and group, not per item).
+  const auto entries = [&](const Item& it) { return it.plan.compressors.at(src).entries_after(); };
+  const uint8_t* const* caches = nullptr;
+  const int64_t* counts = nullptr;
+  DeviceBuffer<const uint8_t*> caches_buffer;
+  DeviceBuffer<int64_t> counts_buffer;
+  struct Group {
+    size_t first, last;  // items
+    int64_t stride;
+  };
+  std::vector<Group> groups;
+  if (decode()) {
+    caches = planned<const uint8_t*>(plan_->compressed.at(src).index_caches);
+    counts = planned<int64_t>(plan_->compressed.at(src).entries);
+    int64_t stride = 0;
+    for (const Item& it : items_) stride = std::max(stride, it.seq->entry_capacity(src));
+    groups.push_back({0, items_.size(), stride});
+  } else {
+    std::vector<const uint8_t*> caches_host;
+    std::vector<int64_t> counts_host;
+    int64_t rows = 0, exact = 0;
+    for (size_t i = 0; i < items_.size(); ++i) {
+      const Item& it = items_[i];
+      const int64_t n = entries(it);
+      caches_host.insert(caches_host.end(), size_t(it.rows), it.seq->compressed.at(src).index_k.get());
+      counts_host.insert(counts_host.end(), size_t(it.rows), n);
+      const int64_t padded = (rows + it.rows) * std::max(n, groups.empty() ? 0 : groups.back().stride) * 5;
+      if (groups.empty() || (padded > 2 * (exact + it.rows * n) * 5 && padded > (int64_t(64) << 20)) ||
+          padded > kIndexScratchBytes) {
+        groups.push_back({i, i, 0});
+        rows = exact = 0;
       }
-      DeviceBuffer<int32_t> chosen = scratch<int32_t>(it.rows * k, stream_);
-      if (decode()) top_positions(scores.get(), it.rows, n_device, stride, k, chosen.get(), stream_);
-      else top_positions(scores.get(), it.rows, n, k, chosen.get(), stream_);
-      finish_topk(chosen.get(), it.rows, k, seen, K_, topk, stream_);
-    } else {
-      check(cudaMemsetAsync(topk, 0xFF, size_t(it.rows * K_) * sizeof(int32_t), stream_), "index");
+      groups.back().last = i + 1;
+      groups.back().stride = std::max(groups.back().stride, n);
+      rows += it.rows;
+      exact += it.rows * n;
     }
+    caches_buffer = scratch_from(caches_host, stream_);
+    counts_buffer = scratch_from(counts_host, stream_);
+    caches = caches_buffer.get();
+    counts = counts_buffer.get();
+  }
+  if (candidate_source) candidates_.clear();
+  if (uses_candidates) {
+    for (const Item& it : items_)
+      if (it.candidate_entries != entries(it))
+        fail("cuda::forward_batch", "the candidate source's entry count (" + std::to_string(it.candidate_entries) + ")",
+             std::to_string(entries(it)) + " entries at layer " + std::to_string(l));
+    if (candidates_.size() != groups.size())
+      fail("cuda::forward_batch", "the candidate source's row groups", "other groups at layer " + std::to_string(l));
+  }
+
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const Group& group = groups[g];
+    const int64_t row = items_[group.first].offset, stride = group.stride;
+    const int64_t rows = items_[group.last - 1].offset + items_[group.last - 1].rows - row;
+    Floats scores = scratch<float>(rows * std::max<int64_t>(stride, 1), stream_);
+    index_scores(q.get() + row * heads * ihd, w.get() + row * heads, rows, heads, ihd, caches + row, counts + row, stride,
+                 visible + row, scores.get(), stream_);
+    if (candidate_source) {
+      candidates_.push_back(scratch<uint8_t>(rows * stride, stream_));
+      candidate_mask(scores.get(), rows, counts + row, stride, visible + row, c_.candidate_topk_blocks,
+                     c_.candidate_block_size, candidates_.back().get(), stream_);
+      for (size_t i = group.first; i < group.last; ++i) items_[i].candidate_entries = entries(items_[i]);
+    } else if (uses_candidates) {
+      if (candidates_[g].size() != rows * stride)
+        fail("cuda::forward_batch", "the candidate source's row groups", "another stride at layer " + std::to_string(l));
+      mask_scores(scores.get(), candidates_[g].get(), rows * stride, stream_);
+    }
+    DeviceBuffer<int32_t> chosen = scratch<int32_t>(rows * K_, stream_);
+    top_positions(scores.get(), rows, counts + row, stride, K_, chosen.get(), stream_);
+    finish_topk(chosen.get(), rows, K_, visible + row, K_, topk_.get() + row * K_, stream_);
+  }
+
+  for (const Item& it : items_) {
     if (forced) {
       std::vector<int32_t> rows(size_t(it.rows * K_), -1);
       for (int64_t r = 0; r < it.rows; ++r)
         for (size_t j = 0; j < forced->at(size_t(r)).size() && j < size_t(K_); ++j) rows[size_t(r * K_) + j] = int32_t(forced->at(size_t(r))[j]);
-      check(cudaMemcpyAsync(topk, rows.data(), rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "index");
+      check(cudaMemcpyAsync(topk_.get() + it.offset * K_, rows.data(), rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                            stream_), "index");
     }
     if (trace_) {
       // As forward.cpp records them: the entries attended (the imposed ones when forced).
       const std::vector<int32_t> t = topk_.download(stream_, it.rows * K_, it.offset * K_);
       for (int64_t r = 0; r < it.rows; ++r) {
-        const size_t width = forced ? forced->at(size_t(r)).size() : size_t(std::min<int64_t>(c_.index_topk, n));
+        const size_t width = forced ? forced->at(size_t(r)).size() : size_t(std::min<int64_t>(c_.index_topk, entries(it)));
         trace_->topk[l].emplace_back(t.begin() + r * K_, t.begin() + r * K_ + int64_t(std::min<size_t>(width, size_t(K_))));
       }
     }
