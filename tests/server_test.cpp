@@ -482,8 +482,8 @@ TEST(Server, LoadTest) {
 
 // 10,000 mutations of valid requests over HTTP (bytes flipped, inserted, deleted, spliced between
 // bodies; seeded, so a failure replays), from 8 clients at once: every one gets an answer — 200,
-// or a 4xx whose body is an OpenAI error object — and never a 5xx or a dropped connection, and the
-// server serves a valid request at the end. A mutated request whose reply runs long (a max_tokens
+// or a 4xx whose body is an OpenAI error object, or 503 while the queue is full — and never another
+// 5xx or a dropped connection, and the server serves a valid request at the end. A mutated request whose reply runs long (a max_tokens
 // grown to thousands) is cut by its client after 0.5 s, a cancellation the server must survive too. The in-process fuzz targets
 // (fuzz/) cover the parsers more deeply; this covers the server's whole path under such input.
 TEST(Server, SurvivesTenThousandMutatedRequests) {
@@ -496,7 +496,7 @@ TEST(Server, SurvivesTenThousandMutatedRequests) {
        R"({"model":"v41-tiny","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Why?"}],)"
        R"("max_tokens":1,"stream":true,"stream_options":{"include_usage":true},"temperature":0.5,"seed":3,"stop":["\n"]})"},
   };
-  std::atomic<int> next{0}, answered{0}, cut{0};
+  std::atomic<int> next{0}, answered{0}, cut{0}, busy{0};
   std::mutex failures_mutex;
   std::vector<std::string> failures;
   auto client = [&](int worker) {
@@ -522,8 +522,10 @@ TEST(Server, SurvivesTenThousandMutatedRequests) {
       }
       std::string problem;
       if (!r) problem = "no answer: " + httplib::to_string(r.error());
-      else if (r->status >= 500) problem = "status " + std::to_string(r->status);
+      // 503: every queue slot is held by replies the clients cut, refused as documented.
+      else if (r->status >= 500 && r->status != 503) problem = "status " + std::to_string(r->status);
       else if (r->status != 200) {
+        busy += r->status == 503;
         const json e = json::parse(r->body, nullptr, false);
         if (!e.is_object() || !e.contains("error") || !e["error"].contains("message")) problem = "status " + std::to_string(r->status) + " without an error object";
       }
@@ -538,10 +540,21 @@ TEST(Server, SurvivesTenThousandMutatedRequests) {
   for (int w = 0; w < 8; ++w) clients.emplace_back(client, w);
   for (std::thread& t : clients) t.join();
   EXPECT_TRUE(failures.empty()) << failures.size() << " bad answers, e.g. " << failures.front();
-  std::printf("%d answered, %d cut by the client\n", answered.load(), cut.load());
-  EXPECT_GT(answered.load(), 9000);
-  const json ok = server.post("/v1/completions", {{"model", "v41-tiny"}, {"prompt", "Once"}, {"max_tokens", 2}});
-  EXPECT_EQ(ok["usage"]["completion_tokens"], 2);
+  // How many replies the client's timeout cuts (long generations) and how many the full queue
+  // refuses depends on the machine's speed, so they are reported, not bounded.
+  std::printf("%d answered (%d refused as busy), %d cut by the client\n", answered.load(), busy.load(), cut.load());
+  // The next valid request is served, once the queue has drained the cut replies (a busy
+  // server says 503 with Retry-After: 1 until then).
+  const std::string valid = json{{"model", "v41-tiny"}, {"prompt", "Once"}, {"max_tokens", 2}}.dump();
+  httplib::Client c = server.client();
+  auto r = c.Post("/v1/completions", valid, "application/json");
+  for (int retry = 0; r && r->status == 503 && retry < 120; ++retry) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    r = c.Post("/v1/completions", valid, "application/json");
+  }
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], 2);
 }
 
 // The resident memory of this process, from /proc (kB → bytes).
