@@ -158,6 +158,31 @@ TEST(Cli, ChatServesAPrefixFromDiskAfterARestart) {
   EXPECT_EQ(t["replayed_tokens"], 16);  // W of v41-tiny
 }
 
+// The same in exact mode: the second process adopts the blocks through the exact replay (every
+// layer over 181 rows of v41-tiny), so the system prompt must reach past that.
+TEST(Cli, ExactChatServesAPrefixFromDiskAfterARestart) {
+  dsv41::test::TempDir dir("cli_chat");
+  fs::create_directories(dir.path());
+  std::ofstream(dir / "turn.txt") << "What is the capital of France?\n";
+  std::string system;
+  for (int i = 0; i < 24; ++i) system += "Answer in one short sentence, and say so when you do not know. ";
+  const std::string cmd = "chat --model " DSV41_TEST_DATA "/fixtures/v41-tiny --exact --json --max-tokens 2 --store " +
+                          (dir / "store").string() + " --system '" + system + "' < " + (dir / "turn.txt").string();
+  Outcome first = run_dsv41(cmd);
+  ASSERT_EQ(first.status, 0) << first.output;
+  const json cold = json::parse(first.output);
+  EXPECT_EQ(cold["cached_tokens"], 0);
+  ASSERT_GT(cold["prompt_tokens"].get<int64_t>(), 2 * 64 + 181) << cold;
+  Outcome second = run_dsv41(cmd);
+  ASSERT_EQ(second.status, 0) << second.output;
+  json t = json::parse(second.output);
+  EXPECT_GT(t["disk_blocks"].get<int64_t>(), 0) << t;
+  EXPECT_EQ(t["global_tokens"].get<int64_t>(), 64 * t["disk_blocks"].get<int64_t>());
+  EXPECT_EQ(t["replayed_tokens"], 181);
+  ASSERT_TRUE(cold.contains("reply")) << cold;
+  EXPECT_EQ(t["reply"], cold["reply"]);  // exact: the same greedy reply as the cold run
+}
+
 // bench cache runs every scenario in both modes and reports the work each one did.
 TEST(Cli, BenchCacheReportsEveryScenario) {
   Outcome r = run_dsv41("bench cache --model " DSV41_TEST_DATA
@@ -167,7 +192,7 @@ TEST(Cli, BenchCacheReportsEveryScenario) {
   std::vector<std::string> names;
   for (const json& s : j["scenarios"]) {
     names.push_back(s["name"]);
-    for (const char* key : {"ttft_ms", "tokens_computed", "tokens_cached", "tokens_replayed", "exact_ttft_ms"})
+    for (const char* key : {"ttft_ms", "tokens_computed", "tokens_cached", "tokens_replayed", "exact_ttft_ms", "exact_tokens_replayed"})
       EXPECT_TRUE(s.contains(key)) << key;
   }
   EXPECT_EQ(names, (std::vector<std::string>{"cold", "global_swa_hit", "global_hit_swa_miss", "host_hit", "disk_hit"}));
@@ -177,7 +202,10 @@ TEST(Cli, BenchCacheReportsEveryScenario) {
   EXPECT_EQ(s[1]["tokens_computed"], 32);
   for (int i : {2, 3, 4}) EXPECT_EQ(s[i]["tokens_replayed"], 16) << s[i];
   EXPECT_EQ(s[4]["disk_blocks"], 3);
-  for (int i : {2, 3, 4}) EXPECT_EQ(s[i]["exact_tokens_cached"], 0) << "exact mode never replays";
+  // Exact mode's global hits replay every layer over 16 + 11 * 15 = 181 rows (v41-tiny: W 16, 12 layers).
+  EXPECT_EQ(s[1]["exact_tokens_replayed"], 0);
+  for (int i : {2, 3, 4}) EXPECT_EQ(s[i]["exact_tokens_replayed"], 181) << s[i];
+  for (int i : {2, 3, 4}) EXPECT_EQ(s[i]["exact_tokens_cached"], s[i]["tokens_cached"]) << s[i];
   // The bytes the sequence's global KV buffers hold per token are what the accounting predicts
   // from the shapes (106 B for v41-tiny; the flash-kv preset's 890 is measured in docs/benchmarks.md).
   Outcome inspect = run_dsv41("inspect --model " DSV41_TEST_DATA "/fixtures/v41-tiny --json");

@@ -1,7 +1,7 @@
 // Encoder bounded replay (DESIGN §3, report §3.2.2): on a global-KV hit at H with an SWA miss,
 // the encoder replays [H - W, H) together with the uncached suffix, its windows truncated at
 // s = H - W, to regenerate the SWA rings; the replayed rows read the cached global KV and never
-// rewrite it.
+// rewrite it. In exact mode every layer replays, far enough back that the rings come out exact.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -63,6 +63,69 @@ TEST(EncoderReplay, RegeneratesSwaFromCachedGlobalKv) {
   std::printf("replay from %ld (hit at %ld of %ld tokens) vs cold: max |dlogit| %.4f\n", long(s), long(H), long(P), d.max);
   EXPECT_TRUE(std::isfinite(d.max));
   EXPECT_EQ(warm.encoder_window_floor, s);
+}
+
+// Exact mode's replay: every layer reruns [H - R, H), R = exact_replay_rows, its windows truncated
+// at the start. Every ring at H, the logits and the state's KV then equal the cold run's bit for
+// bit (each row's arithmetic depends on its inputs alone: chunked prefill equals one-shot).
+TEST(EncoderReplay, ExactReplayRegeneratesEveryRingBitForBit) {
+  auto model = Model::load(fixture_dir("v41-tiny"));
+  const Config& c = model->config();
+  Expected ex("v41-tiny");
+  std::vector<int64_t> t = ex.ints("prompt2.tokens"), h = ex.ints("prompt2.prefill.engram_hash");
+  const std::vector<int> tokens(t.begin(), t.end());
+  const int64_t P = int64_t(tokens.size()), B = block_tokens(c), R = exact_replay_rows(c);
+  const int64_t per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+  const int64_t H = (P / B) * B, s = H - R;
+  ASSERT_EQ(R, c.window_size + (c.n_layers - 1) * (c.window_size - 1));
+  ASSERT_GT(s, 0);
+
+  SequenceState cold(c);
+  const std::vector<float> cold_logits = forward(*model, cold, tokens, h.data());
+
+  std::vector<std::vector<uint8_t>> blocks;
+  for (int64_t b = 0; b < H / B; ++b) blocks.push_back(global_block(c, cold, b, int(B)));
+  SequenceState warm = restore_sequence(c, test::payloads(blocks), int(B));
+  warm.length = s;
+  ForwardOptions replay;
+  replay.replay_until = H;
+  replay.exact_replay = true;
+  const std::vector<float> warm_logits =
+      forward(*model, warm, std::span<const int>(tokens).subspan(size_t(s)), h.data() + s * per_token, replay);
+
+  EXPECT_EQ(warm.length, P);
+  EXPECT_EQ(warm_logits, cold_logits);
+  for (size_t l = 0; l < cold.window.size(); ++l) EXPECT_EQ(warm.window[l], cold.window[l]) << "layer " << l << "'s ring";
+  for (int l : c.kv_source_layers) {
+    const CompressedCache& a = warm.compressed.at(l);
+    const CompressedCache& b = cold.compressed.at(l);
+    EXPECT_EQ(a.entries, b.entries) << l;
+    EXPECT_EQ(a.kv, b.kv) << l;
+    EXPECT_EQ(a.index_k, b.index_k) << l;
+    EXPECT_EQ(a.pending, b.pending) << l;
+    EXPECT_EQ(a.pending_kv, b.pending_kv) << l;
+  }
+}
+
+// An exact replay belongs to exact mode: with a decoder cut, or without a replay point, it is refused.
+TEST(EncoderReplay, RefusesAnExactReplayOutsideExactMode) {
+  auto model = Model::load(fixture_dir("v41-tiny"));
+  const Config& c = model->config();
+  std::vector<int> tokens(40, 5);
+  std::vector<int64_t> ids(tokens.size() * c.engram_layer_ids.size() * size_t(c.engram_hash_columns()), 0);
+  ForwardOptions bare;
+  bare.exact_replay = true;
+  SequenceState fresh(c);
+  EXPECT_THROW(forward(*model, fresh, tokens, ids.data(), bare), Error);
+  EXPECT_EQ(fresh.length, 0);
+  ForwardOptions cut;
+  cut.exact_replay = true;
+  cut.decoder_from = 30;
+  cut.replay_until = 20;
+  SequenceState state(c);
+  state.length = 10;
+  EXPECT_THROW(forward(*model, state, std::span<const int>(tokens).first(30), ids.data(), cut), Error);
+  EXPECT_EQ(state.length, 10);
 }
 
 TEST(EncoderReplay, RefusesAReplayPointOutsideTheCall) {

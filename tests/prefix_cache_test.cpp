@@ -1,6 +1,6 @@
 // The engine over the KV tiers (DESIGN §3–4, §6): a prompt is served from the running sequence,
-// an SWA-pool tail (exactly), or global blocks with encoder bounded replay (default mode, hits
-// past the window only), and stores what it makes. Tested on fixture v41-tiny (W = 16).
+// an SWA-pool tail (exactly), or global blocks with a replay (default mode: the encoder's, hits
+// past the window only; exact mode: every layer's, exactly), and stores what it makes. Tested on fixture v41-tiny (W = 16).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -184,24 +184,47 @@ TEST_F(PrefixCacheTest, HitsNoLongerThanTheWindowAreNotAdopted) {
   EXPECT_EQ(cache.stats().counters.short_hits, 1);
 }
 
-// Exact mode never approximates: global blocks without their SWA tail are not used.
-TEST_F(PrefixCacheTest, ExactModeNeverReplays) {
-  KvCache cache(c, options(Mode::Exact));
-  Session a(*model, &tokenizer, Mode::Exact);
-  const std::vector<int> prompt = turn_two(turn_one(a, cache));
-  clock.advance_ms(60'000);
-  Session b(*model, &tokenizer, Mode::Exact);
+// Exact mode adopts global blocks without their SWA tail through its exact replay: every layer
+// reruns the last exact_replay_rows positions of the hit, and the sequence goes on bit for bit as a
+// cold run. A restart (the SWA pool gone, the store kept) is served so; a hit no longer than the
+// replay is not adopted.
+TEST_F(PrefixCacheTest, ExactModeReplaysEveryLayerAfterARestart) {
+  TempDir dir("prefix_cache");
+  KvCacheOptions o = options(Mode::Exact);
+  o.store_dir = dir.string();
+  {
+    KvCache cache(c, o);
+    Session a(*model, &tokenizer, Mode::Exact);
+    a.prefill_prompt(first(270), &cache);
+    cache.flush();
+    EXPECT_EQ(cache.stats().store->blocks, 4u);
+  }
+  KvCache cache(c, o);
+  Session b(*model, &tokenizer, Mode::Exact), cold(*model, &tokenizer, Mode::Exact);
   PrefixUse use;
-  const std::vector<float> got = b.prefill_prompt(prompt, &cache, &use);
+  std::vector<float> got = b.prefill_prompt(text, &cache, &use), want = cold.prefill(text);
+  EXPECT_EQ(use.disk_blocks, 4);
+  EXPECT_EQ(use.global_tokens, 256);
+  EXPECT_EQ(use.replayed, exact_replay_rows(c));
+  EXPECT_EQ(use.computed(), int64_t(text.size()) - 256);
+  ASSERT_EQ(got, want);
+  for (int k = 0; k < 8; ++k) {
+    const int token = argmax(want);
+    got = b.decode(token);
+    want = cold.decode(token);
+    ASSERT_EQ(got, want) << "decode step " << k;
+  }
+
+  Session shorter(*model, &tokenizer, Mode::Exact), shorter_cold(*model, &tokenizer, Mode::Exact);
+  const std::vector<float> short_got = shorter.prefill_prompt(first(150), &cache, &use);
   EXPECT_EQ(use.cached(), 0);
-  EXPECT_EQ(use.replayed, 0);
-  Session cold(*model, &tokenizer, Mode::Exact);
-  EXPECT_EQ(got, cold.prefill(prompt));
+  EXPECT_EQ(use.short_hit, 128);  // two blocks, no more than the replay's 181 rows
+  EXPECT_EQ(short_got, shorter_cold.prefill(first(150)));
 
   // And a cache of the other mode is refused, changing nothing.
   KvCache other(c, options(Mode::Default));
-  EXPECT_THROW(b.prefill_prompt(prompt, &other), Error);
-  EXPECT_EQ(b.length(), int64_t(prompt.size()));
+  EXPECT_THROW(b.prefill_prompt(text, &other), Error);
+  EXPECT_EQ(b.length(), int64_t(text.size()) + 8);
 }
 
 // Store writes run on the cache's writer thread: the blocks still queued when the cache is

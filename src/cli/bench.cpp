@@ -2,10 +2,11 @@
 //                   [--reply-tokens N] [--json]
 //
 // The KV cache's scenarios, each a prompt's time to first token and the tokens it computed, in
-// default mode and in exact mode (which never replays, so its global-hit scenarios run cold):
+// default mode and in exact mode (whose global hits replay every layer over exact_replay_rows):
 //   cold                 a document and a question, nothing cached
 //   global_swa_hit       the next turn within the SWA TTL: blocks + SWA tail, exact continuation
-//   global_hit_swa_miss  the same turn after the TTL: blocks, encoder bounded replay over W
+//   global_hit_swa_miss  the same turn after the TTL: blocks, encoder bounded replay over W (exact
+//                        mode: every layer's exact replay)
 //   host_hit             a new conversation on the same document: its blocks from the host cache
 //   disk_hit             after a restart (a new cache over the same store): blocks from disk
 // and the KV bytes per token measured on the sequence's buffers. Without --model, a random
@@ -199,7 +200,8 @@ void add_bench(CLI::App& app) {
                          {"disk_blocks", r.use.disk_blocks},
                          {"exact_ttft_ms", e.ttft_ms},
                          {"exact_tokens_computed", e.use.computed()},
-                         {"exact_tokens_cached", e.use.cached()}});
+                         {"exact_tokens_cached", e.use.cached()},
+                         {"exact_tokens_replayed", e.use.replayed}});
     }
     if (args->as_json) {
       nlohmann::json out = {{"model", args->model.empty() ? "random " + args->preset : args->model},
@@ -217,12 +219,13 @@ void add_bench(CLI::App& app) {
       fmt::print("{}\n", out.dump());
       return;
     }
-    fmt::print("{:<20} {:>10} {:>9} {:>7} {:>8} {:>12} {:>14}\n", "scenario", "ttft ms", "computed", "cached", "replayed",
-               "exact ttft", "exact computed");
+    fmt::print("{:<20} {:>10} {:>9} {:>7} {:>8} {:>12} {:>14} {:>14}\n", "scenario", "ttft ms", "computed", "cached", "replayed",
+               "exact ttft", "exact computed", "exact replayed");
     for (const nlohmann::json& r : records)
-      fmt::print("{:<20} {:>10.1f} {:>9} {:>7} {:>8} {:>12.1f} {:>14}\n", r["name"].get<std::string>(), r["ttft_ms"].get<double>(),
+      fmt::print("{:<20} {:>10.1f} {:>9} {:>7} {:>8} {:>12.1f} {:>14} {:>14}\n", r["name"].get<std::string>(), r["ttft_ms"].get<double>(),
                  r["tokens_computed"].get<int64_t>(), r["tokens_cached"].get<int64_t>(), r["tokens_replayed"].get<int64_t>(),
-                 r["exact_ttft_ms"].get<double>(), r["exact_tokens_computed"].get<int64_t>());
+                 r["exact_ttft_ms"].get<double>(), r["exact_tokens_computed"].get<int64_t>(),
+                 r["exact_tokens_replayed"].get<int64_t>());
     fmt::print("global KV {:.1f} B/token over {} tokens (measured on the sequence's buffers); SWA {} B per sequence\n",
                bytes_per_token, def.tokens, def.swa_bytes);
     fmt::print("cold prefill, default / exact: {:.3f} of the layer-rows, {:.3f} of the time\n", work_ratio, time_ratio);

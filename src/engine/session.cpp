@@ -75,7 +75,8 @@ static int64_t prompt_decoder_from(Mode mode, int64_t end, int64_t n, int64_t W)
 }
 
 void Session::start_call(Call call, KvCache* cache) {
-  decoder_floor_ = std::max({decoder_floor_, call.options.decoder_from, call.options.replay_until});
+  // (An exact replay's truncation at its start is no floor: no window past the hit reaches it.)
+  decoder_floor_ = std::max(decoder_floor_, call.options.decoder_rows_from());
   pending_ = std::move(call);
   cursor_ = 0;
   prompt_cache_ = cache;
@@ -138,9 +139,12 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
     for (int64_t b = 0; b < blocks; ++b) (run.from_disk[size_t(b)] ? use.disk_blocks : use.host_blocks) += 1;
   };
 
-  // An SWA tail continues exactly from any position whose complete blocks were found. In default
-  // mode one at or before H - W is not worth it: replaying from H costs less than computing from there.
-  const int64_t lo = mode_ == Mode::Default ? std::max<int64_t>(1, H - W + 1) : 1;
+  // A global hit is adopted with a replay of its last R positions: the encoder's W in default
+  // mode, every layer's exact_replay_rows in exact mode.
+  const int64_t R = mode_ == Mode::Default ? W : exact_replay_rows(c);
+  // An SWA tail continues exactly from any position whose complete blocks were found; one at or
+  // before H - R is not worth it: replaying from H costs less than computing from there.
+  const int64_t lo = std::max<int64_t>(1, H - R + 1);
   if (auto tail = cache->find_tail(prompt, run.keys, lo, std::min(P - 1, H + B - 1))) {
     const int64_t n = tail->position, blocks = n / B;
     start_over(prompt.first(size_t(n)), restore_sequence(c, run.payloads(size_t(blocks)), B, &tail->snapshot->tail));
@@ -150,20 +154,21 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
     return append(prompt.subspan(size_t(n)), decoder_from(P - n));
   }
 
-  // A global hit: encoder bounded replay over [H - W, H), adopted only past the window.
-  if (mode_ == Mode::Default && H > W) {
+  // A global hit: the replay over [H - R, H), adopted only past R positions.
+  if (H > R) {
     SequenceState state = restore_sequence(c, run.payloads(run.blocks.size()), B);
-    state.length = H - W;
-    start_over(prompt.first(size_t(H - W)), std::move(state));
+    state.length = H - R;
+    start_over(prompt.first(size_t(H - R)), std::move(state));
     stored_blocks_ = H / B;
     use.global_tokens = H;
-    use.replayed = W;
+    use.replayed = R;
     count_blocks(H / B);
-    Call call = append(prompt.subspan(size_t(H - W)), decoder_from(P));
+    Call call = append(prompt.subspan(size_t(H - R)), decoder_from(P));
     call.options.replay_until = H;
+    call.options.exact_replay = mode_ == Mode::Exact;
     return call;
   }
-  if (mode_ == Mode::Default) use.short_hit = H;
+  use.short_hit = H;
   return append(prompt, decoder_from(P));
 }
 
@@ -203,7 +208,7 @@ BatchItem Session::next_decode(int token) {
 
 void Session::ran() {
   const int64_t end = length(), start = end - handed_;
-  const int64_t decoder_from = std::max(handed_options_.decoder_from, handed_options_.replay_until);
+  const int64_t decoder_from = handed_options_.decoder_rows_from();
   work_.encoder_tokens += handed_;
   work_.decoder_tokens += end - std::clamp(decoder_from, start, end);
   cursor_ += handed_;

@@ -4,7 +4,8 @@
 // from its row counts, its options and the sequences' counters, not from the activations:
 //  * where each item's rows sit, and which leave the call at the decoder start (the CED cut of
 //    decoder bounded replay: the decoder runs on positions >= decoder_from only);
-//  * which rows only regenerate SWA KV (encoder bounded replay up to replay_until);
+//  * which rows only regenerate SWA KV (a replay up to replay_until: the encoder's in default mode,
+//    every layer's in exact mode);
 //  * the window floors of the item's encoder and decoder layers;
 //  * per kv-source layer, the positions its compressor runs on, the groups they close and where
 //    their entries go;
@@ -68,10 +69,14 @@ ItemPlan plan_item(const Config& c, const State& state, int64_t rows, const Forw
            std::to_string(options.replay_until));
     p.replay_until = options.replay_until;
   }
-  // Encoder replay truncates the encoder's windows at the call's start, where the SWA KV begins.
+  if (options.exact_replay && (p.replay_until == 0 || options.decoder_from > 0 || options.keep_replayed_rows))
+    fail("forward", "an exact replay with a replay_until, in exact mode (decoder_from 0, no keep_replayed_rows)",
+         "replay_until " + std::to_string(options.replay_until) + ", decoder_from " + std::to_string(options.decoder_from));
+  // A replay truncates the windows of the layers it reruns at the call's start, where the SWA KV
+  // begins: the encoder's, and in exact mode the decoder's too.
   p.encoder_floor = p.replay_until > 0 ? p.start : state.encoder_window_floor;
-  p.decoder_from = std::max(options.decoder_from, p.replay_until);
-  p.decoder_floor = std::max(state.decoder_window_floor, p.decoder_from);
+  p.decoder_from = options.decoder_rows_from();
+  p.decoder_floor = std::max(state.decoder_window_floor, options.exact_replay ? p.start : p.decoder_from);
   p.cut = options.keep_replayed_rows ? 0 : std::clamp<int64_t>(p.decoder_from - p.start, 0, rows);
   const int64_t left = p.decoder_rows();
   p.logits_rows = left == 0 ? 0 : options.all_logits ? left : 1;
@@ -83,8 +88,8 @@ ItemPlan plan_item(const Config& c, const State& state, int64_t rows, const Forw
     g.ratio = c.compress_ratios[size_t(layer)];
     // The encoder's kv-sources and the decoder's first (it compresses the stream entering the
     // decoder, the cut rows included) see every row from the replay's end; later decoder ones only
-    // the rows the decoder runs.
-    const int64_t from = layer > ds ? p.start + p.cut : std::max(p.start, p.replay_until);
+    // the rows the decoder runs, from the replay's end too.
+    const int64_t from = std::max(layer > ds ? p.start + p.cut : p.start, p.replay_until);
     g.first_pos = std::min(from, p.end());
     g.rows = p.end() - g.first_pos;
     g.pending_before = cache.pending;

@@ -30,7 +30,7 @@ void check_sample(const BatchItem& item, int64_t vocab_size) {
   // A row to choose from: the call's last row runs the decoder (bounded replay cuts no further).
   const int64_t end = item.sequence->length() + int64_t(item.tokens.size());
   if (std::max(item.options.decoder_from, item.options.replay_until) >= end)
-    fail("forward_batch", "a row that gives logits for an item to sample (decoder_from below " + std::to_string(end) + ")",
+    fail("forward_batch", "a row past the cut and the replay for an item to sample (below " + std::to_string(end) + ")",
          std::to_string(std::max(item.options.decoder_from, item.options.replay_until)));
   const int64_t vocab = item.sample->vocab;
   if (vocab < 1 || vocab > vocab_size || item.sample->top_logprobs > kMaxTopLogprobs)

@@ -3,6 +3,7 @@
 // inference/model.py computes it (DESIGN §3). Prefill of any length in chunks of any size, then
 // incremental decode of one sequence and its SequenceState; the CPU executor (executor.h) runs a
 // batch of them through it.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -54,7 +55,20 @@ struct ForwardOptions {
   // before H run the encoder only, with its windows truncated at s, to regenerate the SWA rings,
   // reading the cached global KV and never rewriting it. 0 = no replay.
   int64_t replay_until = 0;
+  // Exact mode's replay (with replay_until): every layer, the decoder's too, reruns the rows before
+  // H, its windows truncated at the call's start s. A row's KV at layer j is a cold run's once the
+  // row is (j + 1)(W - 1) past s, so from s = H - exact_replay_rows(config) every ring at H is the
+  // cold run's, bit for bit, and the call continues exactly.
+  bool exact_replay = false;
+
+  // The first position the decoder layers run on: default mode's replay runs the encoder alone
+  // below H.
+  int64_t decoder_rows_from() const { return exact_replay ? decoder_from : std::max(decoder_from, replay_until); }
 };
+
+// The rows exact mode's replay reruns below a hit (ForwardOptions::exact_replay): the last layer's
+// ring of W positions, plus W - 1 per layer beneath it for the truncation to wear off.
+inline int64_t exact_replay_rows(const Config& c) { return c.window_size + int64_t(c.n_layers - 1) * (c.window_size - 1); }
 
 // Runs `tokens` at positions state.length, state.length + 1, ... and advances the state. Returns
 // the logits [rows, vocab] (fp32): every row with all_logits, else the last one (rows dropped by

@@ -316,6 +316,50 @@ TEST_P(DeviceForwardFixture, EncoderBoundedReplayMatchesCpu) {
   expect_close(f.name + " device vs cpu, encoder bounded replay", got, want, c.vocab_size, forced_apart(f, prompt));
 }
 
+// Exact mode's replay (every layer reruns [H - R, H), R = exact_replay_rows) on the device, from
+// the global KV of [0, H) of the device's own cold run: the logits and every ring equal that cold run's
+// to the bit. Both calls have 64 rows or more, so every projection runs the same tensor-core GEMM,
+// whose sums per row do not depend on the row count.
+TEST_P(DeviceForwardFixture, ExactReplayEqualsTheColdRun) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f(GetParam());
+  const Config& c = f.config();
+  cuda::DeviceModel dm(*f.model);
+  const int prompt = 2;
+  const std::vector<int> tokens = f.tokens(prompt);
+  const std::vector<int64_t> hashes = f.hashes(prompt);
+  const int64_t P = int64_t(tokens.size()), R = exact_replay_rows(c);
+  int64_t step = 1;  // H: a multiple of every compression ratio (a block boundary)
+  for (int r : c.compress_ratios) step = r > 0 ? std::lcm(step, int64_t(r)) : step;
+  const int64_t H = (P - 8) / step * step, start = H - R;
+  ASSERT_GT(start, 0);
+  ASSERT_GE(P - start, 64);
+
+  cuda::DeviceSequence cold(c, c.max_seq_len), warm(c, c.max_seq_len);
+  const std::vector<float> want = cuda::forward_batch(dm, {{&cold, tokens, f.ids(hashes, 0)}}).front();
+  const SequenceState cold_state = cold.download();
+  // What the KV tiers restore on a global hit at H: the entries of [0, H), no window, no open group.
+  SequenceState restored(c);
+  restored.length = start;
+  for (auto& [layer, cache] : restored.compressed) {
+    const CompressedCache& from = cold_state.compressed.at(layer);
+    cache.entries = H / c.compress_ratios[size_t(layer)];
+    cache.kv.assign(from.kv.begin(), from.kv.begin() + cache.entries * int64_t(from.kv.size()) / from.entries);
+    cache.index_k.assign(from.index_k.begin(), from.index_k.begin() + cache.entries * int64_t(from.index_k.size()) / from.entries);
+  }
+  warm.upload(restored);
+
+  ForwardOptions options;
+  options.replay_until = H;
+  options.exact_replay = true;
+  const std::vector<float> got =
+      cuda::forward_batch(dm, {{&warm, std::span<const int>(tokens).subspan(size_t(start)), f.ids(hashes, start), options}}).front();
+  EXPECT_EQ(mismatches(got, want), 0u);
+  const SequenceState after = warm.download();
+  EXPECT_EQ(after.length, P);
+  for (size_t l = 0; l < after.window.size(); ++l) EXPECT_EQ(mismatches(after.window[l], cold_state.window[l]), 0u) << "layer " << l;
+}
+
 // A bad call changes no sequence: a token out of range, or a replay point outside the call.
 TEST_P(DeviceForwardFixture, BadInputChangesNothing) {
   DSV41_REQUIRE_DEVICE();
