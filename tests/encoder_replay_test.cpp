@@ -16,15 +16,44 @@
 using namespace dsv41;
 using namespace dsv41::test;
 
-TEST(EncoderReplay, RegeneratesSwaFromCachedGlobalKv) {
-  auto model = Model::load(fixture_dir("v41-tiny"));
+namespace {
+
+// Fixture v41-tiny, its prompt2 (300 tokens) with the Engram hashes, and a global hit at H (every
+// complete block) restored from a cold run's blocks.
+struct EncoderReplay : ::testing::Test {
+  std::unique_ptr<Model> model = Model::load(fixture_dir("v41-tiny"));
   const Config& c = model->config();
-  Expected ex("v41-tiny");
-  std::vector<int64_t> t = ex.ints("prompt2.tokens"), h = ex.ints("prompt2.prefill.engram_hash");
-  const std::vector<int> tokens(t.begin(), t.end());
-  const int64_t P = int64_t(tokens.size()), W = c.window_size, B = block_tokens(c);
-  const int64_t per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-  const int64_t H = (P / B) * B, s = H - W;  // the hit: every complete block; replay from H - W
+  std::vector<int> tokens;
+  std::vector<int64_t> h;
+  int64_t P = 0, B = block_tokens(c), H = 0;
+  int64_t per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+
+  EncoderReplay() {
+    Expected ex("v41-tiny");
+    const std::vector<int64_t> t = ex.ints("prompt2.tokens");
+    tokens.assign(t.begin(), t.end());
+    h = ex.ints("prompt2.prefill.engram_hash");
+    P = int64_t(tokens.size());
+    H = P / B * B;
+  }
+  // The hit's state for a replay from s: the global KV of [0, H), no SWA.
+  SequenceState hit(const SequenceState& cold, int64_t s) const {
+    std::vector<std::vector<uint8_t>> blocks;
+    for (int64_t b = 0; b < H / B; ++b) blocks.push_back(global_block(c, cold, b, int(B)));
+    SequenceState warm = restore_sequence(c, test::payloads(blocks), int(B));
+    warm.length = s;
+    return warm;
+  }
+  std::vector<float> replay(SequenceState& warm, const ForwardOptions& options) const {
+    const int64_t s = warm.length;
+    return forward(*model, warm, std::span<const int>(tokens).subspan(size_t(s)), h.data() + s * per_token, options);
+  }
+};
+
+}  // namespace
+
+TEST_F(EncoderReplay, RegeneratesSwaFromCachedGlobalKv) {
+  const int64_t W = c.window_size, s = H - W;  // replay from H - W
   ASSERT_GT(H, W);
 
   // The cold run, in default mode.
@@ -33,16 +62,11 @@ TEST(EncoderReplay, RegeneratesSwaFromCachedGlobalKv) {
   cold_options.decoder_from = P - W;
   const std::vector<float> cold_logits = forward(*model, cold, tokens, h.data(), cold_options);
 
-  // The hit: the global KV of [0, H) from the cold run's blocks, no SWA.
-  std::vector<std::vector<uint8_t>> blocks;
-  for (int64_t b = 0; b < H / B; ++b) blocks.push_back(global_block(c, cold, b, int(B)));
-  SequenceState warm = restore_sequence(c, test::payloads(blocks), int(B));
-  warm.length = s;
-  ForwardOptions replay;
-  replay.replay_until = H;
-  replay.decoder_from = P - W;
-  const std::vector<float> warm_logits =
-      forward(*model, warm, std::span<const int>(tokens).subspan(size_t(s)), h.data() + s * per_token, replay);
+  SequenceState warm = hit(cold, s);
+  ForwardOptions options;
+  options.replay_until = H;
+  options.decoder_from = P - W;
+  const std::vector<float> warm_logits = replay(warm, options);
   EXPECT_EQ(warm.length, P);
 
   // The cached global KV of [0, H) is read, never rewritten: byte for byte the cold run's.
@@ -68,30 +92,19 @@ TEST(EncoderReplay, RegeneratesSwaFromCachedGlobalKv) {
 // Exact mode's replay: every layer reruns [H - R, H), R = exact_replay_rows, its windows truncated
 // at the start. Every ring at H, the logits and the state's KV then equal the cold run's bit for
 // bit (each row's arithmetic depends on its inputs alone: chunked prefill equals one-shot).
-TEST(EncoderReplay, ExactReplayRegeneratesEveryRingBitForBit) {
-  auto model = Model::load(fixture_dir("v41-tiny"));
-  const Config& c = model->config();
-  Expected ex("v41-tiny");
-  std::vector<int64_t> t = ex.ints("prompt2.tokens"), h = ex.ints("prompt2.prefill.engram_hash");
-  const std::vector<int> tokens(t.begin(), t.end());
-  const int64_t P = int64_t(tokens.size()), B = block_tokens(c), R = exact_replay_rows(c);
-  const int64_t per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-  const int64_t H = (P / B) * B, s = H - R;
+TEST_F(EncoderReplay, ExactReplayRegeneratesEveryRingBitForBit) {
+  const int64_t R = exact_replay_rows(c), s = H - R;
   ASSERT_EQ(R, c.window_size + (c.n_layers - 1) * (c.window_size - 1));
   ASSERT_GT(s, 0);
 
   SequenceState cold(c);
   const std::vector<float> cold_logits = forward(*model, cold, tokens, h.data());
 
-  std::vector<std::vector<uint8_t>> blocks;
-  for (int64_t b = 0; b < H / B; ++b) blocks.push_back(global_block(c, cold, b, int(B)));
-  SequenceState warm = restore_sequence(c, test::payloads(blocks), int(B));
-  warm.length = s;
-  ForwardOptions replay;
-  replay.replay_until = H;
-  replay.exact_replay = true;
-  const std::vector<float> warm_logits =
-      forward(*model, warm, std::span<const int>(tokens).subspan(size_t(s)), h.data() + s * per_token, replay);
+  SequenceState warm = hit(cold, s);
+  ForwardOptions options;
+  options.replay_until = H;
+  options.exact_replay = true;
+  const std::vector<float> warm_logits = replay(warm, options);
 
   EXPECT_EQ(warm.length, P);
   EXPECT_EQ(warm_logits, cold_logits);
@@ -108,15 +121,13 @@ TEST(EncoderReplay, ExactReplayRegeneratesEveryRingBitForBit) {
 }
 
 // An exact replay belongs to exact mode: with a decoder cut, or without a replay point, it is refused.
-TEST(EncoderReplay, RefusesAnExactReplayOutsideExactMode) {
-  auto model = Model::load(fixture_dir("v41-tiny"));
-  const Config& c = model->config();
-  std::vector<int> tokens(40, 5);
-  std::vector<int64_t> ids(tokens.size() * c.engram_layer_ids.size() * size_t(c.engram_hash_columns()), 0);
+TEST_F(EncoderReplay, RefusesAnExactReplayOutsideExactMode) {
+  const std::vector<int> few(40, 5);
+  std::vector<int64_t> ids(few.size() * c.engram_layer_ids.size() * size_t(c.engram_hash_columns()), 0);
   ForwardOptions bare;
   bare.exact_replay = true;
   SequenceState fresh(c);
-  EXPECT_THROW(forward(*model, fresh, tokens, ids.data(), bare), Error);
+  EXPECT_THROW(forward(*model, fresh, few, ids.data(), bare), Error);
   EXPECT_EQ(fresh.length, 0);
   ForwardOptions cut;
   cut.exact_replay = true;
@@ -124,16 +135,15 @@ TEST(EncoderReplay, RefusesAnExactReplayOutsideExactMode) {
   cut.replay_until = 20;
   SequenceState state(c);
   state.length = 10;
-  EXPECT_THROW(forward(*model, state, std::span<const int>(tokens).first(30), ids.data(), cut), Error);
+  EXPECT_THROW(forward(*model, state, std::span<const int>(few).first(30), ids.data(), cut), Error);
   EXPECT_EQ(state.length, 10);
 }
 
-TEST(EncoderReplay, RefusesAReplayPointOutsideTheCall) {
-  auto model = Model::load(fixture_dir("v41-tiny"));
-  SequenceState state(model->config());
-  std::vector<int> tokens = {0, 5, 6};
+TEST_F(EncoderReplay, RefusesAReplayPointOutsideTheCall) {
+  SequenceState state(c);
+  const std::vector<int> few = {0, 5, 6};
   std::vector<int64_t> ids(3 * 12, 0);
   ForwardOptions bad;
   bad.replay_until = 10;
-  EXPECT_THROW(forward(*model, state, tokens, ids.data(), bad), Error);
+  EXPECT_THROW(forward(*model, state, few, ids.data(), bad), Error);
 }

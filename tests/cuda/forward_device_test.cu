@@ -262,6 +262,28 @@ TEST_P(DeviceForwardFixture, DecoderBoundedReplayMatchesCpu) {
   expect_close(f.name + " device vs cpu, decoder bounded replay", got, want, c.vocab_size, forced_apart(f, prompt));
 }
 
+// A global hit's position in a prompt of P tokens: a multiple of every compression ratio (a block
+// boundary), 8 tokens or more before the end.
+int64_t hit_position(const Config& c, int64_t P) {
+  int64_t step = 1;
+  for (int r : c.compress_ratios) step = r > 0 ? std::lcm(step, int64_t(r)) : step;
+  return (P - 8) / step * step;
+}
+
+// What the KV tiers restore on a global hit at H, a replay starting at `start`: the entries of
+// [0, H) of `from`, no window, no open group.
+SequenceState restored_hit(const Config& c, const SequenceState& from, int64_t H, int64_t start) {
+  SequenceState warm(c);
+  warm.length = start;
+  for (auto& [layer, cache] : warm.compressed) {
+    const CompressedCache& all = from.compressed.at(layer);
+    cache.entries = H / c.compress_ratios[size_t(layer)];
+    cache.kv.assign(all.kv.begin(), all.kv.begin() + cache.entries * int64_t(all.kv.size()) / all.entries);
+    cache.index_k.assign(all.index_k.begin(), all.index_k.begin() + cache.entries * int64_t(all.index_k.size()) / all.entries);
+  }
+  return warm;
+}
+
 // Encoder bounded replay (a global-KV hit at H with an SWA miss): from a state holding the global
 // KV of [0, H) and no window, the call replays [H - W, H) with the rest of the prompt. With the
 // CPU's choices imposed, the device's logits match the CPU's, and the cached global KV is read,
@@ -275,22 +297,13 @@ TEST_P(DeviceForwardFixture, EncoderBoundedReplayMatchesCpu) {
   const std::vector<int> tokens = f.tokens(prompt);
   const int64_t P = int64_t(tokens.size()), W = c.window_size;
   const std::vector<int64_t> hashes = f.hashes(prompt);
-  int64_t step = 1;  // H: a multiple of every compression ratio, past W
-  for (int r : c.compress_ratios) step = r > 0 ? std::lcm(step, int64_t(r)) : step;
-  const int64_t H = (P - 8) / step * step, start = H - W;
+  const int64_t H = hit_position(c, P), start = H - W;
   ASSERT_GT(start, 0);
 
-  // The global KV of [0, H) from a cold CPU run; no window, no open group.
+  // The global KV of [0, H) from a cold CPU run.
   SequenceState cold(c);
   forward(*f.model, cold, std::span<const int>(tokens).first(size_t(H)), f.ids(hashes, 0));
-  SequenceState warm(c);
-  warm.length = start;
-  for (auto& [layer, cache] : warm.compressed) {
-    const CompressedCache& from = cold.compressed.at(layer);
-    cache.entries = H / c.compress_ratios[size_t(layer)];
-    cache.kv.assign(from.kv.begin(), from.kv.begin() + cache.entries * int64_t(from.kv.size()) / from.entries);
-    cache.index_k.assign(from.index_k.begin(), from.index_k.begin() + cache.entries * int64_t(from.index_k.size()) / from.entries);
-  }
+  SequenceState warm = restored_hit(c, cold, H, start);
   cuda::DeviceSequence seq(c, c.max_seq_len);
   seq.upload(warm);
 
@@ -329,24 +342,14 @@ TEST_P(DeviceForwardFixture, ExactReplayEqualsTheColdRun) {
   const std::vector<int> tokens = f.tokens(prompt);
   const std::vector<int64_t> hashes = f.hashes(prompt);
   const int64_t P = int64_t(tokens.size()), R = exact_replay_rows(c);
-  int64_t step = 1;  // H: a multiple of every compression ratio (a block boundary)
-  for (int r : c.compress_ratios) step = r > 0 ? std::lcm(step, int64_t(r)) : step;
-  const int64_t H = (P - 8) / step * step, start = H - R;
+  const int64_t H = hit_position(c, P), start = H - R;
   ASSERT_GT(start, 0);
   ASSERT_GE(P - start, 64);
 
   cuda::DeviceSequence cold(c, c.max_seq_len), warm(c, c.max_seq_len);
   const std::vector<float> want = cuda::forward_batch(dm, {{&cold, tokens, f.ids(hashes, 0)}}).front();
   const SequenceState cold_state = cold.download();
-  // What the KV tiers restore on a global hit at H: the entries of [0, H), no window, no open group.
-  SequenceState restored(c);
-  restored.length = start;
-  for (auto& [layer, cache] : restored.compressed) {
-    const CompressedCache& from = cold_state.compressed.at(layer);
-    cache.entries = H / c.compress_ratios[size_t(layer)];
-    cache.kv.assign(from.kv.begin(), from.kv.begin() + cache.entries * int64_t(from.kv.size()) / from.entries);
-    cache.index_k.assign(from.index_k.begin(), from.index_k.begin() + cache.entries * int64_t(from.index_k.size()) / from.entries);
-  }
+  const SequenceState restored = restored_hit(c, cold_state, H, start);
   warm.upload(restored);
 
   ForwardOptions options;
