@@ -15,15 +15,17 @@
 // a third time, run with op times (op_times.h): the device time per op, and the GPU's idle time
 // between ops. --turn N: after each default-mode prefill, a call of N more tokens on the same
 // sequence (an agent's next turn on its cached prefix: the compute of an SWA hit's TTFT), timed,
-// then once more with op times.
+// then once more with op times. --prompt-batch NxP: N fresh sequences of P prompt tokens each in
+// one default-mode call (the prefill of `bench serve`'s c64 load: 64x128), timed, then with op times.
 //
 //   cuda_forward_bench [--preset bench-1gpu | --model DIR] [--batches 1,8,64]
 //                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
-//                      [--turn 80] [--json FILE --commit REV]
+//                      [--turn 80] [--prompt-batch 64x128] [--json FILE --commit REV]
 //
 // --json writes every figure as one object: commit, gpu, decode.<batch>.<context>.{ms_per_step,
 // tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
-// exact_ops_ms.<op>, exact_idle_ms, turn_rows, turn_ms, turn_ops_ms.<op>, turn_idle_ms}.
+// exact_ops_ms.<op>, exact_idle_ms, turn_rows, turn_ms, turn_ops_ms.<op>, turn_idle_ms},
+// prompt_batch.{prompts, prompt_tokens, ms, tokens_per_s, ops_ms.<op>, idle_ms}.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -204,7 +206,7 @@ int main(int argc, char** argv) try {
   std::string preset_name = "bench-1gpu", model_dir, json_path, commit = "unknown";
   std::vector<int64_t> batches = {1, 8, 64}, contexts = {4096, 32768, 131072, 1048576}, prefills = {4096, 32768};
   int steps = 8;
-  int64_t turn = 0;
+  int64_t turn = 0, batch_prompts = 0, batch_prompt_tokens = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--preset") preset_name = value;
@@ -216,7 +218,13 @@ int main(int argc, char** argv) try {
     else if (flag == "--json") json_path = value;
     else if (flag == "--commit") commit = value;
     else if (flag == "--turn") turn = int64_t(std::stoll(value));
-    else fail("cuda_forward_bench", "--preset, --model, --batches, --contexts, --prefill, --steps, --turn, --json or --commit", flag);
+    else if (flag == "--prompt-batch") {
+      const size_t x = value.find('x');
+      if (x == std::string::npos) fail("cuda_forward_bench", "--prompt-batch NxP (e.g. 64x128)", value);
+      batch_prompts = std::stoll(value.substr(0, x)), batch_prompt_tokens = std::stoll(value.substr(x + 1));
+      if (batch_prompts < 1 || batch_prompt_tokens < 1) fail("cuda_forward_bench", "--prompt-batch with N, P >= 1", value);
+    } else
+      fail("cuda_forward_bench", "--preset, --model, --batches, --contexts, --prefill, --steps, --turn, --prompt-batch, --json or --commit", flag);
   }
   nlohmann::json report = {{"commit", commit}};
   cudaDeviceProp prop{};
@@ -388,6 +396,34 @@ int main(int argc, char** argv) try {
     nlohmann::json& row = report["prefill"][std::to_string(P)];
     std::printf("\nA turn of %lld tokens after %lld, device time per op:\n\n%s", (long long)turn, (long long)P,
                 op_table(*times, row["turn_ops_ms"], row["turn_idle_ms"]).c_str());
+  }
+  if (batch_prompts > 0) {
+    // N fresh sequences prefilled in one default-mode call: timed, then again with op times.
+    const int64_t N = batch_prompts, P = batch_prompt_tokens;
+    const Inputs in = random_inputs(c, N * P, uint64_t(N * 1000 + P));
+    const int64_t per = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+    OpTimes prompt_times;
+    double ms = 0;
+    for (int run = 0; run < 2; ++run) {
+      std::vector<std::unique_ptr<DeviceSequence>> seqs;
+      std::vector<DeviceItem> items;
+      for (int64_t b = 0; b < N; ++b) {
+        seqs.push_back(std::make_unique<DeviceSequence>(c, P + 8));
+        DeviceItem item{seqs.back().get(), std::span<const int>(in.tokens).subspan(size_t(b * P), size_t(P)),
+                        c.has_engram() ? in.engram.data() + b * P * per : nullptr};
+        item.options.decoder_from = P - std::min<int64_t>(c.window_size, P);
+        items.push_back(item);
+      }
+      check(cudaDeviceSynchronize(), "prompt batch");
+      const auto t0 = std::chrono::steady_clock::now();
+      forward_batch(dm, items, nullptr, run == 1 ? &prompt_times : nullptr);
+      check(cudaDeviceSynchronize(), "prompt batch");
+      if (run == 0) ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    nlohmann::json& row = report["prompt_batch"];
+    row["prompts"] = N, row["prompt_tokens"] = P, row["ms"] = ms, row["tokens_per_s"] = double(N * P) / (ms / 1e3);
+    std::printf("\n%lld prompts of %lld tokens in one default-mode call: %.1f ms, %.0f tokens/s; device time per op:\n\n%s",
+                (long long)N, (long long)P, ms, double(N * P) / (ms / 1e3), op_table(prompt_times, row["ops_ms"], row["idle_ms"]).c_str());
   }
   if (!json_path.empty()) {
     std::ofstream(json_path) << report.dump(2) << "\n";
