@@ -436,7 +436,7 @@ std::string Server::State::render_metrics() {
   sync(m.counter("dsv41_cache_replayed_tokens_total", "Encoder rows rerun to regenerate SWA KV (encoder bounded replay)"),
        double(k.counters.replayed_tokens));
   sync(m.counter("dsv41_cache_replay_seconds_total", "Time of the steps that ran an encoder replay"), k.counters.replay_seconds);
-  sync(m.counter("dsv41_cache_short_hits_total", "Global hits not adopted: no longer than the window"), double(k.counters.short_hits));
+  sync(m.counter("dsv41_cache_short_hits_total", "Global hits not adopted: no longer than the replay they would need"), double(k.counters.short_hits));
   sync(m.counter("dsv41_store_write_errors_total", "Blocks the persistent store failed to write (disk full, I/O)"),
        double(k.counters.store_errors));
   m.gauge("dsv41_host_cache_bytes", "Bytes of global-KV blocks in the host cache").set(double(k.host.bytes));
