@@ -57,8 +57,8 @@ struct ForwardOptions {
   int64_t replay_until = 0;
   // Exact mode's replay (with replay_until): every layer, the decoder's too, reruns the rows before
   // H, its windows truncated at the call's start s. A row's KV at layer j is a cold run's once the
-  // row is (j + 1)(W - 1) past s, so from s = H - exact_replay_rows(config) every ring at H is the
-  // cold run's, bit for bit, and the call continues exactly.
+  // row is j(W - 1) past s, so from s = H - exact_replay_rows(config) every ring at H is the cold
+  // run's, bit for bit, and the call continues exactly.
   bool exact_replay = false;
 
   // The first position the decoder layers run on: default mode's replay runs the encoder alone

@@ -50,7 +50,7 @@ struct KvCacheCounters {
   int64_t host_tokens = 0;    // global KV from host-cache blocks
   int64_t disk_tokens = 0;    // global KV from persistent-store blocks
   int64_t swa_tokens = 0;     // positions continued exactly from an SWA-pool tail
-  int64_t replayed_tokens = 0;  // encoder rows rerun to regenerate SWA KV
+  int64_t replayed_tokens = 0;  // rows rerun to regenerate SWA KV (a replay)
   double replay_seconds = 0;    // wall time of the prefill calls that replayed
   int64_t short_hits = 0;       // global hits not adopted: no longer than the window
   int64_t store_errors = 0;     // blocks the persistent store failed to write (disk full, I/O)

@@ -433,7 +433,7 @@ std::string Server::State::render_metrics() {
   sync(m.counter("dsv41_cache_hit_tokens_total", hit_help, {{"tier", "host"}}), double(k.counters.host_tokens));
   sync(m.counter("dsv41_cache_hit_tokens_total", hit_help, {{"tier", "disk"}}), double(k.counters.disk_tokens));
   sync(m.counter("dsv41_cache_hit_tokens_total", hit_help, {{"tier", "swa_pool"}}), double(k.counters.swa_tokens));
-  sync(m.counter("dsv41_cache_replayed_tokens_total", "Encoder rows rerun to regenerate SWA KV (encoder bounded replay)"),
+  sync(m.counter("dsv41_cache_replayed_tokens_total", "Rows rerun to regenerate SWA KV (encoder bounded replay; exact mode's replay of every layer)"),
        double(k.counters.replayed_tokens));
   sync(m.counter("dsv41_cache_replay_seconds_total", "Time of the steps that ran an encoder replay"), k.counters.replay_seconds);
   sync(m.counter("dsv41_cache_short_hits_total", "Global hits not adopted: no longer than the replay they would need"), double(k.counters.short_hits));

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <span>
 
 #include "backend/cpu/moe.h"
 #include "backend/cuda/check.h"
@@ -54,8 +55,38 @@ namespace {
 
 using Floats = DeviceBuffer<float>;
 
-// The most the indexer's per-call scratch may take; longer prompts run in chunks.
+// The most the indexer's per-call scratch may take; longer prompts run in chunks. It holds a
+// float score and a candidate-mask byte per row and entry.
 constexpr int64_t kIndexScratchBytes = int64_t(16) << 30;
+constexpr int64_t kIndexBytesPerEntry = sizeof(float) + 1;
+
+// Consecutive items whose index rows share one score buffer, rows `stride` apart.
+struct IndexGroup {
+  size_t first, last;  // items [first, last)
+  int64_t stride;      // the group's most entries
+};
+
+// A general call's groups, from each item's rows and entries: an item joins the group before it
+// while the padding to the group's longest row stays within twice the group's own scores or 64
+// MiB, and the buffer within kIndexScratchBytes (one launch per op and group, not per item).
+std::vector<IndexGroup> index_groups(std::span<const int64_t> rows, std::span<const int64_t> entries) {
+  std::vector<IndexGroup> groups;
+  int64_t group_rows = 0, exact = 0;  // of the current group
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t n = entries[i];
+    const int64_t padded = (group_rows + rows[i]) * std::max(n, groups.empty() ? 0 : groups.back().stride) * kIndexBytesPerEntry;
+    const bool wasteful = padded > 2 * (exact + rows[i] * n) * kIndexBytesPerEntry && padded > (int64_t(64) << 20);
+    if (groups.empty() || wasteful || padded > kIndexScratchBytes) {
+      groups.push_back({i, i, 0});
+      group_rows = exact = 0;
+    }
+    groups.back().last = i + 1;
+    groups.back().stride = std::max(groups.back().stride, n);
+    group_rows += rows[i];
+    exact += rows[i] * n;
+  }
+  return groups;
+}
 
 // One item during the call: its plan (call_plan.h), its rows (those still running) and where they
 // sit in the batch.
@@ -93,11 +124,11 @@ class Call {
         fail("cuda::forward_batch", "at most " + std::to_string(s->capacity()) + " tokens in a sequence",
              std::to_string(s->length + R));
       // The indexer scores every row of a call against every entry: its grid takes 65,535 rows,
-      // and its scratch (scores and candidate mask, 5 bytes per row and entry) must fit.
+      // and its scratch (kIndexBytesPerEntry per row and entry) must fit.
       if (!c_.index_source_layers.empty()) {
         int64_t entries = 0;
         for (int l : c_.index_source_layers) entries = std::max<int64_t>(entries, (s->length + R) / c_.compress_ratios[size_t(l)]);
-        if (R > 65535 || R * entries * 5 > kIndexScratchBytes)
+        if (R > 65535 || R * entries * kIndexBytesPerEntry > kIndexScratchBytes)
           fail("cuda::forward_batch", "a chunk the indexer can score at once (at most 65,535 rows, rows × entries × 5 bytes ≤ " +
                                           std::to_string(kIndexScratchBytes >> 30) + " GiB)",
                std::to_string(R) + " rows at " + std::to_string(entries) + " entries");
@@ -542,20 +573,15 @@ void Call::index(int l, const Floats& qr) {
   if (trace_) trace_->topk[l].clear();
 
   // Each row reads its key cache and entry count from device arrays (the plan's, or uploaded
-  // here). The rows go in groups sharing one score buffer, rows `stride` apart: a decode step's
-  // rows all together (the stride the largest capacity, so that a captured step replays while the
-  // contexts grow); a general call's consecutive items while the padding to the longest stays
-  // under the group's own scores or 64 MiB (one launch per op and group, not per item).
+  // here), its rows in groups sharing one score buffer: a decode step's rows all together (the
+  // stride the largest capacity, so that a captured step replays while the contexts grow), a
+  // general call's as index_groups makes them.
   const auto entries = [&](const Item& it) { return it.plan.compressors.at(src).entries_after(); };
   const uint8_t* const* caches = nullptr;
   const int64_t* counts = nullptr;
   DeviceBuffer<const uint8_t*> caches_buffer;
   DeviceBuffer<int64_t> counts_buffer;
-  struct Group {
-    size_t first, last;  // items
-    int64_t stride;
-  };
-  std::vector<Group> groups;
+  std::vector<IndexGroup> groups;
   if (decode()) {
     caches = planned<const uint8_t*>(plan_->compressed.at(src).index_caches);
     counts = planned<int64_t>(plan_->compressed.at(src).entries);
@@ -564,24 +590,14 @@ void Call::index(int l, const Floats& qr) {
     groups.push_back({0, items_.size(), stride});
   } else {
     std::vector<const uint8_t*> caches_host;
-    std::vector<int64_t> counts_host;
-    int64_t rows = 0, exact = 0;
-    for (size_t i = 0; i < items_.size(); ++i) {
-      const Item& it = items_[i];
-      const int64_t n = entries(it);
+    std::vector<int64_t> counts_host, item_rows, item_entries;
+    for (const Item& it : items_) {
+      item_rows.push_back(it.rows);
+      item_entries.push_back(entries(it));
       caches_host.insert(caches_host.end(), size_t(it.rows), it.seq->compressed.at(src).index_k.get());
-      counts_host.insert(counts_host.end(), size_t(it.rows), n);
-      const int64_t padded = (rows + it.rows) * std::max(n, groups.empty() ? 0 : groups.back().stride) * 5;
-      if (groups.empty() || (padded > 2 * (exact + it.rows * n) * 5 && padded > (int64_t(64) << 20)) ||
-          padded > kIndexScratchBytes) {
-        groups.push_back({i, i, 0});
-        rows = exact = 0;
-      }
-      groups.back().last = i + 1;
-      groups.back().stride = std::max(groups.back().stride, n);
-      rows += it.rows;
-      exact += it.rows * n;
+      counts_host.insert(counts_host.end(), size_t(it.rows), entries(it));
     }
+    groups = index_groups(item_rows, item_entries);
     caches_buffer = scratch_from(caches_host, stream_);
     counts_buffer = scratch_from(counts_host, stream_);
     caches = caches_buffer.get();
@@ -598,7 +614,7 @@ void Call::index(int l, const Floats& qr) {
   }
 
   for (size_t g = 0; g < groups.size(); ++g) {
-    const Group& group = groups[g];
+    const IndexGroup& group = groups[g];
     const int64_t row = items_[group.first].offset, stride = group.stride;
     const int64_t rows = items_[group.last - 1].offset + items_[group.last - 1].rows - row;
     Floats scores = scratch<float>(rows * std::max<int64_t>(stride, 1), stream_);
