@@ -587,10 +587,12 @@ BENCHMARK(BM_IndexerStepGraph)
     ->MinTime(0.1);
 
 // ---- Prefill GEMM ----------------------------------------------------------------------------------
-// cuda::linear at M ≥ 64 over fp8/fp4 weights (backend/cuda/gemm.cu: act_quant, then mma.sync on
-// e4m3 tiles): TFLOP/s at 2·M·N·K per call, act_quant's time included, and the fraction of the
-// H200's dense fp8 peak (~1979 TFLOP/s, through wgmma only: on sm_90 mma.sync's e4m3 form runs as
-// f16 HMMA, whose ceiling is about a third of that).
+// cuda::linear at M ≥ 64 over fp8/fp4 weights (backend/cuda/gemm.cu: act_quant, then bf16 wgmma on
+// the exact values of the quantized operands): TFLOP/s at 2·M·N·K per call, act_quant's time
+// included, and the fractions of the H200's dense fp8 peak (~1979 TFLOP/s) and dense bf16 peak
+// (~989). Its peers on the same shapes: cuBLASLt's bf16 GEMM (BM_GemmCublasLtBf16: the same MMA
+// rate, x already bf16, weights bf16 in memory: 2-4× the weight bytes, none of the widening) and
+// its fp8 GEMM with per-tensor scales (BM_GemmCublasLtFp8).
 // BM_GemmQgemvPasses times the path M > 8 took before, qgemv over the weight in passes of 8 rows
 // (cuda::linear on 8 rows at a time), on the same data. BM_GemmTiling forces gemm.cuh's wide (1)
 // or narrow (2) tiling at decode-sized M, where the weight's bytes set the speed of light (the
@@ -602,6 +604,7 @@ const LinearShape kGemmBench[] = {
     {"expert w2 fp4 4096x2048", WeightFormat::FP4, 4096, 2048},
 };
 constexpr double kFp8DensePeakTflops = 1979;
+constexpr double kBf16DensePeakTflops = 989;
 
 // bf16 values in about [-2, 2), from a hash of the position (generated on the device: 10^8 of them).
 __global__ void fill_activations(float* p, size_t n, uint32_t seed) {
@@ -644,6 +647,8 @@ void gemm_bench(benchmark::State& state, GemmPath path) {
   state.counters["TFLOP/s"] = benchmark::Counter(tflop * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["of_fp8_peak"] =
       benchmark::Counter(tflop / kFp8DensePeakTflops * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["of_bf16_peak"] =
+      benchmark::Counter(tflop / kBf16DensePeakTflops * state.iterations(), benchmark::Counter::kIsRate);
   state.SetLabel(s.name);
   for (int c = 0; c < 2; ++c) cudaFree(w[c]), cudaFree(sc[c]);
   cudaFree(x), cudaFree(y);
@@ -678,6 +683,34 @@ void BM_GemmCublasLtFp8(benchmark::State& state) {
   cudaFree(w[0]), cudaFree(w[1]), cudaFree(x), cudaFree(y);
 }
 
+// The peer of BM_Gemm on its own MMA rate: cuBLASLt's bf16 GEMM (bf16 × bf16 → fp32) on the same
+// shapes, x and W already bf16.
+void BM_GemmCublasLtBf16(benchmark::State& state) {
+  const LinearShape& s = kGemmBench[state.range(0)];
+  const int M = int(state.range(1));
+  void* w[2] = {device_codes(size_t(s.N) * s.K * 2, 43, 0xBF, 0), device_codes(size_t(s.N) * s.K * 2, 44, 0xBF, 0)};
+  void* x = device_codes(size_t(M) * s.K * 2, 45, 0xBF, 0);  // bf16 of |v| < 2: no NaN or infinity
+  void* y = nullptr;
+  check(cudaMalloc(&y, size_t(M) * s.N * 4), "alloc");
+  std::unique_ptr<bench::LtGemm> gemm;
+  try {
+    gemm = std::make_unique<bench::LtGemm>(bench::LtGemm::Kind::Bf16, M, s.N, s.K);
+    gemm->run(x, w[0], y);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    cudaFree(w[0]), cudaFree(w[1]), cudaFree(x), cudaFree(y);
+    return;
+  }
+  const double bytes = 2.0 * s.N * s.K + 2.0 * M * s.K + 4.0 * M * s.N;
+  time_calls(state, bytes, [&](int i) { gemm->run(x, w[i % 2], y); });
+  const double tflop = 2.0 * M * s.N * double(s.K) / 1e12;
+  state.counters["TFLOP/s"] = benchmark::Counter(tflop * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["of_bf16_peak"] =
+      benchmark::Counter(tflop / kBf16DensePeakTflops * state.iterations(), benchmark::Counter::kIsRate);
+  state.SetLabel(s.name);
+  cudaFree(w[0]), cudaFree(w[1]), cudaFree(x), cudaFree(y);
+}
+
 // The products over bf16 weights at prefill (gemm_bf16.cu): wo_a (8 groups, linear_grouped) and the
 // compressor's projection (linear_f32), beside cuBLASLt's bf16 GEMM (a strided batch for the
 // groups) and the gemv's passes of 8 rows that M > 8 took before. TFLOP/s at 2·M·N·K; the
@@ -690,7 +723,6 @@ const Bf16Shape kBf16Bench[] = {
     {"wo_a bf16 8x(1024x4096)", 8, 1024, 4096},
     {"compressor bf16 512x5120", 1, 512, 5120},
 };
-constexpr double kBf16DensePeakTflops = 989;
 
 enum class Bf16Peer { Ours, CublasLt, GemvPasses };
 
@@ -754,6 +786,13 @@ BENCHMARK(BM_GemmTiling)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.1);
+BENCHMARK(BM_GemmCublasLtBf16)
+    ->ArgsProduct({{0, 1, 2, 3}, {4096}})
+    ->Args({0, 64})
+    ->Args({1, 64})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.2);
 BENCHMARK(BM_GemmCublasLtFp8)
     ->ArgsProduct({{0, 1, 2, 3}, {4096}})
     ->UseManualTime()

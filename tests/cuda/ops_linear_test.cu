@@ -11,18 +11,18 @@
 // error (one wrong block scale alone gives NMSE > 1e-3). linear_f32 has no output rounding:
 // NMSE ~ (fp32 unit)² ≈ 1e-14, bound 1e-10.
 //
-// The prefill GEMM (gemm.cu, linear() at M ≥ 64 over fp8/fp4 weights) follows the same flow except
-// for one step: each 32-block's sum of the 32 exact products is the tensor cores' (two f16 HMMA
-// with fp32 accumulation: mma.sync's e4m3 form runs as that on sm_90), not the CPU's 8-lane fp32
-// sum. The products of e4m3 values are exact there too, and the tensor cores add them at fp32
-// width (aligning to the largest and truncating, as Fasi et al. measured for the fp16 HMMA of
-// earlier chips) where the CPU rounds each addition: the two block sums are equal whenever the
-// block's exact sum fits in fp32 (most blocks: 8-bit products of modest exponent spread) and
-// otherwise a few fp32 units apart. Block results are then scaled and added in the CPU's order.
-// So the qgemv reasoning above holds: only outputs within fp32 units of a bf16 rounding boundary
-// flip, and the same bound 1e-7 applies (kGemmNmse). Measured on the H200 at every shape below:
-// at most 0.02% of outputs differ, by 1 or 2 bf16 units, NMSE ≤ 2e-10 (fp4: 0); a layout or scale
-// bug gives NMSE ~1 (one wrong 32-block scale among K/32 already gives ~1/(K/32) on its rows).
+// The prefill GEMM (gemm.cu, linear() at M ≥ 64 over fp8/fp4 weights) multiplies the exact values
+// of the same quantized operands (act_quant's x_q·s and the weights' w_q·s, both exact in bf16)
+// on bf16 wgmma with fp32 accumulation: the products are exact on both sides, and only the sums
+// differ. The tensor cores add each k16 step's 16 products to the accumulator aligning to the
+// largest term and truncating (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021),
+// K/16 times along K, where the CPU sums each 32-block in its 8-lane order, scales it and adds the
+// blocks in order, rounding to nearest: a few fp32 units relative to the terms apart (K/16 = 256
+// truncations of ≤ 1 unit each at K = 4096: ≤ 2^-16 relative, ~2^-20 typically, as they are not
+// all of one sign's size). So the qgemv reasoning above holds: only outputs within that distance
+// of a bf16 rounding boundary (2^-8 relative) flip, by one unit, and the same bound 1e-7 applies
+// (kGemmNmse); a layout or scale bug gives NMSE ~1 (one wrong 32-block scale among K/32 already
+// gives ~1/(K/32) on its rows), a missing row or column a poisoned (non-finite) output.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -215,11 +215,12 @@ test::OwnedWeight gemm_weight(WeightFormat format, int N, int K, uint64_t seed) 
   return o;
 }
 
-// act_quant on the device against the CPU's act_quant_fp8, bit for bit, in both code orders: a
-// partial row tile, zero blocks, tiny and huge blocks, values at e4m3 rounding ties.
+// act_quant on the device against the CPU's act_quant_fp8, bit for bit: each value code·s, read at
+// value_offset's position, equals the CPU's dequantized value. A partial last row, zero blocks,
+// tiny and huge blocks, values at e4m3 rounding ties; every position written (poisoned first).
 TEST(CudaGemm, ActQuantMatchesCpuBitForBit) {
   DSV41_REQUIRE_DEVICE();
-  const int64_t M = 131, K = 1024, Mpad = cuda::gemm::padded_rows(M);
+  const int64_t M = 131, K = 1024;
   std::vector<float> x = activations(M, K, 7);
   for (int64_t k = 0; k < 32; ++k) x[size_t(5 * K + k)] = 0;                            // all zero
   for (int64_t k = 0; k < 32; ++k) x[size_t(6 * K + 64 + k)] = round_bf16(1e-30f * float(k + 1));  // tiny
@@ -227,26 +228,19 @@ TEST(CudaGemm, ActQuantMatchesCpuBitForBit) {
   for (int64_t k = 0; k < 32; ++k) x[size_t(8 * K + 128 + k)] = 272.0f + 32.0f * float(k % 6);  // e4m3 ties
   std::vector<float> want = x;
   for (int64_t m = 0; m < M; ++m) act_quant_fp8(want.data() + m * K, int(K), 32);
-  for (bool fp4_order : {false, true}) {
-    DeviceArray<float> dx(x), scales(size_t(K / 32 * Mpad));
-    DeviceArray<uint8_t> codes(size_t(M * K));
-    scales.poison();
-    cuda::gemm::act_quant(dx.get(), M, K, fp4_order, codes.get(), scales.get(), nullptr);
-    const std::vector<uint8_t> c = codes.download();
-    const std::vector<float> s = scales.download();
-    int64_t wrong = 0;
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) {
-        const float got = e4m3_to_float(c[size_t(cuda::gemm::code_offset(m, k, K, fp4_order))]) *
-                          s[size_t(cuda::gemm::scale_offset(m, k / 32, Mpad))];
-        const float ref = want[size_t(m * K + k)];
-        if (std::memcmp(&got, &ref, 4) != 0 && !(got == 0 && ref == 0)) ++wrong;
-      }
-    for (int64_t m = M; m < Mpad; ++m)
-      for (int64_t b = 0; b < K / 32; ++b)
-        if (s[size_t(cuda::gemm::scale_offset(m, b, Mpad))] != 0) ++wrong;
-    EXPECT_EQ(wrong, 0) << (fp4_order ? "fp4 order" : "fp8 order");
-  }
+  DeviceArray<float> dx(x);
+  DeviceArray<uint16_t> xq(size_t(M * K));
+  xq.poison();
+  cuda::gemm::act_quant(dx.get(), M, K, xq.get(), nullptr);
+  const std::vector<uint16_t> got = xq.download();
+  int64_t wrong = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = bf16_to_float(got[size_t(cuda::gemm::value_offset(m, k, K))]);
+      const float ref = want[size_t(m * K + k)];
+      if (std::memcmp(&v, &ref, 4) != 0 && !(v == 0 && ref == 0)) ++wrong;
+    }
+  EXPECT_EQ(wrong, 0);
 }
 
 struct GemmShape {

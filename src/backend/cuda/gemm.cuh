@@ -1,8 +1,9 @@
 #pragma once
-// The GEMM of cuda::linear over fp8/fp4 weights (gemm.cu): tensor-core mma.sync (f16 HMMA on
-// exactly converted e4m3 operands), with the CPU op's per-32-block scaling. Internal to the CUDA
-// backend: linear.cu calls it for M ≥ kMinRows, cuda::moe its grouped form for the routed
-// experts, and the tests reach the act-quantization step directly.
+// The GEMM of cuda::linear over fp8/fp4 weights (gemm.cu): Hopper's warpgroup MMA on bf16
+// operands that are the exact values of the reference's quantized ones (the activations' act_quant
+// values x_q·s, the weights' w_q·s), with the CPU op's per-32-block scaling folded into them.
+// Internal to the CUDA backend: linear.cu calls it for M ≥ kMinRows, cuda::moe its grouped form
+// for the routed experts, and the tests reach the act-quantization step directly.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -14,28 +15,28 @@ namespace dsv41::cuda::gemm {
 
 // The fewest activation rows for which linear() takes the GEMM (below it, qgemv's passes of 8).
 inline constexpr int64_t kMinRows = 64;
-// Rows of one M tile: the act-quantized x's scales are laid out per tile of this many rows.
+// Rows of one grouped tile (cuda::moe's bucket step cuts each expert's entries into tiles of ≤ this).
 inline constexpr int64_t kTileRows = 128;
 // K must be a multiple of this (one k-tile: four 32-blocks); other K go to qgemv.
 inline constexpr int64_t kTileK = 128;
 
-// Whether linear(x, M, w) runs here: an fp8/fp4 weight, M ≥ kMinRows, K a multiple of kTileK.
+// Whether linear(x, M, w) runs here: an fp8/fp4 weight, M ≥ kMinRows, K a multiple of kTileK,
+// the weight's codes 16-byte and its scales 4-byte aligned (each device weight is its own allocation).
 bool usable(int64_t M, const Weight& w);
 
-// How the CTAs tile the rows (gemm.cu): wide, 128 rows per CTA, for many rows; narrow, 32 rows
-// per CTA with all its warps across the columns, for few (decode; prefill's small projections).
-// Both compute every output with the same instructions in the same order: their results are equal
-// bit for bit, so the choice is one of speed alone.
+// How the CTAs tile the output (gemm.cu): wide, 256 weight rows × 128 activation rows per CTA,
+// for many rows; narrow, 128 weight rows × 16, 32 or 64 activation rows (as few as the rows
+// need), for decode and prefill's small projections. Every output is the same sequence of MMAs
+// over the same operands in either, so the choice is one of speed alone.
 enum class Tiling { automatic, wide, narrow };
 
 // automatic for linear(): narrow while the wide tiling would leave an SM without a CTA.
 Tiling dense_tiling(int64_t M, int64_t N);
 
 // y[M, N] = x[M, K] · Wᵀ for an fp8/fp4 weight, rounded to bf16 (cuda::linear's contract). Scratch
-// (the quantized x: M·K bytes + M·K/8 bytes of scales) from cudaMallocAsync on `stream`.
+// (the act-quantized x as bf16: M·K·2 bytes) from cudaMallocAsync on `stream`.
 void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream,
             Tiling tiling = Tiling::automatic);
-
 // ---- the grouped form: cuda::moe's routed experts --------------------------------------------
 
 // The device array an ExpertTable owns (moe.h): expert e's weights, index 0 = w1, 1 = w2, 2 = w3.
@@ -71,45 +72,36 @@ bool grouped_usable(WeightFormat up, WeightFormat down, int64_t dim, int64_t int
 
 // act_quant of the slot rows: slot (t, i) from x[list[first + i] / k] (k > 0: x holds one row per
 // token, the layer's input) or from x's own slot row (k = 0: x in slot order, the hidden values).
-// Padding slots get scale 0 and no codes. codes: slots·K bytes; scales: (K/32)·slots floats.
-void act_quant_slots(const float* x, int64_t K, const Tiles& tiles, int k, bool fp4_order, uint8_t* codes,
-                     float* scales, cudaStream_t stream);
+// Padding slots are not written (each output column of the GEMM reads its own row alone, and
+// padding columns are not stored). xq: slots·K bf16 in value_offset's order.
+void act_quant_slots(const float* x, int64_t K, const Tiles& tiles, int k, uint16_t* xq, cudaStream_t stream);
 
 // g, u [slots, inter] (bf16 values) = A · w1ᵀ, A · w3ᵀ of each tile's expert, A = act_quant_slots
-// of the input (dim features, fp4_order for fp4 weights).
-void grouped_up(const uint8_t* codes, const float* scales, const Tiles& tiles, const ExpertPointers* table,
-                WeightFormat format, Tiling tiling, int64_t dim, int64_t inter, float* g, float* u, cudaStream_t stream);
+// of the input (dim features).
+void grouped_up(const uint16_t* xq, const Tiles& tiles, const ExpertPointers* table, WeightFormat format,
+                Tiling tiling, int64_t dim, int64_t inter, float* g, float* u, cudaStream_t stream);
 
 // ye[list[first + i], dim] (bf16 bits) = A · w2ᵀ of each tile's expert, A = act_quant_slots of the
 // hidden values (inter features).
-void grouped_down(const uint8_t* codes, const float* scales, const Tiles& tiles, const ExpertPointers* table,
-                  WeightFormat format, Tiling tiling, int64_t inter, int64_t dim, uint16_t* ye, cudaStream_t stream);
+void grouped_down(const uint16_t* xq, const Tiles& tiles, const ExpertPointers* table, WeightFormat format,
+                  Tiling tiling, int64_t inter, int64_t dim, uint16_t* ye, cudaStream_t stream);
 
 // ---- the act-quantization step, exposed for the tests ----
 
-// Rows of the scale array: M rounded up to kTileRows.
-inline int64_t padded_rows(int64_t M) { return (M + kTileRows - 1) / kTileRows * kTileRows; }
-
-// Where act_quant puts the e4m3 code of x[m, k] (an offset into codes, [M, K] row-major with the
-// 32 values of each block permuted when fp4_order), and the scale of x[m, 32b..32b+31] (an offset
-// into scales, [K/32, padded_rows(M)] with the rows of each 32-row group permuted so that the two
-// rows g, g + 8 of each m16 tile that a thread reads are consecutive, its m16 tiles' pairs too).
-// The GEMM's fragment loads read them in these orders (gemm.cu says why).
-DSV41_HD inline int64_t code_offset(int64_t m, int64_t k, int64_t K, bool fp4_order) {
-  if (!fp4_order) return m * K + k;
-  const int64_t base = k & ~int64_t(31);
-  const int i = int(k & 31), t = i / 8, j = i % 8;  // value j of quarter t
-  return m * K + base + (j < 4 ? 4 * t + j : 16 + 4 * t + j - 4);
-}
-DSV41_HD inline int64_t scale_offset(int64_t m, int64_t b, int64_t Mpad) {
-  const int r = int(m & 31), mt = r / 16, h = r % 16 / 8, g = r % 8;
-  return b * Mpad + (m & ~int64_t(31)) + g * 4 + mt * 2 + h;
+// Where act_quant puts x[m, k]'s value in xq ([M, K] row-major, the 128 values of each k-tile
+// permuted): position 16j + c of a k-tile holds the value the MMA's k16 step j takes at column
+// c, which is value 4j + 2(c / 8) + c % 2 of 32-block (c % 8) / 2. So the A fragment a thread
+// gives step j (columns 2t, 2t+1, 2t+8, 2t+9) is 4 consecutive values of block t of its weight
+// row: each thread reads whole 32-blocks of the weights, with one scale (gemm.cu says why).
+DSV41_HD inline int64_t value_offset(int64_t m, int64_t k, int64_t K) {
+  const int i = int(k & 31), block = int(k & 127) / 32;
+  const int position = 16 * (i / 4) + 8 * (i % 4 / 2) + 2 * block + i % 2;
+  return m * K + (k & ~int64_t(127)) + position;
 }
 
-// act_quant of x[M, K] (fp32, bf16 values) as qgemv and the CPU do it: e4m3 codes of x / s and
-// the power-of-two block scales s per 32 (scales of the padding rows M..padded_rows(M) are 0).
-// codes: M·K bytes; scales: (K/32)·padded_rows(M) floats.
-void act_quant(const float* x, int64_t M, int64_t K, bool fp4_order, uint8_t* codes, float* scales,
-               cudaStream_t stream);
+// act_quant of x[M, K] (fp32, bf16 values) as qgemv and the CPU do it (the e4m3 codes of x / s
+// with power-of-two block scales s per 32), written as the values code·s, exact in bf16.
+// xq: M·K bf16.
+void act_quant(const float* x, int64_t M, int64_t K, uint16_t* xq, cudaStream_t stream);
 
 }  // namespace dsv41::cuda::gemm

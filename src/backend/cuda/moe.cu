@@ -616,6 +616,9 @@ void check_expert_weight(const Weight& w, int64_t rows, int64_t cols, const char
          std::to_string(w.rows) + " x " + std::to_string(w.cols));
   if (cols % (w.quantized() ? 32 : 8) != 0) fail(name, "input features a multiple of 32 (8 for BF16)", std::to_string(cols));
   if (!w.data || (w.quantized() && !w.scale)) fail(name, "device data (and scales)", "a null pointer");
+  // The kernels read codes 16 bytes and scales 4 bytes at a time (each device weight is its own allocation).
+  if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || (w.quantized() && reinterpret_cast<uintptr_t>(w.scale) % 4 != 0))
+    fail(name, "codes 16-byte and scales 4-byte aligned", "an unaligned pointer");
 }
 
 // h = bf16(weight · silu(min(g, L)) · clamp(u, -L, L)) in place of g, the CPU op's expressions.
@@ -760,8 +763,8 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   const int64_t wide = std::max(dim, inter);
   const size_t at_logits = part(size_t(rows) * E * 4), at_list = part(size_t(n) * 4),
                at_tiles = part(size_t(max_tiles) * sizeof(int4)), at_count = part(4),
-               at_h = part(size_t(tensor ? slots : n) * inter * 4), at_u = part(tensor ? size_t(slots) * inter * 4 : 0), at_codes = part(tensor ? size_t(slots * wide) : 0),
-               at_scales = part(tensor ? size_t(wide / 32 * slots) * 4 : 0), at_ye = part(size_t(n) * dim * 2),
+               at_h = part(size_t(tensor ? slots : n) * inter * 4), at_u = part(tensor ? size_t(slots) * inter * 4 : 0),
+               at_xq = part(tensor ? size_t(slots * wide) * 2 : 0), at_ye = part(size_t(n) * dim * 2),
                at_hs = part(shared_gemm ? 0 : size_t(rows) * inter_s * 4), at_ys32 = part(shared_gemm ? size_t(rows) * dim * 4 : 0),
                at_ys = part(size_t(rows) * dim * 2);
   keep_scratch_pool();
@@ -788,15 +791,14 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
     const gemm::Tiles t{tiles, tile_count, max_tiles, list, std::min<int64_t>(gemm::kTileRows, forced ? n : rows)};
     const gemm::Tiling tiling = gemm::grouped_tiling(n, E);
     float* u = reinterpret_cast<float*>(scratch + at_u);
-    uint8_t* codes = scratch + at_codes;
-    float* scales = reinterpret_cast<float*>(scratch + at_scales);
-    gemm::act_quant_slots(x, dim, t, k, routed.w1().format == WeightFormat::FP4, codes, scales, stream);
-    gemm::grouped_up(codes, scales, t, table, routed.w1().format, tiling, dim, inter, h, u, stream);
+    uint16_t* xq = reinterpret_cast<uint16_t*>(scratch + at_xq);
+    gemm::act_quant_slots(x, dim, t, k, xq, stream);
+    gemm::grouped_up(xq, t, table, routed.w1().format, tiling, dim, inter, h, u, stream);
     const int64_t hn = slots * inter;
     slot_swiglu_kernel<<<unsigned((hn + 255) / 256), 256, 0, stream>>>(h, u, t, inter, limit, weights);
     check_launch("cuda::moe swiglu");
-    gemm::act_quant_slots(h, inter, t, 0, routed.w2().format == WeightFormat::FP4, codes, scales, stream);
-    gemm::grouped_down(codes, scales, t, table, routed.w2().format, tiling, inter, dim, ye, stream);
+    gemm::act_quant_slots(h, inter, t, 0, xq, stream);
+    gemm::grouped_down(xq, t, table, routed.w2().format, tiling, inter, dim, ye, stream);
   } else {
     GroupedArgs up{tiles, tile_count, list, 0, k, x, dim, inter, table, {}, weights, limit, h, nullptr};
     grouped<true>(routed.w1().format, tile, up, max_tiles, stream);
