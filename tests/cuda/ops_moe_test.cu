@@ -167,8 +167,9 @@ struct ExpertSet {
 
 // The V4.1 shapes at 384 experts would take 4.8 GB: instead each matrix kind has one pool of random
 // codes (fp4 any byte; fp8 exponent ≤ 7, so values ≤ 1.875 and no NaN) and random ue8m0 scales
-// (fp4 2^-9..2^-6, fp8 2^-6..2^-4: w·x of order 1), and expert e's matrix starts e·1552 bytes (e·13
-// scales) into it: distinct, unaligned-looking windows, so a wrong expert's output is unrelated.
+// (fp4 2^-9..2^-6, fp8 2^-6..2^-4: w·x of order 1), and expert e's matrix starts e·1552 bytes (e·20
+// scales) into it: distinct windows, not at row boundaries, so a wrong expert's output is unrelated
+// (16- and 4-byte aligned, as the tensor-core path reads codes and scales; ExpertTable::aligned).
 ExpertSet pooled_experts(WeightFormat f, int E, int dim, int inter, uint32_t seed) {
   ExpertSet s;
   s.experts = E, s.format = f;
@@ -177,7 +178,7 @@ ExpertSet pooled_experts(WeightFormat f, int E, int dim, int inter, uint32_t see
     const bool fp4 = f == WeightFormat::FP4;
     const size_t bytes = fp4 ? size_t(rows) * cols / 2 : size_t(rows) * cols;
     const size_t scales = fp4 ? size_t(rows) * (cols / 32) : size_t((rows + 31) / 32) * ((cols + 31) / 32);
-    const size_t shift = 1552, sshift = 13;
+    const size_t shift = 1552, sshift = 20;
     std::vector<uint8_t> data(bytes + size_t(E - 1) * shift), scale(scales + size_t(E - 1) * sshift);
     for (uint8_t& b : data) b = uint8_t(fp4 ? rng() : rng() & 0xBF);
     for (uint8_t& b : scale) b = uint8_t(fp4 ? 118 + rng() % 4 : 121 + rng() % 3);

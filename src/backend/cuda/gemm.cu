@@ -30,9 +30,9 @@
 // cp.async (16 and 4 bytes), a stage's barrier completing when both have landed. The two
 // consumers (224 registers) each own 64·MSub weight rows: per k-tile they read their rows' codes
 // and scales from the stage into registers, then for each of the 8 k16 steps widen the A
-// fragments (double-buffered: a step's registers are rewritten only after the MMA two steps back
-// completed) and issue MSub MMAs; a stage goes back to the producer once the MMAs of the next
-// k-tile's first step are in flight (all of its own have completed).
+// fragments (in 2 or 4 buffers: a step's registers are rewritten only once the MMA that last read
+// them completed) and issue MSub MMAs; a stage goes back to the producer once all of its MMAs have
+// completed, a few steps into the next k-tile.
 //
 // Tilings (gemm.cuh): wide, MSub = 2 and BN = 128 (256 weight rows × 128 activation rows, 4 fp4
 // or 3 fp8 stages of 48-64 KB); narrow, MSub = 1 and BN = 16, 32 or 64, up to 12 stages so that
@@ -331,7 +331,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   // MMAs, and ptxas then serialises every wgmma (C7515).
 #pragma unroll
   for (int s = 0; s < MSub; ++s) keep(acc[s]);
-  uint32_t frag[2][MSub][4];
+  // A fragments in flight: the narrow tile's MMAs are short, so four keep the tensor cores fed while
+  // the next steps' weights are widened; the wide tile's accumulators leave registers for two.
+  constexpr int kBuffers = MSub == 1 ? 4 : 2;
+  uint32_t frag[kBuffers][MSub][4];
   Rows<kFp4, MSub> r;
 
 #pragma unroll 1
@@ -360,21 +363,19 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         r.scale[s][h] = pow2_bf16x2(e);
       }
     const uint32_t x0 = base;
-    // Step J: wait until at most one MMA group (step J - 1's) is in flight, so that the fragment
-    // registers of step J - 2 are free; at step 1, every MMA of the previous k-tile has completed
-    // and its stage goes back to the producer.
+    // Step J: wait until at most kBuffers - 1 MMA groups are in flight, so that the fragment
+    // registers of step J - kBuffers are free; at step kBuffers - 1, every MMA of the previous
+    // k-tile has completed and its stage goes back to the producer.
     auto step = [&](auto J) {
-      constexpr int j = decltype(J)::value;
-      if (kt > 0 || j > 0) {
-        mma_wait<1>();
-      }
-      if (j == 1) barrier_arrive_if(empty0 + 8 * ((kt + kStages - 1) % kStages), kt > 0);
+      constexpr int j = decltype(J)::value, buffer = j % kBuffers;
+      if (kt > 0 || j > 0) mma_wait<kBuffers - 1>();
+      if (j == kBuffers - 1) barrier_arrive_if(empty0 + 8 * ((kt + kStages - 1) % kStages), kt > 0);
 #pragma unroll
-      for (int s = 0; s < MSub; ++s) r.template fragment<j>(s, frag[j % 2][s]);
+      for (int s = 0; s < MSub; ++s) r.template fragment<j>(s, frag[buffer][s]);
       const uint64_t b = kmajor_sw128(x0 + uint32_t((j / 4) * C::kPanel + (j % 4) * 32));
       mma_fence();
 #pragma unroll
-      for (int s = 0; s < MSub; ++s) mma_rs<BN>(acc[s], frag[j % 2][s], b);
+      for (int s = 0; s < MSub; ++s) mma_rs<BN>(acc[s], frag[buffer][s], b);
       mma_commit();
     };
     step(std::integral_constant<int, 0>{});

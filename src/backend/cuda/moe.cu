@@ -616,9 +616,7 @@ void check_expert_weight(const Weight& w, int64_t rows, int64_t cols, const char
          std::to_string(w.rows) + " x " + std::to_string(w.cols));
   if (cols % (w.quantized() ? 32 : 8) != 0) fail(name, "input features a multiple of 32 (8 for BF16)", std::to_string(cols));
   if (!w.data || (w.quantized() && !w.scale)) fail(name, "device data (and scales)", "a null pointer");
-  // The kernels read codes 16 bytes and scales 4 bytes at a time (each device weight is its own allocation).
-  if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || (w.quantized() && reinterpret_cast<uintptr_t>(w.scale) % 4 != 0))
-    fail(name, "codes 16-byte and scales 4-byte aligned", "an unaligned pointer");
+
 }
 
 // h = bf16(weight · silu(min(g, L)) · clamp(u, -L, L)) in place of g, the CPU op's expressions.
@@ -706,6 +704,9 @@ ExpertTable::ExpertTable(const std::vector<Weight>& w1, const std::vector<Weight
     if (w1[e].format != w1_.format || w3[e].format != w1_.format || w2[e].format != w2_.format)
       fail("cuda::ExpertTable", "one format for every expert's w1 and w3, one for every w2", "mixed formats");
     host[e] = ExpertPointers{{w1[e].data, w2[e].data, w3[e].data}, {w1[e].scale, w2[e].scale, w3[e].scale}};
+    for (int m = 0; m < 3; ++m)
+      aligned_ = aligned_ && reinterpret_cast<uintptr_t>(host[e].data[m]) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(host[e].scale[m]) % 4 == 0;
   }
   check(cudaMalloc(&table_, n * sizeof(ExpertPointers)), "cuda::ExpertTable");
   check(cudaMemcpy(table_, host.data(), n * sizeof(ExpertPointers), cudaMemcpyHostToDevice), "cuda::ExpertTable");
@@ -741,9 +742,10 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   // and never more than n.
   const int64_t nonzero = n < E ? n : E;
   auto tiles_of = [&](int64_t tile) { return std::min<int64_t>(n, (n + (tile - 1) * nonzero) / tile); };
-  const bool tensor_ok = gemm::grouped_usable(routed.w1().format, routed.w2().format, dim, inter, tiles_of(gemm::kTileRows));
+  const bool tensor_ok = routed.aligned() &&
+                         gemm::grouped_usable(routed.w1().format, routed.w2().format, dim, inter, tiles_of(gemm::kTileRows));
   if (path == MoePath::tensor_cores && !tensor_ok)
-    fail("cuda::moe", "fp8/fp4 routed experts with dim and inter multiples of 128 for the tensor-core path",
+    fail("cuda::moe", "aligned fp8/fp4 routed experts with dim and inter multiples of 128 for the tensor-core path",
          std::string(routed.w1().quantized() && routed.w2().quantized() ? "quantized" : "unquantized") + " experts of " +
              std::to_string(inter) + " x " + std::to_string(dim));
   const bool tensor = path == MoePath::tensor_cores || (path == MoePath::automatic && tensor_ok && (rows > 1 || forced));
