@@ -47,6 +47,14 @@
 // ~4.3 measured copy): expert w1 (fp4, 2048 × 4096) at M = 4096: 69 GFLOP → 87 µs at 790; wq_b
 // (fp8, 32768 × 1024) at M = 4096: 275 GFLOP → 350 µs; at decode sizes the weights' bytes bound it
 // (expert w1: 4.2 MB → 1 µs). bench/cuda/kernels_bench.cu measures both against cuBLASLt.
+// Measured on the H200 (1c934af, docs/benchmarks.md): expert w1 at M = 4096, the kernel alone
+// 129 µs (535 TFLOP/s, Nsight Compute; tensor pipe ~56% busy), with act_quant 163 µs (423
+// TFLOP/s) against cuBLASLt's bf16 GEMM 108 µs (638 TFLOP/s) on bf16 operands it need not widen;
+// wq_b 409 and wo_b 498 TFLOP/s (cuBLASLt 558, 640). The narrow tiling is issue-bound on the
+// widening (~0.4 µs per k-tile per CTA, 0.54 instructions per cycle per scheduler): ~20 GB/s of
+// weights per SM, so decode needs most SMs busy (the MoE's grouped launches are; a lone small
+// weight is not). ptxas gives the kernel 168 registers a thread whatever setmaxnreg grants the
+// consumers, so the wide fp8 form spills 8 bytes and the wide form keeps two fragment buffers.
 
 #include "backend/cuda/gemm.cuh"
 
