@@ -21,7 +21,9 @@
 //    the normalized input under rms_norm's (1e-6): the fused kernel only reorders the same sums.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -163,56 +165,93 @@ TEST(CudaMhc, PreAndPostMatchCpuBitForBit) {
   }
 }
 
-TEST(CudaMhc, MegaMhcMatchesTheCpuComposition) {
-  DSV41_REQUIRE_DEVICE();
-  uint32_t seed = 400;
-  const float eps = 1e-6f;
-  for (const HcCase c : {HcCase{1, 4, 5120}, HcCase{5, 4, 5120}, HcCase{2, 4, 200}, HcCase{3, 2, 96}}) {
-    const int n = c.hc * c.d, n_mix = (2 + c.hc) * c.hc;
+// One Mega-mHC case: random inputs of `rows` tokens on the host and on the device, and a call over
+// rows [r0, r0 + n) into the device outputs (poisoned at construction).
+struct MegaCase {
+  HcCase c;
+  int n, n_mix;
+  std::vector<float> X, f, pre_in, post, comb, fn, base, scale, norm;
+  HcWeights hw;
+  Weight nw;
+  std::unique_ptr<DeviceArray<float>> dX, df, dpre_in, dpost, dcomb, dfn, dbase, dscale, dnorm, dXo, dh, dpre, dpost2,
+      dcomb2;
+  static constexpr float kEps = 1e-6f;
+
+  MegaCase(HcCase c_, uint32_t seed) : c(c_), n(c_.hc * c_.d), n_mix((2 + c_.hc) * c_.hc) {
     const size_t streams = size_t(c.rows) * n;
-    const std::vector<float> X = test::bf16_normal(streams, 1.0, seed++), f = test::bf16_normal(size_t(c.rows) * c.d, 1.0, seed++);
-    const std::vector<float> pre_in = test::bf16_uniform(size_t(c.rows) * c.hc, 0.0, 1.0, seed++);
-    const std::vector<float> post = test::bf16_uniform(size_t(c.rows) * c.hc, 0.0, 2.0, seed++);
-    std::vector<float> comb(size_t(c.rows) * c.hc * c.hc);
+    X = test::bf16_normal(streams, 1.0, seed++), f = test::bf16_normal(size_t(c.rows) * c.d, 1.0, seed++);
+    pre_in = test::bf16_uniform(size_t(c.rows) * c.hc, 0.0, 1.0, seed++);
+    post = test::bf16_uniform(size_t(c.rows) * c.hc, 0.0, 2.0, seed++);
+    comb.resize(size_t(c.rows) * c.hc * c.hc);
     std::mt19937 rng(seed++);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
     for (float& v : comb) v = u(rng);
-    const std::vector<float> fn = test::bf16_normal(size_t(n_mix) * n, 1.0 / std::sqrt(double(n)), seed++);
-    const std::vector<float> base = test::bf16_normal(size_t(n_mix), 1.0, seed++);
-    const std::vector<float> scale = {0.75f, 1.25f, 2.0f};
-    const std::vector<float> norm = test::bf16_uniform(size_t(c.d), 0.5, 1.5, seed++);
-    const HcWeights hw{test::f32_view(fn, n_mix, n), test::f32_view(base, 1, n_mix), test::f32_view(scale, 1, 3)};
-    const Weight nw = test::f32_view(norm, 1, c.d);
+    fn = test::bf16_normal(size_t(n_mix) * n, 1.0 / std::sqrt(double(n)), seed++);
+    base = test::bf16_normal(size_t(n_mix), 1.0, seed++);
+    scale = {0.75f, 1.25f, 2.0f};
+    norm = test::bf16_uniform(size_t(c.d), 0.5, 1.5, seed++);
+    hw = HcWeights{test::f32_view(fn, n_mix, n), test::f32_view(base, 1, n_mix), test::f32_view(scale, 1, 3)};
+    nw = test::f32_view(norm, 1, c.d);
+    auto up = [](const std::vector<float>& v) { return std::make_unique<DeviceArray<float>>(v); };
+    auto out = [](size_t size) {
+      auto a = std::make_unique<DeviceArray<float>>(size);
+      a->poison();
+      return a;
+    };
+    dX = up(X), df = up(f), dpre_in = up(pre_in), dpost = up(post), dcomb = up(comb), dfn = up(fn), dbase = up(base);
+    dscale = up(scale), dnorm = up(norm);
+    dXo = out(streams), dh = out(size_t(c.rows) * c.d), dpre = out(size_t(c.rows) * c.hc);
+    dpost2 = out(size_t(c.rows) * c.hc), dcomb2 = out(comb.size());
+  }
 
+  void run(int r0, int rows) {
+    HcWeights dw = hw;
+    dw.fn.data = reinterpret_cast<const uint8_t*>(dfn->get());
+    dw.base.data = reinterpret_cast<const uint8_t*>(dbase->get());
+    dw.scale.data = reinterpret_cast<const uint8_t*>(dscale->get());
+    Weight dnw = nw;
+    dnw.data = reinterpret_cast<const uint8_t*>(dnorm->get());
+    const int hc = c.hc, d = c.d;
+    cuda::mega_mhc(df->get() + r0 * d, dX->get() + size_t(r0) * n, dpost->get() + r0 * hc, dcomb->get() + r0 * hc * hc,
+                   dpre_in->get() + r0 * hc, rows, hc, d, dw, &dnw, kEps, 20, 1e-6f, dXo->get() + size_t(r0) * n,
+                   dh->get() + r0 * d, dpre->get() + r0 * hc, dpost2->get() + r0 * hc, dcomb2->get() + r0 * hc * hc);
+  }
+
+  // Every device output, downloaded.
+  std::vector<std::vector<float>> outputs() const {
+    return {dXo->download(), dh->download(), dpre->download(), dpost2->download(), dcomb2->download()};
+  }
+  void poison() { dXo->poison(), dh->poison(), dpre->poison(), dpost2->poison(), dcomb2->poison(); }
+};
+
+TEST(CudaMhc, MegaMhcMatchesTheCpuComposition) {
+  DSV41_REQUIRE_DEVICE();
+  uint32_t seed = 400;
+  // 40 rows take the prefill form (blocks of 16 rows, the last group partial), the others the decode form.
+  for (const HcCase c : {HcCase{1, 4, 5120}, HcCase{5, 4, 5120}, HcCase{2, 4, 200}, HcCase{3, 2, 96}, HcCase{40, 4, 5120}}) {
+    MegaCase m(c, seed);
+    seed += 16;
+    const int n = m.n;
+    const size_t streams = size_t(c.rows) * n;
     // The forward's order: write back, then the next sub-layer's mixes, input and norm.
     std::vector<float> Xo(streams), h(size_t(c.rows) * c.d), pre(size_t(c.rows) * c.hc), post2(pre.size()),
-        comb2(comb.size());
+        comb2(m.comb.size());
     for (int r = 0; r < c.rows; ++r)
-      hc_post(f.data() + size_t(r) * c.d, X.data() + size_t(r) * n, post.data() + r * c.hc,
-              comb.data() + r * c.hc * c.hc, c.hc, c.d, Xo.data() + size_t(r) * n);
-    hc_mixes(Xo.data(), c.rows, c.hc, c.d, hw, eps, 20, 1e-6f, pre.data(), post2.data(), comb2.data());
-    for (int r = 0; r < c.rows; ++r) hc_pre(Xo.data() + size_t(r) * n, pre_in.data() + r * c.hc, c.hc, c.d, h.data() + size_t(r) * c.d);
-    rms_norm(h.data(), c.rows, c.d, &nw, eps, h.data());
+      hc_post(m.f.data() + size_t(r) * c.d, m.X.data() + size_t(r) * n, m.post.data() + r * c.hc,
+              m.comb.data() + r * c.hc * c.hc, c.hc, c.d, Xo.data() + size_t(r) * n);
+    hc_mixes(Xo.data(), c.rows, c.hc, c.d, m.hw, MegaCase::kEps, 20, 1e-6f, pre.data(), post2.data(), comb2.data());
+    for (int r = 0; r < c.rows; ++r)
+      hc_pre(Xo.data() + size_t(r) * n, m.pre_in.data() + r * c.hc, c.hc, c.d, h.data() + size_t(r) * c.d);
+    rms_norm(h.data(), c.rows, c.d, &m.nw, MegaCase::kEps, h.data());
 
-    DeviceArray<float> dX(X), df(f), dpre_in(pre_in), dpost(post), dcomb(comb), dfn(fn), dbase(base), dscale(scale),
-        dnorm(norm);
-    DeviceArray<float> dXo(streams), dh(h.size()), dpre(pre.size()), dpost2(post2.size()), dcomb2(comb2.size());
-    dXo.poison(), dh.poison(), dpre.poison(), dpost2.poison(), dcomb2.poison();
-    HcWeights dw = hw;
-    dw.fn.data = reinterpret_cast<const uint8_t*>(dfn.get());
-    dw.base.data = reinterpret_cast<const uint8_t*>(dbase.get());
-    dw.scale.data = reinterpret_cast<const uint8_t*>(dscale.get());
-    Weight dnw = nw;
-    dnw.data = reinterpret_cast<const uint8_t*>(dnorm.get());
     // Twice: the second call finds the arrival counters the first one left (they must be reset).
     for (int call = 0; call < 2; ++call) {
-      cuda::mega_mhc(df.get(), dX.get(), dpost.get(), dcomb.get(), dpre_in.get(), c.rows, c.hc, c.d, dw, &dnw, eps, 20,
-                     1e-6f, dXo.get(), dh.get(), dpre.get(), dpost2.get(), dcomb2.get());
-      const std::vector<float> got_Xo = dXo.download();
+      m.run(0, c.rows);
+      const std::vector<std::vector<float>> got = m.outputs();
       size_t differ = 0;
-      for (size_t i = 0; i < streams; ++i) differ += float_bits(got_Xo[i]) != float_bits(Xo[i]);
-      const double e_h = test::nmse(dh.download(), h), e_pre = test::nmse(dpre.download(), pre),
-                   e_post = test::nmse(dpost2.download(), post2), e_comb = test::nmse(dcomb2.download(), comb2);
+      for (size_t i = 0; i < streams; ++i) differ += float_bits(got[0][i]) != float_bits(Xo[i]);
+      const double e_h = test::nmse(got[1], h), e_pre = test::nmse(got[2], pre), e_post = test::nmse(got[3], post2),
+                   e_comb = test::nmse(got[4], comb2);
       std::printf("mega_mhc %dx%dx%d call %d: Xo differ %zu, NMSE h %.3g pre %.3g post %.3g comb %.3g\n", c.rows, c.hc,
                   c.d, call, differ, e_h, e_pre, e_post, e_comb);
       EXPECT_EQ(differ, 0u);
@@ -220,7 +259,28 @@ TEST(CudaMhc, MegaMhcMatchesTheCpuComposition) {
       EXPECT_LT(e_pre, 1e-9);
       EXPECT_LT(e_post, 1e-9);
       EXPECT_LT(e_comb, 1e-9);
-      dXo.poison(), dh.poison(), dpre.poison(), dpost2.poison(), dcomb2.poison();
+      m.poison();
+    }
+  }
+}
+
+// A row's results do not depend on the rows called with it: 37 rows in one call (the prefill form:
+// three groups of 16, the last partial) equal, bit for bit, the same rows in calls of 1 to 5 rows
+// (the decode form), every output. A sum taken in another order, a group bound off by one or a
+// row finished before its sums were all in shows up as differing bits.
+TEST(CudaMhc, MegaMhcRowsDoNotDependOnTheCall) {
+  DSV41_REQUIRE_DEVICE();
+  for (const HcCase c : {HcCase{37, 4, 5120}, HcCase{37, 2, 200}}) {
+    MegaCase m(c, 900);
+    m.run(0, c.rows);
+    const std::vector<std::vector<float>> whole = m.outputs();
+    m.poison();
+    for (int r0 = 0, n = 1; r0 < c.rows; r0 += n, n = n % 5 + 1) m.run(r0, std::min(n, c.rows - r0));
+    const std::vector<std::vector<float>> parts = m.outputs();
+    for (size_t o = 0; o < whole.size(); ++o) {
+      size_t differ = 0;
+      for (size_t i = 0; i < whole[o].size(); ++i) differ += float_bits(whole[o][i]) != float_bits(parts[o][i]);
+      EXPECT_EQ(differ, 0u) << "output " << o << " of " << c.rows << "x" << c.hc << "x" << c.d;
     }
   }
 }

@@ -9,13 +9,17 @@
 // thread per output, with the CPU's operation order and no FMA contraction, so they match the CPU bit for bit; traffic (hc + 1)·d·4 read and
 // d·4 written (pre), 2·hc·d·4 + d·4 read and hc·d·4 written (post).
 //
-// mega_mhc fuses hc_post, hc_mixes, hc_pre and rms_norm (see mhc.h): grid (d / 128, rows), one
-// thread per column k of a token. A thread reads X[·][k] and f[k], writes Xo[·][k] (hc_post's
+// mega_mhc fuses hc_post, hc_mixes, hc_pre and rms_norm (see mhc.h): one thread per column k of a
+// token, 128 columns a block. A thread reads X[·][k] and f[k], writes Xo[·][k] (hc_post's
 // operations), forms h[k] from those Xo values (hc_pre's) and writes it unnormalized, and adds
 // Xo[·][k] into the 24 mix dot products, the sum of squares of Xo and that of h. The block's 26
-// sums go to a scratch slot; the row's last block to arrive (an atomic counter per row) adds the
-// slots (a fixed order), runs Sinkhorn (sinkhorn_warp, its first warp) while its other warps
-// rescale the row's h in place (2·d·4 bytes that L2 serves). HBM traffic per token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4
+// sums go to a scratch slot; a row's finish adds its slots (a fixed order), runs Sinkhorn
+// (sinkhorn_warp, its first warp) while the other warps rescale the row's h in place (2·d·4 bytes
+// that L2 serves). Below 16 rows (decode) one launch, grid (d / 128, rows): the row's last block
+// to arrive (an atomic counter per row) finishes it. From 16 rows (prefill) a block takes 16 rows
+// of its columns with their hc_fn values in registers, and a second launch finishes every row;
+// both forms compute every sum in the same order, so a row's results do not depend on the rows
+// beside it in the call. HBM traffic per token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4
 // written (h) = (2·hc + 2)·d·4, plus hc_fn (24·hc·d·4 = 1.97 MB in V4.1) once per call, from L2
 // when several rows or a warm cache share it.
 #include "backend/cuda/mhc.h"
@@ -137,8 +141,9 @@ __global__ void hc_post_kernel(const float* f, const float* X, const float* post
 
 constexpr int kMegaThreads = 128;           // columns of a token per block
 constexpr int kMegaSums = kMaxMix + 2;        // the mixes, Σ Xo², Σ h²
-constexpr int64_t kMegaRowsPerLaunch = 4096;  // rows of the arrival counters
-__device__ unsigned mega_arrivals[kMegaRowsPerLaunch];  // zero at load; the last block resets its row's
+// Rows of mega_rows_kernel's blocks; fewer rows than this go to mega_mhc_kernel.
+constexpr int64_t kMegaRowsPerBlock = 16;
+__device__ unsigned mega_arrivals[kMegaRowsPerBlock];  // zero at load; the last block resets its row's
 
 __device__ inline float norm_weight_at(const uint8_t* w, WeightFormat f, int64_t i) {
   if (!w) return 1.0f;
@@ -146,23 +151,45 @@ __device__ inline float norm_weight_at(const uint8_t* w, WeightFormat f, int64_t
   return reinterpret_cast<const float*>(w)[i];
 }
 
+// Where a Mega-mHC call reads and writes (mhc.h mega_mhc), its rows from 0.
+struct MegaArgs {
+  const float *f, *X, *post, *comb, *pre_in;
+  int64_t d;
+  const float *fn, *scale, *base;
+  const uint8_t* norm;
+  WeightFormat norm_format;
+  float eps;
+  int iters;
+  float hc_eps;
+  float* partials;  // [rows][slices][kMegaSums]
+  float *Xo, *h, *pre_out, *post_out, *comb_out;
+};
+
+// Column k's hc_fn values, fn[t][j] = hc_fn[t, j·d + k]: loaded once per block, for all its rows.
 template <int HC>
-__global__ void __launch_bounds__(kMegaThreads)
-    mega_mhc_kernel(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t d, const float* fn, const float* scale, const float* base, const uint8_t* norm,
-                    WeightFormat norm_format, float eps, int iters, float hc_eps, float* partials, float* Xo, float* h,
-                    float* pre_out, float* post_out, float* comb_out) {
+__device__ void load_fn_column(const float* fn, int64_t d, int64_t k, float (&fnk)[(2 + HC) * HC][HC]) {
+#pragma unroll
+  for (int t = 0; t < (2 + HC) * HC; ++t)
+#pragma unroll
+    for (int j = 0; j < HC; ++j) fnk[t][j] = k < d ? fn[t * HC * d + j * d + k] : 0.0f;
+}
+
+// One token's column k (one thread): Xo[·][k] (hc_post's operations), h[k] unnormalized (hc_pre's),
+// and this column's part of the row's sums: the mixes, Σ Xo², Σ h² (acc, zero on entry), then
+// the block's sums of them into the row's slot of partials. Every thread of the block calls it.
+template <int HC>
+__device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const float (&fnk)[(2 + HC) * HC][HC]) {
   constexpr int hc = HC, n_mix = (2 + HC) * HC;
-  const int64_t row = blockIdx.y, k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x, n = hc * d;
-  const int slices = int(gridDim.x);
-  const float* c = comb + row * hc * hc;
+  const int64_t d = a.d;
   float acc[kMegaSums];
 #pragma unroll
   for (int t = 0; t < kMegaSums; ++t) acc[t] = 0;
   if (k < d) {
+    const float* c = a.comb + row * hc * hc;
     float x[HC], xo[HC];
 #pragma unroll
-    for (int i = 0; i < HC; ++i) x[i] = X[(row * hc + i) * d + k];
-    const float fk = f[row * d + k];
+    for (int i = 0; i < HC; ++i) x[i] = a.X[(row * hc + i) * d + k];
+    const float fk = a.f[row * d + k];
     // hc_post, then hc_pre on its outputs: the CPU's operations in its order, each rounded.
     float hk = 0;
 #pragma unroll
@@ -170,23 +197,20 @@ __global__ void __launch_bounds__(kMegaThreads)
       float mix = 0;
 #pragma unroll
       for (int i = 0; i < HC; ++i) mix = __fadd_rn(mix, __fmul_rn(c[i * hc + j], x[i]));
-      xo[j] = round_bf16(__fadd_rn(__fmul_rn(post[row * hc + j], fk), mix));
-      Xo[(row * hc + j) * d + k] = xo[j];
-      hk = __fadd_rn(hk, __fmul_rn(pre_in[row * hc + j], xo[j]));
+      xo[j] = round_bf16(__fadd_rn(__fmul_rn(a.post[row * hc + j], fk), mix));
+      a.Xo[(row * hc + j) * d + k] = xo[j];
+      hk = __fadd_rn(hk, __fmul_rn(a.pre_in[row * hc + j], xo[j]));
       acc[kMaxMix] = fmaf(xo[j], xo[j], acc[kMaxMix]);
     }
     hk = round_bf16(hk);
-    h[row * d + k] = hk;
+    a.h[row * d + k] = hk;
     acc[kMaxMix + 1] = hk * hk;
 #pragma unroll
     for (int t = 0; t < n_mix; ++t)
 #pragma unroll
-      for (int j = 0; j < HC; ++j) acc[t] = fmaf(fn[t * n + j * d + k], xo[j], acc[t]);
+      for (int j = 0; j < HC; ++j) acc[t] = fmaf(fnk[t][j], xo[j], acc[t]);
   }
   __shared__ float sums[kMegaThreads / 32][kMegaSums];
-  __shared__ float totals[kMegaSums];
-  __shared__ float comb_s[kMaxHc * kMaxHc];
-  __shared__ bool last;
 #pragma unroll
   for (int t = 0; t < kMegaSums; ++t) {
     float s = acc[t];
@@ -197,18 +221,20 @@ __global__ void __launch_bounds__(kMegaThreads)
   if (threadIdx.x < kMegaSums) {
     float s = 0;
     for (int w = 0; w < kMegaThreads / 32; ++w) s += sums[w][threadIdx.x];
-    partials[(row * slices + blockIdx.x) * kMegaSums + threadIdx.x] = s;
+    a.partials[(row * gridDim.x + blockIdx.x) * kMegaSums + threadIdx.x] = s;
   }
-  // Publish this block's sums and h, then count it in; the last block of the row goes on.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&mega_arrivals[row], 1u) == unsigned(slices - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // The row's totals: warp w adds sums w, w + 4, ... over the slots (lane l: slots l, l + 32, ...;
-  // every sum's loads of a pass in flight together), then a fixed shuffle tree: the same bits on
-  // every run.
+  __syncthreads();  // sums is reused by the block's next row
+}
+
+// A row's end, by one block of kMegaThreads once every slot of its partials is written: the
+// totals over the slots, Sinkhorn on the first warp, the rms_norm of h on the others.
+__device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int hc) {
+  const int64_t d = a.d, n = hc * d;
+  const int n_mix = (2 + hc) * hc;
+  __shared__ float totals[kMegaSums];
+  __shared__ float comb_s[kMaxHc * kMaxHc];
+  // Warp w adds sums w, w + 4, ... over the slots (lane l: slots l, l + 32, ...; every sum's
+  // loads of a pass in flight together), then a fixed shuffle tree: the same bits on every run.
   constexpr int kWarps = kMegaThreads / 32, kPerWarp = (kMegaSums + kWarps - 1) / kWarps;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   float s[kPerWarp];
@@ -217,7 +243,7 @@ __global__ void __launch_bounds__(kMegaThreads)
   for (int b = lane; b < slices; b += 32)
 #pragma unroll
     for (int q = 0; q < kPerWarp; ++q)
-      if (warp + q * kWarps < kMegaSums) s[q] += __ldcg(partials + (row * slices + b) * kMegaSums + warp + q * kWarps);
+      if (warp + q * kWarps < kMegaSums) s[q] += __ldcg(a.partials + (row * slices + b) * kMegaSums + warp + q * kWarps);
 #pragma unroll
   for (int q = 0; q < kPerWarp; ++q) {
     for (int o = 16; o > 0; o /= 2) s[q] += __shfl_xor_sync(0xFFFFFFFFu, s[q], o);
@@ -226,26 +252,25 @@ __global__ void __launch_bounds__(kMegaThreads)
   __syncthreads();
   if (warp == 0) {
     float m[kMaxMix];
-    const float inv = 1.0f / sqrtf(totals[kMaxMix] / float(n) + eps);  // rms_inverse over hc·d
+    const float inv = 1.0f / sqrtf(totals[kMaxMix] / float(n) + a.eps);  // rms_inverse over hc·d
     for (int t = 0; t < n_mix; ++t) m[t] = totals[t] * inv;
-    sinkhorn_warp(m, scale, base, hc, iters, hc_eps, comb_s, pre_out + row * hc, post_out + row * hc,
-                  comb_out + row * hc * hc);
-    if (lane == 0) mega_arrivals[row] = 0;
+    sinkhorn_warp(m, a.scale, a.base, hc, a.iters, a.hc_eps, comb_s, a.pre_out + row * hc, a.post_out + row * hc,
+                  a.comb_out + row * hc * hc);
     return;
   }
   // Meanwhile the other warps normalize the row's h (it needs only Σ h²), kBatch loads in flight
   // per thread: one at a time, d / 128 L2 round trips in a row were most of the call at one row.
   constexpr int kBatch = 16;
-  const float inv_h = 1.0f / sqrtf(totals[kMaxMix + 1] / float(d) + eps);  // rms_norm's, as norm.cu
+  const float inv_h = 1.0f / sqrtf(totals[kMaxMix + 1] / float(d) + a.eps);  // rms_norm's, as norm.cu
   const int64_t stride = kMegaThreads - 32;
-  float* hr = h + row * d;
+  float* hr = a.h + row * d;
   for (int64_t i0 = threadIdx.x - 32; i0 < d; i0 += stride * kBatch) {
     float v[kBatch], g[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int64_t i = i0 + j * stride;
       v[j] = i < d ? __ldcg(hr + i) : 0.0f;
-      g[j] = i < d ? norm_weight_at(norm, norm_format, i) : 0.0f;
+      g[j] = i < d ? norm_weight_at(a.norm, a.norm_format, i) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
@@ -253,6 +278,44 @@ __global__ void __launch_bounds__(kMegaThreads)
       if (i < d) hr[i] = round_bf16(__fmul_rn(g[j], __fmul_rn(v[j], inv_h)));
     }
   }
+}
+
+// Few rows (decode): grid (slices, rows), one launch. Each block publishes its sums and counts
+// itself in at the row's arrival counter; the row's last block finishes it.
+template <int HC>
+__global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a) {
+  const int64_t row = blockIdx.y, k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
+  float fnk[(2 + HC) * HC][HC];
+  load_fn_column<HC>(a.fn, a.d, k, fnk);
+  mega_column<HC>(a, row, k, fnk);
+  // Publish this block's sums, Xo and h, then count it in; the last block of the row goes on.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&mega_arrivals[row], 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) mega_arrivals[row] = 0;
+  mega_finish_row(a, row, int(gridDim.x), HC);
+}
+
+// Many rows (prefill): grid (slices, row groups of kMegaRowsPerBlock). A block keeps its column's
+// hc_fn values in registers for all its rows, so hc_fn comes from L2 once per group instead of
+// once per row (2 MB a row in V4.1: at 8K rows, 16 GB of L2 reads and ~2.4 ms a call). Every
+// row's sums are those of mega_mhc_kernel, bit for bit; mega_finish_kernel ends the rows.
+template <int HC>
+__global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs a, int64_t rows) {
+  const int64_t k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
+  float fnk[(2 + HC) * HC][HC];
+  load_fn_column<HC>(a.fn, a.d, k, fnk);
+  const int64_t first = int64_t(blockIdx.y) * kMegaRowsPerBlock;
+  for (int64_t row = first; row < rows && row < first + kMegaRowsPerBlock; ++row) mega_column<HC>(a, row, k, fnk);
+}
+
+template <int HC>
+__global__ void __launch_bounds__(kMegaThreads) mega_finish_kernel(const MegaArgs a, int slices) {
+  mega_finish_row(a, blockIdx.x, slices, HC);
 }
 
 unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
@@ -284,23 +347,27 @@ void mega_mhc(const float* f, const float* X, const float* post, const float* co
   if (norm && norm->format != WeightFormat::F32 && norm->format != WeightFormat::BF16)
     fail("cuda::mega_mhc", "an F32 or BF16 norm weight", "a quantized one");
   const int slices = int((d + kMegaThreads - 1) / kMegaThreads);
-  float* partials = nullptr;
+  MegaArgs a{f, X, post, comb, pre_in, d, reinterpret_cast<const float*>(w.fn.data),
+             reinterpret_cast<const float*>(w.scale.data), reinterpret_cast<const float*>(w.base.data),
+             norm ? norm->data : nullptr, norm ? norm->format : WeightFormat::F32, eps, sinkhorn_iters, hc_eps,
+             nullptr, Xo, h, pre_out, post_out, comb_out};
   keep_scratch_pool();
-  const int64_t chunk = rows < kMegaRowsPerLaunch ? rows : kMegaRowsPerLaunch;
-  check(cudaMallocAsync(reinterpret_cast<void**>(&partials), size_t(chunk * slices * kMegaSums) * sizeof(float), stream),
+  check(cudaMallocAsync(reinterpret_cast<void**>(&a.partials), size_t(rows * slices * kMegaSums) * sizeof(float),
+                        stream),
         "cuda::mega_mhc");
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t n = rows - r0 < chunk ? rows - r0 : chunk;
-    const auto kernel = for_hc(hc, [](auto HC) { return &mega_mhc_kernel<decltype(HC)::value>; });
-    kernel<<<dim3(unsigned(slices), unsigned(n)), kMegaThreads, 0, stream>>>(
-        f + r0 * d, X + r0 * hc * d, post + r0 * hc, comb + r0 * hc * hc, pre_in + r0 * hc, d,
-        reinterpret_cast<const float*>(w.fn.data), reinterpret_cast<const float*>(w.scale.data),
-        reinterpret_cast<const float*>(w.base.data), norm ? norm->data : nullptr,
-        norm ? norm->format : WeightFormat::F32, eps, sinkhorn_iters, hc_eps, partials, Xo + r0 * hc * d, h + r0 * d,
-        pre_out + r0 * hc, post_out + r0 * hc, comb_out + r0 * hc * hc);
+  if (rows < kMegaRowsPerBlock) {
+    for_hc(hc, [](auto HC) { return &mega_mhc_kernel<decltype(HC)::value>; })<<<dim3(unsigned(slices), unsigned(rows)),
+                                                                                 kMegaThreads, 0, stream>>>(a);
     check_launch("cuda::mega_mhc");
+  } else {
+    const dim3 grid(unsigned(slices), unsigned((rows + kMegaRowsPerBlock - 1) / kMegaRowsPerBlock));
+    for_hc(hc, [](auto HC) { return &mega_rows_kernel<decltype(HC)::value>; })<<<grid, kMegaThreads, 0, stream>>>(a, rows);
+    check_launch("cuda::mega_mhc rows");
+    for_hc(hc, [](auto HC) { return &mega_finish_kernel<decltype(HC)::value>; })<<<unsigned(rows), kMegaThreads, 0,
+                                                                                      stream>>>(a, slices);
+    check_launch("cuda::mega_mhc finish");
   }
-  check(cudaFreeAsync(partials, stream), "cuda::mega_mhc");
+  check(cudaFreeAsync(a.partials, stream), "cuda::mega_mhc");
 }
 
 void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& w, float norm_eps, int sinkhorn_iters,
