@@ -60,6 +60,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
@@ -450,13 +451,17 @@ Shape shape_of(Tiling tiling, int64_t rows) {
 template <Out kOut>
 void launch_for(WeightFormat f, Shape shape, const CUtensorMap& map, const GemmArgs& a, dim3 grid,
                 cudaStream_t stream) {
-  constexpr WeightFormat fp4 = WeightFormat::FP4, fp8 = WeightFormat::FP8;
-  const bool four = f == fp4;
+  const auto launch = [&](auto BN, auto MSub) {
+    constexpr int bn = decltype(BN)::value, msub = decltype(MSub)::value;
+    if (f == WeightFormat::FP4) launch_gemm<WeightFormat::FP4, bn, msub, kOut>(map, a, grid, stream);
+    else launch_gemm<WeightFormat::FP8, bn, msub, kOut>(map, a, grid, stream);
+  };
+  using I = std::integral_constant<int, 1>;
   switch (shape.bn) {
-    case 128: return four ? launch_gemm<fp4, 128, 2, kOut>(map, a, grid, stream) : launch_gemm<fp8, 128, 2, kOut>(map, a, grid, stream);
-    case 64: return four ? launch_gemm<fp4, 64, 1, kOut>(map, a, grid, stream) : launch_gemm<fp8, 64, 1, kOut>(map, a, grid, stream);
-    case 32: return four ? launch_gemm<fp4, 32, 1, kOut>(map, a, grid, stream) : launch_gemm<fp8, 32, 1, kOut>(map, a, grid, stream);
-    default: return four ? launch_gemm<fp4, 16, 1, kOut>(map, a, grid, stream) : launch_gemm<fp8, 16, 1, kOut>(map, a, grid, stream);
+    case 128: return launch(std::integral_constant<int, 128>{}, std::integral_constant<int, 2>{});
+    case 64: return launch(std::integral_constant<int, 64>{}, I{});
+    case 32: return launch(std::integral_constant<int, 32>{}, I{});
+    default: return launch(std::integral_constant<int, 16>{}, I{});
   }
 }
 

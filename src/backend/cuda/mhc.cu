@@ -15,8 +15,8 @@
 // Xo[·][k] into the 24 mix dot products, the sum of squares of Xo and that of h. The block's 26
 // sums go to a scratch slot; a row's finish adds its slots (a fixed order), runs Sinkhorn
 // (sinkhorn_warp, its first warp) while the other warps rescale the row's h in place (2·d·4 bytes
-// that L2 serves). Below 16 rows (decode) one launch, grid (d / 128, rows): the row's last block
-// to arrive (an atomic counter per row) finishes it. From 16 rows (prefill) a block takes 16 rows
+// that L2 serves). Below 512 rows (decode) one launch, grid (d / 128, rows): the row's last block
+// to arrive (an atomic counter per row) finishes it. From 512 rows (prefill) a block takes 16 rows
 // of its columns with their hc_fn values in registers, and a second launch finishes every row;
 // both forms compute every sum in the same order, so a row's results do not depend on the rows
 // beside it in the call. HBM traffic per token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4
@@ -141,9 +141,13 @@ __global__ void hc_post_kernel(const float* f, const float* X, const float* post
 
 constexpr int kMegaThreads = 128;           // columns of a token per block
 constexpr int kMegaSums = kMaxMix + 2;        // the mixes, Σ Xo², Σ h²
-// Rows of mega_rows_kernel's blocks; fewer rows than this go to mega_mhc_kernel.
+// Calls of fewer rows run mega_mhc_kernel, more mega_rows_kernel in blocks of kMegaRowsPerBlock rows.
+// Measured on the H200 (docs/benchmarks.md): at 64 rows the one-launch form is faster (44 against
+// 61 µs a call: its grid is 16× larger), at 8,192 rows the row blocks (1.8 against 2.4 ms); the
+// crossover between them is not measured.
+constexpr int64_t kMegaFusedRows = 512;
 constexpr int64_t kMegaRowsPerBlock = 16;
-__device__ unsigned mega_arrivals[kMegaRowsPerBlock];  // zero at load; the last block resets its row's
+__device__ unsigned mega_arrivals[kMegaFusedRows];  // zero at load; the last block resets its row's
 
 __device__ inline float norm_weight_at(const uint8_t* w, WeightFormat f, int64_t i) {
   if (!w) return 1.0f;
@@ -280,8 +284,8 @@ __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int 
   }
 }
 
-// Few rows (decode): grid (slices, rows), one launch. Each block publishes its sums and counts
-// itself in at the row's arrival counter; the row's last block finishes it.
+// Fewer than kMegaFusedRows rows (decode): grid (slices, rows), one launch. Each block publishes its
+// sums and counts itself in at the row's arrival counter; the row's last block finishes it.
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a) {
   const int64_t row = blockIdx.y, k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
@@ -300,10 +304,10 @@ __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a
   mega_finish_row(a, row, int(gridDim.x), HC);
 }
 
-// Many rows (prefill): grid (slices, row groups of kMegaRowsPerBlock). A block keeps its column's
-// hc_fn values in registers for all its rows, so hc_fn comes from L2 once per group instead of
-// once per row (2 MB a row in V4.1: at 8K rows, 16 GB of L2 reads and ~2.4 ms a call). Every
-// row's sums are those of mega_mhc_kernel, bit for bit; mega_finish_kernel ends the rows.
+// kMegaFusedRows rows or more (prefill): grid (slices, row groups of kMegaRowsPerBlock). A block
+// keeps its column's hc_fn values in registers for all its rows, so hc_fn comes from L2 once per
+// group instead of once per row (2 MB a row in V4.1: at 8K rows, 16 GB of L2 reads). Every row's
+// sums are those of mega_mhc_kernel, bit for bit; mega_finish_kernel ends the rows.
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs a, int64_t rows) {
   const int64_t k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
@@ -355,13 +359,14 @@ void mega_mhc(const float* f, const float* X, const float* post, const float* co
   check(cudaMallocAsync(reinterpret_cast<void**>(&a.partials), size_t(rows * slices * kMegaSums) * sizeof(float),
                         stream),
         "cuda::mega_mhc");
-  if (rows < kMegaRowsPerBlock) {
+  if (rows < kMegaFusedRows) {
     for_hc(hc, [](auto HC) { return &mega_mhc_kernel<decltype(HC)::value>; })<<<dim3(unsigned(slices), unsigned(rows)),
                                                                                  kMegaThreads, 0, stream>>>(a);
     check_launch("cuda::mega_mhc");
   } else {
     const dim3 grid(unsigned(slices), unsigned((rows + kMegaRowsPerBlock - 1) / kMegaRowsPerBlock));
-    for_hc(hc, [](auto HC) { return &mega_rows_kernel<decltype(HC)::value>; })<<<grid, kMegaThreads, 0, stream>>>(a, rows);
+    const auto rows_kernel = for_hc(hc, [](auto HC) { return &mega_rows_kernel<decltype(HC)::value>; });
+    rows_kernel<<<grid, kMegaThreads, 0, stream>>>(a, rows);
     check_launch("cuda::mega_mhc rows");
     for_hc(hc, [](auto HC) { return &mega_finish_kernel<decltype(HC)::value>; })<<<unsigned(rows), kMegaThreads, 0,
                                                                                       stream>>>(a, slices);

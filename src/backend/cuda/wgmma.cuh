@@ -18,7 +18,9 @@ __device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
 }
 // Makes the initialised barriers visible to the other threads and to the copy engine.
-__device__ __forceinline__ void barrier_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void barrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 
 // An arrival when `on`, as a predicated instruction: a branch around it among the MMAs makes
 // ptxas serialise them (C7513).
