@@ -654,62 +654,40 @@ void gemm_bench(benchmark::State& state, GemmPath path) {
   cudaFree(x), cudaFree(y);
 }
 
-// The peer of BM_Gemm: cuBLASLt's fp8 GEMM (e4m3 × e4m3 → bf16, one scale per tensor: no block
-// scales, and the fp4 experts' shapes as fp8) on the same shapes, x already in e4m3 (our time
-// includes act_quant).
-void BM_GemmCublasLtFp8(benchmark::State& state) {
+// The peers of BM_Gemm on the same shapes, through cuBLASLt: its fp8 GEMM (e4m3 × e4m3 → bf16, one
+// scale per tensor: no block scales, and the fp4 experts' shapes as fp8; x already in e4m3) and
+// its bf16 GEMM (bf16 × bf16 → fp32, the MMA rate ours runs at; x and W already bf16). Our time
+// includes act_quant and the weights' widening.
+void cublaslt_peer(benchmark::State& state, bench::LtGemm::Kind kind) {
   const LinearShape& s = kGemmBench[state.range(0)];
   const int M = int(state.range(1));
-  void* w[2] = {device_codes(size_t(s.N) * s.K, 40, 0xB7, 0), device_codes(size_t(s.N) * s.K, 41, 0xB7, 0)};
-  void* x = device_codes(size_t(M) * s.K, 42, 0xB7, 0);
+  const bool fp8 = kind == bench::LtGemm::Kind::Fp8;
+  const size_t in = fp8 ? 1 : 2, out = fp8 ? 2 : 4;  // operand and output bytes
+  const int mask = fp8 ? 0xB7 : 0xBF;                // e4m3 below the NaN code; bf16 of |v| < 2
+  void* w[2] = {device_codes(size_t(s.N) * s.K * in, 40, mask, 0), device_codes(size_t(s.N) * s.K * in, 41, mask, 0)};
+  void* x = device_codes(size_t(M) * s.K * in, 42, mask, 0);
   void* y = nullptr;
-  check(cudaMalloc(&y, size_t(M) * s.N * 2), "alloc");
+  check(cudaMalloc(&y, size_t(M) * s.N * out), "alloc");
   std::unique_ptr<bench::LtGemm> gemm;
   try {
-    gemm = std::make_unique<bench::LtGemm>(bench::LtGemm::Kind::Fp8, M, s.N, s.K);
+    gemm = std::make_unique<bench::LtGemm>(kind, M, s.N, s.K);
     gemm->run(x, w[0], y);  // a shape the heuristic accepts may still be refused here
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
     cudaFree(w[0]), cudaFree(w[1]), cudaFree(x), cudaFree(y);
     return;
   }
-  const double bytes = double(s.N) * s.K + double(M) * s.K + 2.0 * M * s.N;
+  const double bytes = double(in) * (double(s.N) * s.K + double(M) * s.K) + double(out) * M * s.N;
   time_calls(state, bytes, [&](int i) { gemm->run(x, w[i % 2], y); });
   const double tflop = 2.0 * M * s.N * double(s.K) / 1e12;
   state.counters["TFLOP/s"] = benchmark::Counter(tflop * state.iterations(), benchmark::Counter::kIsRate);
-  state.counters["of_fp8_peak"] =
-      benchmark::Counter(tflop / kFp8DensePeakTflops * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters[fp8 ? "of_fp8_peak" : "of_bf16_peak"] = benchmark::Counter(
+      tflop / (fp8 ? kFp8DensePeakTflops : kBf16DensePeakTflops) * state.iterations(), benchmark::Counter::kIsRate);
   state.SetLabel(s.name);
   cudaFree(w[0]), cudaFree(w[1]), cudaFree(x), cudaFree(y);
 }
-
-// The peer of BM_Gemm on its own MMA rate: cuBLASLt's bf16 GEMM (bf16 × bf16 → fp32) on the same
-// shapes, x and W already bf16.
-void BM_GemmCublasLtBf16(benchmark::State& state) {
-  const LinearShape& s = kGemmBench[state.range(0)];
-  const int M = int(state.range(1));
-  void* w[2] = {device_codes(size_t(s.N) * s.K * 2, 43, 0xBF, 0), device_codes(size_t(s.N) * s.K * 2, 44, 0xBF, 0)};
-  void* x = device_codes(size_t(M) * s.K * 2, 45, 0xBF, 0);  // bf16 of |v| < 2: no NaN or infinity
-  void* y = nullptr;
-  check(cudaMalloc(&y, size_t(M) * s.N * 4), "alloc");
-  std::unique_ptr<bench::LtGemm> gemm;
-  try {
-    gemm = std::make_unique<bench::LtGemm>(bench::LtGemm::Kind::Bf16, M, s.N, s.K);
-    gemm->run(x, w[0], y);
-  } catch (const std::exception& e) {
-    state.SkipWithError(e.what());
-    cudaFree(w[0]), cudaFree(w[1]), cudaFree(x), cudaFree(y);
-    return;
-  }
-  const double bytes = 2.0 * s.N * s.K + 2.0 * M * s.K + 4.0 * M * s.N;
-  time_calls(state, bytes, [&](int i) { gemm->run(x, w[i % 2], y); });
-  const double tflop = 2.0 * M * s.N * double(s.K) / 1e12;
-  state.counters["TFLOP/s"] = benchmark::Counter(tflop * state.iterations(), benchmark::Counter::kIsRate);
-  state.counters["of_bf16_peak"] =
-      benchmark::Counter(tflop / kBf16DensePeakTflops * state.iterations(), benchmark::Counter::kIsRate);
-  state.SetLabel(s.name);
-  cudaFree(w[0]), cudaFree(w[1]), cudaFree(x), cudaFree(y);
-}
+void BM_GemmCublasLtFp8(benchmark::State& state) { cublaslt_peer(state, bench::LtGemm::Kind::Fp8); }
+void BM_GemmCublasLtBf16(benchmark::State& state) { cublaslt_peer(state, bench::LtGemm::Kind::Bf16); }
 
 // The products over bf16 weights at prefill (gemm_bf16.cu): wo_a (8 groups, linear_grouped) and the
 // compressor's projection (linear_f32), beside cuBLASLt's bf16 GEMM (a strided batch for the

@@ -42,6 +42,27 @@ constexpr int kSlice = 1024;                    // elements of a token's streams
 constexpr int kSums = kMaxMix + 1;              // the mixes, then the sum of squares
 constexpr int kMixWarps = 2;                    // mix_finish: tokens (warps) per block
 
+// The block's totals of each thread's acc[0..N): a shuffle tree in each warp, then the warps in
+// order (a fixed order: the same bits on every run); thread i < N writes total i to out[i]. Every
+// thread of the block calls it; it may be called again at once (it ends on a barrier).
+template <int N, int Threads>
+__device__ void block_sums(const float (&acc)[N], float* out) {
+  __shared__ float sums[Threads / 32][N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    float s = acc[t];
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+    if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32][t] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < N) {
+    float s = 0;
+    for (int w = 0; w < Threads / 32; ++w) s += sums[w][threadIdx.x];
+    out[threadIdx.x] = s;
+  }
+  __syncthreads();
+}
+
 template <int HC>
 __global__ void __launch_bounds__(kThreads) mix_partials(const float* X, int64_t n, const float* fn, float* partials) {
   constexpr int n_mix = (2 + HC) * HC;
@@ -57,19 +78,7 @@ __global__ void __launch_bounds__(kThreads) mix_partials(const float* X, int64_t
     for (int k = 0; k < n_mix; ++k) acc[k] = fmaf(v, fn[k * n + i], acc[k]);
     acc[kMaxMix] = fmaf(v, v, acc[kMaxMix]);
   }
-  __shared__ float sums[kThreads / 32][kSums];
-#pragma unroll
-  for (int k = 0; k < kSums; ++k) {
-    float s = acc[k];
-    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-    if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32][k] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x < kSums) {
-    float s = 0;
-    for (int w = 0; w < kThreads / 32; ++w) s += sums[w][threadIdx.x];
-    partials[(row * gridDim.y + slice) * kSums + threadIdx.x] = s;
-  }
+  block_sums<kSums, kThreads>(acc, partials + (row * gridDim.y + slice) * kSums);
 }
 
 // split_sinkhorn by one warp: lane j < hc runs the CPU's steps for row j and column j
@@ -214,20 +223,7 @@ __device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const flo
 #pragma unroll
       for (int j = 0; j < HC; ++j) acc[t] = fmaf(fnk[t][j], xo[j], acc[t]);
   }
-  __shared__ float sums[kMegaThreads / 32][kMegaSums];
-#pragma unroll
-  for (int t = 0; t < kMegaSums; ++t) {
-    float s = acc[t];
-    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-    if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32][t] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x < kMegaSums) {
-    float s = 0;
-    for (int w = 0; w < kMegaThreads / 32; ++w) s += sums[w][threadIdx.x];
-    a.partials[(row * gridDim.x + blockIdx.x) * kMegaSums + threadIdx.x] = s;
-  }
-  __syncthreads();  // sums is reused by the block's next row
+  block_sums<kMegaSums, kMegaThreads>(acc, a.partials + (row * gridDim.x + blockIdx.x) * kMegaSums);
 }
 
 // A row's end, by one block of kMegaThreads once every slot of its partials is written: the
