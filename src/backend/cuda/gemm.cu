@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const uint8_t* __restrict__ w;
   const uint8_t* __restrict__ wscale;
   if constexpr (kOut == Out::Dense) {
-    const int tiles_m = (a.M + BN - 1) / BN;
+    const int tiles_m = int((int64_t(a.M) + BN - 1) / BN);  // M < 2^31 (usable): no overflow on the way
     r0 = int(blockIdx.x) % tiles_m * BN, n0 = int(blockIdx.x) / tiles_m * kBM, rows = a.M - r0;
     w = a.w, wscale = a.wscale;
   } else {
