@@ -20,8 +20,8 @@
 // positions are permuted (gemm.cuh value_offset, the same order in x's rows) so that those four
 // are consecutive values of 32-block t of the row: a thread reads its rows' whole block t (16 bytes
 // of e2m1, 32 of e4m3) once per k-tile, with one scale per row, and widens 4 values per row per
-// step. e2m1 → bf16 goes through a byte table (prmt: 2 for the magnitudes' two bytes, 1 to pair
-// them, 1 for the signs per two values), e4m3 → bf16 through the hardware's e4m3 → f16 → f32 →
+// step. e2m1 → bf16 goes through a byte table (__byte_perm: 2 for the magnitudes' two bytes, 1 to
+// pair them, 1 for the signs per two values), e4m3 → bf16 through the hardware's e4m3 → f16 → f32 →
 // bf16 conversions; then one bf16 multiply by the row's 2^e per two values (exact).
 //
 // The CTA: 3 warpgroups. The producer (one, 56 registers a thread) fills a ring of stages, each
@@ -103,37 +103,32 @@ struct Cta {
 
 // ---- widening the weights ----
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
 
-// 2^(e - 127) as two bf16 (ue8m0 e: 0 is the subnormal 2^-127, 255 NaN), exactly.
+// A ue8m0 scale as two bf16, exactly (every power of two of ue8m0 is a bf16).
 __device__ __forceinline__ uint32_t pow2_bf16x2(uint32_t e) {
-  const uint32_t h = e == 0 ? 0x0040u : e == 255 ? 0x7FC0u : e << 7;
+  const uint32_t h = bf16_from_float(e8m0_to_float(uint8_t(e)));
   return h | h << 16;
 }
 
 // Values 4h..4h+3 of 8 e2m1 codes (nibble i = value i) as bf16: lo = values 4h, 4h+1, hi = 4h+2,
 // 4h+3 (the lower value in the lower half). The magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 are bf16
 // 0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0: one table of low bytes, one of
-// high bytes, indexed by prmt; the sign of value i (bit 3 of its nibble) is the top bit of byte
-// i/2 of w (odd i) or of w << 4 (even i), moved to bit 15 of its half by a third prmt.
+// high bytes, indexed by __byte_perm; the sign of value i (bit 3 of its nibble) is the top bit of
+// byte i/2 of w (odd i) or of w << 4 (even i), moved to bit 15 of its half by a third one.
 template <int H>
 __device__ __forceinline__ void e2m1x4_to_bf16(uint32_t w, uint32_t& lo, uint32_t& hi) {
   constexpr uint32_t kLow0 = 0xC0800000u, kLow1 = 0xC0804000u, kHigh0 = 0x3F3F3F00u, kHigh1 = 0x40404040u;
   const uint32_t mag = (H == 0 ? w : w >> 16) & 0x7777u;
-  const uint32_t low = prmt(kLow0, kLow1, mag), high = prmt(kHigh0, kHigh1, mag);
+  const uint32_t low = __byte_perm(kLow0, kLow1, mag), high = __byte_perm(kHigh0, kHigh1, mag);
   const uint32_t up = w << 4;
   constexpr uint32_t b0 = 2 * H, b1 = 2 * H + 1;  // the bytes holding values 4h, 4h+1 and 4h+2, 4h+3
-  lo = prmt(low, high, 0x5140u) | (prmt(w, up, b0 << 12 | (4 + b0) << 4) & 0x80008000u);
-  hi = prmt(low, high, 0x7362u) | (prmt(w, up, b1 << 12 | (4 + b1) << 4) & 0x80008000u);
+  lo = __byte_perm(low, high, 0x5140u) | (__byte_perm(w, up, b0 << 12 | (4 + b0) << 4) & 0x80008000u);
+  hi = __byte_perm(low, high, 0x7362u) | (__byte_perm(w, up, b1 << 12 | (4 + b1) << 4) & 0x80008000u);
 }
 
 // Two e4m3 codes (the low byte first) as two bf16, exactly (e4m3 → f16 → f32 → bf16).
@@ -371,7 +366,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         }
         r.scale[s][h] = pow2_bf16x2(e);
       }
-    const uint32_t x0 = base;
     // Step J: wait until at most kBuffers - 1 MMA groups are in flight, so that the fragment
     // registers of step J - kBuffers are free; at step kBuffers - 1, every MMA of the previous
     // k-tile has completed and its stage goes back to the producer.
@@ -381,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       if (j == kBuffers - 1) barrier_arrive_if(empty0 + 8 * ((kt + kStages - 1) % kStages), kt > 0);
 #pragma unroll
       for (int s = 0; s < MSub; ++s) r.template fragment<j>(s, frag[buffer][s]);
-      const uint64_t b = kmajor_sw128(x0 + uint32_t((j / 4) * C::kPanel + (j % 4) * 32));
+      const uint64_t b = kmajor_sw128(base + uint32_t((j / 4) * C::kPanel + (j % 4) * 32));
       mma_fence();
 #pragma unroll
       for (int s = 0; s < MSub; ++s) mma_rs<BN>(acc[s], frag[buffer][s], b);
@@ -442,6 +436,10 @@ void launch_gemm(const CUtensorMap& map, const GemmArgs& a, dim3 grid, cudaStrea
 struct Shape {
   int bn, msub;
   int weight_rows() const { return 64 * msub * kConsumers; }
+  // CTA tiles over `rows` activation rows and N weight rows.
+  int64_t tiles(int64_t rows, int64_t N) const {
+    return (rows + bn - 1) / bn * ((N + weight_rows() - 1) / weight_rows());
+  }
 };
 Shape shape_of(Tiling tiling, int64_t rows) {
   if (tiling == Tiling::wide) return {128, 2};
@@ -468,27 +466,27 @@ void launch_for(WeightFormat f, Shape shape, const CUtensorMap& map, const GemmA
 // A grouped launch: CTAs of the tiling's rows, enough for tiles of tiles.most rows, for every
 // possible tile of every N tile, `matrices` along z.
 template <Out kOut>
-void launch_grouped(const uint16_t* xq, WeightFormat f, Tiling tiling, GemmArgs& a, int64_t N, int matrices,
-                    cudaStream_t stream) {
+void launch_grouped(const uint16_t* xq, WeightFormat f, Tiling tiling, GemmArgs& a, int matrices, cudaStream_t stream) {
   if (tiling == Tiling::automatic) fail("cuda::gemm grouped", "a wide or narrow tiling", "automatic");
   const int64_t most = std::min<int64_t>(a.tiles.most, kTileRows);
   const Shape shape = shape_of(tiling, most);
   a.subs = int((most + shape.bn - 1) / shape.bn);
   const CUtensorMap map = bf16_tile_map(xq, a.tiles.slots(), a.K, shape.bn, "cuda::gemm grouped");
-  const dim3 grid{unsigned(a.tiles.max * a.subs * ((N + shape.weight_rows() - 1) / shape.weight_rows())), 1u,
-                  unsigned(matrices)};
+  const dim3 grid{unsigned(a.tiles.max * a.subs * shape.tiles(1, a.N)), 1u, unsigned(matrices)};
   launch_for<kOut>(f, shape, map, a, grid, stream);
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 }  // namespace
+
+bool aligned(const uint8_t* data, const uint8_t* scale) {
+  return reinterpret_cast<uintptr_t>(data) % 16 == 0 && reinterpret_cast<uintptr_t>(scale) % 4 == 0;
+}
 
 bool usable(int64_t M, const Weight& w) {
   // 32-bit tile and row counts; 64-bit offsets elsewhere.
   const int64_t limit = int64_t(1) << 31;
   return w.quantized() && M >= kMinRows && w.cols % kTileK == 0 && w.cols > 0 && w.rows > 0 && M < limit &&
-         w.rows < limit && w.cols < limit && w.scale != nullptr && aligned(w.data, 16) && aligned(w.scale, 4);
+         w.rows < limit && w.cols < limit && w.scale != nullptr && aligned(w.data, w.scale);
 }
 
 void act_quant(const float* x, int64_t M, int64_t K, uint16_t* xq, cudaStream_t stream) {
@@ -499,7 +497,7 @@ void act_quant(const float* x, int64_t M, int64_t K, uint16_t* xq, cudaStream_t 
 
 Tiling dense_tiling(int64_t M, int64_t N) {
   const Shape wide = shape_of(Tiling::wide, M);
-  const int64_t wide_tiles = (M + wide.bn - 1) / wide.bn * ((N + wide.weight_rows() - 1) / wide.weight_rows());
+  const int64_t wide_tiles = wide.tiles(M, N);
   // A wide tile per SM or more: wide (its weight tiles are read once per 128 rows, narrow's once per
   // 64 or fewer); below it narrow's smaller tiles fill more SMs.
   return wide_tiles < int64_t(multiprocessors("cuda::linear gemm")) ? Tiling::narrow : Tiling::wide;
@@ -518,8 +516,7 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   const CUtensorMap map = bf16_tile_map(xq, M, K, shape.bn, "cuda::linear gemm");
   GemmArgs a{};
   a.M = int(M), a.N = int(w.rows), a.K = int(K), a.w = w.data, a.wscale = w.scale, a.y = y;
-  const int64_t tiles = (M + shape.bn - 1) / shape.bn * ((w.rows + shape.weight_rows() - 1) / shape.weight_rows());
-  launch_for<Out::Dense>(w.format, shape, map, a, dim3{unsigned(tiles)}, stream);
+  launch_for<Out::Dense>(w.format, shape, map, a, dim3{unsigned(shape.tiles(M, w.rows))}, stream);
   check(cudaFreeAsync(xq, stream), "cuda::linear gemm");
 }
 
@@ -543,7 +540,7 @@ void grouped_up(const uint16_t* xq, const Tiles& tiles, const ExpertPointers* ta
   GemmArgs a{};
   a.N = int(inter), a.K = int(dim);
   a.tiles = tiles, a.table = table, a.matrix[0] = 0, a.matrix[1] = 2, a.slots[0] = g, a.slots[1] = u;
-  launch_grouped<Out::Slots>(xq, format, tiling, a, inter, 2, stream);
+  launch_grouped<Out::Slots>(xq, format, tiling, a, 2, stream);
 }
 
 void grouped_down(const uint16_t* xq, const Tiles& tiles, const ExpertPointers* table, WeightFormat format,
@@ -551,7 +548,7 @@ void grouped_down(const uint16_t* xq, const Tiles& tiles, const ExpertPointers* 
   GemmArgs a{};
   a.N = int(dim), a.K = int(inter);
   a.tiles = tiles, a.table = table, a.matrix[0] = a.matrix[1] = 1, a.entries = ye;
-  launch_grouped<Out::Entries>(xq, format, tiling, a, dim, 1, stream);
+  launch_grouped<Out::Entries>(xq, format, tiling, a, 1, stream);
 }
 
 }  // namespace dsv41::cuda::gemm

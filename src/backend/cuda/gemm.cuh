@@ -20,8 +20,11 @@ inline constexpr int64_t kTileRows = 128;
 // K must be a multiple of this (one k-tile: four 32-blocks); other K go to qgemv.
 inline constexpr int64_t kTileK = 128;
 
-// Whether linear(x, M, w) runs here: an fp8/fp4 weight, M ≥ kMinRows, K a multiple of kTileK,
-// the weight's codes 16-byte and its scales 4-byte aligned (each device weight is its own allocation).
+// Whether the kernel can read a weight stored at data / scale: codes 16 bytes and scales 4 bytes at
+// a time (each device weight is its own allocation; a view into a packed buffer may not be).
+bool aligned(const uint8_t* data, const uint8_t* scale);
+
+// Whether linear(x, M, w) runs here: an fp8/fp4 weight, M ≥ kMinRows, K a multiple of kTileK, aligned.
 bool usable(int64_t M, const Weight& w);
 
 // How the CTAs tile the output (gemm.cu): wide, 256 weight rows × 128 activation rows per CTA,

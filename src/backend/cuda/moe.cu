@@ -704,9 +704,7 @@ ExpertTable::ExpertTable(const std::vector<Weight>& w1, const std::vector<Weight
     if (w1[e].format != w1_.format || w3[e].format != w1_.format || w2[e].format != w2_.format)
       fail("cuda::ExpertTable", "one format for every expert's w1 and w3, one for every w2", "mixed formats");
     host[e] = ExpertPointers{{w1[e].data, w2[e].data, w3[e].data}, {w1[e].scale, w2[e].scale, w3[e].scale}};
-    for (int m = 0; m < 3; ++m)
-      aligned_ = aligned_ && reinterpret_cast<uintptr_t>(host[e].data[m]) % 16 == 0 &&
-                 reinterpret_cast<uintptr_t>(host[e].scale[m]) % 4 == 0;
+    for (int m = 0; m < 3; ++m) aligned_ = aligned_ && gemm::aligned(host[e].data[m], host[e].scale[m]);
   }
   check(cudaMalloc(&table_, n * sizeof(ExpertPointers)), "cuda::ExpertTable");
   check(cudaMemcpy(table_, host.data(), n * sizeof(ExpertPointers), cudaMemcpyHostToDevice), "cuda::ExpertTable");

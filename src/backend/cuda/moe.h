@@ -50,8 +50,7 @@ class ExpertTable {
   const Weight& w2() const { return w2_; }
   const Weight& w3() const { return w3_; }
   const void* device() const { return table_; }  // gemm::ExpertPointers[experts] (gemm.cuh)
-  // Every expert's codes 16-byte and scales 4-byte aligned, as the tensor-core path reads them
-  // (each device weight is its own allocation; a test's packed experts may not be).
+  // Every expert's weights readable by the tensor-core path (gemm::aligned).
   bool aligned() const { return aligned_; }
 
  private:
