@@ -6,6 +6,7 @@
 #   c1, c8, c64  `dsv41 bench serve` against one `dsv41 serve --device cuda --random-weights 1`
 #                (128-token prompts, 64 output tokens); c64_decode: 16 in, 256 out
 #   agent        `dsv41 bench serve --agent` (its own server: the disk phase restarts it)
+#   c64_32k      (LONG_SESSIONS=1) 64 concurrent 32K-token sessions: device memory and KV held
 # Every result is a JSON line in $LOGS/serve.jsonl as soon as it is measured; AGENT_SESSIONS,
 # PREFIX_TOKENS size the agent run.
 set -uo pipefail
@@ -44,6 +45,34 @@ c8 8 16 128 64
 c64 64 64 128 64
 c64_decode 64 64 16 256
 RUNS
+# c64_32k (LONG_SESSIONS=1): 64 concurrent sessions of 32K-token prompts, with the largest device
+# memory in use (nvidia-smi), KV bytes held and sequences running (/metrics) sampled every second.
+if [ "${LONG_SESSIONS:-0}" = 1 ]; then
+  samples=$logs/c64_32k_samples.txt
+  : > "$samples"
+  ( while sleep 1; do
+      mem=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+      python3 - "$mem" >> "$samples" <<'PY' 2> /dev/null
+import sys, urllib.request
+m = {}
+for line in urllib.request.urlopen("http://127.0.0.1:8090/metrics").read().decode().splitlines():
+    if line.startswith(("dsv41_kv_bytes ", "dsv41_running_sequences ", "dsv41_kv_budget_bytes ")):
+        k, v = line.split()
+        m[k] = float(v)
+print(sys.argv[1], int(m.get("dsv41_kv_bytes", 0)), int(m.get("dsv41_running_sequences", 0)), int(m.get("dsv41_kv_budget_bytes", 0)))
+PY
+    done ) &
+  sampler=$!
+  line=$($dsv41 bench serve --url http://127.0.0.1:8090 --concurrency 64 --requests 64 --prompt-tokens 32768 \
+    --output-tokens 16 --max-id 100000 --json)
+  kill $sampler; wait $sampler 2> /dev/null
+  peak=$(sort -n -k1,1 "$samples" | tail -1)
+  kv=$(sort -n -k2,2 "$samples" | tail -1 | awk '{print $2}')
+  running=$(sort -n -k3,3 "$samples" | tail -1 | awk '{print $3}')
+  budget=$(tail -1 "$samples" | awk '{print $4}')
+  echo "$line" | sed "s/^{/{\"key\":\"c64_32k\",\"device_memory_mib_max\":${peak%% *},\"kv_bytes_max\":${kv:-0},\"running_max\":${running:-0},\"kv_budget_bytes\":${budget:-0},/" >> "$out"
+  tail -1 "$out"
+fi
 kill $server; wait $server
 
 store=/tmp/bench-store

@@ -439,6 +439,83 @@ void BM_ExpertFfn(benchmark::State& state) {
   cudaFree(x), cudaFree(y);
 }
 
+// The MoE sub-layer (cuda::moe) at decode: E fp4 experts of V4.1's shape (w1, w3 2304 × 5120, w2
+// 5120 × 2304; E = 16 as bench-1gpu, 384 as V4.1-Flash), an fp8 shared expert, top-6, `rows` rows,
+// on the automatic path, in a CUDA graph of 8 calls on 8 inputs. Bytes: the distinct experts the
+// calls chose (counted from their outputs), each once with its scales, the shared expert and the
+// gate; the floor is those bytes over the copy bandwidth (BM_Copy).
+void BM_Moe(benchmark::State& state) {
+  const int E = int(state.range(0)), rows = int(state.range(1)), k = 6, dim = 5120, inter = 2304, calls = 8;
+  const size_t wbytes = size_t(inter) * dim / 2, sbytes = fp4_weight_scale_count(inter, dim);
+  const size_t s8 = size_t(inter) * dim, s8scales = fp8_weight_scale_count(inter, dim);
+  std::vector<void*> buffers;
+  std::vector<Weight> w1, w2, w3;
+  for (int e = 0; e < E; ++e)
+    for (int m = 0; m < 3; ++m) {
+      void* d = device_random(wbytes, uint32_t(7000 + 3 * e + m));
+      void* s = device_codes(sbytes, uint32_t(9000 + 3 * e + m), 0x3, 118);
+      buffers.push_back(d), buffers.push_back(s);
+      const bool down = m == 1;
+      const Weight w{WeightFormat::FP4, down ? dim : inter, down ? inter : dim, static_cast<const uint8_t*>(d),
+                     static_cast<const uint8_t*>(s)};
+      (m == 0 ? w1 : m == 1 ? w2 : w3).push_back(w);
+    }
+  Weight shared[3];
+  for (int m = 0; m < 3; ++m) {
+    void* d = device_codes(s8, uint32_t(500 + m), 0xBF, 0);
+    void* s = device_codes(s8scales, uint32_t(600 + m), 0x3, 121);
+    buffers.push_back(d), buffers.push_back(s);
+    const bool down = m == 1;
+    shared[m] = Weight{WeightFormat::FP8, down ? dim : inter, down ? inter : dim, static_cast<const uint8_t*>(d),
+                       static_cast<const uint8_t*>(s)};
+  }
+  const cuda::ExpertTable table(w1, w2, w3);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  std::vector<uint16_t> gh(size_t(E) * dim);
+  for (auto& v : gh) v = bf16_from_float(0.02f * nd(rng));
+  std::vector<float> xh(size_t(calls) * rows * dim), bh(static_cast<size_t>(E));
+  for (float& v : xh) v = round_bf16(nd(rng));
+  for (float& v : bh) v = round_bf16(0.1f * nd(rng));
+  void* gate = nullptr;
+  float *x = nullptr, *bias = nullptr, *weights = nullptr, *y = nullptr;
+  int32_t* experts = nullptr;
+  check(cudaMalloc(&gate, gh.size() * 2), "alloc"), check(cudaMalloc(&x, xh.size() * 4), "alloc");
+  check(cudaMalloc(&bias, bh.size() * 4), "alloc"), check(cudaMalloc(&y, xh.size() * 4), "alloc");
+  check(cudaMalloc(&weights, size_t(calls) * rows * k * 4), "alloc");
+  check(cudaMalloc(&experts, size_t(calls) * rows * k * 4), "alloc");
+  check(cudaMemcpy(gate, gh.data(), gh.size() * 2, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  check(cudaMemcpy(bias, bh.data(), bh.size() * 4, cudaMemcpyHostToDevice), "upload");
+  GateOptions opt;
+  opt.topk = k, opt.route_scale = 1.5f;
+  const Weight g{WeightFormat::BF16, E, dim, static_cast<const uint8_t*>(gate), nullptr};
+  const Weight b{WeightFormat::F32, 1, E, reinterpret_cast<const uint8_t*>(bias), nullptr};
+  auto call = [&](int i, cudaStream_t stream) {
+    const size_t at = size_t(i % calls) * rows;
+    cuda::moe(x + at * dim, rows, g, b, opt, table, shared[0], shared[1], shared[2], 10.0f, nullptr,
+              experts + at * k, weights + at * k, y + at * dim, stream);
+  };
+  for (int i = 0; i < calls; ++i) call(i, nullptr);
+  check(cudaDeviceSynchronize(), "moe");
+  std::vector<int32_t> chosen(size_t(calls) * rows * k);
+  check(cudaMemcpy(chosen.data(), experts, chosen.size() * 4, cudaMemcpyDeviceToHost), "download");
+  double distinct = 0;
+  for (int i = 0; i < calls; ++i) {
+    std::vector<bool> seen(static_cast<size_t>(E));
+    for (int j = 0; j < rows * k; ++j) {
+      const int32_t e = chosen[size_t(i) * rows * k + size_t(j)];
+      distinct += !seen[size_t(e)], seen[size_t(e)] = true;
+    }
+  }
+  distinct /= calls;
+  const double bytes = distinct * 3.0 * double(wbytes + sbytes) + 3.0 * double(s8 + s8scales) + 2.0 * E * dim;
+  state.counters["experts"] = distinct;
+  time_graph(state, bytes, calls, call);
+  for (void* p : buffers) cudaFree(p);
+  cudaFree(gate), cudaFree(x), cudaFree(bias), cudaFree(y), cudaFree(weights), cudaFree(experts);
+}
+
 BENCHMARK(BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(BM_Linear)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1}})
@@ -470,6 +547,11 @@ BENCHMARK(BM_IndexScores)->Arg(65536)->Arg(1 << 20)->UseManualTime()->Unit(bench
 BENCHMARK(BM_TopPositions)->Arg(65536)->Arg(1 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_Route)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_ExpertFfn)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+BENCHMARK(BM_Moe)
+    ->ArgsProduct({{16, 384}, {1, 8, 64, 256}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.3);
 
 // ---- indexer at decode: top-k, candidate blocks, the whole step, rows 1, n 4K..1M ---------------------
 // Scores are bf16 normals, read from L2 as after the score kernel (bytes counted: the n scores

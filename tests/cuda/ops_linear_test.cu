@@ -36,6 +36,7 @@
 #include "backend/cpu/linear.h"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/rows.h"
 #include "device_util.h"
 
 namespace dsv41 {
@@ -377,6 +378,46 @@ TEST(CudaGemm, NarrowTilingEqualsWide) {
     }
 }
 
+// Split-K (rows.h split_k: decode's small weights, whose output tiles leave SMs idle) sums the same
+// exact products as one split, in another order: its fp32 sums differ by a few fp32 units relative
+// (the tensor cores' truncations, ≤ (K/16)·2^-24 ≈ 1.5e-5 at K = 4096, typically far less), so the
+// bf16-rounded outputs agree except where a rounding boundary falls between the two sums: a
+// fraction of about that relative difference over a bf16 unit (2^-8), ≤ 4e-3 at worst, each by one
+// unit of the larger terms (an output near zero by cancellation may move by more of its own
+// units). Bounds: at most 1% of outputs differ, and their NMSE stays under the GEMM's bound against
+// the CPU (kGemmNmse, whose argument is the same flips). A split that drops or doubles a K range
+// moves every output by whole products (NMSE ~1); a lost split leaves poisoned NaNs.
+TEST(CudaGemm, SplitKAgreesWithOneSplit) {
+  DSV41_REQUIRE_DEVICE();
+  uint64_t seed = 1300;
+  for (WeightFormat f : {WeightFormat::FP8, WeightFormat::FP4})
+    for (const auto& [N, K] : {std::pair{512, 4096}, std::pair{2048, 4096}, std::pair{200, 1152}}) {
+      const test::OwnedWeight w = gemm_weight(f, N, K, seed += 7);
+      DeviceArray<uint8_t> ddata(w.data), dscale(w.scale);
+      Weight dw = w.view();
+      dw.data = ddata.get(), dw.scale = dscale.get();
+      for (int64_t M : {int64_t(64), int64_t(80)}) {
+        const int64_t tiles = (M + 63) / 64 * ((N + 127) / 128);  // the narrow tiling's
+        ASSERT_GT(cuda::split_k(tiles, K / 128, 2).splits, 1) << N << "x" << K << " M " << M;
+        DeviceArray<float> dx(activations(M, K, seed += 7)), split(size_t(M) * N), one(size_t(M) * N);
+        split.poison(), one.poison();
+        cuda::gemm::linear(dx.get(), M, dw, split.get(), nullptr);
+        cuda::gemm::linear(dx.get(), M, dw, one.get(), nullptr, cuda::gemm::Tiling::narrow);
+        const std::vector<float> ys = split.download(), yo = one.download();
+        int64_t differing = 0;
+        for (size_t i = 0; i < ys.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(ys[i])) << N << "x" << K << " M " << M << " output " << i;
+          differing += ys[i] != yo[i];
+        }
+        const double e = test::nmse(ys, yo);
+        std::printf("split-K %-4s %4dx%-5d M %3lld: %lld of %zu outputs differ, NMSE %.3g\n", test::format_name(f), N,
+                    K, static_cast<long long>(M), static_cast<long long>(differing), ys.size(), e);
+        EXPECT_LE(double(differing), 0.01 * double(ys.size())) << N << "x" << K << " M " << M;
+        EXPECT_LT(e, kGemmNmse) << N << "x" << K << " M " << M;
+      }
+    }
+}
+
 // ---- The bf16 prefill GEMM ------------------------------------------------------------------------
 
 // linear and linear_f32 over bf16 weights at M ≥ 64 (gemm_bf16.cu; linear_grouped's groups are in
@@ -393,7 +434,8 @@ TEST(CudaGemmBf16, MatchesCpuAtPrefillShapes) {
   DSV41_REQUIRE_DEVICE();
   uint32_t seed = 2100;
   for (const Shape& s : {Shape{"compressor 300x512x5120", 300, 512, 5120}, Shape{"weights_proj 130x64x5120", 130, 64, 5120},
-                         Shape{"odd 77x50x72", 77, 50, 72}, Shape{"64x1000x1024", 64, 1000, 1024}})
+                         Shape{"odd 77x50x72", 77, 50, 72}, Shape{"64x1000x1024", 64, 1000, 1024},
+                         Shape{"gate 64x16x5120", 64, 16, 5120}})
     for (bool f32 : {false, true}) {
       const double e = run(WeightFormat::BF16, s, f32, seed += 7);
       std::printf("bf16 gemm %s %-26s NMSE %.3g\n", f32 ? "linear_f32" : "linear    ", s.name, e);

@@ -36,7 +36,13 @@
 //
 // Tilings (gemm.cuh): wide, MSub = 2 and BN = 128 (256 weight rows × 128 activation rows, 4 fp4
 // or 3 fp8 stages of 48-64 KB); narrow, MSub = 1 and BN = 16, 32 or 64, up to 12 stages so that
-// the weights' bytes in flight cover the memory's latency when the MMAs are few (decode).
+// the weights' bytes in flight cover the memory's latency when the MMAs are few (decode). The
+// narrow BN ≤ 32 forms run two CTAs an SM (≤ 100 KB of stages each, 80 registers a thread).
+//
+// Split-K (dense, automatic tiling only): when the output tiles would leave most SMs idle (a
+// decode batch's small weights: wkv 4 tiles, the shared expert's w1 18), K is cut into ranges of
+// at least 2 k-tiles so that the CTAs fill the SMs once; each range's fp32 sums go to a partial
+// buffer and rows.h sum_splits adds them in a fixed order, then rounds.
 //
 // The grouped form (cuda::moe's routed experts): the same kernel over device-made tiles of ≤ 128
 // rows of one expert each (gemm.cuh Tiles), the activations gathered by act_quant_slots into slot
@@ -54,7 +60,10 @@
 // widening (~0.4 µs per k-tile per CTA, 0.54 instructions per cycle per scheduler): ~20 GB/s of
 // weights per SM, so decode needs most SMs busy (the MoE's grouped launches are; a lone small
 // weight is not). ptxas gives the kernel 168 registers a thread whatever setmaxnreg grants the
-// consumers, so the wide fp8 form spills 8 bytes and the wide form keeps two fragment buffers.
+// consumers, so the wide fp8 forms spill 8 (dense) to 88 (grouped) bytes and the wide form keeps
+// two fragment buffers. At decode (cuda::moe, 16 experts × 64 rows, Nsight Compute) the narrow
+// form is issue-bound: ~5 instructions a weight value in the main loop (the widening ~3), 0.66
+// issued per cycle per scheduler, 36% of DRAM bandwidth.
 
 #include "backend/cuda/gemm.cuh"
 
@@ -65,6 +74,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/ptx.cuh"
+#include "backend/cuda/rows.h"
 #include "backend/cuda/wgmma.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
@@ -80,14 +90,19 @@ constexpr int kBK = 128;          // k-tile: four 32-blocks
 constexpr int kConsumers = 2;     // consumer warpgroups
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128·56 + 256·224 ≤ 64K registers
-constexpr int kSmemBudget = 210 * 1024;
+constexpr int kSmemBudget = 210 * 1024;                  // one CTA an SM
+constexpr int kSmemBudgetPair = 100 * 1024;              // two CTAs an SM (≤ 113 KB each)
 constexpr int kQuantThreads = 256;
+constexpr int kMinSplitTiles = 2;  // k-tiles per split of K, at least (a split's pipeline fills)
 
 static_assert(kBK == kTileK, "gemm.cuh's layout constants");
 
 // A CTA's shape and its stage of shared memory: [x panel 0 | x panel 1 | weight rows | scales].
+// The small narrow tiles (BN ≤ 32: decode) run two CTAs an SM, at the launch's 80 registers a
+// thread (no setmaxnreg): twice the warps to hide the widening's latency, and half the waves.
 template <WeightFormat F, int BN, int MSub>
 struct Cta {
+  static constexpr int kPerSm = MSub == 1 && BN <= 32 ? 2 : 1;
   static constexpr bool kFp4 = F == WeightFormat::FP4;
   static constexpr int kBM = 64 * MSub * kConsumers;    // weight rows
   static constexpr int kRowBytes = kFp4 ? 64 : 128;     // one weight row of a k-tile
@@ -96,7 +111,8 @@ struct Cta {
   static constexpr int kW = kBM * kRowBytes;
   static constexpr int kS = kFp4 ? kBM * 4 : kBM / 32 * 4;  // fp4 [kBM][4] bytes; fp8 [kBM/32][4]
   static constexpr int kStage = (kX + kW + kS + 1023) / 1024 * 1024;
-  static constexpr int kStages = kSmemBudget / kStage < 12 ? kSmemBudget / kStage : 12;
+  static constexpr int kBudget = kPerSm == 2 ? kSmemBudgetPair : kSmemBudget;
+  static constexpr int kStages = kBudget / kStage < 12 ? kBudget / kStage : 12;
   static constexpr int kBytes = kStages * kStage + 2 * kStages * 8 + 1024;  // + barriers, + alignment
   static_assert(kStages >= 2 && kPanel % 1024 == 0, "tile shapes");
 };
@@ -221,7 +237,9 @@ void launch_act_quant(const float* x, const RowSource& src, int64_t rows, int64_
 // ---- the GEMM ----
 
 // What one launch computes. Dense: y [M, N] = A · Wᵀ (fp32 holding bf16 values), CTA x = (row
-// tile, column tile) with the row tiles fastest. Grouped (cuda::moe): CTA x = (t · subs + sub) +
+// tile, column tile) with the row tiles fastest, y = the split of K (k-tiles y·per .. of K/128):
+// with more than one split (split_k, rows.h) each writes its fp32 sums to partial [splits, M, N]
+// unrounded, and sum_splits finishes y. Grouped (cuda::moe): CTA x = (t · subs + sub) +
 // tiles.max · subs · (N tile), z = which of `matrix`; rows sub·BN .. of tile t's rows of A (slots
 // t·128 ..), the weight table[expert].data[matrix[z]], out to slots[z] (slot order, fp32 holding
 // bf16 values) or to the bf16 bits of entries' rows list[first + i].
@@ -237,10 +255,13 @@ struct GemmArgs {
   int matrix[2];
   float* slots[2];
   uint16_t* entries;
+  int per;         // k-tiles per split of K
+  float* partial;  // dense, more than one split: [splits, M, N]
 };
 
 template <WeightFormat F, int BN, int MSub, Out kOut>
-__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ CUtensorMap xmap, const GemmArgs a) {
+__global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_kernel(const __grid_constant__ CUtensorMap xmap,
+                                                                                     const __grid_constant__ GemmArgs a) {
   using C = Cta<F, BN, MSub>;
   constexpr bool kFp4 = C::kFp4;
   constexpr int kStages = C::kStages, kBM = C::kBM;
@@ -248,7 +269,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const uint32_t smem0 = (smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte alignment
   const uint32_t full0 = smem0 + kStages * C::kStage, empty0 = full0 + 8 * kStages;
   const int tid = int(threadIdx.x), wg = tid / 128;
-  const int N = a.N, K = a.K, KT = K / kBK;
+  const int N = a.N, K = a.K;
+  // This CTA's k-tiles: kt0 .. kt0 + KT (the grouped forms take the whole of K).
+  const int kt0 = kOut == Out::Dense ? int(blockIdx.y) * a.per : 0;
+  const int KT = kOut == Out::Dense ? min(K / kBK - kt0, a.per) : K / kBK;
 
   // The CTA's tile: weight rows n0 .., activation rows r0 .. r0 + rows (of the map; fewer than BN
   // valid at the end).
@@ -284,13 +308,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 
   if (wg == kConsumers) {
     // ---- the producer ----
-    regs_shrink<kProducerRegs>();
+    if constexpr (C::kPerSm == 1) regs_shrink<kProducerRegs>();
     const int t = tid - 128 * kConsumers;
     const int64_t row_bytes = kFp4 ? K / 2 : K, kblocks = K / 32;
     constexpr int kChunksPerRow = C::kRowBytes / 16, kChunks = kBM * kChunksPerRow / 128;
-    for (int kt = 0; kt < KT; ++kt) {
-      const int s = kt % kStages;
-      if (kt >= kStages) barrier_wait(empty0 + 8 * s, (kt / kStages - 1) & 1);
+    for (int i = 0; i < KT; ++i) {
+      const int s = i % kStages, kt = kt0 + i;
+      if (i >= kStages) barrier_wait(empty0 + 8 * s, (i / kStages - 1) & 1);
       const uint32_t base = smem0 + uint32_t(s * C::kStage), full = full0 + 8 * s;
       if (t == 0) {
         barrier_arrive_expect(full, C::kX);
@@ -323,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   }
 
   // ---- the consumers ----
-  regs_grow<kConsumerRegs>();
+  if constexpr (C::kPerSm == 1) regs_grow<kConsumerRegs>();
   const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = wg * 64 * MSub + 16 * warp + g;  // this thread's first weight row in the CTA tile
   float acc[MSub][BN / 2];
@@ -411,9 +435,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           const float v = acc[s][4 * i + 2 * h + e];
           if constexpr (kOut == Out::Entries) {
             a.entries[int64_t(a.tiles.list[first + m]) * N + n] = bf16_from_float(v);
+          } else if constexpr (kOut == Out::Slots) {
+            (blockIdx.z == 0 ? a.slots[0] : a.slots[1])[int64_t(r0 + m) * N + n] = round_bf16(v);
+          } else if (a.partial) {
+            a.partial[(int64_t(blockIdx.y) * a.M + r0 + m) * N + n] = v;
           } else {
-            float* y = kOut == Out::Dense ? a.y : blockIdx.z == 0 ? a.slots[0] : a.slots[1];
-            y[int64_t(r0 + m) * N + n] = round_bf16(v);
+            a.y[int64_t(r0 + m) * N + n] = round_bf16(v);
           }
         }
     }
@@ -469,8 +496,9 @@ template <Out kOut>
 void launch_grouped(const uint16_t* xq, WeightFormat f, Tiling tiling, GemmArgs& a, int matrices, cudaStream_t stream) {
   if (tiling == Tiling::automatic) fail("cuda::gemm grouped", "a wide or narrow tiling", "automatic");
   const int64_t most = std::min<int64_t>(a.tiles.most, kTileRows);
-  const Shape shape = shape_of(tiling, most);
+  const Shape shape = shape_of(tiling, std::min(a.tiles.expect, most));
   a.subs = int((most + shape.bn - 1) / shape.bn);
+  a.per = a.K / kBK;
   const CUtensorMap map = bf16_tile_map(xq, a.tiles.slots(), a.K, shape.bn, "cuda::gemm grouped");
   const dim3 grid{unsigned(a.tiles.max * a.subs * shape.tiles(1, a.N)), 1u, unsigned(matrices)};
   launch_for<kOut>(f, shape, map, a, grid, stream);
@@ -507,7 +535,8 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   if (!usable(M, w))
     fail("cuda::linear gemm", "an fp8/fp4 weight (aligned), M >= 64, K % 128 == 0", "another shape");
   const int64_t K = w.cols;
-  if (tiling == Tiling::automatic) tiling = dense_tiling(M, w.rows);
+  const bool automatic = tiling == Tiling::automatic;
+  if (automatic) tiling = dense_tiling(M, w.rows);
   const Shape shape = shape_of(tiling, M);
   keep_scratch_pool();
   uint16_t* xq = nullptr;
@@ -516,7 +545,17 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   const CUtensorMap map = bf16_tile_map(xq, M, K, shape.bn, "cuda::linear gemm");
   GemmArgs a{};
   a.M = int(M), a.N = int(w.rows), a.K = int(K), a.w = w.data, a.wscale = w.scale, a.y = y;
-  launch_for<Out::Dense>(w.format, shape, map, a, dim3{unsigned(shape.tiles(M, w.rows))}, stream);
+  const int64_t tiles = shape.tiles(M, w.rows);
+  const SplitK split = automatic ? split_k(tiles, K / kBK, kMinSplitTiles) : SplitK{1, int(K / kBK)};
+  a.per = split.per;
+  if (split.splits > 1)
+    check(cudaMallocAsync(reinterpret_cast<void**>(&a.partial), size_t(split.splits * M * w.rows) * 4, stream),
+          "cuda::linear gemm");
+  launch_for<Out::Dense>(w.format, shape, map, a, dim3{unsigned(tiles), unsigned(split.splits)}, stream);
+  if (split.splits > 1) {
+    sum_splits(a.partial, split.splits, M * w.rows, y, true, stream);
+    check(cudaFreeAsync(a.partial, stream), "cuda::linear gemm");
+  }
   check(cudaFreeAsync(xq, stream), "cuda::linear gemm");
 }
 

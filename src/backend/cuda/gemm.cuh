@@ -37,7 +37,9 @@ enum class Tiling { automatic, wide, narrow };
 Tiling dense_tiling(int64_t M, int64_t N);
 
 // y[M, N] = x[M, K] · Wᵀ for an fp8/fp4 weight, rounded to bf16 (cuda::linear's contract). Scratch
-// (the act-quantized x as bf16: M·K·2 bytes) from cudaMallocAsync on `stream`.
+// (the act-quantized x as bf16: M·K·2 bytes; with split-K, the automatic tiling's choice for
+// grids that would leave SMs idle, splits·M·N·4 bytes of partial sums) from cudaMallocAsync on
+// `stream`. A forced tiling never splits K.
 void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream,
             Tiling tiling = Tiling::automatic);
 // ---- the grouped form: cuda::moe's routed experts --------------------------------------------
@@ -60,6 +62,7 @@ struct Tiles {
   int64_t max;
   const int32_t* list;
   int64_t most = kTileRows;
+  int64_t expect = kTileRows;  // rows a tile holds but rarely exceeds (the narrow tiling's BN covers it)
   DSV41_HD int64_t slots() const { return max * kTileRows; }
 };
 

@@ -15,6 +15,9 @@
 // by ldmatrix (x4: an A fragment of 16 × 16, or the B fragments of two n8 tiles). Rows past M or
 // N and chunks past K are zero-filled (K is a multiple of 8, so a chunk is wholly in or out).
 // Groups (linear_grouped) are gridDim.z, each with its own x columns, weight rows and y columns.
+// Split-K (rows.h split_k) when the tiles would leave most SMs idle (decode batches: the gate's
+// 16 experts are one tile, wo_a's 8 groups 64): each of gridDim.z's splits sums ≥ 4 k-steps into
+// its own fp32 partial, and sum_splits adds them in order (then rounds, for linear).
 //
 // Precision: the products of bf16 values are exact in fp32 and the tensor cores sum them at fp32
 // width (aligning and truncating, where the CPU's gemm_f32 rounds each add in its own order), so
@@ -51,25 +54,31 @@ constexpr int kRowBytes = kBK * 2;
 constexpr int kTileBytes = kBM * kRowBytes;    // one operand's tile: 16 KB (kBN == kBM)
 constexpr int kStageBytes = 2 * kTileBytes;
 constexpr int kSmemBytes = kStages * kStageBytes;
+constexpr int kMinSplitSteps = 4;  // k-steps per split of K, at least (a split's pipeline fills)
 
 static_assert(kBM == kBN, "one tile size for both operands");
 
 // The byte offset of chunk c (16 bytes) of row r within a tile.
 __device__ __forceinline__ uint32_t swizzled(int r, int c) { return uint32_t(r * kRowBytes + ((c ^ (r & 7)) << 4)); }
 
-// Grid (N tile, M tile, group). x [M, lda] bf16, group g's columns from g·K; w [groups·N, K], group
-// g's rows from g·N; y [M, ldy], group g's columns from g·N.
+// Grid (N tile, M tile, group · splits + split). x [M, lda] bf16, group g's columns from g·K; w
+// [groups·N, K], group g's rows from g·N; y [M, ldy], group g's columns from g·N. Split s of K
+// (more than one: split_k, rows.h) takes the columns s·per·kBK .. of its group's K and writes its
+// fp32 sums unrounded to y + s·M·ldy (a partial of the same layout; sum_splits finishes them).
 __global__ void __launch_bounds__(kThreads, 2)
     gemm_kernel(const __nv_bfloat16* __restrict__ x, int lda, int M, int N, int K, const __nv_bfloat16* __restrict__ w,
-                float* __restrict__ y, int ldy, bool round) {
+                float* __restrict__ y, int ldy, bool round, int splits, int per) {
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t smem0 = smem_addr(smem);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int wm = warp / 4, wn = warp % 4, g = lane / 4, t = lane % 4;
-  const int n0 = int(blockIdx.x) * kBN, m0 = int(blockIdx.y) * kBM, group = int(blockIdx.z);
-  x += int64_t(group) * K;
-  w += int64_t(group) * N * K;
-  y += int64_t(group) * N;
+  const int n0 = int(blockIdx.x) * kBN, m0 = int(blockIdx.y) * kBM, group = int(blockIdx.z) / splits,
+            split = int(blockIdx.z) % splits;
+  const int ldw = K, k0 = split * per * kBK;
+  x += int64_t(group) * K + k0;
+  w += int64_t(group) * N * K + k0;
+  y += int64_t(group) * N + int64_t(split) * M * ldy;
+  if (splits > 1) K = min(K - k0, per * kBK), round = false;
   const int KT = (K + kBK - 1) / kBK;
 
   // This thread's 4 chunks of each operand per stage: rows tid/8 + 32q, chunk tid%8.
@@ -82,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int r = row0 + 32 * q;
       const bool a_ok = m0 + r < M && k < K, b_ok = n0 + r < N && k < K;
       cp_async16(base + swizzled(r, chunk), a_ok ? x + int64_t(m0 + r) * lda + k : x, a_ok);
-      cp_async16(base + kTileBytes + swizzled(r, chunk), b_ok ? w + int64_t(n0 + r) * K + k : w, b_ok);
+      cp_async16(base + kTileBytes + swizzled(r, chunk), b_ok ? w + int64_t(n0 + r) * ldw + k : w, b_ok);
     }
   };
 
@@ -166,10 +175,21 @@ void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y
   __nv_bfloat16* xb = nullptr;
   check(cudaMallocAsync(reinterpret_cast<void**>(&xb), size_t(values) * sizeof(__nv_bfloat16), stream), "cuda::linear bf16 gemm");
   to_bf16(x, values, reinterpret_cast<uint16_t*>(xb), stream);
-  const dim3 grid(unsigned((N + kBN - 1) / kBN), unsigned((M + kBM - 1) / kBM), unsigned(groups));
+  const int64_t tiles_n = (N + kBN - 1) / kBN, tiles_m = (M + kBM - 1) / kBM;
+  const SplitK split = split_k(tiles_n * tiles_m * groups, (K + kBK - 1) / kBK, kMinSplitSteps);
+  float* out = y;
+  if (split.splits > 1)
+    check(cudaMallocAsync(reinterpret_cast<void**>(&out), size_t(split.splits * M * w.rows) * 4, stream),
+          "cuda::linear bf16 gemm");
+  const dim3 grid(unsigned(tiles_n), unsigned(tiles_m), unsigned(groups * split.splits));
   gemm_kernel<<<grid, kThreads, kSmemBytes, stream>>>(xb, int(lda), int(M), int(N), int(K),
-                                                      reinterpret_cast<const __nv_bfloat16*>(w.data), y, int(w.rows), round);
+                                                      reinterpret_cast<const __nv_bfloat16*>(w.data), out, int(w.rows),
+                                                      round, split.splits, split.per);
   check_launch("cuda::linear bf16 gemm");
+  if (split.splits > 1) {
+    sum_splits(out, split.splits, M * w.rows, y, round, stream);
+    check(cudaFreeAsync(out, stream), "cuda::linear bf16 gemm");
+  }
   check(cudaFreeAsync(xb, stream), "cuda::linear bf16 gemm");
 }
 

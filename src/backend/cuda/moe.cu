@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -788,7 +789,14 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   if (tensor) {
     // x per entry in slot order → g (in h), u → h in place of g → ye at the entries' rows.
     // A tile holds one expert's entries: at most one per token, or k when the routing is forced.
-    const gemm::Tiles t{tiles, tile_count, max_tiles, list, std::min<int64_t>(gemm::kTileRows, forced ? n : rows)};
+    gemm::Tiles t{tiles, tile_count, max_tiles, list, std::min<int64_t>(gemm::kTileRows, forced ? n : rows)};
+    // Routed, an expert's row count is about binomial (rows, k/E): its mean and two deviations
+    // (decode at bench-1gpu's 16 experts: 64 rows → 32; V4.1's 384: → 3). Tiles past it take a
+    // second CTA (the weights read twice, the second time mostly from L2).
+    if (!forced) {
+      const double p = double(k) / E, mean = double(rows) * p;
+      t.expect = int64_t(std::ceil(mean + 2.0 * std::sqrt(mean * (1.0 - p))));
+    }
     const gemm::Tiling tiling = gemm::grouped_tiling(n, E);
     float* u = reinterpret_cast<float*>(scratch + at_u);
     uint16_t* xq = reinterpret_cast<uint16_t*>(scratch + at_xq);

@@ -2,6 +2,7 @@
 // the element count), coalesced along the row.
 #include "backend/cuda/rows.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/check.h"
@@ -33,6 +34,15 @@ __global__ void gather_kernel(const float* src, const int32_t* index, int64_t n,
 __global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, uint16_t* __restrict__ out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = bf16_from_float(x[i]);
+}
+
+__global__ void sum_splits_kernel(const float* __restrict__ partial, int splits, int64_t n, float* __restrict__ y,
+                                  bool round) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = 0.0f;
+  for (int s = 0; s < splits; ++s) v += partial[int64_t(s) * n + i];
+  y[i] = round ? round_bf16(v) : v;
 }
 
 __global__ void scale_round_kernel(float* x, int64_t n, float s) {
@@ -73,6 +83,19 @@ void to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
   if (n <= 0) return;
   to_bf16_kernel<<<blocks(n), kThreads, 0, stream>>>(x, n, out);
   check_launch("cuda::to_bf16");
+}
+
+SplitK split_k(int64_t tiles, int64_t steps, int64_t min_per) {
+  const int64_t sms = multiprocessors("cuda::split_k");
+  if (tiles <= 0 || 2 * tiles > sms || steps < 2 * min_per) return {1, int(steps)};
+  const int64_t want = std::min(sms / tiles, steps / min_per), per = (steps + want - 1) / want;
+  return {int((steps + per - 1) / per), int(per)};
+}
+
+void sum_splits(const float* partial, int splits, int64_t n, float* y, bool round, cudaStream_t stream) {
+  if (n <= 0) return;
+  sum_splits_kernel<<<blocks(n), kThreads, 0, stream>>>(partial, splits, n, y, round);
+  check_launch("cuda::sum_splits");
 }
 
 void scale_round(float* x, int64_t n, float s, cudaStream_t stream) {

@@ -20,6 +20,22 @@ void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t widt
 // out = the bf16 bits of x, n values (fp32 storage of bf16 values, the activations' dtype: exact).
 void to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
 
+// Split-K, for GEMMs whose output tiles would leave most SMs idle (decode's small weights): the
+// K steps are cut into `splits` ranges of `per` steps (the last may be shorter), each range's CTAs
+// write their fp32 partial sums apart, and sum_splits adds them in a fixed order. Deterministic;
+// which rows share a call does not change any row's sum order (the choice depends on M only
+// through the tile count, as the choice between the GEMV and the GEMM already does).
+struct SplitK {
+  int splits = 1, per = 0;
+};
+// For `tiles` output tiles over `steps` K steps: as many splits as fill the SMs once (tiles ·
+// splits ≤ SMs), each at least `min_per` steps; {1, steps} when the tiles fill half the SMs.
+SplitK split_k(int64_t tiles, int64_t steps, int64_t min_per);
+
+// y[i] = Σ_s partial[s·n + i] for s = 0 .. splits − 1 in that order from 0.0f, i < n; rounded to
+// bf16 if `round`.
+void sum_splits(const float* partial, int splits, int64_t n, float* y, bool round, cudaStream_t stream);
+
 // x = bf16(x · s), n values.
 void scale_round(float* x, int64_t n, float s, cudaStream_t stream);
 
