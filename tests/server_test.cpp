@@ -23,6 +23,8 @@
 
 #include "base/error.h"
 #include "fixture.h"
+#include "model/accounting.h"
+#include "model/config.h"
 #include "server/server.h"
 #include "test_device.h"
 #include "test_util.h"
@@ -447,6 +449,62 @@ TEST(Server, AnEngineFailureBeforeTheFirstTokenIs500) {
     EXPECT_EQ(e["error"]["type"], "server_error") << r->body;
     EXPECT_NE(e["error"]["message"].get<std::string>().find("KV budget"), std::string::npos) << r->body;
   }
+}
+
+// An engine failure after the reply has begun: a plain response still answers 500 with the error
+// object (its status goes out with the whole reply), where it used to answer 200 with the error as
+// its body, once a heartbeat of silence had sent the status line; a stream, whose status went out
+// with its first event, ends with the error event and [DONE]. The failure: a KV budget that holds
+// the prompt and 8 more tokens, so the sequence fails when it outgrows it, tokens into its reply.
+TEST(Server, AnEngineFailureAfterTheFirstTokenIs500ForAPlainResponse) {
+  const Accounting::Kv kv = account(load_config(test::fixture_dir("v41-tiny") + "/config.json"), 1).kv;
+  const std::vector<int> prompt = {3, 4, 5, 6, 7};
+  ServerOptions options;
+  options.heartbeat_ms = 1;
+  options.kv_budget_gb = double(kv.swa_bytes_per_sequence + kv.global_bytes_per_token * double(prompt.size() + 8)) / 1e9;
+  Running server(options);
+  const json plain = {{"model", "v41-tiny"}, {"prompt", prompt}, {"max_tokens", 200}, {"temperature", 0}};
+  auto r = server.client().Post("/v1/completions", plain.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500) << r->body;
+  const json e = json::parse(r->body);
+  EXPECT_EQ(e["error"]["type"], "server_error") << r->body;
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("is full with this sequence alone"), std::string::npos) << r->body;
+
+  json streamed = plain;
+  streamed["stream"] = true;
+  r = server.client().Post("/v1/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->body.find("is full with this sequence alone"), std::string::npos) << r->body;
+  EXPECT_EQ(r->body.substr(r->body.size() - 14), "data: [DONE]\n\n");
+}
+
+// A plain (non-streaming) request whose client hangs up is cancelled: nothing is written to it
+// before the reply, so the server watches its socket for the end of the connection.
+TEST(Server, APlainRequestWhoseClientLeavesIsCancelled) {
+  Running server(ServerOptions{});
+  const json body = {{"model", "v41-tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 3000}};
+  const std::string text = body.dump();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(server.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                              std::to_string(text.size()) + "\r\n\r\n" + text;
+  ASSERT_EQ(::write(fd, request.data(), request.size()), ssize_t(request.size()));
+  for (int i = 0; i < 3000 && server.metric("dsv41_running_sequences") == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(server.metric("dsv41_running_sequences"), 1);
+  ::close(fd);
+  // As in AClientThatGoesAwayFreesItsSequence: up to 30 s on a loaded machine; a request never
+  // cancelled still ends within it, and the cancel count catches it.
+  for (int i = 0; i < 3000 && server.metric("dsv41_running_sequences") > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(server.metric("dsv41_running_sequences"), 0);
+  EXPECT_EQ(server.metric("dsv41_requests_cancelled_total"), 1);
 }
 
 // The official openai npm client (tests/e2e, installed by scripts/setup-e2e.sh) against the

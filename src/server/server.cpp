@@ -3,10 +3,13 @@
 #include <httplib.h>
 #include <malloc.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -119,6 +122,52 @@ class HttpServer : public httplib::Server {
  public:
   socket_t listening_socket() const { return svr_sock_; }
 };
+
+// The socket of the connection a request came on. cpp-httplib 0.11 gives a handler no handle on
+// it, so it is found among the process's sockets by its two addresses (the request's remote and
+// local ones). A worker thread serves one connection at a time, its requests one after another:
+// the last socket found is kept per thread and checked again first. -1 if none matches.
+int connection_socket(const httplib::Request& req) {
+  thread_local int last = -1;
+  const auto matches = [&](int fd) {
+    sockaddr_storage peer{}, local{};
+    socklen_t peer_len = sizeof(peer), local_len = sizeof(local);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0)
+      return false;
+    const auto port = [](const sockaddr_storage& a) {
+      if (a.ss_family == AF_INET) return int(ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port));
+      if (a.ss_family == AF_INET6) return int(ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
+      return -1;
+    };
+    const auto host = [](const sockaddr_storage& a) {
+      char text[INET6_ADDRSTRLEN] = "";
+      if (a.ss_family == AF_INET) inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, text, sizeof(text));
+      if (a.ss_family == AF_INET6) inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, text, sizeof(text));
+      return std::string(text);
+    };
+    return port(peer) == req.remote_port && port(local) == req.local_port && host(peer) == req.remote_addr;
+  };
+  if (last >= 0 && matches(last)) return last;
+  last = -1;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    const std::string name = entry.path().filename().string();
+    if (std::from_chars(name.data(), name.data() + name.size(), fd).ec != std::errc{}) continue;
+    if (matches(fd)) return last = fd;
+  }
+  return -1;
+}
+
+// Whether the client of connection `fd` has gone: its end closed (a read would see end of file)
+// or reset. Bytes it sent ahead (a pipelined request) are not a departure; nothing is consumed.
+bool client_gone(int fd) {
+  if (fd < 0) return false;
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 }  // namespace
 
@@ -258,12 +307,14 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
                                     "server_busy", "server_error"));
   }
 
-  // The status line waits for the engine's first token, up to one heartbeat interval: a request
-  // that fails before it (refused at admission, a failed prompt lookup or a quick prefill) gets
-  // 500, not 200 with an error body. Longer it cannot wait: until a byte goes out, a client that
-  // has gone away is not noticed. The events taken meanwhile go to the provider.
+  // A stream's status line waits for the engine's first token, up to one heartbeat interval: a
+  // request that fails before it (refused at admission, a failed prompt lookup or a quick
+  // prefill) gets 500, not 200 with an error event. Longer it cannot wait: until a byte goes out,
+  // a stream's client that has gone away is not noticed. The events taken meanwhile go to the
+  // provider. A plain response needs no wait: its status goes out with the whole reply.
+  const bool stream = gen.stream;
   std::vector<GenerationEvent> taken;
-  for (const auto until = Steady::now() + std::chrono::milliseconds(options.heartbeat_ms);;) {
+  for (const auto until = Steady::now() + std::chrono::milliseconds(stream ? options.heartbeat_ms : 0);;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Steady::now());
     if (left.count() <= 0) break;
     std::optional<GenerationEvent> e = generation->next_for(left);
@@ -276,16 +327,19 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     if (taken.back().kind != GenerationEvent::Kind::Prefilled) break;
   }
 
-  // The response is written by a content provider, so that a client that goes away is noticed
-  // at the next write and its sequence freed at once. A stream writes every delta; after a second
-  // with nothing written, a stream writes an SSE comment and a plain response a space (JSON
-  // allows leading white space).
+  // A stream is written by a content provider, so that a client that goes away is noticed at the
+  // next write and its sequence freed at once: every delta, and after a second with nothing
+  // written an SSE comment. A plain response is built by the same provider here, on the
+  // connection's thread, into a string: a client that goes away meanwhile is noticed on its
+  // socket (client_gone), and the status goes out with the reply, 500 if the engine failed.
   const ResponseMeta meta = new_response_meta(chat ? "chatcmpl" : "cmpl", gen.model);
   auto reply = std::make_shared<ReplyStream>(*tokenizer, gen.sampling.stop, chat, thinking, request.top_logprobs);
   const int64_t prompt_tokens = int64_t(request.prompt.size());
-  const bool stream = gen.stream, include_usage = gen.include_usage;
-  auto provider = [this, generation, reply, meta, chat, stream, include_usage, prompt_tokens, arrived,
-                   taken = std::move(taken)](size_t, httplib::DataSink& sink) mutable {
+  const bool include_usage = gen.include_usage;
+  const int connection = stream ? -1 : connection_socket(req);
+  auto failure = std::make_shared<std::optional<std::string>>();  // the engine's error, if it failed
+  auto provider = [this, generation, reply, meta, chat, stream, include_usage, prompt_tokens, arrived, connection,
+                   failure, taken = std::move(taken)](size_t, httplib::DataSink& sink) mutable {
     Usage usage{prompt_tokens, 0, 0};
     ChatChoice chat_choice;
     CompletionChoice completion_choice;
@@ -338,9 +392,10 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       std::optional<GenerationEvent> e;
       if (next_taken < taken.size()) e = std::move(taken[next_taken++]);
       else e = generation->next_for(std::chrono::milliseconds(std::min(250, options.heartbeat_ms)));
-      // Silence (ServerOptions::heartbeat_ms): a byte that costs the client nothing, to learn
-      // whether it is still there.
-      if (seconds_since(last_write) * 1000 >= options.heartbeat_ms) write(stream ? ": keep-alive\n\n" : " ");
+      // Whether the client is still there: a stream learns it from a byte that costs the client
+      // nothing after a silence (ServerOptions::heartbeat_ms), a plain response from its socket.
+      if (stream && seconds_since(last_write) * 1000 >= options.heartbeat_ms) write(": keep-alive\n\n");
+      if (!stream && !gone && client_gone(connection)) gone = true, generation->cancel();
       if (!e) continue;
       if (e->kind == GenerationEvent::Kind::Prefilled) {
         usage.cached_tokens = e->use.cached();
@@ -354,6 +409,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
         duration->observe(seconds_since(arrived));
         if (gone) return false;
         if (e->finish == FinishKind::Error) {
+          *failure = e->error;
           const ApiError err(500, "the engine failed: " + e->error, "", "", "server_error");
           write(stream ? sse_event(err.body()) + sse_done() : json_text(err.body()));
           sink.done();
@@ -386,9 +442,18 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     }
   };
   res.set_header("Cache-Control", "no-cache");
-  // "; charset=utf-8" also keeps cpp-httplib 0.11 from gzipping the body (it compresses only the
-  // bare "application/json"), which would hold the heartbeat spaces in zlib's buffer.
-  res.set_chunked_content_provider(stream ? "text/event-stream" : "application/json; charset=utf-8", provider);
+  if (stream) return res.set_chunked_content_provider("text/event-stream", provider);
+  std::string body;
+  httplib::DataSink sink;
+  sink.write = [&body](const char* data, size_t size) {
+    body.append(data, size);
+    return true;
+  };
+  sink.done = [] {};
+  sink.is_writable = [] { return true; };
+  if (!provider(0, sink)) return;  // the client went away: nobody to answer
+  if (*failure) return send_error(res, ApiError(500, "the engine failed: " + **failure, "", "", "server_error"));
+  res.set_content(body, "application/json");
 }
 
 // Counters mirror cumulative totals kept by the engine: each scrape adds what is new.
