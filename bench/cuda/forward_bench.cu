@@ -10,8 +10,10 @@
 // touches (expected distinct experts E·(1 - (1 - k/E)^B)), and per token the window, the top-k
 // entries of each compressed layer and the index keys each index source scans. Achieved GB/s is
 // those bytes over the step time, against a measured device-to-device copy. Decode is timed both
-// as a forward_batch call per step and replaying a DecodeGraph (decode_graph.h); tokens/s and the
-// bandwidth are the graph's. One more decode step per row, and each prompt length's exact prefill
+// as a forward_batch call per step (its logits copied to the host, as that call returns them) and
+// replaying a DecodeGraph (decode_graph.h) whose logits stay on the device, where the server
+// samples them (a batch of 64 rows' 129K logits is 33 MB: copying them out and into per-row
+// vectors cost ~20 ms a step); tokens/s and the bandwidth are the graph's. One more decode step per row, and each prompt length's exact prefill
 // a third time, run with op times (op_times.h): the device time per op, and the GPU's idle time
 // between ops. --turn N: after each default-mode prefill, a call of N more tokens on the same
 // sequence (an agent's next turn on its cached prefix: the compute of an SWA hit's TTFT), timed,
@@ -270,9 +272,9 @@ int main(int argc, char** argv) try {
                     double(free_bytes) / 1e9);
         continue;
       }
-      // Each step from the host's view (plan, launches, logits back), first as one forward_batch
-      // call per step, then replaying a DecodeGraph; two warm-up steps each (the graph's first
-      // step captures it).
+      // Each step from the host's view, first as one forward_batch call per step (plan, launches,
+      // logits back), then replaying a DecodeGraph (plan, one launch, the step waited for); two
+      // warm-up steps each (the graph's first step captures it).
       std::vector<std::unique_ptr<DeviceSequence>> seqs;
       std::vector<DeviceSequence*> ptrs;
       for (int64_t b = 0; b < B; ++b) {
@@ -295,8 +297,12 @@ int main(int argc, char** argv) try {
           tokens.push_back(in.tokens[size_t(at)]);
           if (id) ids.push_back(id);
         }
-        if (graphed) graph->step(tokens, ids);
-        else forward_batch(dm, items, nullptr, times);
+        if (graphed) {
+          graph->launch(tokens, ids);
+          check(cudaStreamSynchronize(graph->stream()), "decode graph");
+        } else {
+          forward_batch(dm, items, nullptr, times);
+        }
       };
       auto timed = [&](int first, bool graphed) {
         step(first, graphed), step(first + 1, graphed);

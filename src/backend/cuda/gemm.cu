@@ -370,6 +370,7 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
     const int stage = kt % kStages;
     barrier_wait(full0 + 8 * stage, (kt / kStages) & 1);
     const uint32_t base = smem0 + uint32_t(stage * C::kStage);
+    const uint64_t b0 = kmajor_sw128(base);
 #pragma unroll
     for (int s = 0; s < MSub; ++s)
 #pragma unroll
@@ -399,7 +400,9 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
       if (j == kBuffers - 1) barrier_arrive_if(empty0 + 8 * ((kt + kStages - 1) % kStages), kt > 0);
 #pragma unroll
       for (int s = 0; s < MSub; ++s) r.template fragment<j>(s, frag[buffer][s]);
-      const uint64_t b = kmajor_sw128(base + uint32_t((j / 4) * C::kPanel + (j % 4) * 32));
+      // The stage's descriptor plus the step's offset in its 16-byte units (shared memory ends
+      // below 256 KB: the 14-bit address field never carries into the next one).
+      const uint64_t b = b0 + uint64_t(((j / 4) * C::kPanel + (j % 4) * 32) >> 4);
       mma_fence();
 #pragma unroll
       for (int s = 0; s < MSub; ++s) mma_rs<BN>(acc[s], frag[buffer][s], b);
