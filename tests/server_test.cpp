@@ -226,16 +226,24 @@ TEST(Server, AClientThatGoesAwayFreesItsSequence) {
   EXPECT_EQ(server.metric("dsv41_requests_cancelled_total"), 1);
 }
 
-// What one raw HTTP request (written as it is, for requests a client library will not send) gets
-// back: the status line's code and the body. The request should ask for "Connection: close", so
-// that the reply ends with the connection (a half-closed socket is dropped unanswered).
-std::pair<int, std::string> raw_request(int port, const std::string& request) {
+// A TCP connection to 127.0.0.1:port, or -1.
+int connect_loopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(uint16_t(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return {-1, "connect failed"};
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+  if (fd >= 0) ::close(fd);
+  return -1;
+}
+
+// What one raw HTTP request (written as it is, for requests a client library will not send) gets
+// back: the status line's code and the body. The request should ask for "Connection: close", so
+// that the reply ends with the connection (a half-closed socket is dropped unanswered).
+std::pair<int, std::string> raw_request(int port, const std::string& request) {
+  const int fd = connect_loopback(port);
+  if (fd < 0) return {-1, "connect failed"};
   for (size_t at = 0; at < request.size();) {
     const ssize_t n = ::write(fd, request.data() + at, request.size() - at);
     if (n <= 0) break;
@@ -486,12 +494,8 @@ TEST(Server, APlainRequestWhoseClientLeavesIsCancelled) {
   Running server(ServerOptions{});
   const json body = {{"model", "v41-tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 3000}};
   const std::string text = body.dump();
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(uint16_t(server.port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int fd = connect_loopback(server.port());
+  ASSERT_GE(fd, 0);
   const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                               std::to_string(text.size()) + "\r\n\r\n" + text;
   ASSERT_EQ(::write(fd, request.data(), request.size()), ssize_t(request.size()));
@@ -684,12 +688,8 @@ TEST(Server, SlowClientsDoNotStarveHealth) {
   Running server(ServerOptions{});
   std::vector<int> slow;
   for (int i = 0; i < 150; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(uint16_t(server.port()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const int fd = connect_loopback(server.port());
+    ASSERT_GE(fd, 0);
     ASSERT_GT(::send(fd, "GET /health HTTP/1.1\r\n", 22, MSG_NOSIGNAL), 0);
     slow.push_back(fd);
   }
