@@ -15,7 +15,7 @@ KvCache::KvCache(const Config& config, KvCacheOptions options)
   if (!options.store_dir.empty())
     store_ = std::make_unique<PersistentStore>(PersistentStoreOptions{
         options.store_dir, keys_.fingerprint(), options.store_budget_bytes, options.store_lifetime_ms, options.clock,
-        uint64_t(global_block_bytes(config, keys_.block_tokens())), uint32_t(keys_.block_tokens())});
+        uint64_t(global_block_bytes(config, keys_.block_tokens())), uint32_t(keys_.block_tokens()), options.store_lock});
   if (store_) writer_ = std::thread([this] { write_loop(); });
 }
 

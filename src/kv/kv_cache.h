@@ -39,6 +39,7 @@ struct KvCacheOptions {
   int64_t host_budget_bytes = default_dram_budget_bytes();
   SwaPoolOptions swa;
   std::string store_dir;             // empty = no persistent store
+  std::shared_ptr<StoreLock> store_lock;  // store_dir's lock, if its owner took it already
   uint64_t store_budget_bytes = 64ull << 30;
   int64_t store_lifetime_ms = 72LL * 3600 * 1000;
   const Clock* clock = &SystemClock::instance();  // the store's; the pool has its own in `swa`

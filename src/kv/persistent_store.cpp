@@ -63,54 +63,54 @@ void remove_file(const std::string& path) {
 
 }  // namespace
 
-PersistentStore::PersistentStore(PersistentStoreOptions options) : options_(std::move(options)) {
-  const std::string& dir = options_.dir;
-  if (options_.fingerprint.empty() || options_.fingerprint.size() > kMaxFingerprintBytes)
-    fail(dir, "a fingerprint of 1 to " + std::to_string(kMaxFingerprintBytes) + " bytes",
-         std::to_string(options_.fingerprint.size()) + " bytes");
+StoreLock::StoreLock(const std::string& dir) {
   // The blocks hold prompts' token ids: the store is its owner's alone (0700 directories, 0600
   // files), whatever the umask. A directory that already exists keeps the permissions it has.
   std::error_code error;
   if (std::filesystem::create_directories(dir, error))
     std::filesystem::permissions(dir, std::filesystem::perms::owner_all, std::filesystem::perm_options::replace, error);
   if (error) fail(dir, "a directory we can create", error.message());
-
   // Two processes on one directory would delete each other's temporary files as crash
   // leftovers, and evict without seeing each other's budget.
   const std::string lock_path = dir + "/LOCK";
-  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_fd_ < 0) fail(lock_path, "a lock file we can create", errno_text());
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+  fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd_ < 0) fail(lock_path, "a lock file we can create", errno_text());
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const std::string why = errno == EWOULDBLOCK ? "it locked by another opener" : errno_text();
-    ::close(lock_fd_);
+    ::close(fd_);
     fail(dir, "a store directory no other process has open", why);
-  }
-
-  try {
-    // The shard directories are made once, here, and the store directory synced if any was
-    // new, so that a block's rename (which syncs only its shard) is durable without syncing the
-    // parent each time.
-    bool created = false;
-    for (size_t shard = 0; shard < kShards; ++shard) {
-      const std::string shard_dir = dir + "/" + shard_name(shard);
-      if (std::filesystem::create_directory(shard_dir, error)) {
-        created = true;
-        std::filesystem::permissions(shard_dir, std::filesystem::perms::owner_all, std::filesystem::perm_options::replace, error);
-      }
-      if (error) fail(shard_dir, "a directory we can create", error.message());
-    }
-    if (created) {
-      Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-      if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) fail(dir, "a directory we can sync", errno_text());
-    }
-    scan();
-  } catch (...) {
-    ::close(lock_fd_);
-    throw;
   }
 }
 
-PersistentStore::~PersistentStore() { ::close(lock_fd_); }
+StoreLock::~StoreLock() { ::close(fd_); }
+
+PersistentStore::PersistentStore(PersistentStoreOptions options) : options_(std::move(options)) {
+  const std::string& dir = options_.dir;
+  if (options_.fingerprint.empty() || options_.fingerprint.size() > kMaxFingerprintBytes)
+    fail(dir, "a fingerprint of 1 to " + std::to_string(kMaxFingerprintBytes) + " bytes",
+         std::to_string(options_.fingerprint.size()) + " bytes");
+  if (!options_.lock) options_.lock = std::make_shared<StoreLock>(dir);
+  std::error_code error;
+  // The shard directories are made once, here, and the store directory synced if any was
+  // new, so that a block's rename (which syncs only its shard) is durable without syncing the
+  // parent each time.
+  bool created = false;
+  for (size_t shard = 0; shard < kShards; ++shard) {
+    const std::string shard_dir = dir + "/" + shard_name(shard);
+    if (std::filesystem::create_directory(shard_dir, error)) {
+      created = true;
+      std::filesystem::permissions(shard_dir, std::filesystem::perms::owner_all, std::filesystem::perm_options::replace, error);
+    }
+    if (error) fail(shard_dir, "a directory we can create", error.message());
+  }
+  if (created) {
+    Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir_fd.get() < 0 || ::fsync(dir_fd.get()) != 0) fail(dir, "a directory we can sync", errno_text());
+  }
+  scan();
+}
+
+PersistentStore::~PersistentStore() = default;
 
 std::string PersistentStore::path_of(const BlockKey& key) const {
   const std::string hex = to_hex(key);

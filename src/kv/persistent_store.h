@@ -17,6 +17,7 @@
 // process every method is thread-safe, and file I/O runs outside the lock.
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -29,6 +30,21 @@
 #include "kv/clock.h"
 
 namespace dsv41 {
+
+// A store directory's owner: an advisory lock (flock on DIR/LOCK) held while this lives, so that
+// one process at a time owns the directory. PersistentStore takes it, or adopts one taken before
+// (the server takes it before it listens: a second server on the directory fails before it says
+// it is listening). Creates the directory (0700) if missing; throws if another opener holds it.
+class StoreLock {
+ public:
+  explicit StoreLock(const std::string& dir);
+  ~StoreLock();
+  StoreLock(const StoreLock&) = delete;
+  StoreLock& operator=(const StoreLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 struct PersistentStoreOptions {
   std::string dir;  // created if missing
@@ -43,6 +59,7 @@ struct PersistentStoreOptions {
   // wrong length used to fail every request with its prefix, forever).
   uint64_t payload_bytes = 0;
   uint32_t token_count = 0;
+  std::shared_ptr<StoreLock> lock;  // dir's lock, if taken already (else the store takes it)
 };
 
 struct PersistentStoreStats {
@@ -100,8 +117,7 @@ class PersistentStore {
   void insert_locked(const BlockKey& key, uint64_t file_bytes, int64_t created_ms);
   void erase_locked(const BlockKey& key);
 
-  PersistentStoreOptions options_;
-  int lock_fd_ = -1;
+  PersistentStoreOptions options_;  // its lock held while the store lives
 
   mutable std::mutex mutex_;
   std::unordered_map<BlockKey, Entry> index_;

@@ -181,6 +181,7 @@ struct Server::State {
   std::unique_ptr<Executor> executor;
   std::optional<Tokenizer> tokenizer;
   std::vector<int> stop_ids;
+  std::shared_ptr<StoreLock> store_lock;  // taken before listening (run())
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<Scheduler> scheduler;
   ApiConfig api;
@@ -223,6 +224,7 @@ void Server::State::load() {
   KvCacheOptions cache_options = options.cache;
   cache_options.fingerprint = "checkpoint " + checkpoint_identity(dir);
   cache_options.mode = mode_name(options.mode);
+  cache_options.store_lock = store_lock;
   cache = std::make_unique<KvCache>(model->config(), cache_options);
   if (const KvCacheStats s = cache->stats(); s.store && (s.store->dropped_files > 0 || s.store->removed_temp_files > 0))
     std::fprintf(stderr, "dsv41: store %s: dropped %llu damaged or foreign block files, removed %llu unfinished writes\n",
@@ -636,6 +638,8 @@ void Server::run() {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
+  // The store's directory first: a second server on it fails here, before it says it listens.
+  if (!st.options.cache.store_dir.empty()) st.store_lock = std::make_shared<StoreLock>(st.options.cache.store_dir);
   const int port = st.options.port == 0 ? st.http.bind_to_any_port(st.options.host) : st.options.port;
   if (st.options.port != 0 && !st.http.bind_to_port(st.options.host, port))
     fail("serve", "a free address to listen on", st.options.host + ":" + std::to_string(port) + " (in use, or not ours)");
