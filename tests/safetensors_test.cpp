@@ -311,6 +311,35 @@ TEST_F(SafetensorsTest, RefusesOverlappingTensors) {
                   {path("a.safetensors"), "tensors 'a' and 'b'", "[0, 16] and [8, 24]", "overlap"});
 }
 
+// The tensors tile the data section, as the reference's safetensors library requires: a gap
+// between two, or bytes after the last, is refused.
+TEST_F(SafetensorsTest, RefusesAGapOrTrailingBytes) {
+  write_raw(path("a.safetensors"),
+            R"({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]},)"
+            R"( "b": {"dtype": "U8", "shape": [8], "data_offsets": [16, 24]}})",
+            24);
+  expect_contains(open_error(path("a.safetensors")), {path("a.safetensors"), "tensor 'b'", "beginning at 8", "[16, 24]", "a gap"});
+  write_raw(path("b.safetensors"), R"({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}})", 10);
+  expect_contains(open_error(path("b.safetensors")), {path("b.safetensors"), "a data section of 8 bytes", "10 bytes", "trailing"});
+}
+
+// A header length one or two bytes short of the header (its padding spaces cut: still valid
+// JSON) used to be accepted, and every tensor was read one or two bytes early.
+TEST_F(SafetensorsTest, RefusesAHeaderLengthShortOfItsPadding) {
+  SafetensorsWriter writer;
+  writer.add("w", DType::U8, {5}, pattern(5, 1));
+  writer.write(path("a.safetensors"));
+  std::vector<uint8_t> bytes = read_bytes(path("a.safetensors"));
+  uint64_t length = 0;
+  for (int i = 0; i < 8; ++i) length |= uint64_t(bytes[size_t(i)]) << (8 * i);
+  ASSERT_EQ(bytes[8 + length - 1], ' ') << "the writer pads its header with spaces";
+  for (uint64_t cut : {1, 2}) {
+    for (int i = 0; i < 8; ++i) bytes[size_t(i)] = static_cast<uint8_t>((length - cut) >> (8 * i));
+    write_bytes(path("short.safetensors"), bytes);
+    expect_contains(open_error(path("short.safetensors")), {"a data section of 5 bytes", std::to_string(5 + cut) + " bytes"});
+  }
+}
+
 TEST_F(SafetensorsTest, RefusesOffsetsBeyondTheDataSection) {
   write_raw(path("a.safetensors"), R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}})", 16);
   expect_contains(open_error(path("a.safetensors")),
@@ -441,6 +470,23 @@ TEST_F(CheckpointTest, RefusesAnIndexNamingATensorMissingFromItsShard) {
   write_json(path("model.safetensors.index.json"), index);
   expect_contains(error_of([&] { Checkpoint::open(dir_.string()); }),
                   {"tensor 'ghost'", path("model-00002-of-00003.safetensors"), "missing"});
+}
+
+// A shard named by the index is a file of the checkpoint's directory: an absolute path or one up
+// through ".." (a real shard elsewhere, here the same checkpoint's own seen from outside) used to
+// be opened, loading weights from outside the checkpoint and its identity.
+TEST_F(CheckpointTest, RefusesAnIndexShardOutsideTheDirectory) {
+  write_sharded(dir_.string(), 6, 128);
+  const json original = read_json(path("model.safetensors.index.json"));
+  const std::string shard = "model-00002-of-00003.safetensors";
+  for (const std::string& name : {path(shard), "../" + dir_.path().filename().string() + "/" + shard, std::string(".."),
+                                  std::string("")}) {
+    json index = original;
+    index["weight_map"]["t3"] = name;
+    write_json(path("model.safetensors.index.json"), index);
+    expect_contains(error_of([&] { Checkpoint::open(dir_.string()); }),
+                    {"weight_map entry 't3'", "a file name in the checkpoint's directory", json(name).dump()});
+  }
 }
 
 TEST_F(CheckpointTest, RefusesAShardTensorTheIndexDoesNotList) {

@@ -367,6 +367,20 @@ TEST(PostProcessor, TemplateAddsBosAndEos) {
   EXPECT_NE(error_of([&] { encode(t, "ab"); }).find("post_processor type 'BertProcessing'"), std::string::npos);
 }
 
+// A special token's ids are checked as the numbers stored: 2^32 + 20 used to be read as the int 20
+// (silently the BOS), 2^64 − 1 as −1.
+TEST(PostProcessor, RefusesIdsBeyondInt) {
+  json t = with_added(tiny_bpe(pairs({{"a", "b"}})), {added(20, "<s>", true)});
+  for (const json& id : {json(4294967316LL), json(18446744073709551615ULL), json(-1)}) {
+    t["post_processor"] = {{"type", "TemplateProcessing"},
+                           {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+                           {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {id}}, {"tokens", {"<s>"}}}}}}};
+    const std::string e = error_of([&] { encode(t, "ab"); });
+    EXPECT_NE(e.find("ids in [0, 2^31)"), std::string::npos) << id.dump() << ": " << e;
+    EXPECT_NE(e.find(id.dump()), std::string::npos) << e;
+  }
+}
+
 TEST(Decoders, ByteLevel) {
   json bl = {{"type", "ByteLevel"}};
   EXPECT_EQ(decode_chain(bl, {"Hello", "Ġw", "orld", "Ċ"}), (Strings{"Hello world\n"}));

@@ -114,6 +114,11 @@ void Checkpoint::open_indexed() {
   std::set<std::string> shard_names;
   for (const auto& [tensor, shard] : weight_map->items()) {
     if (!shard.is_string()) fail(index_path + ": weight_map entry '" + tensor + "'", "a shard file name", shard.dump());
+    // A shard is a file of the checkpoint's own directory: a path elsewhere (absolute, or up
+    // through "..") would load weights from outside the checkpoint and its identity.
+    const std::string name = shard.get<std::string>();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || name.find('\0') != std::string::npos)
+      fail(index_path + ": weight_map entry '" + tensor + "'", "a file name in the checkpoint's directory", shard.dump());
     shard_names.insert(shard.get<std::string>());
   }
   const std::vector<std::string> file_names(shard_names.begin(), shard_names.end());

@@ -215,8 +215,11 @@ void SafetensorsFile::parse_header() {
       tensors_.push_back(parse_entry(path_, key, value, data_section, data_size));
   }
 
-  // In offset order, each tensor must end where or before the next begins. Gaps are harmless and
-  // allowed; an overlap means two tensors share bytes, which no writer intends.
+  // In offset order the tensors must tile the data section: each begins where the one before
+  // ends (the first at 0), and the last ends at the file's end, as the reference's safetensors
+  // library requires. An overlap means two tensors share bytes; a gap or trailing bytes mean the
+  // offsets do not describe this data section — a header length a byte or two short (its padding
+  // cut) reads every tensor shifted, and is caught only here.
   std::sort(tensors_.begin(), tensors_.end(), [](const TensorView& a, const TensorView& b) {
     return a.data != b.data ? a.data < b.data : a.nbytes < b.nbytes;
   });
@@ -229,6 +232,17 @@ void SafetensorsFile::parse_header() {
            "[" + offset(previous.data) + ", " + offset(previous.data + previous.nbytes) + "] and [" +
                offset(current.data) + ", " + offset(current.data + current.nbytes) + "], which overlap");
   }
+  const uint8_t* expected = data_section;
+  for (const TensorView& t : tensors_) {
+    if (t.data != expected)
+      fail(path_ + ": tensor '" + t.name + "'", "data_offsets beginning at " + offset(expected) + ", where the tensor before ends",
+           "[" + offset(t.data) + ", " + offset(t.data + t.nbytes) + "]: a gap");
+    expected = t.data + t.nbytes;
+  }
+  if (expected != data_section + data_size)
+    fail(path_, "a data section of " + offset(expected) + " bytes, where the last tensor ends",
+         std::to_string(data_size) + " bytes after a header of " + std::to_string(header_size) +
+             ": trailing bytes, or a header length that is wrong");
   for (size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
 }
 

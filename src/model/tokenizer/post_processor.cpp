@@ -1,5 +1,7 @@
 #include "model/tokenizer/post_processor.h"
 
+#include <cstdint>
+
 #include "base/error.h"
 #include "model/tokenizer/json_fields.h"
 
@@ -57,8 +59,9 @@ std::unique_ptr<PostProcessor> template_from_json(const json& spec, const std::s
       const json& ids = required(special, "ids", where + ".special_tokens['" + name + "']");
       if (!ids.is_array()) fail(where + ".special_tokens['" + name + "'].ids", "an array of ids", ids.dump());
       for (const json& id : ids) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0)
-          fail(where + ".special_tokens['" + name + "'].ids", "non-negative ids", ids.dump());
+        // Checked as the 64-bit value stored (2^32 + 5 read as an int is 5; 2^64 − 1 reads as −1).
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+          fail(where + ".special_tokens['" + name + "'].ids", "ids in [0, 2^31)", ids.dump());
         (seen_sequence ? after : before).push_back(id.get<int>());
       }
     } else {
