@@ -25,6 +25,7 @@
 #include "fixture.h"
 #include "model/accounting.h"
 #include "model/config.h"
+#include "model/tokenizer/tokenizer.h"
 #include "server/server.h"
 #include "test_device.h"
 #include "test_util.h"
@@ -532,6 +533,36 @@ TEST(Server, APlainRequestWhoseClientLeavesIsCancelled) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(server.metric("dsv41_running_sequences"), 0);
   EXPECT_EQ(server.metric("dsv41_requests_cancelled_total"), 1);
+}
+
+// /tokenize and /detokenize as vLLM has them: a text's ids are the tokenizer's (with or without
+// the special tokens), a chat's are the prompt /v1/chat/completions runs (its usage says how
+// many), and the ids of a text decode back to it; bad ids, a missing field and another model are
+// refused with the field named.
+TEST(Server, TokenizeAndDetokenize) {
+  Running server(ServerOptions{});
+  const Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
+  const std::string text = "Once upon a time, a tokenizer.";
+  json r = server.post("/tokenize", {{"model", "v41-tiny"}, {"prompt", text}});
+  EXPECT_EQ(r["tokens"].get<std::vector<int>>(), tokenizer.encode(text));
+  EXPECT_EQ(r["count"], r["tokens"].size());
+  EXPECT_EQ(r["max_model_len"], load_config(test::fixture_dir("v41-tiny") + "/config.json").max_seq_len);
+  const std::vector<int> plain = tokenizer.encode(text, false);
+  r = server.post("/tokenize", {{"model", "v41-tiny"}, {"prompt", text}, {"add_special_tokens", false}});
+  EXPECT_EQ(r["tokens"].get<std::vector<int>>(), plain);
+  EXPECT_EQ(server.post("/detokenize", {{"model", "v41-tiny"}, {"tokens", plain}})["prompt"], text);
+
+  const json messages = json::array({{{"role", "user"}, {"content", "Say something."}}});
+  const json chat_request = chat(messages, 1);
+  const int64_t chat_tokens = server.post("/tokenize", chat_request)["count"];
+  EXPECT_EQ(server.post("/v1/chat/completions", chat_request)["usage"]["prompt_tokens"], chat_tokens);
+
+  r = server.post("/detokenize", {{"model", "v41-tiny"}, {"tokens", {1, 1 << 30}}}, 400);
+  EXPECT_EQ(r["error"]["param"], "tokens[1]") << r;
+  r = server.post("/tokenize", {{"model", "v41-tiny"}}, 400);
+  EXPECT_EQ(r["error"]["param"], "prompt") << r;
+  r = server.post("/tokenize", {{"model", "another"}, {"prompt", text}}, 404);
+  EXPECT_EQ(r["error"]["code"], "model_not_found") << r;
 }
 
 // The official openai npm client (tests/e2e, installed by scripts/setup-e2e.sh) against the

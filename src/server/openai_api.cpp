@@ -274,6 +274,46 @@ ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
   return req;
 }
 
+TokenizeRequest parse_tokenize_request(std::string_view text, const ApiConfig& config) {
+  const ojson body = parse_body(text);
+  TokenizeRequest req;
+  if (field(body, "messages")) {
+    req.chat = parse_chat_request(text, config);
+    return req;
+  }
+  GenerationParams gen;
+  parse_model(body, config, gen);
+  const ojson* prompt = field(body, "prompt");
+  if (!prompt)
+    throw ApiError(400, "prompt: expected a string (or \"messages\": a chat), found nothing", "prompt",
+                   "missing_required_parameter");
+  if (!prompt->is_string()) bad_type("prompt", "a string", *prompt);
+  req.prompt = prompt->get<std::string>();
+  if (const ojson* v = field(body, "add_special_tokens")) req.add_special_tokens = boolean(*v, "add_special_tokens");
+  return req;
+}
+
+json tokenize_json(std::span<const int> tokens, int64_t max_model_len) {
+  return {{"count", tokens.size()}, {"max_model_len", max_model_len}, {"tokens", std::vector<int>(tokens.begin(), tokens.end())}};
+}
+
+std::vector<int32_t> parse_detokenize_request(std::string_view text, const ApiConfig& config) {
+  const ojson body = parse_body(text);
+  GenerationParams gen;
+  parse_model(body, config, gen);
+  const ojson* tokens = field(body, "tokens");
+  const std::string expected = "an array of token ids";
+  if (!tokens) throw ApiError(400, "tokens: expected " + expected + ", found nothing (the field is required)", "tokens",
+                              "missing_required_parameter");
+  if (!tokens->is_array()) bad_type("tokens", expected, *tokens);
+  std::vector<int32_t> ids;
+  ids.reserve(tokens->size());
+  const std::string expected_id = "a token id in [0, " + std::to_string(config.vocab_size) + ")";
+  for (size_t i = 0; i < tokens->size(); ++i)
+    ids.push_back(int32_t(integer_in((*tokens)[i], "tokens[" + std::to_string(i) + "]", 0, config.vocab_size - 1, expected_id)));
+  return ids;
+}
+
 CompletionRequest parse_completion_request(std::string_view text, const ApiConfig& config) {
   const ojson body = parse_body(text);
   CompletionRequest req;

@@ -84,6 +84,19 @@ struct CompletionRequest {
 
 // Both throw ApiError (400; 404 for a model not in config.models).
 ChatRequest parse_chat_request(std::string_view body, const ApiConfig& config);
+
+// POST /tokenize (as vLLM has it): {"model", "prompt": text, "add_special_tokens": bool = true},
+// or a chat request ({"model", "messages", ...}, rendered as /v1/chat/completions renders it).
+struct TokenizeRequest {
+  std::optional<std::string> prompt;
+  std::optional<ChatRequest> chat;
+  bool add_special_tokens = true;
+};
+TokenizeRequest parse_tokenize_request(std::string_view body, const ApiConfig& config);
+// {"count", "max_model_len", "tokens"}
+nlohmann::json tokenize_json(std::span<const int> tokens, int64_t max_model_len);
+// POST /detokenize: {"model", "tokens": [ids in the vocabulary]} → the ids.
+std::vector<int32_t> parse_detokenize_request(std::string_view body, const ApiConfig& config);
 CompletionRequest parse_completion_request(std::string_view body, const ApiConfig& config);
 
 // After tokenizing: the prompt plus max_tokens must fit the context (without max_tokens, at least

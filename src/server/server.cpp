@@ -207,11 +207,34 @@ struct Server::State {
   }
   bool authorized(const httplib::Request& req, httplib::Response& res);
   void generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  // A chat request's prompt as /v1/chat/completions runs it (rendered, then encoded); `thinking`
+  // receives whether the reply opens in reasoning.
+  std::vector<int> chat_prompt(const ChatRequest& r, bool& thinking) const;
   std::string render_metrics();
   Counter& http_responses(int status) {
     return metrics.counter("dsv41_http_responses_total", "HTTP responses by status", {{"status", std::to_string(status)}});
   }
 };
+
+std::vector<int> Server::State::chat_prompt(const ChatRequest& r, bool& thinking) const {
+  ChatOptions chat_options;
+  try {
+    const std::vector<ChatMessage> messages = chat_messages_from_json(r.messages);
+    chat_options.tools = chat_tools_from_json(r.tools);
+    if (!r.reasoning_effort.is_null()) chat_options.reasoning_effort = reasoning_effort_from_json(r.reasoning_effort);
+    if (r.chat_template_kwargs.is_object() && r.chat_template_kwargs.contains("thinking")) {
+      const auto& t = r.chat_template_kwargs["thinking"];
+      if (!t.is_boolean())
+        throw ApiError(400, "chat_template_kwargs.thinking: expected a boolean, found " + std::string(t.type_name()),
+                       "chat_template_kwargs", "invalid_type");
+      chat_options.thinking = t.get<bool>();
+    }
+    thinking = chat_options.thinking;
+    return tokenizer->encode(render_chat(messages, chat_options), /*add_special_tokens=*/false);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "messages", "invalid_value");
+  }
+}
 
 void Server::State::load() {
   const std::string& dir = options.model_dir;
@@ -261,23 +284,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     if (chat) {
       ChatRequest r = parse_chat_request(req.body, api);
       gen = r.gen;
-      ChatOptions chat_options;
-      try {
-        const std::vector<ChatMessage> messages = chat_messages_from_json(r.messages);
-        chat_options.tools = chat_tools_from_json(r.tools);
-        if (!r.reasoning_effort.is_null()) chat_options.reasoning_effort = reasoning_effort_from_json(r.reasoning_effort);
-        if (r.chat_template_kwargs.is_object() && r.chat_template_kwargs.contains("thinking")) {
-          const auto& t = r.chat_template_kwargs["thinking"];
-          if (!t.is_boolean())
-            throw ApiError(400, "chat_template_kwargs.thinking: expected a boolean, found " + std::string(t.type_name()),
-                           "chat_template_kwargs", "invalid_type");
-          chat_options.thinking = t.get<bool>();
-        }
-        thinking = chat_options.thinking;
-        request.prompt = tokenizer->encode(render_chat(messages, chat_options), /*add_special_tokens=*/false);
-      } catch (const Error& e) {
-        throw ApiError(400, e.what(), "messages", "invalid_value");
-      }
+      request.prompt = chat_prompt(r, thinking);
     } else {
       CompletionRequest r = parse_completion_request(req.body, api);
       gen = r.gen;
@@ -553,6 +560,31 @@ void Server::State::routes() {
   });
   route("POST", "/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     if (authorized(req, res)) generate(req, res, false);
+  });
+  // vLLM's tokenizer endpoints: a prompt's token ids as a completion or a chat request would run
+  // them, and token ids back to text.
+  route("POST", "/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    if (!ready) return send_error(res, ApiError(503, "the model is loading", "", "model_loading", "server_error"));
+    try {
+      const TokenizeRequest r = parse_tokenize_request(req.body, api);
+      bool thinking = false;
+      const std::vector<int> tokens = r.chat ? chat_prompt(*r.chat, thinking) : tokenizer->encode(*r.prompt, r.add_special_tokens);
+      res.set_content(json_text(tokenize_json(tokens, model->config().max_seq_len)), "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
+  route("POST", "/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    if (!ready) return send_error(res, ApiError(503, "the model is loading", "", "model_loading", "server_error"));
+    try {
+      const std::vector<int32_t> tokens = parse_detokenize_request(req.body, api);
+      res.set_content(json_text(json{{"prompt", tokenizer->decode(std::vector<int>(tokens.begin(), tokens.end()), false)}}),
+                      "application/json");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
   });
   http.set_logger([this](const httplib::Request&, const httplib::Response& res) { http_responses(res.status).inc(); });
   // The errors cpp-httplib answers itself, said as a client can act on them: a route under another
