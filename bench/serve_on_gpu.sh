@@ -66,11 +66,10 @@ PY
   line=$($dsv41 bench serve --url http://127.0.0.1:8090 --concurrency 64 --requests 64 --prompt-tokens 32768 \
     --output-tokens 16 --max-id 100000 --json)
   kill $sampler; wait $sampler 2> /dev/null
-  peak=$(sort -n -k1,1 "$samples" | tail -1)
-  kv=$(sort -n -k2,2 "$samples" | tail -1 | awk '{print $2}')
-  running=$(sort -n -k3,3 "$samples" | tail -1 | awk '{print $3}')
-  budget=$(tail -1 "$samples" | awk '{print $4}')
-  echo "$line" | sed "s/^{/{\"key\":\"c64_32k\",\"device_memory_mib_max\":${peak%% *},\"kv_bytes_max\":${kv:-0},\"running_max\":${running:-0},\"kv_budget_bytes\":${budget:-0},/" >> "$out"
+  # the largest of each of the first three columns, and the budget
+  read -r peak kv running budget < <(awk '{for (i = 1; i <= 3; ++i) if ($i > m[i]) m[i] = $i; b = $4}
+    END {printf "%.0f %.0f %.0f %.0f\n", m[1], m[2], m[3], b}' "$samples")
+  echo "$line" | sed "s/^{/{\"key\":\"c64_32k\",\"device_memory_mib_max\":$peak,\"kv_bytes_max\":$kv,\"running_max\":$running,\"kv_budget_bytes\":$budget,/" >> "$out"
   tail -1 "$out"
 fi
 kill $server; wait $server

@@ -13,9 +13,9 @@
 // as a forward_batch call per step (its logits copied to the host, as that call returns them) and
 // replaying a DecodeGraph (decode_graph.h) whose logits stay on the device, where the server
 // samples them (a batch of 64 rows' 129K logits is 33 MB: copying them out and into per-row
-// vectors cost ~20 ms a step); tokens/s and the bandwidth are the graph's. One more decode step per row, and each prompt length's exact prefill
-// a third time, run with op times (op_times.h): the device time per op, and the GPU's idle time
-// between ops. --turn N: after each default-mode prefill, a call of N more tokens on the same
+// vectors cost ~20 ms a step); tokens/s and the bandwidth are the graph's. One more decode step
+// per row, and each prompt length's exact prefill a third time, run with op times (op_times.h):
+// the device time per op, and the GPU's idle time between ops. --turn N: after each default-mode prefill, a call of N more tokens on the same
 // sequence (an agent's next turn on its cached prefix: the compute of an SWA hit's TTFT), timed,
 // then once more with op times. --prompt-batch NxP: N fresh sequences of P prompt tokens each in
 // one default-mode call (the prefill of `bench serve`'s c64 load: 64x128), timed, then with op times.

@@ -346,7 +346,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   const int64_t prompt_tokens = int64_t(request.prompt.size());
   const bool include_usage = gen.include_usage;
   const int connection = stream ? -1 : connection_socket(req);
-  auto failure = std::make_shared<std::optional<std::string>>();  // the engine's error, if it failed
+  auto failure = std::make_shared<std::optional<ApiError>>();  // a plain response's engine failure
   auto provider = [this, generation, reply, meta, chat, stream, include_usage, prompt_tokens, arrived, connection,
                    failure, taken = std::move(taken)](size_t, httplib::DataSink& sink) mutable {
     Usage usage{prompt_tokens, 0, 0};
@@ -418,9 +418,12 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
         duration->observe(seconds_since(arrived));
         if (gone) return false;
         if (e->finish == FinishKind::Error) {
-          *failure = e->error;
           const ApiError err(500, "the engine failed: " + e->error, "", "", "server_error");
-          write(stream ? sse_event(err.body()) + sse_done() : json_text(err.body()));
+          if (!stream) {  // the handler sends it, with its status
+            *failure = err;
+            return true;
+          }
+          write(sse_event(err.body()) + sse_done());
           sink.done();
           return true;
         }
@@ -459,9 +462,8 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     return true;
   };
   sink.done = [] {};
-  sink.is_writable = [] { return true; };
   if (!provider(0, sink)) return;  // the client went away: nobody to answer
-  if (*failure) return send_error(res, ApiError(500, "the engine failed: " + **failure, "", "", "server_error"));
+  if (*failure) return send_error(res, **failure);
   res.set_content(body, "application/json");
 }
 
