@@ -184,20 +184,20 @@ struct Rows {
 
 // ---- act_quant ----
 
-// Where act_quant's row m comes from: x row m (dense, tiles == nullptr), or, m a slot of `tiles`,
-// its entry's token row (k > 0) or x's own slot row (k = 0); -1 for a padding slot.
+// Where act_quant's row m comes from and goes: x row m to xq row m (dense, slot == nullptr), or,
+// m a list position of cuda::moe's entries, its entry's token row (k > 0) or x's own slot row (k =
+// 0) to its slot; from = -1 past the live entries.
 struct RowSource {
-  const int4* tiles = nullptr;
-  const int* count = nullptr;
+  const int32_t* slot = nullptr;
   const int32_t* list = nullptr;
   int k = 0;
-  __device__ int64_t row(int64_t m) const {
-    if (!tiles) return m;
-    const int64_t t = m / kTileRows, i = m % kTileRows;
-    if (t >= *count) return -1;
-    const int4 tile = tiles[t];
-    if (i >= tile.z) return -1;
-    return k > 0 ? list[tile.y + i] / k : m;
+  __device__ void row(int64_t m, int64_t& from, int64_t& to) const {
+    if (!slot) {
+      from = to = m;
+      return;
+    }
+    to = slot[m];
+    from = to < 0 ? -1 : k > 0 ? list[m] / k : to;
   }
 };
 
@@ -211,7 +211,8 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* _
   const int64_t i = int64_t(blockIdx.x) * kQuantThreads + threadIdx.x;
   const bool on = i < items;
   const int64_t m = on ? i / per_row : 0, q8 = on ? i % per_row : 0;
-  const int64_t from = on ? src.row(m) : -1;
+  int64_t from = -1, to = 0;
+  if (on) src.row(m, from, to);
   const bool live = from >= 0;
   float v[8];
   const float amax = load8_block_amax(x + (live ? from : 0) * K + 8 * q8, live, v);
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* _
   for (int e = 0; e < 8; e += 2) {
     const float2 r = e4m3_round2(v[e] * inv, v[e + 1] * inv);
     const uint32_t pair = uint32_t(bf16_from_float(r.x * scale)) | uint32_t(bf16_from_float(r.y * scale)) << 16;
-    *reinterpret_cast<uint32_t*>(xq + value_offset(m, k0 + e, K)) = pair;  // k0 + e even: two consecutive slots
+    *reinterpret_cast<uint32_t*>(xq + value_offset(to, k0 + e, K)) = pair;  // k0 + e even: two consecutive slots
   }
 }
 
@@ -573,8 +574,8 @@ bool grouped_usable(WeightFormat up, WeightFormat down, int64_t dim, int64_t int
 void act_quant_slots(const float* x, int64_t K, const Tiles& tiles, int k, uint16_t* xq, cudaStream_t stream) {
   if (K % kTileK != 0) fail("cuda::gemm::act_quant_slots", "K a multiple of 128", "K = " + std::to_string(K));
   RowSource src;
-  src.tiles = tiles.tile, src.count = tiles.count, src.list = tiles.list, src.k = k;
-  launch_act_quant(x, src, tiles.slots(), K, xq, stream);
+  src.slot = tiles.slot, src.list = tiles.list, src.k = k;
+  launch_act_quant(x, src, tiles.entries, K, xq, stream);
 }
 
 void grouped_up(const uint16_t* xq, const Tiles& tiles, const ExpertPointers* table, WeightFormat format,

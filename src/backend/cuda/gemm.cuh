@@ -56,11 +56,15 @@ struct ExpertPointers {
 // [max·kTileRows, ·] matrices ("slot order"); the grids are sized for `max` tiles of at most
 // `most` rows and blocks past *count or a tile's rows exit at once, so the host needs no count (a
 // CUDA graph can hold the calls).
+// slot[j] is list position j's slot (-1 past the live entries): the per-entry steps (act_quant,
+// SwiGLU) run over the `entries` list positions, not over every slot the grid could hold.
 struct Tiles {
   const int4* tile;
   const int* count;
   int64_t max;
   const int32_t* list;
+  const int32_t* slot;
+  int64_t entries;
   int64_t most = kTileRows;
   int64_t expect = kTileRows;  // rows a tile holds but rarely exceeds (the narrow tiling's BN covers it)
   DSV41_HD int64_t slots() const { return max * kTileRows; }
@@ -76,10 +80,10 @@ inline Tiling grouped_tiling(int64_t entries, int64_t experts) {
 // [dim, inter], dim and inter multiples of kTileK, slot offsets within 32 bits.
 bool grouped_usable(WeightFormat up, WeightFormat down, int64_t dim, int64_t inter, int64_t max_tiles);
 
-// act_quant of the slot rows: slot (t, i) from x[list[first + i] / k] (k > 0: x holds one row per
-// token, the layer's input) or from x's own slot row (k = 0: x in slot order, the hidden values).
-// Padding slots are not written (each output column of the GEMM reads its own row alone, and
-// padding columns are not stored). xq: slots·K bf16 in value_offset's order.
+// act_quant of the slot rows: list position j's slot from x[list[j] / k] (k > 0: x holds one row
+// per token, the layer's input) or from x's own slot row (k = 0: x in slot order, the hidden
+// values). Padding slots are not written (each output column of the GEMM reads its own row alone,
+// and padding columns are not stored). xq: slots·K bf16 in value_offset's order.
 void act_quant_slots(const float* x, int64_t K, const Tiles& tiles, int k, uint16_t* xq, cudaStream_t stream);
 
 // g, u [slots, inter] (bf16 values) = A · w1ᵀ, A · w3ᵀ of each tile's expert, A = act_quant_slots

@@ -137,7 +137,8 @@ constexpr int kCombineThreads = 128;  // two columns each
 // Per expert, its entries (entry i = row·k + slot, for every valid id experts[i] = e) in ascending
 // i, at list[offset[e] ...]; the experts' lists one after another in ascending e; and tiles[t] =
 // (e, first list position, count ≤ tile) cutting each list into runs of `tile`, in list order,
-// with their number in *tile_count. One block: counts by shared-memory atomics, one block-wide
+// with their number in *tile_count; with `slot` (the tensor-core path, tile = gemm::kTileRows)
+// also each list position's slot, t·tile + i, and -1 past the live entries. One block: counts by shared-memory atomics, one block-wide
 // scan over the experts, then warp 0 places the entries 32 at a time in entry order (a lane's
 // place among the equal ids of its 32 from __match_any_sync), so the lists come out sorted with
 // no second pass. Shapes: experts [n] → list [n], tiles [≤ n], smem E ints. Traffic: experts
@@ -145,7 +146,8 @@ constexpr int kCombineThreads = 128;  // two columns each
 // (300 rows) about 60 serial steps of warp 0.
 __global__ void __launch_bounds__(kBucketThreads) bucket_kernel(const int32_t* __restrict__ experts, int n, int E,
                                                                 int tile, int32_t* __restrict__ list,
-                                                                int4* __restrict__ tiles, int* __restrict__ tile_count) {
+                                                                int4* __restrict__ tiles, int* __restrict__ tile_count,
+                                                                int32_t* __restrict__ slot) {
   extern __shared__ int counts[];  // [E]: the count, then the next free list position
   __shared__ int warp_entries[kBucketThreads / 32], warp_tiles[kBucketThreads / 32];
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
@@ -154,6 +156,7 @@ __global__ void __launch_bounds__(kBucketThreads) bucket_kernel(const int32_t* _
   for (int i = int(threadIdx.x); i < n; i += kBucketThreads) {
     const int e = experts[i];
     if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+    if (slot) slot[i] = -1;  // a live position's is written below, by another thread: after the barriers
   }
   __syncthreads();
 
@@ -183,7 +186,12 @@ __global__ void __launch_bounds__(kBucketThreads) bucket_kernel(const int32_t* _
   int t = tiles_before - my_tiles + (warp > 0 ? warp_tiles[warp - 1] : 0);
   for (int e = e0; e < e1; ++e) {
     const int c = counts[e];
-    for (int q = 0; q * tile < c; ++q) tiles[t++] = make_int4(e, offset + q * tile, min(tile, c - q * tile), 0);
+    for (int q = 0; q * tile < c; ++q, ++t) {
+      const int first = offset + q * tile, rows = min(tile, c - q * tile);
+      tiles[t] = make_int4(e, first, rows, 0);
+      if (slot)
+        for (int i = 0; i < rows; ++i) slot[first + i] = t * tile + i;
+    }
     counts[e] = offset;
     offset += c;
   }
@@ -629,16 +637,16 @@ __global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t in
 }
 
 // The tensor-core path's hidden values: h = swiglu(g, u) with the entry's routing weight, in place
-// of g, over the live slots of `tiles` (g, u [slots, inter] in slot order, as grouped_up wrote them).
+// of g, over the live slots of `tiles` (g, u [slots, inter] in slot order, as grouped_up wrote
+// them), one thread per (list position, column).
 __global__ void slot_swiglu_kernel(float* g, const float* u, const gemm::Tiles tiles, int64_t inter, float limit,
                                    const float* weights) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= tiles.slots() * inter) return;
-  const int64_t slot = i / inter, t = slot / gemm::kTileRows, r = slot % gemm::kTileRows;
-  if (t >= *tiles.count) return;
-  const int4 tile = tiles.tile[t];
-  if (r >= tile.z) return;
-  g[i] = swiglu(g[i], u[i], limit, weights + tiles.list[tile.y + r]);
+  if (i >= tiles.entries * inter) return;
+  const int64_t j = i / inter, slot = tiles.slot[j];
+  if (slot < 0) return;
+  const int64_t at = slot * inter + i % inter;
+  g[at] = swiglu(g[at], u[at], limit, weights + tiles.list[j]);
 }
 
 }  // namespace
@@ -763,7 +771,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   };
   const int64_t wide = std::max(dim, inter);
   const size_t at_logits = part(size_t(rows) * E * 4), at_list = part(size_t(n) * 4),
-               at_tiles = part(size_t(max_tiles) * sizeof(int4)), at_count = part(4),
+               at_tiles = part(size_t(max_tiles) * sizeof(int4)), at_count = part(4), at_slot = part(tensor ? size_t(n) * 4 : 0),
                at_h = part(size_t(tensor ? slots : n) * inter * 4), at_u = part(tensor ? size_t(slots) * inter * 4 : 0),
                at_xq = part(tensor ? size_t(slots * wide) * 2 : 0), at_ye = part(size_t(n) * dim * 2),
                at_hs = part(shared_gemm ? 0 : size_t(rows) * inter_s * 4), at_ys32 = part(shared_gemm ? size_t(rows) * dim * 4 : 0),
@@ -775,13 +783,14 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   int32_t* list = reinterpret_cast<int32_t*>(scratch + at_list);
   int4* tiles = reinterpret_cast<int4*>(scratch + at_tiles);
   int* tile_count = reinterpret_cast<int*>(scratch + at_count);
+  int32_t* slot = tensor ? reinterpret_cast<int32_t*>(scratch + at_slot) : nullptr;
   uint16_t* ye = reinterpret_cast<uint16_t*>(scratch + at_ye);
   uint16_t* ys = reinterpret_cast<uint16_t*>(scratch + at_ys);
 
   linear_f32(x, rows, gate, logits, stream);
   route_from_logits(logits, rows, E, reinterpret_cast<const float*>(bias.data), opt, experts, weights, stream, forced);
   bucket_kernel<<<1, kBucketThreads, size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, list, tiles,
-                                                                         tile_count);
+                                                                         tile_count, slot);
   check_launch("cuda::moe bucket");
 
   const auto* table = static_cast<const ExpertPointers*>(routed.device());
@@ -789,7 +798,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   if (tensor) {
     // x per entry in slot order → g (in h), u → h in place of g → ye at the entries' rows.
     // A tile holds one expert's entries: at most one per token, or k when the routing is forced.
-    gemm::Tiles t{tiles, tile_count, max_tiles, list, std::min<int64_t>(gemm::kTileRows, forced ? n : rows)};
+    gemm::Tiles t{tiles, tile_count, max_tiles, list, slot, n, std::min<int64_t>(gemm::kTileRows, forced ? n : rows)};
     // Routed, an expert's row count is about binomial (rows, k/E): its mean and two deviations
     // (decode at bench-1gpu's 16 experts: 64 rows → 32; V4.1's 384: → 3). Tiles past it take a
     // second CTA (the weights read twice, the second time mostly from L2).
@@ -802,7 +811,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
     uint16_t* xq = reinterpret_cast<uint16_t*>(scratch + at_xq);
     gemm::act_quant_slots(x, dim, t, k, xq, stream);
     gemm::grouped_up(xq, t, table, routed.w1().format, tiling, dim, inter, h, u, stream);
-    const int64_t hn = slots * inter;
+    const int64_t hn = n * inter;
     slot_swiglu_kernel<<<unsigned((hn + 255) / 256), 256, 0, stream>>>(h, u, t, inter, limit, weights);
     check_launch("cuda::moe swiglu");
     gemm::act_quant_slots(h, inter, t, 0, xq, stream);
