@@ -204,7 +204,7 @@ struct MegaCase {
     dpost2 = out(size_t(c.rows) * c.hc), dcomb2 = out(comb.size());
   }
 
-  void run(int r0, int rows, int group_rows = 0) {
+  void run(int r0, int rows) {
     HcWeights dw = hw;
     dw.fn.data = reinterpret_cast<const uint8_t*>(dfn->get());
     dw.base.data = reinterpret_cast<const uint8_t*>(dbase->get());
@@ -214,7 +214,7 @@ struct MegaCase {
     const int hc = c.hc, d = c.d;
     cuda::mega_mhc(df->get() + r0 * d, dX->get() + size_t(r0) * n, dpost->get() + r0 * hc, dcomb->get() + r0 * hc * hc,
                    dpre_in->get() + r0 * hc, rows, hc, d, dw, &dnw, kEps, 20, 1e-6f, dXo->get() + size_t(r0) * n,
-                   dh->get() + r0 * d, dpre->get() + r0 * hc, dpost2->get() + r0 * hc, dcomb2->get() + r0 * hc * hc, nullptr, group_rows);
+                   dh->get() + r0 * d, dpre->get() + r0 * hc, dpost2->get() + r0 * hc, dcomb2->get() + r0 * hc * hc);
   }
 
   // Every device output, downloaded.
@@ -266,9 +266,8 @@ TEST(CudaMhc, MegaMhcMatchesTheCpuComposition) {
 
 // A row's results do not depend on the rows called with it: 515 rows in one call (the prefill form:
 // groups of 16, the last partial) equal, bit for bit, the same rows in calls of 1 to 5 rows and in
-// calls of 64 to 200 rows (the decode form, its blocks taking groups of 1 to 4 rows, the last group
-// of a call partial), every output. A sum taken in another order, a group bound off by one or a
-// row finished before its sums were all in shows up as differing bits.
+// calls of 37 to 200 rows (the decode form), every output. A sum taken in another order, a group
+// bound off by one or a row finished before its sums were all in shows up as differing bits.
 TEST(CudaMhc, MegaMhcRowsDoNotDependOnTheCall) {
   DSV41_REQUIRE_DEVICE();
   for (const HcCase c : {HcCase{515, 4, 5120}, HcCase{515, 2, 200}}) {
@@ -286,12 +285,10 @@ TEST(CudaMhc, MegaMhcRowsDoNotDependOnTheCall) {
     m.poison();
     for (int r0 = 0, n = 1; r0 < c.rows; r0 += n, n = n % 5 + 1) m.run(r0, std::min(n, c.rows - r0));
     expect_whole("calls of 1 to 5 rows");
-    for (int group = 0; group <= 4; ++group) {
-      m.poison();
-      int r0 = 0;
-      for (const int n : {64, 37, 130, 200, 84}) m.run(r0, n, group), r0 += n;
-      expect_whole("calls of 37 to 200 rows, groups of " + std::to_string(group) + " (0: automatic)");
-    }
+    m.poison();
+    int r0 = 0;
+    for (const int n : {64, 37, 130, 200, 84}) m.run(r0, n), r0 += n;
+    expect_whole("calls of 37 to 200 rows");
   }
 }
 

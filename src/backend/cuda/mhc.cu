@@ -15,11 +15,9 @@
 // Xo[·][k] into the 24 mix dot products, the sum of squares of Xo and that of h. The block's 26
 // sums go to a scratch slot; a row's finish adds its slots (a fixed order), runs Sinkhorn
 // (sinkhorn_warp, its first warp) while the other warps rescale the row's h in place (2·d·4 bytes
-// that L2 serves). A block takes a group of rows of its columns with their hc_fn values in
-// registers (hc_fn comes from L2 once per group, not once per row). Below 512 rows (decode) one
-// launch, grid (d / 128, groups of 1 to 4 rows): the group's last block to arrive (an atomic counter
-// per group) finishes its rows. From 512 rows (prefill) groups of 16 rows, and a second launch
-// finishes every row;
+// that L2 serves). Below 512 rows (decode) one launch, grid (d / 128, rows): the row's last block
+// to arrive (an atomic counter per row) finishes it. From 512 rows (prefill) a block takes 16 rows
+// of its columns with their hc_fn values in registers, and a second launch finishes every row;
 // both forms compute every sum in the same order, so a row's results do not depend on the rows
 // beside it in the call. HBM traffic per token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4
 // written (h) = (2·hc + 2)·d·4, plus hc_fn (24·hc·d·4 = 1.97 MB in V4.1) once per call, from L2
@@ -152,21 +150,16 @@ __global__ void hc_post_kernel(const float* f, const float* X, const float* post
 
 constexpr int kMegaThreads = 128;           // columns of a token per block
 constexpr int kMegaSums = kMaxMix + 2;        // the mixes, Σ Xo², Σ h²
-// Calls of fewer rows run mega_mhc_kernel, in groups of mega_group_rows(rows); more run
-// mega_rows_kernel in groups of kMegaRowsPerBlock rows. Measured on the H200 (docs/benchmarks.md):
-// at 64 rows the one-launch form with one row a block took 44 µs a call against 61 for groups of 16
-// (a grid 16× larger), at 8,192 rows 2.4 ms against 1.8.
+// Calls of fewer rows run mega_mhc_kernel, more mega_rows_kernel in blocks of kMegaRowsPerBlock rows.
+// Measured on the H200 (docs/benchmarks.md): at 64 rows the one-launch form is faster (44 against
+// 61 µs a call: its grid is 16× larger), at 8,192 rows the row blocks (1.8 against 2.4 ms); the
+// crossover between them is not measured. The one-launch form with 2 or 4 rows a block (hc_fn
+// from L2 half or a quarter as often, the group's last block finishing its rows in turn) was
+// slower at 8 and 64 rows (be24a57: 32 and 58 µs at 8, 50 and 72 at 64, against 19 and 43) and
+// 13% faster at 256: a call's time is the finish's latency, not hc_fn's reads.
 constexpr int64_t kMegaFusedRows = 512;
 constexpr int64_t kMegaRowsPerBlock = 16;
-__device__ unsigned mega_arrivals[kMegaFusedRows];  // zero at load; the last block resets its group's
-
-// The one-launch form's rows a block: enough blocks to fill the GPU several times over (~1,000:
-// 8 blocks of 128 threads on each of 132 SMs), hc_fn read from L2 by as few of them as that allows.
-int mega_group_rows(int64_t rows, int slices) {
-  int per = 1;
-  while (per < 4 && slices * ((rows + 2 * per - 1) / (2 * per)) >= 1024) per *= 2;
-  return per;
-}
+__device__ unsigned mega_arrivals[kMegaFusedRows];  // zero at load; the last block resets its row's
 
 __device__ inline float norm_weight_at(const uint8_t* w, WeightFormat f, int64_t i) {
   if (!w) return 1.0f;
@@ -290,29 +283,24 @@ __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int 
   }
 }
 
-// Fewer than kMegaFusedRows rows (decode): grid (slices, groups of `per` rows), one launch. Each
-// block publishes its rows' sums and counts itself in at the group's arrival counter; the group's
-// last block finishes its rows.
+// Fewer than kMegaFusedRows rows (decode): grid (slices, rows), one launch. Each block publishes its
+// sums and counts itself in at the row's arrival counter; the row's last block finishes it.
 template <int HC>
-__global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a, int64_t rows, int per) {
-  const int64_t k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
-  const int64_t first = int64_t(blockIdx.y) * per, last_row = min(rows, first + per);
+__global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a) {
+  const int64_t row = blockIdx.y, k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);
-  for (int64_t row = first; row < last_row; ++row) mega_column<HC>(a, row, k, fnk);
-  // Publish this block's sums, Xo and h, then count it in; the last block of the group goes on.
+  mega_column<HC>(a, row, k, fnk);
+  // Publish this block's sums, Xo and h, then count it in; the last block of the row goes on.
   __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&mega_arrivals[blockIdx.y], 1u) == gridDim.x - 1;
+  if (threadIdx.x == 0) last = atomicAdd(&mega_arrivals[row], 1u) == gridDim.x - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (threadIdx.x == 0) mega_arrivals[blockIdx.y] = 0;
-  for (int64_t row = first; row < last_row; ++row) {
-    mega_finish_row(a, row, int(gridDim.x), HC);
-    __syncthreads();  // the finish's shared totals are rewritten by the next row's
-  }
+  if (threadIdx.x == 0) mega_arrivals[row] = 0;
+  mega_finish_row(a, row, int(gridDim.x), HC);
 }
 
 // kMegaFusedRows rows or more (prefill): grid (slices, row groups of kMegaRowsPerBlock). A block
@@ -354,11 +342,9 @@ auto for_hc(int hc, Make make) {
 
 void mega_mhc(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
               int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, int sinkhorn_iters, float hc_eps,
-              float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream,
-              int group_rows) {
+              float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream) {
   if (rows <= 0 || d <= 0) return;
   if (hc < 1 || hc > kMaxHc) fail("cuda::mega_mhc", "hc_mult from 1 to 4", std::to_string(hc));
-  if (group_rows < 0 || group_rows > 4) fail("cuda::mega_mhc", "group_rows from 0 to 4", std::to_string(group_rows));
   if (w.fn.format != WeightFormat::F32 || w.base.format != WeightFormat::F32 || w.scale.format != WeightFormat::F32)
     fail("cuda::mega_mhc", "F32 hc_fn, hc_base and hc_scale", "another format");
   if (norm && norm->format != WeightFormat::F32 && norm->format != WeightFormat::BF16)
@@ -373,9 +359,8 @@ void mega_mhc(const float* f, const float* X, const float* post, const float* co
                         stream),
         "cuda::mega_mhc");
   if (rows < kMegaFusedRows) {
-    const int per = group_rows > 0 ? group_rows : mega_group_rows(rows, slices);
-    const dim3 grid(unsigned(slices), unsigned((rows + per - 1) / per));
-    for_hc(hc, [](auto HC) { return &mega_mhc_kernel<decltype(HC)::value>; })<<<grid, kMegaThreads, 0, stream>>>(a, rows, per);
+    for_hc(hc, [](auto HC) { return &mega_mhc_kernel<decltype(HC)::value>; })<<<dim3(unsigned(slices), unsigned(rows)),
+                                                                                 kMegaThreads, 0, stream>>>(a);
     check_launch("cuda::mega_mhc");
   } else {
     const dim3 grid(unsigned(slices), unsigned((rows + kMegaRowsPerBlock - 1) / kMegaRowsPerBlock));

@@ -30,12 +30,9 @@ void hc_post(const float* f, const float* X, const float* post, const float* com
 // eps is both hc_mixes' norm_eps and rms_norm's, as in the forward. Xo must not alias X. The
 // residual is read once and written once: (2·hc + 2)·d floats per token (X, Xo, f, h), plus hc_fn
 // ((2 + hc)·hc·hc·d floats, shared by the rows). Calls on different streams must not overlap
-// (the blocks of a row group meet at an arrival counter in device memory). group_rows: below 512
-// rows, the rows a block takes (1 to 4; 0 = chosen from the call's size), for the tests and the
-// benchmark; every choice gives the same bits.
+// (the blocks of a row meet at a per-row arrival counter in device memory).
 void mega_mhc(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
               int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, int sinkhorn_iters, float hc_eps,
-              float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream = nullptr,
-              int group_rows = 0);
+              float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream = nullptr);
 
 }  // namespace dsv41::cuda
