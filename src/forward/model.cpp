@@ -1,5 +1,7 @@
 #include "forward/model.h"
 
+#include <type_traits>
+
 #include "base/error.h"
 #include "model/weights.h"
 #include "numerics/types.h"
@@ -35,24 +37,19 @@ Weight Model::get_linear(const std::string& name) const {
 
 void Model::bind_layer(LayerWeights& l, int id) {
   const Config& c = config_;
-  const std::string p = "layers." + std::to_string(id) + ".";
   l.id = id;
-  l.attn_norm = get(p + "attn_norm.weight");
-  l.ffn_norm = get(p + "ffn_norm.weight");
-  l.hc_attn = {get(p + "hc_attn_fn"), get(p + "hc_attn_base"), get(p + "hc_attn_scale")};
-  l.hc_ffn = {get(p + "hc_ffn_fn"), get(p + "hc_ffn_base"), get(p + "hc_ffn_scale")};
+  for_each_block_tensor(
+      c, "layers." + std::to_string(id) + ".", id,
+      [&](const BlockTensor& t, auto& field) {
+        if constexpr (std::is_same_v<std::remove_reference_t<decltype(field)>, Weight>)
+          field = t.kind == BlockTensor::Kind::Plain ? get(t.name) : get_linear(t.name);
+        else
+          field = ckpt_.get(t.name).data;  // the Engram table and its scales, read in place
+      },
+      l);
 
-  AttentionWeights& a = l.attn;
-  const std::string ap = p + "attn.";
-  a.wq_a = get_linear(ap + "wq_a");
-  a.q_norm = get(ap + "q_norm.weight");
-  a.wq_b = get_linear(ap + "wq_b");
-  a.wkv = get_linear(ap + "wkv");
-  a.kv_norm = get(ap + "kv_norm.weight");
-  a.wo_b = get_linear(ap + "wo_b");
-  a.attn_sink = get(ap + "attn_sink");
   // wo_a is multiplied in bf16 (convert.py dequantizes it): an fp8 one is dequantized here once.
-  Weight wo_a = get_linear(ap + "wo_a");
+  Weight& wo_a = l.attn.wo_a;
   if (wo_a.quantized()) {
     std::vector<uint8_t> bf16(size_t(wo_a.rows * wo_a.cols * 2));
     std::vector<float> row(size_t(wo_a.cols));
@@ -67,45 +64,16 @@ void Model::bind_layer(LayerWeights& l, int id) {
     owned_.push_back(std::move(bf16));
     wo_a = Weight{WeightFormat::BF16, wo_a.rows, wo_a.cols, owned_.back().data(), nullptr};
   }
-  a.wo_a = wo_a;
-  if (c.is_kv_source(id)) {
-    a.compressor_wkv = get(ap + "compressor.wkv.weight");
-    if (c.compress_ratios[size_t(id)] > 1) a.compressor_wgate = get(ap + "compressor.wgate.weight");
-    a.compressor_norm = get(ap + "compressor.norm.weight");
-  }
-  if (c.is_index_source(id)) {
-    a.indexer_wq_b = get_linear(ap + "indexer.wq_b");
-    a.indexer_weights_proj = get(ap + "indexer.weights_proj.weight");
-    if (c.is_kv_source(id)) {
-      a.indexer_wk = get(ap + "indexer.wk.weight");
-      a.indexer_k_norm = get(ap + "indexer.k_norm.weight");
-    }
-  }
-
-  l.gate = get(p + "ffn.gate.weight");
-  l.gate_bias = get(p + "ffn.gate.bias");
-  for (int e = 0; e < c.routed_experts(id); ++e) {
-    const std::string ep = p + "ffn.experts." + std::to_string(e) + ".";
-    l.experts.push_back({get_linear(ep + "w1"), get_linear(ep + "w2"), get_linear(ep + "w3")});
-  }
-  l.shared = {get_linear(p + "ffn.shared_experts.w1"), get_linear(p + "ffn.shared_experts.w2"),
-              get_linear(p + "ffn.shared_experts.w3")};
-
-  for (size_t e = 0; e < c.engram_layer_ids.size(); ++e) {
-    if (c.engram_layer_ids[e] != id) continue;
-    auto g = std::make_unique<EngramWeights>();
-    g->table = ckpt_.get(p + "engram.embed.weight").data;
-    g->table_scale = ckpt_.get(p + "engram.embed.scale").data;
-    g->wkv = get_linear(p + "engram.wkv");
-    Weight q = get(p + "engram.q_weight"), k = get(p + "engram.k_weight");
-    g->qk.resize(size_t(c.hc_mult) * c.dim);
+  // Engram's query and key weights enter its score only as their product.
+  if (l.engram) {
+    EngramWeights& g = *l.engram;
+    g.qk.resize(size_t(c.hc_mult) * c.dim);
     std::vector<float> qr(size_t(c.dim)), kr(size_t(c.dim));
     for (int m = 0; m < c.hc_mult; ++m) {
-      q.row(m, qr.data());
-      k.row(m, kr.data());
-      for (int i = 0; i < c.dim; ++i) g->qk[size_t(m) * c.dim + i] = qr[i] * kr[i];
+      g.q_weight.row(m, qr.data());
+      g.k_weight.row(m, kr.data());
+      for (int i = 0; i < c.dim; ++i) g.qk[size_t(m) * c.dim + i] = qr[i] * kr[i];
     }
-    l.engram = std::move(g);
   }
 }
 

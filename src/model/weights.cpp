@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "model/checkpoint.h"
+#include "model/layer_weights.h"
 
 namespace dsv41 {
 
@@ -84,81 +85,25 @@ class MapBuilder {
 
   void norm(const std::string& name, int64_t dim) { plain(name + ".weight", DType::BF16, {dim}); }
 
+  // A row of the block table (layer_weights.h), of a block in `block` (the backbone's layers, or
+  // DSpark's mtp blocks); its Engram tensors count as Engram.
+  void add(const BlockTensor& t, WeightGroup block) {
+    group = t.group == WeightGroup::Engram ? WeightGroup::Engram : block;
+    const int64_t out_f = t.shape[0], in_f = t.shape.size() > 1 ? t.shape[1] : 1;
+    switch (t.kind) {
+      case BlockTensor::Kind::Linear: return linear(t.name, out_f, in_f, t.role, t.compute);
+      case BlockTensor::Kind::ExpertLinear: return expert_linear(t.name, out_f, in_f);
+      case BlockTensor::Kind::Plain:
+        if (t.role == WeightRole::Scale) return scale(t.name, t.shape);
+        return plain(t.name, t.dtype, t.shape, t.role, t.compute.value_or(Precision::BF16));
+    }
+  }
+
   std::vector<TensorSpec> out;
 
  private:
   const Config& c_;
 };
-
-void add_attention(MapBuilder& m, const Config& c, const std::string& p, int id) {
-  const int64_t dim = c.dim, hd = c.head_dim;
-  m.plain(p + "attn_sink", DType::F32, {c.n_heads}, WeightRole::Dense, Precision::FP32);
-  m.linear(p + "wq_a", c.q_lora_rank, dim);
-  m.norm(p + "q_norm", c.q_lora_rank);
-  m.linear(p + "wq_b", int64_t(c.n_heads) * hd, c.q_lora_rank);
-  m.linear(p + "wkv", hd, dim);
-  m.norm(p + "kv_norm", hd);
-  // wo_a is block-diagonal over groups; the reference dequantizes it and multiplies in bf16.
-  m.linear(p + "wo_a", int64_t(c.o_groups) * c.o_lora_rank, int64_t(c.n_heads) * hd / c.o_groups,
-           WeightRole::Dense, Precision::BF16);
-  m.linear(p + "wo_b", dim, int64_t(c.o_groups) * c.o_lora_rank);
-  if (c.is_kv_source(id)) {
-    // Stored bf16; at ratio > 1 the reference pools in fp32, so it multiplies in fp32 there.
-    bool pooled = c.compress_ratios[id] > 1;
-    Precision prec = pooled ? Precision::FP32 : Precision::BF16;
-    m.plain(p + "compressor.wkv.weight", DType::BF16, {hd, dim}, WeightRole::Dense, prec);
-    if (pooled) m.plain(p + "compressor.wgate.weight", DType::BF16, {hd, dim}, WeightRole::Dense, prec);
-    m.norm(p + "compressor.norm", hd);
-  }
-  if (c.is_index_source(id)) {
-    m.linear(p + "indexer.wq_b", int64_t(c.index_n_heads) * c.index_head_dim, c.q_lora_rank);
-    m.plain(p + "indexer.weights_proj.weight", DType::BF16, {c.index_n_heads, dim});
-    if (c.is_kv_source(id)) {
-      m.plain(p + "indexer.wk.weight", DType::BF16, {c.index_head_dim, hd});
-      m.norm(p + "indexer.k_norm", c.index_head_dim);
-    }
-  }
-}
-
-void add_moe(MapBuilder& m, const Config& c, const std::string& p, int id) {
-  const int64_t dim = c.dim, inter = c.moe_inter_dim, experts = c.routed_experts(id);
-  // The gate multiplies in fp32 (the reference promotes both operands).
-  m.plain(p + "gate.weight", DType::BF16, {experts, dim}, WeightRole::Dense, Precision::FP32);
-  m.plain(p + "gate.bias", DType::F32, {experts}, WeightRole::Lookup, Precision::FP32);
-  if (c.has_vision()) m.plain(p + "gate.bias_vl", DType::F32, {experts}, WeightRole::Lookup, Precision::FP32);
-  for (int64_t e = 0; e < experts; ++e) {
-    std::string ep = p + "experts." + std::to_string(e) + ".";
-    m.expert_linear(ep + "w1", inter, dim);
-    m.expert_linear(ep + "w2", dim, inter);
-    m.expert_linear(ep + "w3", inter, dim);
-  }
-  m.linear(p + "shared_experts.w1", inter, dim);
-  m.linear(p + "shared_experts.w2", dim, inter);
-  m.linear(p + "shared_experts.w3", inter, dim);
-}
-
-void add_block(MapBuilder& m, const Config& c, const std::string& p, int id) {
-  const int64_t mix = int64_t(2 + c.hc_mult) * c.hc_mult, hc_dim = int64_t(c.hc_mult) * c.dim;
-  m.norm(p + "attn_norm", c.dim);
-  m.norm(p + "ffn_norm", c.dim);
-  for (const char* site : {"attn", "ffn"}) {
-    std::string s = p + "hc_" + site;
-    m.plain(s + "_fn", DType::F32, {mix, hc_dim}, WeightRole::Dense, Precision::FP32);
-    m.plain(s + "_base", DType::F32, {mix}, WeightRole::Dense, Precision::FP32);
-    m.plain(s + "_scale", DType::F32, {3}, WeightRole::Dense, Precision::FP32);
-  }
-  add_attention(m, c, p + "attn.", id);
-  add_moe(m, c, p + "ffn.", id);
-}
-
-void add_engram(MapBuilder& m, const Config& c, const std::string& p, int64_t rows) {
-  const int64_t hd = c.engram_head_dim;
-  m.plain(p + "embed.weight", DType::F8_E4M3, {rows, hd}, WeightRole::Lookup, Precision::FP8);
-  m.scale(p + "embed.scale", {rows, hd / kBlock});
-  m.linear(p + "wkv", int64_t(c.dim) * (c.hc_mult + 1), int64_t(c.engram_hash_columns()) * hd);
-  m.plain(p + "q_weight", DType::BF16, {c.hc_mult, c.dim}, WeightRole::Dense, Precision::FP32);
-  m.plain(p + "k_weight", DType::BF16, {c.hc_mult, c.dim}, WeightRole::Dense, Precision::FP32);
-}
 
 void add_vision(MapBuilder& m, const Config& c) {
   const VisionConfig& v = c.vision;
@@ -192,17 +137,10 @@ std::vector<TensorSpec> expected_tensors(const Config& c) {
   // Stored bf16, multiplied in fp32 by the reference so that logits come out in fp32.
   m.plain("head.weight", DType::BF16, {c.vocab_size, c.dim}, WeightRole::Head, Precision::FP32);
 
-  std::vector<int64_t> rows = c.engram_num_embeddings;
   for (int i = 0; i < c.n_layers; ++i) {
-    std::string p = "layers." + std::to_string(i) + ".";
     m.layer = i;
-    m.group = WeightGroup::Backbone;
-    add_block(m, c, p, i);
-    for (size_t e = 0; e < c.engram_layer_ids.size(); ++e)
-      if (c.engram_layer_ids[e] == i) {
-        m.group = WeightGroup::Engram;
-        add_engram(m, c, p + "engram.", rows[e]);
-      }
+    for_each_block_tensor(c, "layers." + std::to_string(i) + ".", i,
+                          [&](const BlockTensor& t) { m.add(t, WeightGroup::Backbone); });
   }
 
   if (c.has_dspark()) {
@@ -210,7 +148,7 @@ std::vector<TensorSpec> expected_tensors(const Config& c) {
     for (int j = 0; j < c.n_mtp_layers; ++j) {
       std::string p = "mtp." + std::to_string(j) + ".";
       m.layer = c.n_layers + j;
-      add_block(m, c, p, m.layer);
+      for_each_block_tensor(c, p, m.layer, [&](const BlockTensor& t) { m.add(t, WeightGroup::DSpark); });
       if (j == 0) {
         m.linear(p + "main_proj", c.dim, int64_t(c.dim) * c.dspark_target_layer_ids.size());
         m.norm(p + "main_norm", c.dim);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/check.h"
 #include "base/error.h"
@@ -83,49 +84,20 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
     const LayerWeights& h = model.layer(i);
     LayerWeights& d = layers_[size_t(i)];
     d.id = h.id;
-    d.attn_norm = place(h.attn_norm, Fill::Ones);
-    d.ffn_norm = place(h.ffn_norm, Fill::Ones);
-    for (auto [from, to] : {std::pair{&h.hc_attn, &d.hc_attn}, std::pair{&h.hc_ffn, &d.hc_ffn}})
-      *to = {place(from->fn, Fill::Matrix), place(from->base, Fill::Zeros), place(from->scale, Fill::Ones)};
-    const AttentionWeights& ha = h.attn;
-    AttentionWeights& da = d.attn;
-    da.wq_a = place(ha.wq_a, Fill::Matrix);
-    da.q_norm = place(ha.q_norm, Fill::Ones);
-    da.wq_b = place(ha.wq_b, Fill::Matrix);
-    da.wkv = place(ha.wkv, Fill::Matrix);
-    da.kv_norm = place(ha.kv_norm, Fill::Ones);
-    da.wo_a = place(ha.wo_a, Fill::Matrix);
-    da.wo_b = place(ha.wo_b, Fill::Matrix);
-    std::vector<float> sink(size_t(c.n_heads));
-    if (values == Values::Checkpoint) ha.attn_sink.row(0, sink.data());
-    sink_[size_t(i)] = place_floats(sink, Fill::Zeros);
-    da.compressor_wkv = place(ha.compressor_wkv, Fill::Matrix);
-    da.compressor_wgate = place(ha.compressor_wgate, Fill::Matrix);
-    da.compressor_norm = place(ha.compressor_norm, Fill::Ones);
-    da.indexer_wq_b = place(ha.indexer_wq_b, Fill::Matrix);
-    da.indexer_weights_proj = place(ha.indexer_weights_proj, Fill::Matrix);
-    da.indexer_wk = place(ha.indexer_wk, Fill::Matrix);
-    da.indexer_k_norm = place(ha.indexer_k_norm, Fill::Ones);
-    d.gate = place(h.gate, Fill::Matrix);
-    d.gate_bias = place(h.gate_bias, Fill::Zeros);
+    for_each_block_tensor(
+        c, "layers." + std::to_string(i) + ".", i,
+        [&](const BlockTensor& t, const auto& from, auto& to) {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(from)>, Weight>)
+            to = place(from, random_fill(t));
+          else  // the Engram table and its scales: unit-variance rows (cols 1)
+            to = place_bytes(from, tensor_bytes(t), Fill::Matrix, WeightFormat::FP8, 1, t.role == WeightRole::Scale);
+        },
+        h, d);
+    sink_[size_t(i)] = reinterpret_cast<const float*>(d.attn.attn_sink.data);
     std::vector<Weight> w1, w2, w3;
-    for (const ExpertWeights& e : h.experts) {
-      d.experts.push_back({place(e.w1, Fill::Matrix), place(e.w2, Fill::Matrix), place(e.w3, Fill::Matrix)});
-      w1.push_back(d.experts.back().w1), w2.push_back(d.experts.back().w2), w3.push_back(d.experts.back().w3);
-    }
+    for (const ExpertWeights& e : d.experts) w1.push_back(e.w1), w2.push_back(e.w2), w3.push_back(e.w3);
     experts_.push_back(std::make_unique<ExpertTable>(w1, w2, w3));
-    d.shared = {place(h.shared.w1, Fill::Matrix), place(h.shared.w2, Fill::Matrix), place(h.shared.w3, Fill::Matrix)};
-    if (h.engram) {
-      const size_t e = size_t(c.engram_index(i));
-      const int64_t rows = c.engram_num_embeddings[e];  // the table's rows, as the weights map has them
-      auto g = std::make_unique<EngramWeights>();
-      const int64_t hd = c.engram_head_dim;
-      g->table = place_bytes(h.engram->table, rows * hd, Fill::Matrix, WeightFormat::FP8, 1, false);
-      g->table_scale = place_bytes(h.engram->table_scale, rows * hd / 32, Fill::Matrix, WeightFormat::FP8, 1, true);
-      g->wkv = place(h.engram->wkv, Fill::Matrix);
-      engram_qk_[size_t(i)] = place_floats(h.engram->qk, Fill::Ones);
-      d.engram = std::move(g);
-    }
+    if (h.engram) engram_qk_[size_t(i)] = place_floats(h.engram->qk, Fill::Ones);
   }
   for (int i = 0; i < c.n_layers; ++i) {
     const float*& freqs = c.compress_ratios[size_t(i)] > 0 ? freqs_compressed_ : freqs_window_;
@@ -136,6 +108,20 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
 
 const float* DeviceModel::rope_freqs(int i) const {
   return config().compress_ratios[size_t(i)] > 0 ? freqs_compressed_ : freqs_window_;
+}
+
+DeviceModel::Fill DeviceModel::random_fill(const BlockTensor& t) {
+  const std::string& n = t.name;
+  if (n.ends_with("norm.weight") || n.ends_with("_scale")) return Fill::Ones;
+  if (n.ends_with("_base") || n.ends_with("attn_sink") || n.ends_with("gate.bias") || n.ends_with("gate.bias_vl"))
+    return Fill::Zeros;
+  return Fill::Matrix;
+}
+
+int64_t DeviceModel::tensor_bytes(const BlockTensor& t) {
+  int64_t n = int64_t(dtype_size(t.dtype));
+  for (const int64_t d : t.shape) n *= d;
+  return n;
 }
 
 Weight DeviceModel::place(const Weight& w, Fill fill) {

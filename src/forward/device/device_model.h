@@ -34,9 +34,11 @@ class DeviceModel {
   int64_t bytes() const { return bytes_; }
 
  private:
-  // What a tensor holds in a random model: scaled random values, ones (norms), zeros (biases,
-  // sinks), or the host's values in both modes (RoPE frequencies).
+  // What a tensor holds in a random model: scaled random values, ones (norms, mHC's scales), zeros
+  // (mHC's and the gate's biases, sinks), or the host's values in both modes (RoPE frequencies).
   enum class Fill { Matrix, Ones, Zeros, Host };
+  static Fill random_fill(const BlockTensor& t);
+  static int64_t tensor_bytes(const BlockTensor& t);
   Weight place(const Weight& w, Fill fill);
   const uint8_t* place_bytes(const uint8_t* host, int64_t bytes, Fill fill, WeightFormat format, int64_t cols, bool scale);
   const float* place_floats(const std::vector<float>& host, Fill fill);
