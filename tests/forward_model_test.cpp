@@ -26,7 +26,8 @@ TEST(ForwardModel, RefusesAVisionTowerByName) {
 
 // The caches hold their real encoded formats: after N tokens a sequence holds exactly the
 // accounting's global KV bytes per token × N in compressed entries (KV-FP4 main + MXFP4 index
-// keys), plus one SWA-FP8 ring of W entries per layer, whatever N is.
+// keys), plus the accounting's SWA bytes per sequence (one SWA-FP8 ring of W entries per layer with
+// a window, DSpark's stages included), whatever N is.
 TEST(ForwardModel, SequenceHoldsTheAccountedKvBytes) {
   test::TempDir dir("forward_model_test");
   write_random_checkpoint(preset("tiny"), dir.string(), {});
@@ -34,7 +35,8 @@ TEST(ForwardModel, SequenceHoldsTheAccountedKvBytes) {
   const Config& c = model->config();
   Tokenizer tokenizer = Tokenizer::from_file(dir.string() + "/tokenizer.json");
   Session session(*model, &tokenizer);
-  const int64_t ring = int64_t(c.n_layers) * c.window_size * int64_t(swa_fp8::bytes(c.head_dim));
+  const int64_t ring = account(c, 1).kv.swa_bytes_per_sequence;
+  ASSERT_GE(ring, int64_t(c.n_layers) * c.window_size * int64_t(swa_fp8::bytes(c.head_dim)));
   for (int64_t n : {64, 128}) {
     std::vector<int> ids(static_cast<size_t>(n - session.length()), 7);
     session.prefill(ids);

@@ -31,6 +31,8 @@ TEST(KvBytes, FlashShapesHold890BytesPerToken) {
   for (const auto& [layer, cache] : session.state().compressed) global += int64_t(cache.kv.size() + cache.index_k.size());
   for (const auto& ring : session.state().window) swa += int64_t(ring.size());
   EXPECT_EQ(global, 890 * session.length());
-  EXPECT_EQ(swa, int64_t(c.n_layers) * c.window_size * int64_t(swa_fp8::bytes(c.head_dim)));
+  // A ring per layer with a window: the backbone's and DSpark's stages (docs/accounting.md).
+  const int64_t rings = c.has_dspark() ? c.n_total_layers() : c.n_layers;
+  EXPECT_EQ(swa, rings * c.window_size * int64_t(swa_fp8::bytes(c.head_dim)));
   EXPECT_EQ(session.state().kv_bytes(), global + swa);
 }

@@ -13,6 +13,7 @@
 #include "backend/cpu/sparse_attention.h"
 #include "base/error.h"
 #include "forward/call_plan.h"
+#include "forward/dspark.h"
 #include "forward/network.h"
 #include "forward/window.h"
 #include "numerics/codecs.h"
@@ -34,6 +35,8 @@ struct Pass {
   const ItemPlan& plan;
   int64_t start, rows;  // the rows still running: decoder bounded replay drops the first ones
   Trace* trace;
+  std::vector<float>* hidden;                    // ForwardOptions::dspark_hidden
+  bool draft;                                    // a DSpark draft block: the stages' attention
   std::vector<std::vector<int64_t>> topk;        // [row] compressed entries attended, -1 = none
   std::vector<std::vector<uint8_t>> candidates;  // [row] mask over compressed entries
 
@@ -217,6 +220,25 @@ Rows attend(Pass& p, int l, const Rows& q, const Rows& kv) {
   return o;
 }
 
+// DSpark's attention (model.py DSparkAttention): each row of the draft block attends to the
+// stage's window of context KV — slots 0 .. min(W, p.start) − 1 in slot order (the reference's
+// list; p.start is the block's first position, one past the last context token) — and then to
+// every row of the block, both ways.
+Rows attend_draft(Pass& p, int l, const Rows& q, const Rows& kv) {
+  const Config& c = p.c;
+  const int64_t H = c.n_heads, hd = c.head_dim, W = c.window_size, R = p.rows, slots = std::min(W, p.start);
+  const std::vector<uint8_t>& ring = p.state.window[size_t(l)];
+  Rows context(size_t(slots * hd)), sink(static_cast<size_t>(H)), o(size_t(R * H * hd));
+  for (int64_t s = 0; s < slots; ++s) swa_fp8::decode(ring.data() + s * swa_fp8::bytes(int(hd)), int(hd), context.data() + s * hd);
+  std::vector<const float*> entries;
+  for (int64_t s = 0; s < slots; ++s) entries.push_back(context.data() + s * hd);
+  for (int64_t r = 0; r < R; ++r) entries.push_back(kv.data() + r * hd);
+  p.model.layer(l).attn.attn_sink.row(0, sink.data());
+  const float scale = float(std::pow(double(hd), -0.5));
+  for (int64_t r = 0; r < R; ++r) sparse_attention(q.data() + r * H * hd, int(H), int(hd), entries, sink.data(), scale, o.data() + r * H * hd);
+  return o;
+}
+
 // Grouped low-rank output: group g's heads (o [rows, G, in_g]) through wo_a's rows [g·r, (g+1)·r).
 Rows linear_grouped(const Pass& p, const Rows& o, const Weight& wo_a) {
   const int64_t G = p.c.o_groups, olr = p.c.o_lora_rank, in_g = p.c.n_heads * p.c.head_dim / G, R = p.rows;
@@ -377,9 +399,11 @@ class CpuOps {
     if (!p_.plan.compressed_at_cut(l, c_.decoder_start())) dsv41::compress(p_, l, h_);
   }
   void index(int l, const Rows& qr) { dsv41::index(p_, l, h_, qr); }
-  Rows attend(int l, const Rows& q, const Rows& kv) { return dsv41::attend(p_, l, q, kv); }
-  // The ring keeps the last W entries for the calls to come.
+  Rows attend(int l, const Rows& q, const Rows& kv) { return p_.draft ? attend_draft(p_, l, q, kv) : dsv41::attend(p_, l, q, kv); }
+  // The ring keeps the last W entries for the calls to come (a draft block's entries are not kept:
+  // the stages' rings hold the target's context, dspark_ingest).
   void keep_window(int l, const Rows& kv) {
+    if (p_.draft) return;
     const int64_t hd = c_.head_dim, W = c_.window_size;
     std::vector<uint8_t>& ring = p_.state.window[size_t(l)];
     for (int64_t r = std::max<int64_t>(0, p_.rows - W); r < p_.rows; ++r)
@@ -416,6 +440,26 @@ class CpuOps {
 
   void record_block(int l) { p_.trace->block_out[size_t(l)] = X_; }
 
+  // DSpark's context feature: the residual entering target layer l averaged over the streams,
+  // rounded to bf16 as torch's mean of the bf16 streams is (their fp32 sum is exact, the division
+  // by hc too for hc a power of two), into its block of the call's [rows, targets, dim].
+  bool records_targets() const { return p_.hidden != nullptr; }
+  void record_target(int l) {
+    const int64_t hc = c_.hc_mult, d = c_.dim, T = int64_t(c_.dspark_target_layer_ids.size()), R = p_.rows;
+    std::vector<float>& out = *p_.hidden;
+    if (out.empty()) out.assign(size_t(R * T * d), 0.0f);
+    if (int64_t(out.size()) != R * T * d)
+      fail("forward", "DSpark target layers that all run on the same rows (none before the decoder start when rows leave there)",
+           "layer " + std::to_string(l) + " on " + std::to_string(R) + " rows");
+    const int64_t t = c_.dspark_target_index(l);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t k = 0; k < d; ++k) {
+        float sum = 0;
+        for (int64_t m = 0; m < hc; ++m) sum += X_[size_t((r * hc + m) * d + k)];
+        out[size_t((r * T + t) * d + k)] = round_bf16(sum / float(hc));
+      }
+  }
+
   // The last FFN's `pre` folds the streams; then the final norm and the fp32 head.
   void logits() {
     const int64_t hc = c_.hc_mult, d = c_.dim, first = p_.plan.logits_first, n = p_.plan.logits_rows;
@@ -428,6 +472,20 @@ class CpuOps {
     linear_f32(last.data(), n, model_.head(), logits_.data());
   }
   Rows take_logits() { return std::move(logits_); }
+
+  // DSpark's head before its Markov steps (forward/dspark.h): the last stage's `pre` folds the
+  // streams into x (bf16, kept for the confidence head), and x through the stage's norm and the
+  // target's head gives the base logits, fp32.
+  void draft_head() {
+    const int64_t hc = c_.hc_mult, d = c_.dim, R = p_.rows;
+    folded_.resize(size_t(R * d));
+    for (int64_t r = 0; r < R; ++r) hc_pre(X_.data() + r * hc * d, ffn().pre.data() + r * hc, int(hc), d, folded_.data() + r * d);
+    Rows normed(size_t(R * d));
+    dsv41::rms_norm(folded_.data(), R, d, &model_.dspark().norm, p_.eps(), normed.data());
+    logits_.resize(size_t(R * c_.vocab_size));
+    linear_f32(normed.data(), R, model_.head(), logits_.data());
+  }
+  Rows take_folded() { return std::move(folded_); }
 
  private:
   struct Mix {
@@ -442,6 +500,7 @@ class CpuOps {
   std::span<const int> tokens_;
   const int64_t* engram_ids_;
   Rows X_, h_, y_, logits_;  // X [rows, hc, dim] the residual streams; h the sub-layer input; y its output
+  Rows folded_;              // a draft block's collapsed streams (draft_head)
   Rows mixed_;               // one row's streams being rewritten (write_back)
   Mix mix_[2];
 };
@@ -455,7 +514,8 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
   if (R == 0) fail("forward", "at least one token", "none");
   if (c.has_engram() && !engram_ids) fail("forward", "Engram hash ids for a model with Engram", "none");
   const ItemPlan plan = plan_item(c, state, R, options);
-  Pass p{model, c, state, plan, state.length, R, options.trace, {}, {}};
+  Pass p{model, c, state, plan, state.length, R, options.trace, options.dspark_hidden, false, {}, {}};
+  if (p.hidden) p.hidden->clear();
   if (p.trace) {
     p.trace->block_out.assign(size_t(c.n_layers), {});
     p.trace->route_experts.assign(size_t(c.n_layers), {});
@@ -466,6 +526,80 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
   run_network(c, ops, options.trace);
   advance(state, plan);
   return ops.take_logits();
+}
+
+// --- DSpark -------------------------------------------------------------------------------------
+
+int draft_argmax(std::span<const float> logits) {
+  return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+void dspark_ingest(const Model& model, SequenceState& state, int64_t first_pos, std::span<const float> hidden, int64_t rows) {
+  const Config& c = model.config();
+  if (!c.has_dspark()) fail("dspark_ingest", "a model with DSpark stages", "none");
+  const int64_t d = c.dim, hd = c.head_dim, W = c.window_size, T = int64_t(c.dspark_target_layer_ids.size());
+  if (rows < 0 || int64_t(hidden.size()) != rows * T * d)
+    fail("dspark_ingest", std::to_string(rows) + " rows of " + std::to_string(T * d) + " context features", std::to_string(hidden.size()) + " values");
+  // Only the last W rows' entries stay in the rings; each row's entry depends on that row alone.
+  const int64_t skip = std::max<int64_t>(0, rows - W), n = rows - skip;
+  if (n == 0) return;
+  const DSparkWeights& w = model.dspark();
+  Rows features(hidden.begin() + skip * T * d, hidden.end());
+  const Rows main_x = normed_linear(features, n, w.main_proj, w.main_norm, float(c.norm_eps));
+  for (int l = c.n_layers; l < c.n_total_layers(); ++l) {
+    const AttentionWeights& a = model.layer(l).attn;
+    Rows kv = normed_linear(main_x, n, a.wkv, a.kv_norm, float(c.norm_eps));
+    std::vector<uint8_t>& ring = state.window[size_t(l)];
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t pos = first_pos + skip + r;
+      model.rope(l).apply(kv.data() + r * hd + hd - c.rope_head_dim, pos, false);
+      swa_fp8::quantize_dequantize(kv.data() + r * hd, int(hd));
+      swa_fp8::encode(kv.data() + r * hd, int(hd), ring.data() + (pos % W) * swa_fp8::bytes(int(hd)));
+    }
+  }
+}
+
+Draft dspark_draft(const Model& model, SequenceState& state, int anchor, const DraftChoice& choose) {
+  const Config& c = model.config();
+  if (!c.has_dspark()) fail("dspark_draft", "a model with DSpark stages", "none");
+  if (state.length < 1) fail("dspark_draft", "a sequence with at least one token run (its context)", "an empty one");
+  if (anchor < 0 || anchor >= c.vocab_size)
+    fail("dspark_draft", "an anchor token in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(anchor));
+  const int64_t G = c.dspark_block_size, V = c.vocab_size, d = c.dim, rank = c.dspark_markov_rank;
+  std::vector<int> block(size_t(G), int(c.dspark_noise_token_id));
+  block[0] = anchor;
+  ItemPlan plan;
+  plan.start = state.length;
+  plan.rows = G;
+  Pass p{model, c, state, plan, state.length, G, nullptr, nullptr, true, {}, {}};
+  CpuOps ops(p, block, nullptr);
+  run_drafter(c, ops);
+
+  // Position by position: the Markov bias of the token before, W2 · W1[token] (fp32 over the bf16
+  // embedding), added to the base logits; the next token chosen from the sum.
+  Draft out;
+  out.logits = ops.take_logits();
+  out.tokens = {anchor};
+  const DSparkWeights& w = model.dspark();
+  Rows embeds(size_t(G * rank)), bias(static_cast<size_t>(V));
+  for (int64_t i = 0; i < G; ++i) {
+    float* e = embeds.data() + i * rank;
+    w.markov_embed.row(out.tokens[size_t(i)], e);
+    linear_f32(e, 1, w.markov_head, bias.data());
+    float* row = out.logits.data() + i * V;
+    for (int64_t v = 0; v < V; ++v) row[v] += bias[size_t(v)];
+    out.tokens.push_back(choose(std::span<const float>(row, size_t(V))));
+  }
+  // Confidence logits: [x_i ; W1[token before]] through the confidence head, fp32.
+  const Rows x = ops.take_folded();
+  Rows joined(size_t(G * (d + rank)));
+  for (int64_t i = 0; i < G; ++i) {
+    std::copy_n(x.data() + i * d, d, joined.data() + i * (d + rank));
+    std::copy_n(embeds.data() + i * rank, rank, joined.data() + i * (d + rank) + d);
+  }
+  out.confidence.resize(size_t(G));
+  linear_f32(joined.data(), G, w.confidence, out.confidence.data());
+  return out;
 }
 
 }  // namespace dsv41

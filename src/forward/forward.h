@@ -61,6 +61,11 @@ struct ForwardOptions {
   // run's, bit for bit, and the call continues exactly.
   bool exact_replay = false;
 
+  // DSpark's context features, when set: for every row the decoder runs, the residual entering
+  // each target layer averaged over the hc streams (bf16 values), [rows, targets, dim] with the
+  // targets in layer order (model.py Transformer.forward's main_hidden). The CPU executor's.
+  std::vector<float>* dspark_hidden = nullptr;
+
   // The first position the decoder layers run on: default mode's replay runs the encoder alone
   // below H.
   int64_t decoder_rows_from() const { return exact_replay ? decoder_from : std::max(decoder_from, replay_until); }

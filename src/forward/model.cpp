@@ -35,18 +35,20 @@ Weight Model::get_linear(const std::string& name) const {
   return weight_of(w, ckpt_.find(name + ".scale"));
 }
 
-void Model::bind_layer(LayerWeights& l, int id) {
+// A table row's tensor into its field: a Weight over the mapped bytes (with its scales), or the
+// bytes themselves (the Engram table and its scales, read in place).
+template <class Field>
+void Model::bind(const BlockTensor& t, Field& field) const {
+  if constexpr (std::is_same_v<Field, Weight>)
+    field = t.kind == BlockTensor::Kind::Plain ? get(t.name) : get_linear(t.name);
+  else
+    field = ckpt_.get(t.name).data;
+}
+
+void Model::bind_layer(LayerWeights& l, const std::string& prefix, int id) {
   const Config& c = config_;
   l.id = id;
-  for_each_block_tensor(
-      c, "layers." + std::to_string(id) + ".", id,
-      [&](const BlockTensor& t, auto& field) {
-        if constexpr (std::is_same_v<std::remove_reference_t<decltype(field)>, Weight>)
-          field = t.kind == BlockTensor::Kind::Plain ? get(t.name) : get_linear(t.name);
-        else
-          field = ckpt_.get(t.name).data;  // the Engram table and its scales, read in place
-      },
-      l);
+  for_each_block_tensor(c, prefix, id, [&](const BlockTensor& t, auto& field) { bind(t, field); }, l);
 
   // wo_a is multiplied in bf16 (convert.py dequantizes it): an fp8 one is dequantized here once.
   Weight& wo_a = l.attn.wo_a;
@@ -87,8 +89,14 @@ std::unique_ptr<Model> Model::load(const std::string& dir) {
   m->embed_ = m->get("embed.weight");
   m->norm_ = m->get("norm.weight");
   m->head_ = m->get("head.weight");
-  m->layers_.resize(size_t(m->config_.n_layers));
-  for (int i = 0; i < m->config_.n_layers; ++i) m->bind_layer(m->layers_[size_t(i)], i);
+  const Config& c = m->config_;
+  const int stages = c.has_dspark() ? c.n_mtp_layers : 0;
+  m->layers_.resize(size_t(c.n_layers + stages));
+  for (int i = 0; i < c.n_layers; ++i) m->bind_layer(m->layers_[size_t(i)], "layers." + std::to_string(i) + ".", i);
+  for (int j = 0; j < stages; ++j) {
+    m->bind_layer(m->layers_[size_t(c.n_layers + j)], "mtp." + std::to_string(j) + ".", c.n_layers + j);
+    for_each_dspark_tensor(c, j, [&](const BlockTensor& t, Weight& field) { m->bind(t, field); }, m->dspark_);
+  }
   return m;
 }
 

@@ -25,7 +25,9 @@ class Model {
   const Weight& embed() const { return embed_; }
   const Weight& norm() const { return norm_; }
   const Weight& head() const { return head_; }
+  // Block i: a backbone layer (i < n_layers) or DSpark stage i - n_layers (mtp.<j>).
   const LayerWeights& layer(int i) const { return layers_[size_t(i)]; }
+  const DSparkWeights& dspark() const { return dspark_; }
   // The layer's RoPE: base theta without YaRN on SWA-only layers; compress theta with YaRN otherwise.
   const RopeTable& rope(int layer) const;
 
@@ -33,12 +35,15 @@ class Model {
   Model(Config config, Checkpoint ckpt);
   Weight get(const std::string& name) const;
   Weight get_linear(const std::string& name) const;
-  void bind_layer(LayerWeights& l, int id);
+  template <class Field>
+  void bind(const BlockTensor& t, Field& field) const;
+  void bind_layer(LayerWeights& l, const std::string& prefix, int id);
 
   Config config_;
   Checkpoint ckpt_;
   Weight embed_, norm_, head_;
-  std::vector<LayerWeights> layers_;
+  std::vector<LayerWeights> layers_;  // the backbone's, then DSpark's stages
+  DSparkWeights dspark_;
   RopeTable rope_window_, rope_compressed_;
   std::vector<std::vector<uint8_t>> owned_;  // wo_a dequantized to bf16, as convert.py does
 };

@@ -18,7 +18,11 @@
 //                              set's attention(l) is attention() below over its attention ops
 //   cuts_rows(), compress_cut(l), drop_cut()   decoder bounded replay at the decoder start (below)
 //   impose_input(l), record_block(l)  the Trace's layer inputs and block outputs
+//   records_targets(), record_target(l)  DSpark's context feature: the residual entering target
+//                              layer l, averaged over the streams (ForwardOptions::dspark_hidden)
 //   logits()                   the plan's logits rows through hc_pre, the final norm and the head
+//   draft_head()               (run_drafter) a draft block's rows through hc_pre, DSpark's norm and
+//                              the head: the base logits before the Markov steps (forward/dspark.h)
 #include "forward/forward.h"
 #include "model/config.h"
 
@@ -63,6 +67,15 @@ void attention(const Config& c, Ops& ops, int l) {
   ops.output(ops.linear(ops.linear_grouped(o, a.wo_a), a.wo_b));
 }
 
+// A block's two sub-layers, its input ready (single-pass mHC: the attention reads the streams with
+// the `pre` the block before computed; the FFN with the `pre` the attention computed).
+template <class Ops>
+void block(Ops& ops, int l) {
+  ops.attention(l);
+  ops.boundary(l, Sub::Attention, Sub::Ffn);
+  ops.moe(l);
+}
+
 template <class Ops>
 void run_network(const Config& c, Ops& ops, const Trace* trace) {
   const int ds = c.decoder_start();
@@ -89,17 +102,30 @@ void run_network(const Config& c, Ops& ops, const Trace* trace) {
       ops.mix(l, Sub::Attention);
       ops.input(l, Sub::Attention);
     }
-    // Single-pass mHC: this block's attention reads the streams with the `pre` the previous
-    // block's FFN computed; its FFN with the `pre` its attention computed.
-    ops.attention(l);
-    ops.boundary(l, Sub::Attention, Sub::Ffn);
-    ops.moe(l);
+    if (ops.records_targets() && c.dspark_target_index(l) >= 0) ops.record_target(l);
+    block(ops, l);
     entered = fusable(l + 1);
     if (entered) ops.boundary(l + 1, Sub::Ffn, Sub::Attention);
     else ops.write_back(Sub::Ffn);
     if (trace) ops.record_block(l);
   }
   ops.logits();
+}
+
+// DSpark's draft (model.py forward_spec after the first call, forward/dspark.h): the block's rows
+// [anchor, noise × (γ − 1)] through the stages (mtp.<j>, layer ids n_layers + j), blocks as the
+// backbone's with no Engram, compression or cut, whose attention is the op set's DSpark attention;
+// then the op set's draft head.
+template <class Ops>
+void run_drafter(const Config& c, Ops& ops) {
+  ops.embed();
+  for (int l = c.n_layers; l < c.n_total_layers(); ++l) {
+    ops.mix(l, Sub::Attention);
+    ops.input(l, Sub::Attention);
+    block(ops, l);
+    ops.write_back(Sub::Ffn);
+  }
+  ops.draft_head();
 }
 
 }  // namespace dsv41

@@ -5,7 +5,8 @@
 namespace dsv41 {
 
 SequenceState::SequenceState(const Config& c) {
-  window.assign(size_t(c.n_layers), std::vector<uint8_t>(size_t(c.window_size) * swa_fp8::bytes(c.head_dim)));
+  const int rings = c.has_dspark() ? c.n_total_layers() : c.n_layers;
+  window.assign(size_t(rings), std::vector<uint8_t>(size_t(c.window_size) * swa_fp8::bytes(c.head_dim)));
   for (int s : c.kv_source_layers) compressed[s];
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // Everything one sequence carries from one forward call to the next, kept in the caches' real
 // encoded formats (docs/formats.md), so its memory per token is the deployed one:
-//  * per layer, the sliding-window ring of the last W entries (SWA-FP8, slot = position mod W);
+//  * per layer, the sliding-window ring of the last W entries (SWA-FP8, slot = position mod W),
+//    DSpark's stages included (their rings hold the drafter's context KV, forward/dspark.h);
 //  * per kv-source layer, the compressed main KV (KV-FP4) and index keys (MXFP4), one entry per
 //    completed group of m tokens, and the fp32 rows of the group still filling up.
 #include <cstdint>
@@ -30,7 +31,7 @@ struct KvState {
   int64_t length = 0;                            // tokens already run
   int64_t decoder_window_floor = 0;              // decoder windows start here (bounded replay)
   int64_t encoder_window_floor = 0;              // encoder windows start here (encoder replay)
-  std::vector<Buffer<uint8_t>> window;           // per backbone layer: W × swa_fp8::bytes(head_dim)
+  std::vector<Buffer<uint8_t>> window;           // per layer: W × swa_fp8::bytes(head_dim)
   std::map<int, CompressedKv<Buffer>> compressed;  // by kv-source layer
 };
 

@@ -52,6 +52,17 @@ int Config::kv_source_of(int layer) const {
   return source;
 }
 
+int Config::dspark_target_index(int layer) const {
+  if (!has_dspark()) return -1;
+  int index = 0;
+  bool found = false;
+  for (int t : dspark_target_layer_ids) {
+    if (t < layer) ++index;
+    found = found || t == layer;
+  }
+  return found ? index : -1;
+}
+
 int Config::decoder_start() const {
   for (int s : kv_source_layers)
     if (compress_ratios.at(s) == 1) return s;

@@ -128,6 +128,9 @@ struct Config {
   bool fp4_experts() const { return expert_dtype && *expert_dtype == "fp4"; }
   LayerKind layer_kind(int layer) const;
   bool is_kv_source(int layer) const;
+  // Whether DSpark reads the residual entering `layer` (dspark_target_layer_ids), and its place in
+  // the context features (the targets in layer order, as model.py appends them).
+  int dspark_target_index(int layer) const;
   bool is_index_source(int layer) const;
   // The kv-source whose compressed KV layer `layer` reads (itself if it is one); -1 for Swa.
   int kv_source_of(int layer) const;

@@ -50,6 +50,15 @@ struct LayerWeights {
   std::unique_ptr<EngramWeights> engram;  // layers in engram_layer_ids
 };
 
+// DSpark's own tensors beside its blocks (model.py DSparkBlock): the context features' projection
+// on the first stage, the final norm, the Markov head and the confidence head on the last.
+struct DSparkWeights {
+  Weight main_proj, main_norm;              // [dim, targets·dim], [dim]
+  Weight norm;                              // [dim]
+  Weight markov_embed, markov_head;         // [vocab, rank] bf16 each
+  Weight confidence;                        // [1, dim + rank] bf16, multiplied in fp32
+};
+
 // One row of the table: a tensor of the weights map. A Linear is "<name>.weight" in the
 // checkpoint's default format (fp8 with 32 × 32 ue8m0 scales in "<name>.scale", or bf16), shape
 // [out, in]; an ExpertLinear the routed experts' format (fp4 when the config says so); a Plain
@@ -183,6 +192,35 @@ void for_each_block_tensor(const Config& c, const std::string& p, int id, F&& f,
       engram(layers).q_weight...);
     f(plain(g + "k_weight", DType::BF16, {c.hc_mult, c.dim}, WeightRole::Dense, Precision::FP32, E),
       engram(layers).k_weight...);
+  }
+}
+
+// Walks DSpark's own tensors (in the weights map after mtp.<j>'s block, j = 0 and the last),
+// calling f(tensor, field of each of `heads`...), as for_each_block_tensor.
+template <class F, class... D>
+void for_each_dspark_tensor(const Config& c, int j, F&& f, D&... heads) {
+  using K = BlockTensor::Kind;
+  const std::string p = "mtp." + std::to_string(j) + ".";
+  const WeightGroup G = WeightGroup::DSpark;
+  auto norm = [&](const std::string& name) {
+    return BlockTensor{K::Plain, name + ".weight", DType::BF16, {c.dim}, WeightRole::Dense, Precision::BF16, G};
+  };
+  if (j == 0) {
+    f(BlockTensor{K::Linear, p + "main_proj", DType::BF16, {c.dim, int64_t(c.dim) * int64_t(c.dspark_target_layer_ids.size())},
+                  WeightRole::Dense, std::nullopt, G},
+      heads.main_proj...);
+    f(norm(p + "main_norm"), heads.main_norm...);
+  }
+  if (j == c.n_mtp_layers - 1) {
+    const int64_t V = c.vocab_size, r = c.dspark_markov_rank;
+    f(norm(p + "norm"), heads.norm...);
+    f(BlockTensor{K::Plain, p + "markov_head.embed.weight", DType::BF16, {V, r}, WeightRole::Lookup, Precision::BF16, G},
+      heads.markov_embed...);
+    f(BlockTensor{K::Plain, p + "markov_head.head.weight", DType::BF16, {V, r}, WeightRole::Head, Precision::FP32, G},
+      heads.markov_head...);
+    f(BlockTensor{K::Plain, p + "confidence_head.proj.weight", DType::BF16, {1, c.dim + r}, WeightRole::Dense,
+                  Precision::FP32, G},
+      heads.confidence...);
   }
 }
 

@@ -144,23 +144,11 @@ std::vector<TensorSpec> expected_tensors(const Config& c) {
   }
 
   if (c.has_dspark()) {
-    m.group = WeightGroup::DSpark;
     for (int j = 0; j < c.n_mtp_layers; ++j) {
-      std::string p = "mtp." + std::to_string(j) + ".";
       m.layer = c.n_layers + j;
-      for_each_block_tensor(c, p, m.layer, [&](const BlockTensor& t) { m.add(t, WeightGroup::DSpark); });
-      if (j == 0) {
-        m.linear(p + "main_proj", c.dim, int64_t(c.dim) * c.dspark_target_layer_ids.size());
-        m.norm(p + "main_norm", c.dim);
-      }
-      if (j == c.n_mtp_layers - 1) {
-        m.norm(p + "norm", c.dim);
-        m.plain(p + "markov_head.embed.weight", DType::BF16, {c.vocab_size, c.dspark_markov_rank}, WeightRole::Lookup);
-        m.plain(p + "markov_head.head.weight", DType::BF16, {c.vocab_size, c.dspark_markov_rank}, WeightRole::Head,
-                Precision::FP32);
-        m.plain(p + "confidence_head.proj.weight", DType::BF16, {1, c.dim + c.dspark_markov_rank}, WeightRole::Dense,
-                Precision::FP32);
-      }
+      for_each_block_tensor(c, "mtp." + std::to_string(j) + ".", m.layer,
+                            [&](const BlockTensor& t) { m.add(t, WeightGroup::DSpark); });
+      for_each_dspark_tensor(c, j, [&](const BlockTensor& t) { m.add(t, WeightGroup::DSpark); });
     }
   }
 

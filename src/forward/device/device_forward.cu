@@ -116,6 +116,8 @@ class Call {
       if (R == 0) fail("cuda::forward_batch", "at least one token per item", "none");
       if (c_.has_engram() && !in.engram_ids) fail("cuda::forward_batch", "Engram hash ids for a model with Engram", "none");
       if (in.options.keep_replayed_rows) fail("cuda::forward_batch", "no keep_replayed_rows (a CPU measurement hook)", "set");
+      if (in.options.dspark_hidden)
+        fail("cuda::forward_batch", "no dspark_hidden (DSpark's context features come from the CPU executor so far)", "set");
       if (in.options.trace && batch.size() != 1) fail("cuda::forward_batch", "a Trace on a batch of one item", std::to_string(batch.size()) + " items");
       DeviceSequence* s = in.sequence;
       for (const Item& other : items_)
@@ -187,6 +189,9 @@ class Call {
   void drop_cut();
   void impose_input(int l);
   void record_block(int l) { trace_->block_out[size_t(l)] = X_.download(stream_, T_ * c_.hc_mult * c_.dim); }
+  // DSpark's context features are refused in the constructor, so never recorded here.
+  bool records_targets() const { return false; }
+  void record_target(int) {}
   void logits();
 
  private:
