@@ -103,6 +103,29 @@ TEST(Cli, GenerateReproducesTheReferenceGreedyContinuation) {
   EXPECT_TRUE(j["timing"].contains("decode_tokens_per_second"));
 }
 
+// The same continuation with DSpark's drafts verified by the target (greedy speculation emits
+// plain greedy decoding's tokens), each draft listed: its anchor's position, the anchor and the γ
+// drafts, how many were accepted.
+TEST(Cli, GenerateSpeculativeReproducesTheGreedyContinuation) {
+  const std::string model = std::string(DSV41_TEST_DATA) + "/fixtures/v41-tiny";
+  Outcome r = run_dsv41("generate --model " + model + " --ids 0,476,506,265,84 --max-tokens 9 --speculative dspark --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  json j = json::parse(r.output);
+  EXPECT_EQ(j["generated_ids"], json({188, 160, 537, 96, 110, 69, 296, 149, 142}));
+  ASSERT_FALSE(j["drafts"].empty()) << r.output;
+  int64_t position = 5;  // the first anchor follows the prompt
+  for (const json& d : j["drafts"]) {
+    EXPECT_EQ(d["position"].get<int64_t>(), position) << d;
+    ASSERT_EQ(d["tokens"].size(), 5u) << d;  // v41-tiny: γ = 4
+    const int accepted = d["accepted"].get<int>();
+    EXPECT_TRUE(accepted >= 0 && accepted <= 4) << d;
+    position += accepted + 1;
+  }
+  Outcome sampled = run_dsv41("generate --model " + model + " --ids 0,1 --speculative dspark --temperature 0.5");
+  EXPECT_NE(sampled.status, 0);
+  EXPECT_NE(sampled.output.find("greedy sampling"), std::string::npos) << sampled.output;
+}
+
 TEST(Cli, GenerateStreamsTextFromARandomCheckpoint) {
   dsv41::test::TempDir dir("cli_test");
   ASSERT_EQ(run_dsv41("init-random --preset tiny --out " + dir.string() + " --quantized").status, 0);

@@ -1,7 +1,9 @@
-// dsv41 generate --model DIR (--prompt TEXT | --ids 1,2,3) [--exact] [--max-tokens N] [sampling] [--device D] [--json]
+// dsv41 generate --model DIR (--prompt TEXT | --ids 1,2,3) [--exact] [--max-tokens N] [sampling] [--device D]
+//                [--speculative dspark|off] [--json]
 //
 // Streams the completion as it is produced and ends with a one-line summary; --json prints one
-// object instead.
+// object instead. --speculative dspark decodes with DSpark's drafts verified by the target
+// (greedy: the tokens are plain greedy decoding's), the drafts listed in --json.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -53,6 +55,7 @@ void add_generate(CLI::App& app) {
     Device device = Device::Auto;
     int max_tokens = 128;
     SamplingParams sampling;
+    std::string speculative = "off";
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("generate", "Complete a prompt, streaming the tokens as they come");
@@ -66,7 +69,10 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--max-tokens", args->max_tokens, "Most tokens to generate")->check(CLI::Range(1, 1 << 20));
   add_sampling_flags(*cmd, args->sampling);
   add_device_flag(*cmd, args->device);
-  cmd->add_flag("--json", args->as_json, "Print one JSON object: prompt_ids, generated_ids, text, timing");
+  cmd->add_option("--speculative", args->speculative,
+                  "dspark: DSpark speculative decoding (greedy sampling, CPU executor, a checkpoint with DSpark stages); off")
+      ->check(CLI::IsMember({"dspark", "off"}));
+  cmd->add_flag("--json", args->as_json, "Print one JSON object: prompt_ids, generated_ids, text, timing (and the drafts)");
   cmd->callback([args] {
     if (args->prompt.empty() && args->ids.empty()) fail("generate", "--prompt TEXT or --ids 1,2,3", "neither");
     ModelDir m = load_model_dir(args->model, args->device);
@@ -77,6 +83,13 @@ void add_generate(CLI::App& app) {
     for (int id : prompt_ids)
       if (id < 0 || id >= c.vocab_size) fail("--ids", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(id));
     Session session(*m.executor, m.tokenizer_or_null(), args->exact ? Mode::Exact : Mode::Default);
+    const bool speculative = args->speculative == "dspark";
+    if (speculative) {
+      if (args->sampling.temperature != 0.0f)
+        fail("--speculative", "greedy sampling (--temperature 0): speculative sampling is not implemented yet",
+             "temperature " + std::to_string(args->sampling.temperature));
+      session.enable_drafting();
+    }
     const char* mode = args->exact ? "exact" : "default";
     Sampler sampler(args->sampling);
     std::optional<StreamDecoder> stream;
@@ -92,20 +105,39 @@ void add_generate(CLI::App& app) {
     const Session::Work prefill_work = session.work();
     const double prefill_s = seconds_since(t0);
     std::vector<int> generated;
-    int decode_steps = 0;
+    json drafts = json::array();
+    int decode_steps = 0, decoded = 0;  // target passes after the prefill, and the tokens they chose
+    const int64_t vocab = sampling_vocab(c, m.tokenizer_or_null());
+    auto stops = [&](int id) { return std::find(m.stop_ids.begin(), m.stop_ids.end(), id) != m.stop_ids.end(); };
+    // Takes `id` as the next generated token unless it stops the reply; whether to go on.
+    auto take = [&](int id) {
+      if (stops(id)) return false;
+      generated.push_back(id);
+      emit(id);
+      return int(generated.size()) < args->max_tokens;
+    };
     const auto t1 = Clock::now();
-    while (int(generated.size()) < args->max_tokens) {
-      const int next = sampler.sample(logits.data(), sampling_vocab(c, m.tokenizer_or_null()));
-      if (std::find(m.stop_ids.begin(), m.stop_ids.end(), next) != m.stop_ids.end()) break;
-      generated.push_back(next);
-      emit(next);
-      if (int(generated.size()) == args->max_tokens) break;
-      logits = session.decode(next);
+    int next = sampler.sample(logits.data(), vocab);
+    while (take(next)) {
       ++decode_steps;
+      if (!speculative) {
+        logits = session.decode(next);
+        next = sampler.sample(logits.data(), vocab);
+        ++decoded;
+        continue;
+      }
+      const Session::Speculation s =
+          session.speculate(next, [&](std::span<const float> row) { return sampler.sample(row.data(), vocab); });
+      drafts.push_back({{"position", s.position}, {"tokens", s.draft}, {"accepted", s.accepted}});
+      decoded += int(s.emitted.size());
+      bool go_on = true;
+      for (size_t i = 0; go_on && i + 1 < s.emitted.size(); ++i) go_on = take(s.emitted[i]);
+      if (!go_on) break;
+      next = s.emitted.back();
     }
     const double decode_s = seconds_since(t1);
     const double prefill_tps = double(prompt_ids.size()) / prefill_s;
-    const double decode_tps = decode_steps > 0 ? double(decode_steps) / decode_s : 0.0;
+    const double decode_tps = decoded > 0 ? double(decoded) / decode_s : 0.0;
 
     if (args->as_json) {
       json out = {{"prompt_ids", prompt_ids},
@@ -113,11 +145,13 @@ void add_generate(CLI::App& app) {
                   {"text", tokenizer ? tokenizer->decode(generated, true) : ""},
                   {"mode", mode},
                   {"prefill_work", {{"encoder_tokens", prefill_work.encoder_tokens}, {"decoder_tokens", prefill_work.decoder_tokens}}},
+                  {"decode_steps", decode_steps},
                   {"timing",
                    {{"prefill_seconds", prefill_s},
                     {"decode_seconds", decode_s},
                     {"prefill_tokens_per_second", prefill_tps},
                     {"decode_tokens_per_second", decode_tps}}}};
+      if (speculative) out["drafts"] = drafts;
       fmt::print("{}\n", out.dump());
       return;
     }

@@ -180,6 +180,7 @@ PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache, std
 
 BatchItem Session::item(int64_t from, int64_t rows, ForwardOptions options) {
   const int64_t per_token = hasher_ ? int64_t(hasher_->n_layers()) * hasher_->columns() : 0;
+  if (drafting_) options.dspark_hidden = &hidden_;
   handed_ = rows;
   handed_options_ = options;
   return BatchItem{kv_.get(), pending_.tokens.subspan(size_t(from), size_t(rows)),
@@ -213,6 +214,60 @@ void Session::ran() {
   work_.decoder_tokens += end - std::clamp(decoder_from, start, end);
   cursor_ += handed_;
   handed_ = 0;
+  // The drafter's context: the features of the rows the decoder ran, the call's last ones.
+  if (drafting_ && !hidden_.empty()) {
+    const Config& c = model().config();
+    const int64_t rows = int64_t(hidden_.size()) / (int64_t(c.dspark_target_layer_ids.size()) * c.dim);
+    executor_.dspark_ingest(*kv_, end - rows, hidden_, rows);
+    hidden_.clear();
+  }
+}
+
+void Session::enable_drafting() {
+  const Config& c = model().config();
+  if (!c.has_dspark()) fail(c.source, "a model with DSpark stages for speculative decoding", "none");
+  if (!executor_.speculates())
+    fail(executor_.name() + " executor", "speculative decoding (DSpark) on the CPU executor, the only one that has it so far",
+         executor_.name());
+  if (length() > 0)
+    fail("enable_drafting", "a session before its first token (the drafter's context starts there)", std::to_string(length()) + " tokens run");
+  drafting_ = true;
+}
+
+Session::Speculation Session::speculate(int anchor, const Choose& choose, const Drafter& drafter) {
+  if (!drafting_) fail("speculate", "a session with drafting on (enable_drafting)", "drafting off");
+  if (prompt_left() > 0) fail("speculate", "a finished prompt", std::to_string(prompt_left()) + " prompt tokens left");
+  const Config& c = model().config();
+  Speculation s;
+  s.position = length();
+  s.draft = drafter ? drafter(anchor) : executor_.dspark_draft(*kv_, anchor, draft_argmax).tokens;
+  if (s.draft.empty() || s.draft.front() != anchor) fail("speculate", "a draft that starts with its anchor", "another draft");
+  for (int t : s.draft)
+    if (t < 0 || t >= c.vocab_size) fail("speculate", "draft tokens in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
+  const int64_t rows = int64_t(s.draft.size());
+  const SequenceMark before = executor_.mark(*kv_, rows);
+  const size_t tokens_before = tokens_.size();
+  const EngramHistory history_before = history_;
+
+  // The pass: every row's logits; row k chooses the token after draft[k].
+  start_call(append(s.draft, 0), nullptr);
+  ForwardOptions options = pending_.options;
+  options.all_logits = true;
+  const std::vector<float> logits = run_alone(item(0, rows, options));
+  auto row = [&](int64_t k) { return std::span<const float>(logits.data() + k * c.vocab_size, size_t(c.vocab_size)); };
+  int next = choose(row(0));
+  while (s.accepted < rows - 1 && next == s.draft[size_t(s.accepted) + 1]) next = choose(row(++s.accepted));
+  s.emitted.assign(s.draft.begin() + 1, s.draft.begin() + 1 + s.accepted);
+  s.emitted.push_back(next);
+
+  if (s.accepted < rows - 1) {
+    executor_.rewind(*kv_, before);
+    tokens_.resize(tokens_before);
+    history_ = history_before;
+    start_call(append(std::span<const int>(s.draft).first(size_t(s.accepted) + 1), 0), nullptr);
+    run_alone(item(0, s.accepted + 1, pending_.options));
+  }
+  return s;
 }
 
 void Session::store_prompt() {

@@ -9,6 +9,7 @@
 //  * prefill_prompt(prompt, cache) takes a whole prompt (the conversation so far, from its first
 //    token), serves what it can of it from the running state or the KV tiers, runs the rest, and
 //    stores the new blocks and the end-of-prompt tail; save(cache) stores the end-of-output ones.
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -101,6 +102,29 @@ class Session {
   void ran();
   void store_prompt();
 
+  // DSpark speculative decoding (forward/dspark.h) on an executor that has it (the CPU one so far):
+  // with drafting on, every call of the session records the target's context features and feeds
+  // the drafter once it ran. Turn it on before the first token.
+  void enable_drafting();
+  bool drafting() const { return drafting_; }
+
+  // One greedy speculative step (issue 18). `anchor` is the token chosen for the next position: a
+  // draft [anchor, d_1 .. d_γ] (DSpark's, or `drafter`'s), one target pass over it, the drafts
+  // accepted while each is `choose` of the target's row before it, then `choose`'s token after the
+  // last accepted (the bonus when all are); a rejection undoes the pass (the state rewound to its
+  // mark, sequence_mark.h) and runs the accepted rows again, so that the sequence holds exactly the
+  // anchor and the accepted drafts, as plain decoding would have run them. The last emitted token
+  // is the next anchor.
+  struct Speculation {
+    int64_t position = 0;      // the anchor's
+    std::vector<int> draft;    // [anchor, d_1 .. d_γ]
+    int accepted = 0;
+    std::vector<int> emitted;  // d_1 .. d_accepted, then the target's own token
+  };
+  using Choose = std::function<int(std::span<const float> logits)>;
+  using Drafter = std::function<std::vector<int>(int anchor)>;
+  Speculation speculate(int anchor, const Choose& choose, const Drafter& drafter = {});
+
   // Tokens run through the encoder and through the decoder layers so far: the work bounded
   // replay saves is the difference between the two.
   struct Work {
@@ -151,6 +175,8 @@ class Session {
   int64_t handed_ = 0;         // by the last item, not yet booked by ran()
   ForwardOptions handed_options_;
   KvCache* prompt_cache_ = nullptr;
+  bool drafting_ = false;
+  std::vector<float> hidden_;  // the last call's context features (ForwardOptions::dspark_hidden)
 };
 
 // prefill_prompt for several sessions at once: every session's lookup first, then one batched

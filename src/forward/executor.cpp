@@ -39,6 +39,34 @@ void check_sample(const BatchItem& item, int64_t vocab_size) {
          std::to_string(vocab) + " ids, " + std::to_string(item.sample->top_logprobs) + " top logprobs");
 }
 
+namespace {
+
+[[noreturn]] void no_speculation(const Executor& e) {
+  fail(e.name() + " executor", "speculative decoding (DSpark) on the CPU executor, the only one that has it so far", e.name());
+}
+
+SequenceState& cpu_state(Sequence& s) {
+  auto* cpu = dynamic_cast<CpuSequence*>(&s);
+  if (!cpu) fail("CpuExecutor", "sequences of the CPU executor", "another executor's");
+  return cpu->state();
+}
+
+}  // namespace
+
+void Executor::dspark_ingest(Sequence&, int64_t, std::span<const float>, int64_t) { no_speculation(*this); }
+Draft Executor::dspark_draft(Sequence&, int, const DraftChoice&) { no_speculation(*this); }
+SequenceMark Executor::mark(Sequence&, int64_t) { no_speculation(*this); }
+void Executor::rewind(Sequence&, const SequenceMark&) { no_speculation(*this); }
+
+void CpuExecutor::dspark_ingest(Sequence& s, int64_t first_pos, std::span<const float> hidden, int64_t rows) {
+  dsv41::dspark_ingest(model_, cpu_state(s), first_pos, hidden, rows);
+}
+Draft CpuExecutor::dspark_draft(Sequence& s, int anchor, const DraftChoice& choose) {
+  return dsv41::dspark_draft(model_, cpu_state(s), anchor, choose);
+}
+SequenceMark CpuExecutor::mark(Sequence& s, int64_t rows) { return dsv41::mark(cpu_state(s), model_.config(), rows); }
+void CpuExecutor::rewind(Sequence& s, const SequenceMark& m) { dsv41::rewind(cpu_state(s), model_.config(), m); }
+
 std::unique_ptr<Sequence> CpuExecutor::new_sequence() { return std::make_unique<CpuSequence>(model_.config()); }
 
 std::vector<std::vector<float>> CpuExecutor::forward_batch(const std::vector<BatchItem>& batch) {

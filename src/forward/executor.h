@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "forward/dspark.h"
 #include "forward/forward.h"
+#include "forward/sequence_mark.h"
 #include "model/sampling.h"
 
 namespace dsv41 {
@@ -53,6 +55,15 @@ class Executor {
   // forward() does, or chooses its token (BatchItem::sample). Every item's sequence is one of this
   // executor's, each at most once.
   virtual std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) = 0;
+
+  // Speculative decoding on a sequence of this executor's (forward/dspark.h, sequence_mark.h):
+  // the drafter's context from a call's features (ForwardOptions::dspark_hidden), a draft, and a
+  // pass undone. The CPU executor's; the others refuse by name (issue 18).
+  virtual bool speculates() const { return false; }
+  virtual void dspark_ingest(Sequence& sequence, int64_t first_pos, std::span<const float> hidden, int64_t rows);
+  virtual Draft dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose);
+  virtual SequenceMark mark(Sequence& sequence, int64_t rows);
+  virtual void rewind(Sequence& sequence, const SequenceMark& mark);
 };
 
 // Throws dsv41::Error, naming what it found, for an item whose sample request no executor can
@@ -68,6 +79,11 @@ class CpuExecutor final : public Executor {
   std::string name() const override { return "cpu"; }
   std::unique_ptr<Sequence> new_sequence() override;
   std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override;
+  bool speculates() const override { return true; }
+  void dspark_ingest(Sequence& sequence, int64_t first_pos, std::span<const float> hidden, int64_t rows) override;
+  Draft dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose) override;
+  SequenceMark mark(Sequence& sequence, int64_t rows) override;
+  void rewind(Sequence& sequence, const SequenceMark& mark) override;
 
  private:
   const Model& model_;

@@ -1,0 +1,180 @@
+// Speculative decoding's target side on the CPU executor (issue 18): a pass undone exactly
+// (forward/sequence_mark.h), and greedy speculative decoding emitting exactly plain greedy
+// decoding's tokens — with DSpark's drafts (random weights: few accepted, a rewind at almost every
+// step), with an oracle's (every draft accepted) and with half an oracle's — its sequence then
+// holding plain decoding's state byte for byte.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "base/error.h"
+#include "engine/session.h"
+#include "fixture.h"
+#include "forward/sequence_mark.h"
+#include "model/random_checkpoint.h"
+#include "test_util.h"
+
+using namespace dsv41;
+
+namespace {
+
+void expect_same_state(const Config& c, const SequenceState& a, const SequenceState& b, const std::string& what) {
+  EXPECT_EQ(a.length, b.length) << what;
+  EXPECT_EQ(a.decoder_window_floor, b.decoder_window_floor) << what;
+  EXPECT_EQ(a.encoder_window_floor, b.encoder_window_floor) << what;
+  ASSERT_EQ(a.window.size(), b.window.size()) << what;
+  for (size_t l = 0; l < a.window.size(); ++l) EXPECT_EQ(a.window[l], b.window[l]) << what << ": ring " << l;
+  for (const auto& [layer, x] : a.compressed) {
+    const CompressedCache& y = b.compressed.at(layer);
+    EXPECT_EQ(x.entries, y.entries) << what << ": layer " << layer;
+    EXPECT_EQ(x.kv, y.kv) << what << ": layer " << layer;
+    EXPECT_EQ(x.index_k, y.index_k) << what << ": layer " << layer;
+    ASSERT_EQ(x.pending, y.pending) << what << ": layer " << layer;
+    const size_t open = size_t(x.pending) * size_t(c.head_dim);  // the open group's rows; the rest is stale
+    EXPECT_TRUE(std::equal(x.pending_kv.begin(), x.pending_kv.begin() + open, y.pending_kv.begin())) << what << ": layer " << layer;
+    EXPECT_TRUE(std::equal(x.pending_score.begin(), x.pending_score.begin() + open, y.pending_score.begin()))
+        << what << ": layer " << layer;
+  }
+}
+
+std::vector<int> random_tokens(const Config& c, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int> t(static_cast<size_t>(n));
+  for (int& x : t) x = 3 + int(rng() % uint32_t(c.vocab_size - 3));
+  return t;
+}
+
+// The greedy choice over the whole vocabulary: the first maximum.
+int greedy(std::span<const float> row) { return draft_argmax(row); }
+
+struct Target {
+  const Model& model;
+  const Tokenizer* tokenizer;
+  Mode mode;
+  std::vector<int> prompt;
+};
+
+// Plain greedy decoding: the first n tokens after the prompt; with `state`, the state once the
+// sequence has run `length` tokens in all (drafting on, so that DSpark's rings are fed as a
+// speculative session's are).
+std::vector<int> plain(const Target& t, int n, int64_t length = 0, SequenceState* state = nullptr) {
+  Session s(t.model, t.tokenizer, t.mode);
+  s.enable_drafting();
+  std::vector<int> out{greedy(s.prefill(t.prompt))};
+  while (int(out.size()) < n || s.length() < length) {
+    std::vector<float> logits = s.decode(out.back());
+    if (state && s.length() == length) *state = s.state();
+    out.push_back(greedy(logits));
+  }
+  out.resize(size_t(n));
+  return out;
+}
+
+// The same by speculation: drafts of DSpark (good < 0) or of an oracle that knows `want` and
+// drafts its first `good` tokens right and the rest wrong. Returns the tokens, the accepted
+// counts, and the final state.
+std::vector<int> speculative(const Target& t, int n, int good, const std::vector<int>& want, std::vector<int>& accepted,
+                             SequenceState& state) {
+  const Config& c = t.model.config();
+  Session s(t.model, t.tokenizer, t.mode);
+  s.enable_drafting();
+  const int64_t P = int64_t(t.prompt.size());
+  auto oracle = [&](int anchor) {
+    const size_t i = size_t(s.length() - P);  // the anchor is token i of the reply
+    std::vector<int> d{anchor};
+    for (int j = 1; j <= c.dspark_block_size; ++j) {
+      const int right = i + size_t(j) < want.size() ? want[i + size_t(j)] : 0;
+      d.push_back(j <= good ? right : (right + 1) % int(c.vocab_size));
+    }
+    return d;
+  };
+  std::vector<int> out{greedy(s.prefill(t.prompt))};
+  while (int(out.size()) < n) {
+    const Session::Speculation step = s.speculate(out.back(), greedy, good < 0 ? Session::Drafter{} : Session::Drafter(oracle));
+    EXPECT_EQ(step.position, P + int64_t(out.size()) - 1);
+    accepted.push_back(step.accepted);
+    out.insert(out.end(), step.emitted.begin(), step.emitted.end());
+    EXPECT_EQ(s.length(), P + int64_t(out.size()) - 1) << "the sequence holds every emitted token but the next anchor";
+  }
+  state = s.state();
+  return out;
+}
+
+TEST(SequenceMark, RewindPutsTheStateBackExactly) {
+  test::TempDir dir("speculative_test");
+  Config config = preset("tiny");
+  config.engram_layer_ids.clear();  // hash ids are the session's business; this is the forward's
+  write_random_checkpoint(config, dir.string(), {});
+  auto model = Model::load(dir.string());
+  const Config& c = model->config();
+  // A length that leaves every ratio's group open and the rings wrapped.
+  SequenceState before(c);
+  forward(*model, before, random_tokens(c, 3 * int(c.window_size) + 3, 1), nullptr, {});
+  for (const int64_t rows : {int64_t(1), int64_t(5), int64_t(c.window_size) + 2}) {
+    for (const int64_t ran : {int64_t(1), rows}) {
+      SequenceState state = before;
+      const SequenceMark m = mark(state, c, rows);
+      forward(*model, state, random_tokens(c, int(ran), uint32_t(rows * 7 + ran)), nullptr, {});
+      ASSERT_EQ(state.length, before.length + ran);
+      rewind(state, c, m);
+      expect_same_state(c, state, before, "marked " + std::to_string(rows) + " rows, " + std::to_string(ran) + " ran");
+    }
+  }
+  SequenceState state = before;
+  const SequenceMark m = mark(state, c, 2);
+  forward(*model, state, random_tokens(c, 3, 9), nullptr, {});
+  EXPECT_THROW(rewind(state, c, m), Error);  // more rows ran than were marked
+}
+
+// Greedy speculation emits plain greedy decoding's tokens and leaves plain decoding's state, on a
+// random checkpoint (default mode with a prompt past the window, exact mode) and on the v41-tiny
+// fixture (whose drafter is DeepSeek's reference's, dspark_test.cpp).
+TEST(Speculative, GreedyEqualsPlainGreedy) {
+  test::TempDir dir("speculative_test");
+  write_random_checkpoint(preset("tiny"), dir.string(), {});
+  auto random_model = Model::load(dir.string());
+  Tokenizer random_tokenizer = Tokenizer::from_file(dir.string() + "/tokenizer.json");
+  auto fixture_model = Model::load(test::fixture_dir("v41-tiny"));
+  Tokenizer fixture_tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
+  const Config& rc = random_model->config();
+  const Config& fc = fixture_model->config();
+  for (const Target& t : {Target{*random_model, &random_tokenizer, Mode::Default, random_tokens(rc, 3 * int(rc.window_size) + 1, 3)},
+                          Target{*random_model, &random_tokenizer, Mode::Exact, random_tokens(rc, 9, 4)},
+                          Target{*fixture_model, &fixture_tokenizer, Mode::Default, random_tokens(fc, 67, 5)}}) {
+    const Config& c = t.model.config();
+    const int n = 20, G = c.dspark_block_size;
+    const std::string what = c.source + " " + mode_name(t.mode) + ", " + std::to_string(t.prompt.size()) + "-token prompt";
+    const std::vector<int> want = plain(t, n + 2 * G);
+    for (const int good : {-1, G, G / 2}) {
+      const std::string how = what + (good < 0 ? ", DSpark's drafts" : ", an oracle's drafts, " + std::to_string(good) + " right");
+      std::vector<int> accepted;
+      SequenceState state(c), reference(c);
+      const std::vector<int> got = speculative(t, n, good, want, accepted, state);
+      EXPECT_EQ(std::vector<int>(got.begin(), got.begin() + n), std::vector<int>(want.begin(), want.begin() + n)) << how;
+      plain(t, n, state.length, &reference);
+      expect_same_state(c, state, reference, how);
+      if (good >= 0)
+        for (int a : accepted) EXPECT_EQ(a, good) << how;
+    }
+  }
+}
+
+TEST(Speculative, RefusedWhereItCannotRun) {
+  test::TempDir dir("speculative_test");
+  Config c = preset("tiny");
+  c.dspark_block_size = 0;  // no draft stages
+  write_random_checkpoint(c, dir.string(), {});
+  auto model = Model::load(dir.string());
+  Tokenizer tokenizer = Tokenizer::from_file(dir.string() + "/tokenizer.json");
+  Session session(*model, &tokenizer);
+  try {
+    session.enable_drafting();
+    FAIL() << "drafting turned on for a model without DSpark stages";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DSpark"), std::string::npos) << e.what();
+  }
+  session.prefill(random_tokens(c, 4, 1));
+  EXPECT_THROW(session.speculate(5, greedy), Error);  // drafting off
+}
+
+}  // namespace
