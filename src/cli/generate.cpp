@@ -2,12 +2,14 @@
 //                [--speculative dspark|off] [--json]
 //
 // Streams the completion as it is produced and ends with a one-line summary; --json prints one
-// object instead. --speculative dspark decodes with DSpark's drafts verified by the target
-// (greedy: the tokens are plain greedy decoding's), the drafts listed in --json.
+// object instead. --speculative dspark decodes with DSpark's drafts verified by the target (greedy:
+// the tokens are plain greedy decoding's; sampling: speculative sampling, distributed as plain
+// sampling), the drafts listed in --json.
 #include <fmt/core.h>
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -70,7 +72,7 @@ void add_generate(CLI::App& app) {
   add_sampling_flags(*cmd, args->sampling);
   add_device_flag(*cmd, args->device);
   cmd->add_option("--speculative", args->speculative,
-                  "dspark: DSpark speculative decoding (greedy sampling, CPU executor, a checkpoint with DSpark stages); off")
+                  "dspark: DSpark speculative decoding (CPU executor, a checkpoint with DSpark stages); off")
       ->check(CLI::IsMember({"dspark", "off"}));
   cmd->add_flag("--json", args->as_json, "Print one JSON object: prompt_ids, generated_ids, text, timing (and the drafts)");
   cmd->callback([args] {
@@ -84,12 +86,7 @@ void add_generate(CLI::App& app) {
       if (id < 0 || id >= c.vocab_size) fail("--ids", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(id));
     Session session(*m.executor, m.tokenizer_or_null(), args->exact ? Mode::Exact : Mode::Default);
     const bool speculative = args->speculative == "dspark";
-    if (speculative) {
-      if (args->sampling.temperature != 0.0f)
-        fail("--speculative", "greedy sampling (--temperature 0): speculative sampling is not implemented yet",
-             "temperature " + std::to_string(args->sampling.temperature));
-      session.enable_drafting();
-    }
+    if (speculative) session.enable_drafting();
     const char* mode = args->exact ? "exact" : "default";
     Sampler sampler(args->sampling);
     std::optional<StreamDecoder> stream;
@@ -108,6 +105,10 @@ void add_generate(CLI::App& app) {
     json drafts = json::array();
     int decode_steps = 0, decoded = 0;  // target passes after the prefill, and the tokens they chose
     const int64_t vocab = sampling_vocab(c, m.tokenizer_or_null());
+    // Speculation's rule: greedy decoding's, or speculative sampling over the sampler's stream.
+    std::unique_ptr<Verifier> verifier;
+    if (args->sampling.temperature > 0) verifier = std::make_unique<SamplingVerifier>(sampler, c.vocab_size, vocab);
+    else verifier = std::make_unique<GreedyVerifier>(c.vocab_size, vocab);
     auto stops = [&](int id) { return std::find(m.stop_ids.begin(), m.stop_ids.end(), id) != m.stop_ids.end(); };
     // Takes `id` as the next generated token unless it stops the reply; whether to go on.
     auto take = [&](int id) {
@@ -126,8 +127,7 @@ void add_generate(CLI::App& app) {
         ++decoded;
         continue;
       }
-      const Session::Speculation s =
-          session.speculate(next, [&](std::span<const float> row) { return sampler.sample(row.data(), vocab); });
+      const Session::Speculation s = session.speculate(next, *verifier);
       drafts.push_back({{"position", s.position}, {"tokens", s.draft}, {"accepted", s.accepted}});
       decoded += int(s.emitted.size());
       bool go_on = true;

@@ -234,13 +234,15 @@ void Session::enable_drafting() {
   drafting_ = true;
 }
 
-Session::Speculation Session::speculate(int anchor, const Choose& choose, const Drafter& drafter) {
+Session::Speculation Session::speculate(int anchor, Verifier& verifier, const Drafter& drafter) {
   if (!drafting_) fail("speculate", "a session with drafting on (enable_drafting)", "drafting off");
   if (prompt_left() > 0) fail("speculate", "a finished prompt", std::to_string(prompt_left()) + " prompt tokens left");
   const Config& c = model().config();
   Speculation s;
   s.position = length();
-  s.draft = drafter ? drafter(anchor) : executor_.dspark_draft(*kv_, anchor, draft_argmax).tokens;
+  const Draft draft =
+      drafter ? drafter(anchor) : executor_.dspark_draft(*kv_, anchor, [&](std::span<const float> row) { return verifier.draft(row); });
+  s.draft = draft.tokens;
   if (s.draft.empty() || s.draft.front() != anchor) fail("speculate", "a draft that starts with its anchor", "another draft");
   for (int t : s.draft)
     if (t < 0 || t >= c.vocab_size) fail("speculate", "draft tokens in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
@@ -249,16 +251,15 @@ Session::Speculation Session::speculate(int anchor, const Choose& choose, const 
   const size_t tokens_before = tokens_.size();
   const EngramHistory history_before = history_;
 
-  // The pass: every row's logits; row k chooses the token after draft[k].
+  // The pass: every row's logits; row k follows draft token k.
   start_call(append(s.draft, 0), nullptr);
   ForwardOptions options = pending_.options;
   options.all_logits = true;
   const std::vector<float> logits = run_alone(item(0, rows, options));
-  auto row = [&](int64_t k) { return std::span<const float>(logits.data() + k * c.vocab_size, size_t(c.vocab_size)); };
-  int next = choose(row(0));
-  while (s.accepted < rows - 1 && next == s.draft[size_t(s.accepted) + 1]) next = choose(row(++s.accepted));
+  const Verifier::Verdict verdict = verifier.verify(logits, draft);
+  s.accepted = verdict.accepted;
   s.emitted.assign(s.draft.begin() + 1, s.draft.begin() + 1 + s.accepted);
-  s.emitted.push_back(next);
+  s.emitted.push_back(verdict.token);
 
   if (s.accepted < rows - 1) {
     executor_.rewind(*kv_, before);

@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/speculation.h"
 #include "forward/executor.h"
 #include "kv/kv_cache.h"
 #include "model/engram_hash.h"
@@ -108,22 +109,20 @@ class Session {
   void enable_drafting();
   bool drafting() const { return drafting_; }
 
-  // One greedy speculative step (issue 18). `anchor` is the token chosen for the next position: a
-  // draft [anchor, d_1 .. d_γ] (DSpark's, or `drafter`'s), one target pass over it, the drafts
-  // accepted while each is `choose` of the target's row before it, then `choose`'s token after the
-  // last accepted (the bonus when all are); a rejection undoes the pass (the state rewound to its
-  // mark, sequence_mark.h) and runs the accepted rows again, so that the sequence holds exactly the
-  // anchor and the accepted drafts, as plain decoding would have run them. The last emitted token
-  // is the next anchor.
+  // One speculative step (issue 18). `anchor` is the token chosen for the next position: a draft
+  // [anchor, d_1 .. d_γ] (DSpark's with the verifier's draft choice, or `drafter`'s), one target
+  // pass over it, the verifier's verdict (engine/speculation.h: the drafts accepted, then a token of
+  // the target's); a rejection undoes the pass (the state rewound to its mark, sequence_mark.h) and
+  // runs the anchor and the accepted drafts again, so that the sequence holds exactly them, as plain
+  // decoding would have run them. The last emitted token is the next anchor.
   struct Speculation {
     int64_t position = 0;      // the anchor's
     std::vector<int> draft;    // [anchor, d_1 .. d_γ]
     int accepted = 0;
     std::vector<int> emitted;  // d_1 .. d_accepted, then the target's own token
   };
-  using Choose = std::function<int(std::span<const float> logits)>;
-  using Drafter = std::function<std::vector<int>(int anchor)>;
-  Speculation speculate(int anchor, const Choose& choose, const Drafter& drafter = {});
+  using Drafter = std::function<Draft(int anchor)>;
+  Speculation speculate(int anchor, Verifier& verifier, const Drafter& drafter = {});
 
   // Tokens run through the encoder and through the decoder layers so far: the work bounded
   // replay saves is the difference between the two.

@@ -24,36 +24,46 @@ double Sampler::draw() {
   return params_.temperature == 0 ? 0.0 : std::generate_canonical<double, std::numeric_limits<double>::digits>(rng_);
 }
 
+static bool before(const float* logits, int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); }
+
+Candidates candidates(const float* logits, const SamplingParams& params, int64_t vocab) {
+  const int64_t best = std::max_element(logits, logits + vocab) - logits;
+  Candidates c;
+  std::vector<int> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t keep = params.top_k > 0 ? std::min<int64_t>(params.top_k, vocab) : vocab;
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int a, int b) { return before(logits, a, b); });
+  std::vector<double> p(static_cast<size_t>(keep));
+  double sum = 0;
+  for (int64_t i = 0; i < keep; ++i) sum += (p[i] = std::exp(double(logits[order[i]] - logits[best]) / params.temperature));
+  for (double& x : p) x /= sum;
+  int64_t n = 0;
+  while (n < keep && (n == 0 || (c.mass < params.top_p && p[n] >= params.min_p * p[0]))) c.mass += p[n++];
+  c.ids.assign(order.begin(), order.begin() + n);
+  c.p.assign(p.begin(), p.begin() + n);
+  return c;
+}
+
+int Candidates::at(double u) const {
+  u *= mass;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (u < p[i]) return ids[i];
+    u -= p[i];
+  }
+  return ids.back();
+}
+
+double Candidates::probability(int t) const {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == t) return p[i] / mass;
+  return 0;
+}
+
 TokenChoice choose(const float* logits, const SampleRequest& r) {
-  const SamplingParams& params = r.params;
   const int64_t vocab = r.vocab;
-  const auto before = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   TokenChoice c;
   const int64_t best = std::max_element(logits, logits + vocab) - logits;
-  c.token = int(best);
-  if (params.temperature > 0) {
-    // Candidates by descending logit; each filter keeps a prefix of this order.
-    std::vector<int> order(static_cast<size_t>(vocab));
-    std::iota(order.begin(), order.end(), 0);
-    const int64_t keep = params.top_k > 0 ? std::min<int64_t>(params.top_k, vocab) : vocab;
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
-    std::vector<double> p(static_cast<size_t>(keep));
-    double sum = 0;
-    for (int64_t i = 0; i < keep; ++i) sum += (p[i] = std::exp(double(logits[order[i]] - logits[best]) / params.temperature));
-    for (double& x : p) x /= sum;
-    int64_t n = 0;
-    double mass = 0;
-    while (n < keep && (n == 0 || (mass < params.top_p && p[n] >= params.min_p * p[0]))) mass += p[n++];
-    double u = r.u * mass;
-    c.token = order[n - 1];
-    for (int64_t i = 0; i < n; ++i) {
-      if (u < p[i]) {
-        c.token = order[i];
-        break;
-      }
-      u -= p[i];
-    }
-  }
+  c.token = r.params.temperature > 0 ? candidates(logits, r.params, vocab).at(r.u) : int(best);
   if (r.top_logprobs < 0) return c;
   double sum = 0;
   for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i] - logits[best]));
@@ -62,7 +72,7 @@ TokenChoice choose(const float* logits, const SampleRequest& r) {
   std::vector<int> ids(static_cast<size_t>(vocab));
   std::iota(ids.begin(), ids.end(), 0);
   const int64_t k = std::min<int64_t>(vocab, r.top_logprobs);
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), before);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) { return before(logits, a, b); });
   for (int64_t i = 0; i < k; ++i) c.top.emplace_back(ids[size_t(i)], logits[ids[size_t(i)]] - log_z);
   return c;
 }

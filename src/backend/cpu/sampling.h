@@ -4,13 +4,28 @@
 // the same logits give the same tokens.
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "model/sampling.h"
 
 namespace dsv41 {
 
-// The candidates by descending logit (ties: the lower id first); top-k, then min-p and top-p keep
-// a prefix of them, whose probabilities (softmax at the temperature) are walked to u × their mass.
+// What sampling (temperature > 0) draws from: the candidates by descending logit (ties: the lower
+// id first), of which top-k, then min-p and top-p keep a prefix, with their probabilities (softmax
+// at the temperature over the top-k), and the prefix's mass. Token ids[i] is drawn with
+// probability p[i] / mass.
+struct Candidates {
+  std::vector<int> ids;
+  std::vector<double> p;
+  double mass = 0;
+  // The candidate at the point u in [0, 1) of the mass (the last one where rounding leaves u past it).
+  int at(double u) const;
+  // The probability of token t (0 if it is not a candidate).
+  double probability(int t) const;
+};
+Candidates candidates(const float* logits, const SamplingParams& params, int64_t vocab);
+
+// Greedy: the first maximum. Sampling: the candidate at u (Candidates::at).
 TokenChoice choose(const float* logits, const SampleRequest& request);
 
 class Sampler {

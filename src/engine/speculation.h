@@ -1,0 +1,60 @@
+#pragma once
+// How a speculative step chooses (issue 18; Leviathan et al. 2023, "Fast Inference from
+// Transformers via Speculative Decoding"; reference notes components.md §6.3): the drafter's token
+// at each draft position, and the verdict on a draft from the target's rows. Session::speculate
+// runs the step; a verifier decides.
+#include <cstdint>
+#include <span>
+
+#include "backend/cpu/sampling.h"
+#include "forward/dspark.h"
+
+namespace dsv41 {
+
+class Verifier {
+ public:
+  virtual ~Verifier() = default;
+  // The draft token from one draft row (DSpark's Markov-corrected logits, the model's vocabulary).
+  virtual int draft(std::span<const float> logits) = 0;
+  // From the target's rows [γ + 1, vocab] (row k follows draft token k) and the draft (its tokens
+  // [anchor, d_1 .. d_γ], and its logits where the rule reads them): how many drafts are accepted,
+  // and the token emitted after them.
+  struct Verdict {
+    int accepted = 0;
+    int token = 0;
+  };
+  virtual Verdict verify(std::span<const float> target, const Draft& draft) = 0;
+};
+
+// Greedy: a draft is DSpark's first maximum; d_k is accepted while it is the target's choice at row
+// k − 1 (the first maximum among the `sampled` ids, as a greedy Sampler chooses), then the target's
+// choice is emitted. The tokens are plain greedy decoding's.
+class GreedyVerifier final : public Verifier {
+ public:
+  GreedyVerifier(int64_t vocab, int64_t sampled) : vocab_(vocab), sampled_(sampled) {}
+  int draft(std::span<const float> logits) override { return draft_argmax(logits); }
+  Verdict verify(std::span<const float> target, const Draft& draft) override;
+
+ private:
+  int64_t vocab_, sampled_;
+};
+
+// Speculative sampling: drafts are drawn from the sampler's candidates q of the draft rows (its
+// temperature, top-k, top-p and min-p, over the `sampled` ids); d_k is accepted with probability
+// min(1, p(d_k) / q(d_k)), p the candidates of the target's row k − 1; at the first rejection a
+// token is drawn from norm(max(0, p − q)) (from p where that has no mass); after all γ, one from
+// the target's row γ. Every emitted token is distributed as plain sampling's (the theorem of
+// Leviathan et al.); the draws come from the sampler's stream, so a seed gives one output.
+class SamplingVerifier final : public Verifier {
+ public:
+  // Refuses a greedy sampler (GreedyVerifier is its rule).
+  SamplingVerifier(Sampler& sampler, int64_t vocab, int64_t sampled);
+  int draft(std::span<const float> logits) override;
+  Verdict verify(std::span<const float> target, const Draft& draft) override;
+
+ private:
+  Sampler& sampler_;
+  int64_t vocab_, sampled_;
+};
+
+}  // namespace dsv41
