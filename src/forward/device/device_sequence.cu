@@ -11,7 +11,10 @@ namespace dsv41::cuda {
 DeviceSequence::DeviceSequence(const Config& c, int64_t capacity) : config_(c), capacity_(capacity) {
   if (capacity <= 0) fail("DeviceSequence", "a positive capacity in tokens", std::to_string(capacity));
   const int64_t ring = c.window_size * int64_t(swa_fp8::bytes(c.head_dim));
-  for (int l = 0; l < c.n_layers; ++l) {
+  // A ring per layer with a window, as SequenceState's: DSpark's stages' too (their context KV
+  // travels with the sequence, though the device forward does not run them yet).
+  const int rings = c.has_dspark() ? c.n_total_layers() : c.n_layers;
+  for (int l = 0; l < rings; ++l) {
     window.emplace_back(ring);
     check(cudaMemset(window.back().get(), 0, size_t(ring)), "DeviceSequence");  // as SequenceState's rings
   }
@@ -32,10 +35,12 @@ void DeviceSequence::upload(const SequenceState& s) {
   if (s.length > capacity_)
     fail("DeviceSequence::upload", "at most " + std::to_string(capacity_) + " tokens", std::to_string(s.length));
   const size_t ring = size_t(c.window_size) * swa_fp8::bytes(c.head_dim);
-  for (int l = 0; l < c.n_layers; ++l)
-    if (s.window[size_t(l)].size() != ring)
+  if (s.window.size() != window.size())
+    fail("DeviceSequence::upload", std::to_string(window.size()) + " rings", std::to_string(s.window.size()));
+  for (size_t l = 0; l < window.size(); ++l)
+    if (s.window[l].size() != ring)
       fail("DeviceSequence::upload", std::to_string(ring) + " bytes of window in layer " + std::to_string(l),
-           std::to_string(s.window[size_t(l)].size()));
+           std::to_string(s.window[l].size()));
   for (auto& [layer, d] : compressed) {
     const CompressedCache& h = s.compressed.at(layer);
     const int ratio = c.compress_ratios[size_t(layer)];
@@ -49,7 +54,7 @@ void DeviceSequence::upload(const SequenceState& s) {
   length = s.length;
   decoder_window_floor = s.decoder_window_floor;
   encoder_window_floor = s.encoder_window_floor;
-  for (int l = 0; l < c.n_layers; ++l) window[size_t(l)].upload(s.window[size_t(l)]);
+  for (size_t l = 0; l < window.size(); ++l) window[l].upload(s.window[l]);
   for (auto& [layer, d] : compressed) {
     const CompressedCache& h = s.compressed.at(layer);
     d.entries = h.entries;
@@ -70,7 +75,7 @@ SequenceState DeviceSequence::download() const {
   s.length = length;
   s.decoder_window_floor = decoder_window_floor;
   s.encoder_window_floor = encoder_window_floor;
-  for (int l = 0; l < c.n_layers; ++l) s.window[size_t(l)] = window[size_t(l)].download();
+  for (size_t l = 0; l < window.size(); ++l) s.window[l] = window[l].download();
   for (const auto& [layer, d] : compressed) {
     CompressedCache& h = s.compressed.at(layer);
     h.entries = d.entries;
