@@ -99,6 +99,7 @@ TEST(OpenAiRequest, ChatReadsEveryParameter) {
                               {"stop", {"\n\n", "END"}},
                               {"max_tokens", 64},
                               {"ignore_eos", true},
+                              {"speculative", false},
                               {"n", 1},
                               {"logprobs", true},
                               {"top_logprobs", 3},
@@ -122,6 +123,7 @@ TEST(OpenAiRequest, ChatReadsEveryParameter) {
   EXPECT_EQ(r.gen.sampling.stop, (std::vector<std::string>{"\n\n", "END"}));
   EXPECT_EQ(r.gen.sampling.max_tokens, 64);
   EXPECT_TRUE(r.gen.sampling.ignore_eos);
+  EXPECT_FALSE(r.gen.sampling.speculative);
   EXPECT_TRUE(r.gen.logprobs.enabled);
   EXPECT_EQ(r.gen.logprobs.top, 3);
   EXPECT_EQ(r.tools, ojson::array({{{"type", "function"}}}));

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "base/error.h"
+#include "engine/scheduler.h"
 #include "engine/session.h"
 #include "fixture.h"
 #include "forward/sequence_mark.h"
@@ -220,6 +221,69 @@ TEST(Speculative, SamplingIsDistributedAsPlainSampling) {
   EXPECT_GT(seconds, trials / 10) << "too few first drafts accepted to test the second position";
 }
 
+// The scheduler with speculation on, a mixed batch on v41-tiny: greedy requests that speculate,
+// one that asks for logprobs and one that opts out (both decode plainly), joining and leaving at
+// different steps, a stop token inside a verified block: each gets exactly the tokens it gets
+// alone by plain greedy decoding; the counters say drafts were verified and how many accepted.
+TEST(Speculative, TheSchedulerServesMixedBatchesWithPlainGreedyTokens) {
+  auto model = Model::load(test::fixture_dir("v41-tiny"));
+  Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
+  const Config& c = model->config();
+  CpuExecutor executor(*model);
+  auto alone = [&](const std::vector<int>& prompt, int n) {
+    Session s(executor, &tokenizer, Mode::Default);
+    std::vector<int> out{greedy(s.prefill(prompt))};
+    while (int(out.size()) < n) out.push_back(greedy(s.decode(out.back())));
+    return out;
+  };
+  SchedulerOptions options;
+  options.speculative = true;
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, options);
+  struct Work {
+    std::vector<int> prompt;
+    int n;
+    bool speculative;
+    int logprobs;
+  };
+  const std::vector<Work> work = {{random_tokens(c, 40, 1), 17, true, -1},
+                                  {random_tokens(c, 7, 2), 9, true, -1},
+                                  {random_tokens(c, 90, 3), 12, true, 2},
+                                  {random_tokens(c, 30, 4), 5, false, -1}};
+  std::vector<std::shared_ptr<Generation>> gens;
+  for (const Work& w : work) {
+    GenerationRequest r;
+    r.prompt = w.prompt;
+    r.max_tokens = w.n;
+    r.speculative = w.speculative;
+    r.top_logprobs = w.logprobs;
+    gens.push_back(scheduler.submit(r));
+  }
+  // And one whose reply a stop token ends: the third token of its greedy reply.
+  const std::vector<int> stop_prompt = random_tokens(c, 12, 5), stop_alone = alone(stop_prompt, 8);
+  GenerationRequest stopping;
+  stopping.prompt = stop_prompt;
+  stopping.max_tokens = 8;
+  stopping.stop_ids = {stop_alone[2]};
+  gens.push_back(scheduler.submit(stopping));
+  for (size_t i = 0; i < work.size(); ++i) {
+    ASSERT_NE(gens[i], nullptr);
+    std::vector<int> tokens;
+    for (GenerationEvent e = gens[i]->next(); e.kind != GenerationEvent::Kind::Finished; e = gens[i]->next())
+      if (e.kind == GenerationEvent::Kind::Token) tokens.push_back(e.token.token);
+    EXPECT_EQ(tokens, alone(work[i].prompt, work[i].n)) << "request " << i;
+  }
+  std::vector<int> stopped;
+  for (GenerationEvent e = gens.back()->next(); e.kind != GenerationEvent::Kind::Finished; e = gens.back()->next())
+    if (e.kind == GenerationEvent::Kind::Token) stopped.push_back(e.token.token);
+  const auto first_stop = std::find(stop_alone.begin(), stop_alone.end(), stop_alone[2]);
+  EXPECT_EQ(stopped, std::vector<int>(stop_alone.begin(), first_stop)) << "the reply ends before its stop token";
+  const SchedulerStats s = scheduler.stats();
+  EXPECT_GT(s.speculation.steps, 0);
+  EXPECT_EQ(s.speculation.drafted, s.speculation.steps * c.dspark_block_size);
+  EXPECT_LE(s.speculation.accepted, s.speculation.drafted);
+  EXPECT_EQ(s.decode_tokens, 17 + 9 + 12 + 5 + int64_t(first_stop - stop_alone.begin()));
+}
+
 TEST(Speculative, RefusedWhereItCannotRun) {
   test::TempDir dir("speculative_test");
   Config c = preset("tiny");
@@ -237,6 +301,10 @@ TEST(Speculative, RefusedWhereItCannotRun) {
   session.prefill(random_tokens(c, 4, 1));
   GreedyVerifier verifier(c.vocab_size, c.vocab_size);
   EXPECT_THROW(session.speculate(5, verifier), Error);  // drafting off
+  CpuExecutor executor(*model);
+  SchedulerOptions options;
+  options.speculative = true;
+  EXPECT_THROW(Scheduler(executor, &tokenizer, Mode::Default, nullptr, options), Error);
 }
 
 }  // namespace

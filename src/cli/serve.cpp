@@ -1,5 +1,5 @@
 // dsv41 serve --model DIR [--host 127.0.0.1] [--port 8080] [--api-key K | --api-key-file F] [--exact]
-//             [--device auto|cpu|cuda] [--random-weights SEED] [scheduler and cache flags]
+//             [--device auto|cpu|cuda] [--random-weights SEED] [--speculative dspark|off] [scheduler and cache flags]
 //
 // The OpenAI-compatible server (server/server.h). Stops on SIGINT or SIGTERM.
 #include <fmt/core.h>
@@ -22,6 +22,7 @@ void add_serve(CLI::App& app) {
     CacheFlags cache;
     bool exact = false;
     std::string api_key_file;
+    std::string speculative = "off";
   };
   auto args = std::make_shared<Args>();
   ServerOptions& o = args->server;
@@ -45,6 +46,10 @@ void add_serve(CLI::App& app) {
       ->default_str("");
   add_cache_flags(*cmd, args->cache);
   add_device_flag(*cmd, o.device);
+  cmd->add_option("--speculative", args->speculative,
+                  "dspark: DSpark speculative decoding for requests without logprobs (CPU executor, a checkpoint with DSpark "
+                  "stages); off")
+      ->check(CLI::IsMember({"dspark", "off"}));
   cmd->add_option("--random-weights", o.random_weights,
                   "Random weights made on the device from this seed instead of the checkpoint's (CUDA; benchmarks over "
                   "`init-random --layout-only`)");
@@ -59,6 +64,7 @@ void add_serve(CLI::App& app) {
       if (options.api_key.empty()) fail(args->api_key_file, "an API key on its first line", "an empty line");
     }
     options.mode = args->exact ? Mode::Exact : Mode::Default;
+    options.scheduler.speculative = args->speculative == "dspark";
     if (options.model_name.empty()) options.model_name = std::filesystem::path(options.model_dir).filename().string();
     options.cache = cache_options(args->cache, options.model_dir, options.mode);
     options.on_listening = [&options](int port) {

@@ -57,6 +57,13 @@ Scheduler::Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
          std::to_string(options.max_running) + ", " + std::to_string(options.max_queued) + ", " +
              std::to_string(options.step_tokens) + ", " + std::to_string(options.max_idle) + ", " +
              std::to_string(options.kv_budget_bytes));
+  if (options.speculative) {
+    const Config& c = executor.model().config();
+    if (!c.has_dspark()) fail(c.source, "a model with DSpark stages for speculative decoding", "none");
+    if (!executor.speculates())
+      fail(executor.name() + " executor", "speculative decoding (DSpark) on the CPU executor, the only one that has it so far",
+           executor.name());
+  }
   const Accounting::Kv kv = account(executor.model().config(), 1).kv;
   global_bytes_per_token_ = kv.global_bytes_per_token;
   window_bytes_ = kv.swa_bytes_per_sequence;
@@ -140,7 +147,11 @@ std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt) 
         (best == idle_.end() || t.size() > best->session->tokens().size()))
       best = it;
   }
-  if (best == idle_.end()) return std::make_unique<Session>(executor_, hasher_, mode_);
+  if (best == idle_.end()) {
+    auto s = std::make_unique<Session>(executor_, hasher_, mode_);
+    if (options_.speculative) s->enable_drafting();
+    return s;
+  }
   std::unique_ptr<Session> s = std::move(best->session);
   idle_.erase(best);
   return s;
@@ -336,7 +347,7 @@ void Scheduler::step() {
   }
 
   // This step's batch: prompt chunks under the token budget, one token for every decoder.
-  std::vector<Running*> members;
+  std::vector<Running*> members, speculating;
   std::vector<Session*> sessions;
   std::vector<BatchItem> batch;
   int64_t budget = options_.step_tokens, prefill_rows = 0, decode_rows = 0;
@@ -347,6 +358,9 @@ void Scheduler::step() {
       batch.push_back(s.next_chunk(budget));
       budget -= int64_t(batch.back().tokens.size());
       prefill_rows += int64_t(batch.back().tokens.size());
+    } else if (speculates(r)) {
+      speculating.push_back(&r);  // its own step, after the batch
+      continue;
     } else {
       batch.push_back(s.next_decode(*r.next_token));
       decode_rows += 1;
@@ -365,32 +379,34 @@ void Scheduler::step() {
     batch[i].sample = &requests[i];
     batch[i].choice = &choices[i];
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::vector<float>> logits;
-  try {
-    logits = run_batch(sessions, batch);
-  } catch (const std::exception& e) {
-    for (Running& r : running_) finish(r, FinishKind::Error, e.what());
-    running_.clear();
-    publish();
-    return;
-  }
-  const double seconds = seconds_since(t0);
-  if (cache_ && std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.options.replay_until > 0; })) {
-    KvCacheCounters replay;
-    replay.replay_seconds = seconds;
-    cache_->count(replay);
-  }
-  {
-    std::lock_guard lock(mutex_);
-    stats_.steps += 1;
-    stats_.prefill_tokens += prefill_rows;
-    const double rows = double(prefill_rows + decode_rows);
-    stats_.prefill_seconds += seconds * double(prefill_rows) / rows;
-    stats_.decode_seconds += seconds * double(decode_rows) / rows;
+  if (!batch.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      run_batch(sessions, batch);
+    } catch (const std::exception& e) {
+      for (Running& r : running_) finish(r, FinishKind::Error, e.what());
+      running_.clear();
+      publish();
+      return;
+    }
+    const double seconds = seconds_since(t0);
+    if (cache_ && std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.options.replay_until > 0; })) {
+      KvCacheCounters replay;
+      replay.replay_seconds = seconds;
+      cache_->count(replay);
+    }
+    {
+      std::lock_guard lock(mutex_);
+      stats_.steps += 1;
+      stats_.prefill_tokens += prefill_rows;
+      const double rows = double(prefill_rows + decode_rows);
+      stats_.prefill_seconds += seconds * double(prefill_rows) / rows;
+      stats_.decode_seconds += seconds * double(decode_rows) / rows;
+    }
   }
 
-  // Book every item; sample every sequence whose prompt just ended or that decoded.
+  // Book every item; sample every sequence whose prompt just ended or that decoded; then the
+  // speculating sequences' steps.
   for (size_t i = 0; i < members.size(); ++i) {
     Running& r = *members[i];
     try {
@@ -400,6 +416,14 @@ void Scheduler::step() {
       r.generation = nullptr;
     }
   }
+  for (Running* r : speculating) {
+    try {
+      speculate(*r);
+    } catch (const std::exception& e) {
+      finish(*r, FinishKind::Error, e.what());
+      r->generation = nullptr;
+    }
+  }
   running_.remove_if([](const Running& r) { return r.generation == nullptr; });
   publish();
 }
@@ -407,6 +431,10 @@ void Scheduler::step() {
 void Scheduler::advance(Running& r, const TokenChoice& choice) {
   r.session->ran();
   if (r.session->prompt_left() > 0) return;  // a prompt chunk before the last: no token
+  take(r, choice);
+}
+
+bool Scheduler::take(Running& r, const TokenChoice& choice) {
   const GenerationRequest& req = r.generation->request;
   const int token = choice.token;
   const bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end();
@@ -418,7 +446,7 @@ void Scheduler::advance(Running& r, const TokenChoice& choice) {
   if (stop) {
     finish(r, FinishKind::Stop);
     r.generation = nullptr;
-    return;
+    return false;
   }
   r.generated += 1;
   {
@@ -429,7 +457,37 @@ void Scheduler::advance(Running& r, const TokenChoice& choice) {
   if (r.generated >= req.max_tokens) {
     finish(r, FinishKind::Length);
     r.generation = nullptr;
+    return false;
   }
+  return true;
+}
+
+bool Scheduler::speculates(const Running& r) const {
+  return options_.speculative && r.generation->request.speculative && r.generation->request.top_logprobs < 0 &&
+         r.session->drafting() && r.session->prompt_left() == 0 && r.next_token.has_value();
+}
+
+void Scheduler::speculate(Running& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t V = executor_.model().config().vocab_size;
+  std::unique_ptr<Verifier> verifier;
+  if (r.sampler.params().temperature > 0) verifier = std::make_unique<SamplingVerifier>(r.sampler, V, vocab_);
+  else verifier = std::make_unique<GreedyVerifier>(V, vocab_);
+  const Session::Speculation s = r.session->speculate(*r.next_token, *verifier);
+  const double seconds = seconds_since(t0);
+  {
+    std::lock_guard lock(mutex_);
+    SpeculationStats& st = stats_.speculation;
+    const int64_t G = int64_t(s.draft.size()) - 1;
+    st.steps += 1, st.drafted += G, st.accepted += s.accepted, st.seconds += seconds;
+    if (int64_t(st.accepted_at.size()) < G) st.accepted_at.resize(size_t(G), 0);
+    for (int k = 0; k < s.accepted; ++k) st.accepted_at[size_t(k)] += 1;
+    stats_.steps += 1;
+    stats_.decode_seconds += seconds;
+  }
+  // The emitted tokens in order, until one ends the reply; the last is the next anchor.
+  for (const int token : s.emitted)
+    if (!take(r, TokenChoice{token, 0, {}})) break;
 }
 
 void Scheduler::book(double SchedulerStats::*field, double seconds) {

@@ -36,6 +36,9 @@ struct GenerationRequest {
   int64_t max_tokens = 16;     // > 0
   std::vector<int> stop_ids;   // end the reply; not emitted
   int top_logprobs = -1;       // -1: no logprobs; else the chosen token's and this many others
+  // With the scheduler's speculative decoding on: whether this request may use it (it does not
+  // when it asks for logprobs: a verified draft token has none of its own).
+  bool speculative = true;
 };
 
 
@@ -85,6 +88,20 @@ struct SchedulerOptions {
   // ones are preempted: their state saved to the KV tiers (when there are tiers; else it is
   // recomputed), to continue where they stopped once there is room.
   int64_t kv_budget_bytes = 0;
+  // DSpark speculative decoding (Session::speculate) for the requests that allow it: each such
+  // sequence's decode step is a draft verified in one target pass, run on its own after the step's
+  // batch (the CPU executor, the only one with speculation so far, runs a batch's items one after
+  // another anyway). The constructor refuses it for a model without DSpark or another executor.
+  bool speculative = false;
+};
+
+// Speculative decoding's counters (SchedulerOptions::speculative).
+struct SpeculationStats {
+  int64_t steps = 0;             // drafts verified
+  int64_t drafted = 0;           // draft tokens proposed (γ per step)
+  int64_t accepted = 0;          // of them accepted
+  std::vector<int64_t> accepted_at;  // [γ]: steps whose draft k (from 0) was accepted
+  double seconds = 0;            // drafting, verifying and undoing
 };
 
 struct SchedulerStats {
@@ -101,6 +118,7 @@ struct SchedulerStats {
   // (Session::begin_prompt), and storing blocks and tails at the end of prompts and replies.
   double lookup_seconds = 0, store_seconds = 0;
   int64_t steps = 0;
+  SpeculationStats speculation;
 };
 
 class Scheduler {
@@ -137,6 +155,12 @@ class Scheduler {
   void step();
   // Books a sequence's batch item and takes its next token when its prompt is done.
   void advance(Running& r, const TokenChoice& choice);
+  // Takes a token chosen for a sequence whose prompt is done: posts it (unless it stops the reply),
+  // stores the prompt, finishes on a stop or at max_tokens. False when the sequence finished.
+  bool take(Running& r, const TokenChoice& choice);
+  // A speculating sequence's decode step (Session::speculate) and its tokens.
+  void speculate(Running& r);
+  bool speculates(const Running& r) const;
   // Ends a sequence: posts Finished and keeps the session idle for a continuation.
   void finish(Running& r, FinishKind kind, const std::string& error = {});
   std::unique_ptr<Session> session_for(const std::vector<int>& prompt);

@@ -182,6 +182,10 @@ void parse_sampling(const ojson& body, RequestSampling& s) {
     if (!v->is_boolean()) bad_type("ignore_eos", "true or false", *v);
     s.ignore_eos = v->get<bool>();
   }
+  if (const ojson* v = field(body, "speculative")) {
+    if (!v->is_boolean()) bad_type("speculative", "true or false", *v);
+    s.speculative = v->get<bool>();
+  }
   // max_completion_tokens is the newer name; when both are sent it wins, as in OpenAI's API.
   for (const char* key : {"max_tokens", "max_completion_tokens"})
     if (const ojson* v = field(body, key))

@@ -49,6 +49,7 @@ struct RequestSampling {
   std::vector<std::string> stop;     // at most 4, none empty
   std::optional<int32_t> max_tokens;  // none: until a stop or the context ends
   bool ignore_eos = false;            // vLLM's extension: the end-of-sequence token does not end the reply
+  bool speculative = true;            // dsv41's: false opts out of the server's speculative decoding
 };
 
 struct LogprobsParams {

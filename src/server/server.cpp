@@ -303,6 +303,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   request.max_tokens = s.max_tokens.value_or(int32_t(model->config().max_seq_len - int64_t(request.prompt.size())));
   if (!s.ignore_eos) request.stop_ids = stop_ids;
   request.top_logprobs = gen.logprobs.enabled ? gen.logprobs.top : -1;
+  request.speculative = s.speculative;
 
   std::shared_ptr<Generation> generation;
   try {
@@ -502,6 +503,17 @@ std::string Server::State::render_metrics() {
   m.gauge("dsv41_kv_budget_bytes", "The sequences' KV budget (0: none)").set(double(kv_budget));
   sync(m.counter("dsv41_preemptions_total", "Running sequences put back to wait for KV room"), double(s.preempted));
   m.gauge("dsv41_idle_sequences", "Finished sequences kept on the device for a continuation").set(double(s.idle));
+  const SpeculationStats& sp = s.speculation;
+  sync(m.counter("dsv41_spec_steps_total", "Speculative decode steps: drafts verified in one target pass"), double(sp.steps));
+  sync(m.counter("dsv41_spec_draft_tokens_total", "Draft tokens proposed"), double(sp.drafted));
+  sync(m.counter("dsv41_spec_accepted_tokens_total", "Draft tokens accepted"), double(sp.accepted));
+  sync(m.counter("dsv41_spec_seconds_total", "Time drafting, verifying and undoing rejected positions"), sp.seconds);
+  for (size_t k = 0; k < sp.accepted_at.size(); ++k)
+    sync(m.counter("dsv41_spec_accepted_at_position_total", "Speculative steps whose draft at this position was accepted",
+                   {{"position", std::to_string(k + 1)}}),
+         double(sp.accepted_at[k]));
+  m.gauge("dsv41_spec_mean_accepted", "Draft tokens accepted per speculative step")
+      .set(sp.steps > 0 ? double(sp.accepted) / double(sp.steps) : 0);
 
   const KvCacheStats k = cache->stats();
   const char* hit_help = "Prompt tokens served from a KV tier instead of computed";
