@@ -210,6 +210,27 @@ TEST(Cli, ExactChatServesAPrefixFromDiskAfterARestart) {
 }
 
 // bench cache runs every scenario in both modes and reports the work each one did.
+// bench spec on fixture v41-tiny: per batch size, plain decoding and DSpark's speculation through
+// the scheduler, and at batch 1 the oracle drafter: 16 tokens after the first in steps of γ + 1 =
+// 5, every draft accepted but in the last step, whose block runs past the reply's end (one draft
+// there is the reply's last token, the others are not the reply).
+TEST(Cli, BenchSpecReportsEveryDrafter) {
+  Outcome r = run_dsv41("bench spec --model " DSV41_TEST_DATA "/fixtures/v41-tiny --prompt-tokens 20 --tokens 17 --batches 1,2 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  json j = json::parse(r.output);
+  EXPECT_EQ(j["executor"], "cpu");
+  std::vector<std::pair<int, std::string>> runs;
+  for (const json& run : j["runs"]) {
+    runs.emplace_back(run["batch"].get<int>(), run["drafter"].get<std::string>());
+    EXPECT_GT(run["output_tokens_per_s"].get<double>(), 0) << run;
+    if (run["drafter"] == "oracle") {
+      EXPECT_EQ(run["speculative_steps"].get<int>(), 4) << run;
+      EXPECT_EQ(run["accepted_at"], json({4, 3, 3, 3})) << run;  // accepted 4, 4, 4, 1
+    }
+  }
+  EXPECT_EQ(runs, (std::vector<std::pair<int, std::string>>{{1, "none"}, {1, "dspark"}, {1, "oracle"}, {2, "none"}, {2, "dspark"}}));
+}
+
 TEST(Cli, BenchCacheReportsEveryScenario) {
   Outcome r = run_dsv41("bench cache --model " DSV41_TEST_DATA
                         "/fixtures/v41-tiny --document-tokens 200 --question-tokens 32 --reply-tokens 4 --json");

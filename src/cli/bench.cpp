@@ -123,6 +123,7 @@ void add_bench(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   add_bench_serve(*bench);
+  add_bench_spec(*bench);
 
   struct Args {
     std::string model, preset = "flash-kv";

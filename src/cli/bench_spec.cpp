@@ -1,0 +1,214 @@
+// dsv41 bench spec [--model DIR | --preset NAME] [--prompt-tokens N] [--tokens N] [--batches 1,4]
+//                  [--temperature T] [--seed S] [--json]
+//
+// Speculative decoding's speed (issue 18) on the CPU executor, the only one with speculation so
+// far: output tokens per second of plain decoding and of DSpark speculation (greedy unless a
+// temperature is given), each batch size's requests through the scheduler; and at batch 1 with an
+// oracle drafter, whose drafts are the target's own greedy continuation (known from a plain run):
+// every draft accepted, the ceiling of the verify path. Random weights accept few of DSpark's
+// drafts, so its figure there is the cost of speculating, not its gain. Without --model a random
+// checkpoint of the preset (default tiny) is written to a temporary directory first.
+#include <fmt/core.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/model_dir.h"
+#include "engine/scheduler.h"
+#include "engine/session.h"
+#include "model/random_checkpoint.h"
+
+namespace dsv41::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct Run {
+  std::string drafter;  // "none", "dspark", "oracle"
+  int batch = 1;
+  double tokens_per_s = 0;
+  SpeculationStats spec;
+};
+
+nlohmann::json to_json(const Run& r) {
+  nlohmann::json j = {{"batch", r.batch}, {"drafter", r.drafter}, {"output_tokens_per_s", r.tokens_per_s}};
+  if (r.drafter != "none") {
+    j["speculative_steps"] = r.spec.steps;
+    j["mean_accepted"] = r.spec.steps > 0 ? double(r.spec.accepted) / double(r.spec.steps) : 0.0;
+    j["accepted_at"] = r.spec.accepted_at;
+  }
+  return j;
+}
+
+// `batch` requests of `tokens` output tokens through a scheduler with speculation on or off: the
+// output tokens over the wall time from the first submission to the last finish (prefills included).
+Run through_scheduler(Executor& executor, const Tokenizer* tokenizer, const std::vector<std::vector<int>>& prompts, int tokens,
+                      const SamplingParams& sampling, bool speculative) {
+  SchedulerOptions options;
+  options.max_running = int(prompts.size());
+  options.speculative = speculative;
+  Scheduler scheduler(executor, tokenizer, Mode::Default, nullptr, options);
+  const auto t0 = Clock::now();
+  std::vector<std::shared_ptr<Generation>> gens;
+  for (const std::vector<int>& p : prompts) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = tokens;
+    r.sampling = sampling;
+    gens.push_back(scheduler.submit(r));
+  }
+  int64_t emitted = 0;
+  for (auto& g : gens)
+    for (GenerationEvent e = g->next(); e.kind != GenerationEvent::Kind::Finished; e = g->next())
+      emitted += e.kind == GenerationEvent::Kind::Token;
+  Run run;
+  run.drafter = speculative ? "dspark" : "none";
+  run.batch = int(prompts.size());
+  run.tokens_per_s = double(emitted) / seconds_since(t0);
+  run.spec = scheduler.stats().speculation;
+  return run;
+}
+
+// Batch 1 with the oracle: `want` is the plain greedy reply; the decode time alone is timed.
+Run oracle(Executor& executor, const Tokenizer* tokenizer, const std::vector<int>& prompt, const std::vector<int>& want) {
+  const Config& c = executor.model().config();
+  Session s(executor, tokenizer, Mode::Default);
+  s.enable_drafting();
+  GreedyVerifier verifier(c.vocab_size, c.vocab_size);
+  const int64_t P = int64_t(prompt.size());
+  auto drafter = [&](int anchor) {
+    const size_t i = size_t(s.length() - P);
+    Draft d{{anchor}, {}, {}};
+    for (int j = 1; j <= c.dspark_block_size; ++j) d.tokens.push_back(want[std::min(i + size_t(j), want.size() - 1)]);
+    return d;
+  };
+  Run run;
+  run.drafter = "oracle";
+  const std::vector<float> logits = s.prefill(prompt);
+  int next = draft_argmax(logits);
+  size_t emitted = 1;
+  const auto t0 = Clock::now();
+  while (emitted < want.size()) {
+    const Session::Speculation step = s.speculate(next, verifier, drafter);
+    run.spec.steps += 1, run.spec.accepted += step.accepted, run.spec.drafted += int64_t(step.draft.size()) - 1;
+    if (run.spec.accepted_at.size() < step.draft.size() - 1) run.spec.accepted_at.resize(step.draft.size() - 1, 0);
+    for (int k = 0; k < step.accepted; ++k) run.spec.accepted_at[size_t(k)] += 1;
+    emitted += step.emitted.size();
+    next = step.emitted.back();
+  }
+  run.tokens_per_s = double(emitted - 1) / seconds_since(t0);
+  return run;
+}
+
+std::vector<int> parse_batches(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    try {
+      size_t used = 0;
+      const int b = std::stoi(item, &used);
+      if (used != item.size() || b < 1 || b > 4096) throw std::invalid_argument(item);
+      out.push_back(b);
+    } catch (const std::exception&) {
+      fail("--batches", "comma-separated batch sizes in [1, 4096] like 1,4", "\"" + item + "\"");
+    }
+  }
+  if (out.empty()) fail("--batches", "at least one batch size", "none");
+  return out;
+}
+
+}  // namespace
+
+void add_bench_spec(CLI::App& bench) {
+  struct Args {
+    std::string model, preset = "tiny", batches = "1,4";
+    int prompt_tokens = 64, tokens = 64;
+    uint64_t seed = 1;
+    float temperature = 0;
+    bool as_json = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = bench.add_subcommand("spec", "Output tokens/s with and without DSpark speculative decoding (CPU executor)");
+  auto* model = cmd->add_option("--model", args->model, "Checkpoint directory with DSpark stages (default: a random checkpoint of --preset)");
+  cmd->add_option("--preset", args->preset, "Config of the random checkpoint")->excludes(model);
+  cmd->add_option("--prompt-tokens", args->prompt_tokens, "Tokens of each request's prompt")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--tokens", args->tokens, "Output tokens of each request")->check(CLI::Range(2, 1 << 16));
+  cmd->add_option("--batches", args->batches, "Concurrent requests, e.g. 1,4 (batch 1 also runs the oracle drafter)");
+  cmd->add_option("--temperature", args->temperature, "Sampling temperature (0: greedy; the oracle runs greedy)")->check(CLI::Range(0.0, 2.0));
+  cmd->add_option("--seed", args->seed, "Seed of the random checkpoint, the prompts and the sampling");
+  cmd->add_flag("--json", args->as_json, "Print one JSON object");
+  cmd->callback([args] {
+    const std::vector<int> batches = parse_batches(args->batches);
+    const fs::path scratch = fs::temp_directory_path() / fmt::format("dsv41-bench-spec-{}", ::getpid());
+    struct Cleanup {
+      fs::path dir;
+      ~Cleanup() { fs::remove_all(dir); }
+    } cleanup{scratch};
+    std::string dir = args->model;
+    if (dir.empty()) {
+      fs::create_directories(scratch);
+      dir = (scratch / "model").string();
+      if (!args->as_json) fmt::print(stderr, "bench spec: writing a random {} checkpoint to {}\n", args->preset, dir);
+      RandomCheckpointOptions o;
+      o.seed = args->seed;
+      o.quantized = true;
+      write_random_checkpoint(preset(args->preset), dir, o);
+    }
+    ModelDir m = load_model_dir(dir, Device::Cpu);
+    const Config& c = m.model->config();
+    if (!c.has_dspark()) fail(dir, "a checkpoint with DSpark stages", "none");
+    const Tokenizer* tokenizer = m.tokenizer_or_null();
+
+    std::mt19937_64 rng(args->seed);
+    std::uniform_int_distribution<int> id(3, int(sampling_vocab(c, tokenizer)) - 1);
+    auto random_prompt = [&] {
+      std::vector<int> v(static_cast<size_t>(args->prompt_tokens));
+      for (int& t : v) t = id(rng);
+      return v;
+    };
+    SamplingParams sampling;
+    sampling.temperature = args->temperature;
+    sampling.seed = args->seed;
+    std::vector<Run> runs;
+    for (const int b : batches) {
+      std::vector<std::vector<int>> prompts;
+      for (int i = 0; i < b; ++i) prompts.push_back(random_prompt());
+      for (const bool speculative : {false, true}) {
+        runs.push_back(through_scheduler(*m.executor, tokenizer, prompts, args->tokens, sampling, speculative));
+        if (!args->as_json) fmt::print(stderr, "bench spec: batch {} {}: {:.1f} output tokens/s\n", b, runs.back().drafter, runs.back().tokens_per_s);
+      }
+      if (b != 1) continue;
+      Session plain(*m.executor, tokenizer, Mode::Default);
+      std::vector<int> want{draft_argmax(plain.prefill(prompts[0]))};
+      while (int(want.size()) < args->tokens) want.push_back(draft_argmax(plain.decode(want.back())));
+      runs.push_back(oracle(*m.executor, tokenizer, prompts[0], want));
+      if (!args->as_json) fmt::print(stderr, "bench spec: batch 1 oracle: {:.1f} output tokens/s\n", runs.back().tokens_per_s);
+    }
+
+    nlohmann::json out = {{"model", dir}, {"executor", m.executor->name()}, {"block_size", c.dspark_block_size},
+                          {"prompt_tokens", args->prompt_tokens}, {"output_tokens", args->tokens},
+                          {"temperature", args->temperature}, {"runs", nlohmann::json::array()}};
+    for (const Run& r : runs) out["runs"].push_back(to_json(r));
+    if (args->as_json) {
+      fmt::print("{}\n", out.dump());
+      return;
+    }
+    fmt::print("| batch | drafter | output tokens/s | mean accepted of {} |\n| ---: | --- | ---: | ---: |\n", c.dspark_block_size);
+    for (const Run& r : runs)
+      fmt::print("| {} | {} | {:.1f} | {} |\n", r.batch, r.drafter, r.tokens_per_s,
+                 r.drafter == "none" ? std::string("") : fmt::format("{:.2f}", r.spec.steps > 0 ? double(r.spec.accepted) / double(r.spec.steps) : 0.0));
+  });
+}
+
+}  // namespace dsv41::cli
