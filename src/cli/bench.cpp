@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <unistd.h>
 
 #include "backend/cpu/sampling.h"
 #include "base/error.h"
@@ -28,7 +27,6 @@
 #include "engine/session.h"
 #include "kv/checkpoint_identity.h"
 #include "kv/prefix_key.h"
-#include "model/random_checkpoint.h"
 
 namespace dsv41::cli {
 
@@ -143,23 +141,9 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--json", args->as_json, "Print one JSON object");
   add_device_flag(*cmd, args->device);
   cmd->callback([args] {
-    const fs::path scratch = fs::temp_directory_path() / fmt::format("dsv41-bench-cache-{}", ::getpid());
-    fs::remove_all(scratch);
-    fs::create_directories(scratch);
-    struct Cleanup {
-      fs::path dir;
-      ~Cleanup() { fs::remove_all(dir); }
-    } cleanup{scratch};
-
-    std::string dir = args->model;
-    if (dir.empty()) {
-      dir = (scratch / "model").string();
-      if (!args->as_json) fmt::print(stderr, "bench cache: writing a random {} checkpoint to {}\n", args->preset, dir);
-      RandomCheckpointOptions o;
-      o.seed = args->seed;
-      o.quantized = true;
-      write_random_checkpoint(preset(args->preset), dir, o);
-    }
+    const BenchCheckpoint checkpoint("cache", args->model, args->preset, args->seed, args->as_json);
+    const std::string& dir = checkpoint.dir();
+    const fs::path& scratch = checkpoint.scratch();
     ModelDir m = load_model_dir(dir, args->device);
     const Config& c = m.model->config();
 

@@ -11,11 +11,9 @@
 #include <fmt/core.h>
 
 #include <chrono>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
-#include <unistd.h>
 
 #include "base/error.h"
 #include "cli/commands.h"
@@ -23,13 +21,11 @@
 #include "cli/model_dir.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
-#include "model/random_checkpoint.h"
 
 namespace dsv41::cli {
 
 namespace {
 
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -150,21 +146,8 @@ void add_bench_spec(CLI::App& bench) {
   cmd->add_flag("--json", args->as_json, "Print one JSON object");
   cmd->callback([args] {
     const std::vector<int> batches = parse_batches(args->batches);
-    const fs::path scratch = fs::temp_directory_path() / fmt::format("dsv41-bench-spec-{}", ::getpid());
-    struct Cleanup {
-      fs::path dir;
-      ~Cleanup() { fs::remove_all(dir); }
-    } cleanup{scratch};
-    std::string dir = args->model;
-    if (dir.empty()) {
-      fs::create_directories(scratch);
-      dir = (scratch / "model").string();
-      if (!args->as_json) fmt::print(stderr, "bench spec: writing a random {} checkpoint to {}\n", args->preset, dir);
-      RandomCheckpointOptions o;
-      o.seed = args->seed;
-      o.quantized = true;
-      write_random_checkpoint(preset(args->preset), dir, o);
-    }
+    const BenchCheckpoint checkpoint("spec", args->model, args->preset, args->seed, args->as_json);
+    const std::string& dir = checkpoint.dir();
     ModelDir m = load_model_dir(dir, Device::Cpu);
     const Config& c = m.model->config();
     if (!c.has_dspark()) fail(dir, "a checkpoint with DSpark stages", "none");

@@ -1,6 +1,11 @@
 #include "cli/model_dir.h"
 
+#include <fmt/core.h>
+#include <unistd.h>
+
 #include <filesystem>
+
+#include "model/random_checkpoint.h"
 
 namespace dsv41::cli {
 
@@ -15,6 +20,20 @@ ModelDir load_model_dir(const std::string& dir, Device device) {
     if (std::optional<int> eos = config_eos_id(dir, *m.tokenizer)) m.stop_ids.push_back(*eos);
   }
   return m;
+}
+
+BenchCheckpoint::BenchCheckpoint(const std::string& command, const std::string& model, const std::string& preset_name,
+                                 uint64_t seed, bool quiet)
+    : scratch_(std::filesystem::temp_directory_path() / fmt::format("dsv41-bench-{}-{}", command, ::getpid())), dir_(model) {
+  std::filesystem::remove_all(scratch_);
+  std::filesystem::create_directories(scratch_);
+  if (!dir_.empty()) return;
+  dir_ = (scratch_ / "model").string();
+  if (!quiet) fmt::print(stderr, "bench {}: writing a random {} checkpoint to {}\n", command, preset_name, dir_);
+  RandomCheckpointOptions o;
+  o.seed = seed;
+  o.quantized = true;
+  write_random_checkpoint(preset(preset_name), dir_, o);
 }
 
 }  // namespace dsv41::cli

@@ -1,6 +1,8 @@
 #pragma once
 // What the commands that run a model load from its directory: the weights, the tokenizer when
 // there is one, and the ids that end a reply.
+#include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,5 +24,23 @@ struct ModelDir {
 };
 
 ModelDir load_model_dir(const std::string& dir, Device device = Device::Auto);
+
+// The checkpoint a benchmark runs: `model` when given, else a random quantized checkpoint of
+// `preset` (seeded) written into a scratch directory of the process, which this object removes;
+// `command` names the benchmark in the line it prints to stderr unless `quiet`. The scratch
+// directory is there for the command's other files too.
+class BenchCheckpoint {
+ public:
+  BenchCheckpoint(const std::string& command, const std::string& model, const std::string& preset, uint64_t seed, bool quiet);
+  ~BenchCheckpoint() { std::filesystem::remove_all(scratch_); }
+  BenchCheckpoint(const BenchCheckpoint&) = delete;
+  BenchCheckpoint& operator=(const BenchCheckpoint&) = delete;
+  const std::string& dir() const { return dir_; }
+  const std::filesystem::path& scratch() const { return scratch_; }
+
+ private:
+  std::filesystem::path scratch_;
+  std::string dir_;
+};
 
 }  // namespace dsv41::cli
