@@ -135,11 +135,29 @@ void expect_error(const std::function<void()>& f, const std::string& message) {
   }
 }
 
+// OpenAI's `developer` role renders as a system turn: the same ids as the conversation with
+// `system` in its place.
+TEST(ChatFormat, DeveloperIsASystemTurn) {
+  for (const char* tail : {R"([{"role":"X","content":"be brief"},{"role":"user","content":"hi"}])",
+                           R"([{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"X","content":"now in French"},{"role":"user","content":"hi"}])"}) {
+    std::string developer = tail, system = tail;
+    developer.replace(developer.find("\"X\""), 3, "\"developer\"");
+    system.replace(system.find("\"X\""), 3, "\"system\"");
+    const std::vector<ChatMessage> d = chat_messages_from_json(ordered_json::parse(developer));
+    const std::vector<ChatMessage> s = chat_messages_from_json(ordered_json::parse(system));
+    ASSERT_EQ(d.size(), s.size());
+    for (size_t i = 0; i < d.size(); ++i) {
+      EXPECT_EQ(d[i].role, s[i].role) << tail;
+      EXPECT_EQ(d[i].content, s[i].content) << tail;
+    }
+  }
+}
+
 TEST(ChatFormat, ErrorsNameTheFieldWhatWasExpectedAndWhatWasFound) {
   auto messages = [](const char* s) { return [s] { chat_messages_from_json(ordered_json::parse(s)); }; };
   expect_error(messages(R"({"role":"user"})"), "messages: expected an array of messages, found an object");
-  expect_error(messages(R"([{"role":"user","content":"a"},{"role":"developer","content":"b"}])"),
-               R"(messages[1].role: expected one of system, user, assistant, tool, found "developer")");
+  expect_error(messages(R"([{"role":"user","content":"a"},{"role":"critic","content":"b"}])"),
+               R"(messages[1].role: expected one of system, developer, user, assistant, tool, found "critic")");
   expect_error(messages(R"([{"content":"a"}])"), "messages[0].role: expected a string, found nothing");
   expect_error(messages(R"([{"role":"user","content":5}])"),
                "messages[0].content: expected a string or an array of text parts, found number 5");

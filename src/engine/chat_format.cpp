@@ -377,11 +377,13 @@ std::vector<ChatMessage> chat_messages_from_json(const ordered_json& messages) {
     if (role == m.end() || !role->is_string()) fail(where + ".role", "a string", role == m.end() ? "nothing" : describe(*role));
     ChatMessage msg;
     const std::string r = role->get<std::string>();
-    if (r == "system") msg.role = ChatRole::system;
+    // OpenAI's `developer` role is its newer name for system instructions: a system turn here
+    // (encoding.py knows no other).
+    if (r == "system" || r == "developer") msg.role = ChatRole::system;
     else if (r == "user") msg.role = ChatRole::user;
     else if (r == "assistant") msg.role = ChatRole::assistant;
     else if (r == "tool") msg.role = ChatRole::tool;
-    else fail(where + ".role", "one of system, user, assistant, tool", describe(*role));
+    else fail(where + ".role", "one of system, developer, user, assistant, tool", describe(*role));
 
     auto content = m.find("content");
     bool absent = content == m.end() || content->is_null();
