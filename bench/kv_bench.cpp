@@ -70,8 +70,8 @@ void BM_LookupSwaHit(benchmark::State& state) {
   KvCache cache(c, options());
   const std::vector<int> tokens = random_tokens(n + 80, 1);
   const SequenceState s = random_state(c, n, 2);
-  cache.store_blocks(std::span(tokens).first(size_t(n)), s, 0);
-  cache.store_tail(std::span(tokens).first(size_t(n)), s);
+  cache.store_blocks(std::span(tokens).first(size_t(n)), view_of(s), 0);
+  cache.store_tail(std::span(tokens).first(size_t(n)), view_of(s));
   const int B = cache.block_tokens();
   const int64_t P = int64_t(tokens.size());
   for (auto _ : state) {
@@ -93,11 +93,11 @@ void BM_StoreTurn(benchmark::State& state) {
   KvCache cache(c, options());
   const std::vector<int> tokens = random_tokens(n + 80, 1);
   const SequenceState before = random_state(c, n, 2), after = random_state(c, n + 80, 3);
-  cache.store_blocks(std::span(tokens).first(size_t(n)), before, 0);
+  cache.store_blocks(std::span(tokens).first(size_t(n)), view_of(before), 0);
   const int64_t stored = n / cache.block_tokens();
   for (auto _ : state) {
-    cache.store_blocks(tokens, after, stored);
-    cache.store_tail(tokens, after);
+    cache.store_blocks(tokens, view_of(after), stored);
+    cache.store_tail(tokens, view_of(after));
   }
   state.counters["KV MB"] = double(after.kv_bytes()) / 1e6;
 }
@@ -117,7 +117,7 @@ void BM_StorePrompt(benchmark::State& state) {
     o.store_dir = dir.string();
     auto cache = std::make_unique<KvCache>(c, o);
     state.ResumeTiming();
-    cache->store_blocks(tokens, s, 0);
+    cache->store_blocks(tokens, view_of(s), 0);
     state.PauseTiming();
     const auto t0 = std::chrono::steady_clock::now();
     cache->flush();

@@ -8,6 +8,7 @@
 #include "fixture.h"
 #include "kv/prefix_key.h"
 #include "kv/sequence_blocks.h"
+#include "restore_check.h"
 #include "test_util.h"
 
 using namespace dsv41;
@@ -64,4 +65,12 @@ TEST(KvRestore, GlobalBlocksAloneHoldTheGlobalKv) {
   std::vector<std::vector<uint8_t>> bad = blocks;
   bad[0].pop_back();
   EXPECT_THROW(restore_sequence(c, test::payloads(bad), B), Error);
+}
+
+// The CPU executor's sequences restore from the tiers' pieces as materialize() does
+// (tests/restore_check.h; tests/cuda/forward_device_test.cu runs the same for CUDA).
+TEST(KvRestore, ExecutorRestoresTheTiersPiecesAsTheHost) {
+  auto model = Model::load(fixture_dir("v41-tiny"));
+  CpuExecutor executor(*model);
+  expect_restores_as_the_host(model->config(), executor);
 }

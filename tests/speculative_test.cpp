@@ -13,30 +13,13 @@
 #include "fixture.h"
 #include "forward/sequence_mark.h"
 #include "model/random_checkpoint.h"
+#include "same_state.h"
 #include "test_util.h"
 
 using namespace dsv41;
+using dsv41::test::expect_same_state;
 
 namespace {
-
-void expect_same_state(const Config& c, const SequenceState& a, const SequenceState& b, const std::string& what) {
-  EXPECT_EQ(a.length, b.length) << what;
-  EXPECT_EQ(a.decoder_window_floor, b.decoder_window_floor) << what;
-  EXPECT_EQ(a.encoder_window_floor, b.encoder_window_floor) << what;
-  ASSERT_EQ(a.window.size(), b.window.size()) << what;
-  for (size_t l = 0; l < a.window.size(); ++l) EXPECT_EQ(a.window[l], b.window[l]) << what << ": ring " << l;
-  for (const auto& [layer, x] : a.compressed) {
-    const CompressedCache& y = b.compressed.at(layer);
-    EXPECT_EQ(x.entries, y.entries) << what << ": layer " << layer;
-    EXPECT_EQ(x.kv, y.kv) << what << ": layer " << layer;
-    EXPECT_EQ(x.index_k, y.index_k) << what << ": layer " << layer;
-    ASSERT_EQ(x.pending, y.pending) << what << ": layer " << layer;
-    const size_t open = size_t(x.pending) * size_t(c.head_dim);  // the open group's rows; the rest is stale
-    EXPECT_TRUE(std::equal(x.pending_kv.begin(), x.pending_kv.begin() + open, y.pending_kv.begin())) << what << ": layer " << layer;
-    EXPECT_TRUE(std::equal(x.pending_score.begin(), x.pending_score.begin() + open, y.pending_score.begin()))
-        << what << ": layer " << layer;
-  }
-}
 
 std::vector<int> random_tokens(const Config& c, int n, uint32_t seed) {
   std::mt19937 rng(seed);

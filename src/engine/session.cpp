@@ -59,11 +59,21 @@ Session::Call Session::append(std::span<const int> tokens, int64_t decoder_from)
 }
 
 void Session::start_over(std::span<const int> tokens, SequenceState state) {
+  const int64_t floor = state.decoder_window_floor;
+  kv_->assign(std::move(state));
+  started_over(tokens, floor);
+}
+
+void Session::start_over(std::span<const int> tokens, const StateView& view) {
+  kv_->restore(view);
+  started_over(tokens, view.decoder_window_floor);
+}
+
+void Session::started_over(std::span<const int> tokens, int64_t decoder_floor) {
   pending_ = Call{};
   cursor_ = 0;
   tokens_.assign(tokens.begin(), tokens.end());
-  decoder_floor_ = state.decoder_window_floor;
-  kv_->assign(std::move(state));
+  decoder_floor_ = decoder_floor;
   if (hasher_) history_ = hasher_->history_after(tokens, {});
   stored_blocks_ = 0;
 }
@@ -147,7 +157,8 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   const int64_t lo = std::max<int64_t>(1, H - R + 1);
   if (auto tail = cache->find_tail(prompt, run.keys, lo, std::min(P - 1, H + B - 1))) {
     const int64_t n = tail->position, blocks = n / B;
-    start_over(prompt.first(size_t(n)), restore_sequence(c, run.payloads(size_t(blocks)), B, &tail->snapshot->tail));
+    const std::vector<Bytes> payloads = run.payloads(size_t(blocks));
+    start_over(prompt.first(size_t(n)), view_sequence(c, payloads, B, &tail->snapshot->tail));
     stored_blocks_ = blocks;
     use.swa_tokens = n;
     count_blocks(blocks);
@@ -156,9 +167,10 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
 
   // A global hit: the replay over [H - R, H), adopted only past R positions.
   if (H > R) {
-    SequenceState state = restore_sequence(c, run.payloads(run.blocks.size()), B);
-    state.length = H - R;
-    start_over(prompt.first(size_t(H - R)), std::move(state));
+    const std::vector<Bytes> payloads = run.payloads(run.blocks.size());
+    StateView view = view_sequence(c, payloads, B);
+    view.length = H - R;
+    start_over(prompt.first(size_t(H - R)), view);
     stored_blocks_ = H / B;
     use.global_tokens = H;
     use.replayed = R;
@@ -290,7 +302,7 @@ std::vector<float> Session::prefill_prompt(std::span<const int> prompt, KvCache*
 void Session::save(KvCache& cache) {
   check_cache(cache);
   if (length() == 0) return;
-  const SequenceState& state = kv_->host();
+  const StateView state = kv_->saved(stored_blocks_ * cache.block_tokens());
   cache.store_blocks(tokens_, state, stored_blocks_);
   stored_blocks_ = state.length / cache.block_tokens();
   cache.store_tail(tokens_, state);

@@ -157,7 +157,10 @@ class Session {
   void start_call(Call call, KvCache* cache);
   std::vector<float> run_alone(const BatchItem& item);  // this session's item alone, then ran()
   void check_cache(const KvCache& cache) const;          // of this session's mode
+  // The sequence from a state given (held by the executor), or restored from the tiers' pieces.
   void start_over(std::span<const int> tokens, SequenceState state);
+  void start_over(std::span<const int> tokens, const StateView& view);
+  void started_over(std::span<const int> tokens, int64_t decoder_floor);
 
   std::unique_ptr<Executor> own_executor_;  // the Model constructors' CPU executor
   Executor& executor_;

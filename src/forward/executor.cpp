@@ -11,13 +11,16 @@ namespace {
 
 class CpuSequence final : public Sequence {
  public:
-  explicit CpuSequence(const Config& config) : state_(config) {}
+  explicit CpuSequence(const Config& config) : config_(config), state_(config) {}
   int64_t length() const override { return state_.length; }
   const SequenceState& host() override { return state_; }
   void assign(SequenceState state) override { state_ = std::move(state); }
+  void restore(const StateView& view) override { state_ = materialize(config_, view); }
+  StateView saved(int64_t) override { return view_of(state_); }
   SequenceState& state() { return state_; }
 
  private:
+  const Config& config_;
   SequenceState state_;
 };
 

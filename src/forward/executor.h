@@ -12,6 +12,7 @@
 #include "forward/dspark.h"
 #include "forward/forward.h"
 #include "forward/sequence_mark.h"
+#include "forward/state_view.h"
 #include "model/sampling.h"
 
 namespace dsv41 {
@@ -25,8 +26,15 @@ class Sequence {
   // executor's own, a copy brought back from the device otherwise, valid until the next call that
   // runs this sequence.
   virtual const SequenceState& host() = 0;
-  // Replaces the state (a restore from the tiers, or a fresh start).
+  // The state as the KV tiers store it (Session::save): the counters, every ring, the open groups,
+  // and the global KV from the entries of token `from_token` on (the blocks stored before it are
+  // not read again). A view of the CPU executor's own state; of a copy brought back from the
+  // device otherwise, valid until the executor's next call.
+  virtual StateView saved(int64_t from_token) = 0;
+  // Replaces the state: a host state (a fresh start, a test's), or the tiers' pieces copied
+  // straight to where the executor holds it (StateView: a hit, with no host state made).
   virtual void assign(SequenceState state) = 0;
+  virtual void restore(const StateView& view) = 0;
 };
 
 struct BatchItem {

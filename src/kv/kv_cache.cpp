@@ -105,7 +105,7 @@ std::optional<KvCache::TailHit> KvCache::find_tail(std::span<const int> tokens, 
   return TailHit{candidates[found->index].second, std::move(found->snapshot)};
 }
 
-void KvCache::store_blocks(std::span<const int> tokens, const SequenceState& state, int64_t first_block) {
+void KvCache::store_blocks(std::span<const int> tokens, const StateView& state, int64_t first_block) {
   const int B = block_tokens();
   const int64_t blocks = state.length / B;
   if (first_block >= blocks) return;
@@ -124,7 +124,7 @@ void KvCache::store_blocks(std::span<const int> tokens, const SequenceState& sta
   }
 }
 
-void KvCache::store_tail(std::span<const int> tokens, const SequenceState& state) {
+void KvCache::store_tail(std::span<const int> tokens, const StateView& state) {
   swa_.put(keys_.prefix_key(tokens.first(size_t(state.length))), state.length,
            SwaSnapshot{sequence_tail(config_, state, block_tokens())});
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "forward/sequence_state.h"
+#include "forward/state_view.h"
 #include "kv/host_cache.h"
 #include "kv/persistent_store.h"
 #include "kv/prefix_key.h"
@@ -70,9 +71,9 @@ struct BlockRun {
   std::vector<bool> from_disk;  // per block: found in the store, not the host cache
   std::vector<BlockKey> keys;   // per block: its key
   int64_t tokens(int block_tokens) const { return int64_t(blocks.size()) * block_tokens; }
-  // The first n blocks' payloads, as restore_sequence takes them.
-  std::vector<std::span<const uint8_t>> payloads(size_t n) const {
-    std::vector<std::span<const uint8_t>> out;
+  // The first n blocks' payloads, as view_sequence takes them.
+  std::vector<Bytes> payloads(size_t n) const {
+    std::vector<Bytes> out;
     for (size_t b = 0; b < n && b < blocks.size(); ++b) out.emplace_back(blocks[b]->payload);
     return out;
   }
@@ -106,12 +107,12 @@ class KvCache {
   // and, queued for the writer, the persistent store (a block the store holds already is not
   // rewritten). A write the store fails (disk full, I/O error) is counted and skipped: serving goes
   // on without it. Waits only when kMaxQueuedWrites blocks are queued already.
-  void store_blocks(std::span<const int> tokens, const SequenceState& state, int64_t first_block);
+  void store_blocks(std::span<const int> tokens, const StateView& state, int64_t first_block);
   // Returns once every store write queued so far is done (written, present, refused or failed).
   void flush();
   static constexpr size_t kMaxQueuedWrites = 4096;
   // Stores the state's tail in the SWA pool at its position.
-  void store_tail(std::span<const int> tokens, const SequenceState& state);
+  void store_tail(std::span<const int> tokens, const StateView& state);
 
   // The engine's tally (counters are added to, never reset).
   void count(const KvCacheCounters& delta);

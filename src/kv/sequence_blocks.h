@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "forward/sequence_state.h"
+#include "forward/state_view.h"
 
 namespace dsv41 {
 
@@ -20,16 +20,23 @@ namespace dsv41 {
 // and MXFP4 index key.
 int64_t global_block_bytes(const Config& config, int block_tokens);
 
-// The global-KV payload of block `block` (tokens [block·B, (block+1)·B)) of a state holding them.
+// The global-KV payload of block `block` (tokens [block·B, (block+1)·B)) of a state holding them
+// (a view saved in part holds the blocks from its entries' first on).
+std::vector<uint8_t> global_block(const Config& config, const StateView& state, int64_t block, int block_tokens);
 std::vector<uint8_t> global_block(const Config& config, const SequenceState& state, int64_t block, int block_tokens);
 
 // Everything beyond the state's complete blocks.
+std::vector<uint8_t> sequence_tail(const Config& config, const StateView& state, int block_tokens);
 std::vector<uint8_t> sequence_tail(const Config& config, const SequenceState& state, int block_tokens);
 
-// Rebuilds a state from its global blocks' payloads (in order) and, optionally, its tail. Without a
-// tail the state holds the blocks' global KV only (length = blocks · B, no SWA): an SWA miss. Each
-// cache is allocated once at its final size and every byte copied once.
-SequenceState restore_sequence(const Config& config, std::span<const std::span<const uint8_t>> blocks, int block_tokens,
+// The state of a sequence from its global blocks' payloads (in order) and, optionally, its tail, as
+// views of them (checked: a torn or foreign payload is refused by name). Without a tail the state
+// holds the blocks' global KV only (length = blocks · B, every ring zero): an SWA miss.
+StateView view_sequence(const Config& config, std::span<const Bytes> blocks, int block_tokens,
+                        const std::vector<uint8_t>* tail = nullptr);
+
+// The same state as a host SequenceState, each cache allocated once at its final size.
+SequenceState restore_sequence(const Config& config, std::span<const Bytes> blocks, int block_tokens,
                                const std::vector<uint8_t>* tail = nullptr);
 
 }  // namespace dsv41

@@ -19,6 +19,8 @@
 #include <numeric>
 
 #include "../forward_fixture.h"
+#include "../restore_check.h"
+#include "../same_state.h"
 #include "backend/cpu/sampling.h"
 #include "base/error.h"
 #include "device_util.h"
@@ -145,22 +147,6 @@ TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
 }
 
 // The same state, byte for byte: lengths, window floors, rings, caches, open groups.
-void expect_same_state(const SequenceState& a, const SequenceState& b, const std::string& what) {
-  EXPECT_EQ(a.length, b.length) << what;
-  EXPECT_EQ(a.decoder_window_floor, b.decoder_window_floor) << what;
-  EXPECT_EQ(a.encoder_window_floor, b.encoder_window_floor) << what;
-  for (size_t l = 0; l < a.window.size(); ++l) EXPECT_EQ(mismatches(a.window[l], b.window[l]), 0u) << what << " ring " << l;
-  for (auto& [layer, cache] : a.compressed) {
-    const CompressedCache& other = b.compressed.at(layer);
-    EXPECT_EQ(cache.entries, other.entries) << what << " layer " << layer;
-    EXPECT_EQ(cache.pending, other.pending) << what << " layer " << layer;
-    EXPECT_EQ(mismatches(cache.kv, other.kv), 0u) << what << " layer " << layer;
-    EXPECT_EQ(mismatches(cache.index_k, other.index_k), 0u) << what << " layer " << layer;
-    EXPECT_EQ(mismatches(cache.pending_kv, other.pending_kv), 0u) << what << " layer " << layer;
-    EXPECT_EQ(mismatches(cache.pending_score, other.pending_score), 0u) << what << " layer " << layer;
-  }
-}
-
 // Decode under a CUDA graph: three sequences prefilled to different lengths (5, 40 and 100 of
 // prompt 2's tokens: a window still partly empty, top-k over fewer entries than k, and over many)
 // step on through one DecodeGraph, and their twins through forward_batch, a call per step (the
@@ -202,13 +188,13 @@ TEST_P(DeviceForwardFixture, DecodeGraphEqualsUncapturedSteps) {
   }
   EXPECT_GT(graph.nodes(), 0u);
   for (size_t b = 0; b < lengths.size(); ++b)
-    expect_same_state(graphed[b]->download(), twins[b]->download(), "sequence " + std::to_string(b));
+    expect_same_state(c, graphed[b]->download(), twins[b]->download(), "sequence " + std::to_string(b));
 
   const SequenceState before = graphed[0]->download();
   const std::vector<int32_t> bad = {1, int32_t(c.vocab_size), 2};
   std::vector<const int64_t*> bad_ids(3, ids(0));
   EXPECT_THROW(graph.step(bad, c.has_engram() ? bad_ids : std::vector<const int64_t*>{}), Error);
-  expect_same_state(graphed[0]->download(), before, "after a refused step");
+  expect_same_state(c, graphed[0]->download(), before, "after a refused step");
 }
 
 // One call through the CPU forward (all logits, its choices recorded) and, with those choices
@@ -422,6 +408,15 @@ TEST_P(DeviceForwardFixture, ExecutorSequenceTakesAStateBeyondItsFirstCapacity) 
     EXPECT_EQ(mismatches(copy->compressed.at(layer).index_k, cache.index_k), 0u) << "layer " << layer;
   }
   for (size_t l = 0; l < s.window.size(); ++l) EXPECT_EQ(mismatches(copy->window[l], s.window[l]), 0u);
+}
+
+// The CUDA executor's sequences restore from the tiers' pieces (packed into pinned memory, one
+// copy per cache) into what materialize() makes of them on the host (tests/restore_check.h).
+TEST_P(DeviceForwardFixture, ExecutorRestoresTheTiersPiecesAsTheHost) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f(GetParam());
+  std::unique_ptr<Executor> executor = cuda::make_executor(*f.model);
+  expect_restores_as_the_host(f.config(), *executor);
 }
 
 // The CUDA executor replays a decode-only step through its captured graph (cuda_executor.cu)

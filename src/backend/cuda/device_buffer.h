@@ -69,6 +69,41 @@ class DeviceBuffer {
   bool scratch_ = false;
 };
 
+// Page-locked host memory that grows: the staging of the host-to-device copies that move many
+// pieces at once (a restore). A copy from pageable memory goes through the driver's own staging
+// buffer, a second pass over the bytes at a fraction of the link's rate.
+class PinnedStaging {
+ public:
+  PinnedStaging() = default;
+  PinnedStaging(const PinnedStaging&) = delete;
+  PinnedStaging& operator=(const PinnedStaging&) = delete;
+  ~PinnedStaging() {
+    if (data_) cudaFreeHost(data_);
+  }
+  // At least `bytes` of it; the earlier contents are not kept.
+  uint8_t* reserve(size_t bytes) {
+    if (bytes <= size_) return data_;
+    if (data_) cudaFreeHost(data_);
+    data_ = nullptr, size_ = 0;
+    const size_t grown = bytes + bytes / 4;  // room for a somewhat larger next one
+    check(cudaHostAlloc(reinterpret_cast<void**>(&data_), grown, cudaHostAllocDefault), "pinned staging");
+    size_ = grown;
+    return data_;
+  }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Long-lived memory from the stream-ordered pool (allocated and freed on the legacy default stream,
+// which orders it after and before every blocking stream's work): for buffers made and dropped
+// while serving (a sequence's KV), where cudaMalloc and cudaFree would each stall the device.
+template <class T>
+DeviceBuffer<T> pooled(int64_t count) {
+  return DeviceBuffer<T>(count, nullptr, true);
+}
+
 // Scratch for one forward call on `stream`.
 template <class T>
 DeviceBuffer<T> scratch(int64_t count, cudaStream_t stream) {

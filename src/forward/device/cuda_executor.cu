@@ -39,7 +39,8 @@ class CudaSequence final : public Sequence {
   // No device memory until the first call needs it: a sequence made for a restore from the tiers
   // is allocated once, at the restored length (allocations and frees of device memory synchronize
   // with the device).
-  CudaSequence(const Config& config, DeviceLock lock) : config_(config), lock_(std::move(lock)) {}
+  CudaSequence(const Config& config, DeviceLock lock, std::shared_ptr<PinnedStaging> staging)
+      : config_(config), lock_(std::move(lock)), staging_(std::move(staging)) {}
   ~CudaSequence() override {
     std::lock_guard hold(*lock_);
     device_.reset();
@@ -50,18 +51,24 @@ class CudaSequence final : public Sequence {
     if (!host_) host_ = device_ ? device_->download() : SequenceState(config_);
     return *host_;
   }
-  void assign(SequenceState state) override {
+  void assign(SequenceState state) override { restore(view_of(state)); }
+  StateView saved(int64_t from_token) override {
+    std::lock_guard hold(*lock_);
+    if (!device_) return view_of(host());
+    return device_->download(from_token, *staging_);
+  }
+  void restore(const StateView& view) override {
     std::lock_guard hold(*lock_);
     host_.reset();
     // An empty state needs no memory yet; a device state in use is cleared in place.
-    if (state.length == 0 && !device_) return;
+    if (view.length == 0 && !device_) return;
     // A state restored for encoder replay holds the global KV past its length (up to the hit); the
     // caches get room for a turn more, so that the call after a restore does not grow them at once.
-    int64_t held = state.length;
-    for (const auto& [layer, cache] : state.compressed)
+    int64_t held = view.length;
+    for (const auto& [layer, cache] : view.compressed)
       held = std::max(held, cache.entries * config_.compress_ratios[size_t(layer)] + cache.pending);
     if (!device_ || held > device_->capacity()) replace(held + kFirstCapacity);  // nothing to keep
-    device_->upload(state);
+    device_->upload(view, *staging_);
   }
   // Room for `tokens` tokens, the state kept.
   void reserve(int64_t tokens) {
@@ -70,7 +77,7 @@ class CudaSequence final : public Sequence {
     if (tokens <= device_->capacity()) return;
     SequenceState state = device_->download();
     replace(std::max(tokens, 2 * device_->capacity()));
-    device_->upload(state);
+    device_->upload(view_of(state), *staging_);
   }
   // The device state, about to change: the host copy is stale from now on (reserve() first).
   DeviceSequence* running() {
@@ -89,6 +96,7 @@ class CudaSequence final : public Sequence {
 
   const Config& config_;
   DeviceLock lock_;
+  std::shared_ptr<PinnedStaging> staging_;  // the executor's, for uploads
   std::unique_ptr<DeviceSequence> device_;  // null until a call or a restore needs it
   uint64_t id_ = 0;
   std::optional<SequenceState> host_;  // the last host() copy while the device state is unchanged
@@ -112,7 +120,7 @@ class CudaExecutor final : public Executor {
     std::lock_guard hold(*lock_);
     graph_.reset();
   }
-  std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<CudaSequence>(model_.config(), lock_); }
+  std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<CudaSequence>(model_.config(), lock_, staging_); }
 
   std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override {
     std::lock_guard hold(*lock_);
@@ -173,6 +181,7 @@ class CudaExecutor final : public Executor {
 
   const Model& model_;
   DeviceLock lock_ = std::make_shared<std::recursive_mutex>();
+  std::shared_ptr<PinnedStaging> staging_ = std::make_shared<PinnedStaging>();
   DeviceModel device_;
   int64_t free_at_start_ = 0;
   std::unique_ptr<DecodeGraph> graph_;  // the last decode step's, replayed while its batch stays

@@ -1,6 +1,7 @@
 #include "forward/device/device_sequence.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "base/error.h"
@@ -15,58 +16,129 @@ DeviceSequence::DeviceSequence(const Config& c, int64_t capacity) : config_(c), 
   // travels with the sequence, though the device forward does not run them yet).
   const int rings = c.has_dspark() ? c.n_total_layers() : c.n_layers;
   for (int l = 0; l < rings; ++l) {
-    window.emplace_back(ring);
-    check(cudaMemset(window.back().get(), 0, size_t(ring)), "DeviceSequence");  // as SequenceState's rings
+    window.push_back(pooled<uint8_t>(ring));
+    check(cudaMemsetAsync(window.back().get(), 0, size_t(ring)), "DeviceSequence");  // as SequenceState's rings
   }
   for (int s : c.kv_source_layers) {
     DeviceCompressed& d = compressed[s];
     const int ratio = c.compress_ratios[size_t(s)];
-    d.kv = DeviceBuffer<uint8_t>(entry_capacity(s) * int64_t(kv_fp4::bytes(c.head_dim)));
-    d.index_k = DeviceBuffer<uint8_t>(entry_capacity(s) * int64_t(mxfp4::bytes(c.index_head_dim)));
+    d.kv = pooled<uint8_t>(entry_capacity(s) * int64_t(kv_fp4::bytes(c.head_dim)));
+    d.index_k = pooled<uint8_t>(entry_capacity(s) * int64_t(mxfp4::bytes(c.index_head_dim)));
     if (ratio > 1) {
-      d.pending_kv = DeviceBuffer<float>(ratio * int64_t(c.head_dim));
-      d.pending_score = DeviceBuffer<float>(ratio * int64_t(c.head_dim));
+      d.pending_kv = pooled<float>(ratio * int64_t(c.head_dim));
+      d.pending_score = pooled<float>(ratio * int64_t(c.head_dim));
     }
   }
 }
 
-void DeviceSequence::upload(const SequenceState& s) {
+void DeviceSequence::upload(const StateView& v, PinnedStaging& staging) {
   const Config& c = config_;
-  if (s.length > capacity_)
-    fail("DeviceSequence::upload", "at most " + std::to_string(capacity_) + " tokens", std::to_string(s.length));
-  const size_t ring = size_t(c.window_size) * swa_fp8::bytes(c.head_dim);
-  if (s.window.size() != window.size())
-    fail("DeviceSequence::upload", std::to_string(window.size()) + " rings", std::to_string(s.window.size()));
-  for (size_t l = 0; l < window.size(); ++l)
-    if (s.window[l].size() != ring)
-      fail("DeviceSequence::upload", std::to_string(ring) + " bytes of window in layer " + std::to_string(l),
-           std::to_string(s.window[l].size()));
+  check_view(c, v);
+  if (v.length > capacity_)
+    fail("DeviceSequence::upload", "at most " + std::to_string(capacity_) + " tokens", std::to_string(v.length));
+  for (const auto& [layer, h] : v.compressed)
+    if (h.first != 0 || h.entries > entry_capacity(layer))
+      fail("DeviceSequence::upload", "layer " + std::to_string(layer) + ": entries 0 to at most " + std::to_string(entry_capacity(layer)),
+           "entries " + std::to_string(h.first) + " to " + std::to_string(h.entries));
+  if (!v.window.empty() && v.window.size() != window.size())
+    fail("DeviceSequence::upload", std::to_string(window.size()) + " rings", std::to_string(v.window.size()));
+
+  // Each destination's pieces, packed one after another into the staging memory.
+  struct Copy {
+    void* to;
+    std::vector<Bytes> pieces;
+    size_t bytes;
+  };
+  std::vector<Copy> copies;
+  auto copy = [&](void* to, std::vector<Bytes> pieces, int64_t bytes) {
+    if (bytes > 0) copies.push_back(Copy{to, std::move(pieces), size_t(bytes)});
+  };
+  for (size_t l = 0; l < v.window.size(); ++l) copy(window[l].get(), {v.window[l]}, int64_t(v.window[l].size()));
+  const int64_t row = int64_t(c.head_dim) * int64_t(sizeof(float));
   for (auto& [layer, d] : compressed) {
-    const CompressedCache& h = s.compressed.at(layer);
-    const int ratio = c.compress_ratios[size_t(layer)];
-    const size_t want_kv = size_t(h.entries) * kv_fp4::bytes(c.head_dim), want_k = size_t(h.entries) * mxfp4::bytes(c.index_head_dim);
-    if (h.entries > entry_capacity(layer) || h.kv.size() < want_kv || h.index_k.size() < want_k || h.pending >= std::max(ratio, 1))
-      fail("DeviceSequence::upload", "layer " + std::to_string(layer) + ": at most " + std::to_string(entry_capacity(layer)) +
-                                         " entries with their bytes and fewer open rows than the ratio",
-           std::to_string(h.entries) + " entries, " + std::to_string(h.kv.size()) + " + " + std::to_string(h.index_k.size()) +
-               " bytes, " + std::to_string(h.pending) + " open rows");
-  }
-  length = s.length;
-  decoder_window_floor = s.decoder_window_floor;
-  encoder_window_floor = s.encoder_window_floor;
-  for (size_t l = 0; l < window.size(); ++l) window[l].upload(s.window[l]);
-  for (auto& [layer, d] : compressed) {
-    const CompressedCache& h = s.compressed.at(layer);
-    d.entries = h.entries;
-    d.kv.upload(h.kv.data(), h.entries * int64_t(kv_fp4::bytes(c.head_dim)));
-    d.index_k.upload(h.index_k.data(), h.entries * int64_t(mxfp4::bytes(c.index_head_dim)));
-    d.pending = h.pending;
-    if (c.compress_ratios[size_t(layer)] > 1 && h.pending > 0) {
-      d.pending_kv.upload(h.pending_kv.data(), int64_t(h.pending) * c.head_dim);
-      d.pending_score.upload(h.pending_score.data(), int64_t(h.pending) * c.head_dim);
+    const StateView::Compressed& h = v.compressed.at(layer);
+    copy(d.kv.get(), h.kv, h.entries * int64_t(kv_fp4::bytes(c.head_dim)));
+    copy(d.index_k.get(), h.index_k, h.entries * int64_t(mxfp4::bytes(c.index_head_dim)));
+    if (c.compress_ratios[size_t(layer)] > 1) {
+      copy(d.pending_kv.get(), {h.pending_kv}, h.pending * row);
+      copy(d.pending_score.get(), {h.pending_score}, h.pending * row);
     }
   }
-  check(cudaDeviceSynchronize(), "DeviceSequence::upload");
+  size_t total = 0;
+  for (const Copy& k : copies) total += k.bytes;
+  uint8_t* at = staging.reserve(total);
+  for (const Copy& k : copies) {
+    size_t left = k.bytes;  // the pieces may hold more than the entries (a host state's spare room)
+    uint8_t* from = at;
+    for (Bytes p : k.pieces) {
+      const size_t n = std::min(left, p.size());
+      if (n) std::memcpy(at, p.data(), n);
+      at += n, left -= n;
+    }
+    check(cudaMemcpyAsync(k.to, from, k.bytes, cudaMemcpyHostToDevice, nullptr), "DeviceSequence::upload");
+  }
+  if (v.window.empty())  // an SWA miss: every ring zero, as a fresh SequenceState's
+    for (auto& ring : window) check(cudaMemsetAsync(ring.get(), 0, size_t(ring.bytes())), "DeviceSequence::upload");
+
+  length = v.length;
+  decoder_window_floor = v.decoder_window_floor;
+  encoder_window_floor = v.encoder_window_floor;
+  for (auto& [layer, d] : compressed) {
+    d.entries = v.compressed.at(layer).entries;
+    d.pending = v.compressed.at(layer).pending;
+  }
+  check(cudaStreamSynchronize(nullptr), "DeviceSequence::upload");  // the staging is free again
+}
+
+void DeviceSequence::upload(const SequenceState& s) {
+  PinnedStaging staging;
+  upload(view_of(s), staging);
+}
+
+StateView DeviceSequence::download(int64_t from_token, PinnedStaging& staging) const {
+  const Config& c = config_;
+  const size_t entry = kv_fp4::bytes(c.head_dim), key = mxfp4::bytes(c.index_head_dim);
+  struct Copy {
+    const void* from;
+    size_t bytes;
+  };
+  std::vector<Copy> copies;  // in the order the view takes them
+  for (const auto& ring : window) copies.push_back({ring.get(), size_t(ring.bytes())});
+  for (const auto& [layer, d] : compressed) {
+    const int64_t first = std::min(d.entries, std::max<int64_t>(0, from_token / c.compress_ratios[size_t(layer)]));
+    copies.push_back({d.kv.get() + first * int64_t(entry), size_t(d.entries - first) * entry});
+    copies.push_back({d.index_k.get() + first * int64_t(key), size_t(d.entries - first) * key});
+    copies.push_back({d.pending_kv.get(), size_t(d.pending_kv.bytes())});
+    copies.push_back({d.pending_score.get(), size_t(d.pending_score.bytes())});
+  }
+  size_t total = 0;
+  for (const Copy& k : copies) total += k.bytes;
+  uint8_t* base = staging.reserve(total);
+  std::vector<Bytes> pieces;
+  for (const Copy& k : copies) {
+    if (k.bytes) check(cudaMemcpyAsync(base, k.from, k.bytes, cudaMemcpyDeviceToHost, nullptr), "DeviceSequence::download");
+    pieces.emplace_back(base, k.bytes);
+    base += k.bytes;
+  }
+  check(cudaStreamSynchronize(nullptr), "DeviceSequence::download");
+
+  StateView v;
+  v.length = length;
+  v.decoder_window_floor = decoder_window_floor;
+  v.encoder_window_floor = encoder_window_floor;
+  size_t at = 0;
+  for (size_t l = 0; l < window.size(); ++l) v.window.push_back(pieces[at++]);
+  for (const auto& [layer, d] : compressed) {
+    StateView::Compressed& h = v.compressed[layer];
+    h.entries = d.entries;
+    h.first = std::min(d.entries, std::max<int64_t>(0, from_token / c.compress_ratios[size_t(layer)]));
+    h.kv = {pieces[at++]};
+    h.index_k = {pieces[at++]};
+    h.pending = d.pending;
+    h.pending_kv = pieces[at++];
+    h.pending_score = pieces[at++];
+  }
+  return v;
 }
 
 SequenceState DeviceSequence::download() const {
