@@ -286,21 +286,35 @@ TEST(OpenAiRequest, OnlyOneChoice) {
   EXPECT_EQ(completion({{"best_of", 1}}).gen.model, "dsv41-tiny");
 }
 
-TEST(OpenAiRequest, PenaltiesAreAcceptedOnlyAtZero) {
-  EXPECT_EQ(chat({{"presence_penalty", 0}, {"frequency_penalty", 0.0}}).gen.model, "dsv41-tiny");
-  expect_error(chat_error({{"presence_penalty", 0.5}}), 400, "presence_penalty", "unsupported_value",
-               {"expected 0 (dsv41 does not apply repetition penalties)", "found number 0.5"});
-  expect_error(completion_error({{"frequency_penalty", -1}}), 400, "frequency_penalty", "unsupported_value",
-               {"found integer -1"});
-  expect_error(chat_error({{"frequency_penalty", "0"}}), 400, "frequency_penalty", "invalid_type",
-               {"found string \"0\""});
+TEST(OpenAiRequest, Penalties) {
+  const RequestSampling s =
+      chat({{"presence_penalty", 0.5}, {"frequency_penalty", -1}, {"repetition_penalty", 1.25}}).gen.sampling;
+  EXPECT_EQ(s.presence_penalty, 0.5f);
+  EXPECT_EQ(s.frequency_penalty, -1.0f);
+  EXPECT_EQ(s.repetition_penalty, 1.25f);
+  const RequestSampling none = completion(json::object()).gen.sampling;
+  EXPECT_EQ(none.presence_penalty, 0.0f);
+  EXPECT_EQ(none.frequency_penalty, 0.0f);
+  EXPECT_EQ(none.repetition_penalty, 1.0f);
+  expect_error(chat_error({{"presence_penalty", 2.5}}), 400, "presence_penalty", "invalid_value",
+               {"expected a number in [-2.0, 2.0]", "found number 2.5"});
+  expect_error(completion_error({{"frequency_penalty", -3}}), 400, "frequency_penalty", "invalid_value", {"found integer -3"});
+  expect_error(chat_error({{"frequency_penalty", "0"}}), 400, "frequency_penalty", "invalid_type", {"found string \"0\""});
+  expect_error(chat_error({{"repetition_penalty", 0}}), 400, "repetition_penalty", "invalid_value", {"expected a number in (0.0, 10.0]"});
 }
 
-TEST(OpenAiRequest, LogitBiasOnlyEmpty) {
-  expect_error(chat_error({{"logit_bias", {{"50256", -100}}}}), 400, "logit_bias", "unsupported_value",
-               {"expected an empty object", "found an object"});
-  expect_error(chat_error({{"logit_bias", json::array()}}), 400, "logit_bias", "invalid_type",
-               {"found an array of 0 elements"});
+TEST(OpenAiRequest, LogitBias) {
+  const RequestSampling s = chat({{"logit_bias", {{"999", -100}, {"7", 2.5}, {"0", 100}}}}).gen.sampling;
+  const std::vector<std::pair<int, float>> want = {{0, 100.0f}, {7, 2.5f}, {999, -100.0f}};  // ascending ids
+  EXPECT_EQ(s.logit_bias, want);
+  EXPECT_TRUE(chat({{"logit_bias", json::object()}}).gen.sampling.logit_bias.empty());
+  expect_error(chat_error({{"logit_bias", {{"1000", 1}}}}), 400, "logit_bias", "invalid_value",
+               {"expected keys a token id in [0, 1000)", "found \"1000\""});
+  for (const char* key : {"-1", "x", "1.5", " 1", ""})
+    expect_error(chat_error({{"logit_bias", {{key, 1}}}}), 400, "logit_bias", "invalid_value", {"expected keys"});
+  expect_error(chat_error({{"logit_bias", {{"5", 101}}}}), 400, "logit_bias.5", "invalid_value", {"expected a number in [-100.0, 100.0]"});
+  expect_error(chat_error({{"logit_bias", {{"5", "1"}}}}), 400, "logit_bias.5", "invalid_type", {"found string"});
+  expect_error(chat_error({{"logit_bias", json::array()}}), 400, "logit_bias", "invalid_type", {"found an array of 0 elements"});
 }
 
 TEST(OpenAiRequest, Stream) {

@@ -565,6 +565,39 @@ TEST(Server, TokenizeAndDetokenize) {
   EXPECT_EQ(r["error"]["code"], "model_not_found") << r;
 }
 
+// logit_bias and the penalties reach the sampler (tests/sampling_test.cpp holds their arithmetic):
+// +100 on a token makes every greedy token that one; −100 on the plain reply's first token moves
+// it; out-of-range values are refused by name.
+TEST(Server, LogitBiasAndPenaltiesReachTheSampler) {
+  Running server(ServerOptions{});
+  const Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
+  const int x = tokenizer.encode(" time", false).front();
+  const json base = {{"model", "v41-tiny"}, {"prompt", "Once upon a"}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true},
+                     {"logprobs", 1}};
+  json biased = base;
+  biased["logit_bias"] = {{std::to_string(x), 100}};
+  biased["presence_penalty"] = 0.5;
+  biased["frequency_penalty"] = 0.25;
+  biased["repetition_penalty"] = 1.5;
+  json r = server.post("/v1/completions", biased);
+  EXPECT_EQ(r["choices"][0]["text"], tokenizer.decode(std::vector<int>(5, x))) << r;
+
+  const json plain = server.post("/v1/completions", base);
+  const std::string first = plain["choices"][0]["logprobs"]["tokens"][0];
+  const int y = tokenizer.encode(first, false).front();
+  json banned = base;
+  banned["logit_bias"] = {{std::to_string(y), -100}};
+  r = server.post("/v1/completions", banned);
+  EXPECT_NE(r["choices"][0]["logprobs"]["tokens"][0], first) << r;
+
+  json bad = base;
+  bad["logit_bias"] = {{"99999999", 1}};
+  EXPECT_EQ(server.post("/v1/completions", bad, 400)["error"]["param"], "logit_bias");
+  bad = base;
+  bad["presence_penalty"] = 3;
+  EXPECT_EQ(server.post("/v1/completions", bad, 400)["error"]["param"], "presence_penalty");
+}
+
 // The official openai npm client (tests/e2e, installed by scripts/setup-e2e.sh) against the
 // server: chat, streaming chat, completions, error cases and the SSE framing byte by byte.
 TEST(Server, OpenAiClientScripts) {

@@ -79,7 +79,7 @@ void add_chat(CLI::App& app) {
     const Mode mode = args->exact ? Mode::Exact : Mode::Default;
     KvCache cache(c, cache_options(args->cache, args->model, mode));
     Session session(*m.executor, &tokenizer, mode);
-    Sampler sampler(args->sampling);
+    Sampler sampler(args->sampling, c.vocab_size);
     std::vector<int> stop = m.stop_ids;
     if (std::optional<int> eos = tokenizer.token_to_id(chat_token::kEos)) stop.push_back(*eos);
 
@@ -103,6 +103,7 @@ void add_chat(CLI::App& app) {
              std::to_string(prompt.size()) + " prompt tokens + " + std::to_string(args->max_tokens) + " to generate");
 
       const auto t0 = Clock::now();
+      sampler.start_reply(prompt);
       PrefixUse use;
       std::vector<float> logits = session.prefill_prompt(prompt, &cache, &use);
       const double ttft = std::chrono::duration<double>(Clock::now() - t0).count();

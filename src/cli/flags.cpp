@@ -34,6 +34,13 @@ void add_sampling_flags(CLI::App& cmd, SamplingParams& p) {
   cmd.add_option("--top-p", p.top_p, "Nucleus sampling mass")->check(CLI::Range(1e-6, 1.0));
   cmd.add_option("--min-p", p.min_p, "Drop tokens below min-p x the top probability")->check(CLI::Range(0.0, 1.0));
   cmd.add_option("--seed", p.seed, "Random seed of the sampler");
+  cmd.add_option("--presence-penalty", p.presence_penalty, "Subtracted from the logit of every token of the reply so far")
+      ->check(CLI::Range(-2.0, 2.0));
+  cmd.add_option("--frequency-penalty", p.frequency_penalty, "Times its count, subtracted from a reply token's logit")
+      ->check(CLI::Range(-2.0, 2.0));
+  cmd.add_option("--repetition-penalty", p.repetition_penalty,
+                 "Divides the positive logits (multiplies the negative) of prompt and reply tokens; 1 = off")
+      ->check(CLI::Range(1e-3, 10.0));
 }
 
 KvCacheOptions cache_options(const CacheFlags& f, const std::string& model_dir, Mode mode) {

@@ -88,7 +88,10 @@ void add_generate(CLI::App& app) {
     const bool speculative = args->speculative == "dspark";
     if (speculative) session.enable_drafting();
     const char* mode = args->exact ? "exact" : "default";
-    Sampler sampler(args->sampling);
+    if (speculative && args->sampling.edits_logits())
+      fail("--speculative dspark", "no logit edits (penalties change what a verifier compares)", "penalties set");
+    Sampler sampler(args->sampling, c.vocab_size);
+    sampler.start_reply(prompt_ids);
     std::optional<StreamDecoder> stream;
     if (tokenizer) stream.emplace(*tokenizer, true);
     auto emit = [&](int id) {

@@ -230,7 +230,8 @@ void Scheduler::admit() {
     if (sampling.temperature > 0 && sampling.seed == 0) sampling.seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
     std::optional<Running> started;
     try {
-      started.emplace(Running{g, session_for(g->request.prompt), Sampler(sampling)});
+      started.emplace(Running{g, session_for(g->request.prompt), Sampler(sampling, vocab_)});
+      started->sampler.start_reply(g->request.prompt);
     } catch (const std::exception& e) {  // sampling parameters the sampler refuses, or no memory: this request's fault
       {
         std::lock_guard lock(mutex_);
@@ -375,7 +376,7 @@ void Scheduler::step() {
   for (size_t i = 0; i < batch.size(); ++i) {
     Running& r = *members[i];
     if (int64_t(batch[i].tokens.size()) < r.session->prompt_left()) continue;
-    requests[i] = SampleRequest{r.sampler.params(), r.sampler.draw(), vocab_, r.generation->request.top_logprobs};
+    requests[i] = r.sampler.request(vocab_, r.generation->request.top_logprobs);
     batch[i].sample = &requests[i];
     batch[i].choice = &choices[i];
   }
@@ -438,6 +439,7 @@ bool Scheduler::take(Running& r, const TokenChoice& choice) {
   const GenerationRequest& req = r.generation->request;
   const int token = choice.token;
   const bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end();
+  r.sampler.chose(token);
   if (!stop) r.generation->post({GenerationEvent::Kind::Token, {}, choice, FinishKind::Stop, {}});
   // The prompt's blocks and tail once its first token is out (a no-op after a decode row).
   const auto t0 = std::chrono::steady_clock::now();
@@ -463,7 +465,9 @@ bool Scheduler::take(Running& r, const TokenChoice& choice) {
 }
 
 bool Scheduler::speculates(const Running& r) const {
+  // (Logprobs and logit edits change what a verifier compares: those sequences step plainly.)
   return options_.speculative && r.generation->request.speculative && r.generation->request.top_logprobs < 0 &&
+         !r.sampler.params().edits_logits() &&
          r.session->drafting() && r.session->prompt_left() == 0 && r.next_token.has_value();
 }
 

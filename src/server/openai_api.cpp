@@ -3,7 +3,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cctype>
 #include <limits>
+#include <map>
 #include <random>
 
 namespace dsv41 {
@@ -165,7 +167,28 @@ std::vector<std::string> parse_stop(const ojson& v) {
   return stop;
 }
 
-void parse_sampling(const ojson& body, RequestSampling& s) {
+// logit_bias: {"token id": bias}, as OpenAI's (ids as decimal strings, biases in [-100, 100]).
+std::vector<std::pair<int, float>> parse_logit_bias(const ojson& v, int64_t vocab) {
+  if (!v.is_object()) bad_type("logit_bias", "an object of token ids to numbers in [-100, 100]", v);
+  std::map<int, float> bias;
+  for (const auto& [key, value] : v.items()) {
+    const std::string param = "logit_bias." + key;
+    const std::string expected = "a token id in [0, " + std::to_string(vocab) + ") as a decimal string";
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != key.size() || key.empty() || !std::isdigit(static_cast<unsigned char>(key[0])) || id < 0 || id >= vocab)
+      throw ApiError(400, "logit_bias: expected keys " + expected + ", found \"" + key + "\"", "logit_bias", "invalid_value");
+    bias[int(id)] = float_in(value, param, -100, 100);
+  }
+  return {bias.begin(), bias.end()};
+}
+
+void parse_sampling(const ojson& body, RequestSampling& s, const ApiConfig& config) {
   if (const ojson* v = field(body, "temperature")) s.temperature = float_in(*v, "temperature", 0, 2);
   if (const ojson* v = field(body, "top_p")) s.top_p = float_in(*v, "top_p", 0, 1, /*lo_open=*/true);
   if (const ojson* v = field(body, "top_k")) {
@@ -182,6 +205,11 @@ void parse_sampling(const ojson& body, RequestSampling& s) {
     if (!v->is_boolean()) bad_type("ignore_eos", "true or false", *v);
     s.ignore_eos = v->get<bool>();
   }
+  if (const ojson* v = field(body, "presence_penalty")) s.presence_penalty = float_in(*v, "presence_penalty", -2, 2);
+  if (const ojson* v = field(body, "frequency_penalty")) s.frequency_penalty = float_in(*v, "frequency_penalty", -2, 2);
+  if (const ojson* v = field(body, "repetition_penalty"))
+    s.repetition_penalty = float_in(*v, "repetition_penalty", 0, 10, /*lo_open=*/true);
+  if (const ojson* v = field(body, "logit_bias")) s.logit_bias = parse_logit_bias(*v, config.vocab_size);
   if (const ojson* v = field(body, "speculative")) {
     if (!v->is_boolean()) bad_type("speculative", "true or false", *v);
     s.speculative = v->get<bool>();
@@ -200,22 +228,12 @@ void refuse_unsupported(const ojson& body) {
     integer_in(*v, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), "the integer 1");
     if (v->get<int64_t>() != 1) unsupported("n", "1 (dsv41 returns one choice per request)", *v);
   }
-  for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (const ojson* v = field(body, key)) {
-      const std::string expected = "0 (dsv41 does not apply repetition penalties)";
-      if (!v->is_number()) bad_type(key, expected, *v);
-      if (v->get<double>() != 0) unsupported(key, expected, *v);
-    }
-  if (const ojson* v = field(body, "logit_bias")) {
-    if (!v->is_object()) bad_type("logit_bias", "an object", *v);
-    if (!v->empty()) unsupported("logit_bias", "an empty object (dsv41 does not apply logit biases)", *v);
-  }
 }
 
 void parse_common(const ojson& body, const ApiConfig& config, GenerationParams& gen) {
   parse_model(body, config, gen);
   parse_stream(body, gen);
-  parse_sampling(body, gen.sampling);
+  parse_sampling(body, gen.sampling, config);
   refuse_unsupported(body);
 }
 

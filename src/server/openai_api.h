@@ -50,6 +50,10 @@ struct RequestSampling {
   std::optional<int32_t> max_tokens;  // none: until a stop or the context ends
   bool ignore_eos = false;            // vLLM's extension: the end-of-sequence token does not end the reply
   bool speculative = true;            // dsv41's: false opts out of the server's speculative decoding
+  float presence_penalty = 0.0f;      // [-2, 2], OpenAI's
+  float frequency_penalty = 0.0f;     // [-2, 2], OpenAI's
+  float repetition_penalty = 1.0f;    // (0, 10], vLLM's extension; 1 = off
+  std::vector<std::pair<int, float>> logit_bias;  // token id → [-100, 100], ascending ids
 };
 
 struct LogprobsParams {

@@ -299,7 +299,8 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     return send_error(res, e);
   }
   const RequestSampling& s = gen.sampling;
-  request.sampling = SamplingParams{s.temperature, s.top_k, s.top_p, s.min_p, uint64_t(s.seed.value_or(0))};
+  request.sampling = SamplingParams{s.temperature,          s.top_k,          s.top_p, s.min_p, uint64_t(s.seed.value_or(0)),
+                                    s.logit_bias,           s.repetition_penalty, s.presence_penalty, s.frequency_penalty};
   request.max_tokens = s.max_tokens.value_or(int32_t(model->config().max_seq_len - int64_t(request.prompt.size())));
   if (!s.ignore_eos) request.stop_ids = stop_ids;
   request.top_logprobs = gen.logprobs.enabled ? gen.logprobs.top : -1;

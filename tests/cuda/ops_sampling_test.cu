@@ -6,9 +6,11 @@
 // ~vocab × 2^-53 of the mass, and a draw lands that close to one with probability ~10^-11 per
 // case here. Logprobs: the same float logits less a log-normaliser whose fp64 sum differs in the
 // last bits; the normaliser's and the difference's float roundings can each move a result by one
-// ulp, at most 3.8e-6 below magnitude 64 (these logprobs stay within ±60): within 1e-5.
+// ulp, at most 3.8e-6 below magnitude 64 (these logprobs stay within ±60): within 1e-5. Logit
+// edits (logit_bias, penalties) are the same fp32 steps on both: the edited rows are equal.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -48,20 +50,29 @@ TEST(CudaSampling, ChoosesWhatTheCpuChooses) {
     // Ties: a few rows with repeated values (the lower id first on both).
     for (int r = 0; r < rows; r += 5)
       for (int64_t i = 0; i < vocab; ++i) logits[size_t(r * stride + i)] = float(int(logits[size_t(r * stride + i)]));
-    DeviceArray<float> device(logits);
     std::uniform_real_distribution<double> uniform(0.0, 1.0);
-    for (const Case& c : cases) {
+    for (const Case& c : cases)
+    for (const bool edit : {false, true}) {
+      DeviceArray<float> device(logits);  // (the edits change the device's rows in place)
       std::vector<int64_t> row_of;
       std::vector<SampleRequest> requests;
       for (int r = rows - 1; r >= 0; --r) {  // out of order, as a batch's sampled rows may be
         row_of.push_back(r);
         requests.push_back(SampleRequest{c.params, uniform(rng), vocab, c.top_logprobs});
+        if (!edit) continue;
+        // Logit edits on a row's first tokens and its best one: biases, repetition penalties,
+        // subtractions (a penalized reply), every sign.
+        const float* row = logits.data() + r * stride;
+        const int best = int(std::max_element(row, row + vocab) - row);
+        std::uniform_real_distribution<float> bias(-3.0f, 3.0f), rep(0.5f, 2.0f), sub(-1.0f, 2.0f);
+        for (int t = 0; t < 8; ++t) requests.back().edits.push_back(LogitEdit{t, bias(rng), rep(rng), sub(rng)});
+        if (best >= 8) requests.back().edits.push_back(LogitEdit{best, -1.5f, 1.25f, 0.5f});
       }
       const std::vector<TokenChoice> got = cuda::choose(device.get(), stride, row_of, requests, nullptr);
       ASSERT_EQ(got.size(), requests.size());
       for (size_t i = 0; i < requests.size(); ++i) {
         const TokenChoice want = choose(logits.data() + row_of[i] * stride, requests[i]);
-        const std::string what = "vocab " + std::to_string(vocab) + " T " + std::to_string(c.params.temperature) + " k " +
+        const std::string what = std::string(edit ? "edited, " : "") + "vocab " + std::to_string(vocab) + " T " + std::to_string(c.params.temperature) + " k " +
                                  std::to_string(c.params.top_k) + " p " + std::to_string(c.params.top_p) + " min_p " +
                                  std::to_string(c.params.min_p) + " row " + std::to_string(row_of[i]);
         EXPECT_EQ(got[i].token, want.token) << what;
@@ -83,6 +94,8 @@ TEST(CudaSampling, RefusesWhatItCannotTake) {
   const std::vector<int64_t> row = {0};
   EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 9, -1}}, nullptr), Error);
   EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, 21}}, nullptr), Error);
+  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, -1, {{3}, {3}}}}, nullptr), Error);
+  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, -1, {{8}}}}, nullptr), Error);
 }
 
 }  // namespace

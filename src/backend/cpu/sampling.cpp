@@ -11,11 +11,61 @@
 
 namespace dsv41 {
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+Sampler::Sampler(const SamplingParams& params, int64_t vocab) : params_(params), rng_(params.seed) {
   if (!(params.temperature >= 0)) fail("sampling", "temperature >= 0", std::to_string(params.temperature));
   if (params.top_k < 0) fail("sampling", "top_k >= 0", std::to_string(params.top_k));
   if (!(params.top_p > 0 && params.top_p <= 1)) fail("sampling", "top_p in (0, 1]", std::to_string(params.top_p));
   if (!(params.min_p >= 0 && params.min_p <= 1)) fail("sampling", "min_p in [0, 1]", std::to_string(params.min_p));
+  if (!(params.repetition_penalty > 0 && std::isfinite(params.repetition_penalty)))
+    fail("sampling", "a finite repetition_penalty > 0", std::to_string(params.repetition_penalty));
+  for (float p : {params.presence_penalty, params.frequency_penalty})
+    if (!std::isfinite(p)) fail("sampling", "finite presence and frequency penalties", std::to_string(p));
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token < 0 || (vocab > 0 && token >= vocab))
+      fail("sampling", "logit_bias token ids in [0, " + std::to_string(vocab) + ")", std::to_string(token));
+    if (!std::isfinite(bias)) fail("sampling", "a finite logit_bias for token " + std::to_string(token), std::to_string(bias));
+  }
+  start_reply({});
+}
+
+LogitEdit& Sampler::edit(int token) {
+  auto [it, fresh] = edits_.try_emplace(token);
+  if (fresh) it->second.token = token;
+  return it->second;
+}
+
+void Sampler::start_reply(std::span<const int> prompt) {
+  edits_.clear();
+  counts_.clear();
+  for (const auto& [token, bias] : params_.logit_bias) edit(token).bias += bias;
+  if (params_.repetition_penalty == 1.0f) return;
+  for (int t : prompt) edit(t).repetition = params_.repetition_penalty;
+}
+
+void Sampler::chose(int token) {
+  if (!params_.edits_logits()) return;
+  const int n = ++counts_[token];
+  LogitEdit& e = edit(token);
+  e.repetition = params_.repetition_penalty;
+  e.subtract = params_.presence_penalty + params_.frequency_penalty * float(n);
+}
+
+std::vector<LogitEdit> Sampler::edits() const {
+  std::vector<LogitEdit> out;
+  out.reserve(edits_.size());
+  for (const auto& [token, e] : edits_) out.push_back(e);
+  return out;
+}
+
+SampleRequest Sampler::request(int64_t vocab, int top_logprobs) {
+  SampleRequest r{params_, draw(), vocab, top_logprobs, edits()};
+  return r;
+}
+
+int Sampler::sample(const float* logits, int64_t vocab) {
+  const int token = choose(logits, request(vocab)).token;
+  chose(token);
+  return token;
 }
 
 // (What std::uniform_real_distribution<double>(0, mass) scales by mass: the stream's tokens are
@@ -59,8 +109,16 @@ double Candidates::probability(int t) const {
   return 0;
 }
 
-TokenChoice choose(const float* logits, const SampleRequest& r) {
+TokenChoice choose(const float* row, const SampleRequest& r) {
   const int64_t vocab = r.vocab;
+  std::vector<float> copy;
+  const float* logits = row;
+  if (!r.edits.empty()) {
+    check_edits(r.edits, vocab);
+    copy.assign(row, row + vocab);
+    for (const LogitEdit& e : r.edits) copy[size_t(e.token)] = edited(copy[size_t(e.token)], e);
+    logits = copy.data();
+  }
   TokenChoice c;
   const int64_t best = std::max_element(logits, logits + vocab) - logits;
   c.token = r.params.temperature > 0 ? candidates(logits, r.params, vocab).at(r.u) : int(best);

@@ -3,7 +3,9 @@
 // top-k, top-p and min-p (model/sampling.h). A Sampler owns its random stream, so the same seed and
 // the same logits give the same tokens.
 #include <cstdint>
+#include <map>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "model/sampling.h"
@@ -25,20 +27,35 @@ struct Candidates {
 };
 Candidates candidates(const float* logits, const SamplingParams& params, int64_t vocab);
 
-// Greedy: the first maximum. Sampling: the candidate at u (Candidates::at).
+// Greedy: the first maximum. Sampling: the candidate at u (Candidates::at). Of the row after the
+// request's edits.
 TokenChoice choose(const float* logits, const SampleRequest& request);
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);  // refuses parameters out of range, naming them
+  // Refuses parameters out of range (and logit_bias ids outside [0, vocab) when vocab > 0), naming them.
+  explicit Sampler(const SamplingParams& params, int64_t vocab = 0);
   const SamplingParams& params() const { return params_; }
   // The next row's point in [0, 1): a draw from the stream when sampling, 0 (no draw) when greedy.
   double draw();
-  int sample(const float* logits, int64_t vocab) { return choose(logits, SampleRequest{params_, draw(), vocab}).token; }
+  // What the penalties count: a reply's prompt (the repetition penalty's; the counts of an earlier
+  // reply are dropped), then each token chosen after it (all three penalties').
+  void start_reply(std::span<const int> prompt);
+  void chose(int token);
+  // The next row's edits: logit_bias and the penalties over the tokens counted so far, by token id.
+  std::vector<LogitEdit> edits() const;
+  // The next row's request: a draw and the edits.
+  SampleRequest request(int64_t vocab, int top_logprobs = -1);
+  // Chooses from a row and counts the choice.
+  int sample(const float* logits, int64_t vocab);
 
  private:
+  LogitEdit& edit(int token);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
+  std::map<int, LogitEdit> edits_;  // every token with an edit (none while the parameters edit nothing)
+  std::map<int, int> counts_;       // the reply's tokens so far
 };
 
 }  // namespace dsv41

@@ -5,6 +5,7 @@
 // min-p and top-p as the CPU's loop stops), the point u × mass, and the logprobs at temperature 1.
 // Traffic: the sort's passes over rows × vocab (key, id) pairs, then two or three reads of the kept
 // prefix. What comes back: a token, a logprob and up to kMaxTopLogprobs alternatives per row.
+// A request's logit edits (logit_bias, penalties: a few hundred tokens) go first, one thread each.
 #include "backend/cuda/sampling.h"
 
 #include <cub/cub.cuh>
@@ -51,6 +52,18 @@ struct TakeBest {
 struct Lowest {
   __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
 };
+
+// One logit edit at its place in the logits: model/sampling.h's edited(), the CPU's own steps in
+// fp32 (no contraction: the library is built with --fmad=false).
+struct EditAt {
+  int64_t at;
+  LogitEdit e;
+};
+__global__ void __launch_bounds__(kThreads) edit_logits(float* logits, const EditAt* edits, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= n) return;
+  logits[edits[i].at] = edited(logits[edits[i].at], edits[i].e);
+}
 
 __global__ void __launch_bounds__(kThreads) argmax_rows(const float* logits, int64_t stride, const Row* rows, Chosen* out) {
   const Row r = rows[blockIdx.x];
@@ -159,7 +172,7 @@ __global__ void __launch_bounds__(kThreads) choose_sorted(const float* keys, con
 
 }  // namespace
 
-std::vector<TokenChoice> choose(const float* logits, int64_t stride, std::span<const int64_t> rows,
+std::vector<TokenChoice> choose(float* logits, int64_t stride, std::span<const int64_t> rows,
                                 std::span<const SampleRequest> requests, cudaStream_t stream) {
   if (rows.size() != requests.size())
     fail("cuda::choose", std::to_string(requests.size()) + " logits rows, one per request", std::to_string(rows.size()));
@@ -176,6 +189,18 @@ std::vector<TokenChoice> choose(const float* logits, int64_t stride, std::span<c
     host.push_back(Row{q.params.temperature, q.params.top_p, q.params.min_p, q.params.top_k, q.top_logprobs, q.u, q.vocab, rows[size_t(i)]});
     sort = sort || q.params.temperature > 0 || q.top_logprobs >= 0;
     last_row = std::max(last_row, rows[size_t(i)]);
+  }
+  std::vector<EditAt> edits;
+  for (int i = 0; i < n; ++i) {
+    const SampleRequest& q = requests[size_t(i)];
+    check_edits(q.edits, q.vocab);
+    for (const LogitEdit& e : q.edits) edits.push_back(EditAt{rows[size_t(i)] * stride + e.token, e});
+  }
+  if (!edits.empty()) {
+    DeviceBuffer<EditAt> edits_d = scratch_from(edits, stream);
+    const int blocks = int((edits.size() + kThreads - 1) / kThreads);
+    edit_logits<<<blocks, kThreads, 0, stream>>>(logits, edits_d.get(), int64_t(edits.size()));
+    check(cudaGetLastError(), "cuda::choose edits");
   }
   DeviceBuffer<Row> rows_d = scratch_from(host, stream);
   DeviceBuffer<Chosen> out = scratch<Chosen>(n, stream);

@@ -17,7 +17,9 @@ namespace dsv41::cuda {
 // probabilities run in another order, so a token differs from the CPU's only where u falls within
 // that rounding of a boundary between two candidates. Logits are finite (a NaN may win the argmax
 // here, never on the CPU), and -0.0 sorts after +0.0 here where the CPU ties them by id.
-std::vector<TokenChoice> choose(const float* logits, int64_t stride, std::span<const int64_t> rows,
+// The requests' logit edits (logit_bias, penalties) are applied to their rows first, in place:
+// the edited rows are what the choice and its logprobs see, as on the CPU (the same fp32 steps).
+std::vector<TokenChoice> choose(float* logits, int64_t stride, std::span<const int64_t> rows,
                                 std::span<const SampleRequest> requests, cudaStream_t stream);
 
 }  // namespace dsv41::cuda

@@ -31,7 +31,7 @@ class DecodeGraph {
   // next launch.
   void launch(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids = {},
               std::span<const int64_t> decoder_from = {});
-  const float* logits() const { return logits_.get(); }
+  float* logits() const { return logits_.get(); }
   cudaStream_t stream() const { return stream_; }
   // launch, then each sequence's logits to the host, as forward_batch returns them.
   std::vector<std::vector<float>> step(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids = {});

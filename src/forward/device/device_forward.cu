@@ -859,7 +859,7 @@ bool decode_row(const DeviceSequence& s, size_t tokens, const ForwardOptions& o)
   return tokens == 1 && s.length > 0 && o.replay_until == 0 && o.decoder_from <= s.length && !o.keep_replayed_rows;
 }
 
-std::vector<std::vector<float>> deliver_logits(const float* logits, int64_t V, std::span<const int64_t> counts,
+std::vector<std::vector<float>> deliver_logits(float* logits, int64_t V, std::span<const int64_t> counts,
                                                std::span<const SampleRequest* const> sample, std::span<TokenChoice* const> choice,
                                                cudaStream_t stream) {
   std::vector<int64_t> rows;
