@@ -11,7 +11,7 @@
 // error (one wrong block scale alone gives NMSE > 1e-3). linear_f32 has no output rounding:
 // NMSE ~ (fp32 unit)² ≈ 1e-14, bound 1e-10.
 //
-// The prefill GEMM (gemm.cu, linear() at M ≥ 64 over fp8/fp4 weights) multiplies the exact values
+// The GEMM (gemm.cu, linear() at M ≥ gemm::kMinRows over fp8/fp4 weights) multiplies the exact values
 // of the same quantized operands (act_quant's x_q·s and the weights' w_q·s, both exact in bf16)
 // on bf16 wgmma with fp32 accumulation: the products are exact on both sides, and only the sums
 // differ. The tensor cores add each k16 step's 16 products to the accumulator aligning to the

@@ -537,7 +537,7 @@ Tiling dense_tiling(int64_t M, int64_t N) {
 
 void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream, Tiling tiling) {
   if (!usable(M, w))
-    fail("cuda::linear gemm", "an fp8/fp4 weight (aligned), M >= 64, K % 128 == 0", "another shape");
+    fail("cuda::linear gemm", "an fp8/fp4 weight (aligned), M >= " + std::to_string(kMinRows) + ", K % 128 == 0", "another shape");
   const int64_t K = w.cols;
   const bool automatic = tiling == Tiling::automatic;
   if (automatic) tiling = dense_tiling(M, w.rows);

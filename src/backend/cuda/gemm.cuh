@@ -13,8 +13,10 @@
 
 namespace dsv41::cuda::gemm {
 
-// The fewest activation rows for which linear() takes the GEMM (below it, qgemv's passes of 8).
-inline constexpr int64_t kMinRows = 64;
+// The fewest activation rows for which linear() takes the GEMM (below it, qgemv). From 2 rows the
+// GEMM's narrow tiles read each weight once at the weights' widening rate, where qgemv's FMAs on
+// the CUDA cores grow with the rows (docs/benchmarks.md, "Small batches on the tensor cores").
+inline constexpr int64_t kMinRows = 2;
 // Rows of one grouped tile (cuda::moe's bucket step cuts each expert's entries into tiles of ≤ this).
 inline constexpr int64_t kTileRows = 128;
 // K must be a multiple of this (one k-tile: four 32-blocks); other K go to qgemv.

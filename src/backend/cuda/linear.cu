@@ -1,10 +1,10 @@
 // Weight GEMV/GEMM reading checkpoint formats directly (fp8 32x32-block, fp4 per-32, bf16, fp32).
 //
-// Two kernels here, and the prefill GEMMs on the tensor cores: linear() over fp8/fp4 weights at
-// M ≥ 64 (gemm::kMinRows) with K a multiple of 128 runs in gemm.cu, every product over a bf16
-// weight at M ≥ 64 (gemm_bf16::kMinRows) in gemm_bf16.cu.
+// Two kernels here, and the GEMMs on the tensor cores: linear() over fp8/fp4 weights at M ≥ 2
+// (gemm::kMinRows) with K a multiple of 128 runs in gemm.cu, every product over a bf16 weight at
+// M ≥ 64 (gemm_bf16::kMinRows) in gemm_bf16.cu.
 //
-// qgemv (linear() over fp8/fp4 weights, the decode path): the activation quantization is folded
+// qgemv (linear() over fp8/fp4 weights: one row, or K not a multiple of 128): the activation quantization is folded
 // into the GEMV. Each block first act-quantizes its slice of x (≤ 8 rows) into shared memory,
 // then groups of L lanes each stream R weight rows in 16-byte loads (16 fp8 or 32 fp4 codes),
 // decode them in registers and multiply them against the quantized x. The weight never passes
@@ -502,7 +502,7 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   if (w.cols % kBlock != 0)
     fail("cuda::linear", "K a multiple of 32 for a quantized weight", "K = " + std::to_string(w.cols));
   if (M <= 0 || w.rows <= 0) return;
-  // Prefill (M ≥ 64, K a multiple of 128): the tensor-core GEMM (gemm.cu), same precision flow.
+  // M ≥ gemm::kMinRows, K a multiple of 128: the tensor-core GEMM (gemm.cu), same precision flow.
   if (gemm::usable(M, w)) return gemm::linear(x, M, w, y, stream);
   if (w.format == WeightFormat::FP8) qlinear<WeightFormat::FP8>(x, M, w.rows, w.cols, w, y, stream);
   else qlinear<WeightFormat::FP4>(x, M, w.rows, w.cols, w, y, stream);
