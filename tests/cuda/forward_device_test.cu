@@ -93,8 +93,11 @@ TEST_P(DeviceForwardFixture, MatchesCpuForwardUnderItsChoices) {
   }
 }
 
-// Several sequences in one call (a prefill next to a decode, then decodes together) give each the
-// logits it gets alone, bit for bit, and the same KV.
+// Several sequences in one call (a prefill next to decodes) give each the logits it gets beside
+// another sequence's decode alone, bit for bit, and the same KV: what a row computes does not
+// depend on the rows beside it. (Every call has at least 2 rows: one row alone takes qgemv, whose
+// sums run in another order than the GEMM's, gemm::kMinRows; from 2 to 64 rows the GEMM's tile
+// and split-K choices, and so every row's sums, depend on the weight alone.)
 TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
   DSV41_REQUIRE_DEVICE();
   Fixture f(GetParam());
@@ -103,15 +106,25 @@ TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
   std::vector<std::vector<int>> prompts;
   std::vector<std::vector<int64_t>> hashes;
   for (int p = 0; p < 3; ++p) {
-    // At most 20 tokens each, so that every call, batched or alone, stays on the GEMV and the
-    // device-routed MoE (under 64 rows; see the top); sequence 2's prefill shorter than the window,
-    // so that the call beside the decodes mixes window widths (two attention launches).
+    // At most 20 tokens each, so that every call stays on the single-tile GEMMs (see above) and
+    // the MoE's GEMV (the fixtures' experts are too small for its tensor-core path); sequence 2's
+    // prefill shorter than the window, so that the call beside the decodes mixes window widths
+    // (two attention launches).
     std::vector<int> t = f.tokens(p);
     t.resize(std::min<size_t>(t.size(), p == 2 ? 8 : 20));
     prompts.push_back(t);
     hashes.push_back(f.hashes(p));
   }
   auto ids = [&](int p, int64_t row) { return f.ids(hashes[size_t(p)], row); };
+  // A fourth sequence whose decodes sit beside each one "alone".
+  cuda::DeviceSequence companion(c, c.max_seq_len);
+  const std::span<const int> other(prompts[1]);  // 20 tokens: 4, then one a call
+  cuda::forward_batch(dm, {cuda::DeviceItem{&companion, other.first(4), ids(1, 0)}});
+  int64_t companion_at = 4;
+  auto beside = [&](cuda::DeviceItem item) {
+    const int64_t at = companion_at++;
+    return cuda::forward_batch(dm, {item, cuda::DeviceItem{&companion, other.subspan(size_t(at), 1), ids(1, at)}})[0];
+  };
   // Alone: sequence p runs its prompt but the last token, then the last token as a decode.
   std::vector<std::vector<float>> alone;
   std::vector<std::unique_ptr<cuda::DeviceSequence>> solo;
@@ -119,9 +132,9 @@ TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
     solo.push_back(std::make_unique<cuda::DeviceSequence>(c, c.max_seq_len));
     const std::span<const int> t(prompts[size_t(p)]);
     cuda::forward_batch(dm, {cuda::DeviceItem{solo.back().get(), t.first(t.size() - 1), ids(p, 0)}});
-    alone.push_back(cuda::forward_batch(dm, {cuda::DeviceItem{solo.back().get(), t.last(1), ids(p, int64_t(t.size()) - 1)}})[0]);
+    alone.push_back(beside(cuda::DeviceItem{solo.back().get(), t.last(1), ids(p, int64_t(t.size()) - 1)}));
   }
-  // Together: 0 and 1 prefill in one call, then 2's prefill beside 0's and 1's decodes, then 2's decode alone.
+  // Together: 0 and 1 prefill in one call, then 2's prefill beside 0's and 1's decodes, then 2's decode.
   std::vector<std::unique_ptr<cuda::DeviceSequence>> seq;
   for (int p = 0; p < 3; ++p) seq.push_back(std::make_unique<cuda::DeviceSequence>(c, c.max_seq_len));
   auto head = [&](int p) { return std::span<const int>(prompts[size_t(p)]).first(prompts[size_t(p)].size() - 1); };
@@ -130,7 +143,7 @@ TEST_P(DeviceForwardFixture, BatchEqualsAlone) {
   cuda::forward_batch(dm, {{seq[0].get(), head(0), ids(0, 0)}, {seq[1].get(), head(1), ids(1, 0)}});
   std::vector<std::vector<float>> together =
       cuda::forward_batch(dm, {{seq[0].get(), last(0), last_ids(0)}, {seq[2].get(), head(2), ids(2, 0)}, {seq[1].get(), last(1), last_ids(1)}});
-  std::vector<float> third = cuda::forward_batch(dm, {{seq[2].get(), last(2), last_ids(2)}})[0];
+  std::vector<float> third = beside({seq[2].get(), last(2), last_ids(2)});
   EXPECT_EQ(mismatches(together[0], alone[0]), 0u);
   EXPECT_EQ(mismatches(together[2], alone[1]), 0u);
   EXPECT_EQ(mismatches(third, alone[2]), 0u);

@@ -420,7 +420,7 @@ TEST(CudaGemm, SplitKAgreesWithOneSplit) {
 
 // ---- The bf16 prefill GEMM ------------------------------------------------------------------------
 
-// linear and linear_f32 over bf16 weights at M ≥ 64 (gemm_bf16.cu; linear_grouped's groups are in
+// linear and linear_f32 over bf16 weights at M ≥ gemm_bf16::kMinRows (gemm_bf16.cu; linear_grouped's groups are in
 // the test above). The products of bf16 values are exact in fp32 on both sides; the sums differ.
 // The tensor cores add each mma's 16 products to the accumulator aligning to the largest term and
 // truncating (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021), K/16 times along K,

@@ -1,4 +1,4 @@
-// The prefill GEMM over bf16 weights: y[M, N] = x[M, K] · Wᵀ on the tensor cores through bf16
+// The GEMM over bf16 weights: y[M, N] = x[M, K] · Wᵀ on the tensor cores through bf16
 // mma.sync (m16n8k16, fp32 accumulation), for wo_a (grouped), the compressor's projections and
 // the indexer's bf16 weights, which the gemv (linear.cu) otherwise reads once per 8 rows.
 //
@@ -162,7 +162,7 @@ bool usable(int64_t M, const Weight& w, int64_t groups) {
 
 void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream) {
   if (!usable(M, w, groups))
-    fail("cuda::linear bf16 gemm", "a bf16 weight, M >= 64, K % 8 == 0, rows in whole groups",
+    fail("cuda::linear bf16 gemm", "a bf16 weight, M >= " + std::to_string(kMinRows) + ", K % 8 == 0, rows in whole groups",
          std::to_string(M) + " rows over " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " in " +
              std::to_string(groups) + " groups");
   static const bool configured = [] {

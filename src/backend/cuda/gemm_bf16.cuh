@@ -10,8 +10,10 @@
 
 namespace dsv41::cuda::gemm_bf16 {
 
-// The fewest activation rows for which the products take this GEMM (below it, the gemv's passes of 8).
-inline constexpr int64_t kMinRows = 64;
+// The fewest activation rows for which the products take this GEMM (below it, the gemv). The gemv
+// reads the weight once per 8 rows; from 2 rows the GEMM's one pass (its 128-row tile mostly
+// padding at decode) is as fast or faster (docs/benchmarks.md, "Small batches on the tensor cores").
+inline constexpr int64_t kMinRows = 2;
 
 // Whether a product over w at M rows runs here: a bf16 weight, M ≥ kMinRows, K a multiple of 8
 // (whole 16-byte chunks), and every offset within 32 bits.

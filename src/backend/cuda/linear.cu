@@ -2,7 +2,7 @@
 //
 // Two kernels here, and the GEMMs on the tensor cores: linear() over fp8/fp4 weights at M ≥ 2
 // (gemm::kMinRows) with K a multiple of 128 runs in gemm.cu, every product over a bf16 weight at
-// M ≥ 64 (gemm_bf16::kMinRows) in gemm_bf16.cu.
+// M ≥ 2 (gemm_bf16::kMinRows) in gemm_bf16.cu.
 //
 // qgemv (linear() over fp8/fp4 weights: one row, or K not a multiple of 128): the activation quantization is folded
 // into the GEMV. Each block first act-quantizes its slice of x (≤ 8 rows) into shared memory,

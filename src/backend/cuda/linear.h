@@ -17,7 +17,7 @@ namespace dsv41::cuda {
 void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream = nullptr);
 
 // The same product in fp32 with no rounding of y (dsv41::linear_f32); float weights only. Over a
-// bf16 weight at M ≥ 64 it runs on the tensor cores, whose products need x to hold bf16 values too
+// bf16 weight at M ≥ 2 it runs on the tensor cores, whose products need x to hold bf16 values too
 // (the compressor's and the head's inputs, normed rows, do).
 void linear_f32(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream = nullptr);
 
