@@ -565,6 +565,78 @@ TEST(Server, TokenizeAndDetokenize) {
   EXPECT_EQ(r["error"]["code"], "model_not_found") << r;
 }
 
+// The access log: a line per request once its response is written, a stream's included, with the
+// tokens and times the response itself reports; text or JSON.
+TEST(Server, AccessLogHasALinePerRequest) {
+  auto lines = std::make_shared<std::vector<std::string>>();
+  auto mutex = std::make_shared<std::mutex>();
+  ServerOptions o;
+  o.log_format = LogFormat::Json;
+  o.access_log = [lines, mutex](const std::string& line) {
+    std::lock_guard hold(*mutex);
+    lines->push_back(line);
+  };
+  {
+    Running server(o);
+    // The line of the last request to `path`: the logger runs after the response's last byte has
+    // gone, so it is waited for (and a start-up health poll's late line is passed over).
+    auto last = [&](const std::string& path) {
+      for (int i = 0; i < 400; ++i) {
+        {
+          std::lock_guard hold(*mutex);
+          for (auto it = lines->rbegin(); it != lines->rend(); ++it) {
+            json j = json::parse(*it);
+            if (j["path"] != path) continue;
+            lines->clear();
+            return j;
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      ADD_FAILURE() << "no access line for " << path;
+      return json::object();
+    };
+    const json messages = json::array({{{"role", "user"}, {"content", "Say something."}}});
+    const json reply = server.post("/v1/chat/completions", chat(messages, 4));
+    json e = last("/v1/chat/completions");
+    EXPECT_EQ(e["method"], "POST");
+    EXPECT_EQ(e["path"], "/v1/chat/completions");
+    EXPECT_EQ(e["status"], 200);
+    EXPECT_EQ(e["remote"], "127.0.0.1");
+    EXPECT_EQ(e["prompt_tokens"], reply["usage"]["prompt_tokens"]);
+    EXPECT_EQ(e["output_tokens"], reply["usage"]["completion_tokens"]);
+    EXPECT_EQ(e["cached_tokens"], 0);
+    EXPECT_GT(e["ttft_ms"].get<double>(), 0);
+    EXPECT_GE(e["duration_ms"].get<double>(), e["ttft_ms"].get<double>());
+    EXPECT_EQ(e["time"].get<std::string>().back(), 'Z');
+
+    // A stream: logged when it ends, its tokens counted.
+    auto r = server.client().Post("/v1/completions",
+                                  json{{"model", "v41-tiny"}, {"prompt", "Once upon"}, {"max_tokens", 3}, {"stream", true},
+                                       {"temperature", 0}, {"ignore_eos", true}}.dump(),
+                                  "application/json");
+    ASSERT_TRUE(r);
+    e = last("/v1/completions");
+    EXPECT_EQ(e["path"], "/v1/completions");
+    EXPECT_EQ(e["output_tokens"], 3);
+
+    // A refused request and a plain route: status, no token fields.
+    server.post("/v1/completions", json{{"model", "v41-tiny"}, {"prompt", "x"}, {"temperature", 9}}, 400);
+    e = last("/v1/completions");
+    EXPECT_EQ(e["status"], 400);
+    EXPECT_FALSE(e.contains("prompt_tokens"));
+    ASSERT_TRUE(server.client().Get("/health"));
+    e = last("/health");
+    EXPECT_EQ(e["method"], "GET");
+    EXPECT_EQ(e["path"], "/health");
+    EXPECT_EQ(e["status"], 200);
+  }
+  AccessEntry text{"POST", "/v1/completions", "10.0.0.1", 200, 12, 8, 3, 41.26, 120.0, 1764842340123};
+  EXPECT_EQ(access_line(LogFormat::Text, text),
+            "2025-12-04T09:59:00.123Z 10.0.0.1 POST /v1/completions 200 prompt=12 cached=8 output=3 ttft=41.3ms 120.0ms");
+  EXPECT_EQ(access_line(LogFormat::Off, text), "");
+}
+
 // logit_bias and the penalties reach the sampler (tests/sampling_test.cpp holds their arithmetic):
 // +100 on a token makes every greedy token that one; −100 on the plain reply's first token moves
 // it; out-of-range values are refused by name.

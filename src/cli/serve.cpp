@@ -7,6 +7,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "cli/commands.h"
@@ -36,6 +37,11 @@ void add_serve(CLI::App& app) {
                          ->envname("DSV41_API_KEY");
   cmd->add_option("--api-key-file", args->api_key_file, "Read the API key from the first line of this file")->excludes(key);
   cmd->add_flag("--exact", args->exact, "Exact mode: every layer on every position, no bounded replay");
+  cmd->add_option("--log-format", o.log_format, "The access log on stderr, a line per request: text, json or off")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, LogFormat>{{"text", LogFormat::Text}, {"json", LogFormat::Json},
+                                                                           {"off", LogFormat::Off}},
+                                          CLI::ignore_case))
+      ->default_str("text");
   cmd->add_option("--max-running", o.scheduler.max_running, "Sequences in one batch")->check(CLI::Range(1, 4096));
   cmd->add_option("--max-queued", o.scheduler.max_queued, "Requests waiting to join; more get 503")->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--step-tokens", o.scheduler.step_tokens, "Prompt tokens per step (chunked prefill budget)")

@@ -31,6 +31,17 @@ namespace dsv41 {
 namespace {
 
 using Steady = std::chrono::steady_clock;
+
+// The access log's record of the request this thread serves: cpp-httplib runs a request's handler,
+// its streamed body and its logger on one thread of its pool, so a thread-local record is the
+// request's own from the routing to the logger.
+struct AccessRecord {
+  bool started = false;
+  Steady::time_point arrived;
+  int64_t prompt_tokens = -1, cached_tokens = 0, output_tokens = 0;
+  double ttft_s = -1;
+};
+thread_local AccessRecord access;
 using json = nlohmann::json;
 
 // The largest request body read (a chat of 16K-token turns is a few MB).
@@ -346,6 +357,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   const ResponseMeta meta = new_response_meta(chat ? "chatcmpl" : "cmpl", gen.model);
   auto reply = std::make_shared<ReplyStream>(*tokenizer, gen.sampling.stop, chat, thinking, request.top_logprobs);
   const int64_t prompt_tokens = int64_t(request.prompt.size());
+  access.prompt_tokens = prompt_tokens;
   const bool include_usage = gen.include_usage;
   const int connection = stream ? -1 : connection_socket(req);
   auto failure = std::make_shared<std::optional<ApiError>>();  // a plain response's engine failure
@@ -410,10 +422,12 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       if (!e) continue;
       if (e->kind == GenerationEvent::Kind::Prefilled) {
         usage.cached_tokens = e->use.cached();
+        access.cached_tokens = usage.cached_tokens;
       } else if (e->kind == GenerationEvent::Kind::Token) {
         if (reply->stopped()) continue;  // generated after the stop string, before the cancel took
-        if (first_token) ttft->observe(seconds_since(arrived)), first_token = false;
+        if (first_token) ttft->observe(access.ttft_s = seconds_since(arrived)), first_token = false;
         usage.completion_tokens += 1;
+        access.output_tokens = usage.completion_tokens;
         emit(reply->push(e->token));
         if (reply->stopped()) generation->cancel();
       } else {
@@ -601,7 +615,29 @@ void Server::State::routes() {
       send_error(res, e);
     }
   });
-  http.set_logger([this](const httplib::Request&, const httplib::Response& res) { http_responses(res.status).inc(); });
+  http.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+    access = AccessRecord{true, Steady::now()};
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    http_responses(res.status).inc();
+    if (options.log_format != LogFormat::Off) {
+      AccessEntry e{req.method, req.path, req.remote_addr, res.status, access.prompt_tokens, access.cached_tokens,
+                    access.output_tokens, access.ttft_s < 0 ? -1 : access.ttft_s * 1e3,
+                    access.started ? seconds_since(access.arrived) * 1e3 : 0,
+                    std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count()};
+      const std::string line = access_line(options.log_format, e);
+      if (options.access_log) {
+        options.access_log(line);
+      } else {
+        static std::mutex out;
+        std::lock_guard hold(out);
+        std::fprintf(stderr, "%s\n", line.c_str());
+        std::fflush(stderr);
+      }
+    }
+    access = AccessRecord{};
+  });
   // The errors cpp-httplib answers itself, said as a client can act on them: a route under another
   // method is 405 with Allow, not 404; a body, URI or request beyond the limits says which.
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
