@@ -12,6 +12,7 @@ packages=(
   libutf8proc-dev libpcre2-dev
   libxxhash-dev
   libcpp-httplib-dev
+  libedit-dev
   curl
   bible-kjv bible-kjv-text
 )

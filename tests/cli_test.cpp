@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -161,6 +163,71 @@ TEST(Cli, ChatReusesEarlierTurns) {
   EXPECT_GT(turns[1]["prompt_tokens"].get<int64_t>(), first_turn);
   EXPECT_GE(turns[1]["cached_tokens"].get<int64_t>(), turns[0]["prompt_tokens"].get<int64_t>()) << turns[1];
   EXPECT_EQ(turns[1]["cached_tokens"].get<int64_t>() + turns[1]["computed_tokens"].get<int64_t>(), turns[1]["prompt_tokens"]);
+}
+
+// A turn the context cannot hold is refused with a reason, and the conversation goes on from the
+// turns before it; one that fits with a shorter reply gets that reply. Ctrl-C (SIGINT) during a
+// reply ends the reply, not the conversation.
+TEST(Cli, ChatRefusesATooLongTurnAndGoesOn) {
+  dsv41::test::TempDir dir("cli_chat");
+  fs::create_directories(dir.path());
+  {
+    std::ofstream turns(dir / "turns.txt");
+    turns << "Tell me about the sea.\n";
+    for (int i = 0; i < 6000; ++i) turns << "word ";  // ~18,000 tokens: past v41-tiny's 4,096
+    turns << "\nAnd the mountains?\n";
+  }
+  Outcome r = run_dsv41("chat --model " DSV41_TEST_DATA "/fixtures/v41-tiny --json --max-tokens 6 < " + (dir / "turns.txt").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::istringstream lines(r.output);
+  std::vector<json> turns;
+  for (std::string line; std::getline(lines, line);) turns.push_back(json::parse(line));
+  ASSERT_EQ(turns.size(), 3u) << r.output;
+  EXPECT_EQ(turns[1]["turn"], 2);
+  EXPECT_NE(turns[1]["error"].get<std::string>().find("the context holds 4096"), std::string::npos) << turns[1];
+  EXPECT_EQ(turns[2]["turn"], 3);
+  EXPECT_EQ(turns[2]["generated_tokens"], 6);
+  // The third turn's prompt holds the first turn and itself, not the refused one.
+  EXPECT_LT(turns[2]["prompt_tokens"].get<int64_t>(), 100) << turns[2];
+  EXPECT_GE(turns[2]["cached_tokens"].get<int64_t>(), turns[0]["prompt_tokens"].get<int64_t>()) << turns[2];
+}
+
+TEST(Cli, ChatInterruptEndsTheReplyNotTheConversation) {
+  dsv41::test::TempDir dir("cli_chat");
+  fs::create_directories(dir.path());
+  const fs::path fifo = dir / "in", out = dir / "out.txt";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int in = open(fifo.c_str(), O_RDONLY), o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600),
+              null = open("/dev/null", O_WRONLY);
+    dup2(in, 0), dup2(o, 1), dup2(null, 2);
+    execl(DSV41_BINARY, DSV41_BINARY, "chat", "--model", DSV41_TEST_DATA "/fixtures/v41-tiny", "--max-tokens", "1500", "--ignore-eos",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const int w = open(fifo.c_str(), O_WRONLY);
+  ASSERT_GE(w, 0);
+  const std::string first = "Tell me a long story.\n", second = "Short, please.\n";
+  ASSERT_EQ(write(w, first.data(), first.size()), ssize_t(first.size()));
+  // The reply streams to stdout token by token: once some has come, the reply is under way.
+  for (int i = 0; i < 6000 && (!fs::exists(out) || fs::file_size(out) < 16); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  kill(pid, SIGINT);
+  ASSERT_EQ(write(w, second.data(), second.size()), ssize_t(second.size()));
+  close(w);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string output = dsv41::test::read_text(out);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  std::vector<std::string> summaries;
+  for (size_t at = output.find("[turn "); at != std::string::npos; at = output.find("[turn ", at + 1))
+    summaries.push_back(output.substr(at, output.find(']', at) - at));
+  ASSERT_EQ(summaries.size(), 2u) << output;
+  EXPECT_NE(summaries[0].find("generated, cancelled"), std::string::npos) << summaries[0];
+  EXPECT_EQ(summaries[0].find("1500 generated"), std::string::npos) << summaries[0];
+  EXPECT_NE(summaries[1].find("1500 generated;"), std::string::npos) << summaries[1];  // the next reply runs whole
 }
 
 // A second process finds the first one's global blocks on disk: the prompt's prefix is served

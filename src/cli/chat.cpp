@@ -1,17 +1,28 @@
 // dsv41 chat --model DIR [--system TEXT] [--thinking] [--exact] [--max-tokens N] [sampling] [cache flags]
 //            [--device D] [--json]
 //
-// One conversation over standard input: every non-empty line is a user turn. The whole
-// conversation is rendered in DeepSeek-V4.1's chat format each turn and handed to the session,
-// which reuses what it can — its own running sequence, the SWA pool, the host cache, the disk —
-// so each turn shows how many prompt tokens were cached, replayed and computed.
+// One conversation over standard input: every non-empty line is a user turn (on a terminal with
+// line editing and history, through libedit). The whole conversation is rendered in
+// DeepSeek-V4.1's chat format each turn and handed to the session, which reuses what it can — its
+// own running sequence, the SWA pool, the host cache, the disk — so each turn shows how many prompt
+// tokens were cached, replayed and computed. Reasoning (--thinking) is shown dimmed apart from the
+// answer; Ctrl-C stops a reply, not the conversation; a turn the context cannot hold is refused
+// and the conversation goes on.
 #include <fmt/core.h>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
+#include <optional>
+#ifdef DSV41_HAVE_LIBEDIT
+#include <editline/readline.h>
+#endif
 
 #include "base/error.h"
 #include "cli/commands.h"
@@ -49,6 +60,54 @@ std::string describe(const PrefixUse& u) {
                      where.empty() ? "" : " (" + where + ")", u.replayed, u.computed(), blocks);
 }
 
+// ANSI: reasoning dimmed, then back to plain for the answer.
+constexpr const char* kDim = "\x1b[2m";
+constexpr const char* kPlain = "\x1b[0m";
+
+// Lines of standard input: through libedit (line editing, history) on a terminal, else as they come.
+class LineReader {
+ public:
+  explicit LineReader(bool interactive) : interactive_(interactive) {}
+  bool read(std::string& line) {
+#ifdef DSV41_HAVE_LIBEDIT
+    if (interactive_) {
+      char* got = readline("> ");
+      if (!got) return false;
+      line = got;
+      std::free(got);
+      if (!line.empty()) add_history(line.c_str());
+      return true;
+    }
+#endif
+    if (interactive_) fmt::print("> "), std::fflush(stdout);
+    return bool(std::getline(std::cin, line));
+  }
+
+ private:
+  bool interactive_;
+};
+
+// While alive, SIGINT sets a flag instead of ending the program: a reply in progress stops at the
+// next token and the conversation goes on. (At the prompt Ctrl-C ends the program as usual.)
+class CancelOnInterrupt {
+ public:
+  CancelOnInterrupt() {
+    fired_ = 0;
+    struct sigaction on {};
+    on.sa_handler = [](int) { fired_ = 1; };
+    sigemptyset(&on.sa_mask);
+    sigaction(SIGINT, &on, &before_);
+  }
+  ~CancelOnInterrupt() { sigaction(SIGINT, &before_, nullptr); }
+  CancelOnInterrupt(const CancelOnInterrupt&) = delete;
+  CancelOnInterrupt& operator=(const CancelOnInterrupt&) = delete;
+  bool fired() const { return fired_ != 0; }
+
+ private:
+  static inline volatile std::sig_atomic_t fired_ = 0;
+  struct sigaction before_ {};
+};
+
 }  // namespace
 
 void add_chat(CLI::App& app) {
@@ -57,6 +116,7 @@ void add_chat(CLI::App& app) {
     bool thinking = false, exact = false, as_json = false;
     Device device = Device::Auto;
     int max_tokens = 256;
+    bool ignore_eos = false;
     SamplingParams sampling;
     CacheFlags cache;
   };
@@ -67,6 +127,7 @@ void add_chat(CLI::App& app) {
   cmd->add_flag("--thinking", args->thinking, "Thinking mode: the model reasons before it answers");
   cmd->add_flag("--exact", args->exact, "Exact mode: every layer on every position, no bounded replay");
   cmd->add_option("--max-tokens", args->max_tokens, "Most tokens per reply")->check(CLI::Range(1, 1 << 20));
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "The end-of-sequence token does not end a reply (replies of --max-tokens)");
   add_sampling_flags(*cmd, args->sampling);
   add_cache_flags(*cmd, args->cache);
   add_device_flag(*cmd, args->device);
@@ -80,27 +141,38 @@ void add_chat(CLI::App& app) {
     KvCache cache(c, cache_options(args->cache, args->model, mode));
     Session session(*m.executor, &tokenizer, mode);
     Sampler sampler(args->sampling, c.vocab_size);
-    std::vector<int> stop = m.stop_ids;
-    if (std::optional<int> eos = tokenizer.token_to_id(chat_token::kEos)) stop.push_back(*eos);
+    std::vector<int> stop = args->ignore_eos ? std::vector<int>{} : m.stop_ids;
+    if (std::optional<int> eos = tokenizer.token_to_id(chat_token::kEos); eos && !args->ignore_eos) stop.push_back(*eos);
 
     std::vector<ChatMessage> messages;
     if (!args->system.empty()) messages.push_back(message(ChatRole::system, args->system));
     ChatOptions options;
     options.thinking = args->thinking;
     const bool interactive = isatty(STDIN_FILENO) && !args->as_json;
+    const bool styled = !args->as_json && isatty(STDOUT_FILENO);  // reasoning dimmed apart from the answer
+    const std::optional<int> think_end = tokenizer.token_to_id(chat_token::kThinkEnd);
+    LineReader input(interactive);
     std::string line;
     for (int turn = 1;; ++turn) {
-      if (interactive) fmt::print("> "), std::fflush(stdout);
-      if (!std::getline(std::cin, line)) break;
+      if (!input.read(line)) break;
       if (line.empty()) {
         --turn;
         continue;
       }
       messages.push_back(message(ChatRole::user, line));
       const std::vector<int> prompt = tokenizer.encode(render_chat(messages, options), /*add_special_tokens=*/false);
-      if (int64_t(prompt.size()) + args->max_tokens > c.max_seq_len)
-        fail("chat", "a conversation within the context of " + std::to_string(c.max_seq_len) + " tokens",
-             std::to_string(prompt.size()) + " prompt tokens + " + std::to_string(args->max_tokens) + " to generate");
+      // A turn that leaves no room for a reply is refused; the conversation goes on without it.
+      const int64_t room = c.max_seq_len - int64_t(prompt.size());
+      if (room < 1) {
+        messages.pop_back();
+        const std::string why = fmt::format("the conversation would be {} tokens, the context holds {}: turn refused",
+                                            prompt.size(), c.max_seq_len);
+        if (args->as_json) fmt::print("{}\n", nlohmann::json{{"turn", turn}, {"error", why}}.dump());
+        else fmt::print(stderr, "[{}]\n", why);
+        std::fflush(stdout);
+        continue;
+      }
+      const int64_t max_tokens = std::min<int64_t>(args->max_tokens, room);
 
       const auto t0 = Clock::now();
       sampler.start_reply(prompt);
@@ -110,14 +182,26 @@ void add_chat(CLI::App& app) {
       StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
       std::vector<int> reply;  // the stop token, if one came, is the last and not generated text
       int64_t generated = 0;
-      while (generated < args->max_tokens) {
+      bool reasoning = options.thinking;  // the rendered prompt opens the reply in reasoning
+      if (reasoning && styled) fmt::print("{}", kDim);
+      const CancelOnInterrupt interrupt;  // Ctrl-C ends this reply, not the program
+      while (generated < max_tokens && !interrupt.fired()) {
         const int next = sampler.sample(logits.data(), sampling_vocab(c, m.tokenizer_or_null()));
         reply.push_back(next);
         if (std::find(stop.begin(), stop.end(), next) != stop.end()) break;
         generated += 1;
-        if (!args->as_json) fmt::print("{}", stream.push(next)), std::fflush(stdout);
+        if (!args->as_json) {
+          fmt::print("{}", stream.push(next));
+          if (reasoning && think_end && next == *think_end) {
+            reasoning = false;
+            fmt::print("{}\n", styled ? kPlain : "");
+          }
+          std::fflush(stdout);
+        }
         logits = session.decode(next);
       }
+      if (reasoning && styled) fmt::print("{}", kPlain);
+      const bool cancelled = interrupt.fired();
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       // The end of the output is the SWA pool's second entry of the turn (DESIGN §4).
       session.save(cache);
@@ -139,12 +223,13 @@ void add_chat(CLI::App& app) {
                             {"replayed_tokens", use.replayed},
                             {"computed_tokens", use.computed()},
                             {"generated_tokens", generated},
+                            {"cancelled", cancelled},
                             {"ttft_ms", ttft * 1e3},
                             {"seconds", seconds}};
         fmt::print("{}\n", j.dump());
       } else {
-        fmt::print("{}\n[turn {}: {}; {} generated; first token {:.2f} s]\n", stream.flush(), turn, describe(use),
-                   generated, ttft);
+        fmt::print("{}\n[turn {}: {}; {} generated{}; first token {:.2f} s]\n", stream.flush(), turn, describe(use),
+                   generated, cancelled ? ", cancelled" : "", ttft);
       }
       std::fflush(stdout);
     }
