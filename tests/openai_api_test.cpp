@@ -515,6 +515,28 @@ TEST(OpenAiResponse, ChatCompletionWithReasoningAndToolCalls) {
   EXPECT_EQ(chat_completion_json(kMeta, c, {})["choices"][0]["message"]["content"], "Let me check.");
 }
 
+// A reply that ended inside its reasoning (thinking on, max_tokens too small) says so: its content
+// is empty and "reasoning_only" is true, in the response and in a stream's last chunk; a reply
+// with an answer or a tool call does not carry the field.
+TEST(OpenAiResponse, ReasoningOnlyIsFlagged) {
+  ChatChoice c;
+  c.reasoning_content = "Let me think about";
+  c.finish_reason = FinishReason::Length;
+  json j = chat_completion_json(kMeta, c, {});
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "");
+  EXPECT_EQ(j["choices"][0]["reasoning_only"], true);
+  c.content = "Yes.";
+  EXPECT_FALSE(chat_completion_json(kMeta, c, {})["choices"][0].contains("reasoning_only"));
+  c.content.clear();
+  c.tool_calls = {{"call_1", "f", "{}"}};
+  EXPECT_FALSE(chat_completion_json(kMeta, c, {})["choices"][0].contains("reasoning_only"));
+  ChatDelta end;
+  end.finish_reason = FinishReason::Length;
+  EXPECT_FALSE(chat_chunk_json(kMeta, end, false)["choices"][0].contains("reasoning_only"));
+  end.reasoning_only = true;
+  EXPECT_EQ(chat_chunk_json(kMeta, end, false)["choices"][0]["reasoning_only"], true);
+}
+
 TEST(OpenAiResponse, ChatLogprobs) {
   ChatChoice c;
   c.content = "Hi\xe2\x82\xac";

@@ -670,6 +670,22 @@ TEST(Server, LogitBiasAndPenaltiesReachTheSampler) {
   EXPECT_EQ(server.post("/v1/completions", bad, 400)["error"]["param"], "presence_penalty");
 }
 
+// Thinking on with a max_tokens the reasoning uses up: no answer, and the response says so
+// ("reasoning_only"). (The fixture's tokenizer spells "</think>" in several tokens: 3 greedy
+// tokens cannot end the reasoning and give an answer too.)
+TEST(Server, AReplyThatEndsInItsReasoningIsFlagged) {
+  Running server(ServerOptions{});
+  json request = chat(json::array({{{"role", "user"}, {"content", "Think first."}}}), 3);
+  request["chat_template_kwargs"] = {{"thinking", true}};
+  const json r = server.post("/v1/chat/completions", request);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length") << r;
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "") << r;
+  EXPECT_FALSE(r["choices"][0]["message"]["reasoning_content"].get<std::string>().empty()) << r;
+  EXPECT_EQ(r["choices"][0]["reasoning_only"], true) << r;
+  request["chat_template_kwargs"] = {{"thinking", false}};
+  EXPECT_FALSE(server.post("/v1/chat/completions", request)["choices"][0].contains("reasoning_only"));
+}
+
 // The official openai npm client (tests/e2e, installed by scripts/setup-e2e.sh) against the
 // server: chat, streaming chat, completions, error cases and the SSE framing byte by byte.
 TEST(Server, OpenAiClientScripts) {

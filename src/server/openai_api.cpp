@@ -514,6 +514,7 @@ json chat_completion_json(const ResponseMeta& meta, const ChatChoice& choice, co
                                  {"message", std::move(message)},
                                  {"logprobs", choice.logprobs ? chat_logprobs_json(*choice.logprobs) : json(nullptr)},
                                  {"finish_reason", to_string(choice.finish_reason)}}});
+  if (choice.reasoning_only()) out["choices"][0]["reasoning_only"] = true;
   out["usage"] = usage_json(usage);
   return out;
 }
@@ -553,6 +554,7 @@ json chat_chunk_json(const ResponseMeta& meta, const ChatDelta& delta, bool incl
                                  {"delta", std::move(d)},
                                  {"logprobs", delta.logprobs ? chat_logprobs_json(*delta.logprobs) : json(nullptr)},
                                  {"finish_reason", finish_json(delta.finish_reason)}}});
+  if (delta.reasoning_only) out["choices"][0]["reasoning_only"] = true;
   if (include_usage) out["usage"] = nullptr;
   return out;
 }

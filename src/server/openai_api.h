@@ -151,6 +151,9 @@ struct ChatChoice {
   std::vector<ToolCall> tool_calls;
   FinishReason finish_reason = FinishReason::Stop;
   std::optional<std::vector<TokenLogprob>> logprobs;  // present iff the request asked
+  // The reply ended inside its reasoning (thinking mode, max_tokens too small): no answer came.
+  // Said in the choice as "reasoning_only": true (dsv41's), the content being empty.
+  bool reasoning_only() const { return content.empty() && tool_calls.empty() && !reasoning_content.empty(); }
 };
 nlohmann::json chat_completion_json(const ResponseMeta& meta, const ChatChoice& choice, const Usage& usage);
 
@@ -178,6 +181,7 @@ struct ChatDelta {
   std::vector<ToolCallDelta> tool_calls;
   std::optional<FinishReason> finish_reason;
   std::optional<std::vector<TokenLogprob>> logprobs;
+  bool reasoning_only = false;  // with the finish: ChatChoice::reasoning_only of the whole reply
 };
 nlohmann::json chat_chunk_json(const ResponseMeta& meta, const ChatDelta& delta, bool include_usage);
 

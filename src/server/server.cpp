@@ -378,8 +378,11 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       last_write = Steady::now();
       return !gone;
     };
+    bool answered = false, reasoned = false;  // what the reply has said: for ChatDelta::reasoning_only
     auto emit = [&](ReplyStream::Delta d) {
       if (d.empty()) return;
+      answered = answered || !d.text.empty() || !d.tool_calls.empty();
+      reasoned = reasoned || !d.reasoning.empty();
       if (!stream) {
         chat_choice.content += d.text;
         chat_choice.reasoning_content += d.reasoning;
@@ -449,6 +452,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
           if (chat) {
             ChatDelta end;
             end.finish_reason = why;
+            end.reasoning_only = reasoned && !answered;
             write(sse_event(chat_chunk_json(meta, end, include_usage)));
           } else {
             write(sse_event(completion_chunk_json(meta, CompletionDelta{"", why, std::nullopt, text_offset}, include_usage)));
