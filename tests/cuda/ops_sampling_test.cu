@@ -58,7 +58,7 @@ TEST(CudaSampling, ChoosesWhatTheCpuChooses) {
       std::vector<SampleRequest> requests;
       for (int r = rows - 1; r >= 0; --r) {  // out of order, as a batch's sampled rows may be
         row_of.push_back(r);
-        requests.push_back(SampleRequest{c.params, uniform(rng), vocab, c.top_logprobs});
+        requests.push_back(SampleRequest{c.params, uniform(rng), vocab, c.top_logprobs, {}});
         if (!edit) continue;
         // Logit edits on a row's first tokens and its best one: biases, repetition penalties,
         // subtractions (a penalized reply), every sign.
@@ -92,8 +92,8 @@ TEST(CudaSampling, RefusesWhatItCannotTake) {
   DSV41_REQUIRE_DEVICE();
   DeviceArray<float> device(std::vector<float>(8, 0.0f));
   const std::vector<int64_t> row = {0};
-  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 9, -1}}, nullptr), Error);
-  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, 21}}, nullptr), Error);
+  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 9, -1, {}}}, nullptr), Error);
+  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, 21, {}}}, nullptr), Error);
   EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, -1, {{3}, {3}}}}, nullptr), Error);
   EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, -1, {{8}}}}, nullptr), Error);
 }
