@@ -609,6 +609,10 @@ TEST(Server, AccessLogHasALinePerRequest) {
     EXPECT_GT(e["ttft_ms"].get<double>(), 0);
     EXPECT_GE(e["duration_ms"].get<double>(), e["ttft_ms"].get<double>());
     EXPECT_EQ(e["time"].get<std::string>().back(), 'Z');
+    // The time before the engine is counted too: parsing (> 0) and the wait for admission.
+    EXPECT_GT(server.metric("dsv41_request_parse_seconds_total"), 0);
+    EXPECT_GE(server.metric("dsv41_queue_wait_seconds_total"), 0);
+    EXPECT_LT(server.metric("dsv41_request_parse_seconds_total"), e["duration_ms"].get<double>() / 1e3);
 
     // A stream: logged when it ends, its tokens counted.
     auto r = server.client().Post("/v1/completions",

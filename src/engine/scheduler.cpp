@@ -257,6 +257,7 @@ bool Scheduler::start(Running& r) {
     if (cache_) cache_->count(tally(std::span(&use, 1), cache_->block_tokens(), 0));
     if (!r.prefilled) {  // once per request, preempted or not
       r.prefilled = true;
+      book(&SchedulerStats::queue_seconds, std::chrono::duration<double>(t0 - r.generation->submitted).count());
       r.generation->post({GenerationEvent::Kind::Prefilled, use, {}, FinishKind::Stop, {}});
       std::lock_guard lock(mutex_);
       stats_.prompt_tokens += use.prompt_tokens;

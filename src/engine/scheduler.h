@@ -57,6 +57,7 @@ class Generation {
  public:
   explicit Generation(GenerationRequest request) : request(std::move(request)) {}
   const GenerationRequest request;
+  const std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
 
   // The next event, waiting for it; Finished is the last.
   GenerationEvent next();
@@ -117,6 +118,7 @@ struct SchedulerStats {
   // Time outside the steps: looking prompts up in the KV tiers and restoring what was found
   // (Session::begin_prompt), and storing blocks and tails at the end of prompts and replies.
   double lookup_seconds = 0, store_seconds = 0;
+  double queue_seconds = 0;  // from submission to admission, summed over requests
   int64_t steps = 0;
   SpeculationStats speculation;
 };

@@ -202,6 +202,7 @@ struct Server::State {
   MetricsRegistry metrics;
   std::mutex scrape;  // a scrape raises counters to the engine's totals: one at a time
   Histogram* ttft = nullptr;
+  Counter* parse = nullptr;
   Histogram* duration = nullptr;
 
   void load();
@@ -318,6 +319,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   request.speculative = s.speculative;
 
   std::shared_ptr<Generation> generation;
+  parse->inc(seconds_since(arrived));
   try {
     generation = scheduler->submit(request);
   } catch (const Error& e) {  // a request the engine can never run: the client's to fix
@@ -512,6 +514,7 @@ std::string Server::State::render_metrics() {
   sync(m.counter("dsv41_prompt_lookup_seconds_total", "Time looking prompts up in the KV tiers and restoring the hits"),
        s.lookup_seconds);
   sync(m.counter("dsv41_kv_store_seconds_total", "Time storing blocks and SWA tails into the KV tiers"), s.store_seconds);
+  sync(m.counter("dsv41_queue_wait_seconds_total", "Time requests waited from submission to admission"), s.queue_seconds);
   m.gauge("dsv41_prefill_tokens_per_second", "Prompt tokens run per second of prefill step time")
       .set(s.prefill_seconds > 0 ? double(s.prefill_tokens) / s.prefill_seconds : 0);
   m.gauge("dsv41_decode_tokens_per_second", "Tokens generated per second of decode step time")
@@ -695,6 +698,8 @@ Server::Server(ServerOptions options) : state_(std::make_unique<State>()) {
                                             {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30});
   state_->duration = &state_->metrics.histogram("dsv41_request_duration_seconds", "From a request's arrival to its last byte",
                                                 {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300});
+  state_->parse = &state_->metrics.counter("dsv41_request_parse_seconds_total",
+                                           "From a generation request's arrival to its submission: parsing, rendering, tokenizing");
   // A handler waits on its request for the whole generation: enough threads for every running
   // and queued request, a few for /health and /metrics, and kSlowConnections for connections
   // still sending their request: a client that sends a header line a second holds its thread as
