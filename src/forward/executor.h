@@ -29,7 +29,7 @@ class Sequence {
   // The state as the KV tiers store it (Session::save): the counters, every ring, the open groups,
   // and the global KV from the entries of token `from_token` on (the blocks stored before it are
   // not read again). A view of the CPU executor's own state; of a copy brought back from the
-  // device otherwise, valid until the executor's next call.
+  // device otherwise, valid until this thread's next call on the executor's sequences.
   virtual StateView saved(int64_t from_token) = 0;
   // Replaces the state: a host state (a fresh start, a test's), or the tiers' pieces copied
   // straight to where the executor holds it (StateView: a hit, with no host state made).

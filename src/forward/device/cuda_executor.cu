@@ -34,13 +34,20 @@ uint64_t next_device_id() {
 // outlive the executor's other users.
 using DeviceLock = std::shared_ptr<std::recursive_mutex>;
 
+// The pinned memory a thread's restores and saves go through: one per thread, so that the view a
+// save returns (valid until that thread's next restore or save) is not overwritten by another
+// thread's call meanwhile.
+PinnedStaging& staging() {
+  thread_local PinnedStaging memory;
+  return memory;
+}
+
 class CudaSequence final : public Sequence {
  public:
   // No device memory until the first call needs it: a sequence made for a restore from the tiers
   // is allocated once, at the restored length (allocations and frees of device memory synchronize
   // with the device).
-  CudaSequence(const Config& config, DeviceLock lock, std::shared_ptr<PinnedStaging> staging)
-      : config_(config), lock_(std::move(lock)), staging_(std::move(staging)) {}
+  CudaSequence(const Config& config, DeviceLock lock) : config_(config), lock_(std::move(lock)) {}
   ~CudaSequence() override {
     std::lock_guard hold(*lock_);
     device_.reset();
@@ -55,7 +62,7 @@ class CudaSequence final : public Sequence {
   StateView saved(int64_t from_token) override {
     std::lock_guard hold(*lock_);
     if (!device_) return view_of(host());
-    return device_->download(from_token, *staging_);
+    return device_->download(from_token, staging());
   }
   void restore(const StateView& view) override {
     std::lock_guard hold(*lock_);
@@ -68,7 +75,7 @@ class CudaSequence final : public Sequence {
     for (const auto& [layer, cache] : view.compressed)
       held = std::max(held, cache.entries * config_.compress_ratios[size_t(layer)] + cache.pending);
     if (!device_ || held > device_->capacity()) replace(held + kFirstCapacity);  // nothing to keep
-    device_->upload(view, *staging_);
+    device_->upload(view, staging());
   }
   // Room for `tokens` tokens, the state kept.
   void reserve(int64_t tokens) {
@@ -77,7 +84,7 @@ class CudaSequence final : public Sequence {
     if (tokens <= device_->capacity()) return;
     SequenceState state = device_->download();
     replace(std::max(tokens, 2 * device_->capacity()));
-    device_->upload(view_of(state), *staging_);
+    device_->upload(view_of(state), staging());
   }
   // The device state, about to change: the host copy is stale from now on (reserve() first).
   DeviceSequence* running() {
@@ -96,7 +103,6 @@ class CudaSequence final : public Sequence {
 
   const Config& config_;
   DeviceLock lock_;
-  std::shared_ptr<PinnedStaging> staging_;  // the executor's, for uploads
   std::unique_ptr<DeviceSequence> device_;  // null until a call or a restore needs it
   uint64_t id_ = 0;
   std::optional<SequenceState> host_;  // the last host() copy while the device state is unchanged
@@ -120,7 +126,7 @@ class CudaExecutor final : public Executor {
     std::lock_guard hold(*lock_);
     graph_.reset();
   }
-  std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<CudaSequence>(model_.config(), lock_, staging_); }
+  std::unique_ptr<Sequence> new_sequence() override { return std::make_unique<CudaSequence>(model_.config(), lock_); }
 
   std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override {
     std::lock_guard hold(*lock_);
@@ -181,7 +187,6 @@ class CudaExecutor final : public Executor {
 
   const Model& model_;
   DeviceLock lock_ = std::make_shared<std::recursive_mutex>();
-  std::shared_ptr<PinnedStaging> staging_ = std::make_shared<PinnedStaging>();
   DeviceModel device_;
   int64_t free_at_start_ = 0;
   std::unique_ptr<DecodeGraph> graph_;  // the last decode step's, replayed while its batch stays
