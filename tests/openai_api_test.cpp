@@ -443,8 +443,10 @@ TEST(OpenAiRequest, Prompt) {
 
 TEST(OpenAiRequest, CompletionOnlyFeatures) {
   EXPECT_EQ(completion({{"echo", false}, {"suffix", ""}}).gen.model, "dsv41-tiny");
-  expect_error(completion_error({{"echo", true}}), 400, "echo", "unsupported_value",
-               {"expected false", "found boolean true"});
+  EXPECT_TRUE(completion({{"echo", true}}).echo);
+  EXPECT_FALSE(completion({{"echo", false}}).echo);
+  expect_error(completion_error({{"echo", true}, {"logprobs", 2}}), 400, "echo", "unsupported_value",
+               {"expected false with logprobs", "found boolean true"});
   expect_error(completion_error({{"suffix", "end"}}), 400, "suffix", "unsupported_value",
                {"expected an empty string", "found string \"end\""});
 }

@@ -674,6 +674,31 @@ TEST(Server, LogitBiasAndPenaltiesReachTheSampler) {
   EXPECT_EQ(server.post("/v1/completions", bad, 400)["error"]["param"], "presence_penalty");
 }
 
+// Completions with "echo": the text is the prompt's, then the reply's, plain or streamed, for a
+// text prompt and for token ids (decoded).
+TEST(Server, CompletionsEchoThePrompt) {
+  Running server(ServerOptions{});
+  const json base = {{"model", "v41-tiny"}, {"prompt", "Once upon a"}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}};
+  const std::string reply = server.post("/v1/completions", base)["choices"][0]["text"];
+  json echo = base;
+  echo["echo"] = true;
+  const json r = server.post("/v1/completions", echo);
+  EXPECT_EQ(r["choices"][0]["text"], "Once upon a" + reply) << r;
+  EXPECT_EQ(r["usage"]["completion_tokens"], 4);
+  const Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
+  echo["prompt"] = tokenizer.encode("Once upon a", false);
+  EXPECT_EQ(server.post("/v1/completions", echo)["choices"][0]["text"], "Once upon a" + reply);
+  echo["prompt"] = "Once upon a";
+  echo["stream"] = true;
+  auto s = server.client().Post("/v1/completions", echo.dump(), "application/json");
+  ASSERT_TRUE(s);
+  std::string text;
+  std::istringstream in(s->body);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("data: {", 0) == 0) text += json::parse(line.substr(6))["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(text, "Once upon a" + reply) << s->body;
+}
+
 // Thinking on with a max_tokens the reasoning uses up: no answer, and the response says so
 // ("reasoning_only"). (The fixture's tokenizer spells "</think>" in several tokens: 3 greedy
 // tokens cannot end the reasoning and give an answer too.)

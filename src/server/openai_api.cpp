@@ -377,8 +377,11 @@ CompletionRequest parse_completion_request(std::string_view text, const ApiConfi
     req.gen.logprobs.top = static_cast<int32_t>(integer_in(
         *v, "logprobs", 0, kMaxTopLogprobs, "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]"));
   }
-  if (const ojson* v = field(body, "echo"))
-    if (boolean(*v, "echo")) unsupported("echo", "false (dsv41 does not echo the prompt)", *v);
+  if (const ojson* v = field(body, "echo")) {
+    req.echo = boolean(*v, "echo");
+    if (req.echo && req.gen.logprobs.enabled)
+      unsupported("echo", "false with logprobs (dsv41 computes no logprobs of prompt tokens)", *v);
+  }
   if (const ojson* v = field(body, "best_of")) {
     integer_in(*v, "best_of", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), "the integer 1");
     if (v->get<int64_t>() != 1) unsupported("best_of", "1 (dsv41 returns one choice per request)", *v);

@@ -85,6 +85,7 @@ struct ChatRequest {
 struct CompletionRequest {
   GenerationParams gen;
   std::variant<std::string, std::vector<int32_t>> prompt;  // text, or token ids
+  bool echo = false;  // the text starts with the prompt's (not with logprobs: no prompt logprobs)
 };
 
 // Both throw ApiError (400; 404 for a model not in config.models).

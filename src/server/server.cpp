@@ -18,6 +18,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <utility>
 
 #include "base/error.h"
 #include "engine/chat_format.h"
@@ -292,6 +293,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   GenerationParams gen;
   GenerationRequest request;
   bool thinking = false;
+  std::string echo;  // completions with "echo": the prompt's text, which the reply's text starts with
   try {
     if (chat) {
       ChatRequest r = parse_chat_request(req.body, api);
@@ -304,6 +306,10 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
         request.prompt = tokenizer->encode(*text);
       else
         request.prompt.assign(std::get<std::vector<int32_t>>(r.prompt).begin(), std::get<std::vector<int32_t>>(r.prompt).end());
+      if (r.echo) {
+        const auto* text = std::get_if<std::string>(&r.prompt);
+        echo = text ? *text : tokenizer->decode(request.prompt, false);
+      }
       if (request.prompt.empty()) throw ApiError(400, "prompt: expected text that encodes to at least one token, found none", "prompt", "invalid_value");
     }
     check_context_length(int64_t(request.prompt.size()), gen.sampling.max_tokens, model->config().max_seq_len);
@@ -363,7 +369,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   const bool include_usage = gen.include_usage;
   const int connection = stream ? -1 : connection_socket(req);
   auto failure = std::make_shared<std::optional<ApiError>>();  // a plain response's engine failure
-  auto provider = [this, generation, reply, meta, chat, stream, include_usage, prompt_tokens, arrived, connection,
+  auto provider = [this, generation, reply, meta, chat, stream, include_usage, prompt_tokens, arrived, connection, echo,
                    failure, taken = std::move(taken)](size_t, httplib::DataSink& sink) mutable {
     Usage usage{prompt_tokens, 0, 0};
     ChatChoice chat_choice;
@@ -410,6 +416,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
         write(sse_event(completion_chunk_json(meta, cd, include_usage)));
       }
     };
+    if (!echo.empty()) emit(ReplyStream::Delta{std::exchange(echo, {}), {}, {}, {}});  // the prompt first, once
     if (stream && chat) {
       ChatDelta role;
       role.role = true;
