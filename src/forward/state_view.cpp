@@ -19,9 +19,7 @@ Bytes as_bytes(const std::vector<T>& v) {
 template <class T>
 std::vector<T> concat(std::span<const Bytes> pieces) {
   std::vector<T> out(size_t(total_bytes(pieces)) / sizeof(T));
-  auto* at = reinterpret_cast<uint8_t*>(out.data());
-  for (Bytes p : pieces)
-    if (!p.empty()) std::memcpy(at, p.data(), p.size()), at += p.size();
+  copy_bytes(pieces, 0, out.size() * sizeof(T), reinterpret_cast<uint8_t*>(out.data()));
   return out;
 }
 
@@ -33,7 +31,7 @@ int64_t total_bytes(std::span<const Bytes> pieces) {
   return n;
 }
 
-void append_bytes(std::vector<uint8_t>& out, std::span<const Bytes> pieces, size_t offset, size_t n) {
+void copy_bytes(std::span<const Bytes> pieces, size_t offset, size_t n, uint8_t* out) {
   if (offset + n > size_t(total_bytes(pieces)))
     fail("sequence state", "bytes [" + std::to_string(offset) + ", " + std::to_string(offset + n) + ") of its pieces",
          std::to_string(total_bytes(pieces)) + " bytes");
@@ -44,9 +42,15 @@ void append_bytes(std::vector<uint8_t>& out, std::span<const Bytes> pieces, size
       continue;
     }
     const size_t take = std::min(n, p.size() - offset);
-    out.insert(out.end(), p.begin() + offset, p.begin() + offset + take);
-    offset = 0, n -= take;
+    std::memcpy(out, p.data() + offset, take);
+    out += take, offset = 0, n -= take;
   }
+}
+
+void append_bytes(std::vector<uint8_t>& out, std::span<const Bytes> pieces, size_t offset, size_t n) {
+  const size_t at = out.size();
+  out.resize(at + n);
+  copy_bytes(pieces, offset, n, out.data() + at);
 }
 
 StateView view_of(const SequenceState& s) {

@@ -42,7 +42,9 @@ void check_view(const Config& config, const StateView& view);
 // The total size of pieces.
 int64_t total_bytes(std::span<const Bytes> pieces);
 
-// Appends bytes [offset, offset + n) of the pieces taken as one run to `out`.
+// Bytes [offset, offset + n) of the pieces taken as one run, to `out` (refused past their end).
+void copy_bytes(std::span<const Bytes> pieces, size_t offset, size_t n, uint8_t* out);
+// The same, appended to `out`.
 void append_bytes(std::vector<uint8_t>& out, std::span<const Bytes> pieces, size_t offset, size_t n);
 
 }  // namespace dsv41

@@ -1,9 +1,9 @@
 #include "model/sampling.h"
 #include "server/openai_api.h"
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
-#include <cctype>
 #include <limits>
 #include <map>
 #include <random>
@@ -174,14 +174,9 @@ std::vector<std::pair<int, float>> parse_logit_bias(const ojson& v, int64_t voca
   for (const auto& [key, value] : v.items()) {
     const std::string param = "logit_bias." + key;
     const std::string expected = "a token id in [0, " + std::to_string(vocab) + ") as a decimal string";
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(key, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != key.size() || key.empty() || !std::isdigit(static_cast<unsigned char>(key[0])) || id < 0 || id >= vocab)
+    int64_t id = -1;  // decimal digits only: from_chars takes no space or '+', and '-' gives id < 0
+    const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (error != std::errc{} || end != key.data() + key.size() || id < 0 || id >= vocab)
       throw ApiError(400, "logit_bias: expected keys " + expected + ", found \"" + key + "\"", "logit_bias", "invalid_value");
     bias[int(id)] = float_in(value, param, -100, 100);
   }

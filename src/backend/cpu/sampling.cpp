@@ -58,8 +58,7 @@ std::vector<LogitEdit> Sampler::edits() const {
 }
 
 SampleRequest Sampler::request(int64_t vocab, int top_logprobs) {
-  SampleRequest r{params_, draw(), vocab, top_logprobs, edits()};
-  return r;
+  return SampleRequest{params_, draw(), vocab, top_logprobs, edits()};
 }
 
 int Sampler::sample(const float* logits, int64_t vocab) {
