@@ -8,7 +8,7 @@
 #   agent        `dsv41 bench serve --agent` (its own server: the disk phase restarts it)
 #   c64_32k      (LONG_SESSIONS=1) 64 concurrent 32K-token sessions: device memory and KV held
 # Every result is a JSON line in $LOGS/serve.jsonl as soon as it is measured; AGENT_SESSIONS,
-# PREFIX_TOKENS size the agent run.
+# PREFIX_TOKENS size the agent run; AGENT_ONLY=1 runs the agent workload alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${LOGS:-gpu-logs}
@@ -22,14 +22,15 @@ dsv41=$build/dsv41
 out=$logs/serve.jsonl
 : > "$out"
 
+model=/tmp/bench-1gpu
+[ -f $model/config.json ] || $dsv41 init-random --preset bench-1gpu --layout-only --out $model > "$logs/init.log" 2>&1
+serve="--model $model --device cuda --random-weights 1 --max-running 64 --max-queued 1024 --step-tokens 8192"
+if [ "${AGENT_ONLY:-0}" != 1 ]; then
 "$build/bench/cuda_forward_bench" --batches 64 --contexts 4096 --prefill , --steps 8 > "$logs/raw.txt" 2>&1
 raw=$(awk -F'|' '$2 ~ /^ *64 *$/ && $3 ~ /^ *4,?096 *$/ {gsub(/[ ,]/, "", $7); print $7}' "$logs/raw.txt")
 echo "{\"scenario\":\"raw\",\"raw_batch64_tokens_per_s\":${raw:-null}}" >> "$out"
 cat "$logs/raw.txt"
 
-model=/tmp/bench-1gpu
-[ -f $model/config.json ] || $dsv41 init-random --preset bench-1gpu --layout-only --out $model > "$logs/init.log" 2>&1
-serve="--model $model --device cuda --random-weights 1 --max-running 64 --max-queued 1024 --step-tokens 8192"
 $dsv41 serve --port 8090 $serve > "$logs/server.log" 2>&1 &
 server=$!
 until python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8090/health')" 2> /dev/null; do sleep 1; kill -0 $server 2>/dev/null || { cat "$logs/server.log"; exit 1; }; done
@@ -73,6 +74,7 @@ PY
   tail -1 "$out"
 fi
 kill $server; wait $server
+fi
 
 store=/tmp/bench-store
 rm -rf $store
