@@ -53,6 +53,25 @@ void append_bytes(std::vector<uint8_t>& out, std::span<const Bytes> pieces, size
   copy_bytes(pieces, offset, n, out.data() + at);
 }
 
+void gather_bytes(std::span<const ByteGather> jobs) {
+  constexpr size_t kChunk = size_t(1) << 20;  // large enough that walking a job's pieces costs nothing
+  struct Chunk {
+    const ByteGather* job;
+    size_t offset, n;
+  };
+  std::vector<Chunk> chunks;
+  for (const ByteGather& job : jobs) {
+    if (size_t(total_bytes(job.pieces)) < job.n)
+      fail("sequence state", std::to_string(job.n) + " bytes of pieces", std::to_string(total_bytes(job.pieces)) + " bytes");
+    for (size_t at = 0; at < job.n; at += kChunk) chunks.push_back({&job, at, std::min(kChunk, job.n - at)});
+  }
+#pragma omp parallel for schedule(dynamic, 1) if (chunks.size() > 1)
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    copy_bytes(c.job->pieces, c.offset, c.n, c.job->out + c.offset);
+  }
+}
+
 StateView view_of(const SequenceState& s) {
   StateView v;
   v.length = s.length;

@@ -64,19 +64,19 @@ void DeviceSequence::upload(const StateView& v, PinnedStaging& staging) {
       copy(d.pending_score.get(), {h.pending_score}, h.pending * row);
     }
   }
+  // Packed on the host's cores (the pieces may hold more than the entries: a host state's spare
+  // room), then one copy per cache.
   size_t total = 0;
   for (const Copy& k : copies) total += k.bytes;
   uint8_t* at = staging.reserve(total);
+  std::vector<ByteGather> jobs;
   for (const Copy& k : copies) {
-    size_t left = k.bytes;  // the pieces may hold more than the entries (a host state's spare room)
-    uint8_t* from = at;
-    for (Bytes p : k.pieces) {
-      const size_t n = std::min(left, p.size());
-      if (n) std::memcpy(at, p.data(), n);
-      at += n, left -= n;
-    }
-    check(cudaMemcpyAsync(k.to, from, k.bytes, cudaMemcpyHostToDevice, nullptr), "DeviceSequence::upload");
+    jobs.push_back({k.pieces, k.bytes, at});
+    at += k.bytes;
   }
+  gather_bytes(jobs);
+  for (size_t i = 0; i < copies.size(); ++i)
+    check(cudaMemcpyAsync(copies[i].to, jobs[i].out, copies[i].bytes, cudaMemcpyHostToDevice, nullptr), "DeviceSequence::upload");
   if (v.window.empty())  // an SWA miss: every ring zero, as a fresh SequenceState's
     for (auto& ring : window) check(cudaMemsetAsync(ring.get(), 0, size_t(ring.bytes())), "DeviceSequence::upload");
 
