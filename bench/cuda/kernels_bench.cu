@@ -549,6 +549,7 @@ BENCHMARK(BM_Route)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3
 BENCHMARK(BM_ExpertFfn)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_Moe)
     ->ArgsProduct({{16, 384}, {1, 8, 64, 256}})
+    ->Args({16, 80})  // an agent turn's rows on an SWA hit (bench-1gpu)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.3);

@@ -24,8 +24,9 @@
 //             g, u [slot], slot_swiglu_kernel → h [slot]
 //   down      GEMV: grouped_kernel<down> over (tile, slice of dim): ye [entry] = w2 h (bf16).
 //             Tensor cores: act_quant_slots of h, gemm::grouped_down → ye [entry]
-//   shared    below 64 rows the GEMV kernels over the shared expert, the rows in tiles of 8 (no
-//             routing); from 64 on expert_ffn (cuda::linear's GEMMs), then to bf16
+//   shared    on a side stream beside all of the above (side_stream.h), from the start: at one
+//             row the GEMV kernels over the shared expert (no routing); from 2 rows expert_ffn
+//             (cuda::linear's GEMMs), then to bf16
 //   combine   combine_kernel: y = bf16(Σ ye over the row's experts in ascending id + shared)
 // The tensor-core path computes what gemm::linear computes for each expert on its rows (the same
 // kernel, its tiles gathered on the device), so a prefill's experts need no host round trip.
@@ -50,6 +51,7 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/rows.h"
+#include "backend/cuda/side_stream.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -787,6 +789,22 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   uint16_t* ye = reinterpret_cast<uint16_t*>(scratch + at_ye);
   uint16_t* ys = reinterpret_cast<uint16_t*>(scratch + at_ys);
 
+  // The shared expert depends on x alone: it runs on a side stream beside the routed experts.
+  Branch shared_branch(stream);
+  const cudaStream_t side = shared_branch.side();
+  if (shared_gemm) {
+    float* ys32 = reinterpret_cast<float*>(scratch + at_ys32);
+    expert_ffn(x, rows, s1, s2, s3, limit, nullptr, ys32, side);
+    to_bf16(ys32, rows * dim, ys, side);  // as combine_kernel reads it
+  } else {
+    float* hs = reinterpret_cast<float*>(scratch + at_hs);
+    const ExpertPointers shared{{s1.data, s2.data, s3.data}, {s1.scale, s2.scale, s3.scale}};
+    GroupedArgs sup{nullptr, nullptr, nullptr, rows, 1, x, dim, inter_s, nullptr, shared, nullptr, limit, hs, nullptr};
+    grouped<true>(s1.format, dense_tile, sup, dense_tiles, side);
+    GroupedArgs sdown{nullptr, nullptr, nullptr, rows, 1, hs, inter_s, dim, nullptr, shared, nullptr, limit, nullptr, ys};
+    grouped<false>(s2.format, dense_tile, sdown, dense_tiles, side);
+  }
+
   linear_f32(x, rows, gate, logits, stream);
   route_from_logits(logits, rows, E, reinterpret_cast<const float*>(bias.data), opt, experts, weights, stream, forced);
   bucket_kernel<<<1, kBucketThreads, size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, list, tiles,
@@ -800,8 +818,9 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
     // A tile holds one expert's entries: at most one per token, or k when the routing is forced.
     gemm::Tiles t{tiles, tile_count, max_tiles, list, slot, n, std::min<int64_t>(gemm::kTileRows, forced ? n : rows)};
     // Routed, an expert's row count is about binomial (rows, k/E): its mean and two deviations
-    // (decode at bench-1gpu's 16 experts: 64 rows → 32; V4.1's 384: → 3). Tiles past it take a
-    // second CTA (the weights read twice, the second time mostly from L2).
+    // (at bench-1gpu's 16 experts: a 64-row decode → 32, an 80-row turn → 39, so BN 48; V4.1's
+    // 384: → 3). Tiles past it take a second CTA (the weights read twice, the second time mostly
+    // from L2).
     if (!forced) {
       const double p = double(k) / E, mean = double(rows) * p;
       t.expect = int64_t(std::ceil(mean + 2.0 * std::sqrt(mean * (1.0 - p))));
@@ -823,19 +842,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
     grouped<false>(routed.w2().format, tile, down, max_tiles, stream);
   }
 
-  if (shared_gemm) {
-    float* ys32 = reinterpret_cast<float*>(scratch + at_ys32);
-    expert_ffn(x, rows, s1, s2, s3, limit, nullptr, ys32, stream);
-    to_bf16(ys32, rows * dim, ys, stream);  // as combine_kernel reads it
-  } else {
-    float* hs = reinterpret_cast<float*>(scratch + at_hs);
-    const ExpertPointers shared{{s1.data, s2.data, s3.data}, {s1.scale, s2.scale, s3.scale}};
-    GroupedArgs sup{nullptr, nullptr, nullptr, rows, 1, x, dim, inter_s, nullptr, shared, nullptr, limit, hs, nullptr};
-    grouped<true>(s1.format, dense_tile, sup, dense_tiles, stream);
-    GroupedArgs sdown{nullptr, nullptr, nullptr, rows, 1, hs, inter_s, dim, nullptr, shared, nullptr, limit, nullptr, ys};
-    grouped<false>(s2.format, dense_tile, sdown, dense_tiles, stream);
-  }
-
+  shared_branch.join();
   const dim3 combine_grid{unsigned(rows), unsigned((dim / 2 + kCombineThreads - 1) / kCombineThreads)};
   combine_kernel<<<combine_grid, kCombineThreads, 0, stream>>>(experts, k, E, ye, ys, dim, y);
   check_launch("cuda::moe combine");
