@@ -35,9 +35,9 @@
 // completed, a few steps into the next k-tile.
 //
 // Tilings (gemm.cuh): wide, MSub = 2 and BN = 128 (256 weight rows × 128 activation rows, 4 fp4
-// or 3 fp8 stages of 48-64 KB); narrow, MSub = 1 and BN = 16, 32 or 64, up to 12 stages so that
+// or 3 fp8 stages of 48-64 KB); narrow, MSub = 1 and BN = 16, 32, 48 or 64, up to 12 stages so that
 // the weights' bytes in flight cover the memory's latency when the MMAs are few (decode). The
-// narrow BN ≤ 32 forms run two CTAs an SM (≤ 100 KB of stages each, 80 registers a thread).
+// narrow BN ≤ 48 forms run two CTAs an SM (≤ 100 KB of stages each, 80 registers a thread).
 //
 // Split-K (dense, automatic tiling only): when the output tiles would leave most SMs idle (a
 // decode batch's small weights: wkv 4 tiles, the shared expert's w1 18), K is cut into ranges of
@@ -98,11 +98,11 @@ constexpr int kMinSplitTiles = 2;  // k-tiles per split of K, at least (a split'
 static_assert(kBK == kTileK, "gemm.cuh's layout constants");
 
 // A CTA's shape and its stage of shared memory: [x panel 0 | x panel 1 | weight rows | scales].
-// The small narrow tiles (BN ≤ 32: decode) run two CTAs an SM, at the launch's 80 registers a
+// The small narrow tiles (BN ≤ 48: decode) run two CTAs an SM, at the launch's 80 registers a
 // thread (no setmaxnreg): twice the warps to hide the widening's latency, and half the waves.
 template <WeightFormat F, int BN, int MSub>
 struct Cta {
-  static constexpr int kPerSm = MSub == 1 && BN <= 32 ? 2 : 1;
+  static constexpr int kPerSm = MSub == 1 && BN <= 48 ? 2 : 1;
   static constexpr bool kFp4 = F == WeightFormat::FP4;
   static constexpr int kBM = 64 * MSub * kConsumers;    // weight rows
   static constexpr int kRowBytes = kFp4 ? 64 : 128;     // one weight row of a k-tile
@@ -474,7 +474,7 @@ struct Shape {
 };
 Shape shape_of(Tiling tiling, int64_t rows) {
   if (tiling == Tiling::wide) return {128, 2};
-  return {rows <= 16 ? 16 : rows <= 32 ? 32 : 64, 1};
+  return {rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 48 ? 48 : 64, 1};
 }
 
 template <Out kOut>
@@ -489,6 +489,7 @@ void launch_for(WeightFormat f, Shape shape, const CUtensorMap& map, const GemmA
   switch (shape.bn) {
     case 128: return launch(std::integral_constant<int, 128>{}, std::integral_constant<int, 2>{});
     case 64: return launch(std::integral_constant<int, 64>{}, I{});
+    case 48: return launch(std::integral_constant<int, 48>{}, I{});
     case 32: return launch(std::integral_constant<int, 32>{}, I{});
     default: return launch(std::integral_constant<int, 16>{}, I{});
   }

@@ -30,7 +30,7 @@ bool aligned(const uint8_t* data, const uint8_t* scale);
 bool usable(int64_t M, const Weight& w);
 
 // How the CTAs tile the output (gemm.cu): wide, 256 weight rows × 128 activation rows per CTA,
-// for many rows; narrow, 128 weight rows × 16, 32 or 64 activation rows (as few as the rows
+// for many rows; narrow, 128 weight rows × 16, 32, 48 or 64 activation rows (as few as the rows
 // need), for decode and prefill's small projections. Every output is the same sequence of MMAs
 // over the same operands in either, so the choice is one of speed alone.
 enum class Tiling { automatic, wide, narrow };
