@@ -353,9 +353,9 @@ TEST(CudaGemm, LinearAtPrefillSizesMatchesCpu) {
 }
 
 // The two tilings compute every output with the same instructions in the same order (gemm.cuh
-// Tiling), so they agree bit for bit: at row counts ending inside a narrow tile, at a wide tile's
-// end and past a raster band, on an odd N and a long K, both formats. A wrong swizzle, scale row
-// or tile bound in either gives differing or still-poisoned outputs.
+// Tiling), so they agree bit for bit: at row counts ending inside a narrow tile (of 32, 48 and 64
+// rows), at a wide tile's end and past a raster band, on an odd N and a long K, both formats. A
+// wrong swizzle, scale row or tile bound in either gives differing or still-poisoned outputs.
 TEST(CudaGemm, NarrowTilingEqualsWide) {
   DSV41_REQUIRE_DEVICE();
   uint64_t seed = 900;
@@ -365,7 +365,7 @@ TEST(CudaGemm, NarrowTilingEqualsWide) {
       DeviceArray<uint8_t> ddata(w.data), dscale(w.scale);
       Weight dw = w.view();
       dw.data = ddata.get(), dw.scale = dscale.get();
-      for (int64_t M : {int64_t(64), int64_t(77), int64_t(128), int64_t(200), int64_t(2100)}) {
+      for (int64_t M : {int64_t(20), int64_t(40), int64_t(64), int64_t(77), int64_t(128), int64_t(200), int64_t(2100)}) {
         DeviceArray<float> dx(activations(M, K, seed += 7)), wide(size_t(M) * N), narrow(size_t(M) * N);
         wide.poison(), narrow.poison();
         cuda::gemm::linear(dx.get(), M, dw, wide.get(), nullptr, cuda::gemm::Tiling::wide);

@@ -16,7 +16,7 @@
 //
 // The sub-layer (cuda::moe) against forward.cpp's moe() written here from the CPU ops: V4.1-like
 // shapes (E = 384 and 16 experts, top-6, dim 4096, inter 2048, fp4 experts, fp8 or fp4 shared
-// expert, rows 1, 8, 64, 300), small odd shapes (fp8 and bf16 experts, sigmoid), and forced
+// expert, rows 1, 8, 64, 80, 300), small odd shapes (fp8 and bf16 experts, sigmoid), and forced
 // experts (with an expert repeated within a row). The routing is checked as above (near-ties
 // counted, at most 2 per case); the CPU sub-layer then runs on the experts the GPU chose (forced),
 // so a near-tie swap does not hide the rest of the comparison. Its tolerance is the expert's: the
@@ -269,6 +269,7 @@ TEST(CudaMoe, SubLayerMatchesCpu) {
            MoeCase{"V4.1 E=384", 384, 6, 300, 4096, 2048, 2048, fp4, fp8, true, "sqrtsoftplus", true, 1.0f, 1.5f, 10.0f, false},
            MoeCase{"E=16", 16, 6, 1, 4096, 2048, 2048, fp4, fp4, true, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, false},
            MoeCase{"E=16", 16, 6, 64, 4096, 2048, 2048, fp4, fp4, true, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, false},
+           MoeCase{"E=16", 16, 6, 80, 4096, 2048, 2048, fp4, fp8, true, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, false},
            MoeCase{"E=16", 16, 6, 300, 4096, 2048, 2048, fp4, fp4, true, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, false},
            MoeCase{"E=16", 16, 6, 700, 4096, 2048, 2048, fp4, fp8, true, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, false},
            MoeCase{"fp8 E=8", 8, 2, 100, 256, 384, 128, fp8, fp8, false, "sigmoid", false, 1.3f, 1.0f, 2.0f, false},
