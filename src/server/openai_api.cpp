@@ -1,5 +1,6 @@
 #include "model/sampling.h"
 #include "server/openai_api.h"
+#include "server/request_body.h"
 
 #include <charconv>
 #include <chrono>
@@ -66,45 +67,14 @@ std::string describe(const ojson& v) {
   throw ApiError(400, param + ": expected " + expected + ", found " + describe(found), param, "unsupported_value");
 }
 
-// The deepest nesting of arrays and objects in `body`, counting the outermost as 1, by one pass over
-// its bytes (brackets inside strings do not count), stopping as soon as it passes `limit`. Cheaper
-// than nlohmann's per-value parser callback (which doubled the parse of a 32K-token prompt).
-int nesting(std::string_view body, int limit) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (const char ch : body) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (ch == '\\') escaped = true;
-      else if (ch == '"') in_string = false;
-    } else if (ch == '"') {
-      in_string = true;
-    } else if (ch == '[' || ch == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) break;
-    } else if (ch == ']' || ch == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
-ojson parse_body(std::string_view body) {
-  if (nesting(body, kMaxDepth) > kMaxDepth)
-    throw ApiError(400, "request body: expected JSON nested at most " + std::to_string(kMaxDepth) +
-                            " levels deep, found deeper nesting", {}, "invalid_json");
-  ojson j;
-  try {
-    j = ojson::parse(body);
-  } catch (const ojson::exception& e) {
-    // A syntax error, or a number out of range (1e400); nlohmann's text starts with
-    // "[json.exception.parse_error.101] ", the rest says where.
-    std::string what = e.what();
-    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-    throw ApiError(400, "request body: expected a JSON object, found invalid JSON (" + what + ")", {}, "invalid_json");
-  }
-  if (!j.is_object()) throw ApiError(400, "request body: expected a JSON object, found " + describe(j), {}, "invalid_json");
-  return j;
+// The body as a JSON object (request_body.h), and the top-level array of token ids under ids_key
+// read apart into `ids` when it holds only integers >= 0.
+ojson parse_body(std::string_view text, const char* ids_key = nullptr, std::optional<std::vector<uint64_t>>* ids = nullptr) {
+  RequestBody body = read_body(text, kMaxDepth, ids_key);
+  if (!body.json.is_object())
+    throw ApiError(400, "request body: expected a JSON object, found " + describe(body.json), {}, "invalid_json");
+  if (ids) *ids = std::move(body.ids);
+  return std::move(body.json);
 }
 
 // A field that is absent or null reads as absent: OpenAI treats an explicit null as the default.
@@ -143,8 +113,18 @@ bool boolean(const ojson& v, const std::string& param) {
   return v.get<bool>();
 }
 
-// An array of token ids in [0, vocab), its elements named param[i] in errors. The common case is
-// checked first, without building the element's name: a 32K-token prompt has 32K of them.
+// An array of token ids in [0, vocab), its elements named param[i] in errors: as JSON values, or
+// read apart as integers >= 0 (parse_body). The common case is checked first, without building
+// the element's name: a 32K-token prompt has 32K of them.
+std::vector<int32_t> token_ids(const std::vector<uint64_t>& values, const std::string& param, int64_t vocab) {
+  std::vector<int32_t> ids(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i] >= uint64_t(vocab))
+      bad_value(param + "[" + std::to_string(i) + "]", "a token id in [0, " + std::to_string(vocab) + ")", ojson(values[i]));
+    ids[i] = int32_t(values[i]);
+  }
+  return ids;
+}
 std::vector<int32_t> token_ids(const ojson& array, const std::string& param, int64_t vocab) {
   std::vector<int32_t> ids;
   ids.reserve(array.size());
@@ -352,19 +332,22 @@ json tokenize_json(std::span<const int> tokens, int64_t max_model_len) {
 }
 
 std::vector<int32_t> parse_detokenize_request(std::string_view text, const ApiConfig& config) {
-  const ojson body = parse_body(text);
+  std::optional<std::vector<uint64_t>> ids;
+  const ojson body = parse_body(text, "tokens", &ids);
   GenerationParams gen;
   parse_model(body, config, gen);
   const ojson* tokens = field(body, "tokens");
   const std::string expected = "an array of token ids";
   if (!tokens) throw ApiError(400, "tokens: expected " + expected + ", found nothing (the field is required)", "tokens",
                               "missing_required_parameter");
+  if (ids) return token_ids(*ids, "tokens", config.vocab_size);
   if (!tokens->is_array()) bad_type("tokens", expected, *tokens);
   return token_ids(*tokens, "tokens", config.vocab_size);
 }
 
 CompletionRequest parse_completion_request(std::string_view text, const ApiConfig& config) {
-  const ojson body = parse_body(text);
+  std::optional<std::vector<uint64_t>> ids;
+  const ojson body = parse_body(text, "prompt", &ids);
   CompletionRequest req;
   parse_common(body, config, req.gen);
   if (!field(body, "max_tokens") && !field(body, "max_completion_tokens"))
@@ -384,7 +367,10 @@ CompletionRequest parse_completion_request(std::string_view text, const ApiConfi
     p = &(*p)[0];
     param = "prompt[0]";
   }
-  if (p->is_string()) {
+  if (ids) {  // an array of ids read apart (parse_body): p is empty in the document
+    if (ids->empty()) bad_value(param, "a non-empty array of token ids", *p);
+    req.prompt = token_ids(*ids, param, config.vocab_size);
+  } else if (p->is_string()) {
     req.prompt = p->get<std::string>();
   } else if (p->is_array()) {
     if (p->empty()) bad_value(param, "a non-empty array of token ids", *p);
