@@ -11,6 +11,7 @@ packages=(
   clang libomp-dev
   libutf8proc-dev libpcre2-dev
   libxxhash-dev
+  memcached libmemcached-dev
   libcpp-httplib-dev
   libedit-dev
   curl

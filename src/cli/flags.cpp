@@ -14,7 +14,10 @@ void add_cache_flags(CLI::App& cmd, CacheFlags& f) {
   cmd.add_option("--host-cache-mb", f.host_cache_mb, "Host global-KV cache budget, MB (default: 10% of RAM)")
       ->check(CLI::NonNegativeNumber)
       ->default_str("");
-  cmd.add_option("--swa-pool-mb", f.swa_pool_mb, "SWA pool budget, MB (default: 10% of RAM)")
+  cmd.add_option("--swa-pool", f.swa_pool,
+                 "Where SWA tails live: memcached://host:port[,host:port...] (shared by engines), or this process")
+      ->default_str("this process");
+  cmd.add_option("--swa-pool-mb", f.swa_pool_mb, "SWA pool budget, MB, in this process (default: 10% of RAM)")
       ->check(CLI::NonNegativeNumber)
       ->default_str("");
   cmd.add_option("--swa-ttl", f.swa_ttl_seconds, "SWA pool time to live from the last use, seconds")
@@ -51,6 +54,7 @@ KvCacheOptions cache_options(const CacheFlags& f, const std::string& model_dir, 
   o.store_budget_bytes = uint64_t(f.store_gb * 1e9);
   o.store_lifetime_ms = int64_t(f.store_lifetime_hours * 3600e3);
   if (f.host_cache_mb > 0) o.host_budget_bytes = int64_t(f.host_cache_mb * 1e6);
+  o.swa.url = f.swa_pool;
   if (f.swa_pool_mb > 0) o.swa.budget_bytes = int64_t(f.swa_pool_mb * 1e6);
   o.swa.ttl_ms = int64_t(f.swa_ttl_seconds * 1e3);
   return o;

@@ -16,6 +16,7 @@ struct CacheFlags {
   double store_gb = 64;
   double store_lifetime_hours = 72;
   double host_cache_mb = 0;  // 0: 10% of RAM
+  std::string swa_pool;      // empty: in-process; memcached://host:port,...
   double swa_pool_mb = 0;    // 0: 10% of RAM
   double swa_ttl_seconds = 300;
 };

@@ -11,7 +11,7 @@ KvCache::KvCache(const Config& config, KvCacheOptions options)
       mode_(options.mode),
       keys_(config, options.fingerprint + "\nmode=" + options.mode, options.block_tokens),
       host_(options.host_budget_bytes),
-      swa_(options.swa) {
+      swa_(make_swa_tier(options.swa)) {
   if (!options.store_dir.empty())
     store_ = std::make_unique<PersistentStore>(PersistentStoreOptions{
         options.store_dir, keys_.fingerprint(), options.store_budget_bytes, options.store_lifetime_ms, options.clock,
@@ -100,7 +100,7 @@ std::optional<KvCache::TailHit> KvCache::find_tail(std::span<const int> tokens, 
     const BlockKey key = n % B == 0 ? before : keys_.next(before, tokens.subspan(size_t(full * B), size_t(n - full * B)));
     candidates.emplace_back(key, n);
   }
-  std::optional<SwaPool::Found> found = swa_.get_first(candidates);
+  std::optional<SwaTier::Found> found = swa_->get_first(candidates);
   if (!found) return std::nullopt;
   return TailHit{candidates[found->index].second, std::move(found->snapshot)};
 }
@@ -125,7 +125,7 @@ void KvCache::store_blocks(std::span<const int> tokens, const StateView& state, 
 }
 
 void KvCache::store_tail(std::span<const int> tokens, const StateView& state) {
-  swa_.put(keys_.prefix_key(tokens.first(size_t(state.length))), state.length,
+  swa_->put(keys_.prefix_key(tokens.first(size_t(state.length))), state.length,
            SwaSnapshot{sequence_tail(config_, state, block_tokens())});
 }
 
@@ -142,7 +142,7 @@ void KvCache::count(const KvCacheCounters& d) {
 }
 
 KvCacheStats KvCache::stats() const {
-  KvCacheStats s{host_.stats(), swa_.stats(), std::nullopt, {}};
+  KvCacheStats s{host_.stats(), swa_->stats(), std::nullopt, {}};
   if (store_) s.store = store_->stats();
   std::lock_guard lock(mutex_);
   s.counters = counters_;

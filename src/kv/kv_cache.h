@@ -123,7 +123,7 @@ class KvCache {
   const std::string mode_;
   PrefixKeys keys_;
   HostCache host_;
-  SwaPool swa_;
+  std::unique_ptr<SwaTier> swa_;
   std::unique_ptr<PersistentStore> store_;
   mutable std::mutex mutex_;
   KvCacheCounters counters_;

@@ -4,8 +4,23 @@
 #include <string>
 
 #include "base/error.h"
+#ifdef DSV41_HAVE_LIBMEMCACHED
+#include "kv/memcached_swa_pool.h"
+#endif
 
 namespace dsv41 {
+
+std::unique_ptr<SwaTier> make_swa_tier(const SwaPoolOptions& options) {
+  if (options.url.empty()) return std::make_unique<SwaPool>(options);
+#ifdef DSV41_HAVE_LIBMEMCACHED
+  MemcachedSwaPoolOptions m;
+  m.servers = parse_memcached_url(options.url);
+  m.ttl_ms = options.ttl_ms;
+  return std::make_unique<MemcachedSwaPool>(std::move(m));
+#else
+  fail("--swa-pool", "empty (the in-process pool): this build has no libmemcached", options.url);
+#endif
+}
 
 SwaPool::SwaPool(SwaPoolOptions options) : options_(options) {
   if (options.budget_bytes <= 0) fail("SWA pool budget", "a positive number of bytes", std::to_string(options.budget_bytes));

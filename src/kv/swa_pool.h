@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -46,23 +47,30 @@ struct SwaPoolStats {
   int64_t ttl_expiries = 0;        // entries released because their TTL ran out
   int64_t evictions = 0;           // live entries dropped to make room
   int64_t refused = 0;             // puts of an entry larger than the whole budget
+  // A pool on memcached servers (memcached_swa_pool.h), whose entries, expiries and evictions
+  // are the servers' own: the traffic, and what did not come back whole.
+  int64_t bytes_written = 0, bytes_read = 0;
+  int64_t server_errors = 0;  // operations the servers refused or failed as a whole (a server that
+                              // dies during a fetch shows as misses only)
+  int64_t torn = 0;           // tails found with a chunk missing, of the wrong size or checksum: misses
 };
 
 struct SwaPoolOptions {
-  int64_t budget_bytes = default_dram_budget_bytes();  // 10% of RAM
+  int64_t budget_bytes = default_dram_budget_bytes();  // 10% of RAM (in-process only)
   int64_t ttl_ms = 5 * 60 * 1000;                      // 5 minutes
-  const Clock* clock = &SystemClock::instance();       // tests inject a ManualClock
+  const Clock* clock = &SystemClock::instance();       // tests inject a ManualClock (in-process only)
+  // Where the tails live: empty for this process's memory (SwaPool), or memcached servers,
+  // "memcached://host:port,host:port" (MemcachedSwaPool).
+  std::string url;
 };
 
-class SwaPool {
+// What the engine asks of the SWA pool, wherever its tails live.
+class SwaTier {
  public:
-  explicit SwaPool(SwaPoolOptions options = {});
-
-  // Stores the snapshot at (prefix, position), replacing any entry there, as the most recently
-  // used, with a fresh TTL. Returns false (and counts it) if it is larger than the budget.
-  bool put(const BlockKey& prefix, int64_t position, SwaSnapshot snapshot);
-  // The live snapshot at (prefix, position), its TTL renewed; null if absent or expired.
-  std::shared_ptr<const SwaSnapshot> get(const BlockKey& prefix, int64_t position);
+  virtual ~SwaTier() = default;
+  // Stores the snapshot at (prefix, position), replacing any entry there, with a fresh TTL.
+  // Returns false (and counts it) if it was not stored.
+  virtual bool put(const BlockKey& prefix, int64_t position, SwaSnapshot snapshot) = 0;
   // The first live snapshot among `candidates` (prefix, position), tried in the order given: one
   // lookup of a prompt over the positions it could continue from, counted as one hit or one miss.
   // Returns the index of the candidate found and its snapshot (TTL renewed), or nothing.
@@ -70,14 +78,31 @@ class SwaPool {
     size_t index;
     std::shared_ptr<const SwaSnapshot> snapshot;
   };
-  std::optional<Found> get_first(std::span<const std::pair<BlockKey, int64_t>> candidates);
+  virtual std::optional<Found> get_first(std::span<const std::pair<BlockKey, int64_t>> candidates) = 0;
+  virtual int64_t ttl_ms() const = 0;
+  virtual SwaPoolStats stats() const = 0;
+};
+
+// The pool options.url names: this process's SwaPool, or a MemcachedSwaPool.
+std::unique_ptr<SwaTier> make_swa_tier(const SwaPoolOptions& options);
+
+// The in-process pool.
+class SwaPool final : public SwaTier {
+ public:
+  explicit SwaPool(SwaPoolOptions options = {});
+
+  // put: as the most recently used; false if it is larger than the budget.
+  bool put(const BlockKey& prefix, int64_t position, SwaSnapshot snapshot) override;
+  // The live snapshot at (prefix, position), its TTL renewed; null if absent or expired.
+  std::shared_ptr<const SwaSnapshot> get(const BlockKey& prefix, int64_t position);
+  std::optional<Found> get_first(std::span<const std::pair<BlockKey, int64_t>> candidates) override;
   // Releases every expired entry now; returns how many. put and get do this themselves; a server
   // may also call it from a timer so that idle memory is returned without waiting for traffic.
   int64_t release_expired();
 
   int64_t budget_bytes() const { return options_.budget_bytes; }
-  int64_t ttl_ms() const { return options_.ttl_ms; }
-  SwaPoolStats stats() const;
+  int64_t ttl_ms() const override { return options_.ttl_ms; }
+  SwaPoolStats stats() const override;
 
  private:
   struct Slot {

@@ -563,6 +563,15 @@ std::string Server::State::render_metrics() {
   m.gauge("dsv41_swa_pool_entries", "Entries held by the SWA pool").set(double(k.swa.entries));
   sync(m.counter("dsv41_swa_pool_ttl_expiries_total", "SWA-pool entries released because their TTL ran out"), double(k.swa.ttl_expiries));
   sync(m.counter("dsv41_swa_pool_evictions_total", "Live SWA-pool entries evicted for room"), double(k.swa.evictions));
+  sync(m.counter("dsv41_swa_pool_lookups_total", "SWA-pool lookups of a prompt", {{"result", "hit"}}), double(k.swa.hits));
+  sync(m.counter("dsv41_swa_pool_lookups_total", "SWA-pool lookups of a prompt", {{"result", "miss"}}), double(k.swa.misses));
+  sync(m.counter("dsv41_swa_pool_traffic_bytes_total", "Bytes sent to and read from the SWA pool's memcached servers", {{"direction", "out"}}),
+       double(k.swa.bytes_written));
+  sync(m.counter("dsv41_swa_pool_traffic_bytes_total", "Bytes sent to and read from the SWA pool's memcached servers", {{"direction", "in"}}),
+       double(k.swa.bytes_read));
+  sync(m.counter("dsv41_swa_pool_server_errors_total", "SWA-pool operations a memcached server failed (read as misses)"),
+       double(k.swa.server_errors));
+  sync(m.counter("dsv41_swa_pool_torn_total", "SWA-pool tails found incomplete or failing their checksum (read as misses)"), double(k.swa.torn));
   if (k.store) {
     m.gauge("dsv41_store_bytes", "Bytes of the persistent store's block files").set(double(k.store->bytes));
     m.gauge("dsv41_store_blocks", "Blocks in the persistent store").set(double(k.store->blocks));

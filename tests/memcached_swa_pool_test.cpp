@@ -1,0 +1,308 @@
+// The SWA pool on memcached (kv/memcached_swa_pool.h) against real memcached servers on the
+// loopback, started and stopped by the tests: tails larger than an item round-trip across
+// servers, the first live candidate wins, a torn or corrupted entry is a miss, the TTL runs from
+// the last use, a server that dies gives misses and not errors, and an engine continues a
+// conversation exactly from a tail that went through memcached.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <libmemcached/memcached.h>
+#include <netinet/in.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "base/error.h"
+#include "engine/session.h"
+#include "fixture.h"
+#include "kv/memcached_swa_pool.h"
+#include "test_util.h"
+
+using namespace dsv41;
+using namespace dsv41::test;
+
+namespace {
+
+// A memcached server of our own on a free loopback port, killed when it goes.
+class MemcachedProcess {
+ public:
+  MemcachedProcess() {
+    port_ = free_port();
+    pid_ = fork();
+    if (pid_ == 0) {
+      // It dies with the test, whatever ends it, and keeps none of the test's output pipes open.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const int null = open("/dev/null", O_RDWR);
+      dup2(null, 1), dup2(null, 2);
+      const std::string port = std::to_string(port_);
+      execlp("memcached", "memcached", "-l", "127.0.0.1", "-p", port.c_str(), "-U", "0", "-m", "64", "-t", "1",
+             "-u", "nobody", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Ready once it accepts a connection (or failed to start: memcached missing).
+    for (int i = 0; i < 500; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        ADD_FAILURE() << "memcached did not start (exit " << WEXITSTATUS(status) << "): scripts/setup.sh installs it";
+        return;
+      }
+      if (accepts()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "memcached on port " << port_ << " did not accept connections";
+  }
+  ~MemcachedProcess() { kill(); }
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  int port() const { return port_; }
+
+ private:
+  static int free_port() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t n = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+    close(fd);
+    return ntohs(a.sin_port);
+  }
+  bool accepts() const {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    return ok;
+  }
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+std::string url_of(const std::vector<std::unique_ptr<MemcachedProcess>>& servers) {
+  std::string url = "memcached://";
+  for (size_t i = 0; i < servers.size(); ++i) url += (i ? "," : "") + std::string("127.0.0.1:") + std::to_string(servers[i]->port());
+  return url;
+}
+
+SwaSnapshot random_tail(size_t bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  SwaSnapshot s;
+  s.tail.resize(bytes);
+  for (uint8_t& b : s.tail) b = uint8_t(rng());
+  return s;
+}
+
+BlockKey key(uint64_t i) { return BlockKey{0x1234 + i, 0xabcd * (i + 1)}; }
+
+struct MemcachedSwaPoolTest : ::testing::Test {
+  std::vector<std::unique_ptr<MemcachedProcess>> servers;
+  void start(int n) {
+    for (int i = 0; i < n; ++i) servers.push_back(std::make_unique<MemcachedProcess>());
+  }
+  MemcachedSwaPoolOptions options(int64_t chunk_bytes = 1000 * 1000, int64_t ttl_ms = 60'000) const {
+    MemcachedSwaPoolOptions o;
+    o.servers = parse_memcached_url(url_of(servers));
+    o.chunk_bytes = chunk_bytes;
+    o.ttl_ms = ttl_ms;
+    return o;
+  }
+  // A client of its own, to reach under the pool (tear entries).
+  memcached_st* raw() {
+    memcached_st* m = memcached_create(nullptr);
+    for (const auto& s : servers) memcached_server_add(m, "127.0.0.1", in_port_t(s->port()));
+    memcached_behavior_set(m, MEMCACHED_BEHAVIOR_DISTRIBUTION, MEMCACHED_DISTRIBUTION_CONSISTENT);
+    return m;
+  }
+};
+
+}  // namespace
+
+TEST(MemcachedUrl, ServersAndRefusals) {
+  const std::vector<MemcachedServer> s = parse_memcached_url("memcached://a.example:1,10.0.0.2,b:65535");
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].host, "a.example");
+  EXPECT_EQ(s[0].port, 1);
+  EXPECT_EQ(s[1].host, "10.0.0.2");
+  EXPECT_EQ(s[1].port, 11211);
+  EXPECT_EQ(s[2].port, 65535);
+  for (const char* bad : {"http://a:1", "memcached://", "memcached://a:0", "memcached://a:65536", "memcached://a:x",
+                          "memcached://a:1,", "memcached://:5"})
+    EXPECT_THROW(parse_memcached_url(bad), Error) << bad;
+}
+
+// A V4.1-Flash-sized tail (2.8 MB) in chunks of at most an item, and a small one, over 3 servers.
+TEST_F(MemcachedSwaPoolTest, TailsLargerThanAnItemRoundTrip) {
+  start(3);
+  MemcachedSwaPool pool(options());
+  for (const size_t bytes : {size_t(2'800'000), size_t(1'000'000), size_t(1'000'001), size_t(1), size_t(5000)}) {
+    const SwaSnapshot tail = random_tail(bytes, uint32_t(bytes));
+    ASSERT_TRUE(pool.put(key(bytes), 77, tail)) << bytes;
+    const std::pair<BlockKey, int64_t> c{key(bytes), 77};
+    const std::optional<SwaTier::Found> found = pool.get_first(std::span(&c, 1));
+    ASSERT_TRUE(found.has_value()) << bytes;
+    EXPECT_EQ(found->snapshot->tail, tail.tail) << bytes;
+  }
+  const SwaPoolStats s = pool.stats();
+  EXPECT_EQ(s.hits, 5);
+  EXPECT_EQ(s.misses, 0);
+  EXPECT_EQ(s.server_errors, 0);
+  EXPECT_EQ(s.bytes_written, 4'805'002 + 5 * 56);  // the tails and their manifests
+  EXPECT_EQ(s.bytes_read, 4'805'002 + 5 * 56);
+}
+
+TEST_F(MemcachedSwaPoolTest, TheFirstLiveCandidateWinsAndAPutReplaces) {
+  start(2);
+  MemcachedSwaPool pool(options(4096));
+  ASSERT_TRUE(pool.put(key(1), 10, random_tail(10'000, 1)));
+  ASSERT_TRUE(pool.put(key(2), 12, random_tail(10'000, 2)));
+  const std::vector<std::pair<BlockKey, int64_t>> candidates = {{key(3), 13}, {key(2), 12}, {key(1), 10}};
+  std::optional<SwaTier::Found> found = pool.get_first(candidates);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->index, 1u);
+  EXPECT_EQ(found->snapshot->tail, random_tail(10'000, 2).tail);
+  // The same key at another position is another entry; a put at the same one replaces it.
+  const std::pair<BlockKey, int64_t> other{key(2), 11};
+  EXPECT_FALSE(pool.get_first(std::span(&other, 1)).has_value());
+  ASSERT_TRUE(pool.put(key(2), 12, random_tail(7'000, 9)));
+  found = pool.get_first(candidates);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->snapshot->tail, random_tail(7'000, 9).tail);
+  EXPECT_EQ(pool.stats().misses, 1);
+}
+
+// A chunk deleted, shortened or corrupted (the same length): the entry is a miss, counted as torn,
+// and an older candidate behind it is still served.
+TEST_F(MemcachedSwaPoolTest, ATornOrCorruptedEntryIsAMiss) {
+  start(3);
+  MemcachedSwaPool pool(options(10'000));
+  memcached_st* m = raw();
+  for (int kind = 0; kind < 3; ++kind) {
+    const BlockKey k = key(100 + uint64_t(kind));
+    ASSERT_TRUE(pool.put(k, 50, random_tail(35'000, 5)));
+    ASSERT_TRUE(pool.put(k, 40, random_tail(35'000, 6)));
+    // The manifest names the put's nonce (bytes 32..39, little-endian: docs/kv-tiers.md).
+    const std::string manifest = MemcachedSwaPool::manifest_key(k, 50);
+    size_t n = 0;
+    uint32_t flags = 0;
+    memcached_return_t rc;
+    char* v = memcached_get(m, manifest.data(), manifest.size(), &n, &flags, &rc);
+    ASSERT_NE(v, nullptr);
+    ASSERT_EQ(n, 56u);
+    uint64_t nonce = 0;
+    for (int i = 0; i < 8; ++i) nonce |= uint64_t(uint8_t(v[32 + i])) << (8 * i);
+    free(v);
+    const std::string chunk = MemcachedSwaPool::chunk_key(manifest, nonce, 2);
+    if (kind == 0) {
+      ASSERT_EQ(memcached_delete(m, chunk.data(), chunk.size(), 0), MEMCACHED_SUCCESS);
+    } else {
+      std::string bytes(kind == 1 ? 9'999 : 10'000, '\x5a');
+      ASSERT_EQ(memcached_set(m, chunk.data(), chunk.size(), bytes.data(), bytes.size(), 60, 0), MEMCACHED_SUCCESS);
+    }
+    const std::vector<std::pair<BlockKey, int64_t>> candidates = {{k, 50}, {k, 40}};
+    const std::optional<SwaTier::Found> found = pool.get_first(candidates);
+    ASSERT_TRUE(found.has_value()) << kind;
+    EXPECT_EQ(found->index, 1u) << kind;
+    EXPECT_EQ(found->snapshot->tail, random_tail(35'000, 6).tail) << kind;
+    EXPECT_EQ(pool.stats().torn, kind + 1);
+  }
+  memcached_free(m);
+}
+
+// memcached's TTL, renewed by every hit: alive 3.6 s after the put because it was used at 1.8 s,
+// gone 3.5 s after the last use. (memcached's clock ticks once a second: an item of TTL 3 s
+// expires between 2 and 3 s after its last set or touch.)
+TEST_F(MemcachedSwaPoolTest, TheTtlRunsFromTheLastUse) {
+  start(1);
+  MemcachedSwaPool pool(options(1000 * 1000, 3000));
+  ASSERT_TRUE(pool.put(key(7), 5, random_tail(3000, 7)));
+  const std::pair<BlockKey, int64_t> c{key(7), 5};
+  std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+  EXPECT_TRUE(pool.get_first(std::span(&c, 1)).has_value());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+  EXPECT_TRUE(pool.get_first(std::span(&c, 1)).has_value());
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  EXPECT_FALSE(pool.get_first(std::span(&c, 1)).has_value());
+}
+
+// One of three servers killed mid-run: its entries miss, nothing throws, and later puts land on
+// the servers left and are served.
+TEST_F(MemcachedSwaPoolTest, ADeadServerGivesMissesNotErrors) {
+  start(3);
+  MemcachedSwaPool pool(options(20'000));
+  constexpr int kEntries = 24;
+  for (int i = 0; i < kEntries; ++i) ASSERT_TRUE(pool.put(key(uint64_t(i)), 64, random_tail(100'000, uint32_t(i))));
+  servers[1]->kill();
+  int hits = 0;
+  for (int i = 0; i < kEntries; ++i) {
+    const std::pair<BlockKey, int64_t> c{key(uint64_t(i)), 64};
+    std::optional<SwaTier::Found> found;
+    ASSERT_NO_THROW(found = pool.get_first(std::span(&c, 1)));
+    if (found) {
+      ++hits;
+      EXPECT_EQ(found->snapshot->tail, random_tail(100'000, uint32_t(i)).tail);
+    }
+  }
+  EXPECT_LT(hits, kEntries);  // 6 keys an entry over 3 servers: all but ~9% touch the dead one
+  EXPECT_EQ(pool.stats().misses, kEntries - hits);
+  for (int i = 0; i < 8; ++i) {
+    const BlockKey k = key(uint64_t(1000 + i));
+    pool.put(k, 64, random_tail(100'000, uint32_t(1000 + i)));
+    const std::pair<BlockKey, int64_t> c{k, 64};
+    std::optional<SwaTier::Found> found;
+    ASSERT_NO_THROW(found = pool.get_first(std::span(&c, 1)));
+    ASSERT_TRUE(found.has_value()) << i;
+    EXPECT_EQ(found->snapshot->tail, random_tail(100'000, uint32_t(1000 + i)).tail);
+  }
+}
+
+// The engine over a cache whose pool is memcached: a new session finds the end-of-output tail
+// there and goes on bit for bit as the session that never stopped (as prefix_cache_test's
+// SwaHitContinuesExactly with the in-process pool).
+TEST_F(MemcachedSwaPoolTest, AnEngineContinuesExactlyFromMemcached) {
+  start(2);
+  std::unique_ptr<Model> model = Model::load(fixture_dir("v41-tiny"));
+  const Tokenizer tokenizer = Tokenizer::from_file(fixture_dir("v41-tiny") + "/tokenizer.json");
+  const std::vector<int64_t> t = Expected("v41-tiny").ints("prompt2.tokens");
+  const std::vector<int> text(t.begin(), t.end());
+  KvCacheOptions o;
+  o.fingerprint = "v41-tiny fixture";
+  o.mode = mode_name(Mode::Default);
+  o.host_budget_bytes = 64 << 20;
+  o.swa.url = url_of(servers);
+  KvCache cache(model->config(), o);
+
+  Session a(*model, &tokenizer, Mode::Default);
+  std::vector<int> conversation(text.begin(), text.begin() + 150);
+  std::vector<float> logits = a.prefill_prompt(conversation, &cache);
+  for (int k = 0; k < 10; ++k) {
+    conversation.push_back(int(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    logits = a.decode(conversation.back());
+  }
+  a.save(cache);
+  std::vector<int> prompt = conversation;
+  prompt.insert(prompt.end(), text.begin() + 160, text.end());
+
+  Session b(*model, &tokenizer, Mode::Default);
+  PrefixUse use;
+  const std::vector<float> restored = b.prefill_prompt(prompt, &cache, &use);
+  EXPECT_EQ(use.swa_tokens, 160);
+  EXPECT_EQ(use.replayed, 0);
+  const std::vector<float> live = a.prefill(std::span(prompt).subspan(160));
+  EXPECT_EQ(restored, live);
+  EXPECT_GE(cache.stats().swa.hits, 1);
+}
