@@ -26,6 +26,7 @@
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/stop_strings.h"
+#include "server/web/chat_page.h"
 
 namespace dsv41 {
 
@@ -586,6 +587,12 @@ std::string Server::State::render_metrics() {
 }
 
 void Server::State::routes() {
+  // The chat page needs no key: it holds no data, and asks for the key its API requests send.
+  for (const char* path : {"/", "/index.html"})
+    route("GET", path, [](const httplib::Request&, httplib::Response& res) {
+      const std::string_view page = chat_page();
+      res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+    });
   route("GET", "/health", [this](const httplib::Request&, httplib::Response& res) {
     res.status = ready ? 200 : 503;
     res.set_content(json_text(json{{"status", ready ? "ok" : "loading"}}), "application/json");
