@@ -15,6 +15,7 @@ packages=(
   libcpp-httplib-dev
   libedit-dev
   curl
+  chromium  # headless, for the chat page's test (tests/web)
   bible-kjv bible-kjv-text
 )
 
