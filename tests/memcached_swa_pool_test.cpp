@@ -3,16 +3,8 @@
 // servers, the first live candidate wins, a torn or corrupted entry is a miss, the TTL runs from
 // the last use, a server that dies gives misses and not errors, and an engine continues a
 // conversation exactly from a tail that went through memcached.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <libmemcached/memcached.h>
-#include <netinet/in.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <random>
@@ -22,82 +14,13 @@
 #include "engine/session.h"
 #include "fixture.h"
 #include "kv/memcached_swa_pool.h"
+#include "memcached_process.h"
 #include "test_util.h"
 
 using namespace dsv41;
 using namespace dsv41::test;
 
 namespace {
-
-// A memcached server of our own on a free loopback port, killed when it goes.
-class MemcachedProcess {
- public:
-  MemcachedProcess() {
-    port_ = free_port();
-    pid_ = fork();
-    if (pid_ == 0) {
-      // It dies with the test, whatever ends it, and keeps none of the test's output pipes open.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      const int null = open("/dev/null", O_RDWR);
-      dup2(null, 1), dup2(null, 2);
-      const std::string port = std::to_string(port_);
-      execlp("memcached", "memcached", "-l", "127.0.0.1", "-p", port.c_str(), "-U", "0", "-m", "64", "-t", "1",
-             "-u", "nobody", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    // Ready once it accepts a connection (or failed to start: memcached missing).
-    for (int i = 0; i < 500; ++i) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        ADD_FAILURE() << "memcached did not start (exit " << WEXITSTATUS(status) << "): scripts/setup.sh installs it";
-        return;
-      }
-      if (accepts()) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ADD_FAILURE() << "memcached on port " << port_ << " did not accept connections";
-  }
-  ~MemcachedProcess() { kill(); }
-  void kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  int port() const { return port_; }
-
- private:
-  static int free_port() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t n = sizeof a;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-    close(fd);
-    return ntohs(a.sin_port);
-  }
-  bool accepts() const {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(uint16_t(port_));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    close(fd);
-    return ok;
-  }
-  int port_ = 0;
-  pid_t pid_ = -1;
-};
-
-std::string url_of(const std::vector<std::unique_ptr<MemcachedProcess>>& servers) {
-  std::string url = "memcached://";
-  for (size_t i = 0; i < servers.size(); ++i) url += (i ? "," : "") + std::string("127.0.0.1:") + std::to_string(servers[i]->port());
-  return url;
-}
 
 SwaSnapshot random_tail(size_t bytes, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -112,7 +35,10 @@ BlockKey key(uint64_t i) { return BlockKey{0x1234 + i, 0xabcd * (i + 1)}; }
 struct MemcachedSwaPoolTest : ::testing::Test {
   std::vector<std::unique_ptr<MemcachedProcess>> servers;
   void start(int n) {
-    for (int i = 0; i < n; ++i) servers.push_back(std::make_unique<MemcachedProcess>());
+    for (int i = 0; i < n; ++i) {
+      servers.push_back(std::make_unique<MemcachedProcess>());
+      ASSERT_TRUE(servers.back()->error().empty()) << servers.back()->error();
+    }
   }
   MemcachedSwaPoolOptions options(int64_t chunk_bytes = 1000 * 1000, int64_t ttl_ms = 60'000) const {
     MemcachedSwaPoolOptions o;
@@ -152,6 +78,7 @@ TEST_F(MemcachedSwaPoolTest, TailsLargerThanAnItemRoundTrip) {
   for (const size_t bytes : {size_t(2'800'000), size_t(1'000'000), size_t(1'000'001), size_t(1), size_t(5000)}) {
     const SwaSnapshot tail = random_tail(bytes, uint32_t(bytes));
     ASSERT_TRUE(pool.put(key(bytes), 77, tail)) << bytes;
+    pool.flush();  // from memcached, not from the queue
     const std::pair<BlockKey, int64_t> c{key(bytes), 77};
     const std::optional<SwaTier::Found> found = pool.get_first(std::span(&c, 1));
     ASSERT_TRUE(found.has_value()) << bytes;
@@ -170,6 +97,7 @@ TEST_F(MemcachedSwaPoolTest, TheFirstLiveCandidateWinsAndAPutReplaces) {
   MemcachedSwaPool pool(options(4096));
   ASSERT_TRUE(pool.put(key(1), 10, random_tail(10'000, 1)));
   ASSERT_TRUE(pool.put(key(2), 12, random_tail(10'000, 2)));
+  pool.flush();
   const std::vector<std::pair<BlockKey, int64_t>> candidates = {{key(3), 13}, {key(2), 12}, {key(1), 10}};
   std::optional<SwaTier::Found> found = pool.get_first(candidates);
   ASSERT_TRUE(found.has_value());
@@ -179,10 +107,35 @@ TEST_F(MemcachedSwaPoolTest, TheFirstLiveCandidateWinsAndAPutReplaces) {
   const std::pair<BlockKey, int64_t> other{key(2), 11};
   EXPECT_FALSE(pool.get_first(std::span(&other, 1)).has_value());
   ASSERT_TRUE(pool.put(key(2), 12, random_tail(7'000, 9)));
+  pool.flush();
   found = pool.get_first(candidates);
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->snapshot->tail, random_tail(7'000, 9).tail);
   EXPECT_EQ(pool.stats().misses, 1);
+}
+
+// A put still queued is served from memory: an engine reads its own writes at once; the
+// destructor writes what is queued.
+TEST_F(MemcachedSwaPoolTest, QueuedPutsAreServedAndWrittenAtTheEnd) {
+  start(2);
+  {
+    MemcachedSwaPool pool(options(50'000));
+    for (int i = 0; i < 20; ++i) {
+      ASSERT_TRUE(pool.put(key(uint64_t(500 + i)), 3, random_tail(200'000, uint32_t(i))));
+      const std::pair<BlockKey, int64_t> c{key(uint64_t(500 + i)), 3};
+      const std::optional<SwaTier::Found> found = pool.get_first(std::span(&c, 1));
+      ASSERT_TRUE(found.has_value()) << i;
+      EXPECT_EQ(found->snapshot->tail, random_tail(200'000, uint32_t(i)).tail);
+    }
+  }
+  MemcachedSwaPool other(options(50'000));  // another engine on the same servers
+  for (int i = 0; i < 20; ++i) {
+    const std::pair<BlockKey, int64_t> c{key(uint64_t(500 + i)), 3};
+    const std::optional<SwaTier::Found> found = other.get_first(std::span(&c, 1));
+    ASSERT_TRUE(found.has_value()) << i;
+    EXPECT_EQ(found->snapshot->tail, random_tail(200'000, uint32_t(i)).tail);
+  }
+  EXPECT_EQ(other.stats().bytes_read, 20 * (200'000 + 56));
 }
 
 // A chunk deleted, shortened or corrupted (the same length): the entry is a miss, counted as torn,
@@ -195,6 +148,7 @@ TEST_F(MemcachedSwaPoolTest, ATornOrCorruptedEntryIsAMiss) {
     const BlockKey k = key(100 + uint64_t(kind));
     ASSERT_TRUE(pool.put(k, 50, random_tail(35'000, 5)));
     ASSERT_TRUE(pool.put(k, 40, random_tail(35'000, 6)));
+    pool.flush();
     // The manifest names the put's nonce (bytes 32..39, little-endian: docs/kv-tiers.md).
     const std::string manifest = MemcachedSwaPool::manifest_key(k, 50);
     size_t n = 0;
@@ -230,6 +184,7 @@ TEST_F(MemcachedSwaPoolTest, TheTtlRunsFromTheLastUse) {
   start(1);
   MemcachedSwaPool pool(options(1000 * 1000, 3000));
   ASSERT_TRUE(pool.put(key(7), 5, random_tail(3000, 7)));
+  pool.flush();
   const std::pair<BlockKey, int64_t> c{key(7), 5};
   std::this_thread::sleep_for(std::chrono::milliseconds(1800));
   EXPECT_TRUE(pool.get_first(std::span(&c, 1)).has_value());
@@ -246,6 +201,7 @@ TEST_F(MemcachedSwaPoolTest, ADeadServerGivesMissesNotErrors) {
   MemcachedSwaPool pool(options(20'000));
   constexpr int kEntries = 24;
   for (int i = 0; i < kEntries; ++i) ASSERT_TRUE(pool.put(key(uint64_t(i)), 64, random_tail(100'000, uint32_t(i))));
+  pool.flush();
   servers[1]->kill();
   int hits = 0;
   for (int i = 0; i < kEntries; ++i) {
@@ -262,6 +218,7 @@ TEST_F(MemcachedSwaPoolTest, ADeadServerGivesMissesNotErrors) {
   for (int i = 0; i < 8; ++i) {
     const BlockKey k = key(uint64_t(1000 + i));
     pool.put(k, 64, random_tail(100'000, uint32_t(1000 + i)));
+    pool.flush();
     const std::pair<BlockKey, int64_t> c{k, 64};
     std::optional<SwaTier::Found> found;
     ASSERT_NO_THROW(found = pool.get_first(std::span(&c, 1)));
@@ -294,6 +251,7 @@ TEST_F(MemcachedSwaPoolTest, AnEngineContinuesExactlyFromMemcached) {
     logits = a.decode(conversation.back());
   }
   a.save(cache);
+  cache.flush();  // the tail from memcached, not from the queue
   std::vector<int> prompt = conversation;
   prompt.insert(prompt.end(), text.begin() + 160, text.end());
 

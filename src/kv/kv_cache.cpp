@@ -56,6 +56,7 @@ void KvCache::write_loop() {
 }
 
 void KvCache::flush() {
+  swa_->flush();
   std::unique_lock lock(write_mutex_);
   written_.wait(lock, [&] { return writes_.empty() && !writing_; });
 }

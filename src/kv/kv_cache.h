@@ -108,7 +108,8 @@ class KvCache {
   // rewritten). A write the store fails (disk full, I/O error) is counted and skipped: serving goes
   // on without it. Waits only when kMaxQueuedWrites blocks are queued already.
   void store_blocks(std::span<const int> tokens, const StateView& state, int64_t first_block);
-  // Returns once every store write queued so far is done (written, present, refused or failed).
+  // Returns once every store write queued so far is done (written, present, refused or failed),
+  // and every SWA-pool put is where other engines find it.
   void flush();
   static constexpr size_t kMaxQueuedWrites = 4096;
   // Stores the state's tail in the SWA pool at its position.

@@ -15,6 +15,7 @@ namespace {
 
 constexpr char kMagic[8] = {'D', 'S', 'V', '4', '1', 'S', 'W', 'A'};
 constexpr uint32_t kVersion = 1;
+constexpr int kWriteAttempts = 3;
 
 // An entry's manifest, little-endian: magic, version, chunk count, tail bytes, chunk bytes,
 // nonce, XXH3-128 of the tail (high, low).
@@ -119,9 +120,43 @@ MemcachedSwaPool::MemcachedSwaPool(MemcachedSwaPoolOptions options)
   memcached_behavior_set(m, MEMCACHED_BEHAVIOR_SERVER_FAILURE_LIMIT, 1);
   memcached_behavior_set(m, MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, uint64_t(options_.retry_seconds));
   memcached_behavior_set(m, MEMCACHED_BEHAVIOR_REMOVE_FAILED_SERVERS, 1);
+  writer_ = std::thread([this] { write_loop(); });
 }
 
-MemcachedSwaPool::~MemcachedSwaPool() = default;
+MemcachedSwaPool::~MemcachedSwaPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  queued_.notify_one();
+  writer_.join();
+}
+
+void MemcachedSwaPool::flush() {
+  std::unique_lock lock(mutex_);
+  written_.wait(lock, [&] { return pending_.empty(); });
+}
+
+void MemcachedSwaPool::write_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    queued_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    if (pending_.empty()) return;  // stopping, and everything written
+    const Pending p = pending_.front();
+    lock.unlock();
+    // A server that fails is ejected after its failures: another try puts the tail on the others.
+    int64_t sent = -1;
+    {
+      std::lock_guard hold(client_mutex_);
+      for (int attempt = 0; attempt < kWriteAttempts && sent < 0; ++attempt) sent = write(p);
+    }
+    lock.lock();
+    pending_.pop_front();
+    if (sent < 0) stats_.server_errors += 1, stats_.refused += 1;
+    else stats_.bytes_written += sent;
+    written_.notify_all();
+  }
+}
 
 std::string MemcachedSwaPool::manifest_key(const BlockKey& prefix, int64_t position) {
   return "dsv41swa:" + hex(prefix.hi) + hex(prefix.lo) + ":" + std::to_string(position);
@@ -133,11 +168,21 @@ std::string MemcachedSwaPool::chunk_key(const std::string& manifest_key, uint64_
 
 bool MemcachedSwaPool::put(const BlockKey& prefix, int64_t position, SwaSnapshot snapshot) {
   if (position < 0) fail("SWA pool position", "a token count >= 0", std::to_string(position));
-  const std::vector<uint8_t>& tail = snapshot.tail;
+  auto shared = std::make_shared<const SwaSnapshot>(std::move(snapshot));
+  std::unique_lock lock(mutex_);
+  written_.wait(lock, [&] { return pending_.size() < kMaxQueued; });
+  pending_.push_back(Pending{prefix, position, std::move(shared)});
+  lock.unlock();
+  queued_.notify_one();
+  return true;
+}
+
+int64_t MemcachedSwaPool::write(const Pending& p) {
+  const std::vector<uint8_t>& tail = p.snapshot->tail;
   const time_t expiry = time_t((options_.ttl_ms + 999) / 1000);
   const XXH128_hash_t h = XXH3_128bits(tail.data(), tail.size());
-  const std::string key = manifest_key(prefix, position);
-  std::lock_guard lock(mutex_);
+  const std::string key = manifest_key(p.prefix, p.position);
+  memcached_st* memc = client_->memc;
   Manifest m;
   m.bytes = tail.size(), m.chunk_bytes = uint64_t(options_.chunk_bytes), m.nonce = ++nonces_;
   m.chunks = uint32_t((m.bytes + m.chunk_bytes - 1) / m.chunk_bytes);
@@ -145,25 +190,25 @@ bool MemcachedSwaPool::put(const BlockKey& prefix, int64_t position, SwaSnapshot
   // The chunks first, the manifest last: a get never sees a manifest whose chunks were not sent.
   for (uint32_t i = 0; i < m.chunks; ++i) {
     const std::string k = chunk_key(key, m.nonce, i);
-    const char* p = reinterpret_cast<const char*>(tail.data()) + uint64_t(i) * m.chunk_bytes;
-    const memcached_return_t rc = memcached_set(client_->memc, k.data(), k.size(), p, m.chunk_size(i), expiry, 0);
-    if (memcached_failed(rc)) {
-      stats_.server_errors += 1, stats_.refused += 1;
-      return false;
-    }
+    const char* at = reinterpret_cast<const char*>(tail.data()) + uint64_t(i) * m.chunk_bytes;
+    if (memcached_failed(memcached_set(memc, k.data(), k.size(), at, m.chunk_size(i), expiry, 0))) return -1;
   }
   const std::string value = m.encode();
-  if (memcached_failed(memcached_set(client_->memc, key.data(), key.size(), value.data(), value.size(), expiry, 0))) {
-    stats_.server_errors += 1, stats_.refused += 1;
-    return false;
-  }
-  stats_.bytes_written += int64_t(tail.size() + value.size());
-  return true;
+  if (memcached_failed(memcached_set(memc, key.data(), key.size(), value.data(), value.size(), expiry, 0))) return -1;
+  return int64_t(tail.size() + value.size());
 }
 
 std::optional<SwaTier::Found> MemcachedSwaPool::get_first(std::span<const std::pair<BlockKey, int64_t>> candidates) {
   if (candidates.empty()) return std::nullopt;
   std::lock_guard lock(mutex_);
+  // A put still queued is this engine's latest write of its entry: served from memory.
+  for (size_t c = 0; c < candidates.size(); ++c)
+    for (auto it = pending_.rbegin(); it != pending_.rend(); ++it)
+      if (it->prefix == candidates[c].first && it->position == candidates[c].second) {
+        stats_.hits += 1;
+        return Found{c, it->snapshot};
+      }
+  std::lock_guard hold(client_mutex_);  // after mutex_: the writer never holds both
   memcached_st* memc = client_->memc;
   // Every key's values fetched in one round trip, by key.
   auto fetch = [&](const std::vector<std::string>& keys) {

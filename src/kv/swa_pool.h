@@ -79,6 +79,8 @@ class SwaTier {
     std::shared_ptr<const SwaSnapshot> snapshot;
   };
   virtual std::optional<Found> get_first(std::span<const std::pair<BlockKey, int64_t>> candidates) = 0;
+  // Returns once every put made so far is where gets on other engines find it.
+  virtual void flush() = 0;
   virtual int64_t ttl_ms() const = 0;
   virtual SwaPoolStats stats() const = 0;
 };
@@ -100,6 +102,7 @@ class SwaPool final : public SwaTier {
   // may also call it from a timer so that idle memory is returned without waiting for traffic.
   int64_t release_expired();
 
+  void flush() override {}  // puts are in place when they return
   int64_t budget_bytes() const { return options_.budget_bytes; }
   int64_t ttl_ms() const override { return options_.ttl_ms; }
   SwaPoolStats stats() const override;
