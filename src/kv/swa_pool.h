@@ -10,7 +10,10 @@
 // (kv/sequence_blocks.h: every layer's SWA ring, the global KV of the incomplete last block, the
 // compressor's open groups, the replay floors), all a sequence needs beyond its global blocks.
 //
-// Policies (docs/kv-tiers.md):
+// The engine sees the pool through SwaTier: this file's SwaPool keeps the tails in this process;
+// MemcachedSwaPool (memcached_swa_pool.h) on memcached servers that several engines share.
+//
+// The in-process pool's policies (docs/kv-tiers.md):
 //  * TTL from the last use: put and every hit set an entry's expiry to now + ttl. An expired entry
 //    is never served, and its space is released before any live entry is evicted. Expiry is
 //    checked at every put and get, so expired space is reused at once.
