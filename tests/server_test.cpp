@@ -27,6 +27,7 @@
 #include "model/config.h"
 #include "model/tokenizer/tokenizer.h"
 #include "server/server.h"
+#include "running_server.h"
 #include "test_device.h"
 #include "test_util.h"
 
@@ -35,56 +36,7 @@ using json = nlohmann::json;
 
 namespace {
 
-// A server in a thread of this process, listening on a free port.
-class Running {
- public:
-  explicit Running(ServerOptions options) {
-    options.model_dir = test::fixture_dir("v41-tiny");
-    options.device = test::test_device();
-    options.port = 0;
-    options.on_listening = [this](int port) { port_.store(port); };
-    server_ = std::make_unique<Server>(options);
-    thread_ = std::thread([this] { server_->run(); });
-    while (port_.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    httplib::Client c = client();
-    for (int i = 0; i < 2000; ++i) {
-      auto r = c.Get("/health");
-      if (r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ADD_FAILURE() << "the server never became healthy";
-  }
-  ~Running() {
-    server_->stop();
-    thread_.join();
-  }
-  int port() const { return port_.load(); }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port());
-    c.set_read_timeout(120, 0);
-    return c;
-  }
-  json post(const std::string& path, const json& body, int expect = 200) const {
-    auto r = client().Post(path, body.dump(), "application/json");
-    EXPECT_TRUE(r);
-    if (!r) return {};
-    EXPECT_EQ(r->status, expect) << r->body;
-    return json::parse(r->body);
-  }
-  double metric(const std::string& line_start) const {
-    auto r = client().Get("/metrics");
-    std::istringstream in(r->body);
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind(line_start + " ", 0) == 0) return std::stod(line.substr(line_start.size() + 1));
-    ADD_FAILURE() << "no metric " << line_start;
-    return -1;
-  }
-
- private:
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  std::atomic<int> port_{0};
-};
+using Running = test::RunningServer;
 
 json chat(const json& messages, int max_tokens) {
   return {{"model", "v41-tiny"},

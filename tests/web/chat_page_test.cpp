@@ -5,16 +5,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <atomic>
 #include <cstdlib>
-#include <sstream>
+#include <filesystem>
 #include <string>
-#include <thread>
 
-#include "../fixture.h"
-#include "../test_device.h"
+#include "../running_server.h"
 #include "../test_util.h"
-#include "server/server.h"
 
 using namespace dsv41;
 
@@ -22,51 +18,18 @@ namespace {
 
 constexpr const char* kKey = "web-chat-test-key";
 
-// A server in a thread of this process, listening on a free port, with an API key.
-class Running {
- public:
-  Running() {
-    ServerOptions options;
-    options.model_dir = test::fixture_dir("v41-tiny");
-    options.device = test::test_device();
-    options.api_key = kKey;
-    options.port = 0;
-    options.on_listening = [this](int port) { port_.store(port); };
-    server_ = std::make_unique<Server>(options);
-    thread_ = std::thread([this] { server_->run(); });
-    while (port_.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    for (int i = 0; i < 2000; ++i) {
-      auto r = client().Get("/health");
-      if (r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ADD_FAILURE() << "the server never became healthy";
-  }
-  ~Running() {
-    server_->stop();
-    thread_.join();
-  }
-  int port() const { return port_.load(); }
-  httplib::Client client() const { return httplib::Client("127.0.0.1", port()); }
-  double metric(const std::string& name) const {
-    std::istringstream in(client().Get("/metrics")->body);
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-    ADD_FAILURE() << "no metric " << name;
-    return -1;
-  }
-
- private:
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  std::atomic<int> port_{0};
-};
+// A server in this process with the API key.
+test::RunningServer with_key() {
+  ServerOptions options;
+  options.api_key = kKey;
+  return test::RunningServer(options);
+}
 
 }  // namespace
 
 // The page is served without the key (it holds nothing; its API requests carry the key).
 TEST(WebChat, ThePageIsServedWithoutTheKey) {
-  Running server;
+  const test::RunningServer server = with_key();
   for (const char* path : {"/", "/index.html"}) {
     auto r = server.client().Get(path);
     ASSERT_TRUE(r) << path;
@@ -82,7 +45,7 @@ TEST(WebChat, ThePageIsServedWithoutTheKey) {
 // screenshot is the one docs/server.md shows (docs/web-chat.png; DSV41_WEB_SCREENSHOT=PATH keeps
 // this run's there).
 TEST(WebChat, ChromiumChatsThroughThePage) {
-  Running server;
+  const test::RunningServer server = with_key();
   test::TempDir dir("web_chat");
   std::filesystem::create_directories(dir.path());
   const char* keep = std::getenv("DSV41_WEB_SCREENSHOT");
