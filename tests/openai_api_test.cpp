@@ -401,11 +401,13 @@ TEST(OpenAiRequest, ChatPassThroughsHaveTheirTypes) {
                {"expected an array", "found an object"});
   expect_error(chat_error({{"tool_choice", 3}}), 400, "tool_choice", "invalid_type",
                {"expected a string or an object", "found integer 3"});
-  EXPECT_EQ(chat({{"tool_choice", {{"type", "function"}}}}).tool_choice, ojson({{"type", "function"}}));
+  expect_error(chat_error({{"tool_choice", {{"type", "function"}}}}), 400, "tool_choice", "invalid_value",
+               {"expected {\"type\": \"function\", \"function\": {\"name\": ...}}"});
   expect_error(chat_error({{"chat_template_kwargs", "thinking"}}), 400, "chat_template_kwargs", "invalid_type",
                {"expected an object"});
-  expect_error(chat_error({{"response_format", {{"type", "json_object"}}}}), 400, "response_format",
-               "unsupported_value", {"expected {\"type\": \"text\"}", "found an object"});
+  EXPECT_EQ(chat({{"response_format", {{"type", "json_object"}}}}).response_format, ojson({{"type", "json_object"}}));
+  expect_error(chat_error({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "string"}, {"format", "uri"}}}}}}}}),
+               400, "response_format", "unsupported_value", {"the keyword \"format\""});
   expect_error(chat_error({{"response_format", "json"}}), 400, "response_format", "invalid_type",
                {"found string \"json\""});
 }

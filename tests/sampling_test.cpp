@@ -14,7 +14,7 @@ using namespace dsv41;
 namespace {
 
 SampleRequest request(const std::vector<float>& logits, SamplingParams p, double u, int top = -1) {
-  return SampleRequest{p, u, int64_t(logits.size()), top, {}};
+  return SampleRequest{p, u, int64_t(logits.size()), top, {}, nullptr};
 }
 
 TEST(Sampling, GreedyIsTheFirstMaximum) {

@@ -232,6 +232,9 @@ void Scheduler::admit() {
     try {
       started.emplace(Running{g, session_for(g->request.prompt), Sampler(sampling, vocab_)});
       started->sampler.start_reply(g->request.prompt);
+      if (g->request.grammar)
+        started->sampler.constrain(
+            std::make_shared<grammar::GrammarConstraint>(g->request.grammar, g->request.max_tokens, g->request.grammar_after));
     } catch (const std::exception& e) {  // sampling parameters the sampler refuses, or no memory: this request's fault
       {
         std::lock_guard lock(mutex_);
@@ -466,9 +469,10 @@ bool Scheduler::take(Running& r, const TokenChoice& choice) {
 }
 
 bool Scheduler::speculates(const Running& r) const {
-  // (Logprobs and logit edits change what a verifier compares: those sequences step plainly.)
+  // (Logprobs, logit edits and a grammar's mask change what a verifier compares: those sequences
+  // step plainly.)
   return options_.speculative && r.generation->request.speculative && r.generation->request.top_logprobs < 0 &&
-         !r.sampler.params().edits_logits() &&
+         !r.sampler.params().edits_logits() && !r.sampler.constraint() &&
          r.session->drafting() && r.session->prompt_left() == 0 && r.next_token.has_value();
 }
 

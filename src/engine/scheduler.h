@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backend/cpu/sampling.h"
+#include "engine/grammar/grammar.h"
 #include "engine/session.h"
 
 namespace dsv41 {
@@ -39,6 +40,11 @@ struct GenerationRequest {
   // With the scheduler's speculative decoding on: whether this request may use it (it does not
   // when it asks for logprobs: a verified draft token has none of its own).
   bool speculative = true;
+  // A grammar the reply must follow (structured output, enforced tool calls: engine/grammar),
+  // its end token among stop_ids; null: none. It starts after the text `grammar_after`
+  // (thinking's "</think>") when that is not empty. No speculation for such a request.
+  std::shared_ptr<grammar::Grammar> grammar;
+  std::string grammar_after;
 };
 
 

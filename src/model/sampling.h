@@ -4,6 +4,7 @@
 // the reference; CUDA's (backend/cuda/sampling.h) makes the same choice on the device, so that a
 // step copies back tokens, not vocabulary-wide rows.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -50,19 +51,41 @@ DSV41_HD inline float edited(float logit, const LogitEdit& e) {
 // Refuses edits that are not of tokens in [0, vocab), ascending (each token at most once).
 void check_edits(std::span<const LogitEdit> edits, int64_t vocab);
 
+// The tokens a row may choose: bit t % 32 of word t / 32 is set when token t is allowed (a dense
+// mask of the vocabulary, as the CUDA kernel reads it).
+using TokenMask = std::vector<uint32_t>;
+inline bool allows(const TokenMask& mask, int token) { return (mask[size_t(token) / 32] >> (token % 32)) & 1u; }
+
+// Refuses a mask that does not cover [0, vocab) or allows no token.
+void check_mask(const TokenMask& mask, int64_t vocab);
+
+// A per-request restriction of the tokens (a grammar: engine/grammar/grammar.h), consulted
+// before each choice and told each token chosen.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // The tokens allowed next; null when any token may come.
+  virtual std::shared_ptr<const TokenMask> allowed() = 0;
+  virtual void advance(int token) = 0;
+  // Whether what was chosen so far is complete (the end token is allowed now).
+  virtual bool complete() const = 0;
+};
+
 // The most alternatives a choice reports (the OpenAI API's top_logprobs limit).
 inline constexpr int kMaxTopLogprobs = 20;
 
 // One row's choice: the token among the row's first `vocab` logits under `params`, at the point
 // u in [0, 1) of the kept candidates' probability mass (a Sampler's draw; unused when greedy), and
 // the logprobs of the chosen token and of the top_logprobs most likely (-1: none), all of the
-// row as its edits left it.
+// row as its edits left it. A mask's disallowed tokens count as logits of -inf, after the edits:
+// never chosen, absent from the top logprobs.
 struct SampleRequest {
   SamplingParams params;
   double u = 0;
   int64_t vocab = 0;
   int top_logprobs = -1;
   std::vector<LogitEdit> edits;  // applied to the row first: tokens in [0, vocab), ascending (Sampler::edits)
+  std::shared_ptr<const TokenMask> allowed;  // null: every token (Sampler::request, from its constraint)
 };
 
 struct TokenChoice {

@@ -1,3 +1,4 @@
+#include "engine/grammar/structured.h"
 #include "model/sampling.h"
 #include "server/openai_api.h"
 #include "server/request_body.h"
@@ -242,6 +243,86 @@ void refuse_unsupported(const ojson& body) {
   }
 }
 
+// response_format: text (nothing to do), json_object, or json_schema {"name", "schema",
+// "strict"} whose schema must be in the subset (its automaton is built here to find out).
+void parse_response_format(const ojson& v, ChatRequest& req) {
+  if (!v.is_object()) bad_type("response_format", "an object", v);
+  const ojson* type = field(v, "type");
+  if (!type || !type->is_string()) bad_type("response_format.type", "a string", type ? *type : ojson());
+  if (*type == "text") return;
+  if (*type == "json_object") {
+    req.response_format = v;
+    return;
+  }
+  if (*type != "json_schema") bad_value("response_format.type", "\"text\", \"json_object\" or \"json_schema\"", *type);
+  const ojson* spec = field(v, "json_schema");
+  if (!spec || !spec->is_object()) bad_type("response_format.json_schema", "an object with a schema", spec ? *spec : ojson());
+  if (const ojson* strict = field(*spec, "strict")) boolean(*strict, "response_format.json_schema.strict");
+  const ojson* schema = field(*spec, "schema");
+  if (!schema || !(schema->is_object() || schema->is_boolean()))
+    bad_type("response_format.json_schema.schema", "a JSON Schema (an object)", schema ? *schema : ojson());
+  try {
+    grammar::Nfa nfa;
+    grammar::json_schema_automaton(nfa, *schema);
+  } catch (const grammar::SchemaError& e) {
+    throw ApiError(400, "response_format.json_schema.schema: the keyword \"" + e.keyword + "\" at " + e.what() +
+                            " (the supported subset is in docs/openai-api.md)", "response_format", "unsupported_value");
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("response_format.json_schema.schema: ") + e.what(), "response_format", "invalid_value");
+  }
+  req.response_format = v;
+}
+
+// The functions a tool call may name under the request's tool_choice ("required": any tool;
+// a function: that one), each a tool's "function" object; empty when no call is required.
+std::vector<ojson> required_functions(const ChatRequest& req) {
+  std::vector<ojson> all;
+  if (req.tools.is_array())
+    for (const ojson& t : req.tools)
+      if (t.is_object() && t.contains("function") && t["function"].is_object()) all.push_back(t["function"]);
+  if (req.tool_choice.is_string()) return req.tool_choice == "required" ? all : std::vector<ojson>{};
+  if (!req.tool_choice.is_object()) return {};
+  const std::string name = req.tool_choice["function"]["name"].get<std::string>();
+  for (const ojson& f : all)
+    if (f.contains("name") && f["name"] == name) return {f};
+  return {};
+}
+
+// tool_choice: "none", "auto", "required" (with tools), or {"type": "function", "function":
+// {"name"}} naming one of them; the functions a call may name must have parameters in the subset.
+void check_tool_choice(const ChatRequest& req) {
+  const ojson& c = req.tool_choice;
+  if (c.is_null()) return;
+  const bool tools = req.tools.is_array() && !req.tools.empty();
+  if (c.is_string()) {
+    if (c != "none" && c != "auto" && c != "required") bad_value("tool_choice", "\"none\", \"auto\", \"required\" or a function", c);
+    if (c == "required" && !tools) bad_value("tool_choice", "\"required\" only with tools", c);
+  } else {
+    const ojson* type = field(c, "type");
+    const ojson* fn = field(c, "function");
+    const ojson* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+    if (!type || *type != "function" || !name || !name->is_string())
+      bad_value("tool_choice", "{\"type\": \"function\", \"function\": {\"name\": ...}}", c);
+    if (required_functions(req).empty()) bad_value("tool_choice.function.name", "the name of one of the request's tools", *name);
+  }
+  std::vector<ojson> functions = required_functions(req);
+  for (size_t i = 0; i < functions.size(); ++i) {
+    const ojson* name = field(functions[i], "name");
+    if (!name || !name->is_string() || name->get<std::string>().empty())
+      bad_type("tools[" + std::to_string(i) + "].function.name", "a non-empty string", name ? *name : ojson());
+  }
+  try {
+    grammar::Nfa nfa;
+    if (!functions.empty()) grammar::tool_calls_automaton(nfa, functions, req.parallel_tool_calls);
+  } catch (const grammar::SchemaError& e) {
+    throw ApiError(400, "tools: the keyword \"" + e.keyword + "\" at " + e.what() + " (the supported subset is in docs/openai-api.md)",
+                   "tools", "unsupported_value");
+  } catch (const std::exception& e) {  // Error, or a parameters object of the wrong shape
+    throw ApiError(400, std::string("tools: function parameters outside the supported JSON Schema subset: ") + e.what(), "tools",
+                   "invalid_value");
+  }
+}
+
 void parse_common(const ojson& body, const ApiConfig& config, GenerationParams& gen) {
   parse_model(body, config, gen);
   parse_stream(body, gen);
@@ -250,6 +331,18 @@ void parse_common(const ojson& body, const ApiConfig& config, GenerationParams& 
 }
 
 }  // namespace
+
+std::shared_ptr<grammar::Grammar> output_grammar(const ChatRequest& req, grammar::GrammarCache& cache) {
+  const std::vector<ojson> functions = required_functions(req);
+  if (!functions.empty()) return cache.tool_calls(functions, req.parallel_tool_calls);
+  const bool tools = req.tools.is_array() && !req.tools.empty();
+  if (req.response_format.is_object()) {
+    if (req.response_format["type"] == "json_object") return cache.json_object();
+    return cache.json_schema(req.response_format["json_schema"]["schema"]);
+  }
+  if (tools && req.tool_choice == "none") return cache.no_tool_calls();
+  return nullptr;
+}
 
 ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
   const ojson body = parse_body(text);
@@ -288,12 +381,9 @@ ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
     if (!v->is_object()) bad_type("chat_template_kwargs", "an object", *v);
     req.chat_template_kwargs = *v;
   }
-  if (const ojson* v = field(body, "response_format")) {
-    if (!v->is_object()) bad_type("response_format", "an object", *v);
-    const ojson* type = field(*v, "type");
-    if (!type || *type != "text")
-      unsupported("response_format", "{\"type\": \"text\"} (dsv41 does not constrain output to JSON)", *v);
-  }
+  if (const ojson* v = field(body, "parallel_tool_calls")) req.parallel_tool_calls = boolean(*v, "parallel_tool_calls");
+  if (const ojson* v = field(body, "response_format")) parse_response_format(*v, req);
+  check_tool_choice(req);
 
   const ojson* logprobs = field(body, "logprobs");
   if (logprobs) req.gen.logprobs.enabled = boolean(*logprobs, "logprobs");

@@ -5,6 +5,7 @@
 // rule is stated in docs/openai-api.md. Only the server's translation units include this header
 // (it brings nlohmann/json with it).
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -80,7 +81,22 @@ struct ChatRequest {
   nlohmann::ordered_json tool_choice;           // string or object
   nlohmann::ordered_json reasoning_effort;      // for reasoning_effort_from_json
   nlohmann::ordered_json chat_template_kwargs;  // object (e.g. {"thinking": false})
+  // Structured output (docs/openai-api.md): checked here, schemas included (a keyword outside the
+  // subset is a 400 naming it); output_grammar() builds the grammar.
+  nlohmann::ordered_json response_format;  // null, or {"type": "json_object"} / {"type": "json_schema", ...}
+  bool parallel_tool_calls = true;
 };
+
+namespace grammar {
+class Grammar;
+class GrammarCache;
+}  // namespace grammar
+
+// The grammar a chat request's reply must follow, from `cache`: the tool-call block of the tool
+// chosen (tool_choice a function) or of any tool ("required"), a reply without one ("none" with
+// tools), else response_format's JSON; null when the reply is free. A GenerationRequest takes it
+// as `grammar`, with `grammar_after` "</think>" in thinking mode (the grammar binds the answer).
+std::shared_ptr<grammar::Grammar> output_grammar(const ChatRequest& request, grammar::GrammarCache& cache);
 
 struct CompletionRequest {
   GenerationParams gen;

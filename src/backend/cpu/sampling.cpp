@@ -43,6 +43,7 @@ void Sampler::start_reply(std::span<const int> prompt) {
 }
 
 void Sampler::chose(int token) {
+  if (constraint_) constraint_->advance(token);
   if (!params_.edits_logits()) return;
   const int n = ++counts_[token];
   LogitEdit& e = edit(token);
@@ -58,7 +59,7 @@ std::vector<LogitEdit> Sampler::edits() const {
 }
 
 SampleRequest Sampler::request(int64_t vocab, int top_logprobs) {
-  return SampleRequest{params_, draw(), vocab, top_logprobs, edits()};
+  return SampleRequest{params_, draw(), vocab, top_logprobs, edits(), constraint_ ? constraint_->allowed() : nullptr};
 }
 
 int Sampler::sample(const float* logits, int64_t vocab) {
@@ -87,7 +88,9 @@ Candidates candidates(const float* logits, const SamplingParams& params, int64_t
   for (int64_t i = 0; i < keep; ++i) sum += (p[i] = std::exp(double(logits[order[i]] - logits[best]) / params.temperature));
   for (double& x : p) x /= sum;
   int64_t n = 0;
-  while (n < keep && (n == 0 || (c.mass < params.top_p && p[n] >= params.min_p * p[0]))) c.mass += p[n++];
+  // (A candidate of probability 0 — a masked token's — is never kept: a rounding walk past the
+  // mass must not land on it.)
+  while (n < keep && (n == 0 || (c.mass < params.top_p && p[n] >= params.min_p * p[0] && p[n] > 0))) c.mass += p[n++];
   c.ids.assign(order.begin(), order.begin() + n);
   c.p.assign(p.begin(), p.begin() + n);
   return c;
@@ -112,10 +115,15 @@ TokenChoice choose(const float* row, const SampleRequest& r) {
   const int64_t vocab = r.vocab;
   std::vector<float> copy;
   const float* logits = row;
-  if (!r.edits.empty()) {
+  if (!r.edits.empty() || r.allowed) {
     check_edits(r.edits, vocab);
     copy.assign(row, row + vocab);
     for (const LogitEdit& e : r.edits) copy[size_t(e.token)] = edited(copy[size_t(e.token)], e);
+    if (r.allowed) {
+      check_mask(*r.allowed, vocab);
+      for (int64_t t = 0; t < vocab; ++t)
+        if (!allows(*r.allowed, int(t))) copy[size_t(t)] = -std::numeric_limits<float>::infinity();
+    }
     logits = copy.data();
   }
   TokenChoice c;
@@ -130,7 +138,8 @@ TokenChoice choose(const float* row, const SampleRequest& r) {
   std::iota(ids.begin(), ids.end(), 0);
   const int64_t k = std::min<int64_t>(vocab, r.top_logprobs);
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) { return before(logits, a, b); });
-  for (int64_t i = 0; i < k; ++i) c.top.emplace_back(ids[size_t(i)], logits[ids[size_t(i)]] - log_z);
+  for (int64_t i = 0; i < k; ++i)
+    if (std::isfinite(logits[ids[size_t(i)]])) c.top.emplace_back(ids[size_t(i)], logits[ids[size_t(i)]] - log_z);
   return c;
 }
 

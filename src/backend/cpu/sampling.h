@@ -4,6 +4,7 @@
 // the same logits give the same tokens.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
@@ -28,7 +29,7 @@ struct Candidates {
 Candidates candidates(const float* logits, const SamplingParams& params, int64_t vocab);
 
 // Greedy: the first maximum. Sampling: the candidate at u (Candidates::at). Of the row after the
-// request's edits.
+// request's edits and mask (disallowed tokens at -inf).
 TokenChoice choose(const float* logits, const SampleRequest& request);
 
 class Sampler {
@@ -44,7 +45,11 @@ class Sampler {
   void chose(int token);
   // The next row's edits: logit_bias and the penalties over the tokens counted so far, by token id.
   std::vector<LogitEdit> edits() const;
-  // The next row's request: a draw and the edits.
+  // A restriction of the tokens (a grammar): its mask goes with each request, and each token
+  // chosen advances it. Null: none.
+  void constrain(std::shared_ptr<TokenConstraint> constraint) { constraint_ = std::move(constraint); }
+  const TokenConstraint* constraint() const { return constraint_.get(); }
+  // The next row's request: a draw, the edits and the constraint's mask.
   SampleRequest request(int64_t vocab, int top_logprobs = -1);
   // Chooses from a row and counts the choice.
   int sample(const float* logits, int64_t vocab);
@@ -56,6 +61,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::map<int, LogitEdit> edits_;  // every token with an edit (none while the parameters edit nothing)
   std::map<int, int> counts_;       // the reply's tokens so far
+  std::shared_ptr<TokenConstraint> constraint_;
 };
 
 }  // namespace dsv41

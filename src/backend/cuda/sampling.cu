@@ -5,7 +5,9 @@
 // min-p and top-p as the CPU's loop stops), the point u × mass, and the logprobs at temperature 1.
 // Traffic: the sort's passes over rows × vocab (key, id) pairs, then two or three reads of the kept
 // prefix. What comes back: a token, a logprob and up to kMaxTopLogprobs alternatives per row.
-// A request's logit edits (logit_bias, penalties: a few hundred tokens) go first, one thread each.
+// A request's logit edits (logit_bias, penalties: a few hundred tokens) go first, one thread each;
+// then its token mask (a grammar's: a dense bitmask of the vocabulary, uploaded per step, vocab/8
+// bytes a row) sets the disallowed logits to -inf.
 #include "backend/cuda/sampling.h"
 
 #include <cub/cub.cuh>
@@ -65,6 +67,16 @@ __global__ void __launch_bounds__(kThreads) edit_logits(float* logits, const Edi
   logits[edits[i].at] = edited(logits[edits[i].at], edits[i].e);
 }
 
+// A masked row: its logits row, its vocabulary, and where its mask's words start.
+struct MaskRow {
+  int64_t row, vocab, offset;
+};
+__global__ void __launch_bounds__(kThreads) mask_logits(float* logits, int64_t stride, const MaskRow* rows, const uint32_t* words) {
+  const MaskRow r = rows[blockIdx.y];
+  for (int64_t t = blockIdx.x * int64_t(kThreads) + threadIdx.x; t < r.vocab; t += int64_t(gridDim.x) * kThreads)
+    if (!((words[r.offset + t / 32] >> (t % 32)) & 1u)) logits[r.row * stride + t] = -INFINITY;
+}
+
 __global__ void __launch_bounds__(kThreads) argmax_rows(const float* logits, int64_t stride, const Row* rows, Chosen* out) {
   const Row r = rows[blockIdx.x];
   const float* x = logits + r.row * stride;
@@ -121,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) choose_sorted(const float* keys, con
     double mass = before;
     for (int64_t i = lo; i < hi; ++i) {
       const double p = exp(double(k[i] - m) / T) / sum;
-      if (i > 0 && !(mass < r.top_p && p >= r.min_p * p0)) {
+      if (i > 0 && !(mass < r.top_p && p >= r.min_p * p0 && p > 0)) {  // (a masked token's p is 0: never kept)
         stop = i;
         break;
       }
@@ -202,6 +214,21 @@ std::vector<TokenChoice> choose(float* logits, int64_t stride, std::span<const i
     edit_logits<<<blocks, kThreads, 0, stream>>>(logits, edits_d.get(), int64_t(edits.size()));
     check(cudaGetLastError(), "cuda::choose edits");
   }
+  std::vector<MaskRow> masked;
+  std::vector<uint32_t> words;
+  for (int i = 0; i < n; ++i) {
+    const SampleRequest& q = requests[size_t(i)];
+    if (!q.allowed) continue;
+    check_mask(*q.allowed, q.vocab);
+    masked.push_back(MaskRow{rows[size_t(i)], q.vocab, int64_t(words.size())});
+    words.insert(words.end(), q.allowed->begin(), q.allowed->begin() + (q.vocab + 31) / 32);
+  }
+  if (!masked.empty()) {
+    DeviceBuffer<MaskRow> masked_d = scratch_from(masked, stream);
+    DeviceBuffer<uint32_t> words_d = scratch_from(words, stream);
+    mask_logits<<<dim3(64, unsigned(masked.size())), kThreads, 0, stream>>>(logits, stride, masked_d.get(), words_d.get());
+    check(cudaGetLastError(), "cuda::choose mask");
+  }
   DeviceBuffer<Row> rows_d = scratch_from(host, stream);
   DeviceBuffer<Chosen> out = scratch<Chosen>(n, stream);
   if (!sort) {
@@ -240,7 +267,8 @@ std::vector<TokenChoice> choose(float* logits, int64_t stride, std::span<const i
     t.token = c.token;
     if (host[size_t(i)].top_logprobs < 0) continue;
     t.logprob = c.logprob;
-    for (int j = 0; j < host[size_t(i)].top_logprobs && j < host[size_t(i)].vocab; ++j) t.top.emplace_back(c.top_ids[j], c.top_logprobs[j]);
+    for (int j = 0; j < host[size_t(i)].top_logprobs && j < host[size_t(i)].vocab; ++j)
+      if (c.top_logprobs[j] != -INFINITY) t.top.emplace_back(c.top_ids[j], c.top_logprobs[j]);  // (a masked token is no alternative)
   }
   return result;
 }

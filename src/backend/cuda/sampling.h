@@ -19,6 +19,7 @@ namespace dsv41::cuda {
 // here, never on the CPU), and -0.0 sorts after +0.0 here where the CPU ties them by id.
 // The requests' logit edits (logit_bias, penalties) are applied to their rows first, in place:
 // the edited rows are what the choice and its logprobs see, as on the CPU (the same fp32 steps).
+// Then a request's mask (SampleRequest::allowed) sets its disallowed tokens' logits to -inf.
 std::vector<TokenChoice> choose(float* logits, int64_t stride, std::span<const int64_t> rows,
                                 std::span<const SampleRequest> requests, cudaStream_t stream);
 
