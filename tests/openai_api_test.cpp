@@ -405,7 +405,13 @@ TEST(OpenAiRequest, ChatPassThroughsHaveTheirTypes) {
                {"expected {\"type\": \"function\", \"function\": {\"name\": ...}}"});
   expect_error(chat_error({{"chat_template_kwargs", "thinking"}}), 400, "chat_template_kwargs", "invalid_type",
                {"expected an object"});
-  EXPECT_EQ(chat({{"response_format", {{"type", "json_object"}}}}).response_format, ojson({{"type", "json_object"}}));
+  // A server that does not pass the grammar on refuses what it would not enforce.
+  expect_error(chat_error({{"response_format", {{"type", "json_object"}}}}), 400, "response_format", "unsupported_value",
+               {"does not enforce structured output"});
+  ApiConfig structured = kConfig;
+  structured.structured_output = true;
+  EXPECT_EQ(parse_chat_request(chat_body({{"response_format", {{"type", "json_object"}}}}).dump(), structured).response_format,
+            ojson({{"type", "json_object"}}));
   expect_error(chat_error({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "string"}, {"format", "uri"}}}}}}}}),
                400, "response_format", "unsupported_value", {"the keyword \"format\""});
   expect_error(chat_error({{"response_format", "json"}}), 400, "response_format", "invalid_type",

@@ -384,6 +384,12 @@ ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
   if (const ojson* v = field(body, "parallel_tool_calls")) req.parallel_tool_calls = boolean(*v, "parallel_tool_calls");
   if (const ojson* v = field(body, "response_format")) parse_response_format(*v, req);
   check_tool_choice(req);
+  if (!config.structured_output) {
+    if (!req.response_format.is_null())
+      unsupported("response_format", "{\"type\": \"text\"} (this server does not enforce structured output)", req.response_format);
+    if (!required_functions(req).empty())
+      unsupported("tool_choice", "\"none\" or \"auto\" (this server does not enforce tool calls)", req.tool_choice);
+  }
 
   const ojson* logprobs = field(body, "logprobs");
   if (logprobs) req.gen.logprobs.enabled = boolean(*logprobs, "logprobs");

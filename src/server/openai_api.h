@@ -39,6 +39,9 @@ class ApiError : public std::runtime_error {
 struct ApiConfig {
   std::vector<std::string> models;  // ids accepted in "model" (anything else is 404)
   int64_t vocab_size = 0;           // token ids in a completions prompt must be below this
+  // Whether the server passes output_grammar() on to its requests: without, a response_format
+  // other than text and a tool_choice that requires a call are refused (400), not ignored.
+  bool structured_output = false;
 };
 
 struct RequestSampling {
