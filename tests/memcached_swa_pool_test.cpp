@@ -15,6 +15,7 @@
 #include "fixture.h"
 #include "kv/memcached_swa_pool.h"
 #include "memcached_process.h"
+#include "running_server.h"
 #include "test_util.h"
 
 using namespace dsv41;
@@ -263,4 +264,59 @@ TEST_F(MemcachedSwaPoolTest, AnEngineContinuesExactlyFromMemcached) {
   const std::vector<float> live = a.prefill(std::span(prompt).subspan(160));
   EXPECT_EQ(restored, live);
   EXPECT_GE(cache.stats().swa.hits, 1);
+}
+
+// Two engines behind a balancer share the tiers (issue 21's deployment): a store directory and
+// three memcached servers. A conversation's second turn, on the engine that did not serve the
+// first, continues exactly from the SWA pool (no replay); after the TTL, its third turn comes from
+// the shared store with a replay; with a memcached server killed, a fourth turn is still served.
+TEST_F(MemcachedSwaPoolTest, TwoEnginesShareTheTiers) {
+  start(3);
+  test::TempDir dir("two_engines");
+  ServerOptions options;
+  options.cache.store_dir = dir.string();
+  options.cache.swa.url = url_of(servers);
+  options.cache.swa.ttl_ms = 3000;
+  test::RunningServer a(options), b(options);
+  auto chat = [](const nlohmann::json& messages) {
+    return nlohmann::json{{"model", "v41-tiny"}, {"messages", messages}, {"max_tokens", 8}, {"temperature", 0},
+                          {"chat_template_kwargs", {{"thinking", false}}}};
+  };
+  // A turn's KV reaches the shared tiers after its reply: its blocks and tails are written by the
+  // engine's writer threads.
+  auto settled = [](const test::RunningServer& s) {
+    for (int i = 0; i < 400 && (s.metric("dsv41_store_blocks") < 1 ||
+                                s.metric("dsv41_swa_pool_traffic_bytes_total{direction=\"out\"}") <= 0);
+         ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  };
+  nlohmann::json messages = nlohmann::json::array(
+      {{{"role", "system"}, {"content", "You answer questions about the sea, briefly and kindly, in whole sentences."}},
+       {{"role", "user"}, {"content", "Why is the sea salty, and why does it not get saltier every year?"}}});
+  nlohmann::json r = a.post("/v1/chat/completions", chat(messages));
+  messages.push_back({{"role", "assistant"}, {"content", r["choices"][0]["message"]["content"]}});
+  settled(a);
+
+  messages.push_back({{"role", "user"}, {"content", "And why is it blue?"}});
+  r = b.post("/v1/chat/completions", chat(messages));
+  EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 64) << r;
+  EXPECT_GT(b.metric("dsv41_cache_hit_tokens_total{tier=\"swa_pool\"}"), 0);
+  EXPECT_GT(b.metric("dsv41_cache_hit_tokens_total{tier=\"disk\"}"), 0);
+  EXPECT_EQ(b.metric("dsv41_cache_replayed_tokens_total"), 0);
+  messages.push_back({{"role", "assistant"}, {"content", r["choices"][0]["message"]["content"]}});
+  settled(b);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // past the TTL: the tails are gone
+  messages.push_back({{"role", "user"}, {"content", "Thank you!"}});
+  r = a.post("/v1/chat/completions", chat(messages));
+  EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 64) << r;
+  EXPECT_EQ(a.metric("dsv41_cache_replayed_tokens_total"), 16);  // W of v41-tiny
+  EXPECT_GT(a.metric("dsv41_cache_hit_tokens_total{tier=\"disk\"}"), 0);  // b's blocks
+  messages.push_back({{"role", "assistant"}, {"content", r["choices"][0]["message"]["content"]}});
+
+  servers[0]->kill();
+  messages.push_back({{"role", "user"}, {"content", "One more thing."}});
+  r = b.post("/v1/chat/completions", chat(messages));
+  EXPECT_EQ(r["object"], "chat.completion") << r;
 }

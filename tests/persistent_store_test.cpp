@@ -224,23 +224,61 @@ TEST(PersistentStore, SecondProcessServesFromDisk) {
   EXPECT_EQ(verdict, 0);
 }
 
-TEST(PersistentStore, OneOpenerAtATime) {
-  TempDir dir("store_lock");
+// Engines share a directory: a block one wrote after the other opened is found by the other on
+// disk (a miss in its index), and not written again; two processes writing the same 60 blocks at
+// once leave one whole file per block, both serve every one, and no temporary file remains.
+TEST(PersistentStore, EnginesShareADirectory) {
+  TempDir dir("store_shared");
+  PersistentStore a(options(dir, 1 << 20)), b(options(dir, 1 << 20));
+  EXPECT_EQ(a.put(key_of(1), tokens_of(1), payload_of(1)), PutResult::kStored);
+  EXPECT_TRUE(b.contains(key_of(1)));
+  EXPECT_TRUE(serves(b, 1, payload_of(1)));
+  EXPECT_EQ(b.put(key_of(1), tokens_of(1), payload_of(1)), PutResult::kPresent);
+
+  constexpr uint64_t kBlocks = 60;
+  const auto write_all = [&](uint64_t seed) {
+    PersistentStore store(options(dir, 1 << 22));
+    for (uint64_t n = 0; n < kBlocks; ++n) {
+      const uint64_t i = 100 + (n * 7 + seed) % kBlocks;  // the two orders overlap all the time
+      if (store.put(key_of(i), tokens_of(i), payload_of(i)) == PutResult::kRefused) return 1;
+    }
+    for (uint64_t i = 100; i < 100 + kBlocks; ++i)
+      if (!serves(store, i, payload_of(i))) return 2;
+    return 0;
+  };
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(write_all(3));
+  const int mine = write_all(11);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_EQ(mine, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(files_ending(dir, ".blk").size(), kBlocks + 1);
+  EXPECT_TRUE(files_ending(dir, ".tmp").empty());
+  PersistentStore reopened(options(dir, 1 << 22));
+  for (uint64_t i = 100; i < 100 + kBlocks; ++i) EXPECT_TRUE(serves(reopened, i, payload_of(i))) << i;
+  EXPECT_EQ(reopened.stats().dropped_files, 0u);
+}
+
+// A temporary file is another engine's write in progress while its writer lives: opening the
+// store leaves it; one whose writer is gone is a leftover, removed.
+TEST(PersistentStore, OnlyDeadWritersTemporaryFilesAreRemoved) {
+  TempDir dir("store_temp_owners");
+  std::string live, dead;
   {
-    PersistentStore store(options(dir, 1 << 20));
-    EXPECT_THROW(PersistentStore(options(dir, 1 << 20)), Error);
-    // Another process is refused too.
-    EXPECT_EQ(in_child_process([&] {
-                try {
-                  PersistentStore second(options(dir, 1 << 20));
-                } catch (const Error&) {
-                  return 0;
-                }
-                return 1;
-              }),
-              0);
+    PersistentStore probe(options(dir, 1 << 20));
+    live = probe.path_of(key_of(5)) + "." + std::to_string(::getpid()) + ".1.tmp";
+    const pid_t gone = ::fork();
+    if (gone == 0) ::_exit(0);
+    ::waitpid(gone, nullptr, 0);
+    dead = probe.path_of(key_of(6)) + "." + std::to_string(gone) + ".1.tmp";
   }
-  PersistentStore reopened(options(dir, 1 << 20));  // released when the first closed
+  std::ofstream(live) << "being written";
+  std::ofstream(dead) << "half a block";
+  PersistentStore store(options(dir, 1 << 20));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_EQ(store.stats().removed_temp_files, 1u);
 }
 
 TEST(PersistentStore, ForeignFingerprintIsDropped) {

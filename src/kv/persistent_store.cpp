@@ -5,9 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <string_view>
 #include <utility>
@@ -21,11 +26,30 @@ namespace dsv41 {
 namespace {
 
 constexpr std::string_view kBlockSuffix = ".blk";
-// write_file_atomically writes to path + ".tmp" before renaming.
-constexpr std::string_view kTempSuffix = ".blk.tmp";
+// A block is written to <path>.<pid>.<n>.tmp before its rename: engines sharing the directory
+// never write one another's temporary files, and a leftover names the process that left it.
+constexpr std::string_view kTempSuffix = ".tmp";
+// A temporary file older than this is a leftover whoever wrote it (a block is written in
+// milliseconds; a pid that looks alive may be another process's in another pid namespace).
+constexpr int64_t kTempLeftoverSeconds = 3600;
 constexpr size_t kShards = 256;
 
 std::string errno_text() { return std::strerror(errno); }
+
+// Whether a temporary file is a leftover of a write that will never finish: its writer (the pid
+// in its name) is gone, or it is older than kTempLeftoverSeconds, or its name says no writer.
+bool temp_leftover(const std::string& name, const std::string& path) {
+  const size_t at = name.find(std::string(kBlockSuffix) + ".");
+  if (at == std::string::npos) return true;
+  const std::string_view rest = std::string_view(name).substr(at + kBlockSuffix.size() + 1);
+  long pid = 0;
+  const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), pid);
+  if (ec != std::errc() || end == rest.data() || *end != '.' || pid <= 0) return true;
+  if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) return true;
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) return false;  // gone already: renamed by its writer
+  return ::time(nullptr) - info.st_mtime > kTempLeftoverSeconds;
+}
 
 // A shard is named by the first byte of its keys, as to_hex spells it.
 std::string shard_name(size_t shard) {
@@ -70,15 +94,15 @@ StoreLock::StoreLock(const std::string& dir) {
   if (std::filesystem::create_directories(dir, error))
     std::filesystem::permissions(dir, std::filesystem::perms::owner_all, std::filesystem::perm_options::replace, error);
   if (error) fail(dir, "a directory we can create", error.message());
-  // Two processes on one directory would delete each other's temporary files as crash
-  // leftovers, and evict without seeing each other's budget.
+  // Engines share the directory (each holds the lock shared); a tool that must have it alone
+  // (none yet) would take it exclusively.
   const std::string lock_path = dir + "/LOCK";
   fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd_ < 0) fail(lock_path, "a lock file we can create", errno_text());
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const std::string why = errno == EWOULDBLOCK ? "it locked by another opener" : errno_text();
+  if (::flock(fd_, LOCK_SH | LOCK_NB) != 0) {
+    const std::string why = errno == EWOULDBLOCK ? "it locked exclusively by another opener" : errno_text();
     ::close(fd_);
-    fail(dir, "a store directory no other process has open", why);
+    fail(dir, "a store directory no other process holds alone", why);
   }
 }
 
@@ -137,8 +161,10 @@ void PersistentStore::scan() {
       const std::string name = item.path().filename().string();
       const std::string path = item.path().string();
       if (name.ends_with(kTempSuffix)) {
-        remove_file(path);
-        ++counters_.removed_temp_files;
+        if (temp_leftover(name, path)) {  // else another engine's write in progress
+          remove_file(path);
+          ++counters_.removed_temp_files;
+        }
         continue;
       }
       // Files not named as blocks are not ours to delete, whatever they hold.
@@ -155,12 +181,7 @@ void PersistentStore::scan() {
       // would be served for a prefix it does not hold.
       const bool named_right = header && to_hex(header->key) + std::string(kBlockSuffix) == name &&
                                name.substr(0, 2) == shard_name(shard);
-      // And its shape the store's, its creation time after the epoch (INT64_MIN used to overflow
-      // every age computed from it).
-      const bool shaped_right = header && (options_.payload_bytes == 0 || header->payload_bytes == options_.payload_bytes) &&
-                                (options_.token_count == 0 || header->token_count == options_.token_count) &&
-                                header->created_ms >= 0;
-      if (!named_right || !shaped_right) {
+      if (!named_right || !shaped_right(*header)) {
         remove_file(path);
         ++counters_.dropped_files;
         continue;
@@ -174,6 +195,32 @@ void PersistentStore::scan() {
   // Until a block is used in this process, its creation time stands for its last use.
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.created_ms < b.created_ms; });
   for (const Found& block : found) insert_locked(block.key, block.file_bytes, block.created_ms);
+}
+
+// The store's shape, and a creation time after the epoch (INT64_MIN used to overflow every age
+// computed from it).
+bool PersistentStore::shaped_right(const BlockHeader& header) const {
+  return (options_.payload_bytes == 0 || header.payload_bytes == options_.payload_bytes) &&
+         (options_.token_count == 0 || header.token_count == options_.token_count) && header.created_ms >= 0;
+}
+
+// A block another engine sharing the directory wrote since this store scanned it: indexed from its
+// header, as scan() indexes (a damaged payload is found when it is read).
+bool PersistentStore::adopt(const BlockKey& key) {
+  const std::string path = path_of(key);
+  std::optional<BlockHeader> header;
+  {
+    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat info {};
+    if (fd.get() < 0 || ::fstat(fd.get(), &info) != 0) return false;
+    header = read_block_header(fd.get(), static_cast<uint64_t>(info.st_size), options_.fingerprint);
+  }
+  if (!header || header->key != key || !shaped_right(*header)) return false;
+  const int64_t now = options_.clock->now_ms();
+  std::lock_guard lock(mutex_);
+  // (A block this process is writing is indexed by its writer, which counts its reserved bytes.)
+  if (!index_.contains(key) && !writing_.contains(key)) insert_locked(key, header->file_bytes(), std::min(header->created_ms, now));
+  return true;
 }
 
 void PersistentStore::insert_locked(const BlockKey& key, uint64_t file_bytes, int64_t created_ms) {
@@ -194,6 +241,11 @@ PutResult PersistentStore::put(const BlockKey& key, std::span<const int32_t> tok
   const uint64_t file_bytes = block_file_bytes(options_.fingerprint.size(), tokens.size(), payload.size());
   const int64_t now = options_.clock->now_ms();
   const std::string path = path_of(key);
+  {
+    std::lock_guard lock(mutex_);
+    if (index_.contains(key) || writing_.contains(key)) return PutResult::kPresent;
+  }
+  if (adopt(key)) return PutResult::kPresent;  // written by another engine
   {
     std::lock_guard lock(mutex_);
     if (index_.contains(key) || writing_.contains(key)) return PutResult::kPresent;
@@ -231,7 +283,9 @@ PutResult PersistentStore::put(const BlockKey& key, std::span<const int32_t> tok
   try {
     const EncodedBlock block = encode_block(key, now, options_.fingerprint, tokens, payload);
     const std::span<const uint8_t> parts[] = {block.header, block.payload, block.trailer};
-    write_file_atomically(path, parts, 0, 0600);
+    static std::atomic<uint64_t> writes{0};
+    const std::string temporary = path + "." + std::to_string(::getpid()) + "." + std::to_string(++writes) + std::string(kTempSuffix);
+    write_file_atomically(path, parts, 0, 0600, temporary);
   } catch (...) {
     std::lock_guard lock(mutex_);
     release();
@@ -239,20 +293,31 @@ PutResult PersistentStore::put(const BlockKey& key, std::span<const int32_t> tok
   }
   std::lock_guard lock(mutex_);
   release();
-  insert_locked(key, file_bytes, now);
+  if (!index_.contains(key)) insert_locked(key, file_bytes, now);  // (unless a reader adopted it first)
   return PutResult::kStored;
 }
 
 std::optional<std::vector<uint8_t>> PersistentStore::get(const BlockKey& key, std::span<const int32_t> tokens) {
   uint64_t generation = 0;
-  {
-    std::lock_guard lock(mutex_);
-    const auto it = index_.find(key);
-    if (it == index_.end()) {
+  for (bool adopted = false;;) {
+    {
+      std::lock_guard lock(mutex_);
+      const auto it = index_.find(key);
+      if (it != index_.end()) {
+        generation = it->second.generation;
+        break;
+      }
+      if (adopted) {  // adopted, and gone again (evicted meanwhile)
+        ++counters_.misses;
+        return std::nullopt;
+      }
+    }
+    if (!adopt(key)) {  // nor written by another engine since the scan
+      std::lock_guard lock(mutex_);
       ++counters_.misses;
       return std::nullopt;
     }
-    generation = it->second.generation;
+    adopted = true;
   }
 
   // Read and check outside the lock: a block is large, and other keys need not wait for it.
@@ -286,8 +351,11 @@ std::optional<std::vector<uint8_t>> PersistentStore::get(const BlockKey& key, st
 }
 
 bool PersistentStore::contains(const BlockKey& key) const {
-  std::lock_guard lock(mutex_);
-  return index_.contains(key);
+  {
+    std::lock_guard lock(mutex_);
+    if (index_.contains(key)) return true;
+  }
+  return ::access(path_of(key).c_str(), F_OK) == 0;  // another engine's
 }
 
 PersistentStoreStats PersistentStore::stats() const {

@@ -13,8 +13,15 @@
 // another fingerprint. A damaged payload is found by the checksum when the block is read, and is
 // dropped then. docs/kv-store.md has the format and the argument.
 //
-// One process owns a store directory at a time (an advisory lock enforces it); within the
-// process every method is thread-safe, and file I/O runs outside the lock.
+// Several engines may share a store directory (a shared filesystem in production; each holds the
+// directory's lock shared): a block is written under a temporary name of its writer's own and
+// renamed into place (a reader sees a whole file or none; two engines writing one block leave
+// one file, whichever rename came last, with the same tokens and payload); a block another engine
+// wrote since this one scanned the directory is found on disk on a miss and indexed then; eviction
+// reads each block's creation time from its file, so the guaranteed lifetime holds whoever wrote
+// it, and each engine keeps the byte budget over the blocks it has indexed. Temporary files are
+// removed at open only when their writer is gone (docs/kv-store.md). Within a process every method
+// is thread-safe, and file I/O runs outside the lock.
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -26,6 +33,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kv/block_file.h"
 #include "kv/block_key.h"
 #include "kv/clock.h"
 
@@ -114,6 +122,8 @@ class PersistentStore {
   };
 
   void scan();
+  bool shaped_right(const BlockHeader& header) const;
+  bool adopt(const BlockKey& key);
   void insert_locked(const BlockKey& key, uint64_t file_bytes, int64_t created_ms);
   void erase_locked(const BlockKey& key);
 

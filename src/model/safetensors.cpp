@@ -323,8 +323,8 @@ void SafetensorsWriter::write(const std::string& path) const {
 }
 
 void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts, size_t zeros,
-                           unsigned mode) {
-  const std::string temporary = path + ".tmp";
+                           unsigned mode, const std::string& temporary_name) {
+  const std::string temporary = temporary_name.empty() ? path + ".tmp" : temporary_name;
   Fd fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode_t(mode)));
   if (fd.get() < 0) fail(temporary, "a file we can create", errno_text());
   try {

@@ -105,11 +105,12 @@ class SafetensorsWriter {
   size_t data_bytes_ = 0;
 };
 
-// Writes `parts`, one after another, to path + ".tmp", fsyncs it, renames it over `path` and
-// fsyncs the directory: a reader sees the old file or the complete new one, never half of one,
-// even after a crash. `zeros` more bytes of zeros follow the parts, as a hole; `mode` is the new
-// file's permissions (before the umask).
+// Writes `parts`, one after another, to `temporary` (default path + ".tmp"), fsyncs it, renames it
+// over `path` and fsyncs the directory: a reader sees the old file or the complete new one, never
+// half of one, even after a crash. `zeros` more bytes of zeros follow the parts, as a hole; `mode`
+// is the new file's permissions (before the umask). Writers that may race on one path (engines
+// sharing a KV store) each name their own temporary.
 void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts, size_t zeros = 0,
-                           unsigned mode = 0644);
+                           unsigned mode = 0644, const std::string& temporary = {});
 
 }  // namespace dsv41
