@@ -198,3 +198,32 @@ TEST(Sampling, BiasedAndPenalizedDrawsFollowTheEditedSoftmax) {
 }
 
 }  // namespace
+
+// A token mask (a grammar's): the disallowed tokens are never chosen, greedy or sampled, and are
+// no alternatives; the allowed ones keep their logprobs of the unmasked row's log-softmax over
+// the allowed tokens.
+TEST(Sampling, MaskedTokensAreNeverChosen) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(100);
+  for (float& x : logits) x = normal(rng);
+  auto mask = std::make_shared<TokenMask>(4, 0u);
+  for (int t = 3; t < 100; t += 7) (*mask)[size_t(t) / 32] |= 1u << (t % 32);
+  int best = 3;
+  for (int t = 3; t < 100; t += 7)
+    if (logits[size_t(t)] > logits[size_t(best)]) best = t;
+  SampleRequest greedy = request(logits, SamplingParams{}, 0, 20);
+  greedy.allowed = mask;
+  const TokenChoice g = choose(logits.data(), greedy);
+  EXPECT_EQ(g.token, best);
+  EXPECT_EQ(g.top.size(), 14u);  // the 14 allowed tokens only
+  for (const auto& [t, lp] : g.top) EXPECT_TRUE(allows(*mask, t)) << t;
+  for (int k = 0; k < 200; ++k) {
+    SampleRequest r = request(logits, SamplingParams{2.0f, 0, 1.0f, 0.0f, 0, {}, 1.0f, 0.0f, 0.0f}, std::uniform_real_distribution<double>(0, 1)(rng));
+    r.allowed = mask;
+    EXPECT_TRUE(allows(*mask, choose(logits.data(), r).token));
+  }
+  SampleRequest none = greedy;
+  none.allowed = std::make_shared<TokenMask>(4, 0u);
+  EXPECT_THROW(choose(logits.data(), none), Error);
+}

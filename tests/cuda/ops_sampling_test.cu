@@ -98,5 +98,42 @@ TEST(CudaSampling, RefusesWhatItCannotTake) {
   EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, -1, {{8}}}}, nullptr), Error);
 }
 
+
+// A grammar's token mask on the device: the same choice and logprobs as the CPU's (disallowed
+// logits at -inf after the edits), never a disallowed token.
+TEST(CudaSampling, MaskedRowsChooseAsTheCpu) {
+  DSV41_REQUIRE_DEVICE();
+  std::mt19937 rng(9);
+  for (const int64_t vocab : {int64_t(50), int64_t(129280)}) {
+    const int64_t stride = vocab + 3;
+    const int rows = 6;
+    std::vector<float> logits(size_t(rows * stride));
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    for (float& x : logits) x = normal(rng);
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    std::vector<int64_t> row_of;
+    std::vector<SampleRequest> requests;
+    for (int r = 0; r < rows; ++r) {
+      auto mask = std::make_shared<TokenMask>(size_t((vocab + 31) / 32), 0u);
+      if (r == 0) (*mask)[0] = 1u << 17;  // one token only
+      else
+        for (int64_t t = r; t < vocab; t += 3 + r) (*mask)[size_t(t) / 32] |= 1u << (t % 32);
+      SamplingParams p;
+      p.temperature = r % 2 ? 0.8f : 0.0f;
+      row_of.push_back(r);
+      requests.push_back(SampleRequest{p, uniform(rng), vocab, r % 3 == 0 ? -1 : 5, {}, r == 2 ? nullptr : mask});
+    }
+    DeviceArray<float> device(logits);
+    const std::vector<TokenChoice> got = cuda::choose(device.get(), stride, row_of, requests, nullptr);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const TokenChoice want = choose(logits.data() + row_of[i] * stride, requests[i]);
+      EXPECT_EQ(got[i].token, want.token) << "row " << i;
+      if (requests[i].allowed) EXPECT_TRUE(allows(*requests[i].allowed, got[i].token)) << "row " << i;
+      ASSERT_EQ(got[i].top.size(), want.top.size()) << "row " << i;
+      for (size_t j = 0; j < want.top.size(); ++j) EXPECT_EQ(got[i].top[j].first, want.top[j].first) << "row " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsv41
