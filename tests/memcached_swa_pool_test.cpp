@@ -5,9 +5,11 @@
 // conversation exactly from a tail that went through memcached.
 #include <gtest/gtest.h>
 #include <libmemcached/memcached.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "base/error.h"
@@ -15,7 +17,7 @@
 #include "fixture.h"
 #include "kv/memcached_swa_pool.h"
 #include "memcached_process.h"
-#include "running_server.h"
+#include "serve_process.h"
 #include "test_util.h"
 
 using namespace dsv41;
@@ -266,27 +268,44 @@ TEST_F(MemcachedSwaPoolTest, AnEngineContinuesExactlyFromMemcached) {
   EXPECT_GE(cache.stats().swa.hits, 1);
 }
 
-// Two engines behind a balancer share the tiers (issue 21's deployment): a store directory and
-// three memcached servers. A conversation's second turn, on the engine that did not serve the
-// first, continues exactly from the SWA pool (no replay); after the TTL, its third turn comes from
-// the shared store with a replay; with a memcached server killed, a fourth turn is still served.
-TEST_F(MemcachedSwaPoolTest, TwoEnginesShareTheTiers) {
+// Two engine processes behind a balancer share the tiers (issue 21's deployment): a store
+// directory and three memcached servers. A conversation's second turn, on the engine that did not
+// serve the first, continues exactly from the SWA pool (no replay); after the TTL, its third turn
+// comes from the other engine's blocks in the shared store with a replay; with a memcached server
+// killed, a fourth turn is still served.
+TEST_F(MemcachedSwaPoolTest, TwoEngineProcessesShareTheTiers) {
   start(3);
   test::TempDir dir("two_engines");
-  ServerOptions options;
-  options.cache.store_dir = dir.string();
-  options.cache.swa.url = url_of(servers);
-  options.cache.swa.ttl_ms = 3000;
-  test::RunningServer a(options), b(options);
-  auto chat = [](const nlohmann::json& messages) {
-    return nlohmann::json{{"model", "v41-tiny"}, {"messages", messages}, {"max_tokens", 8}, {"temperature", 0},
-                          {"chat_template_kwargs", {{"thinking", false}}}};
+  const std::string args = "--model " + fixture_dir("v41-tiny") + " --device cpu --store " + dir.string() +
+                           " --swa-pool " + url_of(servers) + " --swa-ttl 3";
+  test::ServeProcess a(args, ""), b(args, "");
+  ASSERT_GT(a.port(), 0);
+  ASSERT_GT(b.port(), 0);
+  auto post = [](const test::ServeProcess& engine, const nlohmann::json& messages) {
+    httplib::Client c("127.0.0.1", engine.port());
+    c.set_read_timeout(120, 0);
+    for (int i = 0; i < 2000 && !(c.Get("/health") && c.Get("/health")->status == 200); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const nlohmann::json body{{"model", "v41-tiny"}, {"messages", messages}, {"max_tokens", 8}, {"temperature", 0},
+                              {"chat_template_kwargs", {{"thinking", false}}}};
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    return r && r->status == 200 ? nlohmann::json::parse(r->body) : nlohmann::json{};
   };
-  // A turn's KV reaches the shared tiers after its reply: its blocks and tails are written by the
-  // engine's writer threads.
-  auto settled = [](const test::RunningServer& s) {
-    for (int i = 0; i < 400 && (s.metric("dsv41_store_blocks") < 1 ||
-                                s.metric("dsv41_swa_pool_traffic_bytes_total{direction=\"out\"}") <= 0);
+  auto metric = [](const test::ServeProcess& engine, const std::string& line_start) {
+    httplib::Client c("127.0.0.1", engine.port());
+    auto r = c.Get("/metrics");
+    std::istringstream in(r ? r->body : "");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind(line_start + " ", 0) == 0) return std::stod(line.substr(line_start.size() + 1));
+    ADD_FAILURE() << "no metric " << line_start;
+    return -1.0;
+  };
+  // A turn's KV reaches the shared tiers after its reply: the engine's writer threads store its
+  // blocks and tails.
+  auto settled = [&](const test::ServeProcess& engine) {
+    for (int i = 0; i < 400 && (metric(engine, "dsv41_store_blocks") < 1 ||
+                                metric(engine, "dsv41_swa_pool_traffic_bytes_total{direction=\"out\"}") <= 0);
          ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -294,29 +313,31 @@ TEST_F(MemcachedSwaPoolTest, TwoEnginesShareTheTiers) {
   nlohmann::json messages = nlohmann::json::array(
       {{{"role", "system"}, {"content", "You answer questions about the sea, briefly and kindly, in whole sentences."}},
        {{"role", "user"}, {"content", "Why is the sea salty, and why does it not get saltier every year?"}}});
-  nlohmann::json r = a.post("/v1/chat/completions", chat(messages));
+  nlohmann::json r = post(a, messages);
   messages.push_back({{"role", "assistant"}, {"content", r["choices"][0]["message"]["content"]}});
   settled(a);
 
   messages.push_back({{"role", "user"}, {"content", "And why is it blue?"}});
-  r = b.post("/v1/chat/completions", chat(messages));
+  r = post(b, messages);
   EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 64) << r;
-  EXPECT_GT(b.metric("dsv41_cache_hit_tokens_total{tier=\"swa_pool\"}"), 0);
-  EXPECT_GT(b.metric("dsv41_cache_hit_tokens_total{tier=\"disk\"}"), 0);
-  EXPECT_EQ(b.metric("dsv41_cache_replayed_tokens_total"), 0);
+  EXPECT_GT(metric(b, "dsv41_cache_hit_tokens_total{tier=\"swa_pool\"}"), 0);
+  EXPECT_GT(metric(b, "dsv41_cache_hit_tokens_total{tier=\"disk\"}"), 0);
+  EXPECT_EQ(metric(b, "dsv41_cache_replayed_tokens_total"), 0);
   messages.push_back({{"role", "assistant"}, {"content", r["choices"][0]["message"]["content"]}});
   settled(b);
 
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // past the TTL: the tails are gone
   messages.push_back({{"role", "user"}, {"content", "Thank you!"}});
-  r = a.post("/v1/chat/completions", chat(messages));
+  r = post(a, messages);
   EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 64) << r;
-  EXPECT_EQ(a.metric("dsv41_cache_replayed_tokens_total"), 16);  // W of v41-tiny
-  EXPECT_GT(a.metric("dsv41_cache_hit_tokens_total{tier=\"disk\"}"), 0);  // b's blocks
+  EXPECT_EQ(metric(a, "dsv41_cache_replayed_tokens_total"), 16);  // W of v41-tiny
+  EXPECT_GT(metric(a, "dsv41_cache_hit_tokens_total{tier=\"disk\"}"), 0);  // b's blocks
   messages.push_back({{"role", "assistant"}, {"content", r["choices"][0]["message"]["content"]}});
 
   servers[0]->kill();
   messages.push_back({{"role", "user"}, {"content", "One more thing."}});
-  r = b.post("/v1/chat/completions", chat(messages));
+  r = post(b, messages);
   EXPECT_EQ(r["object"], "chat.completion") << r;
+  EXPECT_EQ(a.stop().first, 0);
+  EXPECT_EQ(b.stop().first, 0);
 }
