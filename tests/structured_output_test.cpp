@@ -186,4 +186,6 @@ TEST_F(StructuredOutput, SchemasOutsideTheSubsetAre400sNamingTheKeyword) {
   EXPECT_NE(status({{"tool_choice", "required"}}).find("400"), std::string::npos);
   EXPECT_NE(status({{"response_format", {{"type", "xml"}}}}).find("400"), std::string::npos);
   EXPECT_EQ(status({{"response_format", {{"type", "text"}}}}), "accepted");
+  EXPECT_NE(status({{"response_format", {{"type", "json_object"}}}, {"stop", "}"}}).find("400 stop:"), std::string::npos);
+  EXPECT_NE(status({{"response_format", {{"type", "json_object"}}}, {"ignore_eos", true}}).find("400 ignore_eos:"), std::string::npos);
 }

@@ -384,6 +384,13 @@ ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
   if (const ojson* v = field(body, "parallel_tool_calls")) req.parallel_tool_calls = boolean(*v, "parallel_tool_calls");
   if (const ojson* v = field(body, "response_format")) parse_response_format(*v, req);
   check_tool_choice(req);
+  // A stop string could cut the structured answer, and without the end token it could not end.
+  if (!req.response_format.is_null() || !required_functions(req).empty()) {
+    if (!req.gen.sampling.stop.empty())
+      unsupported("stop", "none with response_format or a required tool call (a stop string could cut the answer)", ojson(req.gen.sampling.stop));
+    if (req.gen.sampling.ignore_eos)
+      unsupported("ignore_eos", "false with response_format or a required tool call (the end token ends the answer)", ojson(true));
+  }
   if (!config.structured_output) {
     if (!req.response_format.is_null())
       unsupported("response_format", "{\"type\": \"text\"} (this server does not enforce structured output)", req.response_format);
