@@ -22,6 +22,12 @@ const std::set<std::string> kArrayKeywords{"items", "minItems", "maxItems"};
 const std::set<std::string> kStringKeywords{"pattern", "minLength", "maxLength"};
 const std::set<std::string> kNumberKeywords{"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 
+// The longest numerals written where a schema sets no bound: an integer's fits an int64, a
+// number's integral part and exponent keep it within a double (a parser may refuse more).
+constexpr uint64_t kLargestInteger = 999'999'999'999'999'999ull;
+constexpr uint64_t kLargestIntegral = 999'999'999'999'999ull;
+constexpr int64_t kExponentDigits = 2;
+
 // The most unrolled repetitions (minItems/maxItems, minLength/maxLength) a schema may ask for.
 constexpr int64_t kMaxBound = 1000;
 
@@ -59,19 +65,16 @@ Fragment same_length(Nfa& nfa, const std::string& a, const std::string& b) {
   return nfa.alt(options);
 }
 
-// The decimal numerals (no leading zeros) of lo..hi, hi missing: no bound.
-Fragment natural_range(Nfa& nfa, uint64_t lo, std::optional<uint64_t> hi) {
+// The decimal numerals (no leading zeros) of lo..hi.
+Fragment natural_range(Nfa& nfa, uint64_t lo, uint64_t hi) {
   const std::string a = std::to_string(lo);
-  const size_t last = hi ? std::to_string(*hi).size() : a.size();
+  const size_t last = std::to_string(hi).size();
   std::vector<Fragment> options;
   for (size_t len = a.size(); len <= last; ++len) {
     const std::string from = len == a.size() ? a : "1" + std::string(len - 1, '0');
-    const std::string to = hi && len == last ? std::to_string(*hi) : std::string(len, '9');
+    const std::string to = len == last ? std::to_string(hi) : std::string(len, '9');
     options.push_back(same_length(nfa, from, to));
   }
-  if (!hi)  // every longer numeral
-    options.push_back(nfa.seq({nfa.bytes(byte_range('1', '9')),
-                               nfa.repeat([&] { return nfa.bytes(byte_range('0', '9')); }, int64_t(a.size()), -1)}));
   return nfa.alt(options);
 }
 
@@ -286,7 +289,12 @@ Fragment SchemaCompiler::string_char(StringStyle style) {
   return nfa_.alt(std::vector<Fragment>{nfa_.bytes(set), utf8_multibyte(nfa_), escape});
 }
 
-Fragment SchemaCompiler::raw_string(const ojson& schema, const std::string& where) { return string(schema, where, StringStyle::raw); }
+Fragment SchemaCompiler::raw_string(const ojson& schema, const std::string& where) {
+  for (const auto& [key, v] : schema.items())
+    if (key != "type" && !kAnnotations.count(key) && !kStringKeywords.count(key))
+      refuse(key, where + "/" + key, "the keyword \"" + key + "\" is not supported on a string");
+  return string(schema, where, StringStyle::raw);
+}
 
 Fragment SchemaCompiler::string(const ojson& schema, const std::string& where, StringStyle style) {
   const int64_t min = bound(schema, "minLength", where, 0), max = bound(schema, "maxLength", where, -1);
@@ -338,10 +346,10 @@ Fragment SchemaCompiler::integer(const ojson& schema, const std::string& where) 
   std::vector<Fragment> options;
   if (!lo || *lo < 0) {  // the negative ones in [lo, min(hi, -1)]: "-" and their magnitudes
     const uint64_t from = hi && *hi < 0 ? uint64_t(-*hi) : 1;
-    const std::optional<uint64_t> to = lo ? std::optional<uint64_t>(uint64_t(-*lo)) : std::nullopt;
+    const uint64_t to = lo ? uint64_t(-*lo) : kLargestInteger;
     options.push_back(nfa_.seq(nfa_.literal("-"), natural_range(nfa_, from, to)));
   }
-  if (!hi || *hi >= 0) options.push_back(natural_range(nfa_, uint64_t(lo && *lo > 0 ? *lo : 0), hi ? std::optional<uint64_t>(uint64_t(*hi)) : std::nullopt));
+  if (!hi || *hi >= 0) options.push_back(natural_range(nfa_, uint64_t(lo && *lo > 0 ? *lo : 0), hi ? uint64_t(*hi) : kLargestInteger));
   return options.size() == 1 ? options[0] : nfa_.alt(options);
 }
 
@@ -350,13 +358,13 @@ Fragment SchemaCompiler::number(const ojson& schema, const std::string& where) {
     if (schema.contains(key))
       refuse(key, where + "/" + key, "\"" + key + "\" on a number is not supported (it is on an integer)");
   const Fragment digits = nfa_.repeat([&] { return nfa_.bytes(byte_range('0', '9')); }, 1, -1);
-  const Fragment integral = natural_range(nfa_, 0, std::nullopt);
+  const Fragment integral = natural_range(nfa_, 0, kLargestIntegral);
   ByteSet e, sign;
   e.set('e'), e.set('E'), sign.set('+'), sign.set('-');
   return nfa_.seq({nfa_.optional(nfa_.literal("-")), integral,
                    nfa_.optional(nfa_.seq(nfa_.literal("."), digits)),
                    nfa_.optional(nfa_.seq({nfa_.bytes(e), nfa_.optional(nfa_.bytes(sign)),
-                                           nfa_.repeat([&] { return nfa_.bytes(byte_range('0', '9')); }, 1, -1)}))});
+                                           nfa_.repeat([&] { return nfa_.bytes(byte_range('0', '9')); }, 1, kExponentDigits)}))});
 }
 
 // Objects and arrays of any values, nested at most `depth` deep. Each container's elements loop
