@@ -284,6 +284,59 @@ TEST(Server, DamagedStoreFilesAreCounted) {
   EXPECT_FALSE(std::filesystem::exists(dir / "3f" / "3f000000000000000000000000000000.blk"));
 }
 
+// Structured output through the HTTP server: a json_schema reply on the random-weight fixture
+// finishes with "stop" and is a JSON object of the schema (the grammar guarantees it, not the
+// model); a required tool call comes back as a call of the listed function with its arguments;
+// a schema keyword outside the subset is a 400 naming it.
+TEST(Server, StructuredOutputThroughTheServer) {
+  Running server(ServerOptions{});
+  const json schema = {{"type", "object"},
+                       {"properties", {{"name", {{"type", "string"}, {"maxLength", 12}}},
+                                       {"age", {{"type", "integer"}, {"minimum", 0}, {"maximum", 150}}},
+                                       {"pet", {{"enum", {"cat", "dog", "fish"}}}}}},
+                       {"required", {"name", "age", "pet"}},
+                       {"additionalProperties", false}};
+  json body = chat(json::array({{{"role", "user"}, {"content", "Describe a person as JSON."}}}), 200);
+  body["temperature"] = 1.0;
+  body["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "person"}, {"schema", schema}, {"strict", true}}}};
+  for (int i = 0; i < 3; ++i) {
+    body["seed"] = i + 1;
+    const json r = server.post("/v1/chat/completions", body);
+    ASSERT_EQ(r["choices"][0]["finish_reason"], "stop") << r;
+    const json reply = json::parse(r["choices"][0]["message"]["content"].get<std::string>());
+    ASSERT_TRUE(reply.is_object()) << reply;
+    EXPECT_EQ(reply.size(), 3u) << reply;
+    ASSERT_TRUE(reply["name"].is_string()) << reply;
+    const std::string name = reply["name"];
+    // maxLength counts characters (code points): the UTF-8 bytes that are not continuations.
+    EXPECT_LE(std::count_if(name.begin(), name.end(), [](char c) { return (uint8_t(c) & 0xC0) != 0x80; }), 12) << reply;
+    EXPECT_TRUE(reply["age"].is_number_integer() && reply["age"].get<int>() >= 0 && reply["age"].get<int>() <= 150) << reply;
+    EXPECT_TRUE(reply["pet"] == "cat" || reply["pet"] == "dog" || reply["pet"] == "fish") << reply;
+  }
+
+  json tools = json::array({{{"type", "function"},
+                             {"function", {{"name", "get_weather"},
+                                           {"parameters", {{"type", "object"},
+                                                           {"properties", {{"city", {{"type", "string"}, {"maxLength", 20}}}}},
+                                                           {"required", {"city"}}}}}}}});
+  json call = chat(json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}}), 200);
+  call["tools"] = tools;
+  call["tool_choice"] = "required";
+  const json r = server.post("/v1/chat/completions", call);
+  ASSERT_EQ(r["choices"][0]["finish_reason"], "tool_calls") << r;
+  const json& calls = r["choices"][0]["message"]["tool_calls"];
+  ASSERT_GE(calls.size(), 1u) << r;
+  for (const json& c : calls) {
+    EXPECT_EQ(c["function"]["name"], "get_weather") << r;
+    const json args = json::parse(c["function"]["arguments"].get<std::string>());
+    EXPECT_TRUE(args["city"].is_string()) << args;
+  }
+
+  body["response_format"]["json_schema"]["schema"]["properties"]["name"]["format"] = "email";
+  const json refused = server.post("/v1/chat/completions", body, 400);
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("format"), std::string::npos) << refused;
+}
+
 // Servers share a store directory: a second one on it starts and serves (the store is made for
 // several engines: kv/persistent_store.h).
 TEST(Server, TwoServersShareAStore) {

@@ -22,6 +22,7 @@
 
 #include "base/error.h"
 #include "engine/chat_format.h"
+#include "engine/grammar/structured.h"
 #include "kv/checkpoint_identity.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
@@ -197,6 +198,7 @@ struct Server::State {
   std::shared_ptr<StoreLock> store_lock;  // taken before listening (run())
   std::unique_ptr<KvCache> cache;
   std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<grammar::GrammarCache> grammars;  // structured output: compiled grammars by schema
   ApiConfig api;
   int64_t created = 0;
   int64_t kv_budget = 0;  // the scheduler's
@@ -275,6 +277,8 @@ void Server::State::load() {
   std::fprintf(stderr, "dsv41: the model runs on %s\n", executor->name().c_str());
   api.models = {options.model_name};
   api.vocab_size = sampling_vocab(model->config(), &*tokenizer);
+  grammars = std::make_unique<grammar::GrammarCache>(grammar::Vocabulary::from_tokenizer(*tokenizer, api.vocab_size, stop_ids));
+  api.structured_output = true;
   ready = true;
 }
 
@@ -300,6 +304,9 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       ChatRequest r = parse_chat_request(req.body, api);
       gen = r.gen;
       request.prompt = chat_prompt(r, thinking);
+      // response_format and required tool calls: the reply's grammar, from the end of its reasoning.
+      request.grammar = output_grammar(r, *grammars);
+      if (thinking && request.grammar) request.grammar_after = std::string(chat_token::kThinkEnd);
     } else {
       CompletionRequest r = parse_completion_request(req.body, api);
       gen = r.gen;
