@@ -6,7 +6,7 @@
 // depends on a stack (nesting is unrolled into the automaton), so every mask is cacheable and a
 // step's cost at any batch is one table lookup per row once its states have been seen.
 //
-// A Grammar is shared by the requests that use its schema (grammar_cache.h) and may be used from
+// A Grammar is shared by the requests that use its schema (structured.h's GrammarCache) and may be used from
 // several threads: its tables grow under a lock.
 #include <cstdint>
 #include <limits>
