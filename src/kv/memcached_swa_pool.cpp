@@ -158,6 +158,9 @@ void MemcachedSwaPool::write_loop() {
   }
 }
 
+// memcached's expiry: the TTL in whole seconds, rounded up (at least 1).
+time_t MemcachedSwaPool::expiry_seconds() const { return time_t((options_.ttl_ms + 999) / 1000); }
+
 std::string MemcachedSwaPool::manifest_key(const BlockKey& prefix, int64_t position) {
   return "dsv41swa:" + hex(prefix.hi) + hex(prefix.lo) + ":" + std::to_string(position);
 }
@@ -179,7 +182,7 @@ bool MemcachedSwaPool::put(const BlockKey& prefix, int64_t position, SwaSnapshot
 
 int64_t MemcachedSwaPool::write(const Pending& p) {
   const std::vector<uint8_t>& tail = p.snapshot->tail;
-  const time_t expiry = time_t((options_.ttl_ms + 999) / 1000);
+  const time_t expiry = expiry_seconds();
   const XXH128_hash_t h = XXH3_128bits(tail.data(), tail.size());
   const std::string key = manifest_key(p.prefix, p.position);
   memcached_st* memc = client_->memc;
@@ -264,7 +267,7 @@ std::optional<SwaTier::Found> MemcachedSwaPool::get_first(std::span<const std::p
       continue;
     }
     // A hit renews the entry's TTL on the manifest and every chunk.
-    const time_t expiry = time_t((options_.ttl_ms + 999) / 1000);
+    const time_t expiry = expiry_seconds();
     for (const std::string& k : chunk_keys)
       if (server_failed(memcached_touch(memc, k.data(), k.size(), expiry))) stats_.server_errors += 1;
     if (server_failed(memcached_touch(memc, keys[c].data(), keys[c].size(), expiry))) stats_.server_errors += 1;

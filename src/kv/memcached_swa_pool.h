@@ -22,6 +22,7 @@
 // what is queued. Thread-safe: one set of connections, the writer's and the readers' turns taken by
 // a mutex (separate sets would each have to find a dead server out by their own failures).
 #include <condition_variable>
+#include <ctime>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,7 @@ class MemcachedSwaPool final : public SwaTier {
   // One queued put onto the servers (the writer thread, its own connections); the bytes sent, or
   // -1 if a server refused or failed it.
   int64_t write(const Pending& p);
+  time_t expiry_seconds() const;
   void write_loop();
 
   const MemcachedSwaPoolOptions options_;
