@@ -23,6 +23,9 @@
 // q and entries a score (~N(0, 1) after the 1/√512 scale) moves by ~1e-6, a probability as much
 // relative, flipping its bf16 rounding with probability ~1e-6 / 2^-8 ≈ 3e-4, and an output's bf16
 // rounding flips as rarely: NMSE ~ 5e-4 · 2^-16 / 3 ≈ 3e-9, under the same bound 1e-7.
+// The warpgroup path (D = 512, heads a multiple of 64) differs from the tensor-core one only in
+// the order of the same fp32 sums (wgmma's instead of mma.sync's; the denominator as two halves'
+// sums): the same argument and bound.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,7 +55,8 @@ struct Case {
 
 // The CPU op's output and both GPU paths' for one case.
 struct Outputs {
-  std::vector<float> want, head_groups, split_tiles, tensor_cores;  // tensor_cores: empty where the shape has no such path
+  // tensor_cores, warpgroups: empty where the shape has no such path
+  std::vector<float> want, head_groups, split_tiles, tensor_cores, warpgroups;
 };
 
 Outputs run(const Case& c, uint32_t seed) {
@@ -127,9 +131,10 @@ Outputs run(const Case& c, uint32_t seed) {
     cuda::sparse_attention(batch, dq.get(), dsink.get(), scale, dout.get());
     return dout.download();
   };
-  const bool mma = c.D == 512 && c.H % 32 == 0;
+  const bool mma = c.D == 512 && c.H % 32 == 0, wgmma = c.D == 512 && c.H % 64 == 0;
   return {want, gpu(cuda::SparseAttentionPath::head_groups), gpu(cuda::SparseAttentionPath::split_tiles),
-          mma ? gpu(cuda::SparseAttentionPath::tensor_cores) : std::vector<float>{}};
+          mma ? gpu(cuda::SparseAttentionPath::tensor_cores) : std::vector<float>{},
+          wgmma ? gpu(cuda::SparseAttentionPath::warpgroups) : std::vector<float>{}};
 }
 
 // Both paths against the CPU op, and against each other bit for bit.
@@ -149,6 +154,11 @@ void check_case(const Case& c, uint32_t seed) {
     std::printf("  tensor cores NMSE %.3g\n", e_mma);
     EXPECT_LT(e_mma, 1e-7) << "tensor cores B=" << c.B << " W=" << c.W << " K=" << c.K;
   }
+  if (!o.warpgroups.empty()) {
+    const double e_wg = test::nmse(o.warpgroups, o.want);
+    std::printf("  warpgroups NMSE %.3g\n", e_wg);
+    EXPECT_LT(e_wg, 1e-7) << "warpgroups B=" << c.B << " W=" << c.W << " K=" << c.K;
+  }
 }
 
 TEST(CudaSparseAttention, MatchesCpuOverTheStoredCaches) {
@@ -160,14 +170,16 @@ TEST(CudaSparseAttention, MatchesCpuOverTheStoredCaches) {
     check_case(c, seed += 11);
 }
 
-// Prefill-sized calls, which take the tensor-core path automatically (66 tokens and more at 64
-// heads): a full call, a part-filled last tile (W = 100), an uncompressed layer (K = 0, its first
-// tile empty) and a top-k whose last tile is empty.
+// Prefill-sized calls, which take the tensor-core path automatically (8 tokens and more at 64
+// heads) and the warpgroup path from a block per SM (132 tokens on the H200): a full call, a
+// part-filled last tile (W = 100), an uncompressed layer (K = 0, its first tile empty), a top-k
+// whose last tile is empty, and a call of 140 tokens.
 TEST(CudaSparseAttention, ManyTokensMatchCpu) {
   DSV41_REQUIRE_DEVICE();
   uint32_t seed = 301;
   for (const Case c : {Case{80, 64, 512, 128, 512, 600, 5, 3}, Case{70, 64, 512, 100, 512, 600, 3, 7},
-                       Case{66, 64, 512, 128, 0, 8, 70, 0}, Case{67, 64, 512, 128, 512, 520, 64, 64}})
+                       Case{66, 64, 512, 128, 0, 8, 70, 0}, Case{67, 64, 512, 128, 512, 520, 64, 64},
+                       Case{140, 64, 512, 128, 512, 700, 9, 1}})
     check_case(c, seed += 11);
 }
 

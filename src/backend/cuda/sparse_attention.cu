@@ -39,6 +39,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/ptx.cuh"
+#include "backend/cuda/wgmma.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -98,8 +99,9 @@ __device__ __forceinline__ void load_swa_fp8(const uint8_t* entry, int lane, Raw
 // chunk column fall into distinct banks. A lane's 4 or 8 channels stay within one chunk.
 __device__ __forceinline__ int channel_at(int c, int x) { return (((c >> 3) ^ x) << 3) | (c & 7); }
 
-template <int D>
-__device__ __forceinline__ void decode_swa_fp8(const Raw<D>& raw, int lane, uint16_t* row, int x = 0) {
+// The decoders write a lane's channels c .. c + 3 (or + 7) to at(c): consecutive there.
+template <int D, class At>
+__device__ __forceinline__ void decode_swa_fp8(const Raw<D>& raw, int lane, At at) {
 #pragma unroll
   for (int i = 0; i < kSwaSteps<D>; ++i) {
     const int c = 4 * lane + 128 * i;
@@ -107,7 +109,7 @@ __device__ __forceinline__ void decode_swa_fp8(const Raw<D>& raw, int lane, uint
     const float scale = e8m0_to_float(uint8_t(raw.scale[i])) * kE4m3Unscale;
     float v[4];
     e4m3x4(raw.word[i], v);
-    *reinterpret_cast<uint2*>(row + channel_at(c, x)) = make_uint2(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale));
+    *reinterpret_cast<uint2*>(at(c)) = make_uint2(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale));
   }
 }
 
@@ -123,8 +125,8 @@ __device__ __forceinline__ void load_kv_fp4(const uint8_t* entry, int lane, Raw<
   }
 }
 
-template <int D>
-__device__ __forceinline__ void decode_kv_fp4(const Raw<D>& raw, int lane, uint16_t* row, int x = 0) {
+template <int D, class At>
+__device__ __forceinline__ void decode_kv_fp4(const Raw<D>& raw, int lane, At at) {
 #pragma unroll
   for (int i = 0; i < kKvSteps<D>; ++i) {
     const int c = 8 * lane + 256 * i;
@@ -132,57 +134,68 @@ __device__ __forceinline__ void decode_kv_fp4(const Raw<D>& raw, int lane, uint1
     const float scale = e4m3_to_float(uint8_t(raw.scale[i])) * kE2m1Unscale;
     float v[8];
     e2m1x8(raw.word[i], v);
-    *reinterpret_cast<uint4*>(row + channel_at(c, x)) = make_uint4(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale),
+    *reinterpret_cast<uint4*>(at(c)) = make_uint4(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale),
                                                     bf16_pair(v[4] * scale, v[5] * scale), bf16_pair(v[6] * scale, v[7] * scale));
   }
 }
 
-// Step 1, decode: entries e0 .. e0 + n - 1 of token b into the tile; warp w takes entries w,
-// w + 8, ... `ring` and `cache` are the token's (cache unread, may be null, if K = 0). The warp
-// loads its 8 entries' indices at once (a lane each), then every entry's bytes, then decodes:
-// two memory latencies per tile instead of two per entry. kSwizzled: rows as channel_at places them.
-template <int D, bool kSwizzled = false>
-__device__ __forceinline__ void decode_tile(const SparseAttentionBatch& batch, int64_t b, const uint8_t* ring,
-                                            const uint8_t* cache, int e0, int n, Tile<D>& tile) {
-  constexpr int kPer = kTile / kWarps;
-  static_assert(kPer <= 32, "a lane per entry of the warp");
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// Step 1, decode: entries e0 .. e0 + n - 1 of token b, entry j to row_at(j) (a placement as the
+// decoders take: channel c to row_at(j)(c)), whether it holds an entry to valid[j]. Warp w of
+// `Warps` takes entries w, w + Warps, ...; `ring` and `cache` are the token's (cache unread, may
+// be null, if K = 0). The warp loads its entries' indices at once (a lane each), then `Round`
+// entries' bytes at a time, then decodes them: two memory latencies per round, not per entry.
+template <int D, int Warps, int Round, class RowAt>
+__device__ __forceinline__ void decode_entries(const SparseAttentionBatch& batch, int64_t b, const uint8_t* ring,
+                                               const uint8_t* cache, int e0, int n, int warp, int lane, RowAt row_at,
+                                               bool* valid) {
+  constexpr int kPer = kTile / Warps;
+  static_assert(kPer <= 32 && kPer % Round == 0, "a lane per entry of the warp");
   const int W = batch.W, K = batch.K;
   int32_t mine = -1;  // lane i: the index of the warp's entry i
-  if (lane < kPer && warp + kWarps * lane < n) {
-    const int e = e0 + warp + kWarps * lane;
+  if (lane < kPer && warp + Warps * lane < n) {
+    const int e = e0 + warp + Warps * lane;
     mine = e < W ? batch.window[b * W + e] : batch.topk[b * K + (e - W)];
   }
-  // The tensor-core kernel holds its accumulators across the decode: half the entries in flight.
-  constexpr int kRound = kSwizzled ? kPer / 2 : kPer;
 #pragma unroll
-  for (int i0 = 0; i0 < kPer; i0 += kRound) {
-    int32_t index[kRound];
-    Raw<D> raw[kRound];
+  for (int i0 = 0; i0 < kPer; i0 += Round) {
+    int32_t index[Round];
+    Raw<D> raw[Round];
 #pragma unroll
-    for (int i = 0; i < kRound; ++i) {
-      const int j = warp + kWarps * (i0 + i), e = e0 + j;
+    for (int i = 0; i < Round; ++i) {
+      const int j = warp + Warps * (i0 + i), e = e0 + j;
       index[i] = __shfl_sync(0xFFFFFFFFu, mine, i0 + i);
       if (j >= n || index[i] < 0) continue;
       if (e < W) load_swa_fp8<D>(ring + int64_t(index[i]) * swa_fp8::bytes(D), lane, raw[i]);
       else load_kv_fp4<D>(cache + int64_t(index[i]) * kv_fp4::bytes(D), lane, raw[i]);
     }
 #pragma unroll
-    for (int i = 0; i < kRound; ++i) {
-      const int j = warp + kWarps * (i0 + i), e = e0 + j;
+    for (int i = 0; i < Round; ++i) {
+      const int j = warp + Warps * (i0 + i), e = e0 + j;
       if (j >= n) continue;
-      uint16_t* row = tile.row[j];
-      const int x = kSwizzled ? j & 7 : 0;
+      const auto at = row_at(j);
       if (index[i] < 0) {
-        for (int c = lane; c < D; c += 32) row[c] = 0;
+        for (int c = lane; c < D; c += 32) *at(c) = 0;
       } else if (e < W) {
-        decode_swa_fp8<D>(raw[i], lane, row, x);
+        decode_swa_fp8<D>(raw[i], lane, at);
       } else {
-        decode_kv_fp4<D>(raw[i], lane, row, x);
+        decode_kv_fp4<D>(raw[i], lane, at);
       }
-      if (lane == 0) tile.valid[j] = index[i] >= 0;
+      if (lane == 0) valid[j] = index[i] >= 0;
     }
   }
+}
+
+// Step 1 by the block's 8 warps into a Tile. kSwizzled: rows as channel_at places them (the
+// tensor-core kernel's, which holds its accumulators across the decode: half the entries in flight).
+template <int D, bool kSwizzled = false>
+__device__ __forceinline__ void decode_tile(const SparseAttentionBatch& batch, int64_t b, const uint8_t* ring,
+                                            const uint8_t* cache, int e0, int n, Tile<D>& tile) {
+  constexpr int kPer = kTile / kWarps;
+  const auto row_at = [&tile](int j) {
+    return [row = tile.row[j], x = kSwizzled ? j & 7 : 0](int c) { return row + channel_at(c, x); };
+  };
+  decode_entries<D, kWarps, kSwizzled ? kPer / 2 : kPer>(batch, b, ring, cache, e0, n, int(threadIdx.x / 32),
+                                                          int(threadIdx.x % 32), row_at, tile.valid);
 }
 
 // q [G, D] of heads h0 .. h0 + G - 1 of token b into shared memory.
@@ -617,6 +630,216 @@ __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttent
       }
 }
 
+// ---- one block per token on the warpgroup MMA (prefill) ----------------------------------------
+//
+// [wgmma_attention_kernel] For calls of many tokens (prefill chunks): one block per (token, 64
+// heads), two warpgroups. A tile's entries are gathered two tiles ahead by cp.async, as stored,
+// into a staging ring, so the memory's latency runs beside the MMAs of the tiles before; each tile
+// is then decoded from the staging into bf16 and taken through the CPU op's steps:
+//   S = Q·Tᵀ   wgmma m64n32k16 × 32 (K = 512 channels): warpgroup c the tile's entries 32c .. 32c + 31;
+//   softmax    the tile's maximum per head from both halves (exchanged in shared memory), the
+//              running maximum, p = bf16(exp(s − m)) into P [64 heads, 64 entries], and each
+//              warpgroup's half of the denominator, rescaled as the accumulator is;
+//   O += P·T   after O is rescaled, wgmma m64n256k16 × 4 (K = 64 entries): warpgroup c channels
+//              256c .. 256c + 255, T read N-major from the same tile (mnmajor_sw128).
+// Rounding as mma_attention_kernel: fp32 sums in the MMA's order, and the denominator is the two
+// halves' sums, added at the end. The accumulators of O take 128 registers a thread: the block has
+// no producer warps, whose registers the consumers would lose (ptxas allots every warp alike).
+// Shared memory, Q, the tile and P in swizzled 128B panels of 64 channels (wgmma's layout): Q 64
+// KB, the tile 64 KB, P 8 KB, the staging 2 × 64 × 528 bytes: one block per SM. Reads a token's
+// entries once for its 64 heads, q, and writes out.
+constexpr int kWgHeads = 64;           // the MMAs' M
+constexpr int kWgThreads = 256;
+constexpr int kPanelBytes = 64 * 128;  // [64 rows][64 bf16]: a panel of Q, of the tile, and P
+static_assert(kWgHeads == kTile, "Q's panels and the tile's have one size");
+
+// Element (r, c) of a panel, c < 64: row r's 16-byte chunks XORed by r's low 3 bits (swizzle 128B).
+__device__ __forceinline__ int panel_at(int r, int c) { return r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7); }
+
+template <int D>
+struct WgSmem {
+  static constexpr int kEntryBytes = swa_fp8::bytes(D) > kv_fp4::bytes(D) ? swa_fp8::bytes(D) : kv_fp4::bytes(D);
+  static_assert(swa_fp8::bytes(D) % 16 == 0 && kv_fp4::bytes(D) % 16 == 0, "entries of whole 16-byte chunks");
+  uint16_t q[D / 64][kWgHeads * 64];  // panel p: channels 64p .. of the 64 heads
+  uint16_t tile[D / 64][kTile * 64];  // panel p: channels 64p .. of the 64 entries
+  uint16_t p[kWgHeads * kTile];       // [64 heads][64 entries]
+  uint8_t staged[2][kTile][kEntryBytes];
+  int32_t index[2][kTile];  // of each staged entry, -1 for none
+  float half_max[2][kWgHeads], half_sum[2][kWgHeads];
+  bool valid[kTile];
+};
+
+// The index of entry e0 + j of token b (-1 past the n of its tile).
+__device__ __forceinline__ int32_t entry_index(const SparseAttentionBatch& batch, int64_t b, int e0, int n, int j) {
+  if (j >= n) return -1;
+  const int e = e0 + j;
+  return e < batch.W ? batch.window[b * batch.W + e] : batch.topk[b * batch.K + (e - batch.W)];
+}
+
+// cp.async of entry j = tid/4 of the tile at e0 (index idx) into staging buffer s, four threads
+// an entry; one commit group per call on every thread.
+template <int D>
+__device__ __forceinline__ void stage_tile(const SparseAttentionBatch& batch, const uint8_t* ring, const uint8_t* cache,
+                                           int e0, int32_t idx, WgSmem<D>& sm, int s) {
+  const int j = threadIdx.x / 4, part = threadIdx.x % 4;
+  if (part == 0) sm.index[s][j] = idx;
+  if (idx >= 0) {
+    const bool swa = e0 + j < batch.W;
+    const int bytes = swa ? swa_fp8::bytes(D) : kv_fp4::bytes(D);
+    const uint8_t* src = swa ? ring + int64_t(idx) * swa_fp8::bytes(D) : cache + int64_t(idx) * kv_fp4::bytes(D);
+    for (int c = 16 * part; c < bytes; c += 64) ptx::cp_async16(ptx::smem_addr(&sm.staged[s][j][c]), src + c, true);
+  }
+  ptx::cp_async_commit();
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAttentionBatch batch, const float* q,
+                                                                         const float* sink, float scale, float* out) {
+  static_assert(D == 512, "two warpgroups of 256 channels each");
+  using namespace hopper;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  const uint32_t base = ptx::smem_addr(smem_bytes);
+  WgSmem<D>& sm = *reinterpret_cast<WgSmem<D>*>(smem_bytes + (((base + 1023) & ~1023u) - base));  // the swizzle's alignment
+  const int64_t b = blockIdx.x;
+  const int h0 = blockIdx.y * kWgHeads;
+  const int H = batch.heads, E = batch.W + batch.K, T = (E + kTile - 1) / kTile;
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const uint8_t* ring = batch.rings[b];
+  const uint8_t* cache = batch.K > 0 ? batch.caches[b] : nullptr;
+  const auto tile_n = [E](int i) { return E - i * kTile < kTile ? E - i * kTile : kTile; };
+
+  // Tiles 0 and 1 on their way, then q [64 heads, D] as bf16 (exact: q holds bf16 values).
+  for (int i = 0; i < 2; ++i)
+    stage_tile<D>(batch, ring, cache, i * kTile, i < T ? entry_index(batch, b, i * kTile, tile_n(i), tid / 4) : -1, sm, i);
+  for (int k = tid; k < kWgHeads * D / 4; k += kWgThreads) {
+    const int h = k / (D / 4), c = k % (D / 4) * 4;
+    const float4 v = __ldg(reinterpret_cast<const float4*>(q + (b * H + h0 + h) * D + c));
+    *reinterpret_cast<uint2*>(&sm.q[c / 64][panel_at(h, c % 64)]) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
+  }
+
+  // This thread's heads: 16·warp + g + 8r (r = 0, 1), the rows of its accumulators' fragments.
+  float o[128];  // channels 256·wg + 8k + 2t (+1) at o[4k + 2r (+1)]
+#pragma unroll
+  for (int k = 0; k < 128; ++k) o[k] = 0;
+  keep(o);
+  float m[2] = {kInitialMax, kInitialMax}, l[2] = {0, 0};  // running maximum, this half's denominator
+  const uint32_t q0 = ptx::smem_addr(&sm.q[0][0]), t0 = ptx::smem_addr(&sm.tile[0][0]), p0 = ptx::smem_addr(sm.p);
+
+  for (int i = 0; i < T; ++i) {
+    const int s = i % 2, e0 = i * kTile, n = tile_n(i);
+    // The index of this thread's entry two tiles on: its load runs beside this tile's work.
+    const int32_t next = i + 2 < T ? entry_index(batch, b, e0 + 2 * kTile, tile_n(i + 2), tid / 4) : -1;
+    ptx::cp_async_wait<1>();  // tile i staged (tile i + 1 may still be on its way)
+    __syncthreads();
+
+    // Decode: warp w (of 8) entries w, w + 8, ...; rows past the tile's end and empty slots zero
+    // (they take part in P·V with p = 0).
+    for (int j = tid / 32; j < kTile; j += kWgThreads / 32) {
+      const int32_t idx = j < n ? sm.index[s][j] : -1;
+      const auto at = [&sm, j](int c) { return &sm.tile[c / 64][panel_at(j, c % 64)]; };
+      Raw<D> raw;
+      if (idx < 0) {
+        for (int c = 4 * lane; c < D; c += 128) *reinterpret_cast<uint2*>(at(c)) = make_uint2(0, 0);
+      } else if (e0 + j < batch.W) {
+        load_swa_fp8<D>(sm.staged[s][j], lane, raw);
+        decode_swa_fp8<D>(raw, lane, at);
+      } else {
+        load_kv_fp4<D>(sm.staged[s][j], lane, raw);
+        decode_kv_fp4<D>(raw, lane, at);
+      }
+      if (lane == 0) sm.valid[j] = idx >= 0;
+    }
+    fence_proxy_async();
+    __syncthreads();
+    stage_tile<D>(batch, ring, cache, e0 + 2 * kTile, next, sm, s);  // its buffer is free: tile i is decoded
+
+    // S [64 heads, this half's 32 entries]: entry 32·wg + 8k + 2t (+1) at sc[4k + 2r (+1)].
+    float sc[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) sc[k] = 0;
+    keep(sc);
+    mma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t at = (kk / 4) * kPanelBytes + (kk % 4) * 32;  // panel kk/4, its k16 step
+      mma_ss<32>(sc, kmajor_sw128(q0 + at), kmajor_sw128(t0 + at + wg * 32 * 128));
+    }
+    mma_commit();
+    mma_wait<0>();
+    keep(sc);
+
+    // The softmax step: scores scaled, -infinity where no entry; the tile's maximum per head.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool live = sm.valid[32 * wg + 8 * k + 2 * t + e];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float& v = sc[4 * k + 2 * r + e];
+          v = live ? v * scale : -INFINITY;
+          mx[r] = fmaxf(mx[r], v);
+        }
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
+      if (t == 0) sm.half_max[wg][16 * warp + g + 8 * r] = mx[r];
+    }
+    __syncthreads();
+    float rescale[2], sum[2] = {0, 0};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = 16 * warp + g + 8 * r;
+      const float running = fmaxf(m[r], fmaxf(sm.half_max[0][h], sm.half_max[1][h]));
+      rescale[r] = expf(m[r] - running);
+      m[r] = running;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float x0 = expf(sc[4 * k + 2 * r] - running), x1 = expf(sc[4 * k + 2 * r + 1] - running);
+        sum[r] += x0 + x1;
+        *reinterpret_cast<uint32_t*>(&sm.p[panel_at(h, 32 * wg + 8 * k + 2 * t)]) =
+            bf16_pair(round_bf16(x0), round_bf16(x1));
+      }
+      sum[r] += __shfl_xor_sync(0xFFFFFFFFu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xFFFFFFFFu, sum[r], 2);
+      l[r] = l[r] * rescale[r] + sum[r];
+    }
+    fence_proxy_async();
+    __syncthreads();  // both halves of P written; both read half_max before the next tile rewrites it
+
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+      o[4 * k] *= rescale[0], o[4 * k + 1] *= rescale[0];
+      o[4 * k + 2] *= rescale[1], o[4 * k + 3] *= rescale[1];
+    }
+    mma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk)
+      mma_ss_tb<256>(o, kmajor_sw128(p0 + kk * 32), mnmajor_sw128(t0 + wg * 4 * kPanelBytes + kk * 16 * 128, kPanelBytes));
+    mma_commit();
+    mma_wait<0>();  // the tile, P and valid are rewritten by the next tile
+    keep(o);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    if (t == 0) sm.half_sum[wg][16 * warp + g + 8 * r] = l[r];
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = 16 * warp + g + 8 * r;
+    const float denominator = sm.half_sum[0][h] + sm.half_sum[1][h] + expf(sink[h0 + h] - m[r]);
+    float* row = out + (b * H + h0 + h) * D + 256 * wg + 2 * t;
+#pragma unroll
+    for (int k = 0; k < 32; ++k)
+      *reinterpret_cast<float2*>(row + 8 * k) =
+          make_float2(round_bf16(o[4 * k + 2 * r] / denominator), round_bf16(o[4 * k + 2 * r + 1] / denominator));
+  }
+}
+
 // ---- host ---------------------------------------------------------------------------------------
 
 template <int D, int G>
@@ -684,6 +907,21 @@ void launch_mma(const SparseAttentionBatch& batch, const float* q, const float* 
 }
 
 template <int D>
+void launch_wgmma(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
+                  cudaStream_t stream) {
+  const size_t smem = sizeof(WgSmem<D>) + 1024;  // + the alignment
+  static const bool configured = [smem] {
+    check(cudaFuncSetAttribute(wgmma_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "cuda::sparse_attention");
+    return true;
+  }();
+  (void)configured;
+  wgmma_attention_kernel<D><<<dim3(unsigned(batch.tokens), unsigned(batch.heads / kWgHeads)), kWgThreads, smem,
+                              stream>>>(batch, q, sink, scale, out);
+  check_launch("cuda::sparse_attention");
+}
+
+template <int D>
 void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
                 cudaStream_t stream) {
   const int H = batch.heads;
@@ -706,9 +944,19 @@ void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* 
   // H200: 103 µs against 179 µs split at 8 tokens, 104 against 222 at 16, 106 against 723 for the
   // head groups at 64).
   bool mma = D == 512 && H % kMmaHeads == 0 && batch.tokens * (H / kMmaHeads) >= 16;
+  // The warpgroup kernel once its blocks fill the SMs (one block an SM).
+  bool wgmma = D == 512 && H % kWgHeads == 0 && batch.tokens * (H / kWgHeads) >= int64_t(multiprocessors("cuda::sparse_attention"));
   if (batch.path != SparseAttentionPath::automatic) {
     split = batch.path == SparseAttentionPath::split_tiles;
     mma = batch.path == SparseAttentionPath::tensor_cores;
+    wgmma = batch.path == SparseAttentionPath::warpgroups;
+  }
+  if (wgmma) {
+    if constexpr (D == 512) {
+      if (H % kWgHeads == 0) return launch_wgmma<D>(batch, q, sink, scale, out, stream);
+    }
+    fail("cuda::sparse_attention", "D = 512 and heads a multiple of 64 for the warpgroup path",
+         "D = " + std::to_string(D) + ", " + std::to_string(H) + " heads");
   }
   if (mma) {
     if constexpr (D == 512) {

@@ -9,13 +9,14 @@
 namespace dsv41::cuda {
 
 // Which kernels compute a call. head_groups and split_tiles are bit-identical; tensor_cores differs
-// from them in the order and rounding of fp32 sums only. `automatic` picks by the size of the
+// from them in the order and rounding of fp32 sums only, and warpgroups from tensor_cores. `automatic` picks by the size of the
 // batch and the shape (sparse_attention.cu says how); the op test names each to compare them.
 enum class SparseAttentionPath {
   automatic,
   head_groups,  // one block per (token, group of heads) walks the token's tiles in sequence
   split_tiles,  // three kernels, parallel over the tiles (small batches)
   tensor_cores,  // one block per (token, 32 heads), S and P·V as bf16 mma (many tokens; D = 512)
+  warpgroups,    // one block per (token, 64 heads), wgmma with the decode beside it (prefill; D = 512)
 };
 
 struct SparseAttentionBatch {
