@@ -17,6 +17,8 @@ packages=(
   curl
   chromium  # headless, for the chat page's test (tests/web)
   bible-kjv bible-kjv-text
+  # The training corpus (docs/training-data.md): its sources, and zlib to read them
+  r-cran-janeaustenr jargon-text dict-devil wordnet-base zlib1g-dev
 )
 
 missing=()
