@@ -17,6 +17,7 @@
 #include "model/tokenizer/tokenizer.h"
 #include "model/tokenizer/unicode.h"
 #include "test_util.h"
+#include "tokenizer_oracle.h"
 
 namespace dsv41 {
 namespace {
@@ -25,7 +26,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 const fs::path kData = fs::path(DSV41_TEST_DATA) / "tokenizer";
-const fs::path kOracle = fs::path(DSV41_TEST_DATA).parent_path() / "oracle";
+using test::kOracle;
+using test::oracle_ids;
+using test::read_jsonl;
 
 fs::path build_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
 
@@ -66,33 +69,6 @@ fs::path added_tokens_corpus(const std::string& name, const fs::path& tokenizer_
   o.close();
   fs::rename(tmp, out);
   return out;
-}
-
-std::vector<std::string> read_jsonl(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line).get<std::string>());
-  return lines;
-}
-
-// transformers.js's ids for every line of `corpus`, from one node process.
-std::vector<std::vector<int>> oracle_ids(const std::string& tokenizer, const fs::path& corpus) {
-  if (!fs::exists(kOracle / "node_modules" / "@lenml" / "tokenizers"))
-    throw std::runtime_error("the oracle is not installed: run scripts/setup-oracle.sh");
-  std::string cmd = "node '" + (kOracle / "encode.js").string() + "' '" + tokenizer + "' '" + corpus.string() + "'";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) throw std::runtime_error("cannot run " + cmd);
-  std::vector<std::vector<int>> ids;
-  std::string line;
-  char buffer[1 << 16];
-  while (std::fgets(buffer, sizeof buffer, pipe)) {
-    line += buffer;
-    if (line.empty() || line.back() != '\n') continue;
-    ids.push_back(json::parse(line).get<std::vector<int>>());
-    line.clear();
-  }
-  if (::pclose(pipe) != 0) throw std::runtime_error(cmd + " failed");
-  return ids;
 }
 
 // What decode(encode(x)) gives back.
