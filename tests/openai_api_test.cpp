@@ -18,7 +18,7 @@ namespace {
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-const ApiConfig kConfig{{"dsv41-tiny", "dsv41-alias"}, 1000};
+const ApiConfig kConfig{{"dsv41-tiny", "dsv41-alias"}, 1000, false, /*max_choices=*/8};
 
 json chat_body(const json& extra = json::object()) {
   json b = {{"model", "dsv41-tiny"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
@@ -276,12 +276,20 @@ TEST(OpenAiRequest, CompletionsDefaultTo16TokensAsOpenAiDoes) {
   EXPECT_EQ(completion({{"max_tokens", 100}}).gen.sampling.max_tokens, 100);
 }
 
-TEST(OpenAiRequest, OnlyOneChoice) {
-  EXPECT_EQ(chat({{"n", 1}}).gen.model, "dsv41-tiny");
-  expect_error(chat_error({{"n", 2}}), 400, "n", "unsupported_value",
-               {"expected 1 (dsv41 returns one choice per request)", "found integer 2"});
-  expect_error(completion_error({{"n", 0}}), 400, "n", "unsupported_value", {"found integer 0"});
+// n: 1 by default, up to the server's batch (ApiConfig::max_choices); above it a valid OpenAI
+// value this server does not serve, below 1 an invalid one.
+TEST(OpenAiRequest, Choices) {
+  EXPECT_EQ(chat().gen.n, 1);
+  EXPECT_EQ(chat({{"n", nullptr}}).gen.n, 1);
+  EXPECT_EQ(chat({{"n", 3}}).gen.n, 3);
+  EXPECT_EQ(completion({{"n", 8}}).gen.n, 8);
+  expect_error(chat_error({{"n", 9}}), 400, "n", "unsupported_value",
+               {"expected an integer in [1, 8] (a request's choices run in one batch: serve --max-running)", "found integer 9"});
+  expect_error(completion_error({{"n", 0}}), 400, "n", "invalid_value", {"found integer 0"});
+  expect_error(completion_error({{"n", -2}}), 400, "n", "invalid_value", {"found integer -2"});
   expect_error(chat_error({{"n", "2"}}), 400, "n", "invalid_type", {"found string \"2\""});
+  expect_error(chat_error({{"n", 2.0}}), 400, "n", "invalid_type", {"found number 2.0"});
+  expect_error(chat_error({{"n", 18446744073709551615ull}}), 400, "n", "unsupported_value", {"found integer 18446744073709551615"});
   expect_error(completion_error({{"best_of", 3}}), 400, "best_of", "unsupported_value", {"found integer 3"});
   EXPECT_EQ(completion({{"best_of", 1}}).gen.model, "dsv41-tiny");
 }
@@ -501,7 +509,7 @@ TEST(OpenAiResponse, ChatCompletion) {
   ChatChoice c;
   c.content = "Hello!";
   c.finish_reason = FinishReason::Length;
-  EXPECT_EQ(chat_completion_json(kMeta, c, {12, 3, 8}), json::parse(R"({
+  EXPECT_EQ(chat_completion_json(kMeta, std::span(&c, 1), {12, 3, 8}), json::parse(R"({
     "id": "chatcmpl-abc", "object": "chat.completion", "created": 1700000000, "model": "dsv41-tiny",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"},
                  "logprobs": null, "finish_reason": "length"}],
@@ -514,7 +522,7 @@ TEST(OpenAiResponse, ChatCompletionWithReasoningAndToolCalls) {
   c.reasoning_content = "The user wants the weather.";
   c.tool_calls = {{"call_1", "get_weather", R"({"city":"Paris"})"}};
   c.finish_reason = FinishReason::ToolCalls;
-  const json j = chat_completion_json(kMeta, c, {});
+  const json j = chat_completion_json(kMeta, std::span(&c, 1), {});
   EXPECT_EQ(j["choices"][0]["message"], json::parse(R"({"role": "assistant", "content": null,
       "reasoning_content": "The user wants the weather.",
       "tool_calls": [{"id": "call_1", "type": "function",
@@ -522,7 +530,7 @@ TEST(OpenAiResponse, ChatCompletionWithReasoningAndToolCalls) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
   // Content next to tool calls stays.
   c.content = "Let me check.";
-  EXPECT_EQ(chat_completion_json(kMeta, c, {})["choices"][0]["message"]["content"], "Let me check.");
+  EXPECT_EQ(chat_completion_json(kMeta, std::span(&c, 1), {})["choices"][0]["message"]["content"], "Let me check.");
 }
 
 // A reply that ended inside its reasoning (thinking on, max_tokens too small) says so: its content
@@ -532,14 +540,14 @@ TEST(OpenAiResponse, ReasoningOnlyIsFlagged) {
   ChatChoice c;
   c.reasoning_content = "Let me think about";
   c.finish_reason = FinishReason::Length;
-  json j = chat_completion_json(kMeta, c, {});
+  json j = chat_completion_json(kMeta, std::span(&c, 1), {});
   EXPECT_EQ(j["choices"][0]["message"]["content"], "");
   EXPECT_EQ(j["choices"][0]["reasoning_only"], true);
   c.content = "Yes.";
-  EXPECT_FALSE(chat_completion_json(kMeta, c, {})["choices"][0].contains("reasoning_only"));
+  EXPECT_FALSE(chat_completion_json(kMeta, std::span(&c, 1), {})["choices"][0].contains("reasoning_only"));
   c.content.clear();
   c.tool_calls = {{"call_1", "f", "{}"}};
-  EXPECT_FALSE(chat_completion_json(kMeta, c, {})["choices"][0].contains("reasoning_only"));
+  EXPECT_FALSE(chat_completion_json(kMeta, std::span(&c, 1), {})["choices"][0].contains("reasoning_only"));
   ChatDelta end;
   end.finish_reason = FinishReason::Length;
   EXPECT_FALSE(chat_chunk_json(kMeta, end, false)["choices"][0].contains("reasoning_only"));
@@ -555,7 +563,7 @@ TEST(OpenAiResponse, ChatLogprobs) {
       {"Hi", -0.25, {{"Hi", -0.25}, {"Hello", -1.5}}},
       {"\xe2\x82", -std::numeric_limits<double>::infinity(), {}},
   };
-  const json j = chat_completion_json(kMeta, c, {});
+  const json j = chat_completion_json(kMeta, std::span(&c, 1), {});
   EXPECT_EQ(j["choices"][0]["logprobs"]["content"][0], json::parse(R"(
       {"token": "Hi", "logprob": -0.25, "bytes": [72, 105],
        "top_logprobs": [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105]},
@@ -578,7 +586,7 @@ TEST(OpenAiResponse, TextCompletionWithLogprobs) {
       {"\xc3\xa9", -1.25, {{"\xc3\xa9", -1.25}}},
       {"!", -2.0, {}},
   };
-  EXPECT_EQ(text_completion_json({"cmpl-1", 5, "m"}, c, {4, 3, 0}), json::parse(R"({
+  EXPECT_EQ(text_completion_json({"cmpl-1", 5, "m"}, std::span(&c, 1), {4, 3, 0}), json::parse(R"({
     "id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m",
     "choices": [{"index": 0, "text": " a\u00e9!", "finish_reason": "stop",
                  "logprobs": {"tokens": [" a", "\u00e9", "!"], "token_logprobs": [-0.5, -1.25, -2.0],
@@ -586,6 +594,35 @@ TEST(OpenAiResponse, TextCompletionWithLogprobs) {
                               "text_offset": [0, 2, 3]}}],
     "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
               "prompt_tokens_details": {"cached_tokens": 0}}})"));
+}
+
+// n choices: each in the order given with its index, the usage once for the request.
+TEST(OpenAiResponse, SeveralChoices) {
+  std::vector<ChatChoice> chats(2);
+  chats[0].content = "Yes.";
+  chats[1].index = 1;
+  chats[1].content = "No.";
+  chats[1].finish_reason = FinishReason::Length;
+  EXPECT_EQ(chat_completion_json(kMeta, chats, {5, 4, 0}), json::parse(R"({
+    "id": "chatcmpl-abc", "object": "chat.completion", "created": 1700000000, "model": "dsv41-tiny",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Yes."}, "logprobs": null, "finish_reason": "stop"},
+                {"index": 1, "message": {"role": "assistant", "content": "No."}, "logprobs": null, "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}})"));
+  std::vector<CompletionChoice> texts(3);
+  for (int k = 0; k < 3; ++k) texts[size_t(k)].index = k, texts[size_t(k)].text = std::string(size_t(k), 'x');
+  const json t = text_completion_json({"cmpl-1", 5, "m"}, texts, {2, 3, 0});
+  ASSERT_EQ(t["choices"].size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(t["choices"][k]["index"], k);
+    EXPECT_EQ(t["choices"][k]["text"], std::string(size_t(k), 'x'));
+  }
+  ChatDelta d;
+  d.index = 2;
+  d.content = "Hi";
+  EXPECT_EQ(chat_chunk_json(kMeta, d, false)["choices"][0]["index"], 2);
+  CompletionDelta cd;
+  cd.index = 1;
+  EXPECT_EQ(completion_chunk_json(kMeta, cd, false)["choices"][0]["index"], 1);
 }
 
 TEST(OpenAiStream, ChatChunks) {

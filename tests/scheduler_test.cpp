@@ -300,3 +300,166 @@ TEST_F(SchedulerTest, APromptBeyondTheKvBudgetFailsAlone) {
   EXPECT_NE(error.find("KV budget of " + std::to_string(o.kv_budget_bytes) + " bytes"), std::string::npos) << error;
   EXPECT_EQ(collect(*scheduler.submit(request(slice(0, 10), 3))).finish, FinishKind::Length);
 }
+
+namespace {
+
+// Every choice's outcome of a request of n choices, by index; `prefilled` counts its Prefilled
+// events (one per request).
+struct Choices {
+  std::vector<Outcome> choices;
+  int prefilled = 0;
+};
+
+Choices collect_choices(Generation& g) {
+  Choices c;
+  c.choices.resize(size_t(g.request.n));
+  std::vector<bool> finished(size_t(g.request.n), false);
+  for (int left = g.request.n; left > 0;) {
+    GenerationEvent e = g.next();
+    if (e.kind == GenerationEvent::Kind::Prefilled) c.prefilled += 1, c.choices[0].use = e.use;
+    Outcome& o = c.choices.at(size_t(e.choice));
+    if (e.kind == GenerationEvent::Kind::Token) {
+      EXPECT_FALSE(finished[size_t(e.choice)]) << "a token of choice " << e.choice << " after its Finished";
+      o.tokens.push_back(e.token.token), o.events.push_back(e.token);
+    }
+    if (e.kind == GenerationEvent::Kind::Finished) {
+      EXPECT_FALSE(finished[size_t(e.choice)]) << "choice " << e.choice << " finished twice";
+      finished[size_t(e.choice)] = true;
+      o.finish = e.finish;
+      --left;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+// A fork continues exactly as the session it came from would have, and the two are independent
+// afterwards: its KV is a copy, not a view. Forked before a prompt's last token (as the scheduler
+// forks a request's choices), both give the unforked session's logits, bit for bit, in both
+// modes; then each decodes its own token and gets what an unforked session decoding that token
+// gets.
+TEST_F(SchedulerTest, AForkedSessionContinuesAsTheOriginal) {
+  const std::vector<int> prompt = slice(0, 50);
+  for (Mode mode : {Mode::Default, Mode::Exact}) {
+    SCOPED_TRACE(mode_name(mode));
+    auto run = [](Session& s, int64_t rows) {
+      Session* self = &s;
+      std::vector<float> logits = run_batch(std::span(&self, 1), {s.next_chunk(rows)}).front();
+      s.ran();
+      return logits;
+    };
+    Session reference(executor, &tokenizer, mode);
+    const std::vector<float> at_prompt = reference.prefill(prompt);
+
+    Session a(executor, &tokenizer, mode);
+    a.begin_prompt(prompt, nullptr);
+    while (a.prompt_left() > 1) run(a, std::min<int64_t>(24, a.prompt_left() - 1));
+    std::unique_ptr<Session> b = a.fork();
+    EXPECT_EQ(b->tokens(), a.tokens());
+    EXPECT_EQ(b->prompt_left(), 1);
+    EXPECT_EQ(run(a, 1), at_prompt);
+    EXPECT_EQ(run(*b, 1), at_prompt);
+
+    const int ta = int(std::max_element(at_prompt.begin(), at_prompt.end()) - at_prompt.begin());
+    const int tb = ta == 7 ? 8 : 7;  // another token for the fork
+    Session other(executor, &tokenizer, mode);
+    other.prefill(prompt);
+    const std::vector<float> decoded_b = b->decode(tb);  // the fork first: a shared state would show in `a`
+    EXPECT_EQ(a.decode(ta), reference.decode(ta));
+    EXPECT_EQ(decoded_b, other.decode(tb));
+  }
+}
+
+// n = 3 greedy: the prompt runs once (chunked under the step budget up to its last token, which
+// each choice runs), and the three choices are the tokens the request gets alone, each with its
+// own Finished; one Prefilled for the request.
+TEST_F(SchedulerTest, ChoicesShareThePromptAndGreedyChoicesAgree) {
+  const std::vector<int> prompt = slice(0, 50);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{4, 16, 24, 0});
+  GenerationRequest r = request(prompt, 5);
+  r.n = 3;
+  const Choices c = collect_choices(*scheduler.submit(r));
+  EXPECT_EQ(c.prefilled, 1);
+  const std::vector<int> expected = alone(prompt, 5);
+  for (const Outcome& o : c.choices) {
+    EXPECT_EQ(o.finish, FinishKind::Length);
+    EXPECT_EQ(o.tokens, expected);
+  }
+  const SchedulerStats st = scheduler.stats();
+  EXPECT_EQ(st.prompt_tokens, 50);
+  EXPECT_EQ(st.prefill_tokens, 49 + 3);  // the prompt once, its last token once per choice
+  EXPECT_EQ(st.decode_tokens, 3 * 5);
+}
+
+// Sampled choices: each samples on its own, with the seed choice_seed gives it — choice k's
+// tokens are those of a lone request of that seed — so a seeded request's choices are
+// reproducible, and they differ from one another.
+TEST_F(SchedulerTest, SampledChoicesHaveSeedsOfTheirOwn) {
+  const std::vector<int> prompt = slice(10, 20);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr);
+  auto seeded = [&](uint64_t seed, int n) {
+    GenerationRequest r = request(prompt, 8);
+    r.sampling.temperature = 1;
+    r.sampling.seed = seed;
+    r.n = n;
+    return collect_choices(*scheduler.submit(r));
+  };
+  const Choices three = seeded(42, 3);
+  EXPECT_EQ(choice_seed(42, 0), 42u);
+  for (int k = 0; k < 3; ++k) {
+    const Choices lone = seeded(choice_seed(42, k), 1);
+    EXPECT_EQ(three.choices[size_t(k)].tokens, lone.choices[0].tokens) << "choice " << k;
+  }
+  EXPECT_NE(three.choices[0].tokens, three.choices[1].tokens);
+  EXPECT_NE(three.choices[1].tokens, three.choices[2].tokens);
+  const Choices again = seeded(42, 3);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(again.choices[size_t(k)].tokens, three.choices[size_t(k)].tokens) << "choice " << k;
+  EXPECT_NE(choice_seed(42, 1), choice_seed(43, 1));
+}
+
+// One choice cancelled (its stop string found) ends alone; the others run on. A request's choices
+// take that many batch slots: one of more than max_running is refused, and two that together
+// exceed it run one after the other, each choice still the lone greedy reply.
+TEST_F(SchedulerTest, ChoicesEndAloneAndTakeBatchSlots) {
+  const std::vector<int> prompt = slice(0, 30);
+  const std::vector<int> expected = alone(prompt, 6);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{3, 16, 256, 0});
+  GenerationRequest r = request(prompt, 6);
+  r.n = 4;
+  EXPECT_THROW(scheduler.submit(r), Error);
+  r.n = 2;
+  std::shared_ptr<Generation> first = scheduler.submit(r), second = scheduler.submit(r);
+  first->cancel(1);
+  const Choices one = collect_choices(*first), two = collect_choices(*second);
+  EXPECT_EQ(one.choices[0].finish, FinishKind::Length);
+  EXPECT_EQ(one.choices[0].tokens, expected);
+  EXPECT_EQ(one.choices[1].finish, FinishKind::Cancelled);
+  for (const Outcome& o : two.choices) EXPECT_EQ(o.tokens, expected);
+  EXPECT_EQ(scheduler.stats().cancelled, 1);
+}
+
+// Each choice is kept for its continuation: the next turn of a conversation that took choice 1's
+// reply continues choice 1's sequence on the device.
+TEST_F(SchedulerTest, EachChoiceIsKeptForItsContinuation) {
+  KvCacheOptions options;
+  options.fingerprint = "v41-tiny";
+  options.mode = mode_name(Mode::Default);
+  options.host_budget_bytes = 16 << 20;
+  options.swa.budget_bytes = 16 << 20;
+  KvCache cache(model->config(), options);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, &cache);
+  std::vector<int> conversation = slice(0, 100);
+  GenerationRequest r = request(conversation, 5);
+  r.n = 2;
+  r.sampling.temperature = 1;
+  r.sampling.seed = 5;
+  const Choices c = collect_choices(*scheduler.submit(r));
+  ASSERT_NE(c.choices[0].tokens, c.choices[1].tokens);
+  conversation.insert(conversation.end(), c.choices[1].tokens.begin(), c.choices[1].tokens.end());
+  const std::vector<int> more = slice(150, 20);
+  conversation.insert(conversation.end(), more.begin(), more.end());
+  const Outcome two = collect(*scheduler.submit(request(conversation, 3)));
+  EXPECT_EQ(two.use.device_tokens, 100 + 5 - 1);  // choice 1's sequence: its last reply token was never run
+  EXPECT_EQ(two.use.computed(), 21);
+}

@@ -711,10 +711,11 @@ TEST(Server, AReplyThatEndsInItsReasoningIsFlagged) {
 }
 
 // The official openai npm client (tests/e2e, installed by scripts/setup-e2e.sh) against the
-// server: chat, streaming chat, completions, error cases and the SSE framing byte by byte.
+// server: chat, streaming chat, completions, several choices (n), error cases and the SSE framing
+// byte by byte.
 TEST(Server, OpenAiClientScripts) {
   Running server(ServerOptions{});
-  for (const char* script : {"chat", "stream", "completions", "errors", "sse"}) {
+  for (const char* script : {"chat", "stream", "completions", "choices", "errors", "sse"}) {
     const std::string cmd = std::string("node ") + DSV41_SOURCE_DIR + "/tests/e2e/" + script + ".mjs --base-url http://127.0.0.1:" +
                             std::to_string(server.port()) + " --model v41-tiny > /dev/null";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << script;

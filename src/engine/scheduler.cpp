@@ -20,6 +20,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+uint64_t choice_seed(uint64_t seed, int choice) {
+  if (choice == 0) return seed;
+  // SplitMix64's finalizer over the seed stepped `choice` times by its increment.
+  uint64_t z = seed + uint64_t(choice) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 GenerationEvent Generation::next() {
   std::unique_lock lock(mutex_);
   ready_.wait(lock, [&] { return !events_.empty(); });
@@ -87,6 +96,8 @@ std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
   for (int t : request.prompt)
     if (t < 0 || t >= vocab_) fail("request", "token ids in [0, " + std::to_string(vocab_) + ")", std::to_string(t));
   if (request.max_tokens < 1) fail("request", "max_tokens >= 1", std::to_string(request.max_tokens));
+  if (request.n < 1 || request.n > options_.max_running)
+    fail("request", "n in [1, " + std::to_string(options_.max_running) + "] (the choices run in one batch)", std::to_string(request.n));
   if (int64_t(request.prompt.size()) + request.max_tokens > c.max_seq_len)
     fail("request", "prompt + max_tokens within the context of " + std::to_string(c.max_seq_len) + " tokens",
          std::to_string(request.prompt.size()) + " + " + std::to_string(request.max_tokens));
@@ -130,10 +141,37 @@ void Scheduler::loop() {
     }
   }
   // Shutting down: every waiter hears that its request ended.
-  for (Running& r : running_) r.generation->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
-  for (Running& r : preempted_) r.generation->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
+  for (Running& r : running_) post_finished(r, FinishKind::Cancelled);
+  for (Running& r : preempted_) post_finished(r, FinishKind::Cancelled);
   std::lock_guard lock(mutex_);
-  for (auto& g : queue_) g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
+  for (auto& g : queue_)
+    for (int k = 0; k < g->request.n; ++k) g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}, k});
+}
+
+void Scheduler::post_finished(const Running& r, FinishKind kind, const std::string& error) {
+  r.generation->post({GenerationEvent::Kind::Finished, {}, {}, kind, error, r.choice});
+  if (r.forks)
+    for (int k = 1; k < r.generation->request.n; ++k) r.generation->post({GenerationEvent::Kind::Finished, {}, {}, kind, error, k});
+}
+
+Sampler Scheduler::sampler(const GenerationRequest& request, uint64_t seed) const {
+  SamplingParams params = request.sampling;
+  params.seed = seed;
+  Sampler s(params, vocab_);
+  s.start_reply(request.prompt);
+  if (request.grammar)
+    s.constrain(std::make_shared<grammar::GrammarConstraint>(request.grammar, request.max_tokens, request.grammar_after));
+  return s;
+}
+
+void Scheduler::fork(Running& r) {
+  r.forks = false;
+  const GenerationRequest& req = r.generation->request;
+  for (int k = 1; k < req.n; ++k) {
+    // (Prefilled: the request's one Prefilled event was choice 0's.)
+    running_.push_back(Running{.generation = r.generation, .session = r.session->fork(),
+                               .sampler = sampler(req, choice_seed(r.sampler.params().seed, k)), .choice = k, .prefilled = true});
+  }
 }
 
 std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt) {
@@ -159,11 +197,18 @@ std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt) 
 
 int64_t Scheduler::kv_bytes(int64_t tokens) const { return window_bytes_ + int64_t(std::ceil(global_bytes_per_token_ * double(tokens))); }
 
+int Scheduler::used_slots() const {
+  int used = 0;
+  for (const Running& r : running_) used += slots(r);
+  return used;
+}
+
 int64_t Scheduler::kv_held() const {
   int64_t held = 0;
   for (const Running& r : running_) {
     const Session& s = *r.session;
-    held += kv_bytes(int64_t(s.tokens().size()) + (s.prompt_left() == 0 ? 1 : 0));  // the whole prompt, or one more token
+    // The whole prompt, or one more token; a sequence yet to fork, once per choice.
+    held += slots(r) * kv_bytes(int64_t(s.tokens().size()) + (s.prompt_left() == 0 ? 1 : 0));
   }
   for (const Idle& i : idle_) held += kv_bytes(i.session->length());
   return held;
@@ -172,7 +217,6 @@ int64_t Scheduler::kv_held() const {
 void Scheduler::admit() {
   const int64_t budget = options_.kv_budget_bytes;
   for (;;) {
-    if (int64_t(running_.size()) >= options_.max_running) return;
     // A preempted sequence continues before a new request starts.
     const bool resuming = !preempted_.empty();
     std::shared_ptr<Generation> g;
@@ -183,31 +227,40 @@ void Scheduler::admit() {
       if (queue_.empty()) return;
       g = queue_.front();
     }
+    // The batch slots it takes: a new request's n choices (they fork from its prompt).
+    const int slots = resuming ? Scheduler::slots(preempted_.front()) : g->request.n;
+    if (used_slots() + slots > options_.max_running) return;
     auto pop = [&] {
       if (resuming) return preempted_.pop_front();
       std::lock_guard lock(mutex_);
       queue_.pop_front();
       stats_.queued = int64_t(queue_.size());
     };
-    if (g->cancelled()) {  // gone while it waited: nothing to run
+    // Ends what was at the front: a preempted sequence (and the choices it has yet to fork), or
+    // every choice of a queued request.
+    auto drop = [&](FinishKind kind, const std::string& error) {
+      if (resuming) post_finished(preempted_.front(), kind, error);
+      else
+        for (int k = 0; k < g->request.n; ++k) g->post({GenerationEvent::Kind::Finished, {}, {}, kind, error, k});
       pop();
-      g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Cancelled, {}});
+    };
+    if (resuming ? g->cancelled(preempted_.front().choice) : g->cancelled()) {  // gone while it waited: nothing to run
+      drop(FinishKind::Cancelled, {});
       std::lock_guard lock(mutex_);
       stats_.cancelled += 1;
       continue;
     }
-    // Room for its prompt and a first token: idle sequences make way; else it waits for a
-    // running one to end, unless none runs, when it can never fit.
+    // Room for its prompt and a first token, per choice: idle sequences make way; else it waits
+    // for a running one to end, unless none runs, when it can never fit.
     if (budget > 0) {
       const int64_t tokens = int64_t(resuming ? preempted_.front().resume.size() : g->request.prompt.size());
-      const int64_t need = kv_bytes(tokens + 1);
+      const int64_t need = slots * kv_bytes(tokens + 1);
       while (kv_held() + need > budget && !idle_.empty()) idle_.pop_back();
       if (kv_held() + need > budget) {
         if (!running_.empty()) return;
-        pop();
-        g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Error,
-                 "the KV budget of " + std::to_string(budget) + " bytes holds fewer than the " + std::to_string(tokens + 1) +
-                     " tokens of this prompt and a first token (" + std::to_string(need) + " bytes)"});
+        drop(FinishKind::Error, "the KV budget of " + std::to_string(budget) + " bytes holds fewer than the " +
+                                    std::to_string(slots) + " x " + std::to_string(tokens + 1) +
+                                    " tokens of this prompt and a first token per choice (" + std::to_string(need) + " bytes)");
         std::lock_guard lock(mutex_);
         stats_.failed += 1;
         continue;
@@ -225,24 +278,19 @@ void Scheduler::admit() {
       if (start(r)) running_.push_back(std::move(r));
       continue;
     }
-    pop();
-    SamplingParams sampling = g->request.sampling;
-    if (sampling.temperature > 0 && sampling.seed == 0) sampling.seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
+    uint64_t seed = g->request.sampling.seed;
+    if (g->request.sampling.temperature > 0 && seed == 0) seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
     std::optional<Running> started;
     try {
-      started.emplace(Running{g, session_for(g->request.prompt), Sampler(sampling, vocab_)});
-      started->sampler.start_reply(g->request.prompt);
-      if (g->request.grammar)
-        started->sampler.constrain(
-            std::make_shared<grammar::GrammarConstraint>(g->request.grammar, g->request.max_tokens, g->request.grammar_after));
+      started.emplace(Running{g, session_for(g->request.prompt), sampler(g->request, seed)});
+      started->forks = g->request.n > 1;
     } catch (const std::exception& e) {  // sampling parameters the sampler refuses, or no memory: this request's fault
-      {
-        std::lock_guard lock(mutex_);
-        stats_.failed += 1;
-      }
-      g->post({GenerationEvent::Kind::Finished, {}, {}, FinishKind::Error, e.what()});
+      drop(FinishKind::Error, e.what());
+      std::lock_guard lock(mutex_);
+      stats_.failed += 1;
       continue;
     }
+    pop();
     if (start(*started)) running_.push_back(std::move(*started));
   }
 }
@@ -315,7 +363,7 @@ void Scheduler::make_room() {
 }
 
 void Scheduler::finish(Running& r, FinishKind kind, const std::string& error) {
-  r.generation->post({GenerationEvent::Kind::Finished, {}, {}, kind, error});
+  post_finished(r, kind, error);
   {
     std::lock_guard lock(mutex_);
     if (kind == FinishKind::Cancelled) stats_.cancelled += 1;
@@ -338,7 +386,7 @@ void Scheduler::finish(Running& r, FinishKind kind, const std::string& error) {
 
 void Scheduler::step() {
   for (auto it = running_.begin(); it != running_.end();) {
-    if (it->generation->cancelled()) {
+    if (it->generation->cancelled(it->choice)) {
       finish(*it, FinishKind::Cancelled);
       it = running_.erase(it);
     } else {
@@ -350,6 +398,18 @@ void Scheduler::step() {
     publish();
     return;
   }
+  // A request's choices fork from its sequence at the prompt's last token (appended to running_,
+  // which this loop then passes over too: they fork no further).
+  for (Running& r : running_) {
+    if (!r.forks || r.session->prompt_left() != 1) continue;
+    try {
+      fork(r);
+    } catch (const std::exception& e) {
+      finish(r, FinishKind::Error, e.what());
+      r.generation = nullptr;
+    }
+  }
+  running_.remove_if([](const Running& r) { return r.generation == nullptr; });
 
   // This step's batch: prompt chunks under the token budget, one token for every decoder.
   std::vector<Running*> members, speculating;
@@ -360,7 +420,8 @@ void Scheduler::step() {
     Session& s = *r.session;
     if (s.prompt_left() > 0) {
       if (budget <= 0) continue;
-      batch.push_back(s.next_chunk(budget));
+      // A sequence yet to fork stops before its prompt's last token (each choice runs that one).
+      batch.push_back(s.next_chunk(r.forks && s.prompt_left() > 1 ? std::min(budget, s.prompt_left() - 1) : budget));
       budget -= int64_t(batch.back().tokens.size());
       prefill_rows += int64_t(batch.back().tokens.size());
     } else if (speculates(r)) {
@@ -444,7 +505,7 @@ bool Scheduler::take(Running& r, const TokenChoice& choice) {
   const int token = choice.token;
   const bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), token) != req.stop_ids.end();
   r.sampler.chose(token);
-  if (!stop) r.generation->post({GenerationEvent::Kind::Token, {}, choice, FinishKind::Stop, {}});
+  if (!stop) r.generation->post({GenerationEvent::Kind::Token, {}, choice, FinishKind::Stop, {}, r.choice});
   // The prompt's blocks and tail once its first token is out (a no-op after a decode row).
   const auto t0 = std::chrono::steady_clock::now();
   r.session->store_prompt();

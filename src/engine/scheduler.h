@@ -8,6 +8,10 @@
 // frees the sequence at the next step. The queue of requests not yet running is bounded: submit()
 // refuses when it is full, and the server answers 503.
 //
+// A request may ask for n choices (OpenAI's `n`): its prompt runs once, up to its last token, in
+// one sequence, which then forks (Session::fork: the KV copied) into n; each runs the last token
+// and samples on its own, with its own seed (choice_seed). Each choice's events carry its index.
+//
 // Cache-aware: every prompt is looked up in the KV tiers (Session::begin_prompt). A finished
 // sequence stores its blocks and end-of-output tail in the tiers and stays on the device as an
 // idle session for a while (the SWA TTL by default): a new request whose prompt extends it
@@ -45,33 +49,46 @@ struct GenerationRequest {
   // (thinking's "</think>") when that is not empty. No speculation for such a request.
   std::shared_ptr<grammar::Grammar> grammar;
   std::string grammar_after;
+  // Choices: 1 to the scheduler's max_running (the n sequences run in one batch together).
+  int n = 1;
 };
+
+// The seed of choice `choice` of a request whose sampling seed is `seed`: the seed itself for
+// choice 0 (so that a request's first choice does not depend on n), a SplitMix64 mix of the seed
+// and the index for the others; a seeded request's choices are reproducible.
+uint64_t choice_seed(uint64_t seed, int choice);
 
 
 enum class FinishKind { Stop, Length, Cancelled, Error };
 
+// A request's events: one Prefilled (the prompt is shared by its choices), then for each choice
+// its Tokens and one Finished, the choices' events interleaved.
 struct GenerationEvent {
   enum class Kind { Prefilled, Token, Finished } kind;
   PrefixUse use;       // Prefilled: how the prompt was served
   TokenChoice token;   // Token
   FinishKind finish = FinishKind::Stop;  // Finished
   std::string error;                     // Finished with Error
+  int choice = 0;      // Token, Finished: the choice's index in [0, n)
 };
 
 // One request in flight, shared by the scheduler and the request's owner.
 class Generation {
  public:
-  explicit Generation(GenerationRequest request) : request(std::move(request)) {}
+  explicit Generation(GenerationRequest request)
+      : request(std::move(request)), choice_cancelled_(size_t(std::max(1, this->request.n))) {}
   const GenerationRequest request;
   const std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
 
-  // The next event, waiting for it; Finished is the last.
+  // The next event, waiting for it; the request is over after n Finished (one per choice).
   GenerationEvent next();
   // The same, waiting at most `timeout`: nothing if no event came.
   std::optional<GenerationEvent> next_for(std::chrono::milliseconds timeout);
-  // Asks the scheduler to drop the sequence (it finishes with Cancelled).
+  // Asks the scheduler to drop every choice's sequence (each finishes with Cancelled), or one's.
   void cancel() { cancelled_.store(true); }
+  void cancel(int choice) { choice_cancelled_.at(size_t(choice)).store(true); }
   bool cancelled() const { return cancelled_.load(); }
+  bool cancelled(int choice) const { return cancelled_.load() || choice_cancelled_.at(size_t(choice)).load(); }
 
  private:
   friend class Scheduler;
@@ -80,6 +97,7 @@ class Generation {
   std::condition_variable ready_;
   std::deque<GenerationEvent> events_;
   std::atomic<bool> cancelled_{false};
+  std::vector<std::atomic<bool>> choice_cancelled_;
 };
 
 struct SchedulerOptions {
@@ -139,7 +157,7 @@ class Scheduler {
 
   // Queues a request; null when the queue is full or the scheduler is stopping. Throws
   // dsv41::Error for a request that can never run (no prompt tokens, ids the tokenizer does not
-  // have, max_tokens < 1, beyond the context).
+  // have, max_tokens < 1, beyond the context, n outside [1, max_running]).
   std::shared_ptr<Generation> submit(GenerationRequest request);
   // Finishes every request as Cancelled (running and queued), refuses new ones, and stops the
   // thread. The destructor does it too.
@@ -152,11 +170,13 @@ class Scheduler {
     std::shared_ptr<Generation> generation;
     std::unique_ptr<Session> session;
     Sampler sampler;
+    int choice = 0;      // the request's choice this sequence makes
+    bool forks = false;  // choice 0 of n > 1 until it forks into the others, before its prompt's last token
     int64_t generated = 0;
-    std::optional<int> next_token;  // sampled and emitted, to run at the next step
+    std::optional<int> next_token{};  // sampled and emitted, to run at the next step
     bool prefilled = false;         // its Prefilled event posted
-    std::vector<int> resume;        // a preempted sequence's tokens, to continue from
-    std::optional<int64_t> decoder_floor;  // and its decoder window floor, once it had replied
+    std::vector<int> resume{};      // a preempted sequence's tokens, to continue from
+    std::optional<int64_t> decoder_floor{};  // and its decoder window floor, once it had replied
   };
   void loop();
   void admit();
@@ -171,11 +191,21 @@ class Scheduler {
   bool speculates(const Running& r) const;
   // Ends a sequence: posts Finished and keeps the session idle for a continuation.
   void finish(Running& r, FinishKind kind, const std::string& error = {});
+  // Posts r's Finished, and those of the choices it has yet to fork into.
+  void post_finished(const Running& r, FinishKind kind, const std::string& error = {});
+  // A request's sampler for the choice of seed `seed`: its parameters, its prompt counted for
+  // the penalties, its grammar.
+  Sampler sampler(const GenerationRequest& request, uint64_t seed) const;
+  // Choice 0 at its prompt's last token: the other choices, forked from it, join the batch.
+  void fork(Running& r);
+  // The batch slots a sequence holds: n while it has yet to fork, else 1.
+  static int slots(const Running& r) { return r.forks ? r.generation->request.n : 1; }
   std::unique_ptr<Session> session_for(const std::vector<int>& prompt);
   // Starts r's prompt (or, preempted, its continuation) in its session; false if it failed.
   bool start(Running& r);
   // The KV bytes of a sequence of `tokens` tokens, and of every running and idle one after this step.
   int64_t kv_bytes(int64_t tokens) const;
+  int used_slots() const;
   int64_t kv_held() const;
   // Frees KV room for the next step, under the budget: idle sequences, then preemption.
   void make_room();

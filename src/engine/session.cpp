@@ -283,6 +283,23 @@ Session::Speculation Session::speculate(int anchor, Verifier& verifier, const Dr
   return s;
 }
 
+std::unique_ptr<Session> Session::fork() const {
+  if (handed_ != 0) fail("fork", "a session between calls", std::to_string(handed_) + " rows handed out and not booked by ran()");
+  auto f = std::make_unique<Session>(executor_, hasher_, mode_);
+  f->kv_->assign(kv_->host());
+  f->tokens_ = tokens_;
+  f->history_ = history_;
+  // The prompt's blocks are this session's to store (store_prompt): the fork's own begin after them.
+  f->stored_blocks_ = prompt_cache_ ? int64_t(tokens_.size()) / prompt_cache_->block_tokens() : stored_blocks_;
+  f->decoder_floor_ = decoder_floor_;
+  f->pending_ = pending_;
+  f->pending_.tokens = std::span<const int>(f->tokens_).last(pending_.tokens.size());  // a suffix of tokens_, as here
+  f->cursor_ = cursor_;
+  f->handed_options_ = handed_options_;
+  f->drafting_ = drafting_;
+  return f;
+}
+
 void Session::store_prompt() {
   if (prompt_left() > 0 || !prompt_cache_) return;
   KvCache& cache = *prompt_cache_;

@@ -103,6 +103,15 @@ class Session {
   void ran();
   void store_prompt();
 
+  // A second session at the same point: this one's KV (copied through the host: Sequence::host(),
+  // then assign(), so every executor forks alike), tokens, Engram history and the prompt under way
+  // with its progress, on the same executor (which must outlive it). Between calls only (every
+  // item handed out booked by ran()). A request's n choices share one prompt this way
+  // (engine/scheduler.h): run up to its last token once, forked, then each runs that token and
+  // samples on its own. The prompt's blocks and tail are this session's to store: the fork stores
+  // none of the prompt's (store_prompt is a no-op on it; save() stores its blocks after them).
+  std::unique_ptr<Session> fork() const;
+
   // DSpark speculative decoding (forward/dspark.h) on an executor that has it (the CPU one so far):
   // with drafting on, every call of the session records the target's context features and feeds
   // the drafter once it ran. Turn it on before the first token.

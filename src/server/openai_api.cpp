@@ -234,13 +234,17 @@ void parse_sampling(const ojson& body, RequestSampling& s, const ApiConfig& conf
           integer_in(*v, key, 1, std::numeric_limits<int32_t>::max(), "a positive integer"));
 }
 
-// Parameters whose only supported value is the default: refused when set to anything else, so
-// that a client never gets a silently different result from the one it asked for.
-void refuse_unsupported(const ojson& body) {
-  if (const ojson* v = field(body, "n")) {
-    integer_in(*v, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), "the integer 1");
-    if (v->get<int64_t>() != 1) unsupported("n", "1 (dsv41 returns one choice per request)", *v);
-  }
+// n: the choices, at most as many as one batch runs (they fork from the prompt and run together).
+void parse_n(const ojson& body, const ApiConfig& config, GenerationParams& gen) {
+  const ojson* v = field(body, "n");
+  if (!v) return;
+  const std::string expected = "an integer in [1, " + std::to_string(config.max_choices) +
+                               "] (a request's choices run in one batch: serve --max-running)";
+  if (!v->is_number_integer()) bad_type("n", expected, *v);
+  // (JSON's positive integers read as unsigned; 0 too, and the negative ones as signed.)
+  if (!v->is_number_unsigned() || v->get<uint64_t>() < 1) bad_value("n", expected, *v);
+  if (v->get<uint64_t>() > uint64_t(config.max_choices)) unsupported("n", expected, *v);  // OpenAI's, beyond this server's batch
+  gen.n = int(v->get<uint64_t>());
 }
 
 // response_format: text (nothing to do), json_object, or json_schema {"name", "schema",
@@ -327,7 +331,7 @@ void parse_common(const ojson& body, const ApiConfig& config, GenerationParams& 
   parse_model(body, config, gen);
   parse_stream(body, gen);
   parse_sampling(body, gen.sampling, config);
-  refuse_unsupported(body);
+  parse_n(body, config, gen);
 }
 
 }  // namespace
@@ -494,7 +498,7 @@ CompletionRequest parse_completion_request(std::string_view text, const ApiConfi
   }
   if (const ojson* v = field(body, "best_of")) {
     integer_in(*v, "best_of", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), "the integer 1");
-    if (v->get<int64_t>() != 1) unsupported("best_of", "1 (dsv41 returns one choice per request)", *v);
+    if (v->get<int64_t>() != 1) unsupported("best_of", "1 (dsv41 does not rank extra choices: ask for n choices instead)", *v);
   }
   if (const ojson* v = field(body, "suffix")) {
     if (!v->is_string()) bad_type("suffix", "a string", *v);
@@ -612,32 +616,38 @@ json finish_json(const std::optional<FinishReason>& reason) {
 
 }  // namespace
 
-json chat_completion_json(const ResponseMeta& meta, const ChatChoice& choice, const Usage& usage) {
-  json message = {{"role", "assistant"}};
-  message["content"] = choice.content.empty() && !choice.tool_calls.empty() ? json(nullptr) : json(choice.content);
-  if (!choice.reasoning_content.empty()) message["reasoning_content"] = choice.reasoning_content;
-  if (!choice.tool_calls.empty()) {
-    json calls = json::array();
-    for (const ToolCall& c : choice.tool_calls)
-      calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-    message["tool_calls"] = std::move(calls);
-  }
+json chat_completion_json(const ResponseMeta& meta, std::span<const ChatChoice> choices, const Usage& usage) {
   json out = header(meta, "chat.completion");
-  out["choices"] = json::array({{{"index", 0},
-                                 {"message", std::move(message)},
-                                 {"logprobs", choice.logprobs ? chat_logprobs_json(*choice.logprobs) : json(nullptr)},
-                                 {"finish_reason", to_string(choice.finish_reason)}}});
-  if (choice.reasoning_only()) out["choices"][0]["reasoning_only"] = true;
+  out["choices"] = json::array();
+  for (const ChatChoice& choice : choices) {
+    json message = {{"role", "assistant"}};
+    message["content"] = choice.content.empty() && !choice.tool_calls.empty() ? json(nullptr) : json(choice.content);
+    if (!choice.reasoning_content.empty()) message["reasoning_content"] = choice.reasoning_content;
+    if (!choice.tool_calls.empty()) {
+      json calls = json::array();
+      for (const ToolCall& c : choice.tool_calls)
+        calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      message["tool_calls"] = std::move(calls);
+    }
+    json c = {{"index", choice.index},
+              {"message", std::move(message)},
+              {"logprobs", choice.logprobs ? chat_logprobs_json(*choice.logprobs) : json(nullptr)},
+              {"finish_reason", to_string(choice.finish_reason)}};
+    if (choice.reasoning_only()) c["reasoning_only"] = true;
+    out["choices"].push_back(std::move(c));
+  }
   out["usage"] = usage_json(usage);
   return out;
 }
 
-json text_completion_json(const ResponseMeta& meta, const CompletionChoice& choice, const Usage& usage) {
+json text_completion_json(const ResponseMeta& meta, std::span<const CompletionChoice> choices, const Usage& usage) {
   json out = header(meta, "text_completion");
-  out["choices"] = json::array({{{"index", 0},
-                                 {"text", choice.text},
-                                 {"logprobs", choice.logprobs ? completion_logprobs_json(*choice.logprobs, 0) : json(nullptr)},
-                                 {"finish_reason", to_string(choice.finish_reason)}}});
+  out["choices"] = json::array();
+  for (const CompletionChoice& choice : choices)
+    out["choices"].push_back({{"index", choice.index},
+                              {"text", choice.text},
+                              {"logprobs", choice.logprobs ? completion_logprobs_json(*choice.logprobs, 0) : json(nullptr)},
+                              {"finish_reason", to_string(choice.finish_reason)}});
   out["usage"] = usage_json(usage);
   return out;
 }
@@ -663,7 +673,7 @@ json chat_chunk_json(const ResponseMeta& meta, const ChatDelta& delta, bool incl
     d["tool_calls"] = std::move(calls);
   }
   json out = header(meta, "chat.completion.chunk");
-  out["choices"] = json::array({{{"index", 0},
+  out["choices"] = json::array({{{"index", delta.index},
                                  {"delta", std::move(d)},
                                  {"logprobs", delta.logprobs ? chat_logprobs_json(*delta.logprobs) : json(nullptr)},
                                  {"finish_reason", finish_json(delta.finish_reason)}}});
@@ -675,7 +685,7 @@ json chat_chunk_json(const ResponseMeta& meta, const ChatDelta& delta, bool incl
 json completion_chunk_json(const ResponseMeta& meta, const CompletionDelta& delta, bool include_usage) {
   json out = header(meta, "text_completion");
   out["choices"] = json::array(
-      {{{"index", 0},
+      {{{"index", delta.index},
         {"text", delta.text},
         {"logprobs", delta.logprobs ? completion_logprobs_json(*delta.logprobs, delta.text_offset) : json(nullptr)},
         {"finish_reason", finish_json(delta.finish_reason)}}});

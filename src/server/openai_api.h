@@ -42,6 +42,8 @@ struct ApiConfig {
   // Whether the server passes output_grammar() on to its requests: without, a response_format
   // other than text and a tool_choice that requires a call are refused (400), not ignored.
   bool structured_output = false;
+  // The most choices a request may ask for (`n`): the sequences one batch runs (serve --max-running).
+  int max_choices = 1;
 };
 
 struct RequestSampling {
@@ -68,6 +70,7 @@ struct LogprobsParams {
 // What both endpoints share.
 struct GenerationParams {
   std::string model;
+  int n = 1;  // choices, in [1, ApiConfig::max_choices]
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   RequestSampling sampling;
@@ -166,6 +169,7 @@ struct ToolCall {
 };
 
 struct ChatChoice {
+  int index = 0;                  // of the request's n choices
   std::string content;            // null in the message when empty and tool calls are present
   std::string reasoning_content;  // left out of the message when empty
   std::vector<ToolCall> tool_calls;
@@ -175,19 +179,22 @@ struct ChatChoice {
   // Said in the choice as "reasoning_only": true (dsv41's), the content being empty.
   bool reasoning_only() const { return content.empty() && tool_calls.empty() && !reasoning_content.empty(); }
 };
-nlohmann::json chat_completion_json(const ResponseMeta& meta, const ChatChoice& choice, const Usage& usage);
+// The choices in the order given (the server gives them by index).
+nlohmann::json chat_completion_json(const ResponseMeta& meta, std::span<const ChatChoice> choices, const Usage& usage);
 
 struct CompletionChoice {
+  int index = 0;
   std::string text;
   FinishReason finish_reason = FinishReason::Stop;
   std::optional<std::vector<TokenLogprob>> logprobs;
 };
-nlohmann::json text_completion_json(const ResponseMeta& meta, const CompletionChoice& choice, const Usage& usage);
+nlohmann::json text_completion_json(const ResponseMeta& meta, std::span<const CompletionChoice> choices, const Usage& usage);
 
 // ---- streaming --------------------------------------------------------------------------------
-// A stream sends one chunk with role "assistant" first, then content chunks, then one chunk with
-// the finish reason, then (include_usage) the usage chunk, then sse_done(). With include_usage
-// every chunk but the last carries "usage": null, as OpenAI's do.
+// A stream sends, per choice, one chunk with role "assistant" first, then content chunks, then one
+// chunk with the finish reason (the choices' chunks interleaved, each with its index); then
+// (include_usage) the usage chunk, then sse_done(). With include_usage every chunk but the last
+// carries "usage": null, as OpenAI's do.
 
 struct ToolCallDelta {
   int index = 0;
@@ -196,6 +203,7 @@ struct ToolCallDelta {
 };
 
 struct ChatDelta {
+  int index = 0;      // the choice's
   bool role = false;  // "role": "assistant"
   std::optional<std::string> content, reasoning_content;
   std::vector<ToolCallDelta> tool_calls;
@@ -206,6 +214,7 @@ struct ChatDelta {
 nlohmann::json chat_chunk_json(const ResponseMeta& meta, const ChatDelta& delta, bool include_usage);
 
 struct CompletionDelta {
+  int index = 0;  // the choice's
   std::string text;
   std::optional<FinishReason> finish_reason;
   std::optional<std::vector<TokenLogprob>> logprobs;

@@ -279,6 +279,7 @@ void Server::State::load() {
   api.vocab_size = sampling_vocab(model->config(), &*tokenizer);
   grammars = std::make_unique<grammar::GrammarCache>(grammar::Vocabulary::from_tokenizer(*tokenizer, api.vocab_size, stop_ids));
   api.structured_output = true;
+  api.max_choices = scheduler_options.max_running;
   ready = true;
 }
 
@@ -331,6 +332,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   if (!s.ignore_eos) request.stop_ids = stop_ids;
   request.top_logprobs = gen.logprobs.enabled ? gen.logprobs.top : -1;
   request.speculative = s.speculative;
+  request.n = gen.n;
 
   std::shared_ptr<Generation> generation;
   parse->inc(seconds_since(arrived));
@@ -371,19 +373,30 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   // connection's thread, into a string: a client that goes away meanwhile is noticed on its
   // socket (client_gone), and the status goes out with the reply, 500 if the engine failed.
   const ResponseMeta meta = new_response_meta(chat ? "chatcmpl" : "cmpl", gen.model);
-  auto reply = std::make_shared<ReplyStream>(*tokenizer, gen.sampling.stop, chat, thinking, request.top_logprobs);
+  // Each choice's reply: its text, cut at its own stop string, and what the response says of it.
+  struct Choice {
+    ReplyStream reply;
+    ChatChoice chat;
+    CompletionChoice completion;
+    std::vector<TokenLogprob> logprobs;
+    int64_t text_offset = 0;
+    bool answered = false, reasoned = false;  // what the reply has said: for ChatDelta::reasoning_only
+  };
+  auto choices = std::make_shared<std::vector<Choice>>();
+  choices->reserve(size_t(gen.n));
+  for (int k = 0; k < gen.n; ++k) {
+    choices->push_back(Choice{ReplyStream(*tokenizer, gen.sampling.stop, chat, thinking, request.top_logprobs), {}, {}, {}});
+    choices->back().chat.index = choices->back().completion.index = k;
+  }
   const int64_t prompt_tokens = int64_t(request.prompt.size());
   access.prompt_tokens = prompt_tokens;
   const bool include_usage = gen.include_usage;
   const int connection = stream ? -1 : connection_socket(req);
   auto failure = std::make_shared<std::optional<ApiError>>();  // a plain response's engine failure
-  auto provider = [this, generation, reply, meta, chat, stream, include_usage, prompt_tokens, arrived, connection, echo,
+  auto provider = [this, generation, choices, meta, chat, stream, include_usage, prompt_tokens, arrived, connection, echo,
                    failure, taken = std::move(taken)](size_t, httplib::DataSink& sink) mutable {
     Usage usage{prompt_tokens, 0, 0};
-    ChatChoice chat_choice;
-    CompletionChoice completion_choice;
-    std::vector<TokenLogprob> logprobs;
-    int64_t text_offset = 0;
+    int finished = 0;
     bool first_token = true, gone = false;
     auto last_write = Steady::now();
     auto write = [&](const std::string& text) {
@@ -394,43 +407,47 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       last_write = Steady::now();
       return !gone;
     };
-    bool answered = false, reasoned = false;  // what the reply has said: for ChatDelta::reasoning_only
-    auto emit = [&](ReplyStream::Delta d) {
+    auto emit = [&](Choice& c, ReplyStream::Delta d) {
       if (d.empty()) return;
-      answered = answered || !d.text.empty() || !d.tool_calls.empty();
-      reasoned = reasoned || !d.reasoning.empty();
+      c.answered = c.answered || !d.text.empty() || !d.tool_calls.empty();
+      c.reasoned = c.reasoned || !d.reasoning.empty();
       if (!stream) {
-        chat_choice.content += d.text;
-        chat_choice.reasoning_content += d.reasoning;
-        completion_choice.text += d.text;
-        chat_choice.tool_calls.insert(chat_choice.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
-        logprobs.insert(logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+        c.chat.content += d.text;
+        c.chat.reasoning_content += d.reasoning;
+        c.completion.text += d.text;
+        c.chat.tool_calls.insert(c.chat.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+        c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
         return;
       }
       std::optional<std::vector<TokenLogprob>> lp;
       if (!d.logprobs.empty()) lp = d.logprobs;
       if (chat) {
         ChatDelta cd;
+        cd.index = c.chat.index;
         if (!d.text.empty()) cd.content = d.text;
         if (!d.reasoning.empty()) cd.reasoning_content = d.reasoning;
         for (size_t i = 0; i < d.tool_calls.size(); ++i)
-          cd.tool_calls.push_back({int(chat_choice.tool_calls.size() + i), d.tool_calls[i].id, d.tool_calls[i].name, d.tool_calls[i].arguments});
-        chat_choice.tool_calls.insert(chat_choice.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+          cd.tool_calls.push_back({int(c.chat.tool_calls.size() + i), d.tool_calls[i].id, d.tool_calls[i].name, d.tool_calls[i].arguments});
+        c.chat.tool_calls.insert(c.chat.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
         cd.logprobs = lp;
         write(sse_event(chat_chunk_json(meta, cd, include_usage)));
       } else {
-        CompletionDelta cd{d.text, std::nullopt, lp, text_offset};
-        text_offset += int64_t(std::count_if(d.text.begin(), d.text.end(), [](char c) { return (uint8_t(c) & 0xC0) != 0x80; }));
+        CompletionDelta cd{c.completion.index, d.text, std::nullopt, lp, c.text_offset};
+        c.text_offset += int64_t(std::count_if(d.text.begin(), d.text.end(), [](char b) { return (uint8_t(b) & 0xC0) != 0x80; }));
         write(sse_event(completion_chunk_json(meta, cd, include_usage)));
       }
     };
-    if (!echo.empty()) emit(ReplyStream::Delta{std::exchange(echo, {}), {}, {}, {}});  // the prompt first, once
-    if (stream && chat) {
-      ChatDelta role;
-      role.role = true;
-      role.content = "";
-      write(sse_event(chat_chunk_json(meta, role, include_usage)));
+    for (Choice& c : *choices) {
+      if (!echo.empty()) emit(c, ReplyStream::Delta{echo, {}, {}, {}});  // the prompt first, once
+      if (stream && chat) {
+        ChatDelta role;
+        role.index = c.chat.index;
+        role.role = true;
+        role.content = "";
+        write(sse_event(chat_chunk_json(meta, role, include_usage)));
+      }
     }
+    echo.clear();
     for (size_t next_taken = 0;;) {
       std::optional<GenerationEvent> e;
       if (next_taken < taken.size()) e = std::move(taken[next_taken++]);
@@ -443,51 +460,66 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       if (e->kind == GenerationEvent::Kind::Prefilled) {
         usage.cached_tokens = e->use.cached();
         access.cached_tokens = usage.cached_tokens;
-      } else if (e->kind == GenerationEvent::Kind::Token) {
-        if (reply->stopped()) continue;  // generated after the stop string, before the cancel took
+        continue;
+      }
+      Choice& c = choices->at(size_t(e->choice));
+      if (e->kind == GenerationEvent::Kind::Token) {
+        if (c.reply.stopped()) continue;  // generated after the stop string, before the cancel took
         if (first_token) ttft->observe(access.ttft_s = seconds_since(arrived)), first_token = false;
         usage.completion_tokens += 1;
         access.output_tokens = usage.completion_tokens;
-        emit(reply->push(e->token));
-        if (reply->stopped()) generation->cancel();
-      } else {
+        emit(c, c.reply.push(e->token));
+        if (c.reply.stopped()) generation->cancel(e->choice);
+        continue;
+      }
+      if (gone) {  // every choice's Finished is awaited: the sequences are freed before the handler returns
+        if (++finished < int(choices->size())) continue;
         duration->observe(seconds_since(arrived));
-        if (gone) return false;
-        if (e->finish == FinishKind::Error) {
-          const ApiError err(500, "the engine failed: " + e->error, "", "", "server_error");
-          if (!stream) {  // the handler sends it, with its status
-            *failure = err;
-            return true;
-          }
-          write(sse_event(err.body()) + sse_done());
-          sink.done();
+        return false;
+      }
+      if (e->finish == FinishKind::Error) {
+        duration->observe(seconds_since(arrived));
+        generation->cancel();  // the other choices: the request has failed
+        const ApiError err(500, "the engine failed: " + e->error, "", "", "server_error");
+        if (!stream) {  // the handler sends it, with its status
+          *failure = err;
           return true;
         }
-        emit(reply->finish());
-        const FinishReason why = finish_reason(e->finish, *reply);
-        if (stream) {
-          if (chat) {
-            ChatDelta end;
-            end.finish_reason = why;
-            end.reasoning_only = reasoned && !answered;
-            write(sse_event(chat_chunk_json(meta, end, include_usage)));
-          } else {
-            write(sse_event(completion_chunk_json(meta, CompletionDelta{"", why, std::nullopt, text_offset}, include_usage)));
-          }
-          if (include_usage) write(sse_event(chat ? chat_usage_chunk_json(meta, usage) : completion_usage_chunk_json(meta, usage)));
-          write(sse_done());
-        } else if (chat) {
-          chat_choice.finish_reason = why;
-          if (generation->request.top_logprobs >= 0) chat_choice.logprobs = logprobs;
-          write(json_text(chat_completion_json(meta, chat_choice, usage)));
-        } else {
-          completion_choice.finish_reason = why;
-          if (generation->request.top_logprobs >= 0) completion_choice.logprobs = logprobs;
-          write(json_text(text_completion_json(meta, completion_choice, usage)));
-        }
-        if (!gone) sink.done();
-        return !gone;
+        write(sse_event(err.body()) + sse_done());
+        sink.done();
+        return true;
       }
+      emit(c, c.reply.finish());
+      const FinishReason why = finish_reason(e->finish, c.reply);
+      c.chat.finish_reason = c.completion.finish_reason = why;
+      if (generation->request.top_logprobs >= 0) c.chat.logprobs = c.completion.logprobs = c.logprobs;
+      if (stream) {
+        if (chat) {
+          ChatDelta end;
+          end.index = c.chat.index;
+          end.finish_reason = why;
+          end.reasoning_only = c.reasoned && !c.answered;
+          write(sse_event(chat_chunk_json(meta, end, include_usage)));
+        } else {
+          write(sse_event(completion_chunk_json(meta, CompletionDelta{c.completion.index, "", why, std::nullopt, c.text_offset}, include_usage)));
+        }
+      }
+      if (++finished < int(choices->size())) continue;
+      duration->observe(seconds_since(arrived));
+      if (stream) {
+        if (include_usage) write(sse_event(chat ? chat_usage_chunk_json(meta, usage) : completion_usage_chunk_json(meta, usage)));
+        write(sse_done());
+      } else if (chat) {
+        std::vector<ChatChoice> all;
+        for (const Choice& x : *choices) all.push_back(x.chat);
+        write(json_text(chat_completion_json(meta, all, usage)));
+      } else {
+        std::vector<CompletionChoice> all;
+        for (const Choice& x : *choices) all.push_back(x.completion);
+        write(json_text(text_completion_json(meta, all, usage)));
+      }
+      if (!gone) sink.done();
+      return !gone;
     }
   };
   res.set_header("Cache-Control", "no-cache");

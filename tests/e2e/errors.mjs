@@ -31,8 +31,8 @@ async function refused(where, status, param, request) {
 
 run(script, async () => {
   const cases = {};
-  cases.n2 = await refused('n = 2', 400, 'n', () =>
-    openai.chat.completions.create({ model: args.model, messages, n: 2, max_tokens: 4 }));
+  cases.n0 = await refused('n = 0', 400, 'n', () =>
+    openai.chat.completions.create({ model: args.model, messages, n: 0, max_tokens: 4 }));
   cases.unknown_model = await refused('unknown model', 404, 'model', () =>
     openai.chat.completions.create({ model: `${args.model}-no-such-model`, messages, max_tokens: 4 }));
   cases.temperature = await refused('temperature 5', 400, 'temperature', () =>

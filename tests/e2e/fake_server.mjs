@@ -5,7 +5,7 @@
 // Prints "listening http://127.0.0.1:PORT" once it accepts connections.
 import http from 'node:http';
 
-const faults = ['missing-usage', 'accept-n', 'no-done', 'wrong-total', 'flaky', 'usage-not-null'];
+const faults = ['missing-usage', 'accept-n', 'no-done', 'wrong-total', 'flaky', 'usage-not-null', 'one-choice'];
 const opts = { port: '0', model: 'fake-model', fault: '' };
 for (let i = 2; i < process.argv.length; i += 2) {
   const key = process.argv[i].replace(/^--/, '');
@@ -59,7 +59,8 @@ function completionLogprobs(ts, offset) {
 
 async function complete(req, res, body, chat) {
   if (body.model !== opts.model) return error(res, 404, `model: expected "${opts.model}", found "${body.model}"`, 'model', 'model_not_found');
-  if (body.n != null && body.n !== 1 && opts.fault !== 'accept-n') return error(res, 400, `n: expected 1, found ${body.n}`, 'n', 'unsupported_value');
+  const n = body.n ?? 1;
+  if (!(Number.isInteger(n) && n >= 1) && opts.fault !== 'accept-n') return error(res, 400, `n: expected an integer >= 1, found ${n}`, 'n', 'invalid_value');
   if (body.temperature != null && !(body.temperature >= 0 && body.temperature <= 2))
     return error(res, 400, `temperature: expected a number in [0, 2], found ${body.temperature}`, 'temperature', 'invalid_value');
   let promptTokens;
@@ -75,18 +76,22 @@ async function complete(req, res, body, chat) {
   }
   const top = chat ? (body.logprobs ? body.top_logprobs ?? 0 : 0) : body.logprobs ?? 0;
   const wantLogprobs = chat ? body.logprobs === true : body.logprobs != null;
-  const { tokens, finish } = generate(promptTokens, body.max_tokens ?? (chat ? 1000 : 16), top);
-  const usage = usageOf(promptTokens, tokens.length);
+  // Each choice: greedy ones alike, sampled ones (temperature > 0) apart.
+  const outs = Array.from({ length: opts.fault === 'one-choice' ? 1 : Math.max(1, n) }, (_, k) =>
+    generate(promptTokens + (body.temperature === 0 ? 0 : k), body.max_tokens ?? (chat ? 1000 : 16), top));
+  const usage = usageOf(promptTokens, outs.reduce((a, o) => a + o.tokens.length, 0));
   const head = { id: `${chat ? 'chatcmpl' : 'cmpl'}-fake${served}`, created: Math.floor(Date.now() / 1000), model: opts.model };
   const object = chat ? 'chat.completion.chunk' : 'text_completion';
 
   if (!body.stream) {
-    const text = tokens.map((t) => t.token).join('');
-    const choice = chat
-      ? { index: 0, message: { role: 'assistant', content: text }, logprobs: wantLogprobs ? chatLogprobs(tokens) : null, finish_reason: finish }
-      : { index: 0, text, logprobs: wantLogprobs ? completionLogprobs(tokens, 0) : null, finish_reason: finish };
+    const choices = outs.map(({ tokens, finish }, index) => {
+      const text = tokens.map((t) => t.token).join('');
+      return chat
+        ? { index, message: { role: 'assistant', content: text }, logprobs: wantLogprobs ? chatLogprobs(tokens) : null, finish_reason: finish }
+        : { index, text, logprobs: wantLogprobs ? completionLogprobs(tokens, 0) : null, finish_reason: finish };
+    });
     res.writeHead(200, { 'content-type': 'application/json' });
-    return res.end(JSON.stringify({ ...head, object: chat ? 'chat.completion' : 'text_completion', choices: [choice], usage }));
+    return res.end(JSON.stringify({ ...head, object: chat ? 'chat.completion' : 'text_completion', choices, usage }));
   }
 
   const includeUsage = body.stream_options?.include_usage === true;
@@ -96,16 +101,23 @@ async function complete(req, res, body, chat) {
     if (includeUsage && opts.fault !== 'usage-not-null') chunk.usage = null;
     res.write(`data: ${JSON.stringify(chunk)}\n\n`);
   };
-  if (chat) send({ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null });
-  let offset = 0;
-  for (const t of tokens) {
+  if (chat) outs.forEach((_, index) => send({ index, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }));
+  const offsets = outs.map(() => 0);
+  for (let i = 0; outs.some((o) => i <= o.tokens.length); ++i) {  // the choices' chunks interleaved
     await new Promise((r) => setTimeout(r, 2));
-    if (chat) send({ index: 0, delta: { content: t.token }, logprobs: wantLogprobs ? chatLogprobs([t]) : null, finish_reason: null });
-    else send({ index: 0, text: t.token, logprobs: wantLogprobs ? completionLogprobs([t], offset) : null, finish_reason: null });
-    offset += [...t.token].length;
+    outs.forEach(({ tokens, finish }, index) => {
+      if (i > tokens.length) return;
+      if (i === tokens.length) {
+        if (chat) send({ index, delta: {}, logprobs: null, finish_reason: finish });
+        else send({ index, text: '', logprobs: null, finish_reason: finish });
+        return;
+      }
+      const t = tokens[i];
+      if (chat) send({ index, delta: { content: t.token }, logprobs: wantLogprobs ? chatLogprobs([t]) : null, finish_reason: null });
+      else send({ index, text: t.token, logprobs: wantLogprobs ? completionLogprobs([t], offsets[index]) : null, finish_reason: null });
+      offsets[index] += [...t.token].length;
+    });
   }
-  if (chat) send({ index: 0, delta: {}, logprobs: null, finish_reason: finish });
-  else send({ index: 0, text: '', logprobs: null, finish_reason: finish });
   if (includeUsage && opts.fault !== 'missing-usage') res.write(`data: ${JSON.stringify({ ...head, object, choices: [], usage })}\n\n`);
   if (opts.fault !== 'no-done') res.write('data: [DONE]\n\n');
   res.end();

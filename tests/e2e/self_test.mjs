@@ -36,13 +36,14 @@ function runScript(name, url, extra = []) {
 }
 
 const small = ['--clients', '8', '--requests', '10'];
-const scripts = [['chat.mjs'], ['stream.mjs'], ['completions.mjs'], ['errors.mjs'], ['sse.mjs'], ['load.mjs', small]];
+const scripts = [['chat.mjs'], ['stream.mjs'], ['completions.mjs'], ['choices.mjs'], ['errors.mjs'], ['sse.mjs'], ['load.mjs', small]];
 // fault -> the script that must catch it, and what its failure message must say.
 const faults = [
   ['wrong-total', 'chat.mjs', 'usage.total_tokens = prompt_tokens + completion_tokens'],
   ['missing-usage', 'stream.mjs', 'usage chunk'],
   ['usage-not-null', 'stream.mjs', '"usage": null before the usage chunk'],
-  ['accept-n', 'errors.mjs', 'n = 2: expected HTTP 400'],
+  ['accept-n', 'errors.mjs', 'n = 0: expected HTTP 400'],
+  ['one-choice', 'choices.mjs', 'expected 3 choices'],
   ['no-done', 'sse.mjs', 'data: [DONE]'],
   ['flaky', 'load.mjs', 'requests failed', small],
 ];
