@@ -119,44 +119,6 @@ struct Cta {
 
 // ---- widening the weights ----
 
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// A ue8m0 scale as two bf16, exactly (every power of two of ue8m0 is a bf16).
-__device__ __forceinline__ uint32_t pow2_bf16x2(uint32_t e) {
-  const uint32_t h = bf16_from_float(e8m0_to_float(uint8_t(e)));
-  return h | h << 16;
-}
-
-// Values 4h..4h+3 of 8 e2m1 codes (nibble i = value i) as bf16: lo = values 4h, 4h+1, hi = 4h+2,
-// 4h+3 (the lower value in the lower half). The magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 are bf16
-// 0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0: one table of low bytes, one of
-// high bytes, indexed by __byte_perm; the sign of value i (bit 3 of its nibble) is the top bit of
-// byte i/2 of w (odd i) or of w << 4 (even i), moved to bit 15 of its half by a third one.
-template <int H>
-__device__ __forceinline__ void e2m1x4_to_bf16(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  constexpr uint32_t kLow0 = 0xC0800000u, kLow1 = 0xC0804000u, kHigh0 = 0x3F3F3F00u, kHigh1 = 0x40404040u;
-  const uint32_t mag = (H == 0 ? w : w >> 16) & 0x7777u;
-  const uint32_t low = __byte_perm(kLow0, kLow1, mag), high = __byte_perm(kHigh0, kHigh1, mag);
-  const uint32_t up = w << 4;
-  constexpr uint32_t b0 = 2 * H, b1 = 2 * H + 1;  // the bytes holding values 4h, 4h+1 and 4h+2, 4h+3
-  lo = __byte_perm(low, high, 0x5140u) | (__byte_perm(w, up, b0 << 12 | (4 + b0) << 4) & 0x80008000u);
-  hi = __byte_perm(low, high, 0x7362u) | (__byte_perm(w, up, b1 << 12 | (4 + b1) << 4) & 0x80008000u);
-}
-
-// Two e4m3 codes (the low byte first) as two bf16, exactly (e4m3 → f16 → f32 → bf16).
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16(uint32_t codes) {
-  uint32_t halves;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(uint16_t(codes)));
-  const float2 v = half2_bits_to_float2(halves);
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(v.y), "f"(v.x));
-  return d;
-}
-
 // A thread's weights of one k-tile: rows g and g+8 of each of its MSub sub-tiles, 32-block t.
 template <bool kFp4, int MSub>
 struct Rows {

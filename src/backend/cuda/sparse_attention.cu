@@ -99,17 +99,17 @@ __device__ __forceinline__ void load_swa_fp8(const uint8_t* entry, int lane, Raw
 // chunk column fall into distinct banks. A lane's 4 or 8 channels stay within one chunk.
 __device__ __forceinline__ int channel_at(int c, int x) { return (((c >> 3) ^ x) << 3) | (c & 7); }
 
-// The decoders write a lane's channels c .. c + 3 (or + 7) to at(c): consecutive there.
+// The decoders write a lane's channels c .. c + 3 (or + 7) to at(c): consecutive there. Each
+// value is the code's times its block's scale, exact in bf16 (dequant.cuh: straight to bf16).
 template <int D, class At>
 __device__ __forceinline__ void decode_swa_fp8(const Raw<D>& raw, int lane, At at) {
 #pragma unroll
   for (int i = 0; i < kSwaSteps<D>; ++i) {
     const int c = 4 * lane + 128 * i;
     if (c >= D) break;
-    const float scale = e8m0_to_float(uint8_t(raw.scale[i])) * kE4m3Unscale;
-    float v[4];
-    e4m3x4(raw.word[i], v);
-    *reinterpret_cast<uint2*>(at(c)) = make_uint2(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale));
+    const uint32_t scale = pow2_bf16x2(raw.scale[i]);
+    *reinterpret_cast<uint2*>(at(c)) = make_uint2(mul_bf16x2(e4m3x2_to_bf16(raw.word[i]), scale),
+                                                  mul_bf16x2(e4m3x2_to_bf16(raw.word[i] >> 16), scale));
   }
 }
 
@@ -131,11 +131,12 @@ __device__ __forceinline__ void decode_kv_fp4(const Raw<D>& raw, int lane, At at
   for (int i = 0; i < kKvSteps<D>; ++i) {
     const int c = 8 * lane + 256 * i;
     if (c >= D) break;
-    const float scale = e4m3_to_float(uint8_t(raw.scale[i])) * kE2m1Unscale;
-    float v[8];
-    e2m1x8(raw.word[i], v);
-    *reinterpret_cast<uint4*>(at(c)) = make_uint4(bf16_pair(v[0] * scale, v[1] * scale), bf16_pair(v[2] * scale, v[3] * scale),
-                                                    bf16_pair(v[4] * scale, v[5] * scale), bf16_pair(v[6] * scale, v[7] * scale));
+    const uint32_t h = bf16_from_float(e4m3_to_float(uint8_t(raw.scale[i]))), scale = h | h << 16;
+    uint32_t v0, v1, v2, v3;
+    e2m1x4_to_bf16<0>(raw.word[i], v0, v1);
+    e2m1x4_to_bf16<1>(raw.word[i], v2, v3);
+    *reinterpret_cast<uint4*>(at(c)) =
+        make_uint4(mul_bf16x2(v0, scale), mul_bf16x2(v1, scale), mul_bf16x2(v2, scale), mul_bf16x2(v3, scale));
   }
 }
 
