@@ -447,7 +447,9 @@ class TinyModel {
 };
 
 const std::vector<int64_t> kTokens = {3, 7, 1, 7, 10, 0, 5};
-const std::vector<int64_t> kEngramIds = {0, 4, 2, 6, 5, 1, 0, 4, 3, 3, 6, 2, 1, 5};  // [tokens, 2]
+// [tokens, 2]. Chosen so that no Engram gate's dot lies near the signed root's floor, where its
+// third derivative (~|dot|^-5/2) would make the central differences' truncation error large.
+const std::vector<int64_t> kEngramIds = {4, 2, 6, 2, 4, 3, 5, 5, 3, 6, 0, 5, 5, 3};
 
 // Parameters the language-model loss does not reach: the indexer's (detached, selection only) and
 // the gate's bias (selection only).
@@ -457,7 +459,7 @@ TEST(GradTinyModel, EveryParameterTensorMatchesCentralDifferences) {
   TinyModel<double> m(make_params(), kTokens, kEngramIds);
   m.forward();
   const std::vector<int64_t> chosen = m.choices();
-  ASSERT_GT(m.engram_min_dot(), 1e-3) << "an Engram gate near the signed root's floor";
+  ASSERT_GT(m.engram_min_dot(), 0.1) << "an Engram gate near the signed root's floor";
   ASSERT_LT(m.expert_max_preactivation(), kLimit - 1) << "an expert near its clamp";
   // Layer 1 attends to compressed entries: some rows chose one.
   ASSERT_TRUE(std::any_of(chosen.begin(), chosen.begin() + int64_t(kTokens.size()), [](int64_t t) { return t >= 0; }));
