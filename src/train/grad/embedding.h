@@ -3,10 +3,8 @@
 // embedding and the Engram n-gram rows. The backward adds each output row's gradient into the row
 // it came from, so a row gathered twice gets both.
 //
-// Conventions of every op in src/train/grad (docs/training.md, "How the backward is organised"):
-// templated on the scalar T; a forward computes its outputs and, where the backward needs more than
-// the inputs, fills a Saved struct; a backward ADDS into the gradients it is given (zeroed by the
-// caller), so that a tensor read by several ops collects every contribution.
+// As every op of src/train/grad (docs/training.md, "How the backward is organised"): templated on
+// the scalar T, and the backward ADDS into the gradients it is given (zeroed by the caller).
 #include <algorithm>
 #include <cstdint>
 #include <string>
