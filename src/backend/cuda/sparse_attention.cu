@@ -27,6 +27,10 @@
 // its sums and its P·V, and writes them; a third runs the online softmax's rescaling recurrence
 // over the tiles' sums in tile order, which is all that is sequential in it.
 //
+// Calls of many tokens take the tensor cores: one block per (token, 32 heads) with mma.sync
+// [mma_attention_kernel], or, from a block per SM, one per (token, 64 heads) with wgmma
+// [wgmma_attention_kernel]; both below, with the softmax steps above.
+//
 // Traffic per token: (W·528 + K·288) bytes for dim 512 from memory (once; the other blocks that
 // decode the tile re-read it from L2), 2·H·dim·4 for q and out. V4.1 decode: 128·528 + 512·288 =
 // 215 KB. Work per token: 2·H·(W + K)·dim multiply-adds (42 M for V4.1), plus the decode of each
