@@ -13,11 +13,24 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
+
 namespace dsv41::test {
 
 // Payloads made by global_block(), as restore_sequence takes them.
 inline std::vector<std::span<const uint8_t>> payloads(const std::vector<std::vector<uint8_t>>& blocks) {
   return {blocks.begin(), blocks.end()};
+}
+
+// The message of the dsv41::Error that `f` throws, or "" when it throws none.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 inline std::string read_text(const std::filesystem::path& path) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "test_util.h"
 #include "train/data/corpus.h"
 #include "train/data/dedup.h"
 #include "train/data/inflate.h"
@@ -23,16 +24,7 @@ namespace {
 
 using namespace std::string_literals;
 
-// The message of the dsv41::Error that `f` throws ("" when it throws none).
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 // ---------------------------------------------------------------- cleaning
 

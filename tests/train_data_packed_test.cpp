@@ -18,15 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::string_literals;
 
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 std::string write(const fs::path& path, uint32_t vocab, const std::vector<std::vector<int>>& docs) {
   PackedTokenWriter w(path.string(), vocab, 1);
