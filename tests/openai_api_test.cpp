@@ -461,8 +461,9 @@ TEST(OpenAiRequest, CompletionOnlyFeatures) {
   EXPECT_EQ(completion({{"echo", false}, {"suffix", ""}}).gen.model, "dsv41-tiny");
   EXPECT_TRUE(completion({{"echo", true}}).echo);
   EXPECT_FALSE(completion({{"echo", false}}).echo);
-  expect_error(completion_error({{"echo", true}, {"logprobs", 2}}), 400, "echo", "unsupported_value",
-               {"expected false with logprobs", "found boolean true"});
+  const CompletionRequest scored = completion({{"echo", true}, {"logprobs", 2}});  // the prompt's logprobs too
+  EXPECT_TRUE(scored.echo);
+  EXPECT_EQ(scored.gen.logprobs.top, 2);
   expect_error(completion_error({{"suffix", "end"}}), 400, "suffix", "unsupported_value",
                {"expected an empty string", "found string \"end\""});
 }
@@ -678,6 +679,17 @@ TEST(OpenAiStream, UsageChunks) {
   EXPECT_EQ(c["object"], "text_completion");
   EXPECT_EQ(c["choices"], json::array());
   EXPECT_EQ(c["usage"]["total_tokens"], 2);
+}
+
+// Echo with logprobs: the prompt's first token is unscored — null logprob and top_logprobs, as
+// vLLM's — and its text counts in the offsets of the tokens after it.
+TEST(OpenAiResponse, EchoedPromptLogprobs) {
+  CompletionChoice c;
+  c.text = "ab!";
+  c.logprobs = std::vector<TokenLogprob>{{"a", 0, {}, true}, {"b", -0.5, {{"b", -0.5}}}, {"!", -1, {{"?", -0.25}}}};
+  EXPECT_EQ(text_completion_json({"cmpl-1", 5, "m"}, std::span(&c, 1), {2, 1, 0})["choices"][0]["logprobs"], json::parse(R"(
+      {"tokens": ["a", "b", "!"], "token_logprobs": [null, -0.5, -1.0], "top_logprobs": [null, {"b": -0.5}, {"?": -0.25}],
+       "text_offset": [0, 1, 2]})"));
 }
 
 TEST(OpenAiStream, CompletionChunks) {

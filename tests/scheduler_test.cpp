@@ -463,3 +463,126 @@ TEST_F(SchedulerTest, EachChoiceIsKeptForItsContinuation) {
   EXPECT_EQ(two.use.device_tokens, 100 + 5 - 1);  // choice 1's sequence: its last reply token was never run
   EXPECT_EQ(two.use.computed(), 21);
 }
+
+namespace {
+
+// A row's log-softmax at `token`, in double: the test's own, not score()'s.
+double log_softmax(const float* row, int64_t vocab, int token) {
+  const double top = *std::max_element(row, row + vocab);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(row[i]) - top);
+  return double(row[token]) - top - std::log(sum);
+}
+
+// A request's PromptToken events, each checked to come once, in order, before any Token; choice
+// 0's tokens into `reply` if given.
+std::vector<TokenChoice> prompt_scores(Generation& g, std::vector<int>* reply = nullptr) {
+  std::vector<TokenChoice> scores;
+  bool tokens = false;
+  for (int left = g.request.n; left > 0;) {
+    GenerationEvent e = g.next();
+    if (e.kind == GenerationEvent::Kind::PromptToken) {
+      EXPECT_FALSE(tokens) << "a prompt token after a reply token";
+      EXPECT_EQ(e.position, int64_t(scores.size()) + 1);
+      EXPECT_EQ(e.token.token, g.request.prompt[size_t(e.position)]);
+      scores.push_back(e.token);
+    }
+    if (e.kind == GenerationEvent::Kind::Token) {
+      tokens = true;
+      if (reply && e.choice == 0) reply->push_back(e.token.token);
+    }
+    if (e.kind == GenerationEvent::Kind::Finished) {
+      EXPECT_EQ(e.finish, FinishKind::Length);
+      --left;
+    }
+  }
+  return scores;
+}
+
+}  // namespace
+
+// Prompt logprobs against DeepSeek's reference: the fixture's recorded logits of every row of
+// prompt0's prefill (model.py's), in both modes (every prompt row runs the decoder) and in chunks
+// of 2 (the prompt's last token apart). Tolerance: the CPU forward holds v41-tiny's logits to the
+// reference's within 1e-5 (forward_parity_test; prompt0 has no near-tied choice); a log-softmax
+// moves by at most twice the largest change of its logits, and score() rounds in fp32 at
+// magnitudes ~1 (~1e-7): 5e-5.
+TEST_F(SchedulerTest, PromptLogprobsAreTheReferencesLogSoftmax) {
+  const Expected ex("v41-tiny");
+  const std::vector<int64_t> ids = ex.ints("prompt0.tokens");
+  const std::vector<float> reference = ex.floats("prompt0.prefill.logits");
+  const int64_t V = model->config().vocab_size, vocab = sampling_vocab(model->config(), &tokenizer);
+  for (Mode mode : {Mode::Default, Mode::Exact}) {
+    SCOPED_TRACE(mode_name(mode));
+    Scheduler scheduler(executor, &tokenizer, mode, nullptr, SchedulerOptions{4, 16, 2, 0});
+    GenerationRequest r = request(std::vector<int>(ids.begin(), ids.end()), 2);
+    r.prompt_logprobs = 3;
+    const std::vector<TokenChoice> scores = prompt_scores(*scheduler.submit(r));
+    ASSERT_EQ(scores.size(), ids.size() - 1);
+    for (size_t p = 1; p < ids.size(); ++p) {
+      const float* row = reference.data() + (p - 1) * size_t(V);
+      EXPECT_NEAR(scores[p - 1].logprob, log_softmax(row, vocab, int(ids[p])), 5e-5) << "position " << p;
+      ASSERT_EQ(scores[p - 1].top.size(), 3u);
+      const int best = int(std::max_element(row, row + vocab) - row);
+      EXPECT_EQ(scores[p - 1].top[0].first, best) << "position " << p;
+      EXPECT_NEAR(scores[p - 1].top[0].second, log_softmax(row, vocab, best), 5e-5) << "position " << p;
+    }
+  }
+}
+
+// A longer prompt with n = 2, in default mode: the prompt scored once, each row's logprob that of
+// one call of the executor over the prompt's first P - 1 tokens with every row's logits and the
+// decoder on every row (the CPU executor's forward() on the CPU) — the scheduler's own first chunk
+// under this budget, so the logits are bit for bit those, and the only difference is score()'s
+// fp32 log-softmax against this test's double one (1e-5 at these magnitudes). The reply is the
+// exact-mode one (the prompt ran as exact mode runs it). Such a sequence's KV is not default
+// mode's: nothing of it is stored, nor kept for a continuation; in exact mode it is (the next turn
+// continues a choice's sequence on the device).
+TEST_F(SchedulerTest, PromptLogprobsRunTheDecoderOnEveryRow) {
+  const std::vector<int> prompt = slice(0, 40);
+  const Config& c = model->config();
+  const int64_t V = c.vocab_size, vocab = sampling_vocab(c, &tokenizer), P = int64_t(prompt.size());
+  std::vector<int64_t> engram;
+  if (const auto hasher = engram_hasher(c, &tokenizer)) {
+    engram.resize(size_t(P - 1) * size_t(hasher->n_layers() * hasher->columns()));
+    EngramHistory history;
+    hasher->hash(std::span(prompt).first(size_t(P - 1)), {}, history, engram.data());
+  }
+  std::unique_ptr<Sequence> sequence = executor.new_sequence();
+  BatchItem item{sequence.get(), std::span(prompt).first(size_t(P - 1)), engram.empty() ? nullptr : engram.data()};
+  item.options.all_logits = true;
+  const std::vector<float> rows = executor.forward_batch({item}).front();
+  ASSERT_EQ(int64_t(rows.size()), (P - 1) * V);
+
+  for (Mode mode : {Mode::Default, Mode::Exact}) {
+    SCOPED_TRACE(mode_name(mode));
+    KvCacheOptions options;
+    options.fingerprint = "v41-tiny";
+    options.mode = mode_name(mode);
+    options.host_budget_bytes = 16 << 20;
+    options.swa.budget_bytes = 16 << 20;
+    KvCache cache(c, options);
+    Scheduler scheduler(executor, &tokenizer, mode, &cache, SchedulerOptions{4, 16, 4096, 8});
+    GenerationRequest r = request(prompt, 4);
+    r.prompt_logprobs = 0;
+    r.n = 2;
+    std::vector<int> reply;
+    const std::vector<TokenChoice> scores = prompt_scores(*scheduler.submit(r), &reply);
+    ASSERT_EQ(int64_t(scores.size()), P - 1);
+    for (int64_t p = 1; p < P; ++p) {
+      EXPECT_NEAR(scores[size_t(p - 1)].logprob, log_softmax(rows.data() + (p - 1) * V, vocab, prompt[size_t(p)]), 1e-5) << p;
+      EXPECT_TRUE(scores[size_t(p - 1)].top.empty());
+    }
+    EXPECT_EQ(reply, alone(prompt, 4, Mode::Exact));
+    std::vector<int> next = prompt;
+    next.insert(next.end(), reply.begin(), reply.end());
+    next.push_back(prompt[0]);
+    const Outcome turn = collect(*scheduler.submit(request(next, 2)));
+    if (mode == Mode::Default) {
+      EXPECT_EQ(turn.use.cached(), 0) << "nothing of the prompt-logprobs request was kept";
+      EXPECT_EQ(cache.stats().host.blocks, 0);
+    } else {
+      EXPECT_EQ(turn.use.device_tokens, P + 4 - 1) << "a choice of the prompt-logprobs request continued";
+    }
+  }
+}

@@ -23,9 +23,11 @@
 
 #include "base/error.h"
 #include "fixture.h"
+#include "forward/model.h"
 #include "model/accounting.h"
 #include "model/config.h"
 #include "model/tokenizer/tokenizer.h"
+#include "server/openai_api.h"
 #include "server/server.h"
 #include "running_server.h"
 #include "test_device.h"
@@ -692,6 +694,72 @@ TEST(Server, CompletionsEchoThePrompt) {
   for (std::string line; std::getline(in, line);)
     if (line.rfind("data: {", 0) == 0) text += json::parse(line.substr(6))["choices"][0]["text"].get<std::string>();
   EXPECT_EQ(text, "Once upon a" + reply) << s->body;
+}
+
+// Echo with logprobs: the prompt's tokens come first in the logprobs, the first unscored (null),
+// the others scored by the rows before them — checked against DeepSeek's reference, the fixture's
+// recorded logits of every row of prompt0's prefill (tolerance as in SchedulerTest.
+// PromptLogprobsAreTheReferencesLogSoftmax: the forward holds these logits to 1e-5 on either
+// executor, a log-softmax moves by at most twice that, plus fp32 rounding: 5e-5). The text_offsets
+// count the listed tokens' code points; a stream sends the prompt's part with the echo, then the
+// same entries as the plain response; every one of n choices starts with them.
+TEST(Server, EchoWithLogprobsScoresThePrompt) {
+  Running server(ServerOptions{});
+  const test::Expected ex("v41-tiny");
+  const std::vector<int64_t> ids = ex.ints("prompt0.tokens");
+  const std::vector<float> reference = ex.floats("prompt0.prefill.logits");
+  const Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
+  const std::unique_ptr<Model> model = Model::load(test::fixture_dir("v41-tiny"));
+  const int64_t V = model->config().vocab_size, vocab = std::min<int64_t>(V, tokenizer.vocab_size());
+  const json request = {{"model", "v41-tiny"}, {"prompt", ids}, {"max_tokens", 3}, {"temperature", 0}, {"ignore_eos", true},
+                        {"echo", true}, {"logprobs", 2}, {"n", 2}};
+  const json r = server.post("/v1/completions", request);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], 2 * 3);
+  ASSERT_EQ(r["choices"].size(), 2u) << r;
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + 3) << r;
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null()) << lp;
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null()) << lp;
+  int64_t offset = 0;
+  for (size_t p = 0; p < ids.size() + 3; ++p) {
+    if (p < ids.size()) EXPECT_EQ(lp["tokens"][p], tokenizer.decode(std::vector<int>{int(ids[p])})) << p;
+    EXPECT_EQ(lp["text_offset"][p], offset) << p;
+    offset += code_points(lp["tokens"][p].get<std::string>());
+    if (p == 0) continue;
+    EXPECT_EQ(lp["top_logprobs"][p].size(), 2u) << p;
+    if (p >= ids.size()) continue;
+    const float* row = reference.data() + (p - 1) * size_t(V);
+    double top = *std::max_element(row, row + vocab), sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(row[i]) - top);
+    EXPECT_NEAR(lp["token_logprobs"][p].get<double>(), double(row[ids[p]]) - top - std::log(sum), 5e-5) << "position " << p;
+  }
+  EXPECT_EQ(r["choices"][1]["logprobs"], lp);  // greedy: the same reply too
+  const std::string text = r["choices"][0]["text"];
+  EXPECT_EQ(text.rfind(tokenizer.decode(std::vector<int>(ids.begin(), ids.end())), 0), 0u) << text;
+
+  json streamed = request;
+  streamed["stream"] = true;
+  streamed["n"] = 1;
+  auto s = server.client().Post("/v1/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(s);
+  json tokens = json::array(), offsets = json::array();
+  std::string streamed_text;
+  bool first = true;
+  std::istringstream in(s->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json c = json::parse(line.substr(6))["choices"][0];
+    streamed_text += c["text"].get<std::string>();
+    if (c["logprobs"].is_null()) continue;
+    if (first) EXPECT_EQ(c["logprobs"]["tokens"].size(), ids.size()) << "the echo's chunk: " << c;
+    first = false;
+    for (const json& t : c["logprobs"]["tokens"]) tokens.push_back(t);
+    for (const json& o : c["logprobs"]["text_offset"]) offsets.push_back(o);
+  }
+  EXPECT_EQ(tokens, lp["tokens"]) << s->body;
+  EXPECT_EQ(offsets, lp["text_offset"]) << s->body;
+  EXPECT_EQ(streamed_text, text);
 }
 
 // Thinking on with a max_tokens the reasoning uses up: no answer, and the response says so

@@ -174,12 +174,12 @@ void Scheduler::fork(Running& r) {
   }
 }
 
-std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt) {
+std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt, bool fresh) {
   // The idle session holding the longest proper prefix of the prompt continues (device tier).
   const auto now = std::chrono::steady_clock::now();
   idle_.remove_if([&](const Idle& i) { return i.until <= now; });
   auto best = idle_.end();
-  for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+  for (auto it = fresh ? idle_.end() : idle_.begin(); it != idle_.end(); ++it) {
     const std::vector<int>& t = it->session->tokens();
     if (t.size() < prompt.size() && std::equal(t.begin(), t.end(), prompt.begin()) &&
         (best == idle_.end() || t.size() > best->session->tokens().size()))
@@ -270,7 +270,7 @@ void Scheduler::admit() {
       Running r = std::move(preempted_.front());
       pop();
       try {
-        r.session = session_for(r.resume);
+        r.session = session_for(r.resume, r.generation->request.prompt_logprobs >= 0);
       } catch (const std::exception& e) {
         finish(r, FinishKind::Error, e.what());
         continue;
@@ -282,12 +282,14 @@ void Scheduler::admit() {
     if (g->request.sampling.temperature > 0 && seed == 0) seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
     std::optional<Running> started;
     try {
-      started.emplace(Running{g, session_for(g->request.prompt), sampler(g->request, seed)});
+      started.emplace(Running{g, session_for(g->request.prompt, g->request.prompt_logprobs >= 0), sampler(g->request, seed)});
       started->forks = g->request.n > 1;
     } catch (const std::exception& e) {  // sampling parameters the sampler refuses, or no memory: this request's fault
+      {
+        std::lock_guard lock(mutex_);
+        stats_.failed += 1;  // counted before its owner hears of it
+      }
       drop(FinishKind::Error, e.what());
-      std::lock_guard lock(mutex_);
-      stats_.failed += 1;
       continue;
     }
     pop();
@@ -301,9 +303,13 @@ bool Scheduler::start(Running& r) {
   // tail when the tiers kept it, else recomputed. One preempted in its prompt starts it over.
   const std::vector<int> prompt = r.resume.empty() ? r.generation->request.prompt : std::move(r.resume);
   r.resume.clear();
+  // A request with prompt logprobs runs its prompt whole; resumed after it replied, it is recomputed
+  // under its floor (its KV is in no tier in default mode; in exact mode recomputing is as exact).
+  const bool prompt_logits = r.generation->request.prompt_logprobs >= 0;
   try {
     const auto t0 = std::chrono::steady_clock::now();
-    const PrefixUse use = r.session->begin_prompt(prompt, cache_, r.generated > 0 ? r.decoder_floor : std::nullopt);
+    const PrefixUse use = r.session->begin_prompt(prompt, prompt_logits ? nullptr : cache_, r.generated > 0 ? r.decoder_floor : std::nullopt,
+                                                  prompt_logits && r.generated == 0);
     book(&SchedulerStats::lookup_seconds, seconds_since(t0));
     if (cache_) cache_->count(tally(std::span(&use, 1), cache_->block_tokens(), 0));
     if (!r.prefilled) {  // once per request, preempted or not
@@ -369,9 +375,11 @@ void Scheduler::finish(Running& r, FinishKind kind, const std::string& error) {
     if (kind == FinishKind::Cancelled) stats_.cancelled += 1;
     if (kind == FinishKind::Error) stats_.failed += 1;
   }
-  // A sequence whose prompt has not finished, or whose step failed, is no use to anyone; else it
-  // stays for a continuation, and the SWA pool gets its end of output.
-  if (kind == FinishKind::Error || !r.session || r.session->prompt_left() > 0 || r.session->length() == 0) return;
+  // A sequence whose prompt has not finished, or whose step failed, or whose KV is not its mode's,
+  // is no use to anyone; else it stays for a continuation, and the SWA pool gets its end of output.
+  if (kind == FinishKind::Error || !r.session || r.session->prompt_left() > 0 || r.session->length() == 0 ||
+      !r.session->kv_of_mode())
+    return;
   try {
     const auto t0 = std::chrono::steady_clock::now();
     if (cache_) r.session->save(*cache_);
@@ -445,10 +453,11 @@ void Scheduler::step() {
     batch[i].sample = &requests[i];
     batch[i].choice = &choices[i];
   }
+  std::vector<std::vector<float>> logits;  // of the items that return rows: prompt logprobs' chunks
   if (!batch.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      run_batch(sessions, batch);
+      logits = run_batch(sessions, batch);
     } catch (const std::exception& e) {
       for (Running& r : running_) finish(r, FinishKind::Error, e.what());
       running_.clear();
@@ -476,6 +485,7 @@ void Scheduler::step() {
   for (size_t i = 0; i < members.size(); ++i) {
     Running& r = *members[i];
     try {
+      if (batch[i].options.all_logits) score_prompt(r, batch[i], logits[i]);
       advance(r, choices[i]);
     } catch (const std::exception& e) {
       finish(r, FinishKind::Error, e.what());
@@ -492,6 +502,24 @@ void Scheduler::step() {
   }
   running_.remove_if([](const Running& r) { return r.generation == nullptr; });
   publish();
+}
+
+void Scheduler::score_prompt(Running& r, const BatchItem& item, const std::vector<float>& logits) {
+  // Row j of the chunk follows position start + j: it scores the prompt's token after it.
+  const std::vector<int>& prompt = r.generation->request.prompt;
+  const int64_t V = executor_.model().config().vocab_size, rows = int64_t(item.tokens.size());
+  const int64_t start = item.sequence->length() - rows;
+  if (int64_t(logits.size()) != rows * V)
+    fail("prompt logprobs", "the logits of every row of the chunk (" + std::to_string(rows) + " x " + std::to_string(V) + ")",
+         std::to_string(logits.size()) + " values");
+  for (int64_t j = 0; j < rows; ++j) {
+    const int64_t position = start + j + 1;
+    if (position < r.scored || position >= int64_t(prompt.size())) continue;
+    r.generation->post({GenerationEvent::Kind::PromptToken, {},
+                        score(logits.data() + j * V, vocab_, prompt[size_t(position)], r.generation->request.prompt_logprobs),
+                        FinishKind::Stop, {}, 0, position});
+    r.scored = position + 1;
+  }
 }
 
 void Scheduler::advance(Running& r, const TokenChoice& choice) {

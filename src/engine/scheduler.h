@@ -51,6 +51,12 @@ struct GenerationRequest {
   std::string grammar_after;
   // Choices: 1 to the scheduler's max_running (the n sequences run in one batch together).
   int n = 1;
+  // Prompt logprobs (completions' echo with logprobs): -1 none; else each prompt token's logprob
+  // from the row before it (the first token has none) and this many alternatives, as PromptToken
+  // events. The prompt then runs whole, every row through the decoder (Session::begin_prompt's
+  // prompt_logits): nothing looked up, and in default mode nothing stored or kept for a
+  // continuation (its KV is not the mode's).
+  int prompt_logprobs = -1;
 };
 
 // The seed of choice `choice` of a request whose sampling seed is `seed`: the seed itself for
@@ -61,15 +67,17 @@ uint64_t choice_seed(uint64_t seed, int choice);
 
 enum class FinishKind { Stop, Length, Cancelled, Error };
 
-// A request's events: one Prefilled (the prompt is shared by its choices), then for each choice
-// its Tokens and one Finished, the choices' events interleaved.
+// A request's events: one Prefilled (the prompt is shared by its choices), its PromptTokens in
+// order (prompt_logprobs), then for each choice its Tokens and one Finished, the choices' events
+// interleaved.
 struct GenerationEvent {
-  enum class Kind { Prefilled, Token, Finished } kind;
+  enum class Kind { Prefilled, PromptToken, Token, Finished } kind;
   PrefixUse use;       // Prefilled: how the prompt was served
-  TokenChoice token;   // Token
+  TokenChoice token;   // Token; PromptToken: the prompt's token at position `position`, scored
   FinishKind finish = FinishKind::Stop;  // Finished
   std::string error;                     // Finished with Error
   int choice = 0;      // Token, Finished: the choice's index in [0, n)
+  int64_t position = 0;  // PromptToken: in [1, prompt length)
 };
 
 // One request in flight, shared by the scheduler and the request's owner.
@@ -177,12 +185,15 @@ class Scheduler {
     bool prefilled = false;         // its Prefilled event posted
     std::vector<int> resume{};      // a preempted sequence's tokens, to continue from
     std::optional<int64_t> decoder_floor{};  // and its decoder window floor, once it had replied
+    int64_t scored = 1;  // prompt_logprobs: the next prompt position to post (its row may run again after a preemption)
   };
   void loop();
   void admit();
   void step();
   // Books a sequence's batch item and takes its next token when its prompt is done.
   void advance(Running& r, const TokenChoice& choice);
+  // Posts the prompt tokens a prompt_logprobs chunk scored: `logits` are the item's rows, run.
+  void score_prompt(Running& r, const BatchItem& item, const std::vector<float>& logits);
   // Takes a token chosen for a sequence whose prompt is done: posts it (unless it stops the reply),
   // stores the prompt, finishes on a stop or at max_tokens. False when the sequence finished.
   bool take(Running& r, const TokenChoice& choice);
@@ -200,7 +211,9 @@ class Scheduler {
   void fork(Running& r);
   // The batch slots a sequence holds: n while it has yet to fork, else 1.
   static int slots(const Running& r) { return r.forks ? r.generation->request.n : 1; }
-  std::unique_ptr<Session> session_for(const std::vector<int>& prompt);
+  // The session a request runs in: an idle one its prompt continues, or a new one (always, for
+  // prompt logprobs: the prompt runs whole).
+  std::unique_ptr<Session> session_for(const std::vector<int>& prompt, bool fresh = false);
   // Starts r's prompt (or, preempted, its continuation) in its session; false if it failed.
   bool start(Running& r);
   // The KV bytes of a sequence of `tokens` tokens, and of every running and idle one after this step.

@@ -76,6 +76,7 @@ void Session::started_over(std::span<const int> tokens, int64_t decoder_floor) {
   decoder_floor_ = decoder_floor;
   if (hasher_) history_ = hasher_->history_after(tokens, {});
   stored_blocks_ = 0;
+  kv_of_mode_ = true;
 }
 
 // A prompt segment of n tokens ending at `end`: default mode runs the decoder on its last
@@ -118,7 +119,8 @@ void Session::resume(std::span<const int> tokens, SequenceState state) {
   start_over(tokens, std::move(state));
 }
 
-Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, std::optional<int64_t> continuation) {
+Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, std::optional<int64_t> continuation,
+                            bool prompt_logits) {
   const Config& c = model().config();
   const int64_t P = int64_t(prompt.size()), W = c.window_size;
   // Where the decoder starts on the segment of n new tokens: bounded replay's cut for a prompt,
@@ -130,6 +132,13 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   if (cache) check_cache(*cache);
   use = PrefixUse{};
   use.prompt_tokens = P;
+  if (prompt_logits) {
+    start_over({}, SequenceState(c));
+    kv_of_mode_ = mode_ == Mode::Exact;
+    Call call = append(prompt, 0);
+    call.prompt_logits = true;
+    return call;
+  }
 
   // The running sequence: continue it when the prompt extends it.
   // (A prompt that failed half way leaves tokens the state never ran: such a state starts over.)
@@ -184,9 +193,10 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   return append(prompt, decoder_from(P));
 }
 
-PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache, std::optional<int64_t> continuation) {
+PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache, std::optional<int64_t> continuation,
+                                bool prompt_logits) {
   PrefixUse use;
-  start_call(plan(prompt, cache, use, continuation), cache);
+  start_call(plan(prompt, cache, use, continuation, prompt_logits), cache);
   return use;
 }
 
@@ -210,6 +220,10 @@ BatchItem Session::next_chunk(int64_t max_tokens) {
     rows = std::max(rows, options.replay_until - start);
   else
     options.replay_until = 0;
+  if (pending_.prompt_logits && prompt_left() > 1) {  // every row's logits, the last token's row apart
+    rows = std::min(rows, prompt_left() - 1);
+    options.all_logits = true;
+  }
   return item(cursor_, rows, options);
 }
 
@@ -292,6 +306,7 @@ std::unique_ptr<Session> Session::fork() const {
   // The prompt's blocks are this session's to store (store_prompt): the fork's own begin after them.
   f->stored_blocks_ = prompt_cache_ ? int64_t(tokens_.size()) / prompt_cache_->block_tokens() : stored_blocks_;
   f->decoder_floor_ = decoder_floor_;
+  f->kv_of_mode_ = kv_of_mode_;
   f->pending_ = pending_;
   f->pending_.tokens = std::span<const int>(f->tokens_).last(pending_.tokens.size());  // a suffix of tokens_, as here
   f->cursor_ = cursor_;
@@ -318,7 +333,7 @@ std::vector<float> Session::prefill_prompt(std::span<const int> prompt, KvCache*
 
 void Session::save(KvCache& cache) {
   check_cache(cache);
-  if (length() == 0) return;
+  if (length() == 0 || !kv_of_mode_) return;
   const StateView state = kv_->saved(stored_blocks_ * cache.block_tokens());
   cache.store_blocks(tokens_, state, stored_blocks_);
   stored_blocks_ = state.length / cache.block_tokens();

@@ -81,8 +81,12 @@ class Session {
   // At least the prompt's last token always runs, for its logits. Returns them.
   std::vector<float> prefill_prompt(std::span<const int> prompt, KvCache* cache, PrefixUse* use = nullptr);
   // Stores what the sequence holds now (new global blocks and the tail at its end): the SWA pool's
-  // end-of-output entry, so that the next turn continues exactly.
+  // end-of-output entry, so that the next turn continues exactly. Nothing when !kv_of_mode().
   void save(KvCache& cache);
+  // Whether the KV is what the session's mode computes for its tokens, which the KV tiers and a
+  // continuation on the device may serve to other prompts: false after a default-mode prompt ran
+  // with prompt_logits (its decoder ran on every row), until the session starts over.
+  bool kv_of_mode() const { return kv_of_mode_; }
 
   // The same, step by step, for a scheduler that runs many sessions in one batch per step
   // (engine/scheduler.h): begin_prompt looks the prompt up and adopts what it finds, running
@@ -96,7 +100,14 @@ class Session {
   // reply, a preempted sequence resuming: its new tokens run under that floor, as the stopped
   // sequence's decode rows did — from an SWA tail one more decode row, recomputed its prompt's cut
   // again — so that the reply goes on as if never stopped.
-  PrefixUse begin_prompt(std::span<const int> prompt, KvCache* cache, std::optional<int64_t> continuation = std::nullopt);
+  // With `prompt_logits` (prompt logprobs) every prompt row gives its logits: the whole prompt runs
+  // from a fresh state (a hit has no logits of its rows; nothing is looked up), every row through
+  // the decoder (decoder_from 0, as exact mode runs a prompt: the rows bounded replay cuts have no
+  // logits), each chunk but the prompt's last token returning all its rows' (all_logits), and that
+  // token in a chunk of its own (its one row is sampled). In default mode such a state is not the
+  // mode's: kv_of_mode() is false from then on.
+  PrefixUse begin_prompt(std::span<const int> prompt, KvCache* cache, std::optional<int64_t> continuation = std::nullopt,
+                         bool prompt_logits = false);
   int64_t prompt_left() const { return int64_t(pending_.tokens.size()) - cursor_; }
   BatchItem next_chunk(int64_t max_tokens);
   BatchItem next_decode(int token);
@@ -156,10 +167,11 @@ class Session {
     std::span<const int> tokens;
     std::vector<int64_t> engram_ids;
     ForwardOptions options;
+    bool prompt_logits = false;  // begin_prompt's
   };
   // Sets the state up for `prompt` from the running sequence or the cache and returns the call
   // that finishes it.
-  Call plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, std::optional<int64_t> continuation);
+  Call plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, std::optional<int64_t> continuation, bool prompt_logits);
   Call append(std::span<const int> tokens, int64_t decoder_from);
   BatchItem item(int64_t from, int64_t rows, ForwardOptions options);
   // Makes `call` the one being handed out; at its end, `cache` (if any) gets the blocks and tail.
@@ -180,6 +192,7 @@ class Session {
   EngramHistory history_;
   int64_t stored_blocks_ = 0;  // global blocks of this sequence known to be in the cache
   int64_t decoder_floor_ = 0;  // the state's decoder_window_floor, as the calls handed out set it
+  bool kv_of_mode_ = true;
   Work work_;
   Call pending_;               // the prompt (or decode token) being run
   int64_t cursor_ = 0;         // its tokens handed out so far

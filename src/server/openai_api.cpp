@@ -28,6 +28,12 @@ json ApiError::body() const {
 
 std::string json_text(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+int64_t code_points(std::string_view text) {
+  int64_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 namespace {
 
 // Deeper documents are refused before they are built: the OpenAI bodies nest a handful of levels
@@ -491,11 +497,7 @@ CompletionRequest parse_completion_request(std::string_view text, const ApiConfi
     req.gen.logprobs.top = static_cast<int32_t>(integer_in(
         *v, "logprobs", 0, kMaxTopLogprobs, "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]"));
   }
-  if (const ojson* v = field(body, "echo")) {
-    req.echo = boolean(*v, "echo");
-    if (req.echo && req.gen.logprobs.enabled)
-      unsupported("echo", "false with logprobs (dsv41 computes no logprobs of prompt tokens)", *v);
-  }
+  if (const ojson* v = field(body, "echo")) req.echo = boolean(*v, "echo");
   if (const ojson* v = field(body, "best_of")) {
     integer_in(*v, "best_of", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), "the integer 1");
     if (v->get<int64_t>() != 1) unsupported("best_of", "1 (dsv41 does not rank extra choices: ask for n choices instead)", *v);
@@ -586,21 +588,14 @@ json chat_logprobs_json(const std::vector<TokenLogprob>& tokens) {
   return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
-// Code points in a byte string: the bytes that do not continue a UTF-8 sequence.
-int64_t code_points(const std::string& s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
-}
-
 json completion_logprobs_json(const std::vector<TokenLogprob>& tokens, int64_t text_offset) {
   json toks = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
   for (const TokenLogprob& t : tokens) {
     toks.push_back(t.token);
-    lps.push_back(finite_logprob(t.logprob));
+    lps.push_back(t.unscored ? json(nullptr) : json(finite_logprob(t.logprob)));
     json top = json::object();
     for (const TopLogprob& alt : t.top) top[alt.token] = finite_logprob(alt.logprob);
-    tops.push_back(std::move(top));
+    tops.push_back(t.unscored ? json(nullptr) : std::move(top));
     offsets.push_back(text_offset);
     text_offset += code_points(t.token);
   }

@@ -107,7 +107,9 @@ std::shared_ptr<grammar::Grammar> output_grammar(const ChatRequest& request, gra
 struct CompletionRequest {
   GenerationParams gen;
   std::variant<std::string, std::vector<int32_t>> prompt;  // text, or token ids
-  bool echo = false;  // the text starts with the prompt's (not with logprobs: no prompt logprobs)
+  // The text starts with the prompt's; with logprobs, the logprobs start with the prompt's tokens'
+  // (gen.logprobs.top alternatives each, the first token unscored).
+  bool echo = false;
 };
 
 // Both throw ApiError (400; 404 for a model not in config.models).
@@ -152,6 +154,9 @@ struct TokenLogprob {
   std::string token;
   double logprob = 0;
   std::vector<TopLogprob> top;
+  // The prompt's first token (completions' echo with logprobs): nothing predicts it, so its
+  // logprob and top_logprobs are sent as null, as vLLM's.
+  bool unscored = false;
 };
 
 struct ResponseMeta {
@@ -218,13 +223,16 @@ struct CompletionDelta {
   std::string text;
   std::optional<FinishReason> finish_reason;
   std::optional<std::vector<TokenLogprob>> logprobs;
-  int64_t text_offset = 0;  // code points of completion text sent before this chunk
+  int64_t text_offset = 0;  // code points of the logprobs' tokens sent before this chunk
 };
 nlohmann::json completion_chunk_json(const ResponseMeta& meta, const CompletionDelta& delta, bool include_usage);
 
 // The last chunk before [DONE] when include_usage: "choices": [] and the usage.
 nlohmann::json chat_usage_chunk_json(const ResponseMeta& meta, const Usage& usage);
 nlohmann::json completion_usage_chunk_json(const ResponseMeta& meta, const Usage& usage);
+
+// Code points in a byte string: the bytes that do not continue a UTF-8 sequence (text_offset's unit).
+int64_t code_points(std::string_view text);
 
 // The JSON text of a body or event: compact (one line), invalid UTF-8 replaced by U+FFFD rather
 // than throwing.

@@ -53,6 +53,9 @@ constexpr size_t kSlowConnections = 256;
 
 double seconds_since(Steady::time_point t) { return std::chrono::duration<double>(Steady::now() - t).count(); }
 
+// One token's text: raw bytes, perhaps part of a UTF-8 character (logprobs carry it so).
+std::string token_text(const Tokenizer& tokenizer, int id) { return tokenizer.decode(std::span<const int>(&id, 1)); }
+
 // Turns one request's token events into what the response carries: text (completions) or
 // reasoning / content / tool calls (chat), cut at the first stop string, and the logprobs.
 class ReplyStream {
@@ -71,11 +74,7 @@ class ReplyStream {
 
   Delta push(const TokenChoice& e) {
     Delta d;
-    if (top_logprobs_ >= 0) {
-      TokenLogprob lp{piece(e.token), e.logprob, {}};
-      for (const auto& [id, logprob] : e.top) lp.top.push_back({piece(id), logprob});
-      d.logprobs.push_back(std::move(lp));
-    }
+    if (top_logprobs_ >= 0) d.logprobs.push_back(logprob(tokenizer_, e));
     take(stops_.push(decoder_.push(e.token)), d);
     return d;
   }
@@ -88,9 +87,14 @@ class ReplyStream {
   }
   bool stopped() const { return stops_.stopped(); }
   bool made_tool_calls() const { return tool_calls_ > 0; }
+  // A scored token as the response lists it: its text and logprob, and the alternatives'.
+  static TokenLogprob logprob(const Tokenizer& tokenizer, const TokenChoice& e) {
+    TokenLogprob lp{token_text(tokenizer, e.token), e.logprob, {}};
+    for (const auto& [id, logprob] : e.top) lp.top.push_back({token_text(tokenizer, id), logprob});
+    return lp;
+  }
 
  private:
-  std::string piece(int id) const { return tokenizer_.decode(std::span<const int>(&id, 1)); }
   void take(const std::string& text, Delta& d) {
     if (text.empty()) return;
     if (parser_)
@@ -299,7 +303,8 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   GenerationParams gen;
   GenerationRequest request;
   bool thinking = false;
-  std::string echo;  // completions with "echo": the prompt's text, which the reply's text starts with
+  std::optional<std::string> echo;  // completions with "echo": the prompt's text, which each choice's text starts with
+  int prompt_logprobs = -1;         // and with logprobs too, the prompt's tokens' (GenerationRequest::prompt_logprobs)
   try {
     if (chat) {
       ChatRequest r = parse_chat_request(req.body, api);
@@ -318,6 +323,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       if (r.echo) {
         const auto* text = std::get_if<std::string>(&r.prompt);
         echo = text ? *text : tokenizer->decode(request.prompt, false);
+        if (r.gen.logprobs.enabled) prompt_logprobs = r.gen.logprobs.top;
       }
       if (request.prompt.empty()) throw ApiError(400, "prompt: expected text that encodes to at least one token, found none", "prompt", "invalid_value");
     }
@@ -333,6 +339,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
   request.top_logprobs = gen.logprobs.enabled ? gen.logprobs.top : -1;
   request.speculative = s.speculative;
   request.n = gen.n;
+  request.prompt_logprobs = prompt_logprobs;
 
   std::shared_ptr<Generation> generation;
   parse->inc(seconds_since(arrived));
@@ -433,12 +440,22 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
         write(sse_event(chat_chunk_json(meta, cd, include_usage)));
       } else {
         CompletionDelta cd{c.completion.index, d.text, std::nullopt, lp, c.text_offset};
-        c.text_offset += int64_t(std::count_if(d.text.begin(), d.text.end(), [](char b) { return (uint8_t(b) & 0xC0) != 0x80; }));
+        for (const TokenLogprob& t : d.logprobs) c.text_offset += code_points(t.token);
         write(sse_event(completion_chunk_json(meta, cd, include_usage)));
       }
     };
+    // Echo: each choice starts with the prompt's text, and with prompt logprobs (the first token's
+    // null) with its tokens' logprobs too — sent once they are all in (PromptToken events).
+    const std::vector<int>& prompt = generation->request.prompt;
+    std::vector<TokenLogprob> prompt_logprobs;
+    if (generation->request.prompt_logprobs >= 0) prompt_logprobs.push_back({token_text(*tokenizer, prompt[0]), 0, {}, true});
+    auto send_echo = [&] {
+      if (!echo) return;
+      for (Choice& c : *choices) emit(c, ReplyStream::Delta{*echo, {}, {}, prompt_logprobs});
+      echo.reset();
+    };
+    if (generation->request.prompt_logprobs < 0 || prompt.size() == 1) send_echo();
     for (Choice& c : *choices) {
-      if (!echo.empty()) emit(c, ReplyStream::Delta{echo, {}, {}, {}});  // the prompt first, once
       if (stream && chat) {
         ChatDelta role;
         role.index = c.chat.index;
@@ -447,7 +464,6 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
         write(sse_event(chat_chunk_json(meta, role, include_usage)));
       }
     }
-    echo.clear();
     for (size_t next_taken = 0;;) {
       std::optional<GenerationEvent> e;
       if (next_taken < taken.size()) e = std::move(taken[next_taken++]);
@@ -462,6 +478,12 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
         access.cached_tokens = usage.cached_tokens;
         continue;
       }
+      if (e->kind == GenerationEvent::Kind::PromptToken) {
+        prompt_logprobs.push_back(ReplyStream::logprob(*tokenizer, e->token));
+        if (prompt_logprobs.size() == prompt.size()) send_echo();
+        continue;
+      }
+      send_echo();  // (sent already, unless the prompt's scoring ended early)
       Choice& c = choices->at(size_t(e->choice));
       if (e->kind == GenerationEvent::Kind::Token) {
         if (c.reply.stopped()) continue;  // generated after the stop string, before the cancel took

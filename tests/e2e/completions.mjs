@@ -1,5 +1,6 @@
 // /v1/completions through the official openai client: a text prompt, a token-id prompt, logprobs
-// (tokens, token_logprobs, top_logprobs, text_offset), and a stream with include_usage.
+// (tokens, token_logprobs, top_logprobs, text_offset), echo with logprobs (the prompt's tokens
+// first, the first one unscored), and a stream with include_usage.
 //   node tests/e2e/completions.mjs --base-url http://127.0.0.1:8080 --model NAME [--max-tokens 8]
 import { check, checkFinish, checkUsage, client, parseArgs, run } from './lib.mjs';
 
@@ -41,6 +42,23 @@ run(script, async () => {
   check(l.text_offset.every((x, i) => Number.isInteger(x) && (i === 0 ? x === 0 : x >= l.text_offset[i - 1])),
         'logprobs: expected text_offset to start at 0 and never decrease', l.text_offset);
 
+  const echoed = await openai.completions.create({ model: args.model, prompt: 'Once upon a time', max_tokens: maxTokens,
+                                                   temperature: 0, echo: true, logprobs: 1 });
+  checkCompletion(echoed, 'echo with logprobs');
+  check(echoed.choices[0].text.startsWith('Once upon a time'), 'echo with logprobs: expected the text to start with the prompt',
+        echoed.choices[0].text);
+  const e = echoed.choices[0].logprobs;
+  const listed = echoed.usage.prompt_tokens + echoed.usage.completion_tokens;
+  for (const k of ['tokens', 'token_logprobs', 'top_logprobs', 'text_offset'])
+    check(Array.isArray(e?.[k]) && e[k].length === listed,
+          `echo with logprobs: expected ${k} to hold one entry per prompt and completion token (${listed})`, e);
+  check(e.token_logprobs[0] === null && e.top_logprobs[0] === null,
+        'echo with logprobs: expected the first prompt token unscored (null logprob and top_logprobs)', [e.tokens[0], e.token_logprobs[0], e.top_logprobs[0]]);
+  check(e.token_logprobs.slice(1).every((x) => typeof x === 'number' && x <= 0), 'echo with logprobs: expected the other logprobs <= 0',
+        e.token_logprobs);
+  check(e.top_logprobs.slice(1).every((t) => Object.keys(t).length === 1), 'echo with logprobs: expected 1 alternative per scored token',
+        e.top_logprobs);
+
   const stream = await openai.completions.create({ model: args.model, prompt: 'Once upon a time', max_tokens: maxTokens,
                                                    temperature: 0, stream: true, stream_options: { include_usage: true } });
   let streamed = '', finish = null, usage = null, chunks = 0;
@@ -55,5 +73,5 @@ run(script, async () => {
   checkUsage(usage, 'stream usage chunk');
   checkFinish(finish, usage, maxTokens, 'stream');
   return { text: text.choices[0].text, usage: text.usage, token_prompt_usage: tokens.usage,
-           logprob_tokens: l.tokens.length, stream: { chunks, text: streamed, finish_reason: finish, usage } };
+           logprob_tokens: l.tokens.length, echoed_logprobs: e.token_logprobs.length, stream: { chunks, text: streamed, finish_reason: finish, usage } };
 });

@@ -5,7 +5,7 @@
 // Prints "listening http://127.0.0.1:PORT" once it accepts connections.
 import http from 'node:http';
 
-const faults = ['missing-usage', 'accept-n', 'no-done', 'wrong-total', 'flaky', 'usage-not-null', 'one-choice'];
+const faults = ['missing-usage', 'accept-n', 'no-done', 'wrong-total', 'flaky', 'usage-not-null', 'one-choice', 'echo-scores-first'];
 const opts = { port: '0', model: 'fake-model', fault: '' };
 for (let i = 2; i < process.argv.length; i += 2) {
   const key = process.argv[i].replace(/^--/, '');
@@ -54,7 +54,7 @@ function completionLogprobs(ts, offset) {
   const text_offset = [];
   for (const t of ts) { text_offset.push(offset); offset += [...t.token].length; }
   return { tokens: ts.map((t) => t.token), token_logprobs: ts.map((t) => t.logprob),
-           top_logprobs: ts.map((t) => Object.fromEntries(t.top.map((a) => [a.token, a.logprob]))), text_offset };
+           top_logprobs: ts.map((t) => (t.top === null ? null : Object.fromEntries(t.top.map((a) => [a.token, a.logprob])))), text_offset };
 }
 
 async function complete(req, res, body, chat) {
@@ -83,8 +83,13 @@ async function complete(req, res, body, chat) {
   const head = { id: `${chat ? 'chatcmpl' : 'cmpl'}-fake${served}`, created: Math.floor(Date.now() / 1000), model: opts.model };
   const object = chat ? 'chat.completion.chunk' : 'text_completion';
 
+  // Completions' echo: the prompt's words first, and with logprobs its tokens, the first unscored.
+  const echo = !chat && body.echo === true && typeof body.prompt === 'string' ? body.prompt : null;
+  const echoTokens = echo === null ? [] : echo.split(/(?=\s)/).map((token, i) =>
+    ({ token, logprob: i === 0 && opts.fault !== 'echo-scores-first' ? null : -0.5, top: i === 0 ? null : [{ token, logprob: -0.5 }].slice(0, top) }));
   if (!body.stream) {
     const choices = outs.map(({ tokens, finish }, index) => {
+      if (echo !== null) tokens = [...echoTokens, ...tokens];
       const text = tokens.map((t) => t.token).join('');
       return chat
         ? { index, message: { role: 'assistant', content: text }, logprobs: wantLogprobs ? chatLogprobs(tokens) : null, finish_reason: finish }

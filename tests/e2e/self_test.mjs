@@ -44,6 +44,7 @@ const faults = [
   ['usage-not-null', 'stream.mjs', '"usage": null before the usage chunk'],
   ['accept-n', 'errors.mjs', 'n = 0: expected HTTP 400'],
   ['one-choice', 'choices.mjs', 'expected 3 choices'],
+  ['echo-scores-first', 'completions.mjs', 'expected the first prompt token unscored'],
   ['no-done', 'sse.mjs', 'data: [DONE]'],
   ['flaky', 'load.mjs', 'requests failed', small],
 ];

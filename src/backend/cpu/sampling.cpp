@@ -126,17 +126,23 @@ TokenChoice choose(const float* row, const SampleRequest& r) {
     }
     logits = copy.data();
   }
-  TokenChoice c;
   const int64_t best = std::max_element(logits, logits + vocab) - logits;
-  c.token = r.params.temperature > 0 ? candidates(logits, r.params, vocab).at(r.u) : int(best);
-  if (r.top_logprobs < 0) return c;
+  const int token = r.params.temperature > 0 ? candidates(logits, r.params, vocab).at(r.u) : int(best);
+  if (r.top_logprobs < 0) return TokenChoice{token, 0, {}};
+  return score(logits, vocab, token, r.top_logprobs);
+}
+
+TokenChoice score(const float* logits, int64_t vocab, int token, int top) {
+  TokenChoice c;
+  c.token = token;
+  const int64_t best = std::max_element(logits, logits + vocab) - logits;
   double sum = 0;
   for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i] - logits[best]));
   const float log_z = logits[best] + float(std::log(sum));
-  c.logprob = logits[c.token] - log_z;
+  c.logprob = logits[token] - log_z;
   std::vector<int> ids(static_cast<size_t>(vocab));
   std::iota(ids.begin(), ids.end(), 0);
-  const int64_t k = std::min<int64_t>(vocab, r.top_logprobs);
+  const int64_t k = std::min<int64_t>(vocab, top);
   std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) { return before(logits, a, b); });
   for (int64_t i = 0; i < k; ++i)
     if (std::isfinite(logits[ids[size_t(i)]])) c.top.emplace_back(ids[size_t(i)], logits[ids[size_t(i)]] - log_z);

@@ -32,6 +32,11 @@ Candidates candidates(const float* logits, const SamplingParams& params, int64_t
 // request's edits and mask (disallowed tokens at -inf).
 TokenChoice choose(const float* logits, const SampleRequest& request);
 
+// The logprobs choose() reports, of a given token: the log-softmax of the row's first `vocab`
+// logits at `token`, and the `top` most likely tokens' (best first, ties to the lower id; -inf
+// ones left out). Prompt logprobs score each prompt token so.
+TokenChoice score(const float* logits, int64_t vocab, int token, int top);
+
 class Sampler {
  public:
   // Refuses parameters out of range (and logit_bias ids outside [0, vocab) when vocab > 0), naming them.
