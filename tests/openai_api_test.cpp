@@ -515,7 +515,7 @@ TEST(OpenAiResponse, ChatCompletion) {
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"},
                  "logprobs": null, "finish_reason": "length"}],
     "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
-              "prompt_tokens_details": {"cached_tokens": 8}}})"));
+              "prompt_tokens_details": {"cached_tokens": 8, "replayed_tokens": 0}}})"));
 }
 
 TEST(OpenAiResponse, ChatCompletionWithReasoningAndToolCalls) {
@@ -594,7 +594,7 @@ TEST(OpenAiResponse, TextCompletionWithLogprobs) {
                               "top_logprobs": [{" a": -0.5, " the": -1.0}, {"\u00e9": -1.25}, {}],
                               "text_offset": [0, 2, 3]}}],
     "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
-              "prompt_tokens_details": {"cached_tokens": 0}}})"));
+              "prompt_tokens_details": {"cached_tokens": 0, "replayed_tokens": 0}}})"));
 }
 
 // n choices: each in the order given with its index, the usage once for the request.
@@ -608,7 +608,7 @@ TEST(OpenAiResponse, SeveralChoices) {
     "id": "chatcmpl-abc", "object": "chat.completion", "created": 1700000000, "model": "dsv41-tiny",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Yes."}, "logprobs": null, "finish_reason": "stop"},
                 {"index": 1, "message": {"role": "assistant", "content": "No."}, "logprobs": null, "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}})"));
+    "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0, "replayed_tokens": 0}}})"));
   std::vector<CompletionChoice> texts(3);
   for (int k = 0; k < 3; ++k) texts[size_t(k)].index = k, texts[size_t(k)].text = std::string(size_t(k), 'x');
   const json t = text_completion_json({"cmpl-1", 5, "m"}, texts, {2, 3, 0});
@@ -674,7 +674,10 @@ TEST(OpenAiStream, UsageChunks) {
     "id": "chatcmpl-abc", "object": "chat.completion.chunk", "created": 1700000000, "model": "dsv41-tiny",
     "choices": [],
     "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
-              "prompt_tokens_details": {"cached_tokens": 4}}})"));
+              "prompt_tokens_details": {"cached_tokens": 4, "replayed_tokens": 0}}})"));
+  // A replay's rows, among the cached ones.
+  EXPECT_EQ(chat_usage_chunk_json(kMeta, {80, 2, 64, 16})["usage"]["prompt_tokens_details"],
+            json::parse(R"({"cached_tokens": 64, "replayed_tokens": 16})"));
   const json c = completion_usage_chunk_json({"cmpl-1", 5, "m"}, {1, 1, 0});
   EXPECT_EQ(c["object"], "text_completion");
   EXPECT_EQ(c["choices"], json::array());

@@ -62,6 +62,7 @@ TEST(Server, CachedTokensGrowAcrossTurnsAndReplayAfterTheTtl) {
     json r = server.post("/v1/chat/completions", chat(messages, 8));
     const int64_t cached = r["usage"]["prompt_tokens_details"]["cached_tokens"], prompt = r["usage"]["prompt_tokens"];
     EXPECT_GT(cached, cached_before) << r;
+    EXPECT_EQ(r["usage"]["prompt_tokens_details"]["replayed_tokens"], 0) << "served exactly: " << r;
     if (cached_before >= 0) {
       EXPECT_GE(cached, prompt_before) << "the previous turn's prompt is cached";
     }
@@ -77,7 +78,8 @@ TEST(Server, CachedTokensGrowAcrossTurnsAndReplayAfterTheTtl) {
   messages.push_back({{"role", "user"}, {"content", "Thank you!"}});
   json r = server.post("/v1/chat/completions", chat(messages, 4));
   EXPECT_GE(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 64) << r;
-  EXPECT_EQ(server.metric("dsv41_cache_replayed_tokens_total"), 16);  // W of v41-tiny
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["replayed_tokens"], 16) << r;  // W of v41-tiny, in the response
+  EXPECT_EQ(server.metric("dsv41_cache_replayed_tokens_total"), 16);          // and in the metrics
   EXPECT_GE(server.metric("dsv41_swa_pool_ttl_expiries_total"), 1);
   EXPECT_GT(server.metric("dsv41_cache_hit_tokens_total{tier=\"host\"}"), 0);
   EXPECT_GT(server.metric("dsv41_cache_hit_tokens_total{tier=\"swa_pool\"}"), 0);

@@ -558,7 +558,7 @@ json usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
           {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}, {"replayed_tokens", u.replayed_tokens}}}};
 }
 
 json header(const ResponseMeta& meta, const char* object) {

@@ -475,6 +475,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
       if (!e) continue;
       if (e->kind == GenerationEvent::Kind::Prefilled) {
         usage.cached_tokens = e->use.cached();
+        usage.replayed_tokens = e->use.replayed;
         access.cached_tokens = usage.cached_tokens;
         continue;
       }

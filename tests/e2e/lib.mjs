@@ -79,6 +79,10 @@ export function checkUsage(usage, where) {
   const cached = usage.prompt_tokens_details?.cached_tokens;
   check(Number.isInteger(cached) && cached >= 0 && cached <= usage.prompt_tokens,
         `${where}: expected usage.prompt_tokens_details.cached_tokens in [0, prompt_tokens]`, usage);
+  // dsv41's: of the cached tokens, those rerun to rebuild sliding-window KV (other servers leave it out).
+  const replayed = usage.prompt_tokens_details?.replayed_tokens;
+  check(replayed === undefined || (Number.isInteger(replayed) && replayed >= 0 && replayed <= cached),
+        `${where}: expected usage.prompt_tokens_details.replayed_tokens, if sent, in [0, cached_tokens]`, usage);
 }
 
 // finish_reason and max_tokens agree: "length" means exactly max_tokens were generated.

@@ -132,12 +132,13 @@ async function ask(b, text) {
   return turn;
 }
 
-// "prompt P (cached C, computed P-C) · output N" from a turn's status line.
+// "prompt P (cached C, replayed R, computed P-C) · output N" from a turn's status line.
 function counts(turn) {
-  const m = /^prompt (\d+) \(cached (\d+), computed (\d+)\) · output (\d+)/.exec(turn.status);
+  const m = /^prompt (\d+) \(cached (\d+), replayed (\d+), computed (\d+)\) · output (\d+)/.exec(turn.status);
   if (!m) fail(`a status line with the token counts: found ${JSON.stringify(turn.status)}`);
-  const [prompt, cached, computed, output] = m.slice(1).map(Number);
+  const [prompt, cached, replayed, computed, output] = m.slice(1).map(Number);
   if (prompt !== cached + computed) fail(`prompt = cached + computed: found ${turn.status}`);
+  if (replayed > cached) fail(`replayed <= cached (the replayed rows are cached ones rerun): found ${turn.status}`);
   return { prompt, cached, output };
 }
 
