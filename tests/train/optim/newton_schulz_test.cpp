@@ -1,7 +1,8 @@
 // The hybrid Newton–Schulz iteration (newton_schulz.h) maps each singular value σ of U/‖U‖_F
 // through the composition p of its ten quintics and keeps the singular vectors. The expectations
-// come from p evaluated here on scalars, in double, with the report's coefficients written out
-// again (not the library's table), and from singular values computed in double by Jacobi.
+// come from p evaluated on scalars, in double, with the report's coefficients written out again
+// (optim_test_util.h, not the library's table), and from singular values computed in double by
+// Jacobi.
 //
 // Tolerance: the products run in fp32 (gemm_f32, sums of at most 64 terms: relative error below
 // 64 · 2⁻²⁴ ≈ 4e-6 per product in the worst case); the last two quintics have p′(1) = 0, so an
@@ -22,14 +23,7 @@ namespace {
 
 constexpr double kTolerance = 2e-5;
 
-double quintic(double x, double a, double b, double c) { return a * x + b * x * x * x + c * x * x * x * x * x; }
-
-// The report's (V4 Algorithm 1's) schedule: 8 × (3.4445, −4.7750, 2.0315), then 2 × (2, −1.5, 0.5).
-double hybrid_map(double sigma) {
-  for (int i = 0; i < 8; ++i) sigma = quintic(sigma, 3.4445, -4.7750, 2.0315);
-  for (int i = 0; i < 2; ++i) sigma = quintic(sigma, 2, -1.5, 0.5);
-  return sigma;
-}
+constexpr auto hybrid_map = test::hybrid_newton_schulz_map;
 
 // Checks out = orthogonalize(U) singular value by singular value against p; returns the largest
 // deviation. Singular values below `unresolved` of the norm are left out of the comparison: there

@@ -18,6 +18,16 @@ inline std::vector<float> gaussian(size_t n, double stddev, uint32_t seed) {
   return v;
 }
 
+// The hybrid Newton–Schulz iteration on one singular value, with the report's (V4 Algorithm 1's)
+// coefficients written out here, apart from the library's table: 8 × (3.4445, −4.7750, 2.0315),
+// then 2 × (2, −1.5, 0.5).
+inline double hybrid_newton_schulz_map(double sigma) {
+  auto quintic = [](double x, double a, double b, double c) { return a * x + b * x * x * x + c * x * x * x * x * x; };
+  for (int i = 0; i < 8; ++i) sigma = quintic(sigma, 3.4445, -4.7750, 2.0315);
+  for (int i = 0; i < 2; ++i) sigma = quintic(sigma, 2, -1.5, 0.5);
+  return sigma;
+}
+
 inline double rms(const float* x, size_t n) {
   double s = 0;
   for (size_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
