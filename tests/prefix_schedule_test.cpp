@@ -9,6 +9,8 @@
 #include <cmath>
 #include <vector>
 
+#include "fixture.h"
+#include "forward/model.h"
 #include "test_util.h"
 
 namespace dsv41 {
@@ -82,6 +84,21 @@ TEST(PrefixSchedule, RefusesWhatIsNotAPrefixSurvival) {
   EXPECT_NE(test::error_of([&] { verification_lengths(growing, sps); }).find("never grows"), std::string::npos);
   EXPECT_NE(test::error_of([&] { verification_lengths(outside, sps); }).find("[0, 1]"), std::string::npos);
   EXPECT_TRUE(verification_lengths({}, sps).empty());
+}
+
+// The profile on the CPU executor over the v41-tiny fixture (which has Engram layers): one point per
+// row count asked for, each a positive rate (how fast is the machine's business, not the test's).
+TEST(PrefixSchedule, MeasuresTheExecutorsPasses) {
+  const auto model = Model::load(test::fixture_dir("v41-tiny"));
+  CpuExecutor executor(*model);
+  const std::vector<int64_t> rows = {1, 3, 6};
+  const StepRate sps = measure_step_rate(executor, rows, 20, 3);
+  ASSERT_EQ(sps.points().size(), 3u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(sps.points()[i].rows, rows[i]);
+    EXPECT_GT(sps.points()[i].per_second, 0);
+  }
+  EXPECT_NE(test::error_of([&] { measure_step_rate(executor, {}, 20); }).find("row counts"), std::string::npos);
 }
 
 }  // namespace

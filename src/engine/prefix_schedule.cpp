@@ -1,6 +1,7 @@
 #include "engine/prefix_schedule.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 
@@ -28,6 +29,36 @@ double StepRate::at(int64_t rows) const {
   const auto lo = hi - 1;
   const double f = double(rows - lo->rows) / double(hi->rows - lo->rows);
   return 1 / ((1 - f) / lo->per_second + f / hi->per_second);
+}
+
+StepRate measure_step_rate(Executor& executor, std::span<const int64_t> rows, int64_t context, int repeats) {
+  if (rows.empty() || repeats < 1) fail("measure_step_rate", "row counts and one repeat or more", "none");
+  const Config& c = executor.model().config();
+  const int64_t engram_per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+  // Token ids and Engram rows do not change a pass's work: zeros.
+  const auto run = [&](Sequence& seq, int64_t n, bool all_logits) {
+    const std::vector<int> tokens(size_t(n), 0);
+    const std::vector<int64_t> engram(size_t(n * engram_per_token), 0);
+    ForwardOptions options;
+    options.all_logits = all_logits;
+    executor.forward_batch({BatchItem{&seq, tokens, engram_per_token > 0 ? engram.data() : nullptr, options}});
+  };
+  const std::unique_ptr<Sequence> seq = executor.new_sequence();
+  if (context > 0) run(*seq, context, false);
+  std::vector<StepRate::Point> points;
+  for (const int64_t n : rows) {
+    std::vector<double> seconds;
+    for (int i = 0; i < repeats; ++i) {
+      const SequenceMark mark = executor.mark(*seq, n);
+      const auto t0 = std::chrono::steady_clock::now();
+      run(*seq, n, true);
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      executor.rewind(*seq, mark);
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
+    points.push_back({n, 1 / std::max(seconds[size_t(repeats / 2)], 1e-9)});
+  }
+  return StepRate(points);
 }
 
 std::vector<double> prefix_survival(std::span<const float> confidence) {

@@ -15,6 +15,8 @@
 #include <span>
 #include <vector>
 
+#include "forward/executor.h"
+
 namespace dsv41 {
 
 // Target passes per second by the rows of a pass, measured at some row counts (the engine's
@@ -34,6 +36,11 @@ class StepRate {
  private:
   std::vector<Point> points_;
 };
+
+// The executor's profile: at each of `rows` (increasing), the median over `repeats` of a target
+// pass of that many rows with every row's logits (a verification's shape) after a context of
+// `context` tokens, undone after each (Executor::mark, rewind: an executor that speculates).
+StepRate measure_step_rate(Executor& executor, std::span<const int64_t> rows, int64_t context, int repeats = 3);
 
 // a_k for k = 1 .. γ from the confidence head's raw logits z_1 .. z_γ (c_k = σ(z_k): the reference
 // notes' temperatures T_k are not in the checkpoint and default to 1).
