@@ -1,11 +1,16 @@
 #pragma once
-// Helpers of the optimizer tests: seeded random matrices, and singular values computed in double
-// by a method independent of the code under test (the cyclic Jacobi eigenvalue iteration on the
-// smaller Gram matrix).
+// Helpers of the optimizer tests: seeded random matrices, singular values computed in double by a
+// method independent of the code under test (the cyclic Jacobi eigenvalue iteration on the
+// smaller Gram matrix), and a temporary file. (tests/test_util.h's TempDir needs the dsv41
+// binary's definitions, which this core-only binary does not have.)
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace dsv41::optim::test {
@@ -86,5 +91,23 @@ inline std::vector<double> singular_values(const float* x, int64_t rows, int64_t
   for (double& v : sv) v = std::sqrt(std::max(v, 0.0));
   return sv;
 }
+
+// A path under the system's temp directory, unique per process and instance, removed at the end.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& tag) {
+    static int counter = 0;
+    path_ = (std::filesystem::temp_directory_path() /
+             ("dsv41_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
+                .string();
+  }
+  ~TempFile() { std::filesystem::remove(path_); }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace dsv41::optim::test

@@ -1,0 +1,96 @@
+#include "train/optim/optimizer.h"
+
+#include <functional>
+#include <numeric>
+#include <set>
+#include <utility>
+
+#include "base/error.h"
+
+namespace dsv41::optim {
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const Config& config, std::vector<Parameter> params, OptimizerOptions options)
+    : options_(std::move(options)) {
+  options_.schedule.validate();
+  std::set<std::string> names;
+  for (Parameter& p : params) {
+    const std::string where = "optimizer, tensor '" + p.name + "'";
+    if (!names.insert(p.name).second) fail(where, "each parameter once", "it twice");
+    if (!p.value || !p.grad) fail(where, "its values and its gradient", "a null pointer");
+    const ParamGroup group = param_group(config, p.name);
+    if (group.update == Update::ExpertBias)
+      fail(where, "a parameter trained by its gradient", "the gate's bias (moved by its loads: expert_bias.h)");
+    const int64_t elements = std::accumulate(p.shape.begin(), p.shape.end(), int64_t(1), std::multiplies<>());
+    const bool matrix = p.shape.size() == 2 && elements > 0;
+    if (group.update != Update::AdamW && !matrix)
+      fail(where, std::string("a matrix for ") + update_name(group.update), "shape " + shape_text(p.shape));
+    if (group.update == Update::Muon && p.shape[0] % group.row_blocks != 0)
+      fail(where, std::to_string(group.row_blocks) + " blocks of rows for head-wise Muon", "shape " + shape_text(p.shape));
+    const int64_t rows = matrix ? p.shape[0] : 1, cols = matrix ? p.shape[1] : elements;
+    const size_t buffers = group.update == Update::AdamW ? 2 : 1;
+    state_.tensors.push_back({p.name, uint32_t(group.update), std::vector<std::vector<float>>(buffers, std::vector<float>(size_t(elements)))});
+    slots_.push_back({std::move(p), group, rows, cols, elements});
+  }
+}
+
+void Optimizer::step() {
+  const double base = options_.schedule.lr(steps());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    std::vector<std::vector<float>>& buf = state_.tensors[i].buffers;
+    const float lr = float(base * s.group.lr_multiplier);
+    switch (s.group.update) {
+      case Update::Muon: {
+        MuonOptions o = options_.muon;
+        if (!s.group.weight_decay) o.weight_decay = 0;
+        muon_step(s.param.value, s.param.grad, buf[0].data(), s.rows, s.cols, s.group.row_blocks, lr, o);
+        break;
+      }
+      case Update::AdamW: {
+        AdamWOptions o = options_.adamw;
+        if (!s.group.weight_decay) o.weight_decay = 0;
+        adamw_step(s.param.value, s.param.grad, buf[0].data(), buf[1].data(), s.elements, steps() + 1, lr, o);
+        break;
+      }
+      case Update::Sinkhorn:
+        sinkhorn_step(s.param.value, s.param.grad, buf[0].data(), s.rows, s.cols, lr, options_.sinkhorn);
+        break;
+      case Update::ExpertBias: break;  // refused by the constructor
+    }
+  }
+  ++state_.steps;
+}
+
+void Optimizer::save(const std::string& path) const { write_optimizer_state(path, state_); }
+
+void Optimizer::load(const std::string& path) {
+  OptimizerState loaded = read_optimizer_state(path);
+  if (loaded.tensors.size() != state_.tensors.size())
+    fail(path, std::to_string(state_.tensors.size()) + " tensors (this optimizer's parameters)",
+         std::to_string(loaded.tensors.size()));
+  for (size_t i = 0; i < state_.tensors.size(); ++i) {
+    const StateTensor &want = state_.tensors[i], &got = loaded.tensors[i];
+    const std::string at = "tensor " + std::to_string(i);
+    if (got.name != want.name) fail(path, at + " named '" + want.name + "'", "'" + got.name + "'");
+    if (got.update != want.update)
+      fail(path, at + " ('" + want.name + "') with the state of " + update_name(Update(want.update)),
+           "update " + std::to_string(got.update));
+    if (got.buffers.size() != want.buffers.size() || got.buffers.front().size() != want.buffers.front().size())
+      fail(path, at + " ('" + want.name + "') with " + std::to_string(want.buffers.size()) + " buffer(s) of " +
+                     std::to_string(want.buffers.front().size()) + " elements",
+           std::to_string(got.buffers.size()) + " of " + std::to_string(got.buffers.empty() ? 0 : got.buffers.front().size()));
+  }
+  state_ = std::move(loaded);
+}
+
+}  // namespace dsv41::optim
