@@ -73,26 +73,28 @@ TEST(Muon, HeadWiseBlocksAreOrthogonalisedSeparately) {
   }
 }
 
-// Two steps on rank-one gradients along orthonormal directions, G₁ = a u₁v₁ᵀ, G₂ = b u₂v₂ᵀ,
-// lr η, decay λ, from W₀. By hand (nesterov.h, in V4's sum form M ← μM + G, Ĝ = μM + G; the
-// lerp form is (1 − μ) times it, which the normalization removes):
-//   step 1: Ĝ = (1 + μ) G₁: one singular value, ‖Ĝ‖_F-normalized to 1 → O₁ = p(1) u₁v₁ᵀ · s
-//   step 2: M = μG₁ + G₂, Ĝ = μ²G₁ + (1 + μ)G₂: singular values μ²a and (1 + μ)b along (u₁, v₁)
-//           and (u₂, v₂); normalized by F = √((μ²a)² + ((1 + μ)b)²)
-//           O₂ = (p(μ²a/F) u₁v₁ᵀ + p((1 + μ)b/F) u₂v₂ᵀ) · s
+// Two steps on rank-one gradients that share their left vector and turn the right one:
+// G₁ = a u vᵀ, G₂ = b u wᵀ (u, v, w unit, v ⊥ w), lr η, decay λ, from W₀. By hand (nesterov.h, in
+// V4's sum form M ← μM + G, Ĝ = μM + G; the lerp form is (1 − μ) times it, which the
+// normalization removes):
+//   step 1: Ĝ = (1 + μ) G₁, one singular value, normalized to 1 → O₁ = p(1) u vᵀ · s
+//   step 2: M = μG₁ + G₂, Ĝ = μ²G₁ + (1 + μ)G₂ = u zᵀ with z = μ²a v + (1 + μ)b w: rank one
+//           again → O₂ = p(1) u ẑᵀ · s, ẑ = z / ‖z‖
 //   W₂ = (W₀(1 − ηλ) − η O₁)(1 − ηλ) − η O₂,  s = √max(rows, cols) · γ
-// with p the hybrid Newton–Schulz map on one singular value.
+// with p the hybrid Newton–Schulz map on one singular value. Newton–Schulz erases singular
+// values, not directions: the direction ẑ is where Nesterov's μ² : (1 + μ) mix shows (plain
+// momentum's μ : 1 would turn it by 0.13 rad, moving entries by ~5e-3).
 TEST(Muon, NesterovMomentumAndDecayMatchTheHandComputedSteps) {
   const int64_t rows = 4, cols = 6;
   const double mu = 0.95, lr = 0.1, wd = 0.1, gamma = 0.18, a = 1.0, b = 0.3;
   const double h = 1 / std::sqrt(2.0);
-  const double u1[rows] = {h, h, 0, 0}, u2[rows] = {h, -h, 0, 0};
-  const double v1[cols] = {0, 0.6, 0.8, 0, 0, 0}, v2[cols] = {0, 0.8, -0.6, 0, 0, 0};
+  const double u[rows] = {h, h, 0, 0};
+  const double v[cols] = {0, 0.6, 0.8, 0, 0, 0}, w[cols] = {0, 0.8, -0.6, 0, 0, 0};
   std::vector<float> G1(rows * cols), G2(rows * cols);
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {
-      G1[size_t(i * cols + j)] = float(a * u1[i] * v1[j]);
-      G2[size_t(i * cols + j)] = float(b * u2[i] * v2[j]);
+      G1[size_t(i * cols + j)] = float(a * u[i] * v[j]);
+      G2[size_t(i * cols + j)] = float(b * u[i] * w[j]);
     }
   std::vector<float> W = test::gaussian(size_t(rows * cols), 1.0, 9), momentum(W.size(), 0.0f);
   const std::vector<float> W0 = W;
@@ -100,13 +102,13 @@ TEST(Muon, NesterovMomentumAndDecayMatchTheHandComputedSteps) {
   muon_step(W.data(), G1.data(), momentum.data(), rows, cols, 1, float(lr), o);
   muon_step(W.data(), G2.data(), momentum.data(), rows, cols, 1, float(lr), o);
 
-  const auto p = test::hybrid_newton_schulz_map;
+  const double p1 = test::hybrid_newton_schulz_map(1.0);
   const double s = std::sqrt(6.0) * gamma, decay = 1 - lr * wd;
-  const double s1 = mu * mu * a, s2 = (1 + mu) * b, F = std::sqrt(s1 * s1 + s2 * s2);
+  const double zv = mu * mu * a, zw = (1 + mu) * b, zn = std::sqrt(zv * zv + zw * zw);
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {
-      const double o1 = p(1.0) * u1[i] * v1[j] * s;
-      const double o2 = (p(s1 / F) * u1[i] * v1[j] + p(s2 / F) * u2[i] * v2[j]) * s;
+      const double o1 = p1 * u[i] * v[j] * s;
+      const double o2 = p1 * u[i] * (zv * v[j] + zw * w[j]) / zn * s;
       const double want = (W0[size_t(i * cols + j)] * decay - lr * o1) * decay - lr * o2;
       // Entries of order 1 after a few fp32 operations, and NS's 2e-5 per singular value times
       // η s ≈ 0.04: 1e-5 is an ample bound (measured: 1.7e-7).
