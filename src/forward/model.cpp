@@ -8,21 +8,14 @@
 
 namespace dsv41 {
 
-namespace {
-
-RopeTable window_rope(const Config& c) {
-  return RopeTable(c.rope_head_dim, c.rope_theta, 0, c.rope_factor, c.beta_fast, c.beta_slow);
-}
-
-RopeTable compressed_rope(const Config& c) {
+RopeTable rope_table(const Config& c, bool compressed) {
+  if (!compressed) return RopeTable(c.rope_head_dim, c.rope_theta, 0, c.rope_factor, c.beta_fast, c.beta_slow);
   return RopeTable(c.rope_head_dim, c.compress_rope_theta, c.original_seq_len, c.rope_factor, c.beta_fast, c.beta_slow);
 }
 
-}  // namespace
-
 Model::Model(Config config, Checkpoint ckpt)
-    : config_(std::move(config)), ckpt_(std::move(ckpt)), rope_window_(window_rope(config_)),
-      rope_compressed_(compressed_rope(config_)) {}
+    : config_(std::move(config)), ckpt_(std::move(ckpt)), rope_window_(rope_table(config_, false)),
+      rope_compressed_(rope_table(config_, true)) {}
 
 const RopeTable& Model::rope(int layer) const {
   return config_.compress_ratios[size_t(layer)] > 0 ? rope_compressed_ : rope_window_;

@@ -16,6 +16,10 @@
 
 namespace dsv41 {
 
+// A layer's RoPE (model.py precompute_freqs_cis): rope_theta without YaRN on SWA-only layers;
+// compress_rope_theta with YaRN (when original_seq_len > 0) on the layers with compressed KV.
+RopeTable rope_table(const Config& config, bool compressed);
+
 class Model {
  public:
   // Opens DIR (config.json + safetensors), checks every tensor against the config, binds views.

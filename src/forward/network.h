@@ -1,7 +1,8 @@
 #pragma once
 // The V4.1 network, written once (DESIGN §3): the layer loop of model.py's Transformer.forward with
 // single-pass mHC, the CED cut of decoder bounded replay, the trace, and the head. Each executor
-// runs it over its own op set (`Ops`: forward.cpp's on the CPU, device_forward.cu's on CUDA), whose
+// runs it over its own op set (`Ops`: forward.cpp's on the CPU, device_forward.cu's on CUDA; the
+// trainer's, src/train/model/train_ops.h, records each op's backward as it runs), whose
 // rows are one call's (its items' rows one after another) and whose state is the call's plan
 // (call_plan.h). What an op set must offer:
 //
@@ -43,7 +44,7 @@ enum class Sub { Attention, Ffn };
 //   linear_grouped(o, wo_a), output(y)
 template <class Ops>
 void attention(const Config& c, Ops& ops, int l) {
-  const AttentionWeights& a = ops.layer(l).attn;
+  const auto& a = ops.layer(l).attn;  // AttentionWeights, or the trainer's parameters of the same fields
   const int H = c.n_heads;
   const int64_t hd = c.head_dim;
   // The query through its low-rank path, RoPE'd on each head's last rope_head_dim values.

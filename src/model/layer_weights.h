@@ -77,7 +77,8 @@ struct BlockTensor {
 namespace block_tensor {
 
 // A layer's expert e and its Engram weights, made where the layer is being filled (a binding) and
-// only read where it is const (a placement reads the host's).
+// only read where it is const (a placement reads the host's). Any struct with the fields of
+// LayerWeights may be walked (the trainer's parameters, src/train/model/parameters.h).
 template <class L>
 auto& expert(L& l, int e) {
   if constexpr (!std::is_const_v<L>)
@@ -87,7 +88,7 @@ auto& expert(L& l, int e) {
 template <class L>
 auto& engram(L& l) {
   if constexpr (!std::is_const_v<L>)
-    if (!l.engram) l.engram = std::make_unique<EngramWeights>();
+    if (!l.engram) l.engram = std::make_unique<typename decltype(l.engram)::element_type>();
   return *l.engram;
 }
 

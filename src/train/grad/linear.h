@@ -4,49 +4,110 @@
 // docs/training.md, "Precision flow").
 //
 //   dx += dy W      dW += dyᵀ x
+//
+// In float (CPU training) the three products run on the engine's fp32 GEMM (backend/cpu/gemm.h),
+// which multiplies x by a transposed W; the backward's two products give it transposed operands
+// (dy W = dy (Wᵀ)ᵀ, dyᵀ x = (dyᵀ)(xᵀ)ᵀ), made in scratch copies. In double (the gradient checks)
+// they are the plain loops.
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cpu/gemm.h"
 
 namespace dsv41::grad {
+
+namespace linear_detail {
+
+// t [cols, rows] = aᵀ, a [rows, cols].
+inline void transpose(const float* a, int64_t rows, int64_t cols, std::vector<float>& t) {
+  t.resize(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = a[r * cols + c];
+}
+
+// y [M, N] += a [M, K] · bᵀ, b [N, K], through the GEMM.
+inline void gemm_add(const float* a, int64_t M, const float* b, int64_t N, int64_t K, float* y) {
+  std::vector<float> product(size_t(M * N));
+  gemm_f32(a, M, b, N, K, product.data(), N);
+  for (int64_t i = 0; i < M * N; ++i) y[i] += product[size_t(i)];
+}
+
+}  // namespace linear_detail
 
 // y [M, N] = x [M, K] · Wᵀ, W [N, K].
 template <class T>
 void linear_forward(const T* x, int64_t M, int64_t K, const T* W, int64_t N, T* y) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      T sum = 0;
-      for (int64_t k = 0; k < K; ++k) sum += x[m * K + k] * W[n * K + k];
-      y[m * N + n] = sum;
-    }
+  if constexpr (std::is_same_v<T, float>) {
+    gemm_f32(x, M, W, N, K, y, N);
+  } else {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        T sum = 0;
+        // In vector lanes (any order is as good for the checks, and the whole-model check runs
+        // thousands of forwards).
+#pragma omp simd reduction(+ : sum)
+        for (int64_t k = 0; k < K; ++k) sum += x[m * K + k] * W[n * K + k];
+        y[m * N + n] = sum;
+      }
+  }
 }
 
 // dx [M, K] += dy W; dW [N, K] += dyᵀ x. Either may be nullptr (not wanted).
 template <class T>
 void linear_backward(const T* x, int64_t M, int64_t K, const T* W, int64_t N, const T* dy, T* dx, T* dW) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      const T g = dy[m * N + n];
-      if (dx)
-        for (int64_t k = 0; k < K; ++k) dx[m * K + k] += g * W[n * K + k];
-      if (dW)
-        for (int64_t k = 0; k < K; ++k) dW[n * K + k] += g * x[m * K + k];
+  if constexpr (std::is_same_v<T, float>) {
+    std::vector<float> a, b;
+    if (dx) {
+      linear_detail::transpose(W, N, K, b);
+      linear_detail::gemm_add(dy, M, b.data(), K, N, dx);
     }
+    if (dW) {
+      linear_detail::transpose(dy, M, N, a);
+      linear_detail::transpose(x, M, K, b);
+      linear_detail::gemm_add(a.data(), N, b.data(), K, M, dW);
+    }
+  } else {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const T g = dy[m * N + n];
+        if (dx)
+          for (int64_t k = 0; k < K; ++k) dx[m * K + k] += g * W[n * K + k];
+        if (dW)
+          for (int64_t k = 0; k < K; ++k) dW[n * K + k] += g * x[m * K + k];
+      }
+  }
 }
 
 // The grouped low-rank output (Attention.forward's einsum "bsgd,grd->bsgr"): x [M, G, Kg] with
-// group g through W's rows [g·Ng, (g+1)·Ng) (W [G·Ng, Kg]), y [M, G, Ng]: block-diagonal.
+// group g through W's rows [g·Ng, (g+1)·Ng) (W [G·Ng, Kg]), y [M, G, Ng]: block-diagonal. Each
+// group's columns are gathered into one [M, Kg] product.
 template <class T>
 void linear_grouped_forward(const T* x, int64_t M, int64_t G, int64_t Kg, const T* W, int64_t Ng, T* y) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) linear_forward(x + (m * G + g) * Kg, 1, Kg, W + g * Ng * Kg, Ng, y + (m * G + g) * Ng);
+  std::vector<T> xg(size_t(M * Kg)), yg(size_t(M * Ng));
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t m = 0; m < M; ++m) std::copy_n(x + (m * G + g) * Kg, Kg, xg.data() + m * Kg);
+    linear_forward(xg.data(), M, Kg, W + g * Ng * Kg, Ng, yg.data());
+    for (int64_t m = 0; m < M; ++m) std::copy_n(yg.data() + m * Ng, Ng, y + (m * G + g) * Ng);
+  }
 }
 
 template <class T>
 void linear_grouped_backward(const T* x, int64_t M, int64_t G, int64_t Kg, const T* W, int64_t Ng, const T* dy, T* dx,
                              T* dW) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g)
-      linear_backward(x + (m * G + g) * Kg, 1, Kg, W + g * Ng * Kg, Ng, dy + (m * G + g) * Ng,
-                      dx ? dx + (m * G + g) * Kg : nullptr, dW ? dW + g * Ng * Kg : nullptr);
+  std::vector<T> xg(size_t(M * Kg)), dyg(size_t(M * Ng)), dxg;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t m = 0; m < M; ++m) {
+      std::copy_n(x + (m * G + g) * Kg, Kg, xg.data() + m * Kg);
+      std::copy_n(dy + (m * G + g) * Ng, Ng, dyg.data() + m * Ng);
+    }
+    if (dx) dxg.assign(size_t(M * Kg), T(0));
+    linear_backward(xg.data(), M, Kg, W + g * Ng * Kg, Ng, dyg.data(), dx ? dxg.data() : nullptr, dW ? dW + g * Ng * Kg : nullptr);
+    if (dx)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < Kg; ++k) dx[(m * G + g) * Kg + k] += dxg[size_t(m * Kg + k)];
+  }
 }
 
 }  // namespace dsv41::grad

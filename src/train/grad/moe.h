@@ -44,15 +44,16 @@ struct MoeSaved {
   ExpertSaved<T> shared;
 };
 
-// x, y [rows, dim]; inter: the experts' width (routed and shared alike, as V4.1).
+// x, y [rows, dim]; inter: the experts' width (routed and shared alike, as V4.1). `forced`
+// [rows, topk], optional: the experts each row takes (gate_forward's).
 template <class T>
 void moe_forward(const T* x, int64_t rows, int64_t dim, int64_t inter, const MoeWeights<T>& w, const GateOptions& opt,
-                 T limit, T* y, MoeSaved<T>& saved) {
+                 T limit, T* y, MoeSaved<T>& saved, const int32_t* forced = nullptr) {
   const int64_t E = int64_t(w.experts.size());
   const int k = opt.topk;
   saved.experts.resize(size_t(rows * k));
   saved.weights.resize(size_t(rows * k));
-  gate_forward(x, rows, dim, w.gate, E, w.gate_bias, opt, saved.experts.data(), saved.weights.data(), saved.gate);
+  gate_forward(x, rows, dim, w.gate, E, w.gate_bias, opt, saved.experts.data(), saved.weights.data(), saved.gate, forced);
   saved.rows_of.assign(size_t(E), {});
   saved.slot_of.assign(size_t(E), {});
   saved.inputs.assign(size_t(E), {});

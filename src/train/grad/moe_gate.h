@@ -59,10 +59,13 @@ inline bool normalized(const GateOptions& opt) { return opt.norm_topk_prob && op
 
 }  // namespace gate_detail
 
-// x [rows, dim]; W [experts, dim]; bias [experts]. experts_out, weights [rows, topk].
+// x [rows, dim]; W [experts, dim]; bias [experts]. experts_out, weights [rows, topk]. With `forced`
+// [rows, topk], those experts are taken instead of the best (in that order), weighted the same way
+// (backend/cpu/moe.h route's `forced`: a choice held fixed).
 template <class T>
 void gate_forward(const T* x, int64_t rows, int64_t dim, const T* W, int64_t n_experts, const T* bias,
-                  const GateOptions& opt, int32_t* experts_out, T* weights, GateSaved<T>& saved) {
+                  const GateOptions& opt, int32_t* experts_out, T* weights, GateSaved<T>& saved,
+                  const int32_t* forced = nullptr) {
   const bool sig = gate_detail::sigmoid_scores(opt);
   const int k = opt.topk;
   if (k < 1 || k > n_experts) fail("gate", "topk in [1, " + std::to_string(n_experts) + "]", std::to_string(k));
@@ -82,6 +85,12 @@ void gate_forward(const T* x, int64_t rows, int64_t dim, const T* W, int64_t n_e
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
       return biased[size_t(a)] > biased[size_t(b)] || (biased[size_t(a)] == biased[size_t(b)] && a < b);
     });
+    if (forced)
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = forced[r * k + j];
+        if (e < 0 || e >= n_experts) fail("gate", "forced experts in [0, " + std::to_string(n_experts) + ")", std::to_string(e));
+        order[size_t(j)] = e;
+      }
     T sum = 0;
     for (int j = 0; j < k; ++j) sum += s[order[size_t(j)]];
     for (int j = 0; j < k; ++j) {

@@ -1,0 +1,88 @@
+#pragma once
+// The V4.1 network's training forward and backward over any Config the engine accepts
+// (docs/training.md, "The model"): forward/network.h's layer loop — the same schedule as inference —
+// run by the training op set (train_ops.h) on one packed sequence at once from position 0 (the
+// reference's prefill at start_pos 0, exact mode: every layer on every position, no KV cache), then
+// its recorded backward (tape.h) into the parameters' gradients.
+//
+// A step's objective is lm_weight · L_lm + indexer_weight · L_indexer: the mean next-token
+// cross-entropy over the sequence, and the indexer's distillation loss (KL of its scores against the
+// main attention of the chosen entries) averaged over the rows and summed over the index-source
+// layers, which trains only the indexer's own weights.
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "train/model/parameters.h"
+#include "train/model/tape.h"
+
+namespace dsv41::train {
+
+// Quantization-aware training (docs/training.md, "Where quantization-aware training plugs in"): the
+// serving caches' codecs applied as fake quantization with straight-through gradients.
+struct TrainOptions {
+  bool kv_fp4 = false;         // the compressed main KV entries, after their RoPE (KV-FP4)
+  bool swa_fp8 = false;        // the window KV, after its RoPE (SWA-FP8)
+  bool mxfp4_indexer = false;  // the index queries and keys, after their RoPE (MXFP4)
+};
+
+// The discrete choices of one forward, as forward.h's Trace records them: per index-source layer
+// each row's compressed entries (ascending, −1 = an empty slot, min(index_topk, entries) per row),
+// and per backbone layer each row's experts (best first). Imposed, they replace the forward's own.
+struct Choices {
+  std::map<int, std::vector<std::vector<int64_t>>> topk;
+  std::vector<std::vector<int32_t>> experts;  // [layer][row · k + j]
+};
+
+struct Losses {
+  double lm = 0;       // mean next-token cross-entropy over the rows with a target
+  double indexer = 0;  // Σ over index-source layers of the mean over rows of KL(p* ‖ softmax(I))
+};
+
+// How far the last forward stayed from the kinks a finite difference must not straddle (the
+// gradient checks assert them): the smallest |dot| under Engram's signed root (floored at 1e-6) and
+// under the indexer's relu (its chosen entries), the largest |pre-activation| of an expert (clamped
+// at swiglu_limit) and |logit| of a gate (softplus is the identity above 20).
+struct Margins {
+  double engram_dot = INFINITY, indexer_dot = INFINITY, expert_preactivation = 0, gate_logit = 0;
+};
+
+template <class T>
+class TrainOps;
+
+template <class T>
+class TrainModel {
+ public:
+  explicit TrainModel(Parameters<T>& params, TrainOptions options = {});
+  ~TrainModel();
+
+  // Runs one sequence: tokens [L + 1], the inputs the first L, each row's target the token after it;
+  // engram_ids [L, engram layers, hash columns] of the inputs (forward.h's layout; nullptr for a model
+  // without Engram). With `forced`, its choices replace the forward's. Records the backward.
+  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, const Choices* forced = nullptr);
+  // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer of the last forward into the
+  // parameters' gradients (zeroed by the caller: sequences of a batch accumulate).
+  void backward(T lm_weight = T(1), T indexer_weight = T(1));
+
+  // The last forward's choices, and its distances to kinks.
+  const Choices& choices() const;
+  const Margins& margins() const;
+  // The last forward's logits [L, vocab] (the head over the final norm's output).
+  std::vector<T> logits() const;
+  // Rows routed to each expert of each backbone layer over the forwards since the last reset
+  // ([layer][expert]): what the aux-loss-free update of the gate's bias reads.
+  const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
+  void reset_expert_load();
+
+ private:
+  Parameters<T>& params_;
+  TrainOptions options_;
+  Tape tape_;
+  std::unique_ptr<TrainOps<T>> ops_;
+  std::vector<std::vector<int64_t>> expert_load_;
+};
+
+}  // namespace dsv41::train

@@ -1,0 +1,553 @@
+#pragma once
+// The training op set of forward/network.h (docs/training.md, "The model"): network.h's Ops over one
+// sequence's rows at positions 0 .. R − 1 in T, each op computed by its src/train/grad forward and
+// recording its backward on the tape. Where the CPU forward (forward.cpp) keeps state across calls —
+// the KV caches, the published top-k and candidate pool — this keeps it for the one call: the
+// compressed KV and index keys of each kv-source, the latest index source's top-k, the candidate
+// source's mask.
+//
+// Against the CPU forward: no bf16 rounding points (docs/training.md, "Precision flow"); the caches'
+// quantizations only as TrainOptions switch them on (fake quantization, straight-through); no
+// activation quantization in front of fp8/fp4 products (the masters are fp32). The choices are made
+// on unrounded scores by the engine's own selection functions (backend/cpu/indexer.h), or imposed.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/indexer.h"
+#include "backend/cpu/rope.h"
+#include "base/error.h"
+#include "forward/model.h"
+#include "forward/network.h"
+#include "forward/window.h"
+#include "model/gate.h"
+#include "numerics/codecs.h"
+#include "train/grad/compressor.h"
+#include "train/grad/cross_entropy.h"
+#include "train/grad/embedding.h"
+#include "train/grad/engram.h"
+#include "train/grad/indexer.h"
+#include "train/grad/linear.h"
+#include "train/grad/mhc.h"
+#include "train/grad/moe.h"
+#include "train/grad/rms_norm.h"
+#include "train/grad/rope.h"
+#include "train/grad/sparse_attention.h"
+#include "train/model/parameters.h"
+#include "train/model/tape.h"
+#include "train/model/train_model.h"
+
+namespace dsv41::train {
+
+template <class T>
+class TrainOps {
+ public:
+  using Tensor = train::Tensor<T>;  // network.h's Ops::Tensor
+
+  // tokens [R + 1] (inputs and, one on, targets); engram_ids [R, engram layers, columns] or nullptr.
+  TrainOps(Parameters<T>& params, const TrainOptions& options, Tape& tape, std::span<const int64_t> tokens,
+           const int64_t* engram_ids, const Choices* forced, std::vector<std::vector<int64_t>>& expert_load)
+      : c_(params.config()), p_(params), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1), engram_ids_(engram_ids),
+        forced_(forced), load_(expert_load), rope_window_(rope_table(c_, false)), rope_compressed_(rope_table(c_, true)) {
+    if (R_ < 1) fail("train forward", "a sequence of at least 2 tokens (inputs and their next tokens)", std::to_string(tokens.size()));
+    for (int64_t t : tokens)
+      if (t < 0 || t >= c_.vocab_size) fail("train forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
+    if (c_.has_engram() && !engram_ids) fail("train forward", "Engram hash ids for a model with Engram", "none");
+    inputs_.assign(tokens.begin(), tokens.end() - 1);
+    targets_.assign(tokens.begin() + 1, tokens.end());
+    for (int64_t r = 0; r < R_; ++r) positions_.push_back(r);
+    if (forced_ && !forced_->experts.empty() && int(forced_->experts.size()) != c_.n_layers)
+      fail("train forward", "imposed experts for " + std::to_string(c_.n_layers) + " layers", std::to_string(forced_->experts.size()));
+    choices_.experts.resize(size_t(c_.n_layers));
+  }
+
+  Losses losses;
+  Margins margins;
+  const Choices& choices() const { return choices_; }
+  const Tensor& final_hidden() const { return final_; }
+  // The seeds of the two losses' gradients, read when the backward runs.
+  T lm_weight = T(1), indexer_weight = T(1);
+
+  // --- network.h's op set -----------------------------------------------------------------------
+
+  int64_t rows() const { return R_; }
+  bool cuts_rows() const { return false; }  // exact mode: no decoder bounded replay in training
+
+  void embed() {
+    const int64_t d = c_.dim, hc = c_.hc_mult;
+    std::vector<T> x(size_t(R_ * d));
+    grad::gather_rows_forward(p_.embed().v(), c_.vocab_size, d, inputs_.data(), R_, x.data());
+    Tensor X = tensor<T>(size_t(R_ * hc * d));
+    grad::hc_expand_forward(x.data(), R_, int(hc), d, X->v());
+    tape_.record([this, X] {
+      if (!X->has_grad()) return;
+      const int64_t d = c_.dim;
+      std::vector<T> dx(size_t(R_ * d), T(0));
+      grad::hc_expand_backward(X->grad.data(), R_, c_.hc_mult, d, dx.data());
+      grad::gather_rows_backward(dx.data(), d, inputs_.data(), R_, p_.embed().g());
+    });
+    X_ = X;
+    // The first attention input's `pre`: the one-hot e0 (a constant).
+    mix_[size_t(Sub::Ffn)].pre = tensor<T>(size_t(R_ * hc));
+    for (int64_t r = 0; r < R_; ++r) mix_[size_t(Sub::Ffn)].pre->value[size_t(r * hc)] = T(1);
+  }
+
+  void mix(int l, Sub s) {
+    HcParams<T>& w = s == Sub::Attention ? p_.layer(l).hc_attn : p_.layer(l).hc_ffn;
+    const int64_t hc = c_.hc_mult;
+    Mix& m = mix_[size_t(s)];
+    m = Mix{tensor<T>(size_t(R_ * hc)), tensor<T>(size_t(R_ * hc)), tensor<T>(size_t(R_ * hc * hc))};
+    auto saved = std::make_shared<grad::HcMixesSaved<T>>();
+    grad::hc_mixes_forward(X_->v(), R_, c_.dim, w.fn->v(), w.base->v(), w.scale->v(), hc_options(), m.pre->v(), m.post->v(),
+                           m.comb->v(), *saved);
+    tape_.record([this, X = X_, m, saved, &w] {
+      if (!m.pre->has_grad() && !m.post->has_grad() && !m.comb->has_grad()) return;
+      grad::hc_mixes_backward(X->v(), R_, c_.dim, w.fn->v(), w.base->v(), w.scale->v(), hc_options(), *saved, m.pre->g(),
+                              m.post->g(), m.comb->g(), X->g(), w.fn->g(), w.base->g(), w.scale->g());
+    });
+  }
+
+  // h = norm_s(hc_pre(X, pre)), pre the mix of the sub-layer before s.
+  void input(int l, Sub s) {
+    const Tensor& pre = mix_[size_t(s == Sub::Attention ? Sub::Ffn : Sub::Attention)].pre;
+    Tensor h = collapse(pre);
+    rms_norm(h, c_.dim, s == Sub::Attention ? p_.layer(l).attn_norm : p_.layer(l).ffn_norm);
+    h_ = h;
+  }
+
+  void write_back(Sub s) {
+    const int64_t hc = c_.hc_mult, d = c_.dim;
+    const Mix m = mix_[size_t(s)];
+    Tensor out = tensor<T>(X_->size());
+    grad::hc_post_forward(y_->v(), X_->v(), m.post->v(), m.comb->v(), R_, int(hc), d, out->v());
+    tape_.record([this, y = y_, X = X_, m, out] {
+      if (!out->has_grad()) return;
+      grad::hc_post_backward(y->v(), X->v(), m.post->v(), m.comb->v(), R_, c_.hc_mult, c_.dim, out->grad.data(), y->g(), X->g(),
+                             m.post->g(), m.comb->g());
+    });
+    X_ = out;
+  }
+
+  void boundary(int l, Sub from, Sub to) {
+    write_back(from);
+    mix(l, to);
+    input(l, to);
+  }
+
+  // Engram before block l: the token's n-gram rows, wkv, the gate into each stream.
+  void engram(int l) {
+    EngramParams<T>& g = *p_.layer(l).engram;
+    const int e = c_.engram_index(l), cols = c_.engram_hash_columns(), n_engram = int(c_.engram_layer_ids.size());
+    const int64_t ehd = c_.engram_head_dim, rows = g.table->shape[0], hc = c_.hc_mult, d = c_.dim;
+    auto ids = std::make_shared<std::vector<int64_t>>(size_t(R_ * cols));
+    for (int64_t r = 0; r < R_; ++r)
+      std::copy_n(engram_ids_ + (r * n_engram + e) * cols, cols, ids->data() + r * cols);
+    Tensor emb = tensor<T>(size_t(R_ * cols * ehd));
+    grad::gather_rows_forward(g.table->v(), rows, ehd, ids->data(), R_ * cols, emb->v());
+    tape_.record([this, emb, ids, &g] {
+      if (emb->has_grad()) grad::gather_rows_backward(emb->grad.data(), c_.engram_head_dim, ids->data(), ids->size(), g.table->g());
+    });
+    Tensor kv = linear(emb, g.wkv);
+    Tensor out = tensor<T>(X_->size());
+    auto saved = std::make_shared<grad::EngramGateSaved<T>>();
+    grad::engram_gate_forward(X_->v(), kv->v(), g.q_weight->v(), g.k_weight->v(), R_, int(hc), d, eps(), out->v(), *saved);
+    for (T dot : saved->dot) margins.engram_dot = std::min(margins.engram_dot, double(std::fabs(dot)));
+    tape_.record([this, X = X_, kv, out, saved, &g] {
+      if (!out->has_grad()) return;
+      grad::engram_gate_backward(X->v(), kv->v(), g.q_weight->v(), g.k_weight->v(), R_, c_.hc_mult, c_.dim, *saved,
+                                 out->grad.data(), X->g(), kv->g(), g.q_weight->g(), g.k_weight->g());
+    });
+    X_ = out;
+  }
+
+  void attention(int l) { dsv41::attention(c_, *this, l); }
+
+  void moe(int l) {
+    LayerParams<T>& L = p_.layer(l);
+    const int64_t d = c_.dim, inter = c_.moe_inter_dim, E = c_.routed_experts(l);
+    const GateOptions opt = gate_options(c_, l);
+    const int32_t* forced = nullptr;
+    if (forced_ && !forced_->experts.empty()) {
+      const std::vector<int32_t>& f = forced_->experts[size_t(l)];
+      if (int64_t(f.size()) != R_ * opt.topk)
+        fail("train forward", "imposed experts of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows",
+             std::to_string(f.size()) + " experts");
+      forced = f.data();
+    }
+    Tensor x = h_, y = tensor<T>(size_t(R_ * d));
+    auto saved = std::make_shared<grad::MoeSaved<T>>();
+    grad::moe_forward(x->v(), R_, d, inter, moe_weights(L, false), opt, T(c_.swiglu_limit), y->v(), *saved, forced);
+    choices_.experts[size_t(l)] = saved->experts;
+    for (T z : saved->gate.logits) margins.gate_logit = std::max(margins.gate_logit, double(std::fabs(z)));
+    auto widest = [&](const grad::ExpertSaved<T>& e) {
+      for (const std::vector<T>* v : {&e.gate, &e.up})
+        for (T z : *v) margins.expert_preactivation = std::max(margins.expert_preactivation, double(std::fabs(z)));
+    };
+    for (const grad::ExpertSaved<T>& e : saved->routed) widest(e);
+    widest(saved->shared);
+    load_[size_t(l)].resize(size_t(E));
+    for (int64_t e = 0; e < E; ++e) load_[size_t(l)][size_t(e)] += int64_t(saved->rows_of[size_t(e)].size());
+    tape_.record([this, x, y, saved, l, opt] {
+      if (!y->has_grad()) return;
+      LayerParams<T>& L = p_.layer(l);
+      grad::moe_backward(x->v(), R_, c_.dim, int64_t(c_.moe_inter_dim), moe_weights(L, false), opt, T(c_.swiglu_limit), *saved,
+                         y->grad.data(), x->g(), moe_weights(L, true));
+    });
+    y_ = y;
+  }
+
+  // The final collapse with the last FFN's `pre`, the norm, the head and the next-token loss.
+  void logits() {
+    Tensor h = collapse(mix_[size_t(Sub::Ffn)].pre);
+    rms_norm(h, c_.dim, &p_.norm());
+    auto saved = std::make_shared<grad::CrossEntropySaved<T>>();
+    losses.lm = double(grad::head_cross_entropy_forward(h->v(), R_, c_.dim, p_.head().v(), c_.vocab_size, targets_.data(), *saved));
+    tape_.record([this, h, saved] {
+      grad::head_cross_entropy_backward(h->v(), R_, c_.dim, p_.head().v(), c_.vocab_size, targets_.data(), *saved, lm_weight, h->g(),
+                                        p_.head().g());
+    });
+    final_ = h;
+  }
+
+  // DSpark's context features (network.h record_target): the hook for DSpark training (issue 19).
+  bool records_targets() const { return false; }
+  void record_target(int) {}
+  // Decoder bounded replay and imposed layer inputs are inference's (cuts_rows() is false, and the
+  // training forward runs with no Trace): never called.
+  void compress_cut(int) { unreachable("compress_cut"); }
+  void drop_cut() { unreachable("drop_cut"); }
+  void impose_input(int) { unreachable("impose_input"); }
+  void record_block(int) { unreachable("record_block"); }
+
+  // --- the attention's ops (network.h attention()) -------------------------------------------------
+
+  const LayerParams<T>& layer(int l) const { return p_.layer(l); }
+  const Tensor& h() const { return h_; }
+
+  // y = x Wᵀ, rows of W.shape[1] values in, W.shape[0] out.
+  Tensor linear(const Tensor& x, Param<T>* w) {
+    const int64_t N = w->shape[0], K = w->shape[1], M = int64_t(x->size()) / K;
+    Tensor y = tensor<T>(size_t(M * N));
+    grad::linear_forward(x->v(), M, K, w->v(), N, y->v());
+    tape_.record([x, y, w, M, N, K] {
+      if (y->has_grad()) grad::linear_backward(x->v(), M, K, w->v(), N, y->grad.data(), x->g(), w->g());
+    });
+    return y;
+  }
+
+  // RMSNorm over rows of `cols` (w: the weight), in place of x.
+  void rms_norm(Tensor& x, int64_t cols, Param<T>* w) {
+    const int64_t rows = int64_t(x->size()) / cols;
+    Tensor y = tensor<T>(x->size());
+    auto saved = std::make_shared<grad::RmsNormSaved<T>>();
+    grad::rms_norm_forward(x->v(), rows, cols, w->v(), eps(), y->v(), *saved);
+    tape_.record([x, y, w, rows, cols, saved] {
+      if (y->has_grad()) grad::rms_norm_backward(x->v(), rows, cols, w->v(), *saved, y->grad.data(), x->g(), w->g());
+    });
+    x = y;
+  }
+
+  // RoPE of layer l on each head's last rope_head_dim values, at the rows' positions.
+  void rope(Tensor& x, int l, int heads, int64_t head_dim, bool inverse) {
+    rope_at(x, table(l), heads, head_dim, positions_, inverse);
+  }
+
+  // This call's window entries: SWA-FP8 when switched on.
+  void window_entries(int, Tensor& kv) {
+    if (o_.swa_fp8) fake_quantize(kv, c_.head_dim, swa_fp8::quantize_dequantize);
+  }
+  void keep_window(int, const Tensor&) {}  // no cache: the window is this call's rows
+
+  // A kv-source's compressed entries (main KV, after RoPE) and index keys (from the latent before
+  // RoPE, detached: docs/training.md "The indexer's gradient"), one per complete group of `ratio` rows.
+  void compress(int l) {
+    const AttentionParams<T>& a = p_.layer(l).attn;
+    const int ratio = c_.compress_ratios[size_t(l)];
+    const int64_t hd = c_.head_dim;
+    Compressed& s = compressed_[l];
+    s.entries = R_ / ratio;
+    for (int64_t g = 0; g < s.entries; ++g) s.positions.push_back(g * ratio);  // the group's first token
+    Tensor latent;
+    if (ratio == 1) {
+      latent = linear(h_, a.compressor_wkv);
+    } else {
+      Tensor kv = linear(h_, a.compressor_wkv), score = linear(h_, a.compressor_wgate);
+      latent = tensor<T>(size_t(s.entries * hd));
+      grad::compressor_pool_forward(kv->v(), score->v(), R_, hd, ratio, latent->v());
+      tape_.record([this, kv, score, pooled = latent, ratio, hd] {
+        if (pooled->has_grad())
+          grad::compressor_pool_backward(kv->v(), score->v(), R_, hd, ratio, pooled->v(), pooled->grad.data(), kv->g(), score->g());
+      });
+    }
+    rms_norm(latent, hd, a.compressor_norm);
+    Tensor keys = linear(detach(latent), a.indexer_wk);
+    rms_norm(keys, c_.index_head_dim, a.indexer_k_norm);
+    rope_at(keys, table(l), 1, c_.index_head_dim, s.positions, false);
+    if (o_.mxfp4_indexer) fake_quantize(keys, c_.index_head_dim, mxfp4::quantize_dequantize);
+    rope_at(latent, table(l), 1, hd, s.positions, false);
+    if (o_.kv_fp4) fake_quantize(latent, hd, kv_fp4::quantize_dequantize);
+    s.kv = latent;
+    s.keys = keys;
+  }
+
+  // An index source's top-k over its kv-source's entries (the candidate source's pool first), and
+  // the indexer's query and weights for its loss (from qr and h detached).
+  void index(int l, const Tensor& qr) {
+    const AttentionParams<T>& a = p_.layer(l).attn;
+    const Compressed& s = compressed_.at(c_.kv_source_of(l));
+    const int ratio = c_.compress_ratios[size_t(l)], heads = c_.index_n_heads;
+    const int64_t ihd = c_.index_head_dim, n = s.entries, k = std::min<int64_t>(c_.index_topk, n);
+    Indexed& ix = indexed_;
+    ix = Indexed{};
+    ix.keys = s.keys;
+    ix.k = k;
+    ix.q = linear(detach(qr), a.indexer_wq_b);
+    rope(ix.q, l, heads, ihd, false);
+    if (o_.mxfp4_indexer) fake_quantize(ix.q, ihd, mxfp4::quantize_dequantize);
+    ix.w = linear(detach(h_), a.indexer_weights_proj);
+    scale(ix.w, T(std::pow(double(ihd), -0.5) * std::pow(double(heads), -0.5)));
+
+    const bool candidate_source = l == c_.candidate_source_layer;
+    const bool uses_candidates = c_.candidate_source_layer >= 0 && l > c_.candidate_source_layer;
+    if (candidate_source) candidates_.assign(size_t(R_), {});
+    const std::vector<std::vector<int64_t>>* imposed = nullptr;
+    if (forced_ && forced_->topk.count(l)) {
+      imposed = &forced_->topk.at(l);
+      if (int64_t(imposed->size()) != R_) fail("train forward", "imposed top-k of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows", std::to_string(imposed->size()));
+    }
+    topk_.assign(size_t(R_), {});
+    std::vector<float> scores(static_cast<size_t>(n));
+    for (int64_t r0 = 0; r0 < R_; r0 += kScoreRows) {
+      const int64_t rows = std::min(kScoreRows, R_ - r0);
+      const std::vector<T> block = index_scores(ix, r0, rows, n);
+      for (int64_t r = r0; r < r0 + rows; ++r) {
+        const int64_t visible = (r + 1) / ratio;
+        for (int64_t t = 0; t < n; ++t) scores[size_t(t)] = t < visible ? float(block[size_t((r - r0) * n + t)]) : -INFINITY;
+        if (candidate_source) {
+          candidates_[size_t(r)] = candidate_mask(scores.data(), n, visible, c_.candidate_topk_blocks, c_.candidate_block_size);
+        } else if (uses_candidates) {
+          for (int64_t t = 0; t < n; ++t)
+            if (!candidates_[size_t(r)][size_t(t)]) scores[size_t(t)] = -INFINITY;
+        }
+        std::vector<int64_t> chosen = top_positions(scores.data(), n, k);
+        for (int64_t& t : chosen)
+          if (t >= visible) t = -1;  // not yet visible to this row: an empty slot (sorted last)
+        if (imposed) {
+          chosen = (*imposed)[size_t(r)];
+          if (int64_t(chosen.size()) != k)
+            fail("train forward", "imposed top-k rows of " + std::to_string(k) + " entries at layer " + std::to_string(l), std::to_string(chosen.size()));
+          for (int64_t t : chosen)
+            if (t < -1 || t >= std::min(visible, n)) fail("train forward", "imposed entries visible to row " + std::to_string(r) + " or -1", std::to_string(t));
+        }
+        topk_[size_t(r)] = std::move(chosen);
+      }
+    }
+    choices_.topk[l] = topk_;
+  }
+
+  // o: each row over its window (this call's kv rows) and its chosen compressed entries, with the
+  // sink; at an index source, the indexer's loss against this attention.
+  Tensor attend(int l, const Tensor& q, const Tensor& kv) {
+    const AttentionParams<T>& a = p_.layer(l).attn;
+    const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size;
+    const bool compressed = c_.compress_ratios[size_t(l)] > 0;
+    const Compressed* s = compressed ? &compressed_.at(c_.kv_source_of(l)) : nullptr;
+    const int64_t k = compressed ? int64_t(topk_.empty() ? 0 : topk_[0].size()) : 0;
+    const int64_t window = std::min(R_, W), entries = window + k, n = s ? s->entries : 0;
+    // The KV table: the window rows, then the compressed entries.
+    Tensor table = tensor<T>(size_t((R_ + n) * hd));
+    std::copy(kv->value.begin(), kv->value.end(), table->value.begin());
+    if (s) std::copy(s->kv->value.begin(), s->kv->value.end(), table->value.begin() + R_ * hd);
+    auto idx = std::make_shared<std::vector<int64_t>>();
+    idx->reserve(size_t(R_ * entries));
+    std::vector<int64_t> slots;
+    for (int64_t r = 0; r < R_; ++r) {
+      window_positions(r, 0, R_, W, 0, slots);
+      idx->insert(idx->end(), slots.begin(), slots.end());
+      for (int64_t j = 0; j < k; ++j) idx->push_back(topk_[size_t(r)][size_t(j)] < 0 ? -1 : R_ + topk_[size_t(r)][size_t(j)]);
+    }
+    Tensor o = tensor<T>(size_t(R_ * H * hd));
+    auto saved = std::make_shared<grad::SparseAttentionSaved<T>>();
+    const T scale_qk = T(std::pow(double(hd), -0.5));
+    grad::sparse_attention_forward(q->v(), R_, H, hd, table->v(), idx->data(), entries, a.attn_sink->v(), scale_qk, o->v(), *saved);
+    tape_.record([this, q, kv, kvc = s ? s->kv : Tensor(), table, idx, entries, saved, o, scale_qk, sink = a.attn_sink] {
+      if (!o->has_grad()) return;
+      const int64_t hd = c_.head_dim;
+      grad::sparse_attention_backward(q->v(), R_, int64_t(c_.n_heads), hd, table->v(), idx->data(), entries, scale_qk, *saved,
+                                      o->grad.data(), q->g(), table->g(), sink->g());
+      add_to(table->grad.data(), R_ * hd, kv->g());
+      if (kvc) add_to(table->grad.data() + R_ * hd, int64_t(kvc->size()), kvc->g());
+    });
+    if (c_.is_index_source(l) && k > 0) index_loss(*saved, window, entries);
+    return o;
+  }
+
+  Tensor linear_grouped(const Tensor& o, Param<T>* wo_a) {
+    const int64_t G = c_.o_groups, Kg = int64_t(c_.n_heads) * c_.head_dim / G, Ng = c_.o_lora_rank;
+    Tensor y = tensor<T>(size_t(R_ * G * Ng));
+    grad::linear_grouped_forward(o->v(), R_, G, Kg, wo_a->v(), Ng, y->v());
+    tape_.record([this, o, y, wo_a, G, Kg, Ng] {
+      if (y->has_grad()) grad::linear_grouped_backward(o->v(), R_, G, Kg, wo_a->v(), Ng, y->grad.data(), o->g(), wo_a->g());
+    });
+    return y;
+  }
+
+  void output(Tensor y) { y_ = std::move(y); }
+
+ private:
+  struct Mix {
+    Tensor pre, post, comb;  // [R, hc], [R, hc], [R, hc, hc]
+  };
+  // A kv-source's output: its compressed entries (main KV after RoPE) and index keys.
+  struct Compressed {
+    int64_t entries = 0;
+    std::vector<int64_t> positions;  // each entry's group's first position
+    Tensor kv, keys;                 // [entries, head_dim], [entries, index_head_dim]
+  };
+  // An index source's indexer, for its loss in attend().
+  struct Indexed {
+    Tensor q, w, keys;  // [R, heads, index_head_dim], [R, heads], [entries, index_head_dim]
+    int64_t k = 0;
+  };
+
+  static constexpr int64_t kScoreRows = 64;  // rows scored against every entry at once
+
+  static void unreachable(const char* op) { fail("train forward", "no " + std::string(op) + " in training (exact mode, no trace)", "a call"); }
+  static void add_to(const T* from, int64_t n, T* to) {
+    for (int64_t i = 0; i < n; ++i) to[i] += from[i];
+  }
+
+  T eps() const { return T(c_.norm_eps); }
+  grad::HcOptions hc_options() const { return grad::HcOptions{c_.hc_mult, c_.hc_sinkhorn_iters, c_.norm_eps, c_.hc_eps}; }
+  // The layer's RoPE (forward/model.h rope_table): compressed layers' with YaRN, SWA-only layers' without.
+  const RopeTable& table(int l) const { return c_.compress_ratios[size_t(l)] > 0 ? rope_compressed_ : rope_window_; }
+
+  // The streams collapsed by `pre`: hc_pre(X, pre).
+  Tensor collapse(const Tensor& pre) {
+    Tensor y = tensor<T>(size_t(R_ * c_.dim));
+    grad::hc_pre_forward(X_->v(), pre->v(), R_, c_.hc_mult, c_.dim, y->v());
+    tape_.record([this, X = X_, pre, y] {
+      if (y->has_grad()) grad::hc_pre_backward(X->v(), pre->v(), R_, c_.hc_mult, c_.dim, y->grad.data(), X->g(), pre->g());
+    });
+    return y;
+  }
+
+  void rope_at(Tensor& x, const RopeTable& rope, int64_t heads, int64_t head_dim, const std::vector<int64_t>& positions,
+               bool inverse) {
+    const int64_t rows = int64_t(positions.size()), rd = c_.rope_head_dim;
+    Tensor y = std::make_shared<Node<T>>(x->value);
+    grad::rope_forward(y->v(), rows, heads, head_dim, rd, positions.data(), rope.frequencies().data(), inverse);
+    tape_.record([x, y, &rope, rows, heads, head_dim, rd, pos = positions, inverse] {
+      if (!y->has_grad()) return;
+      std::vector<T> dx = y->grad;
+      grad::rope_backward(dx.data(), rows, heads, head_dim, rd, pos.data(), rope.frequencies().data(), inverse);
+      add_to(dx.data(), int64_t(dx.size()), x->g());
+    });
+    x = y;
+  }
+
+  // x ← Q(x) per vector of d values, Q a codec's quantize_dequantize (in fp32); the gradient passes
+  // unchanged (straight-through).
+  void fake_quantize(Tensor& x, int64_t d, void (*q)(float*, int)) {
+    Tensor y = tensor<T>(x->size());
+    std::vector<float> v(static_cast<size_t>(d));
+    for (size_t i = 0; i < x->size(); i += size_t(d)) {
+      std::copy_n(x->value.begin() + int64_t(i), d, v.begin());
+      q(v.data(), int(d));
+      std::copy(v.begin(), v.end(), y->value.begin() + int64_t(i));
+    }
+    tape_.record([x, y] {
+      if (y->has_grad()) add_to(y->grad.data(), int64_t(y->size()), x->g());
+    });
+    x = y;
+  }
+
+  void scale(Tensor& x, T s) {
+    Tensor y = std::make_shared<Node<T>>(x->value);
+    for (T& v : y->value) v *= s;
+    tape_.record([x, y, s] {
+      if (!y->has_grad()) return;
+      T* dx = x->g();
+      for (size_t i = 0; i < y->size(); ++i) dx[i] += s * y->grad[i];
+    });
+    x = y;
+  }
+
+  // I[r][t] = Σ_h relu(q_h · k_t) w_h for rows [r0, r0 + rows) and every entry t < n: [rows, n].
+  std::vector<T> index_scores(const Indexed& ix, int64_t r0, int64_t rows, int64_t n) const {
+    const int64_t heads = c_.index_n_heads, ihd = c_.index_head_dim;
+    std::vector<T> dots(size_t(rows * heads * n)), out(size_t(rows * n), T(0));
+    grad::linear_forward(ix.q->v() + r0 * heads * ihd, rows * heads, ihd, ix.keys->v(), n, dots.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        const T w = ix.w->value[size_t((r0 + r) * heads + h)];
+        const T* dot = dots.data() + (r * heads + h) * n;
+        for (int64_t t = 0; t < n; ++t) out[size_t(r * n + t)] += std::max(dot[t], T(0)) * w;
+      }
+    return out;
+  }
+
+  // The indexer's distillation loss at this index source (docs/training.md): its scores of the chosen
+  // entries against the attention's probabilities of them (slots [window, entries) of each row).
+  void index_loss(const grad::SparseAttentionSaved<T>& attn, int64_t window, int64_t entries) {
+    const Indexed ix = indexed_;
+    const int64_t heads = c_.index_n_heads, ihd = c_.index_head_dim, k = ix.k;
+    auto target = std::make_shared<std::vector<T>>(size_t(R_ * k));
+    grad::attention_target(attn.p.data(), R_, int64_t(c_.n_heads), entries, window, k, target->data());
+    auto idx = std::make_shared<std::vector<int64_t>>();
+    for (const std::vector<int64_t>& row : topk_) idx->insert(idx->end(), row.begin(), row.end());
+    auto scores = std::make_shared<std::vector<T>>(size_t(R_ * k));
+    grad::indexer_scores_forward(ix.q->v(), ix.w->v(), ix.keys->v(), idx->data(), R_, heads, ihd, k, scores->data());
+    for (int64_t r = 0; r < R_; ++r)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t t = (*idx)[size_t(r * k + j)];
+        for (int64_t h = 0; t >= 0 && h < heads; ++h) {
+          T dot = 0;
+          for (int64_t i = 0; i < ihd; ++i) dot += ix.q->value[size_t((r * heads + h) * ihd + i)] * ix.keys->value[size_t(t * ihd + i)];
+          margins.indexer_dot = std::min(margins.indexer_dot, double(std::fabs(dot)));
+        }
+      }
+    losses.indexer += double(grad::index_distillation_loss(scores->data(), target->data(), R_, k, static_cast<T*>(nullptr))) / double(R_);
+    tape_.record([this, ix, target, idx, scores] {
+      const int64_t k = ix.k;
+      std::vector<T> dscores(size_t(R_ * k), T(0));
+      grad::index_distillation_loss(scores->data(), target->data(), R_, k, dscores.data());
+      for (T& g : dscores) g *= indexer_weight / T(R_);
+      grad::indexer_scores_backward(ix.q->v(), ix.w->v(), ix.keys->v(), idx->data(), R_, int64_t(c_.index_n_heads),
+                                    int64_t(c_.index_head_dim), k, dscores.data(), ix.q->g(), ix.w->g(), ix.keys->g());
+    });
+  }
+
+  // The MoE's parameters (or, grads, their gradients) in grad::moe's form.
+  static grad::MoeWeights<T> moe_weights(LayerParams<T>& L, bool grads) {
+    auto at = [grads](Param<T>* p) { return grads ? p->g() : p->v(); };
+    grad::MoeWeights<T> w{at(L.gate), grads ? nullptr : L.gate_bias->v(), {}, {}};
+    for (ExpertParams<T>& e : L.experts) w.experts.push_back({at(e.w1), at(e.w2), at(e.w3)});
+    w.shared = {at(L.shared.w1), at(L.shared.w2), at(L.shared.w3)};
+    return w;
+  }
+
+  const Config& c_;
+  Parameters<T>& p_;
+  const TrainOptions& o_;
+  Tape& tape_;
+  const int64_t R_;
+  std::vector<int64_t> inputs_, targets_, positions_;
+  const int64_t* engram_ids_;
+  const Choices* forced_;
+  std::vector<std::vector<int64_t>>& load_;
+  RopeTable rope_window_, rope_compressed_;
+
+  Tensor X_, h_, y_, final_;  // the streams [R, hc, dim]; the sub-layer's input and output [R, dim]
+  Mix mix_[2];
+  std::map<int, Compressed> compressed_;         // by kv-source layer
+  Indexed indexed_;                              // the latest index source's
+  std::vector<std::vector<int64_t>> topk_;       // [row] the latest index source's choice (published)
+  std::vector<std::vector<uint8_t>> candidates_; // [row] the candidate source's pool
+  Choices choices_;
+};
+
+}  // namespace dsv41::train

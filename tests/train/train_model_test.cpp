@@ -1,0 +1,192 @@
+// The trainer's model (src/train/model) end to end on the `tiny` preset — its whole layer schedule:
+// SWA-only layers, Engram, the encoder's Full + Reuse group at ratio 2, the decoder's Full layer at
+// ratio 1 that is the candidate source, its Reindex and Reuse layers; single-pass mHC (hc = 4, 20
+// Sinkhorn iterations) and the MoE (8 experts, top-2, a shared expert) in each; the final collapse,
+// norm, head and next-token loss — and the same schedule without Engram. It replaces the two-layer
+// model of the backward's first whole-model check.
+//
+//  * Every parameter tensor's gradient, in double, against central differences along a random
+//    direction over all its coordinates (gradcheck.h's step and tolerance), with the choices (top-k,
+//    candidate pools, experts) held: imposed from the first forward, so that each loss is one smooth
+//    function of the parameters. The data keeps every kink (an expert's clamp, the softplus
+//    threshold, Engram's floor, the indexer's relu) away from the steps.
+//  * The parameters no loss reaches get exactly zero: the gate's bias (selection only, trained by
+//    the aux-loss-free update), an expert no row chose, DSpark's stage (not trained yet); the
+//    indexer's weights get L_indexer's gradient only, every other tensor L_lm's only.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gradcheck.h"
+#include "model/config.h"
+#include "train/model/parameters.h"
+#include "train/model/train_model.h"
+
+namespace dsv41 {
+namespace {
+
+using train::Choices;
+using train::Parameters;
+using train::TrainModel;
+
+Config tiny(bool engram) {
+  Config c = preset("tiny");
+  if (!engram) {
+    c.engram_layer_ids.clear();
+    c.engram_num_embeddings.clear();
+  }
+  validate(c);
+  return c;
+}
+
+// A sequence of `rows` inputs and their next tokens, and each input's Engram rows (any row of the
+// layer's table: the hash that picks them is not part of the model).
+struct Sequence {
+  std::vector<int64_t> tokens, engram_ids;
+};
+Sequence make_sequence(const Config& c, int64_t rows, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Sequence s;
+  for (int64_t r = 0; r <= rows; ++r) s.tokens.push_back(int64_t(rng() % uint32_t(c.vocab_size)));
+  for (int64_t r = 0; r < rows; ++r)
+    for (size_t e = 0; e < c.engram_layer_ids.size(); ++e)
+      for (int j = 0; j < c.engram_hash_columns(); ++j) s.engram_ids.push_back(int64_t(rng() % uint64_t(c.engram_num_embeddings[e])));
+  return s;
+}
+
+// The initialisation at a width where every op is non-linear on its inputs (matrices N(0, 0.1): unit
+// pre-activations at dim 128), then every value moved by N(0, 0.1), so that no structure of the
+// initial point (hc_fn = 0, unit norms, the identity-like comb) hides a term of a gradient.
+template <class T>
+Parameters<T> make_parameters(const Config& c) {
+  Parameters<T> p(c);
+  train::init_parameters(p, train::InitOptions{7, 0.1});
+  std::mt19937 rng(11);
+  std::normal_distribution<double> noise(0.0, 0.1);
+  for (train::Param<T>& t : p.all())
+    for (T& v : t.value) v += T(noise(rng));
+  return p;
+}
+
+bool is_indexer(const std::string& name) { return name.find(".attn.indexer.") != std::string::npos; }
+bool selection_only(const std::string& name) { return name.ends_with("gate.bias"); }
+bool dspark(const std::string& name) { return name.starts_with("mtp."); }
+
+// A routed expert no row chose (its weights get no gradient): "layers.<l>.ffn.experts.<e>.…".
+bool unchosen_expert(const std::string& name, const std::vector<std::vector<int64_t>>& load) {
+  int l = 0, e = 0;
+  if (std::sscanf(name.c_str(), "layers.%d.ffn.experts.%d.", &l, &e) != 2) return false;
+  return load.at(size_t(l)).at(size_t(e)) == 0;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// The sequence long enough that every choice is a real one: windows full (16), top-k (8) below the
+// visible entries, the candidate pool (4 blocks of 4) below the ratio-1 source's entries.
+constexpr int64_t kRows = 20;
+
+void check_gradients(bool engram) {
+  const Config c = tiny(engram);
+  Parameters<double> p = make_parameters<double>(c);
+  TrainModel<double> model(p);
+  const Sequence s = make_sequence(c, kRows, 3);
+  model.forward(s.tokens, engram ? s.engram_ids.data() : nullptr);
+  const Choices choices = model.choices();
+  auto losses = [&] { return model.forward(s.tokens, engram ? s.engram_ids.data() : nullptr, &choices); };
+  losses();
+  const train::Margins m = model.margins();
+  if (engram) {
+    EXPECT_GT(m.engram_dot, 1e-3) << "an Engram gate near its signed root's floor";
+  }
+  EXPECT_GT(m.indexer_dot, 1e-4) << "an indexer dot near relu's kink";
+  EXPECT_LT(m.expert_preactivation, c.swiglu_limit - 1) << "an expert near its clamp";
+  EXPECT_LT(m.gate_logit, 19) << "a gate logit near softplus's threshold";
+  // The choices are real ones: some rows' top-k leave visible entries out.
+  for (const auto& [layer, rows] : choices.topk) EXPECT_EQ(rows.back().size(), size_t(c.index_topk)) << layer;
+
+  p.zero_grad();
+  model.backward();
+  // The indexer's weights get L_indexer's gradient alone: backward with L_lm only leaves them zero.
+  Parameters<double> lm_only = make_parameters<double>(c);
+  TrainModel<double> lm_model(lm_only);
+  lm_model.forward(s.tokens, engram ? s.engram_ids.data() : nullptr, &choices);
+  lm_model.backward(1.0, 0.0);
+
+  // The tensors no loss reaches get exactly zero; every other gets some, and from one objective only:
+  // the indexer's weights from L_indexer, the others from L_lm (the same bits as with L_indexer too).
+  std::vector<std::vector<train::Param<double>*>> groups;  // checked together: a layer's routed experts
+  for (train::Param<double>& t : p.all()) {
+    const double scale = max_abs(t.grad);
+    if (selection_only(t.name) || dspark(t.name) || unchosen_expert(t.name, model.expert_load())) {
+      EXPECT_EQ(scale, 0.0) << t.name << ": no loss reaches it";
+      continue;
+    }
+    EXPECT_GT(scale, 1e-8) << t.name << ": no gradient reaches it";
+    const double lm_scale = max_abs(lm_only.at(t.name).grad);
+    if (is_indexer(t.name)) EXPECT_EQ(lm_scale, 0.0) << t.name << ": the LM loss reached the indexer";
+    else EXPECT_EQ(lm_scale, scale) << t.name << ": the indexer loss reached a model weight";
+    const bool routed = t.name.find(".ffn.experts.") != std::string::npos;
+    if (routed && !groups.empty() && groups.back().front()->name.find(".ffn.experts.") != std::string::npos &&
+        groups.back().front()->name.substr(0, t.name.find(".ffn.")) == t.name.substr(0, t.name.find(".ffn.")))
+      groups.back().push_back(&t);
+    else
+      groups.push_back({&t});
+  }
+
+  // Each tensor (a layer's routed experts together) along a random unit direction v:
+  // (L(θ + h v) − L(θ − h v)) / 2h against g · v — every coordinate at once: a wrong term anywhere
+  // moves g · v by its share — with gradcheck.h's step and its tolerance in the directional form,
+  // 1e-6 (|g · v| + ‖g‖). L is the objective that trains the tensor (L_indexer for the indexer's
+  // weights, L_lm for the others): L_indexer is a distillation with its inputs detached, which depends
+  // on the model's weights but does not train them.
+  std::mt19937 rng(5);
+  std::normal_distribution<double> normal;
+  double worst = 0;  // the largest |fd − g · v| as a fraction of its tolerance
+  for (const std::vector<train::Param<double>*>& group : groups) {
+    const std::string& name = group.front()->name;
+    std::vector<std::vector<double>> v, saved;
+    double vv = 0, gv = 0, gg = 0;
+    for (train::Param<double>* t : group) {
+      v.emplace_back(t->value.size());
+      for (double& x : v.back()) {
+        x = normal(rng);
+        vv += x * x;
+      }
+      saved.push_back(t->value);
+    }
+    for (size_t j = 0; j < group.size(); ++j)
+      for (size_t i = 0; i < v[j].size(); ++i) {
+        v[j][i] /= std::sqrt(vv);
+        gv += group[j]->grad[i] * v[j][i];
+        gg += group[j]->grad[i] * group[j]->grad[i];
+      }
+    auto loss_at = [&](double step) {
+      for (size_t j = 0; j < group.size(); ++j)
+        for (size_t i = 0; i < v[j].size(); ++i) group[j]->value[i] = saved[j][i] + step * v[j][i];
+      const train::Losses l = losses();
+      return is_indexer(name) ? l.indexer : l.lm;
+    };
+    const double fd = (loss_at(test::kFdStep) - loss_at(-test::kFdStep)) / (2 * test::kFdStep);
+    for (size_t j = 0; j < group.size(); ++j) group[j]->value = saved[j];
+    const double tol = test::kFdTolerance * (std::fabs(gv) + std::sqrt(gg));
+    EXPECT_NEAR(fd, gv, tol) << name << (group.size() > 1 ? " (with the layer's other routed experts)" : "");
+    worst = std::max(worst, std::fabs(fd - gv) / tol);
+  }
+  std::printf("%zu directional checks, the worst at %.1f%% of its tolerance\n", groups.size(), 100 * worst);
+  EXPECT_GT(groups.size(), size_t(150));
+}
+
+TEST(TrainModel, GradientsMatchCentralDifferencesTiny) { check_gradients(true); }
+TEST(TrainModel, GradientsMatchCentralDifferencesTinyWithoutEngram) { check_gradients(false); }
+
+}  // namespace
+}  // namespace dsv41
