@@ -20,16 +20,26 @@ namespace dsv41::grad {
 
 namespace linear_detail {
 
+// Scratch that outlives the calls (a step makes hundreds of products; fresh buffers cost a fill and
+// page faults each time): one per thread, grown as needed.
+inline std::vector<float>& scratch(int which) {
+  thread_local std::vector<float> buffers[3];
+  return buffers[which];
+}
+
 // t [cols, rows] = aᵀ, a [rows, cols].
-inline void transpose(const float* a, int64_t rows, int64_t cols, std::vector<float>& t) {
-  t.resize(size_t(rows * cols));
+inline const float* transpose(const float* a, int64_t rows, int64_t cols, int which) {
+  std::vector<float>& t = scratch(which);
+  if (t.size() < size_t(rows * cols)) t.resize(size_t(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = a[r * cols + c];
+  return t.data();
 }
 
 // y [M, N] += a [M, K] · bᵀ, b [N, K], through the GEMM.
 inline void gemm_add(const float* a, int64_t M, const float* b, int64_t N, int64_t K, float* y) {
-  std::vector<float> product(size_t(M * N));
+  std::vector<float>& product = scratch(2);
+  if (product.size() < size_t(M * N)) product.resize(size_t(M * N));
   gemm_f32(a, M, b, N, K, product.data(), N);
   for (int64_t i = 0; i < M * N; ++i) y[i] += product[size_t(i)];
 }
@@ -58,16 +68,8 @@ void linear_forward(const T* x, int64_t M, int64_t K, const T* W, int64_t N, T* 
 template <class T>
 void linear_backward(const T* x, int64_t M, int64_t K, const T* W, int64_t N, const T* dy, T* dx, T* dW) {
   if constexpr (std::is_same_v<T, float>) {
-    std::vector<float> a, b;
-    if (dx) {
-      linear_detail::transpose(W, N, K, b);
-      linear_detail::gemm_add(dy, M, b.data(), K, N, dx);
-    }
-    if (dW) {
-      linear_detail::transpose(dy, M, N, a);
-      linear_detail::transpose(x, M, K, b);
-      linear_detail::gemm_add(a.data(), N, b.data(), K, M, dW);
-    }
+    if (dx) linear_detail::gemm_add(dy, M, linear_detail::transpose(W, N, K, 0), K, N, dx);
+    if (dW) linear_detail::gemm_add(linear_detail::transpose(dy, M, N, 0), N, linear_detail::transpose(x, M, K, 1), K, M, dW);
   } else {
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
