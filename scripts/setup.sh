@@ -11,6 +11,7 @@ packages=(
   clang libomp-dev
   libutf8proc-dev libpcre2-dev
   libxxhash-dev
+  libpng-dev libjpeg62-turbo-dev  # image decoding (docs/vision.md)
   memcached libmemcached-dev
   libcpp-httplib-dev
   libedit-dev

@@ -201,6 +201,18 @@ TEST(Config, RefusesWrongTypesAndRanges) {
   expect_refused(twice, {"each key once", "key \"dim\" twice"});
 }
 
+// The ViT's 2D RoPE needs heads of a multiple of 4 channels (docs/vision.md §5): 72 / 4 = 18 is
+// refused, the fixture's 64 / 4 = 16 accepted.
+TEST(Config, RefusesVisionHeadsTheTwoDimensionalRopeCannotSplit) {
+  json j = official("v41-tiny");
+  j["vision_n_layers"] = 2;
+  j["vision_dim"] = 72;
+  j["vision_n_heads"] = 4;
+  expect_refused(j.dump(), {"vision_dim / vision_n_heads", "a multiple of 4", "found 18"});
+  j["vision_dim"] = 64;
+  EXPECT_EQ(parse_config(j.dump(), "config.json").vision.dim, 64);
+}
+
 // Integers are checked in the type they are stored in: 2^32 + 8 is not 8 in an int, and 2^64 - 1
 // is not -1 (both used to be read that way).
 TEST(Config, RefusesIntegersBeyondTheirType) {

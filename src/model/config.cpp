@@ -645,9 +645,15 @@ void validate(const Config& c) {
     int routed = c.routed_experts(n), active = c.activated_experts(n);
     need(active <= routed, "dspark_n_activated_experts", "at most the draft layers' routed experts (" + str(routed) + ")", str(active));
   }
-  if (c.has_vision())
+  if (c.has_vision()) {
     need(c.vision.dim % c.vision.n_heads == 0, "vision_dim", "a multiple of vision_n_heads (" + str(c.vision.n_heads) + ")",
          str(c.vision.dim));
+    // The ViT's 2D RoPE turns the head's two halves by a row angle and a column angle each
+    // (docs/vision.md §5): the reference's cos/sin tables only line up with a multiple of 4.
+    const int head_dim = c.vision.dim / c.vision.n_heads;
+    need(head_dim % 4 == 0, "vision_dim / vision_n_heads", "a multiple of 4 (the 2D RoPE's two axes of pairs)",
+         str(head_dim));
+  }
   need(c.image_token_id < c.vocab_size, "image_token_id", "a token id below vocab_size (" + str(c.vocab_size) + ")",
        str(c.image_token_id));
 }
