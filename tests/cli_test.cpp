@@ -428,3 +428,39 @@ TEST(Cli, SigtermEndsEveryStreamCleanlyAndExitsZero) {
     EXPECT_NE(w.find("\"finish_reason\":\"stop\""), std::string::npos) << "stream " << i;
   }
 }
+
+// The long jobs' progress lines go to stderr when it is a terminal, and only then: under a pseudo-
+// terminal (script(1), util-linux) init-random draws its bar of bytes written and generate its
+// loading steps; through a pipe neither writes a carriage return, and generate's JSON is the
+// whole output.
+TEST(Cli, ProgressBarsOnlyOnATerminal) {
+  dsv41::test::TempDir dir("cli_test");
+  fs::create_directories(dir.path());
+  const std::string model = dsv41::test::fixture_dir("v41-tiny");
+  const std::string generate = "generate --model " + model + " --ids 0,476 --max-tokens 2 --json";
+  const Outcome piped = run_dsv41(generate);
+  ASSERT_EQ(piped.status, 0) << piped.output;
+  EXPECT_EQ(piped.output.find('\r'), std::string::npos) << piped.output;
+  EXPECT_NO_THROW(json::parse(piped.output)) << piped.output;
+  const Outcome written = run_dsv41("init-random --preset tiny --out " + (dir / "piped").string());
+  ASSERT_EQ(written.status, 0) << written.output;
+  EXPECT_EQ(written.output.find('\r'), std::string::npos) << written.output;
+
+  // A command under a terminal of its own, its whole transcript.
+  const auto on_a_terminal = [](const std::string& args) {
+    const std::string cmd = "script -qec '" + std::string(DSV41_BINARY) + " " + args + "' /dev/null < /dev/null 2>&1";
+    FILE* pipe = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+    EXPECT_EQ(pclose(pipe), 0) << cmd << "\n" << out;
+    return out;
+  };
+  const std::string out = (dir / "tty").string();
+  const std::string init = on_a_terminal("init-random --preset tiny --out " + out);
+  EXPECT_NE(init.find("\rwriting " + out + " [#"), std::string::npos) << init;
+  EXPECT_NE(init.find(" MB"), std::string::npos) << init;
+  const std::string load = on_a_terminal(generate);
+  for (const char* step : {"the checkpoint [", "the weights to the executor [", "the tokenizer ["})
+    EXPECT_NE(load.find("\rloading " + model + ": " + step), std::string::npos) << step << "\n" << load;
+}

@@ -20,6 +20,7 @@
 #include <random>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "base/error.h"
 #include "fixture.h"
@@ -116,6 +117,23 @@ TEST(Server, HealthIsUnavailableWhileLoading) {
   EXPECT_EQ(status, 200);
   server.stop();
   thread.join();
+}
+
+// The load reports its steps (dsv41 serve draws them as a progress line on a terminal), the last
+// once the model is ready.
+TEST(Server, LoadingReportsItsSteps) {
+  std::mutex mutex;
+  std::vector<std::tuple<std::string, int, int>> steps;
+  ServerOptions options;
+  options.on_load_step = [&](const std::string& step, int done, int total) {
+    std::lock_guard lock(mutex);
+    steps.emplace_back(step, done, total);
+  };
+  Running server(options);
+  std::lock_guard lock(mutex);
+  const std::vector<std::tuple<std::string, int, int>> expected = {
+      {"the checkpoint", 0, 4}, {"the weights to the executor", 1, 4}, {"the tokenizer", 2, 4}, {"the KV tiers", 3, 4}, {"ready", 4, 4}};
+  EXPECT_EQ(steps, expected);
 }
 
 TEST(Server, RefusesBadRequestsAndKeepsServing) {

@@ -24,6 +24,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/model_dir.h"
+#include "cli/progress.h"
 #include "engine/session.h"
 #include "kv/checkpoint_identity.h"
 #include "kv/prefix_key.h"
@@ -60,8 +61,13 @@ struct Measured {
   int64_t tokens = 0;             // over this many tokens
 };
 
-// Every scenario in one mode, over a fresh cache with its persistent store in `store_dir`.
-Measured run_scenarios(const ModelDir& m, const Workload& w, Mode mode, const std::string& store_dir, bool progress) {
+// The scenarios of one mode: run_scenarios' timed() calls.
+constexpr int kScenarios = 5;
+
+// Every scenario in one mode, over a fresh cache with its persistent store in `store_dir`: each a
+// step of `progress` (from `step`, of both modes' scenarios), and its line on stderr with `lines`.
+Measured run_scenarios(const ModelDir& m, const Workload& w, Mode mode, const std::string& store_dir, Progress& progress, int step,
+                       bool lines) {
   const Config& c = m.model->config();
   ManualClock swa_clock(0);
   KvCacheOptions options;
@@ -73,15 +79,16 @@ Measured run_scenarios(const ModelDir& m, const Workload& w, Mode mode, const st
 
   Measured out;
   auto timed = [&](const std::string& name, Session& s, const std::vector<int>& prompt) {
+    progress.update(fmt::format("bench cache: {} {}", mode_name(mode), name), step++, 2 * kScenarios);
     Row row{name, 0, {}};
     const auto t0 = Clock::now();
     std::vector<float> logits = s.prefill_prompt(prompt, cache.get(), &row.use);
     Sampler(SamplingParams{}).sample(logits.data(), sampling_vocab(c, m.tokenizer_or_null()));
     row.ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     out.rows.push_back(row);
-    if (progress)
-      fmt::print(stderr, "  {:<8} {:<20} {:>9.1f} ms  computed {:>6}  cached {:>6}  replayed {:>4}\n", mode_name(mode), name,
-                 row.ttft_ms, row.use.computed(), row.use.cached(), row.use.replayed);
+    if (lines)
+      progress.line(fmt::format("  {:<8} {:<20} {:>9.1f} ms  computed {:>6}  cached {:>6}  replayed {:>4}", mode_name(mode), name,
+                                row.ttft_ms, row.use.computed(), row.use.cached(), row.use.replayed));
     return logits;
   };
 
@@ -163,8 +170,10 @@ void add_bench(CLI::App& app) {
     w.u2 = random_ids(args->question_tokens);
     w.reply_tokens = args->reply_tokens;
 
-    const Measured def = run_scenarios(m, w, Mode::Default, (scratch / "store-default").string(), !args->as_json);
-    const Measured exact = run_scenarios(m, w, Mode::Exact, (scratch / "store-exact").string(), !args->as_json);
+    Progress progress(stderr_is_terminal() && !args->as_json);
+    const Measured def = run_scenarios(m, w, Mode::Default, (scratch / "store-default").string(), progress, 0, !args->as_json);
+    const Measured exact = run_scenarios(m, w, Mode::Exact, (scratch / "store-exact").string(), progress, kScenarios, !args->as_json);
+    progress.clear();
 
     const int ds = c.decoder_start(), n = c.n_layers;
     auto layer_rows = [&](const Session::Work& wk) { return double(wk.encoder_tokens) * ds + double(wk.decoder_tokens) * (n - ds); };

@@ -36,6 +36,7 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/progress.h"
 
 namespace dsv41::cli {
 
@@ -245,13 +246,6 @@ std::vector<int> random_ids(std::mt19937_64& rng, int64_t n, int max_id) {
   return ids;
 }
 
-void progress(bool show, const std::string& what, int64_t done, int64_t total) {
-  if (!show) return;
-  const int width = 40, filled = int(width * done / std::max<int64_t>(total, 1));
-  fmt::print(stderr, "\r{} [{}{}] {}/{}", what, std::string(size_t(filled), '#'), std::string(size_t(width - filled), ' '), done, total);
-  if (done == total) fmt::print(stderr, "\n");
-}
-
 struct Args {
   std::string url, serve, model, api_key;
   int concurrency = 8, requests = 64, max_id = 500;
@@ -263,7 +257,7 @@ struct Args {
   double ttl_wait_s = 0;
 };
 
-json run_load(const Args& a, Client& client, bool show) {
+json run_load(const Args& a, Client& client, Progress& progress) {
   const Range prompt = parse_range(a.prompt_tokens, "--prompt-tokens"), output = parse_range(a.output_tokens, "--output-tokens");
   std::vector<std::vector<int>> prompts;
   std::vector<int64_t> outputs;
@@ -275,15 +269,15 @@ json run_load(const Args& a, Client& client, bool show) {
   const auto tiers_before = client.hit_tokens();
   std::vector<Sample> samples(size_t(a.requests));
   std::atomic<int> next{0}, done{0};
-  std::mutex shown;
+  std::mutex counted;  // the count and its drawing in one order
   const Clock::time_point start = Clock::now();
   std::vector<std::thread> workers;
   for (int w = 0; w < a.concurrency; ++w)
     workers.emplace_back([&] {
       for (int i; (i = next.fetch_add(1)) < a.requests;) {
         samples[size_t(i)] = client.complete(prompts[size_t(i)], outputs[size_t(i)]);
-        std::lock_guard lock(shown);
-        progress(show, "bench serve", done.fetch_add(1) + 1, a.requests);
+        std::lock_guard lock(counted);
+        progress.update("bench serve", done.fetch_add(1) + 1, a.requests);
       }
     });
   for (std::thread& t : workers) t.join();
@@ -317,7 +311,7 @@ json run_load(const Args& a, Client& client, bool show) {
           {"cached_tokens_by_tier", tier_delta(tiers_before, client.hit_tokens())}};
 }
 
-json run_agent(const Args& a, Client& client, std::unique_ptr<ServerProcess>& server, bool show) {
+json run_agent(const Args& a, Client& client, std::unique_ptr<ServerProcess>& server, Progress& progress) {
   std::mt19937_64 rng(a.seed);
   struct Conversation {
     std::vector<int> tokens;  // every turn so far, with the replies
@@ -338,7 +332,7 @@ json run_agent(const Args& a, Client& client, std::unique_ptr<ServerProcess>& se
       s.tokens.insert(s.tokens.end(), new_turn.begin(), new_turn.end());
       const Sample r = client.complete(s.tokens, a.turn_output);
       requests += 1;
-      progress(show, "agent " + kind, int64_t(i) + 1, int64_t(sessions.size()));
+      progress.update("agent " + kind, int64_t(i) + 1, int64_t(sessions.size()));
       if (!r.ok) {
         errors += 1, messages[r.error] += 1;
         continue;
@@ -413,8 +407,9 @@ void add_bench_serve(CLI::App& bench) {
     if (!a.serve.empty()) server = std::make_unique<ServerProcess>(a.serve);
     Client client(server ? server->url() : a.url, a.model, a.api_key);
     client.default_model();
-    const bool show = isatty(STDERR_FILENO);
-    const json out = a.agent ? run_agent(a, client, server, show) : run_load(a, client, show);
+    Progress progress;
+    const json out = a.agent ? run_agent(a, client, server, progress) : run_load(a, client, progress);
+    progress.clear();
     if (a.as_json) {
       fmt::print("{}\n", out.dump());
       return;

@@ -10,6 +10,7 @@
 // checkpoint of the preset (default tiny) is written to a temporary directory first.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -19,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/model_dir.h"
+#include "cli/progress.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
 
@@ -164,20 +166,29 @@ void add_bench_spec(CLI::App& bench) {
     sampling.temperature = args->temperature;
     sampling.seed = args->seed;
     std::vector<Run> runs;
+    // A step per run: plain and speculative per batch, and the oracle's at batch 1.
+    const int64_t steps = 2 * int64_t(batches.size()) + std::count(batches.begin(), batches.end(), 1);
+    Progress progress(stderr_is_terminal() && !args->as_json);
+    auto ran = [&](int b) {
+      if (!args->as_json) progress.line(fmt::format("bench spec: batch {} {}: {:.1f} output tokens/s", b, runs.back().drafter, runs.back().tokens_per_s));
+    };
     for (const int b : batches) {
       std::vector<std::vector<int>> prompts;
       for (int i = 0; i < b; ++i) prompts.push_back(random_prompt());
       for (const bool speculative : {false, true}) {
+        progress.update(fmt::format("bench spec: batch {}{}", b, speculative ? " speculative" : ""), int64_t(runs.size()), steps);
         runs.push_back(through_scheduler(*m.executor, tokenizer, prompts, args->tokens, sampling, speculative));
-        if (!args->as_json) fmt::print(stderr, "bench spec: batch {} {}: {:.1f} output tokens/s\n", b, runs.back().drafter, runs.back().tokens_per_s);
+        ran(b);
       }
       if (b != 1) continue;
+      progress.update("bench spec: batch 1 oracle", int64_t(runs.size()), steps);
       Session plain(*m.executor, tokenizer, Mode::Default);
       std::vector<int> want{draft_argmax(plain.prefill(prompts[0]))};
       while (int(want.size()) < args->tokens) want.push_back(draft_argmax(plain.decode(want.back())));
       runs.push_back(oracle(*m.executor, tokenizer, prompts[0], want));
-      if (!args->as_json) fmt::print(stderr, "bench spec: batch 1 oracle: {:.1f} output tokens/s\n", runs.back().tokens_per_s);
+      ran(1);
     }
+    progress.clear();
 
     nlohmann::json out = {{"model", dir}, {"executor", m.executor->name()}, {"block_size", c.dspark_block_size},
                           {"prompt_tokens", args->prompt_tokens}, {"output_tokens", args->tokens},

@@ -6,37 +6,14 @@
 // splits packed as token files. A progress bar on stderr when it is a terminal; a summary on
 // stdout (with --json, summary.json's text).
 #include <fmt/core.h>
-#include <unistd.h>
-
-#include <algorithm>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "train/data/data_build.h"
 
 namespace dsv41::cli {
 
 namespace {
-
-// One line on stderr, redrawn: the stage, a bar and the count.
-class ProgressBar {
- public:
-  void draw(const train::BuildProgress& p) {
-    const int width = 30;
-    const int filled = p.total ? int(width * std::min<uint64_t>(p.done, p.total) / p.total) : 0;
-    const std::string line = fmt::format("{:<22} [{}{}] {}", p.stage, std::string(size_t(filled), '#'),
-                                         std::string(size_t(width - filled), '.'),
-                                         p.total ? fmt::format("{}/{}", p.done, p.total) : std::string("..."));
-    if (line == last_) return;
-    fmt::print(stderr, "\r{:<{}}", line, std::max(line.size(), last_.size()));
-    last_ = line;
-  }
-  void clear() {
-    if (!last_.empty()) fmt::print(stderr, "\r{:<{}}\r", "", last_.size());
-  }
-
- private:
-  std::string last_;
-};
 
 void print_summary(const train::DataBuildSummary& s, const std::string& dir) {
   fmt::print("{:<8} {:>8} {:>11} {:>6} {:>7} {:>6} {:>8} {:>11} {:>8} {:>10}\n", "source", "docs", "bytes", "empty",
@@ -86,12 +63,11 @@ void add_data(CLI::App& app) {
   cmd->add_option("--threads", args->options.threads, "Threads that tokenize")->check(CLI::Range(1, 256));
   cmd->add_flag("--json", args->as_json, "Print summary.json instead of the table");
   cmd->callback([args] {
-    ProgressBar bar;
-    const bool tty = isatty(STDERR_FILENO);
+    Progress progress;
     const train::DataBuildSummary summary = train::build_data(args->options, [&](const train::BuildProgress& p) {
-      if (tty) bar.draw(p);
+      progress.update(fmt::format("{:<22}", p.stage), int64_t(p.done), int64_t(p.total));
     });
-    if (tty) bar.clear();
+    progress.clear();
     if (args->as_json) fmt::print("{}", train::summary_json(summary));
     else print_summary(summary, args->options.out_dir);
   });

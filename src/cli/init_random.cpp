@@ -1,8 +1,8 @@
 // dsv41 init-random --preset P --out DIR [--seed S] [--quantized | --layout-only] [--tokenizer DIR] [--vocab N]
 #include <fmt/core.h>
-#include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "model/random_checkpoint.h"
 
 namespace dsv41::cli {
@@ -46,16 +46,10 @@ void add_init_random(CLI::App& app) {
                  config.vocab_size, args->tokenizer.empty() ? "random" : args->tokenizer + "'s");
       return;
     }
-    const bool tty = isatty(STDERR_FILENO);
-    int last_percent = -1;
-    opt.progress = [&](int64_t done, int64_t total) {
-      int percent = int(100 * done / std::max<int64_t>(total, 1));
-      if (!tty || percent == last_percent) return;
-      last_percent = percent;
-      fmt::print(stderr, "\rwriting {}: {:3d}% of {:.2f} GB", args->out, percent, double(total) / 1e9);
-    };
+    Progress progress;
+    opt.progress = [&](int64_t done, int64_t total) { progress.update("writing " + args->out, done, total, Progress::Unit::Bytes); };
     write_random_checkpoint(config, args->out, opt);
-    if (tty) fmt::print(stderr, "\n");
+    progress.clear();
     fmt::print("wrote {} ({}, vocab_size {}, {}, seed {}, {} tokenizer)\n", args->out, config.source,
                config.vocab_size, args->quantized ? "fp8 dense + fp4 experts" : "bf16", args->seed,
                args->tokenizer.empty() ? "random" : args->tokenizer + "'s");

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "cli/progress.h"
 #include "model/random_checkpoint.h"
 
 namespace dsv41::cli {
@@ -13,8 +14,14 @@ ModelDir load_model_dir(const std::string& dir, Device device) {
   ModelDir m;
   m.dir = dir;
   check_device(device);
+  // Its steps, each timed while it runs: none reports its own progress (placing the weights on a
+  // device takes minutes for the released model).
+  Progress progress(stderr_is_terminal(), /*elapsed=*/true);
+  progress.update("loading " + dir + ": the checkpoint", 0, 3);
   m.model = Model::load(dir);
+  progress.update("loading " + dir + ": the weights to the executor", 1, 3);
   m.executor = make_executor(*m.model, device);
+  progress.update("loading " + dir + ": the tokenizer", 2, 3);
   if (std::filesystem::exists(dir + "/tokenizer.json")) {
     m.tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
     if (std::optional<int> eos = config_eos_id(dir, *m.tokenizer)) m.stop_ids.push_back(*eos);
@@ -33,6 +40,8 @@ BenchCheckpoint::BenchCheckpoint(const std::string& command, const std::string& 
   RandomCheckpointOptions o;
   o.seed = seed;
   o.quantized = true;
+  Progress progress(stderr_is_terminal() && !quiet);
+  o.progress = [&](int64_t done, int64_t total) { progress.update("writing " + dir_, done, total, Progress::Unit::Bytes); };
   write_random_checkpoint(preset(preset_name), dir_, o);
 }
 

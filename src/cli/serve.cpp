@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "base/error.h"
 #include "cli/flags.h"
+#include "cli/progress.h"
 #include "server/server.h"
 
 namespace dsv41::cli {
@@ -82,6 +83,14 @@ void add_serve(CLI::App& app) {
       fmt::print("  OpenAI clients: base_url {}/v1\n", base);
       std::fflush(stdout);
     };
+    // The load's progress line on a terminal, the access log's lines (a probe's while it loads)
+    // above it.
+    Progress progress(stderr_is_terminal(), /*elapsed=*/true);
+    options.on_load_step = [&progress, &options](const std::string& step, int done, int total) {
+      if (done == total) progress.clear();
+      else progress.update("loading " + options.model_dir + ": " + step, done, total);
+    };
+    if (stderr_is_terminal()) options.access_log = [&progress](const std::string& line) { progress.line(line); };
     // SIGINT / SIGTERM stop the server from a thread of its own (stop() is not signal-safe).
     sigset_t signals;
     sigemptyset(&signals);

@@ -258,12 +258,20 @@ std::vector<int> Server::State::chat_prompt(const ChatRequest& r, bool& thinking
 
 void Server::State::load() {
   const std::string& dir = options.model_dir;
+  constexpr int kSteps = 4;
+  const auto step = [&](const char* what, int done) {
+    if (options.on_load_step) options.on_load_step(what, done, kSteps);
+  };
+  step("the checkpoint", 0);
   model = Model::load(dir);
+  step("the weights to the executor", 1);
   executor = make_executor(*model, options.device, options.random_weights);
+  step("the tokenizer", 2);
   if (!std::filesystem::exists(dir + "/tokenizer.json")) fail(dir, "a tokenizer.json (the server speaks text)", "none");
   tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
   if (std::optional<int> eos = config_eos_id(dir, *tokenizer)) stop_ids.push_back(*eos);
   if (std::optional<int> eos = tokenizer->token_to_id(chat_token::kEos)) stop_ids.push_back(*eos);
+  step("the KV tiers", 3);  // the store's index is rebuilt by scanning its files
   KvCacheOptions cache_options = options.cache;
   cache_options.fingerprint = "checkpoint " + checkpoint_identity(dir);
   cache_options.mode = mode_name(options.mode);
@@ -278,6 +286,7 @@ void Server::State::load() {
   scheduler_options.kv_budget_bytes = options.kv_budget_gb < 0 ? executor->default_kv_budget() : int64_t(options.kv_budget_gb * 1e9);
   kv_budget = scheduler_options.kv_budget_bytes;
   scheduler = std::make_unique<Scheduler>(*executor, &*tokenizer, options.mode, cache.get(), scheduler_options);
+  step("ready", kSteps);
   std::fprintf(stderr, "dsv41: the model runs on %s\n", executor->name().c_str());
   api.models = {options.model_name};
   api.vocab_size = sampling_vocab(model->config(), &*tokenizer);

@@ -36,6 +36,9 @@ struct ServerOptions {
   std::function<void(const std::string& line)> access_log;  // where its lines go; empty: stderr
   std::function<void(int port)> on_listening;  // called once bound, before the model loads
   std::function<void()> before_load;           // called on the loading thread, before it loads
+  // Called on the loading thread at each step of the load (`step` the one starting, `done` of
+  // `total` done), and with done == total once the model is ready: dsv41 serve's progress line.
+  std::function<void(const std::string& step, int done, int total)> on_load_step;
 };
 
 class Server {
