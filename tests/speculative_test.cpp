@@ -8,6 +8,7 @@
 #include <random>
 
 #include "base/error.h"
+#include "engine/prefix_schedule.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
 #include "fixture.h"
@@ -207,8 +208,9 @@ TEST(Speculative, SamplingIsDistributedAsPlainSampling) {
 // The scheduler with speculation on, a mixed batch on v41-tiny: greedy requests that speculate,
 // one that asks for logprobs and one that opts out (both decode plainly), joining and leaving at
 // different steps, a stop token inside a verified block: each gets exactly the tokens it gets
-// alone by plain greedy decoding; the counters say drafts were verified and how many accepted.
-TEST(Speculative, TheSchedulerServesMixedBatchesWithPlainGreedyTokens) {
+// alone by plain greedy decoding, whatever lengths the prefix scheduler verifies under `rate`
+// (none: measured). Returns the scheduler's counters.
+SchedulerStats serve_mixed_batch(std::optional<StepRate> rate) {
   auto model = Model::load(test::fixture_dir("v41-tiny"));
   Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
   const Config& c = model->config();
@@ -221,6 +223,7 @@ TEST(Speculative, TheSchedulerServesMixedBatchesWithPlainGreedyTokens) {
   };
   SchedulerOptions options;
   options.speculative = true;
+  options.step_rate = rate;
   Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, options);
   struct Work {
     std::vector<int> prompt;
@@ -249,7 +252,10 @@ TEST(Speculative, TheSchedulerServesMixedBatchesWithPlainGreedyTokens) {
   stopping.stop_ids = {stop_alone[2]};
   gens.push_back(scheduler.submit(stopping));
   for (size_t i = 0; i < work.size(); ++i) {
-    ASSERT_NE(gens[i], nullptr);
+    if (gens[i] == nullptr) {
+      ADD_FAILURE() << "request " << i << " refused";
+      return scheduler.stats();
+    }
     std::vector<int> tokens;
     for (GenerationEvent e = gens[i]->next(); e.kind != GenerationEvent::Kind::Finished; e = gens[i]->next())
       if (e.kind == GenerationEvent::Kind::Token) tokens.push_back(e.token.token);
@@ -263,9 +269,29 @@ TEST(Speculative, TheSchedulerServesMixedBatchesWithPlainGreedyTokens) {
   const SchedulerStats s = scheduler.stats();
   EXPECT_GT(s.speculation.steps, 0);
   EXPECT_EQ(s.speculation.drafted, s.speculation.steps * c.dspark_block_size);
-  EXPECT_LE(s.speculation.accepted, s.speculation.drafted);
+  EXPECT_LE(s.speculation.accepted, s.speculation.verified);
+  EXPECT_LE(s.speculation.verified, s.speculation.drafted);
   EXPECT_EQ(s.decode_tokens, 17 + 9 + 12 + 5 + int64_t(first_stop - stop_alone.begin()));
+  return s;
 }
+
+// Rows for free (a pass costs the same at any row count): every draft goes to the target, and
+// some of v41-tiny's are accepted (its drafter agrees with its target now and then).
+TEST(Speculative, TheSchedulerServesMixedBatchesWithPlainGreedyTokens) {
+  const SchedulerStats s = serve_mixed_batch(StepRate({{1, 100.0}, {1024, 100.0}}));
+  EXPECT_EQ(s.speculation.verified, s.speculation.drafted);
+}
+
+// A pass whose time grows with its rows (compute-bound): no draft pays for its row, so none is
+// verified and every step is a plain decode step — with the same tokens.
+TEST(Speculative, AComputeBoundProfileVerifiesNoDraft) {
+  const SchedulerStats s = serve_mixed_batch(StepRate({{1, 100.0}, {2, 50.0}}));
+  EXPECT_EQ(s.speculation.verified, 0);
+  EXPECT_EQ(s.speculation.accepted, 0);
+}
+
+// The profile the scheduler measures on the executor when given none.
+TEST(Speculative, TheSchedulerMeasuresItsProfile) { serve_mixed_batch(std::nullopt); }
 
 TEST(Speculative, RefusedWhereItCannotRun) {
   test::TempDir dir("speculative_test");

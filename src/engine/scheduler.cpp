@@ -72,6 +72,16 @@ Scheduler::Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
     if (!executor.speculates())
       fail(executor.name() + " executor", "speculative decoding (DSpark) on the CPU executor, the only one that has it so far",
            executor.name());
+    // The profile at passes of 1, 2, 4, ... rows up to a full step's verification, after a context
+    // past the window (a verification's attention reads a full window).
+    if (options.step_rate) {
+      step_rate_ = options.step_rate;
+    } else {
+      std::vector<int64_t> rows;
+      const int64_t most = int64_t(c.dspark_block_size + 1) * options.max_running;
+      for (int64_t n = 1; n < 2 * most && n <= 256; n *= 2) rows.push_back(n);
+      step_rate_ = measure_step_rate(executor, rows, 2 * int64_t(c.window_size));
+    }
   }
   const Accounting::Kv kv = account(executor.model().config(), 1).kv;
   global_bytes_per_token_ = kv.global_bytes_per_token;
@@ -492,14 +502,7 @@ void Scheduler::step() {
       r.generation = nullptr;
     }
   }
-  for (Running* r : speculating) {
-    try {
-      speculate(*r);
-    } catch (const std::exception& e) {
-      finish(*r, FinishKind::Error, e.what());
-      r->generation = nullptr;
-    }
-  }
+  if (!speculating.empty()) speculate(speculating);
   running_.remove_if([](const Running& r) { return r.generation == nullptr; });
   publish();
 }
@@ -565,27 +568,60 @@ bool Scheduler::speculates(const Running& r) const {
          r.session->drafting() && r.session->prompt_left() == 0 && r.next_token.has_value();
 }
 
-void Scheduler::speculate(Running& r) {
-  const auto t0 = std::chrono::steady_clock::now();
+void Scheduler::speculate(const std::vector<Running*>& speculating) {
+  // Each sequence's draft; then how much of each the target verifies, chosen across them from the
+  // drafts' confidences and the step-rate profile (engine/prefix_schedule.h); then each one's pass.
+  struct Step {
+    Running* r;
+    std::unique_ptr<Verifier> verifier;
+    Draft draft;
+    double seconds;
+  };
   const int64_t V = executor_.model().config().vocab_size;
-  std::unique_ptr<Verifier> verifier;
-  if (r.sampler.params().temperature > 0) verifier = std::make_unique<SamplingVerifier>(r.sampler, V, vocab_);
-  else verifier = std::make_unique<GreedyVerifier>(V, vocab_);
-  const Session::Speculation s = r.session->speculate(*r.next_token, *verifier);
-  const double seconds = seconds_since(t0);
-  {
-    std::lock_guard lock(mutex_);
-    SpeculationStats& st = stats_.speculation;
-    const int64_t G = int64_t(s.draft.size()) - 1;
-    st.steps += 1, st.drafted += G, st.accepted += s.accepted, st.seconds += seconds;
-    if (int64_t(st.accepted_at.size()) < G) st.accepted_at.resize(size_t(G), 0);
-    for (int k = 0; k < s.accepted; ++k) st.accepted_at[size_t(k)] += 1;
-    stats_.steps += 1;
-    stats_.decode_seconds += seconds;
+  std::vector<Step> steps;
+  std::vector<std::vector<double>> survival;
+  for (Running* r : speculating) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      std::unique_ptr<Verifier> verifier;
+      if (r->sampler.params().temperature > 0) verifier = std::make_unique<SamplingVerifier>(r->sampler, V, vocab_);
+      else verifier = std::make_unique<GreedyVerifier>(V, vocab_);
+      Draft draft = r->session->draft(*r->next_token, *verifier);
+      const size_t G = draft.tokens.size() - 1;
+      // A draft without confidences (no confidence head) is verified whole.
+      survival.push_back(draft.confidence.size() == G ? prefix_survival(draft.confidence) : std::vector<double>(G, 1.0));
+      steps.push_back({r, std::move(verifier), std::move(draft), seconds_since(t0)});
+    } catch (const std::exception& e) {
+      finish(*r, FinishKind::Error, e.what());
+      r->generation = nullptr;
+    }
   }
-  // The emitted tokens in order, until one ends the reply; the last is the next anchor.
-  for (const int token : s.emitted)
-    if (!take(r, TokenChoice{token, 0, {}})) break;
+  const std::vector<int> lengths = verification_lengths(survival, *step_rate_);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Step& step = steps[i];
+    Running& r = *step.r;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      const Session::Speculation s = r.session->verify(step.draft, lengths[i], *step.verifier);
+      const double seconds = step.seconds + seconds_since(t0);
+      {
+        std::lock_guard lock(mutex_);
+        SpeculationStats& st = stats_.speculation;
+        const int64_t G = int64_t(step.draft.tokens.size()) - 1;
+        st.steps += 1, st.drafted += G, st.verified += lengths[i], st.accepted += s.accepted, st.seconds += seconds;
+        if (int64_t(st.accepted_at.size()) < G) st.accepted_at.resize(size_t(G), 0);
+        for (int k = 0; k < s.accepted; ++k) st.accepted_at[size_t(k)] += 1;
+        stats_.steps += 1;
+        stats_.decode_seconds += seconds;
+      }
+      // The emitted tokens in order, until one ends the reply; the last is the next anchor.
+      for (const int token : s.emitted)
+        if (!take(r, TokenChoice{token, 0, {}})) break;
+    } catch (const std::exception& e) {
+      finish(r, FinishKind::Error, e.what());
+      r.generation = nullptr;
+    }
+  }
 }
 
 void Scheduler::book(double SchedulerStats::*field, double seconds) {

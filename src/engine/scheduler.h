@@ -31,6 +31,7 @@
 
 #include "backend/cpu/sampling.h"
 #include "engine/grammar/grammar.h"
+#include "engine/prefix_schedule.h"
 #include "engine/session.h"
 
 namespace dsv41 {
@@ -121,17 +122,22 @@ struct SchedulerOptions {
   // ones are preempted: their state saved to the KV tiers (when there are tiers; else it is
   // recomputed), to continue where they stopped once there is room.
   int64_t kv_budget_bytes = 0;
-  // DSpark speculative decoding (Session::speculate) for the requests that allow it: each such
-  // sequence's decode step is a draft verified in one target pass, run on its own after the step's
-  // batch (the CPU executor, the only one with speculation so far, runs a batch's items one after
-  // another anyway). The constructor refuses it for a model without DSpark or another executor.
+  // DSpark speculative decoding (Session::draft, verify) for the requests that allow it: each such
+  // sequence's decode step is a draft, of which the prefix scheduler (engine/prefix_schedule.h)
+  // sends the first ℓ tokens to one target pass, run on its own after the step's batch (the CPU
+  // executor, the only one with speculation so far, runs a batch's items one after another
+  // anyway). The constructor refuses it for a model without DSpark or another executor.
   bool speculative = false;
+  // The prefix scheduler's profile of target passes per second by rows; measured on the executor
+  // at construction (measure_step_rate) when speculating without one.
+  std::optional<StepRate> step_rate;
 };
 
 // Speculative decoding's counters (SchedulerOptions::speculative).
 struct SpeculationStats {
   int64_t steps = 0;             // drafts verified
   int64_t drafted = 0;           // draft tokens proposed (γ per step)
+  int64_t verified = 0;          // of them sent to the target (the prefix scheduler's lengths)
   int64_t accepted = 0;          // of them accepted
   std::vector<int64_t> accepted_at;  // [γ]: steps whose draft k (from 0) was accepted
   double seconds = 0;            // drafting, verifying and undoing
@@ -198,7 +204,7 @@ class Scheduler {
   // stores the prompt, finishes on a stop or at max_tokens. False when the sequence finished.
   bool take(Running& r, const TokenChoice& choice);
   // A speculating sequence's decode step (Session::speculate) and its tokens.
-  void speculate(Running& r);
+  void speculate(const std::vector<Running*>& speculating);
   bool speculates(const Running& r) const;
   // Ends a sequence: posts Finished and keeps the session idle for a continuation.
   void finish(Running& r, FinishKind kind, const std::string& error = {});
@@ -232,6 +238,7 @@ class Scheduler {
   const std::shared_ptr<const EngramHasher> hasher_;
   KvCache* cache_;
   const SchedulerOptions options_;
+  std::optional<StepRate> step_rate_;  // with speculation: the options' or the one measured
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

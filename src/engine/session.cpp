@@ -260,18 +260,30 @@ void Session::enable_drafting() {
   drafting_ = true;
 }
 
-Session::Speculation Session::speculate(int anchor, Verifier& verifier, const Drafter& drafter) {
+Draft Session::draft(int anchor, Verifier& verifier, const Drafter& drafter) {
   if (!drafting_) fail("speculate", "a session with drafting on (enable_drafting)", "drafting off");
   if (prompt_left() > 0) fail("speculate", "a finished prompt", std::to_string(prompt_left()) + " prompt tokens left");
   const Config& c = model().config();
-  Speculation s;
-  s.position = length();
-  const Draft draft =
-      drafter ? drafter(anchor) : executor_.dspark_draft(*kv_, anchor, [&](std::span<const float> row) { return verifier.draft(row); });
-  s.draft = draft.tokens;
-  if (s.draft.empty() || s.draft.front() != anchor) fail("speculate", "a draft that starts with its anchor", "another draft");
-  for (int t : s.draft)
+  Draft d = drafter ? drafter(anchor) : executor_.dspark_draft(*kv_, anchor, [&](std::span<const float> row) { return verifier.draft(row); });
+  if (d.tokens.empty() || d.tokens.front() != anchor) fail("speculate", "a draft that starts with its anchor", "another draft");
+  for (int t : d.tokens)
     if (t < 0 || t >= c.vocab_size) fail("speculate", "draft tokens in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
+  return d;
+}
+
+Session::Speculation Session::verify(const Draft& drafted, int length, Verifier& verifier) {
+  const int64_t G = int64_t(drafted.tokens.size()) - 1, V = model().config().vocab_size;
+  if (length < 0 || length > G) fail("verify", "a length from 0 to the draft's " + std::to_string(G), std::to_string(length));
+  // The draft's first `length` tokens, with their rows where it has them.
+  Draft draft;
+  draft.tokens.assign(drafted.tokens.begin(), drafted.tokens.begin() + 1 + length);
+  if (!drafted.logits.empty())
+    draft.logits.assign(drafted.logits.begin(), drafted.logits.begin() + std::min<int64_t>(length * V, int64_t(drafted.logits.size())));
+  if (!drafted.confidence.empty())
+    draft.confidence.assign(drafted.confidence.begin(), drafted.confidence.begin() + std::min<int64_t>(length, int64_t(drafted.confidence.size())));
+  Speculation s;
+  s.position = this->length();
+  s.draft = draft.tokens;
   const int64_t rows = int64_t(s.draft.size());
   const SequenceMark before = executor_.mark(*kv_, rows);
   const size_t tokens_before = tokens_.size();
@@ -295,6 +307,11 @@ Session::Speculation Session::speculate(int anchor, Verifier& verifier, const Dr
     run_alone(item(0, s.accepted + 1, pending_.options));
   }
   return s;
+}
+
+Session::Speculation Session::speculate(int anchor, Verifier& verifier, const Drafter& drafter) {
+  const Draft d = draft(anchor, verifier, drafter);
+  return verify(d, int(d.tokens.size()) - 1, verifier);
 }
 
 std::unique_ptr<Session> Session::fork() const {

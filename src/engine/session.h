@@ -131,17 +131,21 @@ class Session {
 
   // One speculative step (issue 18). `anchor` is the token chosen for the next position: a draft
   // [anchor, d_1 .. d_γ] (DSpark's with the verifier's draft choice, or `drafter`'s), one target
-  // pass over it, the verifier's verdict (engine/speculation.h: the drafts accepted, then a token of
-  // the target's); a rejection undoes the pass (the state rewound to its mark, sequence_mark.h) and
-  // runs the anchor and the accepted drafts again, so that the sequence holds exactly them, as plain
-  // decoding would have run them. The last emitted token is the next anchor.
+  // pass over the anchor and the draft's first `length` tokens (all of them in speculate; fewer
+  // where engine/prefix_schedule.h chose so), the verifier's verdict (engine/speculation.h: the
+  // drafts accepted, then a token of the target's); a rejection undoes the pass (the state rewound
+  // to its mark, sequence_mark.h) and runs the anchor and the accepted drafts again, so that the
+  // sequence holds exactly them, as plain decoding would have run them. The last emitted token is
+  // the next anchor. Length 0 is a plain decode step.
   struct Speculation {
     int64_t position = 0;      // the anchor's
-    std::vector<int> draft;    // [anchor, d_1 .. d_γ]
+    std::vector<int> draft;    // [anchor, d_1 .. d_length]: what the target verified
     int accepted = 0;
     std::vector<int> emitted;  // d_1 .. d_accepted, then the target's own token
   };
   using Drafter = std::function<Draft(int anchor)>;
+  Draft draft(int anchor, Verifier& verifier, const Drafter& drafter = {});
+  Speculation verify(const Draft& draft, int length, Verifier& verifier);
   Speculation speculate(int anchor, Verifier& verifier, const Drafter& drafter = {});
 
   // Tokens run through the encoder and through the decoder layers so far: the work bounded
