@@ -773,4 +773,41 @@ TEST(OpenAiResponse, Models) {
 }
 
 }  // namespace
+
+// Fields of OpenAI's and vLLM's APIs that dsv41 does not implement and whose being ignored would
+// change the result are refused, naming what to send instead — unless null or at the value that
+// asks for nothing; fields that change nothing are accepted.
+TEST(OpenAiRequest, UnimplementedFieldsAreRefusedNotIgnored) {
+  const std::vector<std::pair<std::string, json>> both = {
+      {"min_tokens", 4}, {"stop_token_ids", {7}}, {"include_stop_str_in_output", true}, {"use_beam_search", true},
+      {"prompt_logprobs", 1}, {"guided_json", json::object()}, {"guided_regex", "a+"}, {"guided_choice", {"a", "b"}},
+      {"guided_grammar", "root ::= \"a\""}, {"structured_outputs", {{"json", json::object()}}}, {"bad_words", {"x"}},
+      {"allowed_token_ids", {1, 2}}, {"logits_processors", {"m.f"}}, {"truncate_prompt_tokens", 8},
+      {"skip_special_tokens", true}, {"return_tokens_as_token_ids", true}};
+  for (const auto& [key, value] : both) {
+    expect_error(chat_error({{key, value}}), 400, key, "unsupported_value", {key + ": expected "});
+    expect_error(completion_error({{key, value}}), 400, key, "unsupported_value", {key + ": expected "});
+  }
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"functions", json::array({{{"name", "f"}}})}, {"function_call", "auto"}, {"modalities", {"text", "audio"}},
+           {"audio", {{"voice", "alloy"}}}, {"chat_template", "{{ messages }}"}, {"add_generation_prompt", false},
+           {"continue_final_message", true}, {"echo", true}})
+    expect_error(chat_error({{key, value}}), 400, key, "unsupported_value", {key + ": expected "});
+  expect_error(chat_error({{"functions", json::array({{{"name", "f"}}})}}), 400, "functions", "unsupported_value", {"send \"tools\""});
+  // At the value that asks for nothing, or null: accepted.
+  EXPECT_EQ(chat({{"min_tokens", 0}, {"stop_token_ids", json::array()}, {"include_stop_str_in_output", false},
+                  {"use_beam_search", false}, {"prompt_logprobs", nullptr}, {"modalities", {"text"}}, {"functions", nullptr},
+                  {"add_generation_prompt", true}, {"skip_special_tokens", false}, {"echo", false}})
+                .gen.model,
+            "dsv41-tiny");
+  EXPECT_TRUE(completion({{"echo", true}, {"skip_special_tokens", false}}).echo);  // completions' own echo
+  json stream = {{"stream", true}, {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+  expect_error(chat_error(stream), 400, "stream_options.continuous_usage_stats", "unsupported_value", {"include_usage"});
+  stream["stream_options"]["continuous_usage_stats"] = false;
+  EXPECT_TRUE(chat(stream).gen.include_usage);
+  // Fields that change nothing of the result: accepted (docs/openai-api.md lists them).
+  EXPECT_EQ(chat({{"store", true}, {"service_tier", "auto"}, {"prediction", {{"type", "content"}, {"content", "x"}}}}).gen.model,
+            "dsv41-tiny");
+}
+
 }  // namespace dsv41

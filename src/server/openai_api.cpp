@@ -169,6 +169,9 @@ void parse_stream(const ojson& body, GenerationParams& gen) {
       throw ApiError(400, "stream_options: expected only together with \"stream\": true, found it with stream off",
                      "stream_options", "invalid_value");
     if (const ojson* u = field(*v, "include_usage")) gen.include_usage = boolean(*u, "stream_options.include_usage");
+    // vLLM's usage in every chunk: not sent, so not accepted.
+    if (const ojson* c = field(*v, "continuous_usage_stats"); c && !(c->is_boolean() && !c->get<bool>()))
+      unsupported("stream_options.continuous_usage_stats", "false (the usage comes once, after the finish: include_usage)", *c);
   }
 }
 
@@ -340,6 +343,56 @@ void parse_common(const ojson& body, const ApiConfig& config, GenerationParams& 
   parse_n(body, config, gen);
 }
 
+// Fields of OpenAI's and vLLM's APIs that dsv41 does not implement and whose being ignored would
+// change the result: refused unless absent, null or at the value that asks for nothing, each
+// naming what to send instead (docs/openai-api.md, "Fields not implemented"). Fields no API names
+// are ignored, as their absence would be.
+void refuse_unimplemented(const ojson& body, bool chat) {
+  using Default = bool (*)(const ojson&);
+  const Default none = [](const ojson&) { return false; };  // any value asks for something
+  const Default is_false = [](const ojson& v) { return v.is_boolean() && !v.get<bool>(); };
+  const Default is_zero = [](const ojson& v) { return v.is_number_integer() && v.get<int64_t>() == 0; };
+  const Default is_empty = [](const ojson& v) { return v.is_array() && v.empty(); };
+  const Default text_only = [](const ojson& v) { return v == ojson::array({"text"}); };
+  const Default is_true = [](const ojson& v) { return v.is_boolean() && v.get<bool>(); };
+  struct Unimplemented {
+    const char* field;
+    const char* expected;
+    bool chat_only;
+    Default is_default;
+  };
+  const Unimplemented fields[] = {
+      {"functions", "none (the legacy form of tools: send \"tools\")", true, none},
+      {"function_call", "none (the legacy form of tool_choice: send \"tool_choice\")", true, none},
+      {"modalities", "[\"text\"] (dsv41 answers in text)", true, text_only},
+      {"audio", "none (dsv41 answers in text)", true, none},
+      {"chat_template", "none (dsv41 renders V4.1's own chat format: docs/chat-format.md)", true, none},
+      {"add_generation_prompt", "true (the reply always follows the messages as a new assistant turn)", true, is_true},
+      {"continue_final_message", "false (the reply is a new assistant turn)", true, is_false},
+      {"echo", "false in chat (completions echo their prompt)", true, is_false},
+      {"min_tokens", "0 (no minimum length: \"ignore_eos\" with max_tokens gives a fixed one)", false, is_zero},
+      {"stop_token_ids", "[] (stop strings only: \"stop\")", false, is_empty},
+      {"include_stop_str_in_output", "false (the reply ends before its stop string)", false, is_false},
+      {"use_beam_search", "false (dsv41 samples)", false, is_false},
+      {"bad_words", "[] (\"logit_bias\" of -100 bans a token)", false, is_empty},
+      {"allowed_token_ids", "none (\"logit_bias\", or structured output: \"response_format\")", false, none},
+      {"logits_processors", "none", false, none},
+      {"truncate_prompt_tokens", "none (a prompt beyond the context is refused, not cut)", false, none},
+      {"skip_special_tokens", "false (the text keeps a special token's text; the chat markup is parsed apart)", false, is_false},
+      {"return_tokens_as_token_ids", "false (logprobs name tokens by their text and bytes)", false, is_false},
+      {"prompt_logprobs", "none (completions' \"echo\" with \"logprobs\" scores the prompt)", false, none},
+      {"guided_json", "none (structured output: \"response_format\")", false, none},
+      {"guided_regex", "none (structured output: \"response_format\" with a pattern)", false, none},
+      {"guided_choice", "none (structured output: \"response_format\" with an enum)", false, none},
+      {"guided_grammar", "none (structured output: \"response_format\")", false, none},
+      {"structured_outputs", "none (structured output: \"response_format\")", false, none},
+  };
+  for (const Unimplemented& f : fields) {
+    if (f.chat_only && !chat) continue;
+    if (const ojson* v = field(body, f.field); v && !f.is_default(*v)) unsupported(f.field, f.expected, *v);
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<grammar::Grammar> output_grammar(const ChatRequest& req, grammar::GrammarCache& cache) {
@@ -358,6 +411,7 @@ ChatRequest parse_chat_request(std::string_view text, const ApiConfig& config) {
   const ojson body = parse_body(text);
   ChatRequest req;
   parse_common(body, config, req.gen);
+  refuse_unimplemented(body, /*chat=*/true);
 
   const ojson* messages = field(body, "messages");
   const std::string expected = "a non-empty array of message objects";
@@ -463,6 +517,7 @@ CompletionRequest parse_completion_request(std::string_view text, const ApiConfi
   const ojson body = parse_body(text, "prompt", &ids);
   CompletionRequest req;
   parse_common(body, config, req.gen);
+  refuse_unimplemented(body, /*chat=*/false);
   if (!field(body, "max_tokens") && !field(body, "max_completion_tokens"))
     req.gen.sampling.max_tokens = kCompletionsDefaultMaxTokens;
 
