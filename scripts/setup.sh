@@ -12,6 +12,7 @@ packages=(
   libutf8proc-dev libpcre2-dev
   libxxhash-dev
   libpng-dev libjpeg62-turbo-dev  # image decoding (docs/vision.md)
+  python3-pil  # Pillow, the image preprocessing's oracle (tests/image_pillow_oracle_test)
   memcached libmemcached-dev
   libcpp-httplib-dev
   libedit-dev
