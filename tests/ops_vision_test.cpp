@@ -19,22 +19,8 @@ namespace {
 
 using test::bf16_normal;
 using test::bf16_ulp;
+using test::expect_bf16_of;
 using test::make_weight;
-
-// Each output within one bf16 ulp of the exact value, and at least 99% of them bf16(exact): the
-// ops below compute in fp32 (a few 2^-24 relative per step, far below bf16's half ulp of 2^-9) and
-// round once, so only an exact value within that error of a rounding midpoint may round the other
-// way. `exact` holds the double-precision values of what the op rounds.
-void expect_bf16_of(const std::vector<float>& got, const std::vector<double>& exact, const char* what) {
-  ASSERT_EQ(got.size(), exact.size());
-  size_t same = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NEAR(got[i], exact[i], bf16_ulp(exact[i])) << what << " element " << i;
-    ASSERT_EQ(got[i], round_bf16(got[i])) << what << " element " << i << " is not a bf16 value";
-    same += got[i] == round_bf16(float(exact[i]));
-  }
-  EXPECT_GE(double(same), 0.99 * double(got.size())) << what;
-}
 
 // ---- 2D RoPE ---------------------------------------------------------------------------------------
 

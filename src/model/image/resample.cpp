@@ -60,50 +60,30 @@ Taps taps(int in_size, int out_size) {
   return t;
 }
 
-// Rounds the fixed-point sum (which started at one half) to a pixel value, clamping to 0..255.
-uint8_t to_pixel(int64_t sum) { return uint8_t(std::clamp<int64_t>(sum >> kPrecisionBits, 0, 255)); }
+// One output pixel: the `count` input pixels from `p` on, `stride` bytes apart, times their
+// fixed-point weights; the sum starts at one half and is rounded down to a level, clamped to 0..255.
+void resample_pixel(const uint8_t* p, int64_t stride, const int32_t* w, int count, uint8_t* out) {
+  int64_t sum[3] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1)};
+  for (int k = 0; k < count; ++k, p += stride)
+    for (int c = 0; c < 3; ++c) sum[c] += int64_t(p[c]) * w[k];
+  for (int c = 0; c < 3; ++c) out[c] = uint8_t(std::clamp<int64_t>(sum[c] >> kPrecisionBits, 0, 255));
+}
 
 // Rows [row0, row0 + out.height) of `in`, resampled along x to out.width.
 void horizontal(const RgbImage& in, int row0, const Taps& t, RgbImage& out) {
-  for (int y = 0; y < out.height; ++y) {
-    const uint8_t* src = in.at(0, row0 + y);
-    for (int xx = 0; xx < out.width; ++xx) {
-      const int32_t* w = &t.weights[size_t(xx) * size_t(t.ksize)];
-      const uint8_t* p = src + size_t(t.first[size_t(xx)]) * 3;
-      int64_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
-      for (int x = 0; x < t.count[size_t(xx)]; ++x, p += 3) {
-        s0 += int64_t(p[0]) * w[x];
-        s1 += int64_t(p[1]) * w[x];
-        s2 += int64_t(p[2]) * w[x];
-      }
-      uint8_t* o = out.at(xx, y);
-      o[0] = to_pixel(s0);
-      o[1] = to_pixel(s1);
-      o[2] = to_pixel(s2);
-    }
-  }
+  for (int y = 0; y < out.height; ++y)
+    for (int xx = 0; xx < out.width; ++xx)
+      resample_pixel(in.at(t.first[size_t(xx)], row0 + y), 3, &t.weights[size_t(xx) * size_t(t.ksize)],
+                     t.count[size_t(xx)], out.at(xx, y));
 }
 
 // `in` resampled along y to out.height; tap positions are shifted up by `row0` (the first input
 // row the horizontal pass kept).
 void vertical(const RgbImage& in, int row0, const Taps& t, RgbImage& out) {
-  for (int yy = 0; yy < out.height; ++yy) {
-    const int32_t* w = &t.weights[size_t(yy) * size_t(t.ksize)];
-    const int first = t.first[size_t(yy)] - row0;
-    for (int x = 0; x < out.width; ++x) {
-      int64_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
-      for (int y = 0; y < t.count[size_t(yy)]; ++y) {
-        const uint8_t* p = in.at(x, first + y);
-        s0 += int64_t(p[0]) * w[y];
-        s1 += int64_t(p[1]) * w[y];
-        s2 += int64_t(p[2]) * w[y];
-      }
-      uint8_t* o = out.at(x, yy);
-      o[0] = to_pixel(s0);
-      o[1] = to_pixel(s1);
-      o[2] = to_pixel(s2);
-    }
-  }
+  for (int yy = 0; yy < out.height; ++yy)
+    for (int x = 0; x < out.width; ++x)
+      resample_pixel(in.at(x, t.first[size_t(yy)] - row0), int64_t(in.width) * 3, &t.weights[size_t(yy) * size_t(t.ksize)],
+                     t.count[size_t(yy)], out.at(x, yy));
 }
 
 }  // namespace
