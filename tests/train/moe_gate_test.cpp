@@ -1,7 +1,7 @@
 // src/train/grad/moe_gate.h: the gate's backward against central differences (input and gate
 // weight) for both score functions, normalized and not, with logits across softplus's threshold;
 // the bias steering the choice and nothing else; the forward against the CPU op
-// (backend/cpu/moe.h route): the same experts, weights within a stated bound.
+// (backend/cpu/moe.h route): the same experts, weights within a stated bound; imposed experts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -153,6 +153,46 @@ TEST(GradMoeGate, ForwardMatchesTheCpuOp) {
       EXPECT_NEAR(w_cpu[i], w[i], bound) << "row " << r << " choice " << j;
     }
   }
+}
+
+}  // namespace
+}  // namespace dsv41
+
+namespace dsv41 {
+namespace {
+
+// Imposed experts (the trainer holds a step's choices fixed, and the parity tests impose the CPU
+// forward's): taken in the given order whatever the scores, weighted by their own normalized
+// scores, with the gradient reaching exactly them — against central differences, which no choice
+// can disturb here.
+TEST(GradMoeGate, ForcedExpertsAreTakenWeighedAndDifferentiated) {
+  const int64_t rows = 3, dim = 5, E = 6;
+  const GateOptions opt = options(2, "sqrtsoftplus", 1.0f, true, 1.5f);
+  std::vector<double> x = test::normal_values(size_t(rows * dim), 1.0, 61), W = test::normal_values(size_t(E * dim), 1.0, 62);
+  const std::vector<double> bias = test::normal_values(size_t(E), 0.3, 63), c = test::normal_values(size_t(rows * 2), 1.0, 64);
+  const std::vector<int32_t> forced = {5, 0, 3, 4, 1, 2};
+  std::vector<int32_t> experts(forced.size());
+  std::vector<double> w(forced.size());
+  grad::GateSaved<double> saved;
+  auto loss = [&] {
+    grad::gate_forward(x.data(), rows, dim, W.data(), E, bias.data(), opt, experts.data(), w.data(), saved, forced.data());
+    return test::weighted_sum(c, w);
+  };
+  loss();
+  EXPECT_EQ(experts, forced);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double s0 = saved.scores[size_t(r * E + forced[size_t(2 * r)])], s1 = saved.scores[size_t(r * E + forced[size_t(2 * r + 1)])];
+    EXPECT_NEAR(w[size_t(2 * r)], 1.5 * s0 / (s0 + s1), 1e-15);
+    EXPECT_NEAR(w[size_t(2 * r + 1)], 1.5 * s1 / (s0 + s1), 1e-15);
+  }
+  std::vector<double> dx(x.size(), 0.0), dW(W.size(), 0.0);
+  grad::gate_backward(x.data(), rows, dim, W.data(), E, opt, saved, c.data(), dx.data(), dW.data());
+  test::expect_gradient("dx", x, dx, loss);
+  test::expect_gradient("dW", W, dW, loss);
+  const std::vector<int32_t> out_of_range = {6, 0, 3, 4, 1, 2};
+  EXPECT_THROW(grad::gate_forward(x.data(), rows, dim, W.data(), E, bias.data(), opt, experts.data(), w.data(), saved,
+                                  out_of_range.data()),
+               Error);
 }
 
 }  // namespace

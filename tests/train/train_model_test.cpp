@@ -30,7 +30,6 @@
 namespace dsv41 {
 namespace {
 
-using train::Choices;
 using train::Parameters;
 using train::TrainModel;
 
@@ -73,6 +72,14 @@ Parameters<T> make_parameters(const Config& c) {
   return p;
 }
 
+// A trace imposing the choices `recorded` made (its top-k and experts).
+Trace hold(const Trace& recorded) {
+  Trace t;
+  t.forced_topk = &recorded.topk;
+  t.forced_experts = &recorded.route_experts;
+  return t;
+}
+
 bool is_indexer(const std::string& name) { return name.find(".attn.indexer.") != std::string::npos; }
 bool selection_only(const std::string& name) { return name.ends_with("gate.bias"); }
 bool dspark(const std::string& name) { return name.starts_with("mtp."); }
@@ -99,9 +106,10 @@ void check_gradients(bool engram) {
   Parameters<double> p = make_parameters<double>(c);
   TrainModel<double> model(p);
   const Sequence s = make_sequence(c, kRows, 3);
-  model.forward(s.tokens, engram ? s.engram_ids.data() : nullptr);
-  const Choices choices = model.choices();
-  auto losses = [&] { return model.forward(s.tokens, engram ? s.engram_ids.data() : nullptr, &choices); };
+  Trace first;
+  model.forward(s.tokens, engram ? s.engram_ids.data() : nullptr, &first);
+  Trace held = hold(first);
+  auto losses = [&] { return model.forward(s.tokens, engram ? s.engram_ids.data() : nullptr, &held); };
   losses();
   const train::Margins m = model.margins();
   if (engram) {
@@ -111,14 +119,14 @@ void check_gradients(bool engram) {
   EXPECT_LT(m.expert_preactivation, c.swiglu_limit - 1) << "an expert near its clamp";
   EXPECT_LT(m.gate_logit, 19) << "a gate logit near softplus's threshold";
   // The choices are real ones: some rows' top-k leave visible entries out.
-  for (const auto& [layer, rows] : choices.topk) EXPECT_EQ(rows.back().size(), size_t(c.index_topk)) << layer;
+  for (const auto& [layer, rows] : first.topk) EXPECT_EQ(rows.back().size(), size_t(c.index_topk)) << layer;
 
   p.zero_grad();
   model.backward();
   // The indexer's weights get L_indexer's gradient alone: backward with L_lm only leaves them zero.
   Parameters<double> lm_only = make_parameters<double>(c);
   TrainModel<double> lm_model(lm_only);
-  lm_model.forward(s.tokens, engram ? s.engram_ids.data() : nullptr, &choices);
+  lm_model.forward(s.tokens, engram ? s.engram_ids.data() : nullptr, &held);
   lm_model.backward(1.0, 0.0);
 
   // The tensors no loss reaches get exactly zero; every other gets some, and from one objective only:
@@ -205,8 +213,10 @@ TEST(TrainModel, FloatAgreesWithDouble) {
   const Sequence s = make_sequence(c, 64, 9);
   TrainModel<double> md(pd);
   TrainModel<float> mf(pf);
-  const train::Losses ld = md.forward(s.tokens, s.engram_ids.data());
-  const train::Losses lf = mf.forward(s.tokens, s.engram_ids.data(), &md.choices());
+  Trace first;
+  const train::Losses ld = md.forward(s.tokens, s.engram_ids.data(), &first);
+  Trace held = hold(first);
+  const train::Losses lf = mf.forward(s.tokens, s.engram_ids.data(), &held);
   EXPECT_NEAR(lf.lm, ld.lm, 1e-6 * ld.lm);
   EXPECT_NEAR(lf.indexer, ld.indexer, 1e-6 * ld.indexer);
   pd.zero_grad();

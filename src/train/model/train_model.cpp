@@ -14,10 +14,17 @@ template <class T>
 TrainModel<T>::~TrainModel() = default;
 
 template <class T>
-Losses TrainModel<T>::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, const Choices* forced) {
+Losses TrainModel<T>::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace) {
+  const Config& c = params_.config();
   tape_.clear();  // the last forward's backward, if never run, reads the op set replaced here
-  ops_ = std::make_unique<TrainOps<T>>(params_, options_, tape_, tokens, engram_ids, forced, expert_load_);
-  run_network(params_.config(), *ops_, nullptr);
+  if (trace) {
+    trace->block_out.assign(size_t(c.n_layers), {});
+    trace->route_experts.assign(size_t(c.n_layers), {});
+    trace->route_scores.assign(size_t(c.n_layers), {});
+    trace->topk.clear();
+  }
+  ops_ = std::make_unique<TrainOps<T>>(params_, options_, tape_, tokens, engram_ids, trace, expert_load_);
+  run_network(c, *ops_, trace);
   return ops_->losses;
 }
 
@@ -27,12 +34,6 @@ void TrainModel<T>::backward(T lm_weight, T indexer_weight) {
   ops_->lm_weight = lm_weight;
   ops_->indexer_weight = indexer_weight;
   tape_.backward();
-}
-
-template <class T>
-const Choices& TrainModel<T>::choices() const {
-  if (!ops_) fail("train model", "a forward before its choices are read", "none");
-  return ops_->choices();
 }
 
 template <class T>

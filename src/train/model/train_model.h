@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "forward/forward.h"
 #include "train/model/parameters.h"
 #include "train/model/tape.h"
 
@@ -27,14 +28,6 @@ struct TrainOptions {
   bool kv_fp4 = false;         // the compressed main KV entries, after their RoPE (KV-FP4)
   bool swa_fp8 = false;        // the window KV, after its RoPE (SWA-FP8)
   bool mxfp4_indexer = false;  // the index queries and keys, after their RoPE (MXFP4)
-};
-
-// The discrete choices of one forward, as forward.h's Trace records them: per index-source layer
-// each row's compressed entries (ascending, −1 = an empty slot, min(index_topk, entries) per row),
-// and per backbone layer each row's experts (best first). Imposed, they replace the forward's own.
-struct Choices {
-  std::map<int, std::vector<std::vector<int64_t>>> topk;
-  std::vector<std::vector<int32_t>> experts;  // [layer][row · k + j]
 };
 
 struct Losses {
@@ -61,14 +54,16 @@ class TrainModel {
 
   // Runs one sequence: tokens [L + 1], the inputs the first L, each row's target the token after it;
   // engram_ids [L, engram layers, hash columns] of the inputs (forward.h's layout; nullptr for a model
-  // without Engram). With `forced`, its choices replace the forward's. Records the backward.
-  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, const Choices* forced = nullptr);
+  // without Engram). Records the backward. With a trace (forward.h), as the CPU forward: records each
+  // index source's top-k, each layer's experts and biased gate scores and its output streams;
+  // imposes its forced top-k and experts (the choices held, as the gradient checks and the parity
+  // tests hold them) and its forced layer inputs (layer-local parity).
+  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace = nullptr);
   // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer of the last forward into the
   // parameters' gradients (zeroed by the caller: sequences of a batch accumulate).
   void backward(T lm_weight = T(1), T indexer_weight = T(1));
 
-  // The last forward's choices, and its distances to kinks.
-  const Choices& choices() const;
+  // The last forward's distances to kinks.
   const Margins& margins() const;
   // The last forward's logits [L, vocab] (the head over the final norm's output).
   std::vector<T> logits() const;

@@ -49,9 +49,9 @@ class TrainOps {
 
   // tokens [R + 1] (inputs and, one on, targets); engram_ids [R, engram layers, columns] or nullptr.
   TrainOps(Parameters<T>& params, const TrainOptions& options, Tape& tape, std::span<const int64_t> tokens,
-           const int64_t* engram_ids, const Choices* forced, std::vector<std::vector<int64_t>>& expert_load)
+           const int64_t* engram_ids, Trace* trace, std::vector<std::vector<int64_t>>& expert_load)
       : c_(params.config()), p_(params), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1), engram_ids_(engram_ids),
-        forced_(forced), load_(expert_load), rope_window_(rope_table(c_, false)), rope_compressed_(rope_table(c_, true)) {
+        trace_(trace), load_(expert_load), rope_window_(rope_table(c_, false)), rope_compressed_(rope_table(c_, true)) {
     if (R_ < 1) fail("train forward", "a sequence of at least 2 tokens (inputs and their next tokens)", std::to_string(tokens.size()));
     for (int64_t t : tokens)
       if (t < 0 || t >= c_.vocab_size) fail("train forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
@@ -59,14 +59,12 @@ class TrainOps {
     inputs_.assign(tokens.begin(), tokens.end() - 1);
     targets_.assign(tokens.begin() + 1, tokens.end());
     for (int64_t r = 0; r < R_; ++r) positions_.push_back(r);
-    if (forced_ && !forced_->experts.empty() && int(forced_->experts.size()) != c_.n_layers)
-      fail("train forward", "imposed experts for " + std::to_string(c_.n_layers) + " layers", std::to_string(forced_->experts.size()));
-    choices_.experts.resize(size_t(c_.n_layers));
+    if (trace_ && trace_->forced_experts && int(trace_->forced_experts->size()) != c_.n_layers)
+      fail("train forward", "imposed experts for " + std::to_string(c_.n_layers) + " layers", std::to_string(trace_->forced_experts->size()));
   }
 
   Losses losses;
   Margins margins;
-  const Choices& choices() const { return choices_; }
   const Tensor& final_hidden() const { return final_; }
   // The seeds of the two losses' gradients, read when the backward runs.
   T lm_weight = T(1), indexer_weight = T(1);
@@ -170,8 +168,8 @@ class TrainOps {
     const int64_t d = c_.dim, inter = c_.moe_inter_dim, E = c_.routed_experts(l);
     const GateOptions opt = gate_options(c_, l);
     const int32_t* forced = nullptr;
-    if (forced_ && !forced_->experts.empty()) {
-      const std::vector<int32_t>& f = forced_->experts[size_t(l)];
+    if (trace_ && trace_->forced_experts) {
+      const std::vector<int32_t>& f = (*trace_->forced_experts)[size_t(l)];
       if (int64_t(f.size()) != R_ * opt.topk)
         fail("train forward", "imposed experts of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows",
              std::to_string(f.size()) + " experts");
@@ -180,7 +178,12 @@ class TrainOps {
     Tensor x = h_, y = tensor<T>(size_t(R_ * d));
     auto saved = std::make_shared<grad::MoeSaved<T>>();
     grad::moe_forward(x->v(), R_, d, inter, moe_weights(L, false), opt, T(c_.swiglu_limit), y->v(), *saved, forced);
-    choices_.experts[size_t(l)] = saved->experts;
+    if (trace_) {
+      trace_->route_experts[size_t(l)] = saved->experts;
+      std::vector<float>& biased = trace_->route_scores[size_t(l)];
+      biased.resize(size_t(R_ * E));
+      for (int64_t i = 0; i < R_ * E; ++i) biased[size_t(i)] = float(saved->gate.scores[size_t(i)] + L.gate_bias->value[size_t(i % E)]);
+    }
     for (T z : saved->gate.logits) margins.gate_logit = std::max(margins.gate_logit, double(std::fabs(z)));
     auto widest = [&](const grad::ExpertSaved<T>& e) {
       for (const std::vector<T>* v : {&e.gate, &e.up})
@@ -215,12 +218,22 @@ class TrainOps {
   // DSpark's context features (network.h record_target): the hook for DSpark training (issue 19).
   bool records_targets() const { return false; }
   void record_target(int) {}
-  // Decoder bounded replay and imposed layer inputs are inference's (cuts_rows() is false, and the
-  // training forward runs with no Trace): never called.
-  void compress_cut(int) { unreachable("compress_cut"); }
-  void drop_cut() { unreachable("drop_cut"); }
-  void impose_input(int) { unreachable("impose_input"); }
-  void record_block(int) { unreachable("record_block"); }
+  // Decoder bounded replay is inference's (cuts_rows() is false): never called.
+  void compress_cut(int) { fail("train forward", "no decoder bounded replay in training (exact mode)", "compress_cut"); }
+  void drop_cut() { fail("train forward", "no decoder bounded replay in training (exact mode)", "drop_cut"); }
+
+  // Layer-local parity (Trace::forced_streams): layer l starts from the imposed streams and mix.
+  void impose_input(int l) {
+    if (!trace_->forced_pre_mix) fail("train forward", "imposed input mixes with the imposed streams", "none");
+    const std::vector<float>& streams = trace_->forced_streams->at(size_t(l - 1));
+    const std::vector<float>& pre = trace_->forced_pre_mix->at(size_t(l - 1));
+    if (streams.size() != X_->size() || pre.size() != mix_[size_t(Sub::Ffn)].pre->size())
+      fail("train forward", "imposed inputs of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows",
+           std::to_string(streams.size()) + " stream and " + std::to_string(pre.size()) + " mix values");
+    X_ = std::make_shared<Node<T>>(std::vector<T>(streams.begin(), streams.end()));
+    mix_[size_t(Sub::Ffn)].pre = std::make_shared<Node<T>>(std::vector<T>(pre.begin(), pre.end()));
+  }
+  void record_block(int l) { trace_->block_out[size_t(l)].assign(X_->value.begin(), X_->value.end()); }
 
   // --- the attention's ops (network.h attention()) -------------------------------------------------
 
@@ -303,7 +316,6 @@ class TrainOps {
     Indexed& ix = indexed_;
     ix = Indexed{};
     ix.keys = s.keys;
-    ix.k = k;
     ix.q = linear(detach(qr), a.indexer_wq_b);
     rope(ix.q, l, heads, ihd, false);
     if (o_.mxfp4_indexer) fake_quantize(ix.q, ihd, mxfp4::quantize_dequantize);
@@ -314,8 +326,8 @@ class TrainOps {
     const bool uses_candidates = c_.candidate_source_layer >= 0 && l > c_.candidate_source_layer;
     if (candidate_source) candidates_.assign(size_t(R_), {});
     const std::vector<std::vector<int64_t>>* imposed = nullptr;
-    if (forced_ && forced_->topk.count(l)) {
-      imposed = &forced_->topk.at(l);
+    if (trace_ && trace_->forced_topk && trace_->forced_topk->count(l)) {
+      imposed = &trace_->forced_topk->at(l);
       if (int64_t(imposed->size()) != R_) fail("train forward", "imposed top-k of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows", std::to_string(imposed->size()));
     }
     topk_.assign(size_t(R_), {});
@@ -336,16 +348,20 @@ class TrainOps {
         for (int64_t& t : chosen)
           if (t >= visible) t = -1;  // not yet visible to this row: an empty slot (sorted last)
         if (imposed) {
+          // Any number of slots, the same in every row (the reference pads its top-k with −1 to
+          // index_topk where fewer entries exist).
           chosen = (*imposed)[size_t(r)];
-          if (int64_t(chosen.size()) != k)
-            fail("train forward", "imposed top-k rows of " + std::to_string(k) + " entries at layer " + std::to_string(l), std::to_string(chosen.size()));
+          if (chosen.size() != (*imposed)[0].size())
+            fail("train forward", "imposed top-k rows of one length at layer " + std::to_string(l),
+                 std::to_string((*imposed)[0].size()) + " and " + std::to_string(chosen.size()) + " entries");
           for (int64_t t : chosen)
             if (t < -1 || t >= std::min(visible, n)) fail("train forward", "imposed entries visible to row " + std::to_string(r) + " or -1", std::to_string(t));
         }
         topk_[size_t(r)] = std::move(chosen);
       }
     }
-    choices_.topk[l] = topk_;
+    ix.k = int64_t(topk_[0].size());
+    if (trace_) trace_->topk[l] = topk_;
   }
 
   // o: each row over its window (this call's kv rows) and its chosen compressed entries, with the
@@ -415,7 +431,6 @@ class TrainOps {
 
   static constexpr int64_t kScoreRows = 64;  // rows scored against every entry at once
 
-  static void unreachable(const char* op) { fail("train forward", "no " + std::string(op) + " in training (exact mode, no trace)", "a call"); }
   static void add_to(const T* from, int64_t n, T* to) {
     for (int64_t i = 0; i < n; ++i) to[i] += from[i];
   }
@@ -537,7 +552,7 @@ class TrainOps {
   const int64_t R_;
   std::vector<int64_t> inputs_, targets_, positions_;
   const int64_t* engram_ids_;
-  const Choices* forced_;
+  Trace* trace_;
   std::vector<std::vector<int64_t>>& load_;
   RopeTable rope_window_, rope_compressed_;
 
@@ -547,7 +562,6 @@ class TrainOps {
   Indexed indexed_;                              // the latest index source's
   std::vector<std::vector<int64_t>> topk_;       // [row] the latest index source's choice (published)
   std::vector<std::vector<uint8_t>> candidates_; // [row] the candidate source's pool
-  Choices choices_;
 };
 
 }  // namespace dsv41::train
