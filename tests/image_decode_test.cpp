@@ -160,6 +160,12 @@ TEST(ImageDecode, OversizedPngIsRefusedFromItsHeader) {
   expect_refused(small, {"at most 9999 pixels", "100 x 100 = 10000 pixels"}, {9999});
 }
 
+// Sides near 2^32 (found by fuzz/image_fuzz): their product is taken where it cannot overflow.
+TEST(ImageDecode, HugePngSidesAreRefusedWithoutOverflow) {
+  std::vector<uint8_t> png = bytes_of(std::string("\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\xC3\xC4\xC5\xC6\xC7\xC8\xC9\xCA", 24));
+  expect_refused(png, {"expected at most 89478485 pixels", "PNG of 3284452806 x 3351824842 = 11008910507527406652 pixels"});
+}
+
 // ---- JPEG ---------------------------------------------------------------------------------------
 
 // A flat colour survives JPEG at quality 100 to within 2 levels: only the blocks' DC terms are

@@ -1,6 +1,7 @@
 #include "model/image/decode.h"
 
 // jpeglib.h needs size_t and FILE declared first.
+#include <algorithm>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -25,11 +26,17 @@ bool starts_with(const uint8_t* data, size_t size, std::string_view prefix) {
   throw ImageError(std::string(kWhere) + ": expected " + expected + ", found " + found);
 }
 
-void check_pixels(int64_t width, int64_t height, const DecodeLimits& limits, const char* format) {
-  if (width <= 0 || height <= 0)
+// Whether a width x height header (each side below 2^32, as both formats store it) is within the
+// limits; the product is taken in 64 unsigned bits, where it cannot overflow.
+bool within_limits(uint64_t width, uint64_t height, const DecodeLimits& limits) {
+  return width > 0 && height > 0 && width * height <= uint64_t(std::max<int64_t>(limits.max_pixels, 0));
+}
+
+void check_pixels(uint64_t width, uint64_t height, const DecodeLimits& limits, const char* format) {
+  if (width == 0 || height == 0)
     refuse("an image of at least 1 x 1 pixels",
            std::string("a ") + format + " of " + std::to_string(width) + " x " + std::to_string(height));
-  if (width * height > limits.max_pixels)
+  if (!within_limits(width, height, limits))
     refuse("at most " + std::to_string(limits.max_pixels) + " pixels",
            std::string("a ") + format + " of " + std::to_string(width) + " x " + std::to_string(height) + " = " +
                std::to_string(width * height) + " pixels");
@@ -80,7 +87,7 @@ int png_run(PngJob* job) {
   png_read_info(job->png, job->info);
   int bit_depth = 0, color_type = 0;
   png_get_IHDR(job->png, job->info, &job->width, &job->height, &bit_depth, &color_type, nullptr, nullptr, nullptr);
-  if (job->width == 0 || job->height == 0 || int64_t(job->width) * job->height > job->limits->max_pixels) return 2;
+  if (!within_limits(job->width, job->height, *job->limits)) return 2;
   // Pillow's conversions (docs/vision.md §1): palettes to their colours; 1/2/4-bit grey scaled to
   // 0..255 by bit replication; 16-bit samples cut to their high byte ("RGB;16B" and kin), except
   // 16-bit grey, which Pillow opens as I;16 and clips to 255 when converting.
@@ -199,7 +206,7 @@ int jpeg_run(JpegJob* job) {
   job->width = cinfo->image_width;
   job->height = cinfo->image_height;
   job->color_space = cinfo->jpeg_color_space;
-  if (job->width == 0 || job->height == 0 || int64_t(job->width) * job->height > job->limits->max_pixels) return 2;
+  if (!within_limits(job->width, job->height, *job->limits)) return 2;
   // Grey stays grey (replicated below); YCbCr and RGB come out RGB through libjpeg's own colour
   // conversion, as in Pillow. The IDCT and upsampling are libjpeg's defaults, which Pillow keeps.
   switch (cinfo->jpeg_color_space) {
