@@ -607,6 +607,7 @@ std::string Server::State::render_metrics() {
   const SpeculationStats& sp = s.speculation;
   sync(m.counter("dsv41_spec_steps_total", "Speculative decode steps: drafts verified in one target pass"), double(sp.steps));
   sync(m.counter("dsv41_spec_draft_tokens_total", "Draft tokens proposed"), double(sp.drafted));
+  sync(m.counter("dsv41_spec_verified_tokens_total", "Draft tokens the prefix scheduler sent to the target"), double(sp.verified));
   sync(m.counter("dsv41_spec_accepted_tokens_total", "Draft tokens accepted"), double(sp.accepted));
   sync(m.counter("dsv41_spec_seconds_total", "Time drafting, verifying and undoing rejected positions"), sp.seconds);
   for (size_t k = 0; k < sp.accepted_at.size(); ++k)
