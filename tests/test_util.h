@@ -1,6 +1,7 @@
 #pragma once
 // Small helpers shared by the tests: reading a file whole, a fresh temporary directory that is
-// removed when the test ends, running the dsv41 command, and views of KV block payloads.
+// removed when the test ends, running the dsv41 command, views of KV block payloads, and (error_of.h)
+// the message of a thrown error.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,23 +15,13 @@
 #include <vector>
 
 #include "base/error.h"
+#include "error_of.h"
 
 namespace dsv41::test {
 
 // Payloads made by global_block(), as restore_sequence takes them.
 inline std::vector<std::span<const uint8_t>> payloads(const std::vector<std::vector<uint8_t>>& blocks) {
   return {blocks.begin(), blocks.end()};
-}
-
-// The message of the dsv41::Error that `f` throws, or "" when it throws none.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 inline std::string read_text(const std::filesystem::path& path) {

@@ -136,3 +136,31 @@ TEST(TrainModelParity, Fp8CheckpointWithoutEngramMatchesTheCpuForward) { expect_
 
 }  // namespace
 }  // namespace dsv41
+
+#include "../error_of.h"
+
+namespace dsv41 {
+namespace {
+
+// A checkpoint of another layout is refused before anything is read, and naming both configs; bad
+// sequences are refused naming what was expected.
+TEST(TrainModelParity, RefusesMismatchedCheckpointsAndSequences) {
+  std::unique_ptr<Model> model = Model::load(test::fixture_dir("v41-tiny"));
+  train::Parameters<float> params(preset("tiny"));
+  const std::string loading = test::error_of([&] { train::load_parameters(params, *model); });
+  EXPECT_NE(loading.find("preset tiny"), std::string::npos) << loading;
+  EXPECT_NE(loading.find("another set of tensors"), std::string::npos) << loading;
+
+  train::init_parameters(params, {});
+  train::TrainModel<float> m(params);
+  const std::vector<int64_t> one = {5}, out_of_range = {5, 1024};
+  const std::vector<int64_t> ids(2 * size_t(preset("tiny").engram_hash_columns()), 0);
+  EXPECT_NE(test::error_of([&] { m.forward(one, ids.data()); }).find("at least 2 tokens"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { m.forward(out_of_range, ids.data()); }).find("token ids in [0, 1024)"), std::string::npos);
+  const std::vector<int64_t> two = {5, 6};
+  EXPECT_NE(test::error_of([&] { m.forward(two, nullptr); }).find("Engram hash ids"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { m.backward(); }).find("a forward whose backward has not run"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv41

@@ -180,14 +180,25 @@ void load_engram_table(Param<T>& p, const EngramWeights& g) {
   }
 }
 
+
+// The weights map's tensor names, less the scales: what two configs must share for one's checkpoint
+// to load into the other's parameters (each tensor's size is checked as it loads).
+std::vector<std::string> parameter_names(const Config& c) {
+  std::vector<std::string> names;
+  for (const TensorSpec& t : expected_tensors(c))
+    if (t.role != WeightRole::Scale) names.push_back(t.name);
+  return names;
+}
+
 }  // namespace
 
 template <class T>
 void load_parameters(Parameters<T>& params, const Model& model) {
   const Config& c = params.config();
   const Config& mc = model.config();
-  if (mc.n_layers != c.n_layers || mc.has_dspark() != c.has_dspark() || mc.has_engram() != c.has_engram())
-    fail("load_parameters", "a checkpoint of the training config (" + c.source + ")", "one of another schedule (" + mc.source + ")");
+  if (parameter_names(c) != parameter_names(mc))
+    fail("load_parameters", "a checkpoint with the tensors of the training config (" + c.source + ")",
+         "another set of tensors (" + mc.source + ")");
   load_weight(params.embed(), model.embed());
   load_weight(params.norm(), model.norm());
   load_weight(params.head(), model.head());
