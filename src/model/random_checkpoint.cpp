@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "base/counter_random.h"
 #include "base/error.h"
 #include "model/checkpoint.h"
 #include "model/engram_compress.h"
@@ -22,21 +23,6 @@
 namespace dsv41 {
 
 namespace {
-
-// Counter-based generator: element i of a tensor is a hash of (seed, name, i), so any slice can
-// be produced on its own, in any order.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-uint64_t name_key(uint64_t seed, const std::string& name) {
-  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a
-  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001B3ull;
-  return splitmix64(seed ^ h);
-}
 
 // How a tensor is filled: uniform noise of standard deviation `std` around `mean`, or a
 // per-element function for the few tensors with structure (mHC biases).

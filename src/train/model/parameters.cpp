@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "backend/cpu/engram.h"
+#include "base/counter_random.h"
 #include "base/error.h"
 #include "forward/model.h"
 
@@ -93,22 +94,11 @@ int64_t Parameters<T>::count() const {
 
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Element i of a tensor's standard normal sequence: Box–Muller over two uniforms of a counter-based
+// Element i of a tensor's standard normal sequence: Box–Muller over two uniforms of the counter-based
 // generator keyed by (seed, name), so that a tensor's values do not depend on the order of the others.
 class NormalStream {
  public:
-  NormalStream(uint64_t seed, const std::string& name) {
-    uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a of the name
-    for (unsigned char ch : name) h = (h ^ ch) * 0x100000001B3ull;
-    key_ = splitmix64(seed ^ h);
-  }
+  NormalStream(uint64_t seed, const std::string& name) : key_(name_key(seed, name)) {}
   double at(int64_t i) const {
     const double u1 = (double(splitmix64(key_ + 2 * uint64_t(i)) >> 11) + 1) * 0x1.0p-53;  // (0, 1]
     const double u2 = double(splitmix64(key_ + 2 * uint64_t(i) + 1) >> 11) * 0x1.0p-53;
