@@ -47,7 +47,8 @@ class TrainOps {
  public:
   using Tensor = train::Tensor<T>;  // network.h's Ops::Tensor
 
-  // tokens [R + 1] (inputs and, one on, targets); engram_ids [R, engram layers, columns] or nullptr.
+  // tokens [R + 1]: the R inputs and, one position on, their targets; engram_ids [R, engram layers,
+  // columns] or nullptr.
   TrainOps(Parameters<T>& params, const TrainOptions& options, Tape& tape, std::span<const int64_t> tokens,
            const int64_t* engram_ids, Trace* trace, std::vector<std::vector<int64_t>>& expert_load)
       : c_(params.config()), p_(params), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1), engram_ids_(engram_ids),
