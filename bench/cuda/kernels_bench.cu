@@ -244,154 +244,152 @@ void BM_MegaMhc(benchmark::State& state) {
   cudaFree(base), cudaFree(scale), cudaFree(norm), cudaFree(pre), cudaFree(post), cudaFree(comb);
 }
 
-// Sparse attention decode, V4.1-Flash: 64 heads × 512, window 128 (SWA-FP8), top-k 512 (KV-FP4);
-// B tokens, the path (cuda::SparseAttentionPath) as the second argument.
-void BM_SparseAttention(benchmark::State& state) {
-  const int B = int(state.range(0)), H = 64, D = 512, W = 128, K = 512, entries = 4096;
-  const auto path = cuda::SparseAttentionPath(state.range(1));
-  state.SetLabel(path == cuda::SparseAttentionPath::automatic     ? "automatic"
-                 : path == cuda::SparseAttentionPath::head_groups ? "head groups"
-                 : path == cuda::SparseAttentionPath::split_tiles ? "split tiles"
-                 : path == cuda::SparseAttentionPath::tensor_cores ? "tensor cores"
-                                                                   : "warpgroups");
-  const size_t swa = swa_fp8::bytes(D), kv = kv_fp4::bytes(D);
-  const size_t per_token = size_t(W) * swa + size_t(entries) * kv;
-  const int copies = int(std::max<size_t>(1, kRotateBytes / (per_token * B)));
-  // Rings and caches: e4m3 codes without NaN, e2m1 any; scales overwritten below with sane ones.
-  std::vector<uint8_t*> rings(static_cast<size_t>(copies)), caches(static_cast<size_t>(copies));
-  for (int c = 0; c < copies; ++c) {
-    std::vector<uint8_t> r(static_cast<size_t>(B) * W * swa), k(static_cast<size_t>(B) * entries * kv);
-    std::mt19937 rng(c);
-    for (size_t e = 0; e < size_t(B) * W; ++e) {
-      for (int i = 0; i < D; ++i) r[e * swa + i] = uint8_t(rng() & 0xB7);
-      for (int i = 0; i < D / 32; ++i) r[e * swa + D + i] = uint8_t(120 + rng() % 8);
-    }
-    for (size_t e = 0; e < size_t(B) * entries; ++e) {
-      for (int i = 0; i < D / 2; ++i) k[e * kv + i] = uint8_t(rng());
-      for (int i = 0; i < D / 16; ++i) k[e * kv + D / 2 + i] = uint8_t(0x30 + rng() % 16);
-    }
-    check(cudaMalloc(&rings[size_t(c)], r.size()), "alloc"), check(cudaMalloc(&caches[size_t(c)], k.size()), "alloc");
-    check(cudaMemcpy(rings[size_t(c)], r.data(), r.size(), cudaMemcpyHostToDevice), "upload");
-    check(cudaMemcpy(caches[size_t(c)], k.data(), k.size(), cudaMemcpyHostToDevice), "upload");
+// ---- sparse attention (V4.1-Flash: 64 heads × 512, window 128 SWA-FP8, top-k 512 KV-FP4) ----
+
+const char* path_name(cuda::SparseAttentionPath path) {
+  switch (path) {
+    case cuda::SparseAttentionPath::automatic: return "automatic";
+    case cuda::SparseAttentionPath::head_groups: return "head groups";
+    case cuda::SparseAttentionPath::split_tiles: return "split tiles";
+    case cuda::SparseAttentionPath::tensor_cores: return "tensor cores";
+    default: return "warpgroups";
   }
-  std::vector<const uint8_t*> ring_ptrs(size_t(copies) * B), cache_ptrs(size_t(copies) * B);
-  for (int c = 0; c < copies; ++c)
-    for (int b = 0; b < B; ++b) {
-      ring_ptrs[size_t(c) * B + b] = rings[size_t(c)] + size_t(b) * W * swa;
-      cache_ptrs[size_t(c) * B + b] = caches[size_t(c)] + size_t(b) * entries * kv;
-    }
-  std::vector<int32_t> window(size_t(B) * W), topk(size_t(B) * K);
-  std::mt19937 rng(3);
-  for (int b = 0; b < B; ++b) {
-    std::iota(window.begin() + size_t(b) * W, window.begin() + size_t(b + 1) * W, 0);
-    std::vector<int32_t> all(static_cast<size_t>(entries));
-    std::iota(all.begin(), all.end(), 0);
-    std::shuffle(all.begin(), all.end(), rng);
-    std::sort(all.begin(), all.begin() + K);
-    std::copy_n(all.begin(), K, topk.begin() + size_t(b) * K);
-  }
-  std::vector<float> qh(size_t(B) * H * D), sinkh(static_cast<size_t>(H));
-  std::normal_distribution<float> nd;
-  for (float& v : qh) v = round_bf16(nd(rng));
-  for (float& v : sinkh) v = round_bf16(nd(rng));
-  const uint8_t **dring_ptrs = nullptr, **dcache_ptrs = nullptr;
-  int32_t *dwindow = nullptr, *dtopk = nullptr;
-  float *q = nullptr, *sink = nullptr, *out = nullptr;
-  check(cudaMalloc(&dring_ptrs, ring_ptrs.size() * sizeof(void*)), "alloc");
-  check(cudaMalloc(&dcache_ptrs, cache_ptrs.size() * sizeof(void*)), "alloc");
-  check(cudaMalloc(&dwindow, window.size() * 4), "alloc"), check(cudaMalloc(&dtopk, topk.size() * 4), "alloc");
-  check(cudaMalloc(&q, qh.size() * 4), "alloc"), check(cudaMalloc(&sink, sinkh.size() * 4), "alloc");
-  check(cudaMalloc(&out, qh.size() * 4), "alloc");
-  check(cudaMemcpy(dring_ptrs, ring_ptrs.data(), ring_ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(dcache_ptrs, cache_ptrs.data(), cache_ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(dwindow, window.data(), window.size() * 4, cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(dtopk, topk.data(), topk.size() * 4, cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(q, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(sink, sinkh.data(), sinkh.size() * 4, cudaMemcpyHostToDevice), "upload");
-  const double bytes = double(B) * (double(W) * swa + double(K) * kv + 2.0 * H * D * 4);
-  time_calls(state, bytes, [&](int i) {
-    const int c = i % copies;
-    cuda::SparseAttentionBatch batch;
-    batch.tokens = B, batch.heads = H, batch.dim = D;
-    batch.rings = dring_ptrs + size_t(c) * B, batch.window = dwindow, batch.W = W;
-    batch.caches = dcache_ptrs + size_t(c) * B, batch.topk = dtopk, batch.K = K;
-    batch.path = path;
-    cuda::sparse_attention(batch, q, sink, 1.0f / std::sqrt(float(D)), out);
-  });
-  // 2·H·(W + K)·D multiply-adds per token.
-  state.counters["TFLOP/s"] = benchmark::Counter(4.0 * H * (W + K) * D * B * state.iterations() / 1e12,
-                                                 benchmark::Counter::kIsRate);
-  for (auto* p : rings) cudaFree(p);
-  for (auto* p : caches) cudaFree(p);
-  cudaFree(dring_ptrs), cudaFree(dcache_ptrs), cudaFree(dwindow), cudaFree(dtopk), cudaFree(q), cudaFree(sink), cudaFree(out);
 }
 
-// A prefill chunk of B tokens of one sequence (V4.1's 64 heads × 512, window 128, top-k 512): every
-// token reads the same ring of 128 SWA entries and 512 of the sequence's B/4 compressed entries
-// (the compression ratio 4 of a CSA layer), chosen at random, so the entries come from L2 mostly.
-// The second argument is the path. Speed of light: 4·H·(W + K)·D FLOP a token on ~990 TFLOP/s of
-// dense bf16.
-void BM_SparseAttentionPrefill(benchmark::State& state) {
-  const int B = int(state.range(0)), H = 64, D = 512, W = 128, K = 512, entries = std::max(B / 4, K);
-  const auto path = cuda::SparseAttentionPath(state.range(1));
-  state.SetLabel(path == cuda::SparseAttentionPath::tensor_cores ? "tensor cores"
-                 : path == cuda::SparseAttentionPath::warpgroups ? "warpgroups"
-                                                                 : "automatic");
-  const size_t swa = swa_fp8::bytes(D), kv = kv_fp4::bytes(D);
-  std::vector<uint8_t> r(size_t(W) * swa), k(size_t(entries) * kv);
-  std::mt19937 rng(5);
-  for (int e = 0; e < W; ++e) {
+// Stored entries with random codes: e4m3 without NaN, e2m1 any, sane scales.
+void fill_swa_entries(uint8_t* r, size_t entries, int D, std::mt19937& rng) {
+  const size_t swa = swa_fp8::bytes(D);
+  for (size_t e = 0; e < entries; ++e) {
     for (int i = 0; i < D; ++i) r[e * swa + i] = uint8_t(rng() & 0xB7);
     for (int i = 0; i < D / 32; ++i) r[e * swa + D + i] = uint8_t(120 + rng() % 8);
   }
-  for (int e = 0; e < entries; ++e) {
+}
+void fill_kv_entries(uint8_t* k, size_t entries, int D, std::mt19937& rng) {
+  const size_t kv = kv_fp4::bytes(D);
+  for (size_t e = 0; e < entries; ++e) {
     for (int i = 0; i < D / 2; ++i) k[e * kv + i] = uint8_t(rng());
     for (int i = 0; i < D / 16; ++i) k[e * kv + D / 2 + i] = uint8_t(0x30 + rng() % 16);
   }
-  std::vector<int32_t> window(size_t(B) * W), topk(size_t(B) * K), all(static_cast<size_t>(entries));
+}
+
+// A call's device inputs: per token its ring and cache (`copies` sets of B pointers), window
+// slots and top-k, q and sink (bf16 normals), and the output.
+struct AttentionInputs {
+  static constexpr int H = 64, D = 512, W = 128, K = 512;
+  int B;
+  const uint8_t **rings = nullptr, **caches = nullptr;
+  int32_t *window = nullptr, *topk = nullptr;
+  float *q = nullptr, *sink = nullptr, *out = nullptr;
+
+  template <class T>
+  static T* upload(const std::vector<T>& v) {
+    T* d = nullptr;
+    check(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(T)), "alloc");
+    check(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    return d;
+  }
+  AttentionInputs(int tokens, const std::vector<const uint8_t*>& ring_ptrs, const std::vector<const uint8_t*>& cache_ptrs,
+                  const std::vector<int32_t>& window_slots, const std::vector<int32_t>& topk_entries, std::mt19937& rng)
+      : B(tokens) {
+    std::vector<float> qh(size_t(B) * H * D), sinkh(static_cast<size_t>(H));
+    std::normal_distribution<float> nd;
+    for (float& v : qh) v = round_bf16(nd(rng));
+    for (float& v : sinkh) v = round_bf16(nd(rng));
+    rings = upload(ring_ptrs), caches = upload(cache_ptrs);
+    window = upload(window_slots), topk = upload(topk_entries);
+    q = upload(qh), sink = upload(sinkh);
+    check(cudaMalloc(&out, qh.size() * 4), "alloc");
+  }
+  ~AttentionInputs() {
+    cudaFree(rings), cudaFree(caches), cudaFree(window), cudaFree(topk), cudaFree(q), cudaFree(sink), cudaFree(out);
+  }
+  // The call over pointer set `copy`.
+  void run(cuda::SparseAttentionPath path, int copy) const {
+    cuda::SparseAttentionBatch batch;
+    batch.tokens = B, batch.heads = H, batch.dim = D;
+    batch.rings = rings + size_t(copy) * B, batch.window = window, batch.W = W;
+    batch.caches = caches + size_t(copy) * B, batch.topk = topk, batch.K = K;
+    batch.path = path;
+    cuda::sparse_attention(batch, q, sink, 1.0f / std::sqrt(float(D)), out);
+  }
+  // 2·H·(W + K)·D multiply-adds per token.
+  void count_flops(benchmark::State& state) const {
+    state.counters["TFLOP/s"] =
+        benchmark::Counter(4.0 * H * (W + K) * D * B * state.iterations() / 1e12, benchmark::Counter::kIsRate);
+  }
+};
+
+// K of `entries` entries, sorted, for each of B tokens.
+std::vector<int32_t> random_topk(int B, int K, int entries, std::mt19937& rng) {
+  std::vector<int32_t> topk(size_t(B) * K), all(static_cast<size_t>(entries));
   std::iota(all.begin(), all.end(), 0);
   for (int b = 0; b < B; ++b) {
-    std::iota(window.begin() + size_t(b) * W, window.begin() + size_t(b + 1) * W, 0);
     std::shuffle(all.begin(), all.end(), rng);
     std::sort(all.begin(), all.begin() + K);
     std::copy_n(all.begin(), K, topk.begin() + size_t(b) * K);
   }
-  std::vector<float> qh(size_t(B) * H * D), sinkh(static_cast<size_t>(H));
-  std::normal_distribution<float> nd;
-  for (float& v : qh) v = round_bf16(nd(rng));
-  for (float& v : sinkh) v = round_bf16(nd(rng));
-  uint8_t *ring = nullptr, *cache = nullptr;
-  check(cudaMalloc(&ring, r.size()), "alloc"), check(cudaMalloc(&cache, k.size()), "alloc");
-  check(cudaMemcpy(ring, r.data(), r.size(), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(cache, k.data(), k.size(), cudaMemcpyHostToDevice), "upload");
-  const std::vector<const uint8_t*> ring_ptrs(size_t(B), ring), cache_ptrs(size_t(B), cache);
-  const uint8_t **dring_ptrs = nullptr, **dcache_ptrs = nullptr;
-  int32_t *dwindow = nullptr, *dtopk = nullptr;
-  float *q = nullptr, *sink = nullptr, *out = nullptr;
-  check(cudaMalloc(&dring_ptrs, ring_ptrs.size() * sizeof(void*)), "alloc");
-  check(cudaMalloc(&dcache_ptrs, cache_ptrs.size() * sizeof(void*)), "alloc");
-  check(cudaMalloc(&dwindow, window.size() * 4), "alloc"), check(cudaMalloc(&dtopk, topk.size() * 4), "alloc");
-  check(cudaMalloc(&q, qh.size() * 4), "alloc"), check(cudaMalloc(&sink, sinkh.size() * 4), "alloc");
-  check(cudaMalloc(&out, qh.size() * 4), "alloc");
-  check(cudaMemcpy(dring_ptrs, ring_ptrs.data(), ring_ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(dcache_ptrs, cache_ptrs.data(), cache_ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(dwindow, window.data(), window.size() * 4, cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(dtopk, topk.data(), topk.size() * 4, cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(q, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(sink, sinkh.data(), sinkh.size() * 4, cudaMemcpyHostToDevice), "upload");
-  const double bytes = double(W) * swa + double(entries) * kv + double(B) * 2.0 * H * D * 4;
-  time_calls(state, bytes, [&](int) {
-    cuda::SparseAttentionBatch batch;
-    batch.tokens = B, batch.heads = H, batch.dim = D;
-    batch.rings = dring_ptrs, batch.window = dwindow, batch.W = W;
-    batch.caches = dcache_ptrs, batch.topk = dtopk, batch.K = K;
-    batch.path = path;
-    cuda::sparse_attention(batch, q, sink, 1.0f / std::sqrt(float(D)), out);
-  });
-  state.counters["TFLOP/s"] = benchmark::Counter(4.0 * H * (W + K) * D * B * state.iterations() / 1e12,
-                                                 benchmark::Counter::kIsRate);
+  return topk;
+}
+
+// Decode: B tokens, each of its own sequence (its own 4,096-entry cache); the path
+// (cuda::SparseAttentionPath) as the second argument.
+void BM_SparseAttention(benchmark::State& state) {
+  using A = AttentionInputs;
+  const int B = int(state.range(0)), entries = 4096;
+  const auto path = cuda::SparseAttentionPath(state.range(1));
+  state.SetLabel(path_name(path));
+  const size_t swa = swa_fp8::bytes(A::D), kv = kv_fp4::bytes(A::D);
+  const size_t per_token = size_t(A::W) * swa + size_t(entries) * kv;
+  const int copies = int(std::max<size_t>(1, kRotateBytes / (per_token * B)));
+  std::vector<uint8_t*> rings(static_cast<size_t>(copies)), caches(static_cast<size_t>(copies));
+  std::vector<const uint8_t*> ring_ptrs(size_t(copies) * B), cache_ptrs(size_t(copies) * B);
+  for (int c = 0; c < copies; ++c) {
+    std::vector<uint8_t> r(static_cast<size_t>(B) * A::W * swa), k(static_cast<size_t>(B) * entries * kv);
+    std::mt19937 rng(c);
+    fill_swa_entries(r.data(), size_t(B) * A::W, A::D, rng);
+    fill_kv_entries(k.data(), size_t(B) * entries, A::D, rng);
+    rings[size_t(c)] = A::upload(r), caches[size_t(c)] = A::upload(k);
+    for (int b = 0; b < B; ++b) {
+      ring_ptrs[size_t(c) * B + b] = rings[size_t(c)] + size_t(b) * A::W * swa;
+      cache_ptrs[size_t(c) * B + b] = caches[size_t(c)] + size_t(b) * entries * kv;
+    }
+  }
+  std::vector<int32_t> window(size_t(B) * A::W);
+  for (int b = 0; b < B; ++b) std::iota(window.begin() + size_t(b) * A::W, window.begin() + size_t(b + 1) * A::W, 0);
+  std::mt19937 rng(3);
+  const std::vector<int32_t> topk = random_topk(B, A::K, entries, rng);
+  const AttentionInputs in(B, ring_ptrs, cache_ptrs, window, topk, rng);
+  const double bytes = double(B) * (double(A::W) * swa + double(A::K) * kv + 2.0 * A::H * A::D * 4);
+  time_calls(state, bytes, [&](int i) { in.run(path, i % copies); });
+  in.count_flops(state);
+  for (auto* p : rings) cudaFree(p);
+  for (auto* p : caches) cudaFree(p);
+}
+
+// A prefill chunk of B tokens of one sequence: every token reads the same ring of 128 SWA entries
+// and 512 of the sequence's B/4 compressed entries (the compression ratio 4 of a CSA layer),
+// chosen at random, so the entries come from L2 mostly. The second argument is the path. Speed of
+// light: 4·H·(W + K)·D FLOP a token on ~990 TFLOP/s of dense bf16.
+void BM_SparseAttentionPrefill(benchmark::State& state) {
+  using A = AttentionInputs;
+  const int B = int(state.range(0)), entries = std::max(B / 4, A::K);
+  const auto path = cuda::SparseAttentionPath(state.range(1));
+  state.SetLabel(path_name(path));
+  const size_t swa = swa_fp8::bytes(A::D), kv = kv_fp4::bytes(A::D);
+  std::vector<uint8_t> r(size_t(A::W) * swa), k(size_t(entries) * kv);
+  std::mt19937 rng(5);
+  fill_swa_entries(r.data(), size_t(A::W), A::D, rng);
+  fill_kv_entries(k.data(), size_t(entries), A::D, rng);
+  uint8_t *ring = A::upload(r), *cache = A::upload(k);
+  std::vector<int32_t> window(size_t(B) * A::W);
+  for (int b = 0; b < B; ++b) std::iota(window.begin() + size_t(b) * A::W, window.begin() + size_t(b + 1) * A::W, 0);
+  const std::vector<int32_t> topk = random_topk(B, A::K, entries, rng);
+  const AttentionInputs in(B, std::vector<const uint8_t*>(size_t(B), ring), std::vector<const uint8_t*>(size_t(B), cache),
+                           window, topk, rng);
+  const double bytes = double(A::W) * swa + double(entries) * kv + double(B) * 2.0 * A::H * A::D * 4;
+  time_calls(state, bytes, [&](int) { in.run(path, 0); });
+  in.count_flops(state);
   cudaFree(ring), cudaFree(cache);
-  cudaFree(dring_ptrs), cudaFree(dcache_ptrs), cudaFree(dwindow), cudaFree(dtopk), cudaFree(q), cudaFree(sink), cudaFree(out);
 }
 
 // Indexer scores of one query against n MXFP4 keys (V4.1: 32 heads × 128): keys once + scores.
