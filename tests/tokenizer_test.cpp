@@ -55,16 +55,7 @@ std::vector<int> encode(const json& tokenizer, std::string_view text, bool add_s
   return Tokenizer::from_json(tokenizer.dump(), "test").encode(text, add_special);
 }
 
-// The message of the dsv41::Error that `f` throws.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test::error_of;
 
 // --- Normalizers ---------------------------------------------------------------------------
 
