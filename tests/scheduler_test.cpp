@@ -413,6 +413,14 @@ TEST_F(SchedulerTest, SampledChoicesHaveSeedsOfTheirOwn) {
   }
   EXPECT_NE(three.choices[0].tokens, three.choices[1].tokens);
   EXPECT_NE(three.choices[1].tokens, three.choices[2].tokens);
+  // Seed 0 too, when the client chose it (an API request's "seed": 0; unseeded, 0 draws a fresh one).
+  auto zero = [&] {
+    GenerationRequest r = request(prompt, 8);
+    r.sampling.temperature = 1;
+    r.seeded = true;
+    return collect(*scheduler.submit(r)).tokens;
+  };
+  EXPECT_EQ(zero(), zero());
   const Choices again = seeded(42, 3);
   for (int k = 0; k < 3; ++k) EXPECT_EQ(again.choices[size_t(k)].tokens, three.choices[size_t(k)].tokens) << "choice " << k;
   EXPECT_NE(choice_seed(42, 1), choice_seed(43, 1));

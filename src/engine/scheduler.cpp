@@ -289,7 +289,7 @@ void Scheduler::admit() {
       continue;
     }
     uint64_t seed = g->request.sampling.seed;
-    if (g->request.sampling.temperature > 0 && seed == 0) seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
+    if (g->request.sampling.temperature > 0 && seed == 0 && !g->request.seeded) seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
     std::optional<Running> started;
     try {
       started.emplace(Running{g, session_for(g->request.prompt, g->request.prompt_logprobs >= 0), sampler(g->request, seed)});

@@ -38,7 +38,8 @@ namespace dsv41 {
 
 struct GenerationRequest {
   std::vector<int> prompt;
-  SamplingParams sampling;     // seed 0 with temperature > 0: a fresh seed
+  SamplingParams sampling;     // seed 0 with temperature > 0: a fresh seed, unless `seeded`
+  bool seeded = false;         // the seed is the client's, 0 included (an API request's "seed": 0)
   int64_t max_tokens = 16;     // > 0
   std::vector<int> stop_ids;   // end the reply; not emitted
   int top_logprobs = -1;       // -1: no logprobs; else the chosen token's and this many others

@@ -345,6 +345,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
                                     s.logit_bias,           s.repetition_penalty, s.presence_penalty, s.frequency_penalty};
   request.max_tokens = s.max_tokens.value_or(int32_t(model->config().max_seq_len - int64_t(request.prompt.size())));
   if (!s.ignore_eos) request.stop_ids = stop_ids;
+  request.seeded = s.seed.has_value();
   request.top_logprobs = gen.logprobs.enabled ? gen.logprobs.top : -1;
   request.speculative = s.speculative;
   request.n = gen.n;
