@@ -47,6 +47,15 @@ struct SchedulerTest : ::testing::Test {
     std::vector<int64_t> t = Expected("v41-tiny").ints("prompt2.tokens");
     text.assign(t.begin(), t.end());
   }
+  // A small prompt cache of the fixture's tiers (16 MB host, 16 MB SWA pool).
+  static KvCacheOptions cache_options(Mode mode) {
+    KvCacheOptions options;
+    options.fingerprint = "v41-tiny";
+    options.mode = mode_name(mode);
+    options.host_budget_bytes = 16 << 20;
+    options.swa.budget_bytes = 16 << 20;
+    return options;
+  }
   std::vector<int> slice(size_t from, size_t n) const { return std::vector<int>(text.begin() + from, text.begin() + from + n); }
   // Greedy tokens of a lone session: the prompt at once, then decode.
   std::vector<int> alone(const std::vector<int>& prompt, int n, Mode mode = Mode::Default) {
@@ -199,12 +208,7 @@ TEST_F(SchedulerTest, LogprobsAreTheModelsLogSoftmax) {
 
 // A finished sequence stays on the device: the next turn, extending it, continues it.
 TEST_F(SchedulerTest, NextTurnContinuesTheFinishedSequence) {
-  KvCacheOptions options;
-  options.fingerprint = "v41-tiny";
-  options.mode = mode_name(Mode::Default);
-  options.host_budget_bytes = 16 << 20;
-  options.swa.budget_bytes = 16 << 20;
-  KvCache cache(model->config(), options);
+  KvCache cache(model->config(), cache_options(Mode::Default));
   Scheduler scheduler(executor, &tokenizer, Mode::Default, &cache);
   std::vector<int> conversation = slice(0, 100);
   Outcome one = collect(*scheduler.submit(request(conversation, 5)));
@@ -257,12 +261,7 @@ TEST_F(SchedulerTest, AKvBudgetAdmitsWhatFitsAndPreemptsOnGrowth) {
 }
 
 void SchedulerTest::kv_budget_run(Mode mode, bool tiers) {
-  KvCacheOptions options;
-  options.fingerprint = "v41-tiny";
-  options.mode = mode_name(mode);
-  options.host_budget_bytes = 16 << 20;
-  options.swa.budget_bytes = 16 << 20;
-  KvCache cache(model->config(), options);
+  KvCache cache(model->config(), cache_options(mode));
   const Accounting::Kv kv = account(model->config(), 1).kv;
   auto bytes = [&](int64_t tokens) { return kv.swa_bytes_per_sequence + int64_t(std::ceil(kv.global_bytes_per_token * double(tokens))); };
   const int prompt = 40, n = 24;
@@ -450,12 +449,7 @@ TEST_F(SchedulerTest, ChoicesEndAloneAndTakeBatchSlots) {
 // Each choice is kept for its continuation: the next turn of a conversation that took choice 1's
 // reply continues choice 1's sequence on the device.
 TEST_F(SchedulerTest, EachChoiceIsKeptForItsContinuation) {
-  KvCacheOptions options;
-  options.fingerprint = "v41-tiny";
-  options.mode = mode_name(Mode::Default);
-  options.host_budget_bytes = 16 << 20;
-  options.swa.budget_bytes = 16 << 20;
-  KvCache cache(model->config(), options);
+  KvCache cache(model->config(), cache_options(Mode::Default));
   Scheduler scheduler(executor, &tokenizer, Mode::Default, &cache);
   std::vector<int> conversation = slice(0, 100);
   GenerationRequest r = request(conversation, 5);
@@ -564,12 +558,7 @@ TEST_F(SchedulerTest, PromptLogprobsRunTheDecoderOnEveryRow) {
 
   for (Mode mode : {Mode::Default, Mode::Exact}) {
     SCOPED_TRACE(mode_name(mode));
-    KvCacheOptions options;
-    options.fingerprint = "v41-tiny";
-    options.mode = mode_name(mode);
-    options.host_budget_bytes = 16 << 20;
-    options.swa.budget_bytes = 16 << 20;
-    KvCache cache(c, options);
+    KvCache cache(c, cache_options(mode));
     Scheduler scheduler(executor, &tokenizer, mode, &cache, SchedulerOptions{4, 16, 4096, 8});
     GenerationRequest r = request(prompt, 4);
     r.prompt_logprobs = 0;
