@@ -217,6 +217,30 @@ struct MegaCase {
                    dh->get() + r0 * d, dpre->get() + r0 * hc, dpost2->get() + r0 * hc, dcomb2->get() + r0 * hc * hc);
   }
 
+  // As run, in mega_mhc's two halves: mega_mhc_rows on stream `a`, then mhc_coefficients on stream
+  // `b` once an event says the first half is done (the forward's side stream).
+  void run_halves(int rows, cudaStream_t a, cudaStream_t b) {
+    HcWeights dw = hw;
+    dw.fn.data = reinterpret_cast<const uint8_t*>(dfn->get());
+    dw.base.data = reinterpret_cast<const uint8_t*>(dbase->get());
+    dw.scale.data = reinterpret_cast<const uint8_t*>(dscale->get());
+    Weight dnw = nw;
+    dnw.data = reinterpret_cast<const uint8_t*>(dnorm->get());
+    DeviceArray<float> m(size_t(rows) * cuda::mix_count(c.hc));
+    m.poison();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the poison is on the legacy stream, which a and b do not wait for
+    cuda::mega_mhc_rows(df->get(), dX->get(), dpost->get(), dcomb->get(), dpre_in->get(), rows, c.hc, c.d, dw, &dnw, kEps,
+                        dXo->get(), dh->get(), m.get(), a);
+    cudaEvent_t done;
+    ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(done, a), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(b, done, 0), cudaSuccess);
+    cuda::mhc_coefficients(m.get(), rows, c.hc, dw, 20, 1e-6f, dpre->get(), dpost2->get(), dcomb2->get(), b);
+    ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+    cudaEventDestroy(done);
+  }
+
   // Every device output, downloaded.
   std::vector<std::vector<float>> outputs() const {
     return {dXo->download(), dh->download(), dpre->download(), dpost2->download(), dcomb2->download()};
@@ -290,6 +314,29 @@ TEST(CudaMhc, MegaMhcRowsDoNotDependOnTheCall) {
     for (const int n : {64, 37, 130, 200, 84}) m.run(r0, n), r0 += n;
     expect_whole("calls of 37 to 200 rows");
   }
+}
+
+// The forward runs Mega-mHC's halves on two streams (Sinkhorn beside the next sub-layer): the same
+// bits as the one-stream call, every output, in both forms (decode: 1 and 64 rows; prefill: 520).
+TEST(CudaMhc, MegaMhcHalvesOnTwoStreamsEqualTheWholeCall) {
+  DSV41_REQUIRE_DEVICE();
+  cudaStream_t a, b;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  for (const HcCase c : {HcCase{1, 4, 5120}, HcCase{64, 4, 5120}, HcCase{520, 4, 5120}, HcCase{3, 2, 96}}) {
+    MegaCase m(c, 1300);
+    m.run(0, c.rows);
+    const std::vector<std::vector<float>> whole = m.outputs();
+    m.poison();
+    m.run_halves(c.rows, a, b);
+    const std::vector<std::vector<float>> halves = m.outputs();
+    for (size_t o = 0; o < whole.size(); ++o) {
+      size_t differ = 0;
+      for (size_t i = 0; i < whole[o].size(); ++i) differ += float_bits(whole[o][i]) != float_bits(halves[o][i]);
+      EXPECT_EQ(differ, 0u) << "output " << o << " of " << c.rows << "x" << c.hc << "x" << c.d;
+    }
+  }
+  cudaStreamDestroy(a), cudaStreamDestroy(b);
 }
 
 }  // namespace

@@ -13,9 +13,10 @@
 // token, 128 columns a block. A thread reads X[·][k] and f[k], writes Xo[·][k] (hc_post's
 // operations), forms h[k] from those Xo values (hc_pre's) and writes it unnormalized, and adds
 // Xo[·][k] into the 24 mix dot products, the sum of squares of Xo and that of h. The block's 26
-// sums go to a scratch slot; a row's finish adds its slots (a fixed order), runs Sinkhorn
-// (sinkhorn_warp, its first warp) while the other warps rescale the row's h in place (2·d·4 bytes
-// that L2 serves). Below 512 rows (decode) one launch, grid (d / 128, rows): the row's last block
+// sums go to a scratch slot; a row's finish adds its slots (a fixed order), writes the row's 24
+// normalized mixes and rescales its h in place (2·d·4 bytes that L2 serves); Sinkhorn is a launch
+// of its own (coefficients_kernel, one warp a row: sinkhorn_warp), which the forward runs on a side
+// stream beside the next sub-layer, since only the next boundary reads its results. Below 512 rows (decode) one launch, grid (d / 128, rows): the row's last block
 // to arrive (an atomic counter per row) finishes it. From 512 rows (prefill) a block takes 16 rows
 // of its columns with their hc_fn values in registers, and a second launch finishes every row;
 // both forms compute every sum in the same order, so a row's results do not depend on the rows
@@ -126,6 +127,20 @@ __global__ void mix_finish(const float* partials, int64_t rows, int slices, int6
                 comb + row * hc * hc);
 }
 
+// Sinkhorn from each row's normalized mixes m [rows, (2 + hc)·hc], one warp per row: mega_mhc's
+// second half (mhc.h mhc_coefficients).
+__global__ void coefficients_kernel(const float* mixes, int64_t rows, int hc, const float* scale, const float* base,
+                                    int iters, float hc_eps, float* pre, float* post, float* comb) {
+  __shared__ float comb_s[kMixWarps][kMaxHc * kMaxHc];
+  const int64_t row = int64_t(blockIdx.x) * kMixWarps + threadIdx.x / 32;
+  if (row >= rows) return;  // whole warps leave
+  const int n_mix = (2 + hc) * hc;
+  float m[kMaxMix];
+  for (int k = 0; k < n_mix; ++k) m[k] = mixes[row * n_mix + k];
+  sinkhorn_warp(m, scale, base, hc, iters, hc_eps, comb_s[threadIdx.x / 32], pre + row * hc, post + row * hc,
+                comb + row * hc * hc);
+}
+
 __global__ void hc_pre_kernel(const float* X, const float* pre, int64_t rows, int hc, int64_t d, float* y) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * d) return;
@@ -167,18 +182,16 @@ __device__ inline float norm_weight_at(const uint8_t* w, WeightFormat f, int64_t
   return reinterpret_cast<const float*>(w)[i];
 }
 
-// Where a Mega-mHC call reads and writes (mhc.h mega_mhc), its rows from 0.
+// Where a Mega-mHC call reads and writes (mhc.h mega_mhc_rows), its rows from 0.
 struct MegaArgs {
   const float *f, *X, *post, *comb, *pre_in;
   int64_t d;
-  const float *fn, *scale, *base;
+  const float* fn;
   const uint8_t* norm;
   WeightFormat norm_format;
   float eps;
-  int iters;
-  float hc_eps;
   float* partials;  // [rows][slices][kMegaSums]
-  float *Xo, *h, *pre_out, *post_out, *comb_out;
+  float *Xo, *h, *m;
 };
 
 // Column k's hc_fn values, fn[t][j] = hc_fn[t, j·d + k]: loaded once per block, for all its rows.
@@ -230,12 +243,12 @@ __device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const flo
 }
 
 // A row's end, by one block of kMegaThreads once every slot of its partials is written: the
-// totals over the slots, Sinkhorn on the first warp, the rms_norm of h on the others.
+// totals over the slots, the row's normalized mixes to m (mhc_coefficients makes pre, post and
+// comb of them, later or beside), the rms_norm of h by every warp.
 __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int hc) {
   const int64_t d = a.d, n = hc * d;
   const int n_mix = (2 + hc) * hc;
   __shared__ float totals[kMegaSums];
-  __shared__ float comb_s[kMaxHc * kMaxHc];
   // Warp w adds sums w, w + 4, ... over the slots (lane l: slots l, l + 32, ...; every sum's
   // loads of a pass in flight together), then a fixed shuffle tree: the same bits on every run.
   constexpr int kWarps = kMegaThreads / 32, kPerWarp = (kMegaSums + kWarps - 1) / kWarps;
@@ -253,21 +266,17 @@ __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int 
     if (lane == 0 && warp + q * kWarps < kMegaSums) totals[warp + q * kWarps] = s[q];
   }
   __syncthreads();
-  if (warp == 0) {
-    float m[kMaxMix];
+  if (int(threadIdx.x) < n_mix) {
     const float inv = 1.0f / sqrtf(totals[kMaxMix] / float(n) + a.eps);  // rms_inverse over hc·d
-    for (int t = 0; t < n_mix; ++t) m[t] = totals[t] * inv;
-    sinkhorn_warp(m, a.scale, a.base, hc, a.iters, a.hc_eps, comb_s, a.pre_out + row * hc, a.post_out + row * hc,
-                  a.comb_out + row * hc * hc);
-    return;
+    a.m[row * n_mix + threadIdx.x] = totals[threadIdx.x] * inv;
   }
-  // Meanwhile the other warps normalize the row's h (it needs only Σ h²), kBatch loads in flight
-  // per thread: one at a time, d / 128 L2 round trips in a row were most of the call at one row.
+  // The row's h needs only Σ h²: kBatch loads in flight per thread (one at a time, d / 128 L2 round
+  // trips in a row were most of the call at one row).
   constexpr int kBatch = 16;
   const float inv_h = 1.0f / sqrtf(totals[kMaxMix + 1] / float(d) + a.eps);  // rms_norm's, as norm.cu
-  const int64_t stride = kMegaThreads - 32;
+  constexpr int64_t stride = kMegaThreads;
   float* hr = a.h + row * d;
-  for (int64_t i0 = threadIdx.x - 32; i0 < d; i0 += stride * kBatch) {
+  for (int64_t i0 = threadIdx.x; i0 < d; i0 += stride * kBatch) {
     float v[kBatch], g[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
@@ -340,20 +349,17 @@ auto for_hc(int hc, Make make) {
 
 }  // namespace
 
-void mega_mhc(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
-              int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, int sinkhorn_iters, float hc_eps,
-              float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream) {
+void mega_mhc_rows(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
+                   int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, float* Xo, float* h, float* m,
+                   cudaStream_t stream) {
   if (rows <= 0 || d <= 0) return;
   if (hc < 1 || hc > kMaxHc) fail("cuda::mega_mhc", "hc_mult from 1 to 4", std::to_string(hc));
-  if (w.fn.format != WeightFormat::F32 || w.base.format != WeightFormat::F32 || w.scale.format != WeightFormat::F32)
-    fail("cuda::mega_mhc", "F32 hc_fn, hc_base and hc_scale", "another format");
+  if (w.fn.format != WeightFormat::F32) fail("cuda::mega_mhc", "an F32 hc_fn", "another format");
   if (norm && norm->format != WeightFormat::F32 && norm->format != WeightFormat::BF16)
     fail("cuda::mega_mhc", "an F32 or BF16 norm weight", "a quantized one");
   const int slices = int((d + kMegaThreads - 1) / kMegaThreads);
-  MegaArgs a{f, X, post, comb, pre_in, d, reinterpret_cast<const float*>(w.fn.data),
-             reinterpret_cast<const float*>(w.scale.data), reinterpret_cast<const float*>(w.base.data),
-             norm ? norm->data : nullptr, norm ? norm->format : WeightFormat::F32, eps, sinkhorn_iters, hc_eps,
-             nullptr, Xo, h, pre_out, post_out, comb_out};
+  MegaArgs a{f, X, post, comb, pre_in, d, reinterpret_cast<const float*>(w.fn.data), norm ? norm->data : nullptr,
+             norm ? norm->format : WeightFormat::F32, eps, nullptr, Xo, h, m};
   keep_scratch_pool();
   check(cudaMallocAsync(reinterpret_cast<void**>(&a.partials), size_t(rows * slices * kMegaSums) * sizeof(float),
                         stream),
@@ -372,6 +378,32 @@ void mega_mhc(const float* f, const float* X, const float* post, const float* co
     check_launch("cuda::mega_mhc finish");
   }
   check(cudaFreeAsync(a.partials, stream), "cuda::mega_mhc");
+}
+
+void mhc_coefficients(const float* m, int64_t rows, int hc, const HcWeights& w, int sinkhorn_iters, float hc_eps,
+                      float* pre, float* post, float* comb, cudaStream_t stream) {
+  if (rows <= 0) return;
+  if (hc < 1 || hc > kMaxHc) fail("cuda::mhc_coefficients", "hc_mult from 1 to 4", std::to_string(hc));
+  if (w.base.format != WeightFormat::F32 || w.scale.format != WeightFormat::F32)
+    fail("cuda::mhc_coefficients", "F32 hc_base and hc_scale", "another format");
+  coefficients_kernel<<<unsigned((rows + kMixWarps - 1) / kMixWarps), 32 * kMixWarps, 0, stream>>>(
+      m, rows, hc, reinterpret_cast<const float*>(w.scale.data), reinterpret_cast<const float*>(w.base.data),
+      sinkhorn_iters, hc_eps, pre, post, comb);
+  check_launch("cuda::mhc_coefficients");
+}
+
+void mega_mhc(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
+              int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, int sinkhorn_iters, float hc_eps,
+              float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream) {
+  if (rows <= 0 || d <= 0) return;
+  if (hc < 1 || hc > kMaxHc) fail("cuda::mega_mhc", "hc_mult from 1 to 4", std::to_string(hc));
+  float* m = nullptr;
+  keep_scratch_pool();
+  check(cudaMallocAsync(reinterpret_cast<void**>(&m), size_t(rows * mix_count(hc)) * sizeof(float), stream),
+        "cuda::mega_mhc");
+  mega_mhc_rows(f, X, post, comb, pre_in, rows, hc, d, w, norm, eps, Xo, h, m, stream);
+  mhc_coefficients(m, rows, hc, w, sinkhorn_iters, hc_eps, pre_out, post_out, comb_out, stream);
+  check(cudaFreeAsync(m, stream), "cuda::mega_mhc");
 }
 
 void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& w, float norm_eps, int sinkhorn_iters,
