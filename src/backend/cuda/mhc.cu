@@ -43,18 +43,41 @@ constexpr int kSlice = 1024;                    // elements of a token's streams
 constexpr int kSums = kMaxMix + 1;              // the mixes, then the sum of squares
 constexpr int kMixWarps = 2;                    // mix_finish: tokens (warps) per block
 
-// The block's totals of each thread's acc[0..N): a shuffle tree in each warp, then the warps in
+// One level of warp_totals: lane pairs (l, l ^ O) each carry 2·O values; each lane keeps the half
+// its bit O names (the upper half if set) and adds its partner's partial of it, own + partner.
+template <int O>
+__device__ __forceinline__ void halve(float (&v)[32], int lane) {
+  const bool upper = lane & O;
+#pragma unroll
+  for (int i = 0; i < O; ++i) {
+    const float send = upper ? v[i] : v[i + O], keep = upper ? v[i + O] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, O);
+  }
+}
+
+// The warp's totals of each lane's acc[0..N), N ≤ 32: lane i returns total i. Each total is the
+// shuffle tree's (xor 16, 8, 4, 2, 1; own + partner at each level) bit for bit, since the same pairs
+// are added (a + b == b + a in IEEE arithmetic), but a level halves the values a lane carries:
+// 31 shuffles instead of one tree per value (5·N).
+template <int N>
+__device__ __forceinline__ float warp_totals(const float (&acc)[N]) {
+  static_assert(N <= 32, "one total per lane");
+  float v[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) v[i] = i < N ? acc[i] : 0.0f;
+  const int lane = int(threadIdx.x) % 32;
+  halve<16>(v, lane), halve<8>(v, lane), halve<4>(v, lane), halve<2>(v, lane), halve<1>(v, lane);
+  return v[0];
+}
+
+// The block's totals of each thread's acc[0..N): warp_totals in each warp, then the warps in
 // order (a fixed order: the same bits on every run); thread i < N writes total i to out[i]. Every
 // thread of the block calls it; it may be called again at once (it ends on a barrier).
 template <int N, int Threads>
 __device__ void block_sums(const float (&acc)[N], float* out) {
   __shared__ float sums[Threads / 32][N];
-#pragma unroll
-  for (int t = 0; t < N; ++t) {
-    float s = acc[t];
-    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-    if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32][t] = s;
-  }
+  const float total = warp_totals(acc);
+  if (int(threadIdx.x) % 32 < N) sums[threadIdx.x / 32][threadIdx.x % 32] = total;
   __syncthreads();
   if (threadIdx.x < N) {
     float s = 0;
@@ -204,13 +227,12 @@ __device__ void load_fn_column(const float* fn, int64_t d, int64_t k, float (&fn
 }
 
 // One token's column k (one thread): Xo[·][k] (hc_post's operations), h[k] unnormalized (hc_pre's),
-// and this column's part of the row's sums: the mixes, Σ Xo², Σ h² (acc, zero on entry), then
-// the block's sums of them into the row's slot of partials. Every thread of the block calls it.
+// and this column's part of the row's sums in acc: the mixes, Σ Xo², Σ h² (zeros past d).
 template <int HC>
-__device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const float (&fnk)[(2 + HC) * HC][HC]) {
+__device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const float (&fnk)[(2 + HC) * HC][HC],
+                            float (&acc)[kMegaSums]) {
   constexpr int hc = HC, n_mix = (2 + HC) * HC;
   const int64_t d = a.d;
-  float acc[kMegaSums];
 #pragma unroll
   for (int t = 0; t < kMegaSums; ++t) acc[t] = 0;
   if (k < d) {
@@ -239,7 +261,6 @@ __device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const flo
 #pragma unroll
       for (int j = 0; j < HC; ++j) acc[t] = fmaf(fnk[t][j], xo[j], acc[t]);
   }
-  block_sums<kMegaSums, kMegaThreads>(acc, a.partials + (row * gridDim.x + blockIdx.x) * kMegaSums);
 }
 
 // A row's end, by one block of kMegaThreads once every slot of its partials is written: the
@@ -299,7 +320,9 @@ __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a
   const int64_t row = blockIdx.y, k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);
-  mega_column<HC>(a, row, k, fnk);
+  float acc[kMegaSums];
+  mega_column<HC>(a, row, k, fnk, acc);
+  block_sums<kMegaSums, kMegaThreads>(acc, a.partials + (row * gridDim.x + blockIdx.x) * kMegaSums);
   // Publish this block's sums, Xo and h, then count it in; the last block of the row goes on.
   __shared__ bool last;
   __threadfence();
@@ -322,7 +345,24 @@ __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs 
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);
   const int64_t first = int64_t(blockIdx.y) * kMegaRowsPerBlock;
-  for (int64_t row = first; row < rows && row < first + kMegaRowsPerBlock; ++row) mega_column<HC>(a, row, k, fnk);
+  const int n = int(rows - first < kMegaRowsPerBlock ? rows - first : kMegaRowsPerBlock);
+  // Each row's warp totals wait here, and the warps' sums (block_sums' order) are taken once for all
+  // rows after one barrier, instead of two barriers a row.
+  __shared__ float part[kMegaRowsPerBlock][kMegaThreads / 32][kMegaSums];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  for (int r = 0; r < n; ++r) {
+    float acc[kMegaSums];
+    mega_column<HC>(a, first + r, k, fnk, acc);
+    const float total = warp_totals(acc);
+    if (lane < kMegaSums) part[r][warp][lane] = total;
+  }
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < n * kMegaSums; i += kMegaThreads) {
+    const int r = i / kMegaSums, t = i % kMegaSums;
+    float s = 0;
+    for (int w = 0; w < kMegaThreads / 32; ++w) s += part[r][w][t];
+    a.partials[((first + r) * gridDim.x + blockIdx.x) * kMegaSums + t] = s;
+  }
 }
 
 template <int HC>
