@@ -387,6 +387,15 @@ TEST(EngramImages, BlockLookBackAndAreBlockedThemselves) {
   i64s next(per_token);
   h.hash(std::span<const int>(tokens).subspan(4, 1), {}, after_image, next.data());
   EXPECT_EQ(next, i64s(expected.begin() + 4 * per_token, expected.begin() + 5 * per_token));
+
+  // An image position is DEAD whatever id it carries, also one past the token map (DeepSeek's V3
+  // tokenizer has no <｜deepseek_image｜>: V4.1's image_token_id lies past its ids).
+  std::vector<int> past_the_map = tokens;
+  past_the_map[2] = past_the_map[3] = int(f.token_map.size()) + 7;
+  i64s again(tokens.size() * per_token);
+  EngramHistory fresh;
+  h.hash(past_the_map, image, fresh, again.data());
+  EXPECT_EQ(again, expected);
 }
 
 TEST(EngramHasherInputs, RefusesWhatTheReferenceCannotHash) {

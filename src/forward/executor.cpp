@@ -56,6 +56,15 @@ SequenceState& cpu_state(Sequence& s) {
 
 }  // namespace
 
+std::vector<std::vector<float>> Executor::encode_images(const std::vector<VisionImage>&) {
+  fail(name() + " executor", "images on the CPU executor, the only one with the vision tower so far (issue 20)", name());
+}
+
+std::vector<std::vector<float>> CpuExecutor::encode_images(const std::vector<VisionImage>& images) {
+  if (!model_.has_vision()) fail(model_.config().source, "a checkpoint with a vision tower for images", "a text-only one");
+  return dsv41::encode_images(model_.config(), model_.vision(), images);
+}
+
 void Executor::dspark_ingest(Sequence&, int64_t, std::span<const float>, int64_t) { no_speculation(*this); }
 Draft Executor::dspark_draft(Sequence&, int, const DraftChoice&) { no_speculation(*this); }
 SequenceMark Executor::mark(Sequence&, int64_t) { no_speculation(*this); }

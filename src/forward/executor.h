@@ -13,6 +13,7 @@
 #include "forward/forward.h"
 #include "forward/sequence_mark.h"
 #include "forward/state_view.h"
+#include "forward/vision_cpu.h"
 #include "model/sampling.h"
 
 namespace dsv41 {
@@ -72,6 +73,13 @@ class Executor {
   virtual Draft dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose);
   virtual SequenceMark mark(Sequence& sequence, int64_t rows);
   virtual void rewind(Sequence& sequence, const SequenceMark& mark);
+
+  // Images (docs/vision.md): whether forward_batch takes rows of image spans
+  // (ForwardOptions::span_embeddings), and the vision tower on a call's images (each image's
+  // aligner rows, as encode_images of forward/vision_cpu.h). The CPU executor's; the others refuse
+  // by name (issue 20).
+  virtual bool takes_images() const { return false; }
+  virtual std::vector<std::vector<float>> encode_images(const std::vector<VisionImage>& images);
 };
 
 // Throws dsv41::Error, naming what it found, for an item whose sample request no executor can
@@ -92,6 +100,8 @@ class CpuExecutor final : public Executor {
   Draft dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose) override;
   SequenceMark mark(Sequence& sequence, int64_t rows) override;
   void rewind(Sequence& sequence, const SequenceMark& mark) override;
+  bool takes_images() const override { return true; }
+  std::vector<std::vector<float>> encode_images(const std::vector<VisionImage>& images) override;
 
  private:
   const Model& model_;

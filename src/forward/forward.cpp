@@ -35,12 +35,14 @@ struct Pass {
   const ItemPlan& plan;
   int64_t start, rows;  // the rows still running: decoder bounded replay drops the first ones
   Trace* trace;
+  const float* const* spans;                     // ForwardOptions::span_embeddings, from the first running row
   std::vector<float>* hidden;                    // ForwardOptions::dspark_hidden
   bool draft;                                    // a DSpark draft block: the stages' attention
   std::vector<std::vector<int64_t>> topk;        // [row] compressed entries attended, -1 = none
   std::vector<std::vector<uint8_t>> candidates;  // [row] mask over compressed entries
 
   int64_t pos(int64_t row) const { return start + row; }
+  bool in_span(int64_t row) const { return spans && spans[row]; }
   float eps() const { return float(c.norm_eps); }
 };
 
@@ -266,11 +268,20 @@ void moe(Pass& p, int l, const Rows& x, Rows& out) {
   Rows weights(size_t(R * k));
   Rows* scores = p.trace ? &p.trace->route_scores[size_t(l)] : nullptr;
   if (scores) scores->resize(size_t(R) * L.experts.size());
-  route(x.data(), R, L.gate, L.gate_bias, opt, experts.data(), weights.data(), scores ? scores->data() : nullptr);
+  // Rows of an image span choose with bias_vl (the drafter's blocks are text).
+  std::vector<uint8_t> image_rows;
+  if (p.spans) {
+    image_rows.resize(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) image_rows[size_t(r)] = p.in_span(r);
+  }
+  const Weight* bias_vl = p.spans ? &L.gate_bias_vl : nullptr;
+  const uint8_t* vl_rows = p.spans ? image_rows.data() : nullptr;
+  route(x.data(), R, L.gate, L.gate_bias, opt, experts.data(), weights.data(), scores ? scores->data() : nullptr, nullptr,
+        bias_vl, vl_rows);
   if (p.trace) p.trace->route_experts[size_t(l)] = experts;
   if (p.trace && p.trace->forced_experts) {
     route(x.data(), R, L.gate, L.gate_bias, opt, experts.data(), weights.data(), nullptr,
-          p.trace->forced_experts->at(static_cast<size_t>(l)).data());
+          p.trace->forced_experts->at(static_cast<size_t>(l)).data(), bias_vl, vl_rows);
   }
 
   // Each expert runs on the rows routed to it; outputs are added in expert order, in fp32.
@@ -314,7 +325,9 @@ void engram(Pass& p, int l, const int64_t* ids, Rows& X) {
   for (int64_t r = 0; r < R; ++r)
     engram_gather(g.table, g.table_scale, hd, ids + (r * n_engram + e) * cols, cols, emb.data() + r * cols * hd);
   Rows kv = linear_rows(emb, R, g.wkv);
-  for (int64_t r = 0; r < R; ++r) engram_gate(X.data() + r * hc * d, kv.data() + r * (hc + 1) * d, g.qk.data(), int(hc), d, p.eps());
+  // A row of an image span keeps its streams: the reference shuts its gate (h + 0 · value).
+  for (int64_t r = 0; r < R; ++r)
+    if (!p.in_span(r)) engram_gate(X.data() + r * hc * d, kv.data() + r * (hc + 1) * d, g.qk.data(), int(hc), d, p.eps());
 }
 
 // The CPU's op set for the network (network.h): one sequence's rows in host memory.
@@ -333,8 +346,13 @@ class CpuOps {
     for (int64_t r = 0; r < R; ++r) {
       const int t = tokens_[size_t(r)];
       if (t < 0 || t >= c_.vocab_size) fail("forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
-      model_.embed().row(t, emb.data());
-      for (int64_t m = 0; m < hc; ++m) std::copy_n(emb.data(), d, X_.data() + (r * hc + m) * d);
+      // merge_image_embeddings: an image span's row takes its aligner row or delimiter instead.
+      const float* row = p_.in_span(r) ? p_.spans[r] : nullptr;
+      if (!row) {
+        model_.embed().row(t, emb.data());
+        row = emb.data();
+      }
+      for (int64_t m = 0; m < hc; ++m) std::copy_n(row, d, X_.data() + (r * hc + m) * d);
     }
     for (Mix& m : mix_) m = Mix{Rows(size_t(R * hc)), Rows(size_t(R * hc)), Rows(size_t(R * hc * hc))};
     for (int64_t r = 0; r < R; ++r) ffn().pre[r * hc] = 1.0f;
@@ -421,6 +439,7 @@ class CpuOps {
     ffn().pre.erase(ffn().pre.begin(), ffn().pre.begin() + cut * hc);
     h_.resize(size_t((p_.rows - cut) * d));
     if (engram_ids_) engram_ids_ += cut * int64_t(c_.engram_layer_ids.size()) * c_.engram_hash_columns();
+    if (p_.spans) p_.spans += cut;
     p_.start += cut;
     p_.rows -= cut;
   }
@@ -514,7 +533,9 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
   if (R == 0) fail("forward", "at least one token", "none");
   if (c.has_engram() && !engram_ids) fail("forward", "Engram hash ids for a model with Engram", "none");
   const ItemPlan plan = plan_item(c, state, R, options);
-  Pass p{model, c, state, plan, state.length, R, options.trace, options.dspark_hidden, false, {}, {}};
+  if (options.span_embeddings && !model.has_vision())
+    fail("forward", "a model with a vision tower for rows of an image span", "a text-only model (" + c.source + ")");
+  Pass p{model, c, state, plan, state.length, R, options.trace, options.span_embeddings, options.dspark_hidden, false, {}, {}};
   if (p.hidden) p.hidden->clear();
   if (p.trace) {
     p.trace->block_out.assign(size_t(c.n_layers), {});
@@ -571,7 +592,7 @@ Draft dspark_draft(const Model& model, SequenceState& state, int anchor, const D
   ItemPlan plan;
   plan.start = state.length;
   plan.rows = G;
-  Pass p{model, c, state, plan, state.length, G, nullptr, nullptr, true, {}, {}};
+  Pass p{model, c, state, plan, state.length, G, nullptr, nullptr, nullptr, true, {}, {}};
   CpuOps ops(p, block, nullptr);
   run_drafter(c, ops);
 

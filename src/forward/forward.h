@@ -24,7 +24,7 @@ struct Trace {
   // forced: per-pick near-ties are no test on MXFP4 index scores, docs/forward.md).
   std::vector<std::vector<float>> block_out;        // [layer][row, hc, dim] streams after the block
   std::vector<std::vector<int32_t>> route_experts;  // [layer][row, topk] in gate order
-  std::vector<std::vector<float>> route_scores;     // [layer][row, experts] biased gate scores
+  std::vector<std::vector<float>> route_scores;     // [layer][row, experts] gate scores + bias (bias_vl on image rows)
   std::map<int, std::vector<std::vector<int64_t>>> topk;  // index source -> [row] attended entries, -1 padded
 
   // Imposed, when set: per index-source layer the entries each row attends to (-1 = none), and per
@@ -60,6 +60,13 @@ struct ForwardOptions {
   // row is j(W - 1) past s, so from s = H - exact_replay_rows(config) every ring at H is the cold
   // run's, bit for bit, and the call continues exactly.
   bool exact_replay = false;
+
+  // Image spans (docs/vision.md §7-§9), when set: per row of the call, null for a text row, or
+  // the embedding [dim] (bf16 values: an aligner row, or a learned delimiter) that replaces the
+  // token's. Such a row is in an image span: its MoE gates choose with bias_vl, and Engram leaves
+  // it unchanged (its gate is shut; its hash ids, DEAD look-back, are the caller's). The CPU
+  // executor's (Executor::takes_images).
+  const float* const* span_embeddings = nullptr;
 
   // DSpark's context features, when set: for every row the decoder runs, the residual entering
   // each target layer averaged over the hc streams (bf16 values), [rows, targets, dim] with the

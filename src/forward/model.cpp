@@ -74,8 +74,6 @@ void Model::bind_layer(LayerWeights& l, const std::string& prefix, int id) {
 
 std::unique_ptr<Model> Model::load(const std::string& dir) {
   Config config = load_config(dir);
-  if (config.has_vision())
-    fail(dir, "a text-only checkpoint (vision_n_layers 0)", "a vision tower: dsv41 does not implement images yet");
   Checkpoint ckpt = Checkpoint::open(dir);
   check_weights(config, ckpt);
   std::unique_ptr<Model> m(new Model(std::move(config), std::move(ckpt)));
@@ -89,6 +87,15 @@ std::unique_ptr<Model> Model::load(const std::string& dir) {
   for (int j = 0; j < stages; ++j) {
     m->bind_layer(m->layers_[size_t(c.n_layers + j)], "mtp." + std::to_string(j) + ".", c.n_layers + j);
     for_each_dspark_tensor(c, j, [&](const BlockTensor& t, Weight& field) { m->bind(t, field); }, m->dspark_);
+  }
+  if (c.has_vision()) {
+    m->vision_ = bind_vision_weights(c, m->ckpt_);
+    auto row = [&](const Weight& w) {
+      std::vector<float> v(static_cast<size_t>(c.dim));
+      w.row(0, v.data());
+      return v;
+    };
+    m->delimiters_ = {row(m->vision_.image_start), row(m->vision_.image_newline), row(m->vision_.image_end)};
   }
   return m;
 }

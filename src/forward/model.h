@@ -1,7 +1,7 @@
 #pragma once
 // A loaded V4.1 checkpoint: the config, the mapped tensors, and per-layer views of every weight
-// (model/layer_weights.h, bound by its table) checked against the weights map before anything is
-// bound.
+// (model/layer_weights.h, bound by its table) and of the vision tower (model/vision_weights.h),
+// checked against the weights map before anything is bound.
 #include <array>
 #include <memory>
 #include <string>
@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/gate.h"
 #include "model/layer_weights.h"
+#include "model/vision_weights.h"
 #include "model/weight.h"
 
 namespace dsv41 {
@@ -32,6 +33,14 @@ class Model {
   // Block i: a backbone layer (i < n_layers) or DSpark stage i - n_layers (mtp.<j>).
   const LayerWeights& layer(int i) const { return layers_[size_t(i)]; }
   const DSparkWeights& dspark() const { return dspark_; }
+  // The vision tower (a checkpoint with vision_n_layers > 0): the ViT, the aligner, and the span
+  // delimiters, also as fp32 rows ([dim], bf16 values) for the rows that take them.
+  bool has_vision() const { return config_.has_vision(); }
+  const VisionWeights& vision() const { return vision_; }
+  struct ImageDelimiters {
+    std::vector<float> start, newline, end;
+  };
+  const ImageDelimiters& image_delimiters() const { return delimiters_; }
   // The layer's RoPE: base theta without YaRN on SWA-only layers; compress theta with YaRN otherwise.
   const RopeTable& rope(int layer) const;
 
@@ -48,6 +57,8 @@ class Model {
   Weight embed_, norm_, head_;
   std::vector<LayerWeights> layers_;  // the backbone's, then DSpark's stages
   DSparkWeights dspark_;
+  VisionWeights vision_;
+  ImageDelimiters delimiters_;
   RopeTable rope_window_, rope_compressed_;
   std::vector<std::vector<uint8_t>> owned_;  // wo_a dequantized to bf16, as convert.py does
 };

@@ -67,10 +67,13 @@ EngramHasher::EngramHasher(const Config& c, std::vector<int32_t> token_map) : to
 }
 
 int32_t EngramHasher::compressed(int token, bool image) const {
+  // An image position is DEAD whatever its id: image_token_id may lie past the tokenizer's
+  // vocabulary (DeepSeek's V3 tokenizer has no <｜deepseek_image｜>), so it is never looked up.
+  if (image) return EngramHistory::kImage;
   if (token < 0 || size_t(token) >= token_map_.size())
     fail("Engram hasher: token id", "an id in [0, " + std::to_string(token_map_.size()) + ") (the tokenizer's vocabulary)",
          std::to_string(token));
-  return image ? EngramHistory::kImage : token_map_[size_t(token)];
+  return token_map_[size_t(token)];
 }
 
 static void check_inputs(std::span<const int> tokens, std::span<const uint8_t> is_image, const EngramHistory& history,

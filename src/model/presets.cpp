@@ -136,6 +136,15 @@ Config tiny() {
   return c;
 }
 
+// tiny with the vision tower of the reference's tiny vision fixture (v41-tiny-vision, make_fixtures.py
+// VISION_CONFIG: 2 ViT blocks of width 64, 4 heads, at most 64 tokens and at least 56 x 56 pixels
+// per image): the engine's, the server's and the CLI's image tests.
+Config tiny_vision() {
+  Config c = tiny();
+  c.vision = VisionConfig{2, 64, 4, 96, 14, 10000.0, 3, 64, 56 * 56, std::nullopt};
+  return c;
+}
+
 // The tiny schedule at sizes where matrix products dominate, as in the real model: the CPU
 // benchmark's larger configuration (~150M parameters).
 Config small() {
@@ -219,7 +228,7 @@ Config serve_default() {
 
 const std::map<std::string, std::function<Config()>>& presets() {
   static const std::map<std::string, std::function<Config()>> all = {
-      {"deepseek-v4.1-flash", flash}, {"bench-1gpu", bench_1gpu}, {"tiny", tiny}, {"small", small},
+      {"deepseek-v4.1-flash", flash}, {"bench-1gpu", bench_1gpu}, {"tiny", tiny}, {"tiny-vision", tiny_vision}, {"small", small},
       {"flash-kv", flash_kv}, {"serve-default", serve_default}};
   return all;
 }

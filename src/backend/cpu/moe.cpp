@@ -23,19 +23,26 @@ float score_of(float logit, const std::string& func) {
 }  // namespace
 
 void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
-           int32_t* experts, float* weights, float* biased_out, const int32_t* forced) {
+           int32_t* experts, float* weights, float* biased_out, const int32_t* forced, const Weight* bias_vl,
+           const uint8_t* image_rows) {
   const int64_t E = gate.rows;
   const int k = opt.topk;
   if (opt.score_func == "softmax") fail("route", "score_func sqrtsoftplus or sigmoid", "softmax (not a V4.1 gate)");
-  std::vector<float> logits(size_t(rows * E)), b(static_cast<size_t>(E));
+  if (image_rows && !bias_vl) fail("route", "a gate.bias_vl for rows of an image span", "none (a checkpoint without vision)");
+  std::vector<float> logits(size_t(rows * E)), b(static_cast<size_t>(E)), b_vl;
   linear_f32(x, rows, gate, logits.data());
   bias.row(0, b.data());
+  if (image_rows) {
+    b_vl.resize(static_cast<size_t>(E));
+    bias_vl->row(0, b_vl.data());
+  }
   std::vector<int> order(static_cast<size_t>(E));
   std::vector<float> scores(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
   for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float>& row_bias = image_rows && image_rows[r] ? b_vl : b;
     for (int64_t e = 0; e < E; ++e) {
       scores[e] = score_of(logits[r * E + e] / opt.gate_temp, opt.score_func);
-      biased[e] = scores[e] + b[e];
+      biased[e] = scores[e] + row_bias[e];
     }
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(),

@@ -1,0 +1,269 @@
+// Images in the text forward, on the CPU executor (docs/vision.md §7-§9), on
+// random checkpoints of the tiny-vision preset:
+//  * the routing op: bias_vl chooses on image rows, the weights come from the unbiased scores;
+//  * an image-span row's embedding is the row given for it, and nothing else changes (a
+//    checkpoint whose bias_vl is its bias and without Engram runs an image prompt exactly as the
+//    text prompt whose token rows are those embeddings);
+//  * every backbone gate chooses with bias_vl on span rows and with bias on text rows;
+//  * Engram leaves span rows alone: their hash ids do not matter, a text row's do.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <set>
+
+#include "base/error.h"
+#include "backend/cpu/moe.h"
+#include "engine/session.h"
+#include "forward/forward.h"
+#include "forward/model.h"
+#include "forward/vision_cpu.h"
+#include "model/checkpoint.h"
+#include "model/random_checkpoint.h"
+#include "ops_util.h"
+#include "test_util.h"
+
+namespace dsv41 {
+namespace {
+
+// Copies checkpoint `from` into `to`, every tensor through `edit` (name, dtype, bytes).
+void rewrite(const std::string& from, const std::string& to,
+             const std::function<void(const std::string&, DType, std::vector<uint8_t>&)>& edit) {
+  std::filesystem::create_directories(to);
+  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+    if (std::filesystem::exists(from + "/" + f)) std::filesystem::copy_file(from + "/" + f, to + "/" + f);
+  const Checkpoint in = Checkpoint::open(from);
+  ShardedWriter out(to, size_t(1) << 40);
+  for (const std::string& name : in.names()) {
+    const TensorView& t = in.get(name);
+    std::vector<uint8_t> bytes(t.data, t.data + t.nbytes);
+    edit(name, t.dtype, bytes);
+    out.add(name, t.dtype, t.shape, std::move(bytes));
+  }
+  out.finish();
+}
+
+void set_f32(std::vector<uint8_t>& bytes, const std::vector<float>& values) {
+  ASSERT_EQ(bytes.size(), values.size() * 4);
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+}
+
+std::vector<float> embed_row(const Model& m, int token) {
+  std::vector<float> row(static_cast<size_t>(m.config().dim));
+  m.embed().row(token, row.data());
+  return row;
+}
+
+class ForwardImage : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir("forward_image");
+    RandomCheckpointOptions o;
+    o.seed = 11;
+    write_random_checkpoint(preset("tiny-vision"), (*dir_ / "vision").string(), o);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string path(const std::string& name) { return (*dir_ / name).string(); }
+  static test::TempDir* dir_;
+};
+test::TempDir* ForwardImage::dir_ = nullptr;
+
+// --- the routing op ---------------------------------------------------------------------------
+
+TEST(RouteOp, ImageRowsChooseWithBiasVlAndWeighByTheUnbiasedScores) {
+  // Four experts whose gate logits are the row itself (an identity gate): scores sqrt(softplus(x)).
+  std::vector<float> eye(16, 0.0f);
+  for (int e = 0; e < 4; ++e) eye[size_t(e * 5)] = 1.0f;
+  const test::OwnedWeight gate = test::make_weight(WeightFormat::BF16, eye, 4, 4);
+  const test::OwnedWeight bias = test::make_weight(WeightFormat::F32, {10, 10, 0, 0}, 1, 4);
+  const test::OwnedWeight vl = test::make_weight(WeightFormat::F32, {0, 0, 10, 10}, 1, 4);
+  const Weight bias_vl = vl.view();
+  const std::vector<float> x = {0.5f, 1.0f, 1.5f, 2.0f, 0.5f, 1.0f, 1.5f, 2.0f};  // two equal rows
+  const std::vector<uint8_t> image_rows = {0, 1};
+  GateOptions opt;
+  opt.topk = 2;
+  opt.route_scale = 1.5f;
+  std::vector<int32_t> experts(4);
+  std::vector<float> weights(4);
+  route(x.data(), 2, gate.view(), bias.view(), opt, experts.data(), weights.data(), nullptr, nullptr, &bias_vl,
+        image_rows.data());
+  auto score = [](double v) { return std::sqrt(std::log1p(std::exp(v))); };
+  // The text row takes experts 1 and 0 (bias 10, the larger score first), the image row 3 and 2.
+  EXPECT_EQ(experts, (std::vector<int32_t>{1, 0, 3, 2}));
+  const double s0 = score(0.5), s1 = score(1.0), s2 = score(1.5), s3 = score(2.0);
+  const std::vector<double> expected = {1.5 * s1 / (s0 + s1), 1.5 * s0 / (s0 + s1), 1.5 * s3 / (s2 + s3), 1.5 * s2 / (s2 + s3)};
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(weights[i], expected[i], 1e-6) << i;  // fp32 of O(1) values
+  // Without image rows the bias alone chooses.
+  route(x.data(), 2, gate.view(), bias.view(), opt, experts.data(), weights.data());
+  EXPECT_EQ(experts, (std::vector<int32_t>{1, 0, 1, 0}));
+  EXPECT_THROW(route(x.data(), 2, gate.view(), bias.view(), opt, experts.data(), weights.data(), nullptr, nullptr, nullptr,
+                     image_rows.data()),
+               Error);
+}
+
+// --- the forward ------------------------------------------------------------------------------
+
+// Without Engram, and with bias_vl equal to bias, a span row differs from a text row only by its
+// embedding: an image prompt whose span rows take the embeddings of tokens t_i is, bit for bit,
+// the text prompt with t_i at those rows.
+TEST_F(ForwardImage, ASpanRowRunsOnTheEmbeddingGivenForIt) {
+  Config c = preset("tiny-vision");
+  c.engram_layer_ids.clear();
+  c.engram_num_embeddings.clear();
+  RandomCheckpointOptions o;
+  o.seed = 12;
+  write_random_checkpoint(c, path("noengram"), o);
+  const Checkpoint source = Checkpoint::open(path("noengram"));
+  rewrite(path("noengram"), path("noengram-same-bias"), [&](const std::string& name, DType, std::vector<uint8_t>& bytes) {
+    if (!name.ends_with("gate.bias_vl")) return;
+    const TensorView& bias = source.get(name.substr(0, name.size() - 3));  // the layer's gate.bias
+    bytes.assign(bias.data, bias.data + bias.nbytes);
+  });
+  const std::unique_ptr<Model> m = Model::load(path("noengram-same-bias"));
+  const std::vector<int> text = {5, 9, 17, 33, 2, 8, 11, 40, 3};
+  std::vector<int> with_span = text;
+  std::vector<std::vector<float>> rows;
+  std::vector<const float*> spans(text.size(), nullptr);
+  for (size_t r = 2; r < 5; ++r) rows.push_back(embed_row(*m, text[r]));
+  for (size_t r = 2; r < 5; ++r) {
+    with_span[r] = int(c.image_token_id);
+    spans[r] = rows[r - 2].data();
+  }
+  ForwardOptions all;
+  all.all_logits = true;
+  SequenceState a(m->config()), b(m->config());
+  const std::vector<float> expected = forward(*m, a, text, nullptr, all);
+  ForwardOptions image = all;
+  image.span_embeddings = spans.data();
+  EXPECT_EQ(forward(*m, b, with_span, nullptr, image), expected);
+
+  // Another row's embedding at position 3 changes the rows from 3 on, and not those before.
+  const std::vector<float> other = embed_row(*m, 100);
+  spans[3] = other.data();
+  SequenceState d(m->config());
+  const std::vector<float> changed = forward(*m, d, with_span, nullptr, image);
+  const size_t V = size_t(c.vocab_size);
+  EXPECT_TRUE(std::equal(changed.begin(), changed.begin() + 3 * V, expected.begin()));
+  EXPECT_FALSE(std::equal(changed.begin() + 3 * V, changed.begin() + 4 * V, expected.begin() + 3 * V));
+}
+
+// A checkpoint whose bias_vl strongly prefers experts 2 and 5: every backbone gate gives those
+// two to every span row; text rows rank by the checkpoint's small bias (recorded scores far from
+// ±100), and text rows before the span route as in the text-only prompt.
+TEST_F(ForwardImage, SpanRowsRouteWithBiasVl) {
+  rewrite(path("vision"), path("vision-forced-vl"), [](const std::string& name, DType dtype, std::vector<uint8_t>& bytes) {
+    if (!name.ends_with("gate.bias_vl") || name.starts_with("mtp.")) return;
+    ASSERT_EQ(dtype, DType::F32);
+    std::vector<float> v(bytes.size() / 4, -100.0f);
+    v[2] = v[5] = 100.0f;
+    set_f32(bytes, v);
+  });
+  const std::unique_ptr<Model> m = Model::load(path("vision-forced-vl"));
+  const Config& c = m->config();
+  const Tokenizer tokenizer = Tokenizer::from_file(path("vision-forced-vl") + "/tokenizer.json");
+  const std::shared_ptr<const EngramHasher> hasher = engram_hasher(c, &tokenizer);
+  const std::vector<int> text = {5, 9, 17, 33, 2, 8, 11, 40, 3, 7};
+  const std::set<size_t> span = {3, 4, 5, 6};
+  std::vector<int> tokens = text;
+  std::vector<uint8_t> marks(text.size(), 0);
+  std::vector<const float*> spans(text.size(), nullptr);
+  const std::vector<float> some_row = embed_row(*m, 77);
+  for (size_t r : span) tokens[r] = int(c.image_token_id), marks[r] = 1, spans[r] = some_row.data();
+  auto ids_of = [&](const std::vector<int>& t, const std::vector<uint8_t>& k) {
+    std::vector<int64_t> ids(t.size() * size_t(hasher->n_layers() * hasher->columns()));
+    EngramHistory h;
+    hasher->hash(t, k, h, ids.data());
+    return ids;
+  };
+  const std::vector<int64_t> image_ids = ids_of(tokens, marks), text_ids = ids_of(text, {});
+
+  Trace image_trace, text_trace;
+  ForwardOptions options;
+  options.trace = &image_trace;
+  options.span_embeddings = spans.data();
+  SequenceState a(c), b(c);
+  forward(*m, a, tokens, image_ids.data(), options);
+  ForwardOptions plain;
+  plain.trace = &text_trace;
+  forward(*m, b, text, text_ids.data(), plain);
+
+  const int k = c.n_activated_experts;
+  const int64_t E = c.n_routed_experts;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::vector<int32_t>& experts = image_trace.route_experts[size_t(l)];
+    const std::vector<float>& scores = image_trace.route_scores[size_t(l)];
+    for (size_t r = 0; r < text.size(); ++r) {
+      const std::set<int32_t> chosen(experts.begin() + int64_t(r) * k, experts.begin() + int64_t(r + 1) * k);
+      if (span.count(r)) {
+        EXPECT_EQ(chosen, (std::set<int32_t>{2, 5})) << "layer " << l << " row " << r;
+        continue;
+      }
+      for (int64_t e = 0; e < E; ++e) EXPECT_LT(std::abs(scores[size_t(int64_t(r) * E + e)]), 50.0f) << "layer " << l << " row " << r;
+      if (r < *span.begin()) {
+        EXPECT_TRUE(std::equal(experts.begin() + int64_t(r) * k, experts.begin() + int64_t(r + 1) * k,
+                               text_trace.route_experts[size_t(l)].begin() + int64_t(r) * k))
+            << "layer " << l << " row " << r;
+      }
+    }
+  }
+}
+
+// Engram's gate is shut on span rows: whatever hash ids they carry, every logit is the same; a
+// text row's ids do change them.
+TEST_F(ForwardImage, EngramLeavesSpanRowsAlone) {
+  const std::unique_ptr<Model> m = Model::load(path("vision"));
+  const Config& c = m->config();
+  ASSERT_TRUE(c.has_engram());
+  const Tokenizer tokenizer = Tokenizer::from_file(path("vision") + "/tokenizer.json");
+  const std::shared_ptr<const EngramHasher> hasher = engram_hasher(c, &tokenizer);
+  std::vector<int> tokens = {5, 9, 17, 0, 0, 0, 11, 40};
+  std::vector<uint8_t> marks(tokens.size(), 0);
+  const std::vector<float> row = embed_row(*m, 77);
+  std::vector<const float*> spans(tokens.size(), nullptr);
+  for (size_t r = 3; r < 6; ++r) tokens[r] = int(c.image_token_id), marks[r] = 1, spans[r] = row.data();
+  const int64_t per_row = int64_t(hasher->n_layers()) * hasher->columns();
+  std::vector<int64_t> ids(tokens.size() * size_t(per_row));
+  EngramHistory h;
+  hasher->hash(tokens, marks, h, ids.data());
+
+  ForwardOptions options;
+  options.all_logits = true;
+  options.span_embeddings = spans.data();
+  auto run = [&](const std::vector<int64_t>& engram_ids) {
+    SequenceState s(c);
+    return forward(*m, s, tokens, engram_ids.data(), options);
+  };
+  const std::vector<float> expected = run(ids);
+  // Span rows 3..5 take the (valid) hash ids of text rows 0..2.
+  std::vector<int64_t> swapped = ids;
+  std::copy_n(ids.begin(), 3 * per_row, swapped.begin() + 3 * per_row);
+  ASSERT_NE(swapped, ids);
+  EXPECT_EQ(run(swapped), expected);
+  // Text row 7 taking row 0's ids changes its logits.
+  std::vector<int64_t> text_swapped = ids;
+  std::copy_n(ids.begin(), per_row, text_swapped.begin() + 7 * per_row);
+  ASSERT_NE(text_swapped, ids);
+  EXPECT_NE(run(text_swapped), expected);
+}
+
+TEST_F(ForwardImage, ATextOnlyModelRefusesSpanRows) {
+  Config c = preset("tiny");
+  RandomCheckpointOptions o;
+  write_random_checkpoint(c, path("text"), o);
+  const std::unique_ptr<Model> m = Model::load(path("text"));
+  const std::vector<float> row(size_t(c.dim), 0.0f);
+  const std::vector<const float*> spans = {row.data()};
+  ForwardOptions options;
+  options.span_embeddings = spans.data();
+  SequenceState s(c);
+  const std::vector<int64_t> ids(size_t(c.engram_layer_ids.size() * c.engram_hash_columns()), 0);
+  EXPECT_THROW(forward(*m, s, std::vector<int>{5}, ids.data(), options), Error);
+}
+
+}  // namespace
+}  // namespace dsv41
