@@ -187,3 +187,40 @@ TEST(PrefixKeys, PrefixKeyCoversThePartialTail) {
   EXPECT_NE(keys.prefix_key(all), keys.keys(all).back());
   EXPECT_EQ(keys.prefix_key({}), keys.salt());
 }
+
+// Images (ImageSpanKey): every position of a span carries the same id, so the key of a block the
+// span overlaps holds the image's span and content. Blocks before the first image keep the keys
+// of the text; the same image keys the same; another image, or the same at another place, does
+// not, from its first block on; a text-only prompt's keys are what they were before images.
+TEST(PrefixKeys, ImageSpansKeyTheirBlocks) {
+  const PrefixKeys keys(preset("tiny"), "", 64);
+  std::vector<int> tokens = ramp(64 * 4);
+  for (int p = 100; p < 150; ++p) tokens[size_t(p)] = 1020;  // the span [100, 150): blocks 1 and 2
+  const ImageSpanKey a{100, 50, BlockKey{1, 2}}, b{100, 50, BlockKey{1, 3}};
+  const std::vector<BlockKey> text = keys.keys(tokens), with_a = keys.keys(tokens, std::vector{a});
+  EXPECT_EQ(with_a[0], text[0]);
+  for (size_t i = 1; i < 4; ++i) EXPECT_NE(with_a[i], text[i]) << i;  // block 3 follows the chain
+  EXPECT_EQ(keys.keys(tokens, std::vector{a}), with_a);
+  const std::vector<BlockKey> with_b = keys.keys(tokens, std::vector{b});
+  EXPECT_EQ(with_b[0], with_a[0]);
+  for (size_t i = 1; i < 4; ++i) EXPECT_NE(with_b[i], with_a[i]) << i;
+  const std::vector<BlockKey> moved = keys.keys(tokens, std::vector{ImageSpanKey{101, 49, BlockKey{1, 2}}});
+  EXPECT_NE(moved[1], with_a[1]);
+  // An image that overlaps no block of the prompt (after its end) changes nothing.
+  EXPECT_EQ(keys.keys(tokens, std::vector{ImageSpanKey{300, 10, BlockKey{1, 2}}}), text);
+  // The key of a whole prompt (the SWA pool's) too, through a partial tail holding the span.
+  const std::span<const int> prefix = std::span<const int>(tokens).first(120);
+  EXPECT_NE(keys.prefix_key(prefix, std::vector{a}), keys.prefix_key(prefix));
+  EXPECT_NE(keys.prefix_key(prefix, std::vector{a}), keys.prefix_key(prefix, std::vector{b}));
+  EXPECT_EQ(keys.prefix_key(prefix, std::vector{a}), keys.prefix_key(prefix, std::vector{a}));
+  // Text blocks hash as the bytes they always did: previous key, then the ids.
+  std::vector<uint8_t> bytes;
+  auto put = [&](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) bytes.push_back(uint8_t(v >> (8 * i)));
+  };
+  put(keys.salt().hi, 8);
+  put(keys.salt().lo, 8);
+  for (int t = 0; t < 64; ++t) put(uint32_t(t), 4);
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  EXPECT_EQ(text[0], (BlockKey{h.high64, h.low64}));
+}

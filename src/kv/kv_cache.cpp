@@ -61,14 +61,14 @@ void KvCache::flush() {
   written_.wait(lock, [&] { return writes_.empty() && !writing_; });
 }
 
-BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {
+BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks, std::span<const ImageSpanKey> images) {
   const int B = block_tokens();
   const int64_t n = std::min<int64_t>(max_blocks, int64_t(tokens.size()) / B);
   BlockRun run;
   // Keys are chained: each one is made only when the run got that far.
   for (int64_t b = 0; b < n; ++b) {
     const std::span<const int> block = tokens.subspan(size_t(b * B), size_t(B));
-    const BlockKey key = keys_.next(b == 0 ? keys_.salt() : run.keys.back(), block);
+    const BlockKey key = keys_.next(b == 0 ? keys_.salt() : run.keys.back(), block, b * B, images);
     if (auto hit = host_.get(key, block)) {
       run.blocks.push_back(std::move(hit));
       run.from_disk.push_back(false);
@@ -88,7 +88,7 @@ BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks) {
 }
 
 std::optional<KvCache::TailHit> KvCache::find_tail(std::span<const int> tokens, std::span<const BlockKey> blocks,
-                                                   int64_t lo, int64_t hi) {
+                                                   int64_t lo, int64_t hi, std::span<const ImageSpanKey> images) {
   const int B = block_tokens();
   lo = std::max<int64_t>(lo, 0);
   hi = std::min(hi, std::min<int64_t>(int64_t(tokens.size()), (int64_t(blocks.size()) + 1) * B - 1));
@@ -98,7 +98,8 @@ std::optional<KvCache::TailHit> KvCache::find_tail(std::span<const int> tokens, 
   for (int64_t n = hi; n >= lo; --n) {
     const int64_t full = n / B;
     const BlockKey& before = full > 0 ? blocks[size_t(full - 1)] : keys_.salt();
-    const BlockKey key = n % B == 0 ? before : keys_.next(before, tokens.subspan(size_t(full * B), size_t(n - full * B)));
+    const BlockKey key =
+        n % B == 0 ? before : keys_.next(before, tokens.subspan(size_t(full * B), size_t(n - full * B)), full * B, images);
     candidates.emplace_back(key, n);
   }
   std::optional<SwaTier::Found> found = swa_->get_first(candidates);
@@ -106,11 +107,12 @@ std::optional<KvCache::TailHit> KvCache::find_tail(std::span<const int> tokens, 
   return TailHit{candidates[found->index].second, std::move(found->snapshot)};
 }
 
-void KvCache::store_blocks(std::span<const int> tokens, const StateView& state, int64_t first_block) {
+void KvCache::store_blocks(std::span<const int> tokens, const StateView& state, int64_t first_block,
+                           std::span<const ImageSpanKey> images) {
   const int B = block_tokens();
   const int64_t blocks = state.length / B;
   if (first_block >= blocks) return;
-  const std::vector<BlockKey> keys = keys_.keys(tokens.first(size_t(blocks * B)));
+  const std::vector<BlockKey> keys = keys_.keys(tokens.first(size_t(blocks * B)), images);
   for (int64_t b = first_block; b < blocks; ++b) {
     const std::span<const int> block = tokens.subspan(size_t(b * B), size_t(B));
     auto stored = std::make_shared<const HostBlock>(
@@ -125,8 +127,8 @@ void KvCache::store_blocks(std::span<const int> tokens, const StateView& state, 
   }
 }
 
-void KvCache::store_tail(std::span<const int> tokens, const StateView& state) {
-  swa_->put(keys_.prefix_key(tokens.first(size_t(state.length))), state.length,
+void KvCache::store_tail(std::span<const int> tokens, const StateView& state, std::span<const ImageSpanKey> images) {
+  swa_->put(keys_.prefix_key(tokens.first(size_t(state.length)), images), state.length,
            SwaSnapshot{sequence_tail(config_, state, block_tokens())});
 }
 

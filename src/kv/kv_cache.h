@@ -91,9 +91,12 @@ class KvCache {
   const PrefixKeys& keys() const { return keys_; }
   int block_tokens() const { return keys_.block_tokens(); }
 
+  // Every method takes the prompt's tokens and its images (PrefixKeys: their spans and content
+  // hashes are in the keys of the blocks they overlap), by start.
+
   // The blocks of `tokens` found from the start (at most max_blocks), host first, then disk; the
   // run stops at the first block found in neither.
-  BlockRun find_blocks(std::span<const int> tokens, int64_t max_blocks);
+  BlockRun find_blocks(std::span<const int> tokens, int64_t max_blocks, std::span<const ImageSpanKey> images = {});
   // The live SWA-pool tail at the latest position in [lo, hi] of `tokens`, if any. `block_keys`
   // are the keys of its first blocks (a BlockRun's), at least every complete block below hi.
   struct TailHit {
@@ -101,19 +104,20 @@ class KvCache {
     std::shared_ptr<const SwaSnapshot> snapshot;
   };
   std::optional<TailHit> find_tail(std::span<const int> tokens, std::span<const BlockKey> block_keys, int64_t lo,
-                                   int64_t hi);
+                                   int64_t hi, std::span<const ImageSpanKey> images = {});
 
   // Stores blocks [first_block, state.length / B) of a state holding `tokens`, in the host cache
   // and, queued for the writer, the persistent store (a block the store holds already is not
   // rewritten). A write the store fails (disk full, I/O error) is counted and skipped: serving goes
   // on without it. Waits only when kMaxQueuedWrites blocks are queued already.
-  void store_blocks(std::span<const int> tokens, const StateView& state, int64_t first_block);
+  void store_blocks(std::span<const int> tokens, const StateView& state, int64_t first_block,
+                    std::span<const ImageSpanKey> images = {});
   // Returns once every store write queued so far is done (written, present, refused or failed),
   // and every SWA-pool put is where other engines find it.
   void flush();
   static constexpr size_t kMaxQueuedWrites = 4096;
   // Stores the state's tail in the SWA pool at its position.
-  void store_tail(std::span<const int> tokens, const StateView& state);
+  void store_tail(std::span<const int> tokens, const StateView& state, std::span<const ImageSpanKey> images = {});
 
   // The engine's tally (counters are added to, never reset).
   void count(const KvCacheCounters& delta);

@@ -15,6 +15,9 @@ namespace {
 // fix, a new layout of the payload), so that old blocks stop matching.
 constexpr const char* kKeyScheme = "dsv41 prefix keys v1";
 
+// Announces an image's record in a block's hash input (PrefixKeys::next).
+constexpr uint32_t kImageMarker = 0xFFFFFFFFu;
+
 BlockKey from_hash(XXH128_hash_t h) { return BlockKey{h.high64, h.low64}; }
 
 // Little-endian byte images, so that keys are the same on every host (they name files on disk).
@@ -77,31 +80,44 @@ PrefixKeys::PrefixKeys(const Config& config, const std::string& extra_salt, int 
   salt_ = from_hash(XXH3_128bits(fingerprint_.data(), fingerprint_.size()));
 }
 
-BlockKey PrefixKeys::next(const BlockKey& previous, std::span<const int> block) const {
+BlockKey PrefixKeys::next(const BlockKey& previous, std::span<const int> block, int64_t at,
+                           std::span<const ImageSpanKey> images) const {
   std::vector<uint8_t> bytes;
   bytes.reserve(16 + 4 * block.size());
   put_u64(bytes, previous.hi);
   put_u64(bytes, previous.lo);
   for (int token : block) put_u32(bytes, uint32_t(token));
+  // Each image overlapping the block: a marker no token id spells (ids are below 2^31), then its
+  // span and content hash, so that a text block's bytes are what they were before images existed.
+  const int64_t end = at + int64_t(block.size());
+  for (const ImageSpanKey& image : images) {
+    if (image.start >= end || image.start + image.length <= at) continue;
+    put_u32(bytes, kImageMarker);
+    put_u64(bytes, uint64_t(image.start));
+    put_u64(bytes, uint64_t(image.length));
+    put_u64(bytes, image.content.hi);
+    put_u64(bytes, image.content.lo);
+  }
   return from_hash(XXH3_128bits(bytes.data(), bytes.size()));
 }
 
-std::vector<BlockKey> PrefixKeys::keys(std::span<const int> tokens) const {
+std::vector<BlockKey> PrefixKeys::keys(std::span<const int> tokens, std::span<const ImageSpanKey> images) const {
   std::vector<BlockKey> out;
   BlockKey key = salt_;
   for (size_t start = 0; start + block_tokens_ <= tokens.size(); start += block_tokens_) {
-    key = next(key, tokens.subspan(start, block_tokens_));
+    key = next(key, tokens.subspan(start, block_tokens_), int64_t(start), images);
     out.push_back(key);
   }
   return out;
 }
 
-BlockKey PrefixKeys::prefix_key(std::span<const int> tokens) const {
-  const std::vector<BlockKey> blocks = keys(tokens);
+BlockKey PrefixKeys::prefix_key(std::span<const int> tokens, std::span<const ImageSpanKey> images) const {
+  const std::vector<BlockKey> blocks = keys(tokens, images);
   const size_t covered = blocks.size() * size_t(block_tokens_);
   const BlockKey last = blocks.empty() ? salt_ : blocks.back();
-  // A tail is shorter than a block, so its hash input never equals a whole block's.
-  return covered == tokens.size() ? last : next(last, tokens.subspan(covered));
+  // A tail is shorter than a block, so its hash input never equals a whole block's (with images:
+  // its first image marker stands where a block has a token).
+  return covered == tokens.size() ? last : next(last, tokens.subspan(covered), int64_t(covered), images);
 }
 
 }  // namespace dsv41
