@@ -160,13 +160,30 @@ TEST(ChatFormat, ErrorsNameTheFieldWhatWasExpectedAndWhatWasFound) {
                R"(messages[1].role: expected one of system, developer, user, assistant, tool, found "critic")");
   expect_error(messages(R"([{"content":"a"}])"), "messages[0].role: expected a string, found nothing");
   expect_error(messages(R"([{"role":"user","content":5}])"),
+               "messages[0].content: expected a string or an array of text and image_url parts, found number 5");
+  expect_error(messages(R"([{"role":"system","content":5}])"),
                "messages[0].content: expected a string or an array of text parts, found number 5");
   expect_error(messages(R"([{"role":"user","content":null}])"),
                "messages[0].content: expected a string or an array of text parts, found null");
   expect_error(messages(R"([{"role":"user","content":[]}])"),
-               "messages[0].content: expected a string or an array of text parts, found an empty array");
-  expect_error(messages(R"([{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}])"),
-               R"(messages[0].content[1].type: expected "text" (only text parts are supported), found "image_url")");
+               "messages[0].content: expected a string or an array of text and image_url parts, found an empty array");
+  expect_error(messages(R"([{"role":"user","content":[{"type":"text","text":"a"},{"type":"input_audio"}]}])"),
+               R"(messages[0].content[1].type: expected "text" or "image_url", found "input_audio")");
+  expect_error(messages(R"([{"role":"system","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}])"),
+               R"(messages[0].content[1].type: expected "text" (image parts only in user messages), found "image_url")");
+  expect_error(messages(R"([{"role":"tool","content":[{"type":"audio"}]}])"),
+               R"(messages[0].content[0].type: expected "text" (only text parts are supported), found "audio")");
+  expect_error(messages(R"([{"role":"user","content":[{"type":"image_url"}]}])"),
+               R"(messages[0].content[0].image_url: expected an object {"url": ...}, found nothing)");
+  expect_error(messages(R"([{"role":"user","content":[{"type":"image_url","image_url":{"detail":"low"}}]}])"),
+               "messages[0].content[0].image_url.url: expected a non-empty string, found nothing");
+  // The placeholder is the image parts' alone (encoding.py refuses it in text too).
+  expect_error(messages(R"([{"role":"user","content":"look: <｜deepseek_image｜>"}])"),
+               "messages[0].content: expected text without <｜deepseek_image｜> (images come as image_url parts), found the image placeholder");
+  expect_error(messages(R"([{"role":"user","content":[{"type":"text","text":"<｜deepseek_image｜>"}]}])"),
+               "messages[0].content[0].text: expected text without <｜deepseek_image｜> (images come as image_url parts), found the image placeholder");
+  expect_error(messages(R"([{"role":"assistant","content":"a","reasoning_content":"<｜deepseek_image｜>"}])"),
+               "messages[0].reasoning_content: expected text without <｜deepseek_image｜> (images come as image_url parts), found the image placeholder");
   expect_error(messages(R"([{"role":"user","content":[{"type":"text"}]}])"),
                "messages[0].content[0].text: expected a string, found nothing");
   expect_error(messages(R"([{"role":"assistant","content":"a","reasoning_content":1}])"),
@@ -224,6 +241,23 @@ TEST(ChatFormat, ErrorsNameTheFieldWhatWasExpectedAndWhatWasFound) {
   built[1].tool_calls[0].arguments = R"({"x": 1e400})";
   expect_error([&] { render_chat(built, {}); },
                R"(messages[1].tool_calls[0].function.arguments: expected a JSON object, found text that is not JSON: "{\"x\": 1e400}")");
+}
+
+// Image parts (user messages) become the placeholder where they stand, joined to the other parts
+// as content blocks are (encoding.py's _process_image_blocks); their URLs come out in prompt order.
+TEST(ChatFormat, ImagePartsArePlaceholdersInPlace) {
+  const std::vector<ChatMessage> messages = chat_messages_from_json(ordered_json::parse(R"([
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:a"}}]},
+    {"role": "assistant", "content": "A cat."},
+    {"role": "user", "content": [{"type": "image_url", "image_url": "data:b"}, {"type": "image_url", "image_url": {"url": "data:c", "detail": "high"}}, {"type": "text", "text": "And these?"}]}
+  ])"));
+  ChatOptions options;
+  options.thinking = false;
+  EXPECT_EQ(render_chat(messages, options),
+            "<｜begin▁of▁sentence｜><｜System｜>Be brief.<｜User｜>What is this?\n\n<｜deepseek_image｜><｜Assistant｜></think>A cat."
+            "<｜end▁of▁sentence｜><｜User｜><｜deepseek_image｜>\n\n<｜deepseek_image｜>\n\nAnd these?<｜Assistant｜></think>");
+  EXPECT_EQ(chat_image_urls(messages), (std::vector<std::string>{"data:a", "data:b", "data:c"}));
 }
 
 // ---------------------------------------------------------------- the reply

@@ -1,11 +1,14 @@
-// Images in the text forward, on the CPU executor (docs/vision.md §7-§9), on
+// Images in the text forward and the session, on the CPU executor (docs/vision.md §7-§9), on
 // random checkpoints of the tiny-vision preset:
 //  * the routing op: bias_vl chooses on image rows, the weights come from the unbiased scores;
 //  * an image-span row's embedding is the row given for it, and nothing else changes (a
 //    checkpoint whose bias_vl is its bias and without Engram runs an image prompt exactly as the
 //    text prompt whose token rows are those embeddings);
 //  * every backbone gate chooses with bias_vl on span rows and with bias on text rows;
-//  * Engram leaves span rows alone: their hash ids do not matter, a text row's do.
+//  * Engram leaves span rows alone: their hash ids do not matter, a text row's do;
+//  * the session's span layout (delimiters, aligner rows in reading order), its Engram ids (DEAD
+//    look-back), and the prefix cache: the same image is served from the tiers without being
+//    encoded again, another image with the same ids is not.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +19,8 @@
 
 #include "base/error.h"
 #include "backend/cpu/moe.h"
+#include "engine/prompt_image.h"
+#include "engine/scheduler.h"
 #include "engine/session.h"
 #include "forward/forward.h"
 #include "forward/model.h"
@@ -27,6 +32,17 @@
 
 namespace dsv41 {
 namespace {
+
+// A seeded random picture of w x h pixels.
+RgbImage picture(int w, int h, uint32_t seed) {
+  RgbImage im(w, h);
+  uint32_t x = seed * 2654435761u + 1;
+  for (uint8_t& v : im.pixels) {
+    x = x * 1664525u + 1013904223u;
+    v = uint8_t(x >> 24);
+  }
+  return im;
+}
 
 // Copies checkpoint `from` into `to`, every tensor through `edit` (name, dtype, bytes).
 void rewrite(const std::string& from, const std::string& to,
@@ -263,6 +279,215 @@ TEST_F(ForwardImage, ATextOnlyModelRefusesSpanRows) {
   SequenceState s(c);
   const std::vector<int64_t> ids(size_t(c.engram_layer_ids.size() * c.engram_hash_columns()), 0);
   EXPECT_THROW(forward(*m, s, std::vector<int>{5}, ids.data(), options), Error);
+}
+
+// --- the session --------------------------------------------------------------------------------
+
+struct ImagePrompt {
+  std::vector<int> tokens;
+  std::vector<PromptImage> images;
+};
+
+// [before...] + the image's span + [after...]
+ImagePrompt image_prompt(const Config& c, const std::vector<int>& before, std::shared_ptr<const ImageInput> image,
+                         const std::vector<int>& after) {
+  ImagePrompt p;
+  p.tokens = before;
+  p.images.push_back(PromptImage{int64_t(before.size()), image});
+  p.tokens.insert(p.tokens.end(), size_t(image->plan.span_tokens()), int(c.image_token_id));
+  p.tokens.insert(p.tokens.end(), after.begin(), after.end());
+  return p;
+}
+
+// The span's rows take, in order: IMAGE_START, per line of the aligner grid its n_llm_w rows
+// then IMAGE_NEW_LINE, IMAGE_END (image_processor.py's layout); the Engram ids of the span are
+// all-pad n-grams, and the text after it starts its n-grams afresh (DEAD look-back), in the
+// prompt and in the decode steps that follow.
+TEST_F(ForwardImage, SessionPlacesTheSpanAndMarksItDead) {
+  const std::unique_ptr<Model> m = Model::load(path("vision"));
+  const Config& c = m->config();
+  const Tokenizer tokenizer = Tokenizer::from_file(path("vision") + "/tokenizer.json");
+  const std::shared_ptr<const ImageInput> image = prepare_image(picture(112, 70, 1), c);
+  ASSERT_EQ(image->plan.n_llm_h, 2);  // docs/vision.md §2's table: 112 x 70 → 2 x 3 tokens, a span of 10
+  ASSERT_EQ(image->plan.n_llm_w, 3);
+  const ImagePrompt p = image_prompt(c, {5, 9, 17}, image, {21, 22});
+  Session session(*m, &tokenizer, Mode::Default);
+  session.begin_prompt(p.tokens, nullptr, std::nullopt, false, p.images);
+  const BatchItem item = session.next_chunk(int64_t(p.tokens.size()));
+  ASSERT_NE(item.options.span_embeddings, nullptr);
+
+  const std::vector<std::vector<float>> aligner =
+      encode_images(c, m->vision(), {VisionImage{image->patches.data(), image->plan.n_vit_h, image->plan.n_vit_w}});
+  const int64_t d = c.dim;
+  const Model::ImageDelimiters& delim = m->image_delimiters();
+  std::vector<std::vector<float>> expected = {delim.start};
+  for (int line = 0; line < 2; ++line) {
+    for (int col = 0; col < 3; ++col) {
+      const float* r = aligner[0].data() + (line * 3 + col) * d;
+      expected.emplace_back(r, r + d);
+    }
+    expected.push_back(delim.newline);
+  }
+  expected.push_back(delim.end);
+  for (size_t r = 0; r < p.tokens.size(); ++r) {
+    const float* got = item.options.span_embeddings[r];
+    if (r < 3 || r >= 13) {
+      EXPECT_EQ(got, nullptr) << r;
+      continue;
+    }
+    ASSERT_NE(got, nullptr) << r;
+    EXPECT_EQ(std::vector<float>(got, got + d), expected[r - 3]) << "span row " << r - 3;
+  }
+
+  // Engram ids: what a fresh sequence gives (the hasher's own look-back stops at its start).
+  const std::shared_ptr<const EngramHasher> hasher = engram_hasher(c, &tokenizer);
+  const int64_t per_row = int64_t(hasher->n_layers()) * hasher->columns();
+  auto fresh = [&](const std::vector<int>& t) {
+    std::vector<int64_t> ids(t.size() * size_t(per_row));
+    EngramHistory h;
+    hasher->hash(t, {}, h, ids.data());
+    return ids;
+  };
+  auto row_ids = [&](const int64_t* ids, size_t r) { return std::vector<int64_t>(ids + r * per_row, ids + (r + 1) * per_row); };
+  const std::vector<int64_t> pad = fresh({int(c.engram_pad_id)});  // all-pad n-grams
+  for (size_t r = 3; r < 13; ++r) EXPECT_EQ(row_ids(item.engram_ids, r), pad) << r;
+  const std::vector<int64_t> after = fresh({21, 22});
+  EXPECT_EQ(row_ids(item.engram_ids, 13), row_ids(after.data(), 0));
+  EXPECT_EQ(row_ids(item.engram_ids, 14), row_ids(after.data(), 1));
+  EXPECT_EQ(row_ids(item.engram_ids, 2), row_ids(fresh({5, 9, 17}).data(), 2)) << "text before the span looks back as usual";
+
+  session.executor().forward_batch({item});
+  session.ran();
+  EXPECT_EQ(session.work().images_encoded, 1);
+  const BatchItem decode = session.next_decode(23);
+  EXPECT_EQ(decode.options.span_embeddings, nullptr);
+  EXPECT_EQ(row_ids(decode.engram_ids, 0), row_ids(fresh({21, 22, 23}).data(), 2)) << "the decode step's look-back stops at the span";
+}
+
+// Exact mode, so that a continuation from the SWA pool is bit for bit a cold run: a turn that
+// extends an image prompt is served from the tiers, the image not encoded again; the same ids
+// with another image are not.
+TEST_F(ForwardImage, PrefixCacheKnowsTheImage) {
+  const std::unique_ptr<Model> m = Model::load(path("vision"));
+  const Config& c = m->config();
+  const Tokenizer tokenizer = Tokenizer::from_file(path("vision") + "/tokenizer.json");
+  const std::shared_ptr<const ImageInput> a = prepare_image(picture(90, 130, 2), c), b = prepare_image(picture(90, 130, 3), c);
+  ASSERT_EQ(a->plan.span_tokens(), b->plan.span_tokens());
+  const ImagePrompt first = image_prompt(c, {5, 9, 17}, a, {21, 22, 23});
+  ImagePrompt second = first;
+  for (int t : {30, 31, 32, 33}) second.tokens.push_back(t);
+  ImagePrompt other = second;
+  other.images[0].image = b;
+
+  KvCacheOptions options;
+  options.mode = mode_name(Mode::Exact);
+  KvCache cache(c, options);
+  Session turn1(*m, &tokenizer, Mode::Exact);
+  turn1.prefill_prompt(first.tokens, &cache, nullptr, first.images);
+  EXPECT_EQ(turn1.work().images_encoded, 1);
+
+  Session turn2(*m, &tokenizer, Mode::Exact), cold(*m, &tokenizer, Mode::Exact), other_turn(*m, &tokenizer, Mode::Exact);
+  PrefixUse use;
+  const std::vector<float> logits = turn2.prefill_prompt(second.tokens, &cache, &use, second.images);
+  EXPECT_EQ(use.swa_tokens, int64_t(first.tokens.size()));
+  EXPECT_EQ(turn2.work().images_encoded, 0) << "the image's span was served by the tiers";
+  EXPECT_EQ(logits, cold.prefill_prompt(second.tokens, nullptr, nullptr, second.images));
+
+  const std::vector<float> with_b = other_turn.prefill_prompt(other.tokens, &cache, &use, other.images);
+  EXPECT_EQ(use.cached(), 0) << "another image behind the same ids";
+  EXPECT_EQ(other_turn.work().images_encoded, 1);
+  EXPECT_NE(with_b, logits);
+}
+
+TEST_F(ForwardImage, PromptImagesAreCheckedAgainstThePrompt) {
+  const std::unique_ptr<Model> m = Model::load(path("vision"));
+  const Config& c = m->config();
+  const Tokenizer tokenizer = Tokenizer::from_file(path("vision") + "/tokenizer.json");
+  const std::shared_ptr<const ImageInput> a = prepare_image(picture(60, 60, 4), c);
+  ImagePrompt p = image_prompt(c, {5, 9}, a, {21});
+  Session session(*m, &tokenizer, Mode::Default);
+  ImagePrompt shifted = p;
+  shifted.images[0].start = 1;  // position 1 holds a text token
+  EXPECT_THROW(session.begin_prompt(shifted.tokens, nullptr, std::nullopt, false, shifted.images), Error);
+  ImagePrompt outside = p;
+  outside.tokens.resize(5);  // the span cut short
+  EXPECT_THROW(session.begin_prompt(outside.tokens, nullptr, std::nullopt, false, outside.images), Error);
+  EXPECT_NO_THROW(session.begin_prompt(p.tokens, nullptr, std::nullopt, false, p.images));
+}
+
+// The scheduler: a request with an image gets what a lone session gets, also when its span is cut
+// between prefill chunks (a step budget of 8 tokens); its next turn continues the idle sequence on
+// the device; the same ids with another image do not, and a misplaced image is refused.
+TEST_F(ForwardImage, SchedulerServesImagePrompts) {
+  const std::unique_ptr<Model> m = Model::load(path("vision"));
+  const Config& c = m->config();
+  const Tokenizer tokenizer = Tokenizer::from_file(path("vision") + "/tokenizer.json");
+  CpuExecutor executor(*m);
+  const std::shared_ptr<const ImageInput> a = prepare_image(picture(90, 130, 6), c), b = prepare_image(picture(90, 130, 7), c);
+  const ImagePrompt p = image_prompt(c, {5, 9, 17}, a, {21, 22, 23});
+  auto greedy_alone = [&](const ImagePrompt& q, int n) {
+    Session s(executor, &tokenizer, Mode::Default);
+    std::vector<float> logits = s.prefill(q.tokens, q.images);
+    std::vector<int> out;
+    for (int k = 0; k < n; ++k) {
+      out.push_back(int(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      if (k + 1 < n) logits = s.decode(out.back());
+    }
+    return out;
+  };
+  auto run = [](Scheduler& scheduler, const ImagePrompt& q, int n) {
+    GenerationRequest r;
+    r.prompt = q.tokens;
+    r.images = q.images;
+    r.max_tokens = n;
+    r.sampling.temperature = 0;
+    std::shared_ptr<Generation> g = scheduler.submit(r);
+    std::pair<PrefixUse, std::vector<int>> out;
+    for (;;) {
+      GenerationEvent e = g->next();
+      if (e.kind == GenerationEvent::Kind::Prefilled) out.first = e.use;
+      if (e.kind == GenerationEvent::Kind::Token) out.second.push_back(e.token.token);
+      if (e.kind == GenerationEvent::Kind::Finished) {
+        EXPECT_EQ(e.finish, FinishKind::Length) << e.error;
+        return out;
+      }
+    }
+  };
+  KvCacheOptions options;
+  options.mode = mode_name(Mode::Default);
+  KvCache cache(c, options);
+  SchedulerOptions so;
+  so.step_tokens = 8;
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, &cache, so);
+  const auto [use, reply] = run(scheduler, p, 3);
+  EXPECT_EQ(use.prompt_tokens, int64_t(p.tokens.size()));
+  EXPECT_EQ(reply, greedy_alone(p, 3));
+
+  ImagePrompt next = p;
+  next.tokens.insert(next.tokens.end(), reply.begin(), reply.end());
+  for (int t : {40, 41}) next.tokens.push_back(t);
+  EXPECT_EQ(run(scheduler, next, 2).first.device_tokens, int64_t(p.tokens.size() + reply.size()) - 1);
+  ImagePrompt other = next;
+  other.images[0].image = b;
+  const auto [other_use, other_reply] = run(scheduler, other, 2);
+  EXPECT_EQ(other_use.cached(), 0);
+  EXPECT_EQ(other_reply, greedy_alone(other, 2));
+
+  GenerationRequest misplaced;
+  misplaced.prompt = p.tokens;
+  misplaced.images = {PromptImage{1, a}};
+  EXPECT_THROW(scheduler.submit(misplaced), Error);
+}
+
+// The content hash is of the picture: the same pixels share it, one changed pixel does not.
+TEST_F(ForwardImage, ImageContentHashIsThePictures) {
+  const Config c = preset("tiny-vision");
+  RgbImage im = picture(40, 30, 5);
+  const BlockKey same = prepare_image(im, c)->content;
+  EXPECT_EQ(prepare_image(picture(40, 30, 5), c)->content, same);
+  im.pixels[100] ^= 1;
+  EXPECT_NE(prepare_image(im, c)->content, same);
+  EXPECT_THROW(prepare_image(im, preset("tiny")), ImageError);
 }
 
 }  // namespace

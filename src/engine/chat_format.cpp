@@ -234,7 +234,7 @@ std::string render_chat(std::span<const ChatMessage> messages, const ChatOptions
   // system message of their own, empty but for the tools.
   std::vector<ChatMessage> with_system;
   if (!options.tools.empty() && messages.front().role != ChatRole::system) {
-    with_system.push_back(ChatMessage{ChatRole::system, {}, {}, {}, {}, {}});
+    with_system.push_back(ChatMessage{ChatRole::system, {}, {}, {}, {}, {}, {}});
     with_system.insert(with_system.end(), messages.begin(), messages.end());
     messages = with_system;
   }
@@ -308,9 +308,30 @@ std::string render_chat(std::span<const ChatMessage> messages, const ChatOptions
 
 namespace {
 
-std::string text_content(const ordered_json& content, const std::string& where) {
-  if (content.is_string()) return content.get<std::string>();
-  const char* expected = "a string or an array of text parts";
+// Text a client sent: never the image placeholder, which only an image part may put in a prompt.
+const std::string& client_text(const std::string& text, const std::string& where) {
+  if (text.find(kImage) != std::string::npos)
+    fail(where, "text without " + std::string(kImage) + " (images come as image_url parts)", "the image placeholder");
+  return text;
+}
+
+// An image part's URL: "image_url": {"url": ...} as OpenAI sends it, or the URL itself.
+std::string image_part_url(const ordered_json& part, const std::string& at) {
+  auto image = part.find("image_url");
+  if (image == part.end()) fail(at + ".image_url", "an object {\"url\": ...}", "nothing");
+  if (image->is_string()) return image->get<std::string>();
+  if (!image->is_object()) fail(at + ".image_url", "an object {\"url\": ...}", describe(*image));
+  auto url = image->find("url");
+  if (url == image->end() || !url->is_string() || url->get<std::string>().empty())
+    fail(at + ".image_url.url", "a non-empty string", url == image->end() ? "nothing" : describe(*url));
+  return url->get<std::string>();
+}
+
+// A message's content: a string, or parts joined as the official encoder joins content blocks,
+// an image part (where `images` is given: user messages) as the placeholder, its URL into `images`.
+std::string text_content(const ordered_json& content, const std::string& where, std::vector<std::string>* images) {
+  if (content.is_string()) return client_text(content.get<std::string>(), where);
+  const std::string expected = images ? "a string or an array of text and image_url parts" : "a string or an array of text parts";
   if (!content.is_array()) fail(where, expected, describe(content));
   if (content.empty()) fail(where, expected, "an empty array");
   std::string out;
@@ -319,13 +340,22 @@ std::string text_content(const ordered_json& content, const std::string& where) 
     std::string at = where + "[" + std::to_string(j) + "]";
     if (!part.is_object()) fail(at, "a text part {\"type\": \"text\", \"text\": ...}", describe(part));
     auto type = part.find("type");
-    if (type == part.end() || !type->is_string()) fail(at + ".type", "\"text\"", type == part.end() ? "nothing" : describe(*type));
-    if (*type != "text") fail(at + ".type", "\"text\" (only text parts are supported)", describe(*type));
+    const char* types = images ? "\"text\" or \"image_url\"" : "\"text\"";
+    if (type == part.end() || !type->is_string()) fail(at + ".type", types, type == part.end() ? "nothing" : describe(*type));
+    if (j) out += "\n\n";
+    if (*type == "image_url" && images) {
+      images->push_back(image_part_url(part, at));
+      out += kImage;
+      continue;
+    }
+    if (*type != "text") {
+      if (images) fail(at + ".type", types, describe(*type));
+      fail(at + ".type", *type == "image_url" ? "\"text\" (image parts only in user messages)" : "\"text\" (only text parts are supported)",
+           describe(*type));
+    }
     auto text = part.find("text");
     if (text == part.end() || !text->is_string()) fail(at + ".text", "a string", text == part.end() ? "nothing" : describe(*text));
-    // Parts are joined as the official encoder joins content blocks.
-    if (j) out += "\n\n";
-    out += text->get<std::string>();
+    out += client_text(text->get<std::string>(), at + ".text");
   }
   return out;
 }
@@ -389,14 +419,14 @@ std::vector<ChatMessage> chat_messages_from_json(const ordered_json& messages) {
     bool absent = content == m.end() || content->is_null();
     if (absent && msg.role != ChatRole::assistant)
       fail(where + ".content", "a string or an array of text parts", content == m.end() ? "nothing" : "null");
-    if (!absent) msg.content = text_content(*content, where + ".content");
+    if (!absent) msg.content = text_content(*content, where + ".content", msg.role == ChatRole::user ? &msg.image_urls : nullptr);
     msg.name = optional_string(m, "name", where);
 
     if (msg.role == ChatRole::assistant) {
       auto rc = m.find("reasoning_content");
       if (rc != m.end() && !rc->is_null()) {
         if (!rc->is_string()) fail(where + ".reasoning_content", "a string", describe(*rc));
-        msg.reasoning_content = rc->get<std::string>();
+        msg.reasoning_content = client_text(rc->get<std::string>(), where + ".reasoning_content");
       }
       auto calls = m.find("tool_calls");
       if (calls != m.end() && !calls->is_null()) {
@@ -409,6 +439,12 @@ std::vector<ChatMessage> chat_messages_from_json(const ordered_json& messages) {
     out.push_back(std::move(msg));
   }
   return out;
+}
+
+std::vector<std::string> chat_image_urls(std::span<const ChatMessage> messages) {
+  std::vector<std::string> urls;
+  for (const ChatMessage& m : messages) urls.insert(urls.end(), m.image_urls.begin(), m.image_urls.end());
+  return urls;
 }
 
 std::vector<ordered_json> chat_tools_from_json(const ordered_json& tools) {

@@ -37,6 +37,9 @@ inline constexpr std::string_view kAssistant = "<｜Assistant｜>";
 inline constexpr std::string_view kThinkStart = "<think>";
 inline constexpr std::string_view kThinkEnd = "</think>";
 inline constexpr std::string_view kDsml = "｜DSML｜";
+// What an image part becomes in the prompt text (encoding.py's IMAGE_PLACEHOLDER); the engine
+// turns each into its image's span (engine/prompt_image.h, encode_with_images).
+inline constexpr std::string_view kImage = "<｜deepseek_image｜>";
 }  // namespace chat_token
 
 enum class ChatRole { system, user, assistant, tool };
@@ -49,19 +52,28 @@ struct ChatToolCall {
 
 struct ChatMessage {
   ChatRole role = ChatRole::user;
-  // An array of text parts arrives joined with "\n\n", as the official encoder joins them.
+  // An array of parts arrives joined with "\n\n", as the official encoder joins content blocks,
+  // each image part as chat_token::kImage.
   std::string content;
   std::optional<std::string> reasoning_content;  // assistant only
   std::vector<ChatToolCall> tool_calls;          // assistant only
   std::string tool_call_id;                      // tool only
   std::string name;                              // accepted; the format does not render it
+  std::vector<std::string> image_urls;           // user only: the image parts' URLs, in order
 };
 
 // OpenAI chat messages: an array of {"role", "content", ...}. Roles system, user, assistant and
 // tool; content a string or an array of {"type": "text", "text"} parts (null for an assistant
-// with tool calls); assistant "tool_calls" [{"id", "function": {"name", "arguments"}}] with
-// arguments a JSON object or its text. Throws dsv41::Error naming the message and field.
+// with tool calls), a user's parts also {"type": "image_url", "image_url": {"url"}} (or the URL
+// as a string, as encoding.py reads it); assistant "tool_calls" [{"id", "function": {"name",
+// "arguments"}}] with arguments a JSON object or its text. Text that spells chat_token::kImage is
+// refused, as the official encoder refuses it: images come as image parts. Throws dsv41::Error
+// naming the message and field.
 std::vector<ChatMessage> chat_messages_from_json(const nlohmann::ordered_json& messages);
+
+// The image URLs of the messages in the order render_chat writes their placeholders (a user
+// turn's parts keep their order; only tool results are reordered).
+std::vector<std::string> chat_image_urls(std::span<const ChatMessage> messages);
 
 // OpenAI "tools": [{"type": "function", "function": {"name", ...}}]; null gives none. Returns
 // each tool's "function" object, which is what the format writes into the prompt.

@@ -103,7 +103,12 @@ void Scheduler::stop() {
 std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
   const Config& c = executor_.model().config();
   if (request.prompt.empty()) fail("request", "at least one prompt token", "none");
-  for (int t : request.prompt)
+  check_images(request.prompt, request.images, c);
+  if (!request.images.empty() && !executor_.takes_images())
+    fail(executor_.name() + " executor", "images on the CPU executor, the only one with the vision tower so far (issue 20)",
+         "a request with images");
+  // (An image span's image_token_id may lie past the tokenizer's ids: DeepSeek's V3 tokenizer has none.)
+  for (int t : text_tokens(request.prompt, request.images))
     if (t < 0 || t >= vocab_) fail("request", "token ids in [0, " + std::to_string(vocab_) + ")", std::to_string(t));
   if (request.max_tokens < 1) fail("request", "max_tokens >= 1", std::to_string(request.max_tokens));
   if (request.n < 1 || request.n > options_.max_running)
@@ -168,7 +173,7 @@ Sampler Scheduler::sampler(const GenerationRequest& request, uint64_t seed) cons
   SamplingParams params = request.sampling;
   params.seed = seed;
   Sampler s(params, vocab_);
-  s.start_reply(request.prompt);
+  s.start_reply(text_tokens(request.prompt, request.images));  // penalties count text, not image spans
   if (request.grammar)
     s.constrain(std::make_shared<grammar::GrammarConstraint>(request.grammar, request.max_tokens, request.grammar_after));
   return s;
@@ -184,17 +189,14 @@ void Scheduler::fork(Running& r) {
   }
 }
 
-std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt, bool fresh) {
+std::unique_ptr<Session> Scheduler::session_for(const std::vector<int>& prompt, std::span<const PromptImage> images, bool fresh) {
   // The idle session holding the longest proper prefix of the prompt continues (device tier).
   const auto now = std::chrono::steady_clock::now();
   idle_.remove_if([&](const Idle& i) { return i.until <= now; });
   auto best = idle_.end();
-  for (auto it = fresh ? idle_.end() : idle_.begin(); it != idle_.end(); ++it) {
-    const std::vector<int>& t = it->session->tokens();
-    if (t.size() < prompt.size() && std::equal(t.begin(), t.end(), prompt.begin()) &&
-        (best == idle_.end() || t.size() > best->session->tokens().size()))
+  for (auto it = fresh ? idle_.end() : idle_.begin(); it != idle_.end(); ++it)
+    if (it->session->extends(prompt, images) && (best == idle_.end() || it->session->tokens().size() > best->session->tokens().size()))
       best = it;
-  }
   if (best == idle_.end()) {
     auto s = std::make_unique<Session>(executor_, hasher_, mode_);
     if (options_.speculative) s->enable_drafting();
@@ -280,7 +282,7 @@ void Scheduler::admit() {
       Running r = std::move(preempted_.front());
       pop();
       try {
-        r.session = session_for(r.resume, r.generation->request.prompt_logprobs >= 0);
+        r.session = session_for(r.resume, r.generation->request.images, r.generation->request.prompt_logprobs >= 0);
       } catch (const std::exception& e) {
         finish(r, FinishKind::Error, e.what());
         continue;
@@ -292,7 +294,8 @@ void Scheduler::admit() {
     if (g->request.sampling.temperature > 0 && seed == 0 && !g->request.seeded) seed = ++seeds_ * 0x9e3779b97f4a7c15ull;
     std::optional<Running> started;
     try {
-      started.emplace(Running{g, session_for(g->request.prompt, g->request.prompt_logprobs >= 0), sampler(g->request, seed)});
+      started.emplace(Running{g, session_for(g->request.prompt, g->request.images, g->request.prompt_logprobs >= 0),
+                              sampler(g->request, seed)});
       started->forks = g->request.n > 1;
     } catch (const std::exception& e) {  // sampling parameters the sampler refuses, or no memory: this request's fault
       {
@@ -319,7 +322,7 @@ bool Scheduler::start(Running& r) {
   try {
     const auto t0 = std::chrono::steady_clock::now();
     const PrefixUse use = r.session->begin_prompt(prompt, prompt_logits ? nullptr : cache_, r.generated > 0 ? r.decoder_floor : std::nullopt,
-                                                  prompt_logits && r.generated == 0);
+                                                  prompt_logits && r.generated == 0, r.generation->request.images);
     book(&SchedulerStats::lookup_seconds, seconds_since(t0));
     if (cache_) cache_->count(tally(std::span(&use, 1), cache_->block_tokens(), 0));
     if (!r.prefilled) {  // once per request, preempted or not

@@ -38,6 +38,9 @@ namespace dsv41 {
 
 struct GenerationRequest {
   std::vector<int> prompt;
+  // The prompt's images at their spans (engine/prompt_image.h, check_images), on an executor
+  // that takes them (the CPU one so far).
+  std::vector<PromptImage> images;
   SamplingParams sampling;     // seed 0 with temperature > 0: a fresh seed, unless `seeded`
   bool seeded = false;         // the seed is the client's, 0 included (an API request's "seed": 0)
   int64_t max_tokens = 16;     // > 0
@@ -172,7 +175,8 @@ class Scheduler {
 
   // Queues a request; null when the queue is full or the scheduler is stopping. Throws
   // dsv41::Error for a request that can never run (no prompt tokens, ids the tokenizer does not
-  // have, max_tokens < 1, beyond the context, n outside [1, max_running]).
+  // have outside image spans, max_tokens < 1, beyond the context, n outside [1, max_running],
+  // images misplaced or on an executor without the vision tower).
   std::shared_ptr<Generation> submit(GenerationRequest request);
   // Finishes every request as Cancelled (running and queued), refuses new ones, and stops the
   // thread. The destructor does it too.
@@ -218,9 +222,9 @@ class Scheduler {
   void fork(Running& r);
   // The batch slots a sequence holds: n while it has yet to fork, else 1.
   static int slots(const Running& r) { return r.forks ? r.generation->request.n : 1; }
-  // The session a request runs in: an idle one its prompt continues, or a new one (always, for
-  // prompt logprobs: the prompt runs whole).
-  std::unique_ptr<Session> session_for(const std::vector<int>& prompt, bool fresh = false);
+  // The session a request runs in: an idle one its prompt (and images) continues, or a new one
+  // (always, for prompt logprobs: the prompt runs whole).
+  std::unique_ptr<Session> session_for(const std::vector<int>& prompt, std::span<const PromptImage> images, bool fresh = false);
   // Starts r's prompt (or, preempted, its continuation) in its session; false if it failed.
   bool start(Running& r);
   // The KV bytes of a sequence of `tokens` tokens, and of every running and idle one after this step.

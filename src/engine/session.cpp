@@ -52,7 +52,8 @@ Session::Call Session::append(std::span<const int> tokens, int64_t decoder_from)
   call.tokens = std::span<const int>(tokens_).subspan(at);
   if (hasher_) {
     call.engram_ids.resize(tokens.size() * size_t(hasher_->n_layers() * hasher_->columns()));
-    hasher_->hash(call.tokens, {}, history_, call.engram_ids.data());
+    const std::vector<uint8_t> marks = span_marks(images_, int64_t(at), int64_t(tokens.size()));
+    hasher_->hash(call.tokens, marks, history_, call.engram_ids.data());
   }
   call.options.decoder_from = decoder_from;
   return call;
@@ -74,7 +75,7 @@ void Session::started_over(std::span<const int> tokens, int64_t decoder_floor) {
   cursor_ = 0;
   tokens_.assign(tokens.begin(), tokens.end());
   decoder_floor_ = decoder_floor;
-  if (hasher_) history_ = hasher_->history_after(tokens, {});
+  if (hasher_) history_ = hasher_->history_after(tokens, span_marks(images_, 0, int64_t(tokens.size())));
   stored_blocks_ = 0;
   kv_of_mode_ = true;
 }
@@ -104,7 +105,92 @@ void Session::check_cache(const KvCache& cache) const {
     fail("KV cache", std::string("a cache of ") + mode_name(mode_) + "-mode sequences", cache.mode() + "-mode");
 }
 
-std::vector<float> Session::prefill(std::span<const int> tokens) {
+void Session::adopt_images(std::span<const PromptImage> images) {
+  std::vector<std::shared_ptr<const std::vector<float>>> encoded(images.size());
+  for (size_t i = 0; i < images.size() && i < images_.size() && images_[i].key() == images[i].key(); ++i) encoded[i] = encoded_[i];
+  images_.assign(images.begin(), images.end());
+  encoded_ = std::move(encoded);
+}
+
+bool Session::extends(std::span<const int> prompt, std::span<const PromptImage> images) const {
+  const size_t L = tokens_.size();
+  if (L == 0 || L >= prompt.size() || !std::equal(tokens_.begin(), tokens_.end(), prompt.begin())) return false;
+  // The same images at the same places on the shared positions (the sequence's are all before L).
+  const size_t shared = size_t(std::count_if(images.begin(), images.end(), [&](const PromptImage& im) { return im.start < int64_t(L); }));
+  if (shared != images_.size()) return false;
+  for (size_t i = 0; i < shared; ++i)
+    if (!(images[i].key() == images_[i].key())) return false;
+  return true;
+}
+
+const float* const* Session::span_rows(int64_t rows) {
+  const int64_t first = length(), end = first + rows;
+  std::vector<size_t> touched, todo;
+  for (size_t i = 0; i < images_.size(); ++i)
+    if (images_[i].start < end && images_[i].end() > first) {
+      touched.push_back(i);
+      if (!encoded_[i]) todo.push_back(i);
+    }
+  if (touched.empty()) return nullptr;
+  if (!executor_.takes_images())
+    fail(executor_.name() + " executor", "images on the CPU executor, the only one with the vision tower so far (issue 20)",
+         "a prompt with images");
+  // The vision tower on every image these rows need and that is not encoded yet, in one call.
+  if (!todo.empty()) {
+    std::vector<VisionImage> in;
+    for (size_t i : todo) {
+      const ImageInput& im = *images_[i].image;
+      in.push_back(VisionImage{im.patches.data(), im.plan.n_vit_h, im.plan.n_vit_w});
+    }
+    std::vector<std::vector<float>> out = executor_.encode_images(in);
+    const int64_t d = model().config().dim;
+    for (size_t k = 0; k < todo.size(); ++k) {
+      const ImagePlan& plan = images_[todo[k]].image->plan;
+      if (int64_t(out[k].size()) != plan.image_tokens() * d)
+        fail("encode_images", std::to_string(plan.image_tokens()) + " aligner rows of " + std::to_string(d) + " values",
+             std::to_string(out[k].size()) + " values");
+      encoded_[todo[k]] = std::make_shared<const std::vector<float>>(std::move(out[k]));
+    }
+    work_.images_encoded += int64_t(todo.size());
+  }
+  // Each span position's embedding (image_processor.py's layout: IMAGE_START, n_llm_h rows of
+  // n_llm_w IMAGE and one IMAGE_NEW_LINE, IMAGE_END; the IMAGE slots take the aligner rows in order).
+  const Model::ImageDelimiters& delimiters = model().image_delimiters();
+  const int64_t d = model().config().dim;
+  span_rows_.assign(size_t(rows), nullptr);
+  for (size_t i : touched) {
+    const PromptImage& im = images_[i];
+    const int64_t w = im.image->plan.n_llm_w, span = im.image->plan.span_tokens();
+    for (int64_t p = std::max(im.start, first); p < std::min(im.end(), end); ++p) {
+      const int64_t o = p - im.start;
+      const float*& row = span_rows_[size_t(p - first)];
+      if (o == 0) {
+        row = delimiters.start.data();
+      } else if (o == span - 1) {
+        row = delimiters.end.data();
+      } else {
+        const int64_t line = (o - 1) / (w + 1), column = (o - 1) % (w + 1);
+        row = column == w ? delimiters.newline.data() : encoded_[i]->data() + (line * w + column) * d;
+      }
+    }
+  }
+  return span_rows_.data();
+}
+
+std::vector<float> Session::prefill(std::span<const int> tokens, std::span<const PromptImage> images) {
+  if (!images.empty()) {
+    // The new images are checked with the sequence's: in order, after them, inside the new tokens.
+    std::vector<int> all(tokens_);
+    all.insert(all.end(), tokens.begin(), tokens.end());
+    std::vector<PromptImage> placed(images_);
+    placed.insert(placed.end(), images.begin(), images.end());
+    for (const PromptImage& im : images)
+      if (im.start < int64_t(tokens_.size()))
+        fail("prefill", "images inside the new tokens (from position " + std::to_string(tokens_.size()) + ")",
+             "one at " + std::to_string(im.start));
+    check_images(all, placed, model().config());
+    adopt_images(placed);
+  }
   const int64_t end = length() + int64_t(tokens.size());
   start_call(append(tokens, prompt_decoder_from(mode_, end, int64_t(tokens.size()), model().config().window_size)), nullptr);
   return run_alone(next_chunk(int64_t(tokens.size())));
@@ -112,15 +198,17 @@ std::vector<float> Session::prefill(std::span<const int> tokens) {
 
 std::vector<float> Session::decode(int token) { return run_alone(next_decode(token)); }
 
-void Session::resume(std::span<const int> tokens, SequenceState state) {
+void Session::resume(std::span<const int> tokens, SequenceState state, std::span<const PromptImage> images) {
   if (state.length != int64_t(tokens.size()))
     fail("resume", "the tokens of the restored state (" + std::to_string(state.length) + ")",
          std::to_string(tokens.size()) + " tokens");
+  check_images(tokens, images, model().config());
+  adopt_images(images);
   start_over(tokens, std::move(state));
 }
 
 Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, std::optional<int64_t> continuation,
-                            bool prompt_logits) {
+                            bool prompt_logits, std::span<const PromptImage> images) {
   const Config& c = model().config();
   const int64_t P = int64_t(prompt.size()), W = c.window_size;
   // Where the decoder starts on the segment of n new tokens: bounded replay's cut for a prompt,
@@ -129,11 +217,16 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   if (P == 0) fail("prompt", "at least one token", "none");
   for (int t : prompt)
     if (t < 0 || t >= c.vocab_size) fail("prompt", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
+  check_images(prompt, images, c);
+  if (!images.empty() && !executor_.takes_images())
+    fail(executor_.name() + " executor", "images on the CPU executor, the only one with the vision tower so far (issue 20)",
+         "a prompt with images");
   if (cache) check_cache(*cache);
   use = PrefixUse{};
   use.prompt_tokens = P;
   if (prompt_logits) {
     start_over({}, SequenceState(c));
+    adopt_images(images);
     kv_of_mode_ = mode_ == Mode::Exact;
     Call call = append(prompt, 0);
     call.prompt_logits = true;
@@ -143,16 +236,19 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   // The running sequence: continue it when the prompt extends it.
   // (A prompt that failed half way leaves tokens the state never ran: such a state starts over.)
   const int64_t L = int64_t(tokens_.size());
-  if (L > 0 && L == length() && L < P && std::equal(tokens_.begin(), tokens_.end(), prompt.begin())) {
+  if (L == length() && extends(prompt, images)) {
     use.device_tokens = L;
+    adopt_images(images);
     return append(prompt.subspan(size_t(L)), decoder_from(P - L));
   }
   start_over({}, SequenceState(c));
+  adopt_images(images);
   if (!cache) return append(prompt, decoder_from(P));
 
   // The blocks the tiers hold, leaving the last token to run.
   const int B = cache->block_tokens();
-  BlockRun run = cache->find_blocks(prompt, (P - 1) / B);  // run.keys name the found blocks
+  const std::vector<ImageSpanKey> keys = image_keys(images);
+  BlockRun run = cache->find_blocks(prompt, (P - 1) / B, keys);  // run.keys name the found blocks
   const int64_t H = run.tokens(B);
   auto count_blocks = [&](int64_t blocks) {
     for (int64_t b = 0; b < blocks; ++b) (run.from_disk[size_t(b)] ? use.disk_blocks : use.host_blocks) += 1;
@@ -164,7 +260,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
   // An SWA tail continues exactly from any position whose complete blocks were found; one at or
   // before H - R is not worth it: replaying from H costs less than computing from there.
   const int64_t lo = std::max<int64_t>(1, H - R + 1);
-  if (auto tail = cache->find_tail(prompt, run.keys, lo, std::min(P - 1, H + B - 1))) {
+  if (auto tail = cache->find_tail(prompt, run.keys, lo, std::min(P - 1, H + B - 1), keys)) {
     const int64_t n = tail->position, blocks = n / B;
     const std::vector<Bytes> payloads = run.payloads(size_t(blocks));
     start_over(prompt.first(size_t(n)), view_sequence(c, payloads, B, &tail->snapshot->tail));
@@ -194,15 +290,16 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
 }
 
 PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache, std::optional<int64_t> continuation,
-                                bool prompt_logits) {
+                                bool prompt_logits, std::span<const PromptImage> images) {
   PrefixUse use;
-  start_call(plan(prompt, cache, use, continuation, prompt_logits), cache);
+  start_call(plan(prompt, cache, use, continuation, prompt_logits, images), cache);
   return use;
 }
 
 BatchItem Session::item(int64_t from, int64_t rows, ForwardOptions options) {
   const int64_t per_token = hasher_ ? int64_t(hasher_->n_layers()) * hasher_->columns() : 0;
   if (drafting_) options.dspark_hidden = &hidden_;
+  options.span_embeddings = span_rows(rows);
   handed_ = rows;
   handed_options_ = options;
   return BatchItem{kv_.get(), pending_.tokens.subspan(size_t(from), size_t(rows)),
@@ -320,6 +417,8 @@ std::unique_ptr<Session> Session::fork() const {
   f->kv_->assign(kv_->host());
   f->tokens_ = tokens_;
   f->history_ = history_;
+  f->images_ = images_;
+  f->encoded_ = encoded_;
   // The prompt's blocks are this session's to store (store_prompt): the fork's own begin after them.
   f->stored_blocks_ = prompt_cache_ ? int64_t(tokens_.size()) / prompt_cache_->block_tokens() : stored_blocks_;
   f->decoder_floor_ = decoder_floor_;
@@ -339,11 +438,12 @@ void Session::store_prompt() {
   save(cache);
 }
 
-std::vector<float> Session::prefill_prompt(std::span<const int> prompt, KvCache* cache, PrefixUse* use) {
+std::vector<float> Session::prefill_prompt(std::span<const int> prompt, KvCache* cache, PrefixUse* use,
+                                           std::span<const PromptImage> images) {
   Session* self = this;
   std::vector<PrefixUse> uses;
   std::vector<std::vector<float>> logits =
-      prefill_prompts(std::span(&self, 1), std::span(&prompt, 1), cache, use ? &uses : nullptr);
+      prefill_prompts(std::span(&self, 1), std::span(&prompt, 1), cache, use ? &uses : nullptr, std::span(&images, 1));
   if (use) *use = uses.front();
   return std::move(logits.front());
 }
@@ -352,19 +452,23 @@ void Session::save(KvCache& cache) {
   check_cache(cache);
   if (length() == 0 || !kv_of_mode_) return;
   const StateView state = kv_->saved(stored_blocks_ * cache.block_tokens());
-  cache.store_blocks(tokens_, state, stored_blocks_);
+  const std::vector<ImageSpanKey> keys = image_keys(images_);
+  cache.store_blocks(tokens_, state, stored_blocks_, keys);
   stored_blocks_ = state.length / cache.block_tokens();
-  cache.store_tail(tokens_, state);
+  cache.store_tail(tokens_, state, keys);
 }
 
 std::vector<std::vector<float>> prefill_prompts(std::span<Session* const> sessions,
                                                 std::span<const std::span<const int>> prompts, KvCache* cache,
-                                                std::vector<PrefixUse>* uses) {
-  if (sessions.size() != prompts.size())
-    fail("prefill_prompts", std::to_string(sessions.size()) + " prompts, one per session", std::to_string(prompts.size()));
+                                                std::vector<PrefixUse>* uses,
+                                                std::span<const std::span<const PromptImage>> images) {
+  if (sessions.size() != prompts.size() || (!images.empty() && images.size() != prompts.size()))
+    fail("prefill_prompts", std::to_string(sessions.size()) + " prompts and image lists, one per session",
+         std::to_string(prompts.size()) + " and " + std::to_string(images.size()));
   std::vector<PrefixUse> use;
   std::vector<BatchItem> batch;
-  for (size_t i = 0; i < sessions.size(); ++i) use.push_back(sessions[i]->begin_prompt(prompts[i], cache));
+  for (size_t i = 0; i < sessions.size(); ++i)
+    use.push_back(sessions[i]->begin_prompt(prompts[i], cache, std::nullopt, false, images.empty() ? std::span<const PromptImage>{} : images[i]));
   for (Session* s : sessions) batch.push_back(s->next_chunk(s->prompt_left()));
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::vector<float>> logits = run_batch(sessions, batch);

@@ -9,12 +9,20 @@
 //  * prefill_prompt(prompt, cache) takes a whole prompt (the conversation so far, from its first
 //    token), serves what it can of it from the running state or the KV tiers, runs the rest, and
 //    stores the new blocks and the end-of-prompt tail; save(cache) stores the end-of-output ones.
+//
+// A prompt may hold images (engine/prompt_image.h), each at its span of image_token_id positions:
+// their content is in the prefix keys, their positions are DEAD in the Engram history, and the
+// session runs the vision tower on an image (Executor::encode_images) when the first row of its
+// span is handed out, placing its aligner rows and the learned delimiters as those rows'
+// embeddings (ForwardOptions::span_embeddings). An image whose span was served by the KV tiers is
+// never encoded.
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
+#include "engine/prompt_image.h"
 #include "engine/speculation.h"
 #include "forward/executor.h"
 #include "kv/kv_cache.h"
@@ -62,14 +70,16 @@ class Session {
   Session(const Model& model, const Tokenizer* tokenizer, Mode mode = Mode::Default);
   Session(const Model& model, std::shared_ptr<const EngramHasher> hasher, Mode mode = Mode::Default);
 
-  // Appends a prompt (or the next turn's input). In default mode the decoder layers run on its
-  // last min(W, tokens) positions only, their windows truncated there. Returns the last logits.
-  std::vector<float> prefill(std::span<const int> tokens);
+  // Appends a prompt (or the next turn's input), with `images` at their spans in it (their starts
+  // counted from the sequence's first token). In default mode the decoder layers run on its last
+  // min(W, tokens) positions only, their windows truncated there. Returns the last logits.
+  std::vector<float> prefill(std::span<const int> tokens, std::span<const PromptImage> images = {});
   // One token at the next position, through every layer. Returns its logits.
   std::vector<float> decode(int token);
   // Continues a sequence whose state comes from the KV tiers (kv/sequence_blocks.h): `tokens`
-  // are all the tokens that state holds; the Engram history is rebuilt from them.
-  void resume(std::span<const int> tokens, SequenceState state);
+  // are all the tokens that state holds, with `images` at their spans; the Engram history is
+  // rebuilt from them.
+  void resume(std::span<const int> tokens, SequenceState state, std::span<const PromptImage> images = {});
 
   // Positions the session at the end of `prompt`, the whole token sequence from its start:
   //  * if the running sequence is a proper prefix of it, only the new tokens run (device tier);
@@ -79,7 +89,9 @@ class Session {
   //    exact mode every layer's exact replay (R = exact_replay_rows, forward.h), bit for bit;
   //  * the rest runs as a prompt, and the new global blocks and the tail are stored in `cache`.
   // At least the prompt's last token always runs, for its logits. Returns them.
-  std::vector<float> prefill_prompt(std::span<const int> prompt, KvCache* cache, PrefixUse* use = nullptr);
+  // `images` are the prompt's (check_images).
+  std::vector<float> prefill_prompt(std::span<const int> prompt, KvCache* cache, PrefixUse* use = nullptr,
+                                    std::span<const PromptImage> images = {});
   // Stores what the sequence holds now (new global blocks and the tail at its end): the SWA pool's
   // end-of-output entry, so that the next turn continues exactly. Nothing when !kv_of_mode().
   void save(KvCache& cache);
@@ -107,7 +119,10 @@ class Session {
   // token in a chunk of its own (its one row is sampled). In default mode such a state is not the
   // mode's: kv_of_mode() is false from then on.
   PrefixUse begin_prompt(std::span<const int> prompt, KvCache* cache, std::optional<int64_t> continuation = std::nullopt,
-                         bool prompt_logits = false);
+                         bool prompt_logits = false, std::span<const PromptImage> images = {});
+  // Whether the sequence's tokens and images are a proper prefix of `prompt` with `images`: what
+  // begin_prompt continues on the device.
+  bool extends(std::span<const int> prompt, std::span<const PromptImage> images) const;
   int64_t prompt_left() const { return int64_t(pending_.tokens.size()) - cursor_; }
   BatchItem next_chunk(int64_t max_tokens);
   BatchItem next_decode(int token);
@@ -152,6 +167,7 @@ class Session {
   // replay saves is the difference between the two.
   struct Work {
     int64_t encoder_tokens = 0, decoder_tokens = 0;
+    int64_t images_encoded = 0;  // images run through the vision tower
   };
   const Work& work() const { return work_; }
   Mode mode() const { return mode_; }
@@ -161,6 +177,7 @@ class Session {
   // The KV state in host memory (a copy from the device on a device executor).
   const SequenceState& state() const { return kv_->host(); }
   const std::vector<int>& tokens() const { return tokens_; }
+  const std::vector<PromptImage>& images() const { return images_; }  // of tokens(), by start
   const Model& model() const { return executor_.model(); }
   Executor& executor() const { return executor_; }
 
@@ -175,7 +192,13 @@ class Session {
   };
   // Sets the state up for `prompt` from the running sequence or the cache and returns the call
   // that finishes it.
-  Call plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, std::optional<int64_t> continuation, bool prompt_logits);
+  Call plan(std::span<const int> prompt, KvCache* cache, PrefixUse& use, std::optional<int64_t> continuation, bool prompt_logits,
+            std::span<const PromptImage> images);
+  // Makes `images` the sequence's, keeping the encodings of those it had at the same place.
+  void adopt_images(std::span<const PromptImage> images);
+  // The embeddings of the next `rows` positions' image-span rows (ForwardOptions::span_embeddings),
+  // encoding the images they need; null when none of the rows is in a span.
+  const float* const* span_rows(int64_t rows);
   Call append(std::span<const int> tokens, int64_t decoder_from);
   BatchItem item(int64_t from, int64_t rows, ForwardOptions options);
   // Makes `call` the one being handed out; at its end, `cache` (if any) gets the blocks and tail.
@@ -194,6 +217,9 @@ class Session {
   std::unique_ptr<Sequence> kv_;
   std::shared_ptr<const EngramHasher> hasher_;  // null without Engram
   EngramHistory history_;
+  std::vector<PromptImage> images_;  // of tokens_, by start
+  std::vector<std::shared_ptr<const std::vector<float>>> encoded_;  // per image: its aligner rows, once encoded
+  std::vector<const float*> span_rows_;  // the last item's span_embeddings
   int64_t stored_blocks_ = 0;  // global blocks of this sequence known to be in the cache
   int64_t decoder_floor_ = 0;  // the state's decoder_window_floor, as the calls handed out set it
   bool kv_of_mode_ = true;
@@ -209,10 +235,12 @@ class Session {
 
 // prefill_prompt for several sessions at once: every session's lookup first, then one batched
 // forward call for all of them (replays included), then the stores. `uses` (if given) receives one
-// PrefixUse per session. Returns each session's last logits.
+// PrefixUse per session; `images` (if not empty) holds each prompt's images. Returns each session's
+// last logits.
 std::vector<std::vector<float>> prefill_prompts(std::span<Session* const> sessions,
                                                 std::span<const std::span<const int>> prompts, KvCache* cache,
-                                                std::vector<PrefixUse>* uses = nullptr);
+                                                std::vector<PrefixUse>* uses = nullptr,
+                                                std::span<const std::span<const PromptImage>> images = {});
 
 // One forward_batch call over items the sessions handed out (all of one executor).
 std::vector<std::vector<float>> run_batch(std::span<Session* const> sessions, const std::vector<BatchItem>& batch);
