@@ -1,5 +1,6 @@
 #include "train/optim/optimizer.h"
 
+#include <exception>
 #include <functional>
 #include <numeric>
 #include <set>
@@ -45,30 +46,47 @@ Optimizer::Optimizer(const Config& config, std::vector<Parameter> params, Optimi
 
 void Optimizer::step() {
   const double base = options_.schedule.lr(steps());
+  // Each tensor's update reads and writes only its own values, gradient and state, and computes
+  // the same bits on any thread (the GEMM's summation order does not depend on the threads): the
+  // tensors are spread over the threads, one parallel region per step rather than one per product
+  // of the many small matrices (a tiny model's step was mostly the threads' start-up and waiting).
+  // An error cannot leave a parallel region: the first is kept and thrown after it.
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    std::vector<std::vector<float>>& buf = state_.tensors[i].buffers;
-    const float lr = float(base * s.group.lr_multiplier);
-    switch (s.group.update) {
-      case Update::Muon: {
-        MuonOptions o = options_.muon;
-        if (!s.group.weight_decay) o.weight_decay = 0;
-        muon_step(s.param.value, s.param.grad, buf[0].data(), s.rows, s.cols, s.group.row_blocks, lr, o);
-        break;
-      }
-      case Update::AdamW: {
-        AdamWOptions o = options_.adamw;
-        if (!s.group.weight_decay) o.weight_decay = 0;
-        adamw_step(s.param.value, s.param.grad, buf[0].data(), buf[1].data(), s.elements, steps() + 1, lr, o);
-        break;
-      }
-      case Update::Sinkhorn:
-        sinkhorn_step(s.param.value, s.param.grad, buf[0].data(), s.rows, s.cols, lr, options_.sinkhorn);
-        break;
-      case Update::ExpertBias: break;  // refused by the constructor
+    try {
+      update(i, base);
+    } catch (...) {
+#pragma omp critical(optimizer_error)
+      if (!error) error = std::current_exception();
     }
   }
+  if (error) std::rethrow_exception(error);
   ++state_.steps;
+}
+
+void Optimizer::update(size_t i, double base) {
+  Slot& s = slots_[i];
+  std::vector<std::vector<float>>& buf = state_.tensors[i].buffers;
+  const float lr = float(base * s.group.lr_multiplier);
+  switch (s.group.update) {
+    case Update::Muon: {
+      MuonOptions o = options_.muon;
+      if (!s.group.weight_decay) o.weight_decay = 0;
+      muon_step(s.param.value, s.param.grad, buf[0].data(), s.rows, s.cols, s.group.row_blocks, lr, o);
+      break;
+    }
+    case Update::AdamW: {
+      AdamWOptions o = options_.adamw;
+      if (!s.group.weight_decay) o.weight_decay = 0;
+      adamw_step(s.param.value, s.param.grad, buf[0].data(), buf[1].data(), s.elements, steps() + 1, lr, o);
+      break;
+    }
+    case Update::Sinkhorn:
+      sinkhorn_step(s.param.value, s.param.grad, buf[0].data(), s.rows, s.cols, lr, options_.sinkhorn);
+      break;
+    case Update::ExpertBias: break;  // refused by the constructor
+  }
 }
 
 void Optimizer::save(const std::string& path) const { write_optimizer_state(path, state_); }

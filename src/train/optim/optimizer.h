@@ -56,6 +56,8 @@ class Optimizer {
     ParamGroup group;
     int64_t rows, cols, elements;
   };
+  void update(size_t i, double base_lr);  // slot i's step at the schedule's rate base_lr
+
   std::vector<Slot> slots_;
   OptimizerOptions options_;
   OptimizerState state_;  // state_.tensors[i] belongs to slots_[i]

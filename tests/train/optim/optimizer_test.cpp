@@ -2,6 +2,7 @@
 // and its state file: save → load → continue gives the same bits as never stopping; wrong,
 // damaged and mismatched files are errors naming what was expected.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -120,6 +121,26 @@ TEST(Optimizer, SaveLoadContinueIsBitIdentical) {
     test::TempFile end_b("optim_end_b");
     b.save(end_b.path());
     EXPECT_EQ(file_bytes(end.path()), file_bytes(end_b.path()));
+  }
+}
+
+// The step spreads the tensors over the threads: on one thread or on several, the same bits.
+TEST(Optimizer, TheSameBitsOnAnyNumberOfThreads) {
+  std::vector<Model> runs;
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {1, 4}) {
+    omp_set_num_threads(threads);
+    Model& m = runs.emplace_back(1);
+    Optimizer opt(config(), m.parameters(), options());
+    for (int step = 0; step < 4; ++step) {
+      m.gradients(step);
+      opt.step();
+    }
+  }
+  omp_set_num_threads(threads_before);
+  for (size_t i = 0; i < runs[0].tensors.size(); ++i) {
+    const std::vector<float>&x = runs[0].tensors[i].value, &y = runs[1].tensors[i].value;
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << runs[0].tensors[i].name;
   }
 }
 
