@@ -1,0 +1,392 @@
+#include "train/trainer/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/error.h"
+#include "model/engram_compress.h"
+#include "model/engram_hash.h"
+#include "model/json_document.h"
+#include "model/random_checkpoint.h"
+#include "train/data/packed_tokens.h"
+#include "train/model/train_model.h"
+#include "train/optim/expert_bias.h"
+#include "train/optim/optimizer.h"
+#include "train/trainer/masters.h"
+#include "train/trainer/release_checkpoint.h"
+
+namespace dsv41::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::string checkpoint_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+namespace {
+
+constexpr const char* kConfigFile = "train_config.json";
+constexpr const char* kLogFile = "log.jsonl";
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "a readable file", fs::exists(path) ? "an unreadable file" : "no such file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Written beside and renamed over `path`: a reader sees the old file or the new one.
+void write_text(const std::string& path, const std::string& text) {
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream f(partial, std::ios::binary | std::ios::trunc);
+    f << text;
+    if (!f) fail(partial, "a file we can write", "a write error");
+  }
+  fs::rename(partial, path);
+}
+
+// The model config for the data's tokenizer: every id the tokenizer makes has an embedding row
+// (the rows above it are padding, as DeepSeek pads its vocabulary), and Engram hashes over the
+// tokenizer's compressed vocabulary, as `dsv41 init-random` sets it for the tokenizer it ships.
+Config config_for_tokenizer(Config c, const Tokenizer& tokenizer, const std::string& data_dir) {
+  const int64_t ids = int64_t(tokenizer.vocab_size());
+  if (ids > c.vocab_size)
+    fail(c.source + ": key 'vocab_size'", "at least the " + std::to_string(ids) + " ids of " + data_dir + "/tokenizer.json",
+         std::to_string(c.vocab_size));
+  if (c.has_engram()) {
+    if (c.engram_pad_id >= ids)
+      fail(c.source + ": key 'engram_pad_id'", "an id of the data's tokenizer (below " + std::to_string(ids) + ")",
+           std::to_string(c.engram_pad_id));
+    c.engram_compressed_vocab_size = engram_compress_vocabulary(tokenizer).size;
+  }
+  validate(c);
+  return c;
+}
+
+// The steps of a run's complete checkpoints (a step-N directory holding a trainer state), in
+// increasing order.
+std::vector<int64_t> checkpoint_steps(const std::string& out_dir) {
+  std::vector<int64_t> steps;
+  for (const fs::directory_entry& e : fs::directory_iterator(out_dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() < 13 || name.compare(0, 5, "step-") != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos)
+      continue;
+    if (fs::exists(e.path() / "resume" / "trainer.json")) steps.push_back(std::stoll(name.substr(5)));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+// A checkpoint's resume/trainer.json.
+struct TrainerState {
+  int64_t step = 0, tokens = 0;
+  uint64_t data_position = 0, seed = 0, train_tokens = 0;
+};
+
+TrainerState read_trainer_state(const std::string& path) {
+  const json j = parse_json(read_text(path), path);
+  auto field = [&](const char* key) {
+    if (!j.contains(key) || !j.at(key).is_number_unsigned())
+      fail(path + ": key '" + key + "'", "a non-negative integer", j.contains(key) ? j.at(key).dump() : "no such key");
+    return j.at(key).get<uint64_t>();
+  };
+  return {int64_t(field("step")), int64_t(field("tokens")), field("data_position"), field("seed"), field("train_tokens")};
+}
+
+}  // namespace
+
+// Everything a run holds; made once and never moved (the iterator and the model refer to members).
+struct Trainer::Run {
+  TrainConfig cfg;
+  TokenizerFiles tokenizer;
+  PackedTokens train_tokens, validation_tokens;
+  std::unique_ptr<EngramHasher> hasher;
+  Parameters<float> params;
+  TrainModel<float> model;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  SequenceIterator order;
+  int64_t step = 0, tokens = 0;
+  std::ofstream log;
+
+  // `position`: the train sequences already taken (SequenceIterator::position()).
+  Run(TrainConfig config, const TokenizerFiles& files, PackedTokens train, uint64_t position)
+      : cfg(std::move(config)),
+        tokenizer(files),
+        train_tokens(std::move(train)),
+        params(cfg.model),
+        model(params, cfg.qat),
+        order(train_tokens, uint64_t(cfg.seq_len), cfg.seed, position) {
+    if (cfg.validation_interval > 0) read_validation();
+    if (cfg.model.has_engram())
+      hasher = std::make_unique<EngramHasher>(cfg.model, engram_compress_vocabulary(tokenizer.tokenizer).token_map);
+    // The optimizer updates what a loss reaches: not the gate's biases (moved by their loads) nor
+    // DSpark's stages (no loss trains them yet: weight decay alone would shrink them to nothing).
+    std::vector<optim::Parameter> trained;
+    for (Param<float>& p : params.all()) {
+      if (p.name.starts_with("mtp.") || optim::param_group(cfg.model, p.name).update == optim::Update::ExpertBias) continue;
+      trained.push_back({p.name, p.shape, p.v(), p.g()});
+    }
+    optimizer = std::make_unique<optim::Optimizer>(cfg.model, std::move(trained), cfg.optimizer);
+  }
+
+  std::string out(const std::string& name) const { return (fs::path(cfg.out_dir) / name).string(); }
+
+  // A sequence's forward: its L + 1 ids as the model takes them, with the Engram hash ids of its L inputs.
+  Losses forward(std::span<const uint32_t> sequence) {
+    const std::vector<int64_t> tokens(sequence.begin(), sequence.end());
+    std::vector<int64_t> ids;
+    if (hasher) {
+      const std::vector<int> inputs(sequence.begin(), sequence.end() - 1);
+      ids.resize(inputs.size() * size_t(hasher->n_layers() * hasher->columns()));
+      EngramHistory history;  // each sequence from its own start, as a prompt is hashed
+      hasher->hash(inputs, {}, history, ids.data());
+    }
+    return model.forward(tokens, ids.empty() ? nullptr : ids.data());
+  }
+
+  StepReport train_step() {
+    const Config& c = cfg.model;
+    params.zero_grad();
+    model.reset_expert_load();
+    const float share = 1.0f / float(cfg.batch_size);
+    StepReport r;
+    for (int64_t b = 0; b < cfg.batch_size; ++b) {
+      const Losses l = forward(order.next());
+      model.backward(share, share * float(cfg.indexer_loss_weight));
+      r.loss += l.lm;
+      r.indexer_loss += l.indexer;
+    }
+    r.loss /= double(cfg.batch_size);
+    r.indexer_loss /= double(cfg.batch_size);
+    if (!std::isfinite(r.loss) || !std::isfinite(r.indexer_loss))
+      fail("training step " + std::to_string(step + 1), "a finite loss", "loss " + std::to_string(r.loss) + ", indexer loss " +
+                                                                             std::to_string(r.indexer_loss) + " (lower the learning rate?)");
+    r.lr = cfg.optimizer.schedule.lr(optimizer->steps());
+    optimizer->step();
+    for (int l = 0; l < c.n_layers; ++l)
+      if (Param<float>* bias = params.layer(l).gate_bias)
+        optim::update_expert_bias(bias->v(), model.expert_load()[size_t(l)].data(), bias->numel(), float(cfg.expert_bias_rate));
+    ++step;
+    tokens += cfg.batch_size * cfg.seq_len;
+    r.step = step;
+    r.steps = cfg.steps;
+    r.tokens = tokens;
+    return r;
+  }
+
+  void read_validation() {
+    const std::string path = cfg.data_dir + "/validation.tokens";
+    validation_tokens = PackedTokens::read(path);
+    if (validation_tokens.size() < uint64_t(cfg.seq_len + 1))
+      fail(path, "at least seq_len + 1 = " + std::to_string(cfg.seq_len + 1) + " tokens for a validation sequence",
+           std::to_string(validation_tokens.size()));
+  }
+
+  double validation_loss() {
+    if (validation_tokens.size() == 0) read_validation();
+    const SequenceIterator file_order(validation_tokens, uint64_t(cfg.seq_len), cfg.seed);
+    const uint64_t n = std::min<uint64_t>(uint64_t((cfg.validation_tokens + cfg.seq_len - 1) / cfg.seq_len),
+                                          file_order.sequences_per_epoch());
+    double sum = 0;
+    for (uint64_t k = 0; k < n; ++k) sum += forward(file_order.sequence(k)).lm;
+    return sum / double(n);
+  }
+
+  void log_event(const json& event) {
+    log << event.dump() << '\n';
+    log.flush();
+    if (!log) fail(out(kLogFile), "a log we can append to", "a write error");
+  }
+
+  void write_checkpoint() {
+    const std::string name = checkpoint_name(step), dir = out(name), partial = dir + ".partial";
+    fs::remove_all(partial);
+    write_release_checkpoint(params, partial, {tokenizer.tokenizer_json, tokenizer.tokenizer_config_json});
+    const fs::path resume = fs::path(partial) / "resume";
+    fs::create_directories(resume);
+    write_masters(params, (resume / "masters.safetensors").string());
+    optimizer->save((resume / "optimizer.state").string());
+    const json state = {{"step", step},
+                        {"data_position", order.position()},
+                        {"tokens", tokens},
+                        {"seed", cfg.seed},
+                        {"train_tokens", train_tokens.size()}};
+    write_text((resume / "trainer.json").string(), state.dump(2) + "\n");
+    fs::remove_all(dir);
+    fs::rename(partial, dir);
+    const std::string latest = out("latest"), link = latest + ".partial";
+    fs::remove(link);
+    fs::create_directory_symlink(name, link);
+    fs::rename(link, latest);
+    if (cfg.keep_checkpoints > 0) {
+      const std::vector<int64_t> steps = checkpoint_steps(cfg.out_dir);
+      for (size_t i = 0; i + size_t(cfg.keep_checkpoints) < steps.size(); ++i) fs::remove_all(out(checkpoint_name(steps[i])));
+    }
+  }
+
+  // Continues from checkpoint `s` of this run's directory at `state` (its trainer.json): the
+  // masters, the optimizer's state; log lines of steps after it (a run stopped past its last
+  // checkpoint) go.
+  void restore(int64_t s, const TrainerState& state) {
+    const fs::path resume = fs::path(out(checkpoint_name(s))) / "resume";
+    read_masters(params, (resume / "masters.safetensors").string());
+    optimizer->load((resume / "optimizer.state").string());
+    step = state.step;
+    tokens = state.tokens;
+    if (optimizer->steps() != step)
+      fail((resume / "optimizer.state").string(), std::to_string(step) + " steps (trainer.json's)", std::to_string(optimizer->steps()));
+
+    std::string kept;
+    std::istringstream lines(read_text(out(kLogFile)));
+    for (std::string line; std::getline(lines, line);)
+      if (!line.empty() && parse_json(line, out(kLogFile)).value("step", int64_t(0)) <= step) kept += line + "\n";
+    write_text(out(kLogFile), kept);
+  }
+};
+
+Trainer::Trainer(std::unique_ptr<Run> run) : run_(std::move(run)) {}
+Trainer::~Trainer() = default;
+
+namespace {
+
+// The run's data and tokenizer, and the model config made for them.
+struct Data {
+  TokenizerFiles tokenizer;
+  PackedTokens train;
+};
+Data read_data(TrainConfig& cfg) {
+  Data d{checkpoint_tokenizer(cfg.model, cfg.data_dir), PackedTokens::read(cfg.data_dir + "/train.tokens")};
+  if (d.train.size() < uint64_t(cfg.seq_len + 1))
+    fail(cfg.data_dir + "/train.tokens", "at least seq_len + 1 = " + std::to_string(cfg.seq_len + 1) + " tokens",
+         std::to_string(d.train.size()));
+  if (d.train.vocab_size() != d.tokenizer.tokenizer.vocab_size())
+    fail(cfg.data_dir + "/train.tokens", "ids of its tokenizer.json (" + std::to_string(d.tokenizer.tokenizer.vocab_size()) + ")",
+         "vocab_size " + std::to_string(d.train.vocab_size()));
+  cfg.model = config_for_tokenizer(cfg.model, d.tokenizer.tokenizer, cfg.data_dir);
+  return d;
+}
+
+}  // namespace
+
+std::unique_ptr<Trainer> Trainer::start(TrainConfig cfg) {
+  if (cfg.out_dir.empty()) fail(cfg.source, "an output directory (key 'out' or --out)", "none");
+  if (fs::exists(fs::path(cfg.out_dir) / kConfigFile))
+    fail(cfg.out_dir, "a directory without a training run (continue one with --resume)", "the run of its " + std::string(kConfigFile));
+  if (fs::exists(cfg.out_dir) && !fs::is_empty(cfg.out_dir))
+    fail(cfg.out_dir, "a new or empty directory for the run", "other files in it");
+  Data data = read_data(cfg);
+  fs::create_directories(cfg.out_dir);
+  auto run = std::make_unique<Run>(std::move(cfg), data.tokenizer, std::move(data.train), 0);
+  init_parameters(run->params, InitOptions{run->cfg.seed, run->cfg.init_std});
+  run->log.open(run->out(kLogFile), std::ios::trunc);
+  write_text(run->out(kConfigFile), train_config_json(run->cfg));
+  return std::unique_ptr<Trainer>(new Trainer(std::move(run)));
+}
+
+std::unique_ptr<Trainer> Trainer::resume(const std::string& out_dir, std::optional<int64_t> steps) {
+  const std::string dir = fs::absolute(out_dir).lexically_normal().string();
+  TrainConfig cfg = load_train_config((fs::path(dir) / kConfigFile).string());
+  cfg.out_dir = dir;  // where the run is now, should it have moved
+  if (steps) {
+    if (*steps < 1) fail("--steps", "a positive number of steps", std::to_string(*steps));
+    cfg.steps = *steps;
+  }
+  const std::vector<int64_t> checkpoints = checkpoint_steps(dir);
+  if (checkpoints.empty()) fail(dir, "a checkpoint to resume from (step-N/resume/trainer.json)", "none");
+  const int64_t from = checkpoints.back();
+  if (from >= cfg.steps)
+    fail(dir, "a run with steps left (--steps extends it)", "step " + std::to_string(from) + " of " + std::to_string(cfg.steps) + " done");
+  const std::string state_path = (fs::path(dir) / checkpoint_name(from) / "resume" / "trainer.json").string();
+  const TrainerState state = read_trainer_state(state_path);
+  if (state.step != from) fail(state_path, "step " + std::to_string(from) + " (its directory's)", std::to_string(state.step));
+  if (state.seed != cfg.seed)
+    fail(state_path, "seed " + std::to_string(cfg.seed) + " (train_config.json's)", std::to_string(state.seed));
+  Data data = read_data(cfg);
+  if (state.train_tokens != data.train.size())
+    fail(cfg.data_dir + "/train.tokens", std::to_string(state.train_tokens) + " tokens, as when the checkpoint was written",
+         std::to_string(data.train.size()) + " (the data changed: a resume continues on the same data)");
+  auto run = std::make_unique<Run>(std::move(cfg), data.tokenizer, std::move(data.train), state.data_position);
+  run->restore(from, state);
+  run->log.open(run->out(kLogFile), std::ios::app);
+  write_text(run->out(kConfigFile), train_config_json(run->cfg));
+  return std::unique_ptr<Trainer>(new Trainer(std::move(run)));
+}
+
+void Trainer::run(const TrainEvents& events) {
+  Run& r = *run_;
+  const TrainConfig& c = r.cfg;
+  auto line = [&](const std::string& text) {
+    if (events.line) events.line(text);
+  };
+  auto validate = [&] {
+    const double loss = r.validation_loss();
+    r.log_event({{"event", "validation"}, {"step", r.step}, {"validation_loss", loss}});
+    char text[96];
+    std::snprintf(text, sizeof text, "step %lld: validation loss %.4f", static_cast<long long>(r.step), loss);
+    line(text);
+  };
+  if (r.step == 0 && c.validation_interval > 0) validate();  // the starting point of the curve
+
+  const Clock::time_point start = Clock::now();
+  double step_seconds = 0, interval_seconds = 0, interval_loss = 0, interval_indexer = 0;
+  int64_t done = 0, interval_steps = 0;
+  while (r.step < c.steps) {
+    const Clock::time_point t0 = Clock::now();
+    StepReport report = r.train_step();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    step_seconds += seconds;
+    interval_seconds += seconds;
+    ++done;
+    ++interval_steps;
+    interval_loss += report.loss;
+    interval_indexer += report.indexer_loss;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    report.tokens_per_second = double(done * c.batch_size * c.seq_len) / step_seconds;
+    report.eta_seconds = elapsed / double(done) * double(c.steps - r.step);
+    if (events.step) events.step(report);
+
+    if (r.step % c.log_interval == 0 || r.step == c.steps) {
+      const double loss = interval_loss / double(interval_steps), indexer = interval_indexer / double(interval_steps);
+      const double rate = double(interval_steps * c.batch_size * c.seq_len) / interval_seconds;
+      r.log_event({{"event", "train"},
+                   {"step", r.step},
+                   {"loss", loss},
+                   {"indexer_loss", indexer},
+                   {"lr", report.lr},
+                   {"tokens", r.tokens},
+                   {"tokens_per_s", rate},
+                   {"elapsed_s", elapsed}});
+      char text[160];
+      std::snprintf(text, sizeof text, "step %lld: loss %.4f, indexer loss %.4f, lr %.3g, %.0f tokens/s",
+                    static_cast<long long>(r.step), loss, indexer, report.lr, rate);
+      line(text);
+      interval_loss = interval_indexer = interval_seconds = 0;
+      interval_steps = 0;
+    }
+    if (c.validation_interval > 0 && (r.step % c.validation_interval == 0 || r.step == c.steps)) validate();
+    if ((c.checkpoint_interval > 0 && r.step % c.checkpoint_interval == 0) || r.step == c.steps) {
+      r.write_checkpoint();
+      r.log_event({{"event", "checkpoint"}, {"step", r.step}, {"dir", checkpoint_name(r.step)}});
+      line("step " + std::to_string(r.step) + ": wrote " + r.out(checkpoint_name(r.step)));
+    }
+  }
+}
+
+const TrainConfig& Trainer::config() const { return run_->cfg; }
+int64_t Trainer::step() const { return run_->step; }
+const Parameters<float>& Trainer::parameters() const { return run_->params; }
+double Trainer::validation_loss() { return run_->validation_loss(); }
+
+}  // namespace dsv41::train
