@@ -14,5 +14,6 @@ void add_bench_serve(CLI::App& bench);  // under add_bench's "bench"
 void add_bench_spec(CLI::App& bench);   // under add_bench's "bench"
 void add_serve(CLI::App& app);
 void add_data(CLI::App& app);
+void add_train(CLI::App& app);
 
 }  // namespace dsv41::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   dsv41::cli::add_bench(app);
   dsv41::cli::add_serve(app);
   dsv41::cli::add_data(app);
+  dsv41::cli::add_train(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
