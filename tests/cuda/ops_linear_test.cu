@@ -112,7 +112,7 @@ TEST(CudaLinear, GroupedProductIsEachGroupsLinear) {
   };
   for (WeightFormat f : {WeightFormat::BF16, WeightFormat::F32, WeightFormat::FP8, WeightFormat::FP4})
     for (const Case c : {Case{1, 8, 256, 1024}, Case{3, 4, 64, 256}, Case{11, 2, 32, 96}, Case{2, 3, 5, 64},
-                         Case{100, 8, 128, 512}, Case{70, 4, 36, 288}}) {
+                         Case{100, 8, 128, 512}, Case{70, 4, 36, 288}, Case{300, 8, 128, 512}, Case{260, 3, 36, 128}}) {
       if (f == WeightFormat::FP8 && c.r % 32 != 0) continue;  // fp8 groups hold whole 32-row scale blocks
       const int N = c.groups * c.r;
       const std::vector<float> x = test::bf16_normal(size_t(c.M) * c.groups * c.K, 1.0, seed += 7);
@@ -421,7 +421,8 @@ TEST(CudaGemm, SplitKAgreesWithOneSplit) {
 // ---- The bf16 prefill GEMM ------------------------------------------------------------------------
 
 // linear and linear_f32 over bf16 weights at M ≥ gemm_bf16::kMinRows (gemm_bf16.cu; linear_grouped's groups are in
-// the test above). The products of bf16 values are exact in fp32 on both sides; the sums differ.
+// the test above), by mma.sync below gemm_bf16::kWgRows rows and by the warpgroup MMA from it (K a
+// multiple of 64). The products of bf16 values are exact in fp32 on both sides; the sums differ.
 // The tensor cores add each mma's 16 products to the accumulator aligning to the largest term and
 // truncating (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021), K/16 times along K,
 // where the CPU rounds each add to nearest: the truncations all lean toward zero, up to one fp32
@@ -435,7 +436,8 @@ TEST(CudaGemmBf16, MatchesCpuAtPrefillShapes) {
   uint32_t seed = 2100;
   for (const Shape& s : {Shape{"compressor 300x512x5120", 300, 512, 5120}, Shape{"weights_proj 130x64x5120", 130, 64, 5120},
                          Shape{"odd 77x50x72", 77, 50, 72}, Shape{"64x1000x1024", 64, 1000, 1024},
-                         Shape{"gate 64x16x5120", 64, 16, 5120}})
+                         Shape{"gate 64x16x5120", 64, 16, 5120}, Shape{"wgmma 520x1024x4096", 520, 1024, 4096},
+                         Shape{"wgmma odd N 256x201x128", 256, 201, 128}, Shape{"wgmma one k-tile 300x130x64", 300, 130, 64}})
     for (bool f32 : {false, true}) {
       const double e = run(WeightFormat::BF16, s, f32, seed += 7);
       std::printf("bf16 gemm %s %-26s NMSE %.3g\n", f32 ? "linear_f32" : "linear    ", s.name, e);

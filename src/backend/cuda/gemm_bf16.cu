@@ -1,6 +1,7 @@
-// The GEMM over bf16 weights: y[M, N] = x[M, K] · Wᵀ on the tensor cores through bf16
-// mma.sync (m16n8k16, fp32 accumulation), for wo_a (grouped), the compressor's projections and
-// the indexer's bf16 weights, which the gemv (linear.cu) otherwise reads once per 8 rows.
+// The GEMM over bf16 weights: y[M, N] = x[M, K] · Wᵀ on the tensor cores through bf16 mma.sync
+// (m16n8k16, fp32 accumulation) or, for prefill, the warpgroup MMA (wgmma), for wo_a (grouped),
+// the compressor's projections and the indexer's bf16 weights, which the gemv (linear.cu)
+// otherwise reads once per 8 rows.
 //
 // Two steps.
 //
@@ -18,6 +19,14 @@
 // Split-K (rows.h split_k) when the tiles would leave most SMs idle (decode batches: the gate's
 // 16 experts are one tile, wo_a's 8 groups 64): each of gridDim.z's splits sums ≥ 4 k-steps into
 // its own fp32 partial, and sum_splits adds them in order (then rounds, for linear).
+//
+// The warpgroup form (wg_kernel), from kWgRows rows with K a multiple of 64 (prefill): CTA tile
+// 128 (M) × 128 (N) × 64 (K), one producer thread filling 6 stages by the tensor copy engine (x's
+// and W's boxes of [128 rows, 64], swizzled 128B: the layout wgmma reads K-major), two consumer
+// warpgroups each issuing wgmma m64n128k16 for 64 x rows, both operands from shared memory, the
+// accumulators in registers (64 a thread). Grid (N tile, M tile, group), N tiles fastest, so the
+// CTAs resident together share one group's weight and each x tile from L2. HBM traffic as below;
+// the tensor cores bound it at wgmma's rate instead of mma.sync's.
 //
 // Precision: the products of bf16 values are exact in fp32 and the tensor cores sum them at fp32
 // width (aligning and truncating, where the CPU's gemm_f32 rounds each add in its own order), so
@@ -39,6 +48,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rows.h"
+#include "backend/cuda/wgmma.cuh"
 #include "numerics/types.h"
 
 namespace dsv41::cuda::gemm_bf16 {
@@ -151,6 +161,99 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
 }
 
+// ---- the warpgroup form (prefill: M ≥ kWgRows, K a multiple of 64) ----
+
+constexpr int kWgBM = 128, kWgBN = 128, kWgBK = 64;  // CTA tile: two consumers of 64 x rows each
+constexpr int kWgThreads = 384;                      // consumers (warpgroups 0, 1), producer (2)
+constexpr int kWgTile = kWgBM * kWgBK * 2;           // 16 KB: one operand's k-tile (kWgBM == kWgBN)
+constexpr int kWgStage = 2 * kWgTile;
+constexpr int kWgStages = 6;
+constexpr int kWgSmemBytes = kWgStages * kWgStage + 2 * kWgStages * 8 + 1024;  // + barriers, + alignment
+static_assert(kWgBM == kWgBN, "one box height for both maps");
+
+// Grid (N tile, M tile, group), the N tiles fastest: the CTAs on the GPU at once share a group's
+// weight (L2 holds it) and each x tile is read by its N tiles back to back. The producer (one
+// thread) fills a ring of stages by the tensor copy engine: x's box [128 rows, 64] at column g·K +
+// k, W's box [128 rows, 64] at row g·N + n0 (rows past the maps arrive as zeros; W rows past the
+// group's N belong to the next group and are not stored). Consumer c multiplies x rows 64c.. by
+// the 128 weight rows: 4 wgmma m64n128k16 per stage, both operands K-major from shared memory;
+// a stage goes back once the MMAs of the stage after it have been issued and its own completed.
+__global__ void __launch_bounds__(kWgThreads, 1)
+    wg_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int M, int N, int K,
+              float* __restrict__ y, int ldy, bool round) {
+  using namespace hopper;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t smem0 = (smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte alignment
+  const uint32_t full0 = smem0 + kWgStages * kWgStage, empty0 = full0 + 8 * kWgStages;
+  const int tid = int(threadIdx.x), wg = tid / 128;
+  const int n0 = int(blockIdx.x) * kWgBN, m0 = int(blockIdx.y) * kWgBM, group = int(blockIdx.z);
+  const int KT = K / kWgBK;
+  if (tid == 0) {
+    for (int s = 0; s < kWgStages; ++s) {
+      barrier_init(full0 + 8 * s, 1);
+      barrier_init(empty0 + 8 * s, 256);
+    }
+    barrier_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    if (tid != 256) return;
+    for (int kt = 0; kt < KT; ++kt) {
+      const int s = kt % kWgStages;
+      if (kt >= kWgStages) barrier_wait(empty0 + 8 * s, (kt / kWgStages - 1) & 1);
+      const uint32_t base = smem0 + uint32_t(s * kWgStage), full = full0 + 8 * s;
+      barrier_arrive_expect(full, kWgStage);
+      tma_load_2d(base, &xmap, group * K + kt * kWgBK, m0, full);
+      tma_load_2d(base + kWgTile, &wmap, kt * kWgBK, group * N + n0, full);
+    }
+    return;
+  }
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0;
+  keep(acc);
+  for (int kt = 0; kt < KT; ++kt) {
+    const int s = kt % kWgStages;
+    barrier_wait(full0 + 8 * s, (kt / kWgStages) & 1);
+    const uint32_t base = smem0 + uint32_t(s * kWgStage);
+    const uint64_t a = kmajor_sw128(base + uint32_t(wg * 64 * 128)), b = kmajor_sw128(base + kWgTile);
+    mma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kWgBK / 16; ++kk) mma_ss<128>(acc, a + uint64_t(kk * 2), b + uint64_t(kk * 2));
+    mma_commit();
+    // The previous stage's MMAs are complete once at most this stage's group is in flight.
+    mma_wait<1>();
+    barrier_arrive_if(empty0 + 8 * ((kt + kWgStages - 1) % kWgStages), kt > 0);
+  }
+  mma_wait<0>();
+  keep(acc);
+
+  // acc[4i + 2h + e]: x row 16·warp + g + 8h of the consumer's 64, weight row 8i + 2t + e.
+  const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const bool pairs = N % 2 == 0 && ldy % 2 == 0;
+  y += int64_t(group) * N;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int m = m0 + wg * 64 + 16 * warp + g + 8 * h;
+    if (m >= M) continue;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int n = n0 + 8 * i + 2 * t;
+      float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
+      if (round) v0 = round_bf16(v0), v1 = round_bf16(v1);
+      float* out = y + int64_t(m) * ldy + n;
+      if (pairs && n + 1 < N) {
+        *reinterpret_cast<float2*>(out) = make_float2(v0, v1);
+      } else {
+        if (n < N) out[0] = v0;
+        if (n + 1 < N) out[1] = v1;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool usable(int64_t M, const Weight& w, int64_t groups) {
@@ -175,6 +278,21 @@ void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y
   __nv_bfloat16* xb = nullptr;
   check(cudaMallocAsync(reinterpret_cast<void**>(&xb), size_t(values) * sizeof(__nv_bfloat16), stream), "cuda::linear bf16 gemm");
   to_bf16(x, values, reinterpret_cast<uint16_t*>(xb), stream);
+  if (M >= kWgRows && K % kWgBK == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0) {
+    static const bool wg_configured = [] {
+      check(cudaFuncSetAttribute(wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmemBytes),
+            "cuda::linear bf16 gemm");
+      return true;
+    }();
+    (void)wg_configured;
+    const CUtensorMap xmap = hopper::bf16_tile_map(xb, M, lda, kWgBM, "cuda::linear bf16 gemm");
+    const CUtensorMap wmap = hopper::bf16_tile_map(w.data, w.rows, K, kWgBN, "cuda::linear bf16 gemm");
+    const dim3 grid(unsigned((N + kWgBN - 1) / kWgBN), unsigned((M + kWgBM - 1) / kWgBM), unsigned(groups));
+    wg_kernel<<<grid, kWgThreads, kWgSmemBytes, stream>>>(xmap, wmap, int(M), int(N), int(K), y, int(w.rows), round);
+    check_launch("cuda::linear bf16 gemm (warpgroups)");
+    check(cudaFreeAsync(xb, stream), "cuda::linear bf16 gemm");
+    return;
+  }
   const int64_t tiles_n = (N + kBN - 1) / kBN, tiles_m = (M + kBM - 1) / kBM;
   const SplitK split = split_k(tiles_n * tiles_m * groups, (K + kBK - 1) / kBK, kMinSplitSteps);
   float* out = y;

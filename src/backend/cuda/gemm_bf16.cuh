@@ -1,6 +1,6 @@
 #pragma once
 // The prefill GEMM of cuda::linear, linear_f32 and linear_grouped over bf16 weights (gemm_bf16.cu):
-// bf16 mma.sync with fp32 accumulation. Internal to the CUDA backend; linear.cu calls it for
+// bf16 mma.sync, or from kWgRows rows the warpgroup MMA, with fp32 accumulation. Internal to the CUDA backend; linear.cu calls it for
 // M ≥ kMinRows.
 #include <cuda_runtime_api.h>
 
@@ -14,6 +14,9 @@ namespace dsv41::cuda::gemm_bf16 {
 // reads the weight once per 8 rows; from 2 rows the GEMM's one pass (its 128-row tile mostly
 // padding at decode) is as fast or faster (docs/benchmarks.md, "Small batches on the tensor cores").
 inline constexpr int64_t kMinRows = 2;
+// From this many rows (prefill) with K a multiple of 64, the warpgroup form (wgmma, the tensor copy
+// engine); below it mma.sync, whose tiles and split-K at decode sizes depend on the weight alone.
+inline constexpr int64_t kWgRows = 256;
 
 // Whether a product over w at M rows runs here: a bf16 weight, M ≥ kMinRows, K a multiple of 8
 // (whole 16-byte chunks), and every offset within 32 bits.
