@@ -31,6 +31,16 @@ __global__ void gather_kernel(const float* src, const int32_t* index, int64_t n,
   if (i < n * width) dst[i] = src[int64_t(index[i / width]) * width + i % width];
 }
 
+__global__ void stream_mean_kernel(const float* __restrict__ X, int64_t rows, int hc, int64_t d, float* __restrict__ out,
+                                   int64_t stride) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * d) return;
+  const int64_t r = i / d, k = i % d;
+  float sum = 0.0f;
+  for (int m = 0; m < hc; ++m) sum += X[(r * hc + m) * d + k];
+  out[r * stride + k] = round_bf16(sum / float(hc));
+}
+
 __global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, uint16_t* __restrict__ out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = bf16_from_float(x[i]);
@@ -71,6 +81,12 @@ void embed_rows(const Weight& embed, const int32_t* tokens, int64_t rows, int hc
   else if (embed.format == WeightFormat::F32) embed_kernel<false><<<blocks(rows * hc * d), kThreads, 0, stream>>>(embed.data, tokens, rows, hc, d, X);
   else fail("cuda::embed_rows", "a BF16 or F32 embedding", "a quantized one");
   check_launch("cuda::embed_rows");
+}
+
+void stream_mean(const float* X, int64_t rows, int hc, int64_t d, float* out, int64_t stride, cudaStream_t stream) {
+  if (rows <= 0) return;
+  stream_mean_kernel<<<blocks(rows * d), kThreads, 0, stream>>>(X, rows, hc, d, out, stride);
+  check_launch("cuda::stream_mean");
 }
 
 void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream) {

@@ -17,6 +17,10 @@ void embed_rows(const Weight& embed, const int32_t* tokens, int64_t rows, int hc
 // dst[i] = src[index[i]] for i < n rows of `width` floats.
 void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream);
 
+// DSpark's context feature (forward.cpp record_target): out[r · stride + k] = bf16(Σ_m X[r, m, k] / hc),
+// the fp32 sum over the hc streams in stream order from 0.0f, for rows × d values of X [rows, hc, d].
+void stream_mean(const float* X, int64_t rows, int hc, int64_t d, float* out, int64_t stride, cudaStream_t stream);
+
 // out = the bf16 bits of x, n values (fp32 storage of bf16 values, the activations' dtype: exact).
 void to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
 

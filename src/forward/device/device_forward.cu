@@ -19,6 +19,13 @@
 // all sequences at once (compress_decode) and the indexer with entry counts read on the device;
 // their launches are then the same at every position, which DecodeGraph captures.
 //
+// DSpark (forward/dspark.h): a call whose items ask for context features records them for all its
+// rows (stream_mean, on the device) and hands each item its rows. A draft block runs the same op
+// set over the drafter's stages (run_drafter): one item of γ rows at the positions after the
+// sequence, its attention over a window buffer [W ring slots of the stage | the block's entries]
+// with each row listing the stage's slots 0 .. min(W, start) − 1 then the whole block (the CPU's
+// attend_draft order); nothing of the sequence changes.
+//
 // MoE: cuda::moe at every row count, its routing never leaving the device: the grouped GEMV for
 // a few rows per expert, the grouped tensor-core GEMM for many.
 #include "forward/device/device_forward.h"
@@ -118,8 +125,8 @@ class Call {
       if (R == 0) fail("cuda::forward_batch", "at least one token per item", "none");
       if (c_.has_engram() && !in.engram_ids) fail("cuda::forward_batch", "Engram hash ids for a model with Engram", "none");
       if (in.options.keep_replayed_rows) fail("cuda::forward_batch", "no keep_replayed_rows (a CPU measurement hook)", "set");
-      if (in.options.dspark_hidden)
-        fail("cuda::forward_batch", "no dspark_hidden (DSpark's context features come from the CPU executor so far)", "set");
+      if (in.options.dspark_hidden && !c_.has_dspark()) fail("cuda::forward_batch", "a model with DSpark stages for dspark_hidden", "none");
+      records_ = records_ || in.options.dspark_hidden;
       if (in.options.trace && batch.size() != 1) fail("cuda::forward_batch", "a Trace on a batch of one item", std::to_string(batch.size()) + " items");
       DeviceSequence* s = in.sequence;
       for (const Item& other : items_)
@@ -147,6 +154,27 @@ class Call {
     for (size_t i = 0; plan_ && i < items_.size(); ++i)
       if (plan_->sequences[i] != items_[i].seq) fail("cuda decode step", "the plan's sequences in the batch's order", "another sequence");
     trace_ = batch.size() == 1 ? batch[0].options.trace : nullptr;
+  }
+
+  // A DSpark draft block (run_drafter): `block` at the positions after `seq`, read only.
+  Call(const DeviceModel& model, const DeviceSequence& seq, std::span<const int> block, cudaStream_t stream)
+      : m_(model), c_(model.config()), stream_(stream), plan_(nullptr), plan_d_(nullptr), times_(nullptr), draft_(true) {
+    if (!c_.has_dspark()) fail("dspark_draft", "a model with DSpark stages", "none");
+    // A draft Call only reads its sequence (its rings, in window_entries; keep_window keeps nothing,
+    // and nothing advances it), so the item's non-const pointer is never written through.
+    auto* s = const_cast<DeviceSequence*>(&seq);
+    draft_in_ = DeviceItem{s, block};
+    ItemPlan plan;
+    plan.start = seq.length;
+    plan.rows = int64_t(block.size());
+    items_.push_back(Item{s, &draft_in_, std::move(plan), seq.length, int64_t(block.size()), 0, nullptr, 0});
+    T_ = int64_t(block.size());
+  }
+  // A draft Call's block through the stages (run_drafter): the base logits and the folded streams.
+  DraftBlock draft() {
+    run_drafter(c_, *this);
+    settle_coefficients();
+    return DraftBlock{std::move(logits_buffer_), std::move(folded_)};
   }
 
   // Every kernel of the call, in order on the stream; the logits rows end in `logits` [rows, V]
@@ -191,10 +219,10 @@ class Call {
   void drop_cut();
   void impose_input(int l);
   void record_block(int l) { trace_->block_out[size_t(l)] = X_.download(stream_, T_ * c_.hc_mult * c_.dim); }
-  // DSpark's context features are refused in the constructor, so never recorded here.
-  bool records_targets() const { return false; }
-  void record_target(int) {}
+  bool records_targets() const { return records_; }
+  void record_target(int l);
   void logits();
+  void draft_head();
 
  private:
   struct Mix {
@@ -260,6 +288,15 @@ class Call {
   std::vector<uint8_t*> base_, ring_dest_;  // [T] each row's window buffer; where keep_window writes it
   DeviceBuffer<uint8_t> discard_;
   bool ring_update_ = false;
+  // DSpark: the context features [rows, targets, dim] of the rows running at the first target layer
+  // (each item's rows at hidden_items_[i]: offset, count); a draft block's item and head outputs.
+  bool records_ = false;
+  Floats hidden_;
+  int64_t hidden_rows_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> hidden_items_;
+  bool draft_ = false;
+  DeviceItem draft_in_;
+  Floats folded_;
   int64_t window_width(const Item& it) const { return it.first_call() ? std::min<int64_t>(it.rows, c_.window_size) : c_.window_size; }
 };
 
@@ -337,6 +374,15 @@ std::vector<std::vector<float>> Call::run() {
     choice.push_back(it.in->choice);
   }
   std::vector<std::vector<float>> out = deliver_logits(logits_buffer_.get(), c_.vocab_size, counts, sample, choice, stream_);
+  // Each item's context features, as forward() leaves them (none when no target layer ran).
+  const int64_t width = int64_t(c_.dspark_target_layer_ids.size()) * c_.dim;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    std::vector<float>* hidden = items_[i].in->options.dspark_hidden;
+    if (!hidden) continue;
+    hidden->clear();
+    if (hidden_.get() && hidden_items_[i].second > 0)
+      *hidden = hidden_.download(stream_, hidden_items_[i].second * width, hidden_items_[i].first * width);
+  }
   for (Item& it : items_) advance(*it.seq, it.plan);
   return out;
 }
@@ -689,6 +735,27 @@ void Call::window_entries(int l, Floats& kv) {
   const auto span = timed("window entries");
   const int64_t hd = c_.head_dim, W = c_.window_size, T = T_;
   const size_t slot = swa_fp8::bytes(int(hd));
+  if (draft_) {
+    // The stage's ring, then the block's entries: each row lists the ring's first min(W, start)
+    // slots and every row of the block.
+    const Item& it = items_[0];
+    const int64_t S = std::min(W, it.start);
+    uint8_t* buffer = window_buffers_.emplace_back(scratch<uint8_t>((W + T) * int64_t(slot), stream_)).get();
+    check(cudaMemcpyAsync(buffer, it.seq->window[size_t(l)].get(), W * slot, cudaMemcpyDeviceToDevice, stream_), "draft window");
+    std::vector<uint8_t*> dest;
+    for (int64_t r = 0; r < T; ++r) dest.push_back(buffer + (W + r) * slot);
+    swa_fp8_encode(kv.get(), T, int(hd), scratch_from(dest, stream_).get(), stream_);
+    base_.assign(size_t(T), buffer);
+    std::vector<int32_t> list;
+    for (int64_t r = 0; r < T; ++r) {
+      for (int64_t s = 0; s < S; ++s) list.push_back(int32_t(s));
+      for (int64_t j = 0; j < T; ++j) list.push_back(int32_t(W + j));
+    }
+    window_buffer_ = scratch_from(list, stream_);
+    window_ = window_buffer_.get();
+    window_offset_.assign(1, 0);
+    return;
+  }
   window_buffers_.clear();
   std::vector<uint8_t*> dest(static_cast<size_t>(T));
   base_.assign(size_t(T), nullptr);
@@ -721,6 +788,7 @@ void Call::window_entries(int l, Floats& kv) {
 
 void Call::compress(int l) {
   const auto span = timed("compressor");
+  if (draft_) fail("dspark_draft", "DSpark stages without compressed KV", "compress ratio " + std::to_string(c_.compress_ratios[size_t(l)]));
   if (decode()) {
     compress_decode(l, h_.get());
     return;
@@ -755,7 +823,7 @@ Floats Call::attend(int l, const Floats& q, const Floats&) {
   Floats o = scratch<float>(T * H * hd, stream_);
   // One launch per run of consecutive items with the same window width (a decode batch: one).
   for (size_t first = 0, last; first < items_.size(); first = last) {
-    const int64_t width = window_width(items_[first]);
+    const int64_t width = draft_ ? std::min<int64_t>(c_.window_size, items_[0].start) + T : window_width(items_[first]);
     for (last = first + 1; last < items_.size() && window_width(items_[last]) == width; ++last) {
     }
     const int64_t row = items_[first].offset, rows = items_[last - 1].offset + items_[last - 1].rows - row;
@@ -779,7 +847,7 @@ Floats Call::attend(int l, const Floats& q, const Floats&) {
 // The ring keeps the last W entries of a multi-row call (a decode row is there already).
 void Call::keep_window(int, const Floats& kv) {
   const auto span = timed("window entries");
-  if (ring_update_) swa_fp8_encode(kv.get(), T_, int(c_.head_dim), scratch_from(ring_dest_, stream_).get(), stream_);
+  if (!draft_ && ring_update_) swa_fp8_encode(kv.get(), T_, int(c_.head_dim), scratch_from(ring_dest_, stream_).get(), stream_);
 }
 
 // A projection's name in the op times: its shape and format (the shapes of V4.1's projections differ).
@@ -842,6 +910,38 @@ void Call::moe(int l, float* out) {
   const auto span = timed("moe (cuda::moe)");
   cuda::moe(h_.get(), T, L.gate, L.gate_bias, opt, m_.experts(l), L.shared.w1, L.shared.w2, L.shared.w3, limit, forced,
             experts_d.get(), weights_d.get(), out, stream_);
+}
+
+// --- DSpark -----------------------------------------------------------------------------------------
+
+// The residual entering target layer l averaged over the streams (forward.cpp record_target), into
+// its block of the call's [rows, targets, dim]; every target layer must run on the same rows.
+void Call::record_target(int l) {
+  const auto span = timed("dspark features");
+  const int64_t d = c_.dim, targets = int64_t(c_.dspark_target_layer_ids.size());
+  if (!hidden_.get()) {
+    hidden_ = scratch<float>(std::max<int64_t>(T_, 1) * targets * d, stream_);
+    hidden_rows_ = T_;
+    hidden_items_.clear();
+    for (const Item& it : items_) hidden_items_.emplace_back(it.offset, it.rows);
+  } else if (T_ != hidden_rows_) {
+    fail("forward", "DSpark target layers that all run on the same rows (none before the decoder start when rows leave there)",
+         "layer " + std::to_string(l) + " on " + std::to_string(T_) + " rows");
+  }
+  stream_mean(X_.get(), T_, int(c_.hc_mult), d, hidden_.get() + c_.dspark_target_index(l) * d, targets * d, stream_);
+}
+
+// DSpark's head before its Markov steps (forward.cpp draft_head): the last stage's `pre` folds the
+// streams (kept), the stage's norm, the target's head in fp32.
+void Call::draft_head() {
+  const auto span = timed("dspark head");
+  const int64_t d = c_.dim;
+  folded_ = scratch<float>(T_ * d, stream_);
+  Floats normed = scratch<float>(T_ * d, stream_);
+  hc_pre(X_.get(), mixes(Sub::Ffn).pre.get(), T_, c_.hc_mult, d, folded_.get(), stream_);
+  cuda::rms_norm(folded_.get(), T_, d, &m_.dspark().norm, eps(), normed.get(), stream_);
+  logits_buffer_ = scratch<float>(T_ * c_.vocab_size, stream_);
+  linear_f32(normed.get(), T_, m_.head(), logits_buffer_.get(), stream_);
 }
 
 // --- the head ---------------------------------------------------------------------------------------
@@ -918,6 +1018,10 @@ std::vector<std::vector<float>> deliver_logits(float* logits, int64_t V, std::sp
 void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& batch, const DecodePlan& plan,
                     uint8_t* plan_device, float* logits, cudaStream_t stream) {
   Call(model, batch, stream, &plan, plan_device).enqueue(logits);
+}
+
+DraftBlock draft_block(const DeviceModel& model, const DeviceSequence& sequence, std::span<const int> block, cudaStream_t stream) {
+  return Call(model, sequence, block, stream).draft();
 }
 
 std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const std::vector<DeviceItem>& batch,

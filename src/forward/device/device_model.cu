@@ -77,15 +77,18 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
   embed_ = place(model.embed(), Fill::Matrix);
   norm_ = place(model.norm(), Fill::Ones);
   head_ = place(model.head(), Fill::Matrix);
-  layers_.resize(size_t(c.n_layers));
-  engram_qk_.assign(size_t(c.n_layers), nullptr);
-  sink_.assign(size_t(c.n_layers), nullptr);
-  for (int i = 0; i < c.n_layers; ++i) {
+  // The backbone's layers, then DSpark's stages (blocks of the same table, named mtp.<j>).
+  const int blocks = c.has_dspark() ? c.n_total_layers() : c.n_layers;
+  layers_.resize(size_t(blocks));
+  engram_qk_.assign(size_t(blocks), nullptr);
+  sink_.assign(size_t(blocks), nullptr);
+  for (int i = 0; i < blocks; ++i) {
     const LayerWeights& h = model.layer(i);
     LayerWeights& d = layers_[size_t(i)];
     d.id = h.id;
+    const std::string prefix = i < c.n_layers ? "layers." + std::to_string(i) + "." : "mtp." + std::to_string(i - c.n_layers) + ".";
     for_each_block_tensor(
-        c, "layers." + std::to_string(i) + ".", i,
+        c, prefix, i,
         [&](const BlockTensor& t, const auto& from, auto& to) {
           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(from)>, Weight>)
             to = place(from, random_fill(t));
@@ -99,7 +102,11 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
     experts_.push_back(std::make_unique<ExpertTable>(w1, w2, w3));
     if (h.engram) engram_qk_[size_t(i)] = place_floats(h.engram->qk, Fill::Ones);
   }
-  for (int i = 0; i < c.n_layers; ++i) {
+  for (int j = 0; j < (c.has_dspark() ? c.n_mtp_layers : 0); ++j)
+    for_each_dspark_tensor(
+        c, j, [&](const BlockTensor& t, const Weight& from, Weight& to) { to = place(from, random_fill(t)); }, model.dspark(),
+        dspark_);
+  for (int i = 0; i < blocks; ++i) {
     const float*& freqs = c.compress_ratios[size_t(i)] > 0 ? freqs_compressed_ : freqs_window_;
     if (!freqs) freqs = place_floats(model.rope(i).frequencies(), Fill::Host);
   }

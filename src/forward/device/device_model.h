@@ -29,6 +29,9 @@ class DeviceModel {
   const LayerWeights& layer(int i) const { return layers_[size_t(i)]; }
   const float* engram_qk(int i) const { return engram_qk_[size_t(i)]; }
   const ExpertTable& experts(int i) const { return *experts_[size_t(i)]; }  // the layer's routed experts
+  // DSpark's own tensors (main_proj, main_norm, norm, the Markov and confidence heads) as device
+  // Weights; layer(i), experts(i), attn_sink(i) and rope_freqs(i) hold its stages at i ≥ n_layers.
+  const DSparkWeights& dspark() const { return dspark_; }
   const float* attn_sink(int i) const { return sink_[size_t(i)]; }  // [n_heads] fp32
   const float* rope_freqs(int i) const;                               // the layer's RopeTable
   int64_t bytes() const { return bytes_; }
@@ -49,7 +52,8 @@ class DeviceModel {
   int64_t bytes_ = 0;
   std::vector<DeviceBuffer<uint8_t>> buffers_;
   Weight embed_, norm_, head_;
-  std::vector<LayerWeights> layers_;
+  std::vector<LayerWeights> layers_;  // the backbone's, then DSpark's stages (as the host Model's)
+  DSparkWeights dspark_;
   std::vector<const float*> engram_qk_, sink_;
   std::vector<std::unique_ptr<ExpertTable>> experts_;
   const float *freqs_window_ = nullptr, *freqs_compressed_ = nullptr;
