@@ -1,8 +1,8 @@
 // dsv41 bench spec [--model DIR | --preset NAME] [--prompt-tokens N] [--tokens N] [--batches 1,4]
-//                  [--temperature T] [--seed S] [--json]
+//                  [--temperature T] [--seed S] [--device auto|cpu|cuda] [--json]
 //
-// Speculative decoding's speed (issue 18) on the CPU executor, the only one with speculation so
-// far: output tokens per second of plain decoding and of DSpark speculation (greedy unless a
+// Speculative decoding's speed (issue 18) on the executor --device picks (auto: CUDA where a GPU
+// is): output tokens per second of plain decoding and of DSpark speculation (greedy unless a
 // temperature is given), each batch size's requests through the scheduler; and at batch 1 with an
 // oracle drafter, whose drafts are the target's own greedy continuation (known from a plain run):
 // every draft accepted, the ceiling of the verify path. Random weights accept few of DSpark's
@@ -135,9 +135,10 @@ void add_bench_spec(CLI::App& bench) {
     uint64_t seed = 1;
     float temperature = 0;
     bool as_json = false;
+    Device device = Device::Auto;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = bench.add_subcommand("spec", "Output tokens/s with and without DSpark speculative decoding (CPU executor)");
+  CLI::App* cmd = bench.add_subcommand("spec", "Output tokens/s with and without DSpark speculative decoding");
   auto* model = cmd->add_option("--model", args->model, "Checkpoint directory with DSpark stages (default: a random checkpoint of --preset)");
   cmd->add_option("--preset", args->preset, "Config of the random checkpoint")->excludes(model);
   cmd->add_option("--prompt-tokens", args->prompt_tokens, "Tokens of each request's prompt")->check(CLI::Range(1, 1 << 20));
@@ -146,11 +147,12 @@ void add_bench_spec(CLI::App& bench) {
   cmd->add_option("--temperature", args->temperature, "Sampling temperature (0: greedy; the oracle runs greedy)")->check(CLI::Range(0.0, 2.0));
   cmd->add_option("--seed", args->seed, "Seed of the random checkpoint, the prompts and the sampling");
   cmd->add_flag("--json", args->as_json, "Print one JSON object");
+  add_device_flag(*cmd, args->device);
   cmd->callback([args] {
     const std::vector<int> batches = parse_batches(args->batches);
     const BenchCheckpoint checkpoint("spec", args->model, args->preset, args->seed, args->as_json);
     const std::string& dir = checkpoint.dir();
-    ModelDir m = load_model_dir(dir, Device::Cpu);
+    ModelDir m = load_model_dir(dir, args->device);
     const Config& c = m.model->config();
     if (!c.has_dspark()) fail(dir, "a checkpoint with DSpark stages", "none");
     const Tokenizer* tokenizer = m.tokenizer_or_null();

@@ -70,8 +70,7 @@ Scheduler::Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
     const Config& c = executor.model().config();
     if (!c.has_dspark()) fail(c.source, "a model with DSpark stages for speculative decoding", "none");
     if (!executor.speculates())
-      fail(executor.name() + " executor", "speculative decoding (DSpark) on the CPU executor, the only one that has it so far",
-           executor.name());
+      fail(executor.name() + " executor", "speculative decoding (DSpark) on an executor that has it (cpu, cuda)", executor.name());
     // The profile at passes of 1, 2, 4, ... rows up to a full step's verification, after a context
     // past the window (a verification's attention reads a full window).
     if (options.step_rate) {

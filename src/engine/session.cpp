@@ -350,8 +350,7 @@ void Session::enable_drafting() {
   const Config& c = model().config();
   if (!c.has_dspark()) fail(c.source, "a model with DSpark stages for speculative decoding", "none");
   if (!executor_.speculates())
-    fail(executor_.name() + " executor", "speculative decoding (DSpark) on the CPU executor, the only one that has it so far",
-         executor_.name());
+    fail(executor_.name() + " executor", "speculative decoding (DSpark) on an executor that has it (cpu, cuda)", executor_.name());
   if (length() > 0)
     fail("enable_drafting", "a session before its first token (the drafter's context starts there)", std::to_string(length()) + " tokens run");
   drafting_ = true;

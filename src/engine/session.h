@@ -138,7 +138,7 @@ class Session {
   // none of the prompt's (store_prompt is a no-op on it; save() stores its blocks after them).
   std::unique_ptr<Session> fork() const;
 
-  // DSpark speculative decoding (forward/dspark.h) on an executor that has it (the CPU one so far):
+  // DSpark speculative decoding (forward/dspark.h) on an executor that has it (CPU, CUDA):
   // with drafting on, every call of the session records the target's context features and feeds
   // the drafter once it ran. Turn it on before the first token.
   void enable_drafting();

@@ -45,7 +45,7 @@ void check_sample(const BatchItem& item, int64_t vocab_size) {
 namespace {
 
 [[noreturn]] void no_speculation(const Executor& e) {
-  fail(e.name() + " executor", "speculative decoding (DSpark) on the CPU executor, the only one that has it so far", e.name());
+  fail(e.name() + " executor", "speculative decoding (DSpark) on an executor that has it (cpu, cuda)", e.name());
 }
 
 SequenceState& cpu_state(Sequence& s) {

@@ -67,7 +67,7 @@ class Executor {
 
   // Speculative decoding on a sequence of this executor's (forward/dspark.h, sequence_mark.h):
   // the drafter's context from a call's features (ForwardOptions::dspark_hidden), a draft, and a
-  // pass undone. The CPU executor's; the others refuse by name (issue 18).
+  // pass undone. The CPU and CUDA executors'; the others refuse by name (issue 18).
   virtual bool speculates() const { return false; }
   virtual void dspark_ingest(Sequence& sequence, int64_t first_pos, std::span<const float> hidden, int64_t rows);
   virtual Draft dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose);

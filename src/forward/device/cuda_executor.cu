@@ -11,6 +11,7 @@
 #include "backend/cuda/check.h"
 #include "base/error.h"
 #include "forward/device/decode_graph.h"
+#include "forward/device/device_dspark.h"
 #include "forward/device/device_forward.h"
 
 namespace dsv41::cuda {
@@ -143,13 +144,47 @@ class CudaExecutor final : public Executor {
     return cuda::forward_batch(device_, items);
   }
 
+  // Speculative decoding (forward/dspark.h, sequence_mark.h) on the device: the drafter's context
+  // and its drafts (device_dspark.h), a pass marked and undone (DeviceSequence::mark, rewind).
+  bool speculates() const override { return true; }
+  void dspark_ingest(Sequence& sequence, int64_t first_pos, std::span<const float> hidden, int64_t rows) override {
+    std::lock_guard hold(*lock_);
+    cuda::dspark_ingest(device_, running(sequence, "dspark_ingest"), first_pos, hidden, rows);
+  }
+  Draft dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose) override {
+    std::lock_guard hold(*lock_);
+    return cuda::dspark_draft(device_, held(sequence, "dspark_draft"), anchor, choose);
+  }
+  SequenceMark mark(Sequence& sequence, int64_t rows) override {
+    std::lock_guard hold(*lock_);
+    return held(sequence, "mark").mark(rows);
+  }
+  void rewind(Sequence& sequence, const SequenceMark& mark) override {
+    std::lock_guard hold(*lock_);
+    running(sequence, "rewind").rewind(mark);
+  }
+
  private:
-  // A step of one decode row per sequence, none replayed or traced, at most kDecodeGraphRows:
-  // what a captured step (DecodeGraph) runs, to the bit as forward_batch would.
+  // A sequence of this executor's with device memory (a call has run on it), read only / about to
+  // change.
+  static const DeviceSequence& held(Sequence& sequence, const char* what) {
+    auto* s = dynamic_cast<CudaSequence*>(&sequence);
+    if (!s) fail(std::string("CudaExecutor::") + what, "a sequence of the CUDA executor", "another executor's");
+    if (!s->device()) fail(std::string("CudaExecutor::") + what, "a sequence with tokens run", "an empty one");
+    return *s->device();
+  }
+  static DeviceSequence& running(Sequence& sequence, const char* what) {
+    held(sequence, what);
+    return *static_cast<CudaSequence&>(sequence).running();
+  }
+
+  // A step of one decode row per sequence, none replayed, traced or recording DSpark's context
+  // features, at most kDecodeGraphRows: what a captured step (DecodeGraph) runs, to the bit as
+  // forward_batch would.
   static bool decode_step(const std::vector<BatchItem>& batch) {
     if (batch.empty() || int64_t(batch.size()) > kDecodeGraphRows) return false;
     for (const BatchItem& item : batch)
-      if (item.options.trace || !decode_row(*static_cast<CudaSequence*>(item.sequence)->device(), item.tokens.size(), item.options))
+      if (item.options.trace || item.options.dspark_hidden || !decode_row(*static_cast<CudaSequence*>(item.sequence)->device(), item.tokens.size(), item.options))
         return false;
     return true;
   }

@@ -12,8 +12,8 @@ namespace dsv41::cuda {
 DeviceSequence::DeviceSequence(const Config& c, int64_t capacity) : config_(c), capacity_(capacity) {
   if (capacity <= 0) fail("DeviceSequence", "a positive capacity in tokens", std::to_string(capacity));
   const int64_t ring = c.window_size * int64_t(swa_fp8::bytes(c.head_dim));
-  // A ring per layer with a window, as SequenceState's: DSpark's stages' too (their context KV
-  // travels with the sequence, though the device forward does not run them yet).
+  // A ring per layer with a window, as SequenceState's: DSpark's stages' too (their context KV,
+  // device_dspark.h, travels with the sequence).
   const int rings = c.has_dspark() ? c.n_total_layers() : c.n_layers;
   for (int l = 0; l < rings; ++l) {
     window.push_back(pooled<uint8_t>(ring));
@@ -160,6 +160,84 @@ SequenceState DeviceSequence::download() const {
     }
   }
   return s;
+}
+
+namespace {
+
+// The ring slots of positions length .. length + n − 1, n = min(rows, W), as runs of consecutive
+// slots (at most two: the ring wraps once).
+std::vector<std::pair<int64_t, int64_t>> slot_runs(const Config& c, int64_t length, int64_t rows) {
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (first slot, count)
+  const int64_t W = c.window_size, n = std::min<int64_t>(rows, W), first = length % W;
+  runs.emplace_back(first, std::min(n, W - first));
+  if (n > W - first) runs.emplace_back(0, n - (W - first));
+  return runs;
+}
+
+}  // namespace
+
+SequenceMark DeviceSequence::mark(int64_t rows) const {
+  const Config& c = config_;
+  if (rows < 1) fail("mark", "a call of at least one row", std::to_string(rows));
+  SequenceMark m;
+  m.length = length, m.rows = rows;
+  m.decoder_window_floor = decoder_window_floor, m.encoder_window_floor = encoder_window_floor;
+  const size_t slot = swa_fp8::bytes(c.head_dim);
+  const auto runs = slot_runs(c, length, rows);
+  for (const auto& ring : window) {
+    std::vector<uint8_t>& saved = m.slots.emplace_back();
+    for (const auto& [first, count] : runs) {
+      const size_t at = saved.size();
+      saved.resize(at + size_t(count) * slot);
+      check(cudaMemcpyAsync(saved.data() + at, ring.get() + first * int64_t(slot), size_t(count) * slot, cudaMemcpyDeviceToHost, nullptr),
+            "DeviceSequence::mark");
+    }
+  }
+  const int64_t row = int64_t(c.head_dim);
+  for (const auto& [layer, d] : compressed) {
+    SequenceMark::Compressed& saved = m.compressed[layer];
+    const int ratio = c.compress_ratios[size_t(layer)];
+    saved.entries = d.entries;
+    saved.kv_bytes = size_t(d.entries) * kv_fp4::bytes(c.head_dim);
+    saved.index_bytes = size_t(d.entries) * mxfp4::bytes(c.index_head_dim);
+    saved.pending = d.pending;
+    if (ratio > 1 && d.pending > 0 && d.pending + rows >= ratio) {
+      saved.pending_kv = d.pending_kv.download(nullptr, d.pending * row);
+      saved.pending_score = d.pending_score.download(nullptr, d.pending * row);
+    }
+  }
+  check(cudaStreamSynchronize(nullptr), "DeviceSequence::mark");
+  return m;
+}
+
+void DeviceSequence::rewind(const SequenceMark& m) {
+  const Config& c = config_;
+  if (length < m.length || length > m.length + m.rows || window.size() != m.slots.size())
+    fail("rewind", "a state at most " + std::to_string(m.rows) + " positions past its mark at " + std::to_string(m.length),
+         "one of " + std::to_string(length) + " positions");
+  const size_t slot = swa_fp8::bytes(c.head_dim);
+  const auto runs = slot_runs(c, m.length, m.rows);
+  for (size_t r = 0; r < window.size(); ++r) {
+    size_t at = 0;
+    for (const auto& [first, count] : runs) {
+      check(cudaMemcpyAsync(window[r].get() + first * int64_t(slot), m.slots[r].data() + at, size_t(count) * slot,
+                            cudaMemcpyHostToDevice, nullptr), "DeviceSequence::rewind");
+      at += size_t(count) * slot;
+    }
+  }
+  for (auto& [layer, d] : compressed) {
+    const SequenceMark::Compressed& saved = m.compressed.at(layer);
+    d.entries = saved.entries;
+    d.pending = saved.pending;
+    if (!saved.pending_kv.empty()) {
+      d.pending_kv.upload(saved.pending_kv, nullptr);
+      d.pending_score.upload(saved.pending_score, nullptr);
+    }
+  }
+  length = m.length;
+  decoder_window_floor = m.decoder_window_floor;
+  encoder_window_floor = m.encoder_window_floor;
+  check(cudaStreamSynchronize(nullptr), "DeviceSequence::rewind");
 }
 
 }  // namespace dsv41::cuda

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/device_buffer.h"
+#include "forward/sequence_mark.h"
 #include "forward/sequence_state.h"
 #include "forward/state_view.h"
 
@@ -37,6 +38,16 @@ class DeviceSequence : public KvState<DeviceBuffer> {
   // The same state as a host SequenceState, and back (tests; moving a sequence between tiers).
   void upload(const SequenceState& state);
   SequenceState download() const;
+
+  // Undoing a call (forward/sequence_mark.h) on the device: mark() saves, in host memory, what a
+  // call of `rows` tokens may change — the counters, each ring's min(rows, W) slots from position
+  // `length` on (DSpark's stages' rings included), each compressed cache's entry count and open
+  // group; rewind() puts them back. Unlike the host's mark, the open group's rows are saved only
+  // when the call can close the group (pending + rows ≥ ratio): a call that does not close it
+  // appends after them and leaves them as they are. The bytes past the marked entry counts are
+  // not restored: nothing reads past an entry count.
+  SequenceMark mark(int64_t rows) const;
+  void rewind(const SequenceMark& mark);
 
  private:
   const Config& config_;

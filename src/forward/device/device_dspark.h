@@ -1,0 +1,31 @@
+#pragma once
+// DSpark's drafter on the device (forward/dspark.h says what it computes; forward.cpp's
+// dspark_ingest and dspark_draft are the reference, step for step): the context KV of a call's
+// features into each stage's ring of a DeviceSequence, and a draft after the sequence's last token.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+
+#include "forward/device/device_model.h"
+#include "forward/device/device_sequence.h"
+#include "forward/dspark.h"
+
+namespace dsv41::cuda {
+
+// dsv41::dspark_ingest on the device: the features of rows at first_pos, first_pos + 1, ...
+// ([rows, targets, dim], host memory) through main_proj and main_norm, then per stage kv_norm(wkv),
+// RoPE at each row's position, SWA-FP8 into the stage's ring (the last W rows only).
+void dspark_ingest(const DeviceModel& model, DeviceSequence& sequence, int64_t first_pos, std::span<const float> hidden,
+                   int64_t rows, cudaStream_t stream = nullptr);
+
+// dsv41::dspark_draft on the device: the block through the stages and the draft head
+// (draft_block), then position by position the Markov bias W2 · W1[token before] (fp32, on the
+// device) added to the base logits row on the host, where `choose` picks the next token; the
+// confidence logits [x_i ; W1[token before]] through the confidence head (fp32, on the device).
+// The γ base logits rows and a bias row per position come back to the host: `choose` is the
+// caller's (a sampling verifier draws from its own generator). Reads the sequence only.
+Draft dspark_draft(const DeviceModel& model, const DeviceSequence& sequence, int anchor, const DraftChoice& choose,
+                   cudaStream_t stream = nullptr);
+
+}  // namespace dsv41::cuda
