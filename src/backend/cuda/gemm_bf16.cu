@@ -21,10 +21,10 @@
 // its own fp32 partial, and sum_splits adds them in order (then rounds, for linear).
 //
 // The warpgroup form (wg_kernel), from kWgRows rows with K a multiple of 64 (prefill): CTA tile
-// 128 (M) × 128 (N) × 64 (K), one producer thread filling 6 stages by the tensor copy engine (x's
-// and W's boxes of [128 rows, 64], swizzled 128B: the layout wgmma reads K-major), two consumer
-// warpgroups each issuing wgmma m64n128k16 for 64 x rows, both operands from shared memory, the
-// accumulators in registers (64 a thread). Grid (N tile, M tile, group), N tiles fastest, so the
+// 128 (M) × 256 (N) × 64 (K), one producer thread filling 4 stages of 48 KB by the tensor copy
+// engine (x's box [128 rows, 64] and W's [256 rows, 64], swizzled 128B: the layout wgmma reads
+// K-major), two consumer warpgroups each issuing wgmma m64n256k16 for 64 x rows, both operands
+// from shared memory, the accumulators in registers (128 a thread). Grid (N tile, M tile, group), N tiles fastest, so the
 // CTAs resident together share one group's weight and each x tile from L2. HBM traffic as below;
 // the tensor cores bound it at wgmma's rate instead of mma.sync's.
 //
@@ -163,20 +163,19 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- the warpgroup form (prefill: M ≥ kWgRows, K a multiple of 64) ----
 
-constexpr int kWgBM = 128, kWgBN = 128, kWgBK = 64;  // CTA tile: two consumers of 64 x rows each
+constexpr int kWgBM = 128, kWgBN = 256, kWgBK = 64;  // CTA tile: two consumers of 64 x rows each
 constexpr int kWgThreads = 384;                      // consumers (warpgroups 0, 1), producer (2)
-constexpr int kWgTile = kWgBM * kWgBK * 2;           // 16 KB: one operand's k-tile (kWgBM == kWgBN)
-constexpr int kWgStage = 2 * kWgTile;
-constexpr int kWgStages = 6;
+constexpr int kWgTileX = kWgBM * kWgBK * 2;          // 16 KB: x's k-tile
+constexpr int kWgStage = kWgTileX + kWgBN * kWgBK * 2;  // + 32 KB: W's
+constexpr int kWgStages = 4;
 constexpr int kWgSmemBytes = kWgStages * kWgStage + 2 * kWgStages * 8 + 1024;  // + barriers, + alignment
-static_assert(kWgBM == kWgBN, "one box height for both maps");
 
 // Grid (N tile, M tile, group), the N tiles fastest: the CTAs on the GPU at once share a group's
 // weight (L2 holds it) and each x tile is read by its N tiles back to back. The producer (one
 // thread) fills a ring of stages by the tensor copy engine: x's box [128 rows, 64] at column g·K +
-// k, W's box [128 rows, 64] at row g·N + n0 (rows past the maps arrive as zeros; W rows past the
+// k, W's box [256 rows, 64] at row g·N + n0 (rows past the maps arrive as zeros; W rows past the
 // group's N belong to the next group and are not stored). Consumer c multiplies x rows 64c.. by
-// the 128 weight rows: 4 wgmma m64n128k16 per stage, both operands K-major from shared memory;
+// the 256 weight rows: 4 wgmma m64n256k16 per stage, both operands K-major from shared memory;
 // a stage goes back once the MMAs of the stage after it have been issued and its own completed.
 __global__ void __launch_bounds__(kWgThreads, 1)
     wg_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int M, int N, int K,
@@ -205,23 +204,23 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       const uint32_t base = smem0 + uint32_t(s * kWgStage), full = full0 + 8 * s;
       barrier_arrive_expect(full, kWgStage);
       tma_load_2d(base, &xmap, group * K + kt * kWgBK, m0, full);
-      tma_load_2d(base + kWgTile, &wmap, kt * kWgBK, group * N + n0, full);
+      tma_load_2d(base + kWgTileX, &wmap, kt * kWgBK, group * N + n0, full);
     }
     return;
   }
 
-  float acc[64];
+  float acc[kWgBN / 2];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0;
+  for (int i = 0; i < kWgBN / 2; ++i) acc[i] = 0;
   keep(acc);
   for (int kt = 0; kt < KT; ++kt) {
     const int s = kt % kWgStages;
     barrier_wait(full0 + 8 * s, (kt / kWgStages) & 1);
     const uint32_t base = smem0 + uint32_t(s * kWgStage);
-    const uint64_t a = kmajor_sw128(base + uint32_t(wg * 64 * 128)), b = kmajor_sw128(base + kWgTile);
+    const uint64_t a = kmajor_sw128(base + uint32_t(wg * 64 * 128)), b = kmajor_sw128(base + kWgTileX);
     mma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kWgBK / 16; ++kk) mma_ss<128>(acc, a + uint64_t(kk * 2), b + uint64_t(kk * 2));
+    for (int kk = 0; kk < kWgBK / 16; ++kk) mma_ss<kWgBN>(acc, a + uint64_t(kk * 2), b + uint64_t(kk * 2));
     mma_commit();
     // The previous stage's MMAs are complete once at most this stage's group is in flight.
     mma_wait<1>();
@@ -239,7 +238,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int m = m0 + wg * 64 + 16 * warp + g + 8 * h;
     if (m >= M) continue;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < kWgBN / 8; ++i) {
       const int n = n0 + 8 * i + 2 * t;
       float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
       if (round) v0 = round_bf16(v0), v1 = round_bf16(v1);
