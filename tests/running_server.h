@@ -1,7 +1,7 @@
 #pragma once
-// A server in a thread of this process on fixture v41-tiny (on the test device), listening on a
-// free port, healthy when the constructor returns; stopped by the destructor. The server tests'
-// and the chat page's.
+// A server in a thread of this process on fixture v41-tiny, unless the options name another model
+// (on the test device), listening on a free port, healthy when the constructor returns; stopped by
+// the destructor. The server tests' and the chat page's.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -22,7 +22,7 @@ namespace dsv41::test {
 class RunningServer {
  public:
   explicit RunningServer(ServerOptions options) {
-    options.model_dir = fixture_dir("v41-tiny");
+    if (options.model_dir.empty()) options.model_dir = fixture_dir("v41-tiny");
     options.device = test_device();
     options.port = 0;
     options.on_listening = [this](int port) { port_.store(port); };

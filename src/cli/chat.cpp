@@ -2,7 +2,8 @@
 //            [--device D] [--json]
 //
 // One conversation over standard input: every non-empty line is a user turn (on a terminal with
-// line editing and history, through libedit). The whole conversation is rendered in
+// line editing and history, through libedit); a line `/image PATH` adds an image (PNG or JPEG) to
+// the next user turn, before its text, as an image part would. The whole conversation is rendered in
 // DeepSeek-V4.1's chat format each turn and handed to the session, which reuses what it can — its
 // own running sequence, the SWA pool, the host cache, the disk — so each turn shows how many prompt
 // tokens were cached, replayed and computed. Reasoning (--thinking) is shown dimmed apart from the
@@ -27,6 +28,7 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/image_file.h"
 #include "cli/model_dir.h"
 #include "engine/chat_format.h"
 #include "engine/session.h"
@@ -146,6 +148,8 @@ void add_chat(CLI::App& app) {
 
     std::vector<ChatMessage> messages;
     if (!args->system.empty()) messages.push_back(message(ChatRole::system, args->system));
+    std::vector<std::shared_ptr<const ImageInput>> images;  // the conversation's, in order
+    size_t pending_images = 0;                               // of them, for the next user turn
     ChatOptions options;
     options.thinking = args->thinking;
     const bool interactive = isatty(STDIN_FILENO) && !args->as_json;
@@ -159,12 +163,47 @@ void add_chat(CLI::App& app) {
         --turn;
         continue;
       }
-      messages.push_back(message(ChatRole::user, line));
-      const std::vector<int> prompt = tokenizer.encode(render_chat(messages, options), /*add_special_tokens=*/false);
+      if (line.starts_with("/image ")) {
+        --turn;
+        const std::string path = line.substr(7);
+        try {
+          images.push_back(load_image_file(path, c));
+          pending_images += 1;
+          const ImagePlan& plan = images.back()->plan;
+          if (!args->as_json)
+            fmt::print(stderr, "[image {}: {} x {}, {} tokens, for the next turn]\n", path, images.back()->width,
+                       images.back()->height, plan.span_tokens());
+        } catch (const Error& e) {  // a bad image is refused; the conversation goes on
+          if (args->as_json) fmt::print("{}\n", nlohmann::json{{"turn", turn + 1}, {"error", e.what()}}.dump());
+          else fmt::print(stderr, "[{}]\n", e.what());
+          std::fflush(stdout);
+        }
+        continue;
+      }
+      ChatMessage user = message(ChatRole::user, line);
+      // The turn's images first, joined to its text as content parts are.
+      std::string parts;
+      for (size_t i = images.size() - pending_images; i < images.size(); ++i) {
+        parts += std::string(chat_token::kImage) + "\n\n";
+        user.image_urls.push_back("image " + std::to_string(i));
+      }
+      user.content = parts + user.content;
+      messages.push_back(user);
+      std::vector<PromptImage> placed;
+      std::vector<int> prompt;
+      try {
+        prompt = encode_with_images(tokenizer, render_chat(messages, options), /*add_special_tokens=*/false, images, c, placed);
+      } catch (const Error& e) {  // text that spells the image placeholder: refused, the conversation goes on
+        messages.pop_back();
+        fmt::print(stderr, "[{}]\n", e.what());
+        continue;
+      }
       // A turn that leaves no room for a reply is refused; the conversation goes on without it.
       const int64_t room = c.max_seq_len - int64_t(prompt.size());
       if (room < 1) {
         messages.pop_back();
+        images.resize(images.size() - pending_images);
+        pending_images = 0;
         const std::string why = fmt::format("the conversation would be {} tokens, the context holds {}: turn refused",
                                             prompt.size(), c.max_seq_len);
         if (args->as_json) fmt::print("{}\n", nlohmann::json{{"turn", turn}, {"error", why}}.dump());
@@ -173,11 +212,12 @@ void add_chat(CLI::App& app) {
         continue;
       }
       const int64_t max_tokens = std::min<int64_t>(args->max_tokens, room);
+      pending_images = 0;
 
       const auto t0 = Clock::now();
-      sampler.start_reply(prompt);
+      sampler.start_reply(text_tokens(prompt, placed));
       PrefixUse use;
-      std::vector<float> logits = session.prefill_prompt(prompt, &cache, &use);
+      std::vector<float> logits = session.prefill_prompt(prompt, &cache, &use, placed);
       const double ttft = std::chrono::duration<double>(Clock::now() - t0).count();
       StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
       std::vector<int> reply;  // the stop token, if one came, is the last and not generated text
@@ -214,6 +254,7 @@ void add_chat(CLI::App& app) {
         nlohmann::json j = {{"turn", turn},
                             {"reply", parsed.content},
                             {"prompt_tokens", use.prompt_tokens},
+                            {"image_tokens", image_span_tokens(placed)},
                             {"cached_tokens", use.cached()},
                             {"device_tokens", use.device_tokens},
                             {"swa_tokens", use.swa_tokens},

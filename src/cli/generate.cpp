@@ -1,8 +1,9 @@
-// dsv41 generate --model DIR (--prompt TEXT | --ids 1,2,3) [--exact] [--max-tokens N] [sampling] [--device D]
-//                [--speculative dspark|off] [--json]
+// dsv41 generate --model DIR (--prompt TEXT | --ids 1,2,3) [--image PATH]... [--exact] [--max-tokens N] [sampling]
+//                [--device D] [--speculative dspark|off] [--json]
 //
 // Streams the completion as it is produced and ends with a one-line summary; --json prints one
-// object instead. --speculative dspark decodes with DSpark's drafts verified by the target (greedy:
+// object instead. Each --image takes the place of the next <｜deepseek_image｜> in the prompt text,
+// or, when the text has none, the images come first, each followed by a blank line. --speculative dspark decodes with DSpark's drafts verified by the target (greedy:
 // the tokens are plain greedy decoding's; sampling: speculative sampling, distributed as plain
 // sampling), the drafts listed in --json.
 #include <fmt/core.h>
@@ -16,7 +17,9 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/image_file.h"
 #include "cli/model_dir.h"
+#include "engine/chat_format.h"
 #include "engine/session.h"
 
 namespace dsv41::cli {
@@ -53,6 +56,7 @@ std::vector<int> parse_ids(const std::string& text) {
 void add_generate(CLI::App& app) {
   struct Args {
     std::string model, prompt, ids;
+    std::vector<std::string> images;
     bool exact = false, as_json = false;
     Device device = Device::Auto;
     int max_tokens = 128;
@@ -65,6 +69,10 @@ void add_generate(CLI::App& app) {
   auto* prompt = cmd->add_option("--prompt", args->prompt, "Prompt text (encoded with the model's tokenizer)");
   auto* ids = cmd->add_option("--ids", args->ids, "Prompt as token ids, e.g. 0,17,42");
   prompt->excludes(ids);
+  cmd->add_option("--image", args->images,
+                  "Image file (PNG or JPEG; repeatable): each takes the next <｜deepseek_image｜> of --prompt, or comes before the "
+                  "text when it has none (a checkpoint with a vision tower)")
+      ->excludes(ids);
   cmd->add_flag("--exact", args->exact,
                 "Exact mode: every layer on every prompt position, as the official reference computes (default: "
                 "decoder bounded replay, the decoder on the prompt's last window only)");
@@ -81,7 +89,18 @@ void add_generate(CLI::App& app) {
     const Config& c = m.model->config();
     const std::optional<Tokenizer>& tokenizer = m.tokenizer;
     if (!args->prompt.empty() && !tokenizer) fail(args->model, "a tokenizer.json to encode --prompt", "none (use --ids)");
-    std::vector<int> prompt_ids = args->prompt.empty() ? parse_ids(args->ids) : tokenizer->encode(args->prompt);
+    std::vector<std::shared_ptr<const ImageInput>> images;
+    for (const std::string& path : args->images) images.push_back(load_image_file(path, c));
+    std::string text = args->prompt;
+    if (!images.empty() && text.find(chat_token::kImage) == std::string::npos) {
+      std::string front;
+      for (size_t i = 0; i < images.size(); ++i) front += std::string(chat_token::kImage) + "\n\n";
+      text = front + text;
+    }
+    std::vector<PromptImage> placed;
+    std::vector<int> prompt_ids = !args->ids.empty() ? parse_ids(args->ids)
+                                  : images.empty()   ? tokenizer->encode(text)
+                                                     : encode_with_images(*tokenizer, text, true, images, c, placed);
     for (int id : prompt_ids)
       if (id < 0 || id >= c.vocab_size) fail("--ids", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(id));
     Session session(*m.executor, m.tokenizer_or_null(), args->exact ? Mode::Exact : Mode::Default);
@@ -91,7 +110,7 @@ void add_generate(CLI::App& app) {
     if (speculative && args->sampling.edits_logits())
       fail("--speculative dspark", "no logit edits (penalties change what a verifier compares)", "penalties set");
     Sampler sampler(args->sampling, c.vocab_size);
-    sampler.start_reply(prompt_ids);
+    sampler.start_reply(text_tokens(prompt_ids, placed));
     std::optional<StreamDecoder> stream;
     if (tokenizer) stream.emplace(*tokenizer, true);
     auto emit = [&](int id) {
@@ -101,7 +120,7 @@ void add_generate(CLI::App& app) {
     };
 
     const auto t0 = Clock::now();
-    std::vector<float> logits = session.prefill(prompt_ids);
+    std::vector<float> logits = session.prefill(prompt_ids, placed);
     const Session::Work prefill_work = session.work();
     const double prefill_s = seconds_since(t0);
     std::vector<int> generated;
@@ -144,6 +163,7 @@ void add_generate(CLI::App& app) {
 
     if (args->as_json) {
       json out = {{"prompt_ids", prompt_ids},
+                  {"image_tokens", image_span_tokens(placed)},
                   {"generated_ids", generated},
                   {"text", tokenizer ? tokenizer->decode(generated, true) : ""},
                   {"mode", mode},

@@ -610,10 +610,12 @@ ResponseMeta new_response_meta(std::string_view prefix, std::string model) {
 namespace {
 
 json usage_json(const Usage& u) {
+  json details = {{"cached_tokens", u.cached_tokens}, {"replayed_tokens", u.replayed_tokens}};
+  if (u.image_tokens > 0) details["image_tokens"] = u.image_tokens;
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
           {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}, {"replayed_tokens", u.replayed_tokens}}}};
+          {"prompt_tokens_details", details}};
 }
 
 json header(const ResponseMeta& meta, const char* object) {

@@ -140,9 +140,10 @@ const char* to_string(FinishReason reason);
 
 // A response's token counts (docs/openai-api.md, "usage"): the prompt's tokens; of them the cached
 // ones (their KV from the KV tiers or a sequence on the device, not computed), and of those the
-// replayed ones (rerun to rebuild sliding-window KV: PrefixUse::replayed); the tokens generated.
+// replayed ones (rerun to rebuild sliding-window KV: PrefixUse::replayed); the prompt's image-span
+// tokens (dsv41's image_tokens, sent when not 0); the tokens generated.
 struct Usage {
-  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0, replayed_tokens = 0;
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0, replayed_tokens = 0, image_tokens = 0;
 };
 
 // One generated token's logprob and, when asked, the best alternatives at its position. Token

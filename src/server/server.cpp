@@ -25,6 +25,7 @@
 #include "engine/grammar/structured.h"
 #include "kv/checkpoint_identity.h"
 #include "server/metrics.h"
+#include "server/image_url.h"
 #include "server/openai_api.h"
 #include "server/stop_strings.h"
 #include "server/web/chat_page.h"
@@ -227,19 +228,27 @@ struct Server::State {
   }
   bool authorized(const httplib::Request& req, httplib::Response& res);
   void generate(const httplib::Request& req, httplib::Response& res, bool chat);
-  // A chat request's prompt as /v1/chat/completions runs it (rendered, then encoded); `thinking`
-  // receives whether the reply opens in reasoning.
-  std::vector<int> chat_prompt(const ChatRequest& r, bool& thinking) const;
+  // A chat request's prompt as /v1/chat/completions runs it (rendered, then encoded, each image
+  // part decoded and placed at its span in `images`); `thinking` receives whether the reply opens
+  // in reasoning.
+  std::vector<int> chat_prompt(const ChatRequest& r, bool& thinking, std::vector<PromptImage>& images) const;
   std::string render_metrics();
   Counter& http_responses(int status) {
     return metrics.counter("dsv41_http_responses_total", "HTTP responses by status", {{"status", std::to_string(status)}});
   }
 };
 
-std::vector<int> Server::State::chat_prompt(const ChatRequest& r, bool& thinking) const {
+std::vector<int> Server::State::chat_prompt(const ChatRequest& r, bool& thinking, std::vector<PromptImage>& images) const {
   ChatOptions chat_options;
   try {
     const std::vector<ChatMessage> messages = chat_messages_from_json(r.messages);
+    // The images first: a bad one is the request's first error, before anything is rendered.
+    const std::vector<std::string> urls = chat_image_urls(messages);
+    if (!urls.empty() && !model->has_vision())
+      throw ApiError(400, "messages: expected no image parts for a model without a vision tower (" + options.model_name + "), found " +
+                              std::to_string(urls.size()), "messages", "invalid_value");
+    std::vector<std::shared_ptr<const ImageInput>> inputs;
+    for (size_t i = 0; i < urls.size(); ++i) inputs.push_back(load_image_url(urls[i], i, model->config()));
     chat_options.tools = chat_tools_from_json(r.tools);
     if (!r.reasoning_effort.is_null()) chat_options.reasoning_effort = reasoning_effort_from_json(r.reasoning_effort);
     if (r.chat_template_kwargs.is_object() && r.chat_template_kwargs.contains("thinking")) {
@@ -250,7 +259,8 @@ std::vector<int> Server::State::chat_prompt(const ChatRequest& r, bool& thinking
       chat_options.thinking = t.get<bool>();
     }
     thinking = chat_options.thinking;
-    return tokenizer->encode(render_chat(messages, chat_options), /*add_special_tokens=*/false);
+    return encode_with_images(*tokenizer, render_chat(messages, chat_options), /*add_special_tokens=*/false, inputs,
+                              model->config(), images);
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "messages", "invalid_value");
   }
@@ -318,7 +328,7 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     if (chat) {
       ChatRequest r = parse_chat_request(req.body, api);
       gen = r.gen;
-      request.prompt = chat_prompt(r, thinking);
+      request.prompt = chat_prompt(r, thinking, request.images);
       // response_format and required tool calls: the reply's grammar, from the end of its reasoning.
       request.grammar = output_grammar(r, *grammars);
       if (thinking && request.grammar) request.grammar_after = std::string(chat_token::kThinkEnd);
@@ -405,14 +415,15 @@ void Server::State::generate(const httplib::Request& req, httplib::Response& res
     choices->push_back(Choice{ReplyStream(*tokenizer, gen.sampling.stop, chat, thinking, request.top_logprobs), {}, {}, {}});
     choices->back().chat.index = choices->back().completion.index = k;
   }
-  const int64_t prompt_tokens = int64_t(request.prompt.size());
+  const int64_t prompt_tokens = int64_t(request.prompt.size()), image_tokens = image_span_tokens(request.images);
   access.prompt_tokens = prompt_tokens;
   const bool include_usage = gen.include_usage;
   const int connection = stream ? -1 : connection_socket(req);
   auto failure = std::make_shared<std::optional<ApiError>>();  // a plain response's engine failure
-  auto provider = [this, generation, choices, meta, chat, stream, include_usage, prompt_tokens, arrived, connection, echo,
-                   failure, taken = std::move(taken)](size_t, httplib::DataSink& sink) mutable {
+  auto provider = [this, generation, choices, meta, chat, stream, include_usage, prompt_tokens, image_tokens, arrived, connection,
+                   echo, failure, taken = std::move(taken)](size_t, httplib::DataSink& sink) mutable {
     Usage usage{prompt_tokens, 0, 0};
+    usage.image_tokens = image_tokens;
     int finished = 0;
     bool first_token = true, gone = false;
     auto last_write = Steady::now();
@@ -701,7 +712,8 @@ void Server::State::routes() {
     try {
       const TokenizeRequest r = parse_tokenize_request(req.body, api);
       bool thinking = false;
-      const std::vector<int> tokens = r.chat ? chat_prompt(*r.chat, thinking) : tokenizer->encode(*r.prompt, r.add_special_tokens);
+      std::vector<PromptImage> images;
+      const std::vector<int> tokens = r.chat ? chat_prompt(*r.chat, thinking, images) : tokenizer->encode(*r.prompt, r.add_special_tokens);
       res.set_content(json_text(tokenize_json(tokens, model->config().max_seq_len)), "application/json");
     } catch (const ApiError& e) {
       send_error(res, e);
