@@ -19,6 +19,7 @@
 
 #include "base/error.h"
 #include "backend/cpu/moe.h"
+#include "engine/chat_format.h"
 #include "engine/prompt_image.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
@@ -27,6 +28,7 @@
 #include "forward/vision_cpu.h"
 #include "model/checkpoint.h"
 #include "model/random_checkpoint.h"
+#include "error_of.h"
 #include "ops_util.h"
 #include "test_util.h"
 
@@ -399,6 +401,31 @@ TEST_F(ForwardImage, PrefixCacheKnowsTheImage) {
   EXPECT_NE(with_b, logits);
 }
 
+// A global-KV hit in exact mode replays the last exact_replay_rows(config) = 121 positions below
+// the hit through every layer: here from the middle of the image's span, so the image is encoded
+// again for the span rows the replay reruns, and the result is a cold run's bit for bit.
+TEST_F(ForwardImage, AnExactReplayStartsInsideTheSpan) {
+  const std::unique_ptr<Model> m = Model::load(path("vision"));
+  const Config& c = m->config();
+  const Tokenizer tokenizer = Tokenizer::from_file(path("vision") + "/tokenizer.json");
+  const std::shared_ptr<const ImageInput> a = prepare_image(picture(90, 130, 8), c);  // a span of 18
+  std::vector<int> after;
+  for (int t = 0; t < 120; ++t) after.push_back(100 + t);
+  const ImagePrompt p = image_prompt(c, {5, 9, 17}, a, after);  // 141 tokens: 2 blocks of 64, the span in the first
+  ASSERT_EQ(exact_replay_rows(c), 121);
+  KvCacheOptions options;
+  options.mode = mode_name(Mode::Exact);
+  KvCache cache(c, options);
+  Session first(*m, &tokenizer, Mode::Exact), again(*m, &tokenizer, Mode::Exact), cold(*m, &tokenizer, Mode::Exact);
+  first.prefill_prompt(p.tokens, &cache, nullptr, p.images);
+  PrefixUse use;
+  const std::vector<float> logits = again.prefill_prompt(p.tokens, &cache, &use, p.images);
+  EXPECT_EQ(use.global_tokens, 128);
+  EXPECT_EQ(use.replayed, 121);  // from position 7, inside the span [3, 21)
+  EXPECT_EQ(again.work().images_encoded, 1);
+  EXPECT_EQ(logits, cold.prefill_prompt(p.tokens, nullptr, nullptr, p.images));
+}
+
 TEST_F(ForwardImage, PromptImagesAreCheckedAgainstThePrompt) {
   const std::unique_ptr<Model> m = Model::load(path("vision"));
   const Config& c = m->config();
@@ -477,6 +504,32 @@ TEST_F(ForwardImage, SchedulerServesImagePrompts) {
   misplaced.prompt = p.tokens;
   misplaced.images = {PromptImage{1, a}};
   EXPECT_THROW(scheduler.submit(misplaced), Error);
+}
+
+// prepare_vl_inputs's expansion: the text between placeholders through the tokenizer (special
+// tokens on the first piece only), each placeholder its image's span; as many images as
+// placeholders, or an error saying both counts.
+TEST_F(ForwardImage, EncodeWithImagesPlacesEachSpan) {
+  const Config c = preset("tiny-vision");
+  const Tokenizer tokenizer = Tokenizer::from_file(path("vision") + "/tokenizer.json");
+  const std::shared_ptr<const ImageInput> a = prepare_image(picture(112, 70, 9), c), b = prepare_image(picture(60, 60, 10), c);
+  const std::string ph(chat_token::kImage);
+  std::vector<PromptImage> placed;
+  const std::vector<int> ids = encode_with_images(tokenizer, "look " + ph + " and" + ph, true, std::vector{a, b}, c, placed);
+  std::vector<int> expected = tokenizer.encode("look ", true);
+  const int64_t at_a = int64_t(expected.size());
+  expected.insert(expected.end(), size_t(a->plan.span_tokens()), int(c.image_token_id));
+  const std::vector<int> middle = tokenizer.encode(" and", false);
+  expected.insert(expected.end(), middle.begin(), middle.end());
+  const int64_t at_b = int64_t(expected.size());
+  expected.insert(expected.end(), size_t(b->plan.span_tokens()), int(c.image_token_id));
+  EXPECT_EQ(ids, expected);
+  ASSERT_EQ(placed.size(), 2u);
+  EXPECT_EQ(placed[0].start, at_a);
+  EXPECT_EQ(placed[1].start, at_b);
+  EXPECT_EQ(placed[1].image, b);
+  EXPECT_EQ(test::error_of([&] { encode_with_images(tokenizer, "look " + ph, false, std::vector{a, b}, c, placed); }),
+            "prompt: expected 2 image placeholders <｜deepseek_image｜>, one per image, found 1");
 }
 
 // The content hash is of the picture: the same pixels share it, one changed pixel does not.
