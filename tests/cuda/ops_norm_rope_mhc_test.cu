@@ -204,13 +204,23 @@ struct MegaCase {
     dpost2 = out(size_t(c.rows) * c.hc), dcomb2 = out(comb.size());
   }
 
-  void run(int r0, int rows) {
+  // The hc and norm weights' views of their device copies.
+  HcWeights device_hc() const {
     HcWeights dw = hw;
     dw.fn.data = reinterpret_cast<const uint8_t*>(dfn->get());
     dw.base.data = reinterpret_cast<const uint8_t*>(dbase->get());
     dw.scale.data = reinterpret_cast<const uint8_t*>(dscale->get());
+    return dw;
+  }
+  Weight device_norm() const {
     Weight dnw = nw;
     dnw.data = reinterpret_cast<const uint8_t*>(dnorm->get());
+    return dnw;
+  }
+
+  void run(int r0, int rows) {
+    const HcWeights dw = device_hc();
+    const Weight dnw = device_norm();
     const int hc = c.hc, d = c.d;
     cuda::mega_mhc(df->get() + r0 * d, dX->get() + size_t(r0) * n, dpost->get() + r0 * hc, dcomb->get() + r0 * hc * hc,
                    dpre_in->get() + r0 * hc, rows, hc, d, dw, &dnw, kEps, 20, 1e-6f, dXo->get() + size_t(r0) * n,
@@ -220,12 +230,8 @@ struct MegaCase {
   // As run, in mega_mhc's two halves: mega_mhc_rows on stream `a`, then mhc_coefficients on stream
   // `b` once an event says the first half is done (the forward's side stream).
   void run_halves(int rows, cudaStream_t a, cudaStream_t b) {
-    HcWeights dw = hw;
-    dw.fn.data = reinterpret_cast<const uint8_t*>(dfn->get());
-    dw.base.data = reinterpret_cast<const uint8_t*>(dbase->get());
-    dw.scale.data = reinterpret_cast<const uint8_t*>(dscale->get());
-    Weight dnw = nw;
-    dnw.data = reinterpret_cast<const uint8_t*>(dnorm->get());
+    const HcWeights dw = device_hc();
+    const Weight dnw = device_norm();
     DeviceArray<float> m(size_t(rows) * cuda::mix_count(c.hc));
     m.poison();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the poison is on the legacy stream, which a and b do not wait for
