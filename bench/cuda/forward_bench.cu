@@ -15,7 +15,9 @@
 // samples them (a batch of 64 rows' 129K logits is 33 MB: copying them out and into per-row
 // vectors cost ~20 ms a step); tokens/s and the bandwidth are the graph's. One more decode step
 // per row, and each prompt length's exact prefill a third time, run with op times (op_times.h):
-// the device time per op, and the GPU's idle time between ops. --turn N: after each default-mode prefill, a call of N more tokens on the same
+// the device time per op, and the GPU's idle time between ops; the decode step's ops also by kernel
+// class (dense projections, MoE, sparse attention, indexer, mHC, other) beside the bytes the model
+// above gives each class, so that the bandwidth gap shows by part. --turn N: after each default-mode prefill, a call of N more tokens on the same
 // sequence (an agent's next turn on its cached prefix: the compute of an SWA hit's TTFT), timed,
 // then once more with op times. --prompt-batch NxP: N fresh sequences of P prompt tokens each in
 // one default-mode call (the prefill of `bench serve`'s c64 load: 64x128), timed, then with op times.
@@ -25,7 +27,7 @@
 //                      [--turn 80] [--prompt-batch 64x128] [--json FILE --commit REV]
 //
 // --json writes every figure as one object: commit, gpu, decode.<batch>.<context>.{ms_per_step,
-// tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
+// tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms, classes.<class>.{ms, bytes, gb_per_s}}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
 // exact_ops_ms.<op>, exact_idle_ms, turn_rows, turn_ms, turn_ops_ms.<op>, turn_idle_ms},
 // prompt_batch.{prompts, prompt_tokens, ms, tokens_per_s, ops_ms.<op>, idle_ms}.
 #include <cuda_runtime.h>
@@ -123,45 +125,97 @@ double copy_bandwidth() {
   return 2.0 * double(bytes) * reps / (double(ms) * 1e-3);
 }
 
+// The weights a decode step reads once whatever the batch (dense = projections + moe + mhc) and
+// per routed expert chosen.
 struct WeightBytes {
-  double dense = 0;   // read once per step whatever the batch: attention, norms, mHC, gates, shared experts, head
-  double expert = 0;  // one routed expert (w1, w2, w3 with scales), per MoE layer
+  double projections = 0;  // attention's and the compressor's, the indexer's, Engram's, the norms, the head
+  double moe = 0;          // the gates and the shared experts
+  double mhc = 0;          // hc_fn of both sub-layers
+  double expert = 0;       // one routed expert (w1, w2, w3 with scales), per MoE layer
+  double dense() const { return projections + moe + mhc; }
 };
 
 WeightBytes weight_bytes(const Model& m) {
   const Config& c = m.config();
   WeightBytes b;
-  auto add = [](double& to, const Weight& w) { to += double(w.data_bytes() + w.scale_bytes()); };
-  add(b.dense, m.head());
-  add(b.dense, m.norm());
+  auto add = [](double& to, const Weight& w) {
+    if (w.data) to += double(w.data_bytes() + w.scale_bytes());
+  };
+  add(b.projections, m.head());
+  add(b.projections, m.norm());
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = m.layer(l);
     const AttentionWeights& a = L.attn;
-    for (const Weight* w : {&L.attn_norm, &L.ffn_norm, &L.hc_attn.fn, &L.hc_ffn.fn, &a.wq_a, &a.q_norm, &a.wq_b, &a.wkv,
-                            &a.kv_norm, &a.wo_a, &a.wo_b, &a.compressor_wkv, &a.compressor_wgate, &a.compressor_norm,
-                            &a.indexer_wq_b, &a.indexer_weights_proj, &a.indexer_wk, &a.indexer_k_norm, &L.gate,
-                            &L.shared.w1, &L.shared.w2, &L.shared.w3})
-      if (w->data) add(b.dense, *w);
-    if (L.engram) add(b.dense, L.engram->wkv);
+    for (const Weight* w : {&L.attn_norm, &L.ffn_norm, &a.wq_a, &a.q_norm, &a.wq_b, &a.wkv, &a.kv_norm, &a.wo_a, &a.wo_b,
+                            &a.compressor_wkv, &a.compressor_wgate, &a.compressor_norm, &a.indexer_wq_b,
+                            &a.indexer_weights_proj, &a.indexer_wk, &a.indexer_k_norm})
+      add(b.projections, *w);
+    for (const Weight* w : {&L.gate, &L.shared.w1, &L.shared.w2, &L.shared.w3}) add(b.moe, *w);
+    for (const Weight* w : {&L.hc_attn.fn, &L.hc_ffn.fn}) add(b.mhc, *w);
+    if (L.engram) add(b.projections, L.engram->wkv);
   }
   const ExpertWeights& e = m.layer(0).experts.at(0);
   for (const Weight* w : {&e.w1, &e.w2, &e.w3}) add(b.expert, *w);
   return b;
 }
 
-// KV bytes one token reads at `context`: its window in every layer, the top-k entries of every
-// compressed layer, and the index keys every index source scans.
-double kv_bytes_per_token(const Config& c, int64_t context) {
-  double bytes = 0;
+// KV bytes one token reads at `context`: its window in every layer and the top-k entries of every
+// compressed layer (attention), and the index keys every index source scans (indexer).
+struct KvBytes {
+  double attention = 0, indexer = 0;
+  double total() const { return attention + indexer; }
+};
+KvBytes kv_bytes_per_token(const Config& c, int64_t context) {
+  KvBytes bytes;
   for (int l = 0; l < c.n_layers; ++l) {
-    bytes += double(c.window_size) * double(swa_fp8::bytes(c.head_dim));
+    bytes.attention += double(c.window_size) * double(swa_fp8::bytes(c.head_dim));
     const int ratio = c.compress_ratios[size_t(l)];
     if (ratio == 0) continue;
     const double entries = double(context / ratio);
-    bytes += std::min<double>(c.index_topk, entries) * double(kv_fp4::bytes(c.head_dim));
-    if (c.is_index_source(l)) bytes += entries * double(mxfp4::bytes(c.index_head_dim));
+    bytes.attention += std::min<double>(c.index_topk, entries) * double(kv_fp4::bytes(c.head_dim));
+    if (c.is_index_source(l)) bytes.indexer += entries * double(mxfp4::bytes(c.index_head_dim));
   }
   return bytes;
+}
+
+// A decode step by kernel class: each class's device time (its ops' in the op times), the bytes the
+// model says it must move (weights once per step, KV per row, the residual streams through mHC),
+// and the bandwidth that makes, as a markdown table and into `classes`.
+std::string class_table(const OpTimes& times, const Config& c, const WeightBytes& wb, double expert_bytes, int64_t B,
+                        int64_t context, double copy_bw, nlohmann::json& classes) {
+  const KvBytes kv = kv_bytes_per_token(c, context);
+  // mHC's residual traffic per row and boundary: X and Xo (hc·d each), f and h (d each), fp32.
+  const double streams = double(2 * c.hc_mult + 2) * double(c.dim) * 4.0 * double(2 * c.n_layers) * double(B);
+  struct Class {
+    const char* name;
+    double bytes, ms = 0;
+  };
+  Class cls[] = {{"dense projections", wb.projections},
+                 {"MoE (experts, gate, shared)", wb.moe + expert_bytes},
+                 {"sparse attention", double(B) * kv.attention},
+                 {"indexer", double(B) * kv.indexer},
+                 {"mHC", wb.mhc + streams},
+                 {"other", 0}};
+  auto class_of = [](const std::string& op) {
+    auto starts = [&](const char* p) { return op.rfind(p, 0) == 0; };
+    if (starts("linear") || starts("head") || starts("compressor") || starts("engram")) return 0;
+    if (starts("moe")) return 1;
+    if (starts("sparse attention") || starts("window entries")) return 2;
+    if (starts("indexer")) return 3;
+    if (starts("mhc")) return 4;
+    return 5;
+  };
+  for (const OpTimes::Total& t : times.totals()) cls[class_of(t.name)].ms += t.ms;
+  std::string out = "| class | ms | model bytes | GB/s | of copy BW |\n| --- | ---: | ---: | ---: | ---: |\n";
+  char line[256];
+  for (const Class& k : cls) {
+    const double gbps = k.ms > 0 ? k.bytes / (k.ms * 1e-3) / 1e9 : 0;
+    std::snprintf(line, sizeof(line), "| %s | %.2f | %.1f MB | %.0f | %.1f%% |\n", k.name, k.ms, k.bytes / 1e6, gbps,
+                  100.0 * gbps * 1e9 / copy_bw);
+    out += line;
+    classes[k.name] = {{"ms", k.ms}, {"bytes", k.bytes}, {"gb_per_s", gbps}};
+  }
+  return out;
 }
 
 struct Inputs {
@@ -256,7 +310,7 @@ int main(int argc, char** argv) try {
 
   struct DecodeBreakdown {
     int64_t batch, context;
-    std::string table;
+    std::string table, classes;
   };
   std::vector<DecodeBreakdown> decode_breakdown;
   std::printf("\n| batch | context | ms / step, calls | ms / step, graph | graph nodes | tokens/s | bytes / token | achieved GB/s | of copy BW |\n");
@@ -317,7 +371,8 @@ int main(int argc, char** argv) try {
         step_s = timed(steps + 2, true);
       }
       const double experts = double(E) * (1.0 - std::pow(1.0 - double(k) / E, double(B)));
-      const double step_bytes = wb.dense + moe_layers * experts * wb.expert + double(B) * kv_bytes_per_token(c, context);
+      const double expert_bytes = moe_layers * experts * wb.expert;
+      const double step_bytes = wb.dense() + expert_bytes + double(B) * kv_bytes_per_token(c, context).total();
       std::printf("| %lld | %lld | %.2f | %.2f | %zu | %.1f | %.2f GB | %.0f | %.1f%% |\n", (long long)B, (long long)context, calls_s * 1e3,
                   step_s * 1e3, graph ? graph->nodes() : size_t(0),
                   double(B) / step_s, step_bytes / double(B) / 1e9, step_bytes / step_s / 1e9,
@@ -330,7 +385,8 @@ int main(int argc, char** argv) try {
       times = &decode_times;
       step(2 * steps + 4, false);
       check(cudaDeviceSynchronize(), "decode");
-      decode_breakdown.push_back({B, context, op_table(decode_times, row["ops_ms"], row["idle_ms"])});
+      decode_breakdown.push_back({B, context, op_table(decode_times, row["ops_ms"], row["idle_ms"]),
+                                  class_table(decode_times, c, wb, expert_bytes, B, context, copy_bw, row["classes"])});
     }
 
   std::printf("\n| prompt | mode | seconds | tokens/s | weight TFLOP/s | default / exact |\n| ---: | --- | ---: | ---: | ---: | ---: |\n");
@@ -386,9 +442,10 @@ int main(int argc, char** argv) try {
     }
   }
   // Where the time goes: each op's device time, largest first.
-  for (const auto& [B, context, table] : decode_breakdown)
-    std::printf("\nDecode step, batch %lld at %lld context, device time per op (one forward_batch call):\n\n%s", (long long)B,
-                (long long)context, table.c_str());
+  for (const auto& [B, context, table, classes] : decode_breakdown)
+    std::printf("\nDecode step, batch %lld at %lld context, device time per op (one forward_batch call):\n\n%s\n"
+                "The same step by kernel class, against the bytes the model says each must move:\n\n%s",
+                (long long)B, (long long)context, table.c_str(), classes.c_str());
   for (const auto& [P, times] : breakdowns) {
     nlohmann::json& row = report["prefill"][std::to_string(P)];
     std::printf("\nExact prefill of %lld tokens, device time per op:\n\n%s", (long long)P,
