@@ -154,6 +154,7 @@ class Fixture {
       ForwardOptions opt;
       opt.all_logits = all;
       opt.trace = &trace;
+      if (!decode && spans.count(prompt)) opt.span_embeddings = spans.at(prompt).data() + first;
       if (force) {
         f = source ? (*source)(decode, first, int64_t(tokens.size())) : recorded(prompt, decode, first, int64_t(tokens.size()));
         trace.forced_topk = &f.topk;
@@ -188,6 +189,9 @@ class Fixture {
   Expected ex;
   json baseline;
   NewSequence new_sequence;
+  // Image spans (v41-tiny-vision): per prompt, the embedding of each prefill row, null for a text
+  // row (ForwardOptions::span_embeddings); none for the text fixtures.
+  std::map<int, std::vector<const float*>> spans;
 };
 
 // Baseline figures over several blocks of rows (prefill and decode of several prompts) pooled:
