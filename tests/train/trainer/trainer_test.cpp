@@ -148,6 +148,20 @@ TEST(Trainer, ResumeRefusesWhatItCannotContinue) {
   EXPECT_NE(none.find("expected a checkpoint to resume from"), std::string::npos) << none;
 }
 
+TEST(Trainer, KeepsTheNewestCheckpoints) {
+  test::TempDir out("train_keep");
+  json config = base_config(out.path(), 3);
+  config["checkpoint_interval"] = 1;
+  config["keep_checkpoints"] = 2;
+  config["validation_interval"] = 0;
+  Trainer::start(config_of(config))->run();
+  std::vector<std::string> dirs;
+  for (const fs::directory_entry& e : fs::directory_iterator(out.path()))
+    if (e.is_directory() && !e.is_symlink()) dirs.push_back(e.path().filename().string());
+  std::sort(dirs.begin(), dirs.end());
+  EXPECT_EQ(dirs, (std::vector<std::string>{"step-00000002", "step-00000003"}));
+}
+
 // The cross-entropy of the validation split's next tokens under the train split's token
 // frequencies: what a model that learned the frequencies alone, and no context, would score.
 double unigram_cross_entropy() {
