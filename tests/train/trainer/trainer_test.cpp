@@ -11,6 +11,7 @@
 //    and the served forward's logits are the training forward's within the bound argued for the
 //    checkpoint parity test (tests/train/train_model_parity_test.cpp).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -94,10 +95,14 @@ TEST(Trainer, ResumeReproducesTheRunBitForBit) {
   config["validation_interval"] = 2;
   Trainer::start(config_of(config))->run();
 
-  // Two steps, then the run extended to four.
+  // Two steps, then the run extended to four; the first part on one thread (the straight run on
+  // all of them): the threads do not change the bits.
   config["out"] = extended.string();
   config["steps"] = 2;
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
   Trainer::start(config_of(config))->run();
+  omp_set_num_threads(threads);
   ASSERT_TRUE(fs::exists(extended / "step-00000002/resume/masters.safetensors"));
   std::unique_ptr<Trainer> more = Trainer::resume(extended.string(), 4);
   EXPECT_EQ(more->step(), 2);
