@@ -111,7 +111,7 @@ TrainerState read_trainer_state(const std::string& path) {
 struct Trainer::Run {
   TrainConfig cfg;
   TokenizerFiles tokenizer;
-  PackedTokens train_tokens, validation_tokens;
+  PackedTokens train_split, validation_split;
   std::unique_ptr<EngramHasher> hasher;
   Parameters<float> params;
   TrainModel<float> model;
@@ -124,10 +124,10 @@ struct Trainer::Run {
   Run(TrainConfig config, const TokenizerFiles& files, PackedTokens train, uint64_t position)
       : cfg(std::move(config)),
         tokenizer(files),
-        train_tokens(std::move(train)),
+        train_split(std::move(train)),
         params(cfg.model),
         model(params, cfg.qat),
-        order(train_tokens, uint64_t(cfg.seq_len), cfg.seed, position) {
+        order(train_split, uint64_t(cfg.seq_len), cfg.seed, position) {
     if (cfg.validation_interval > 0) read_validation();
     if (cfg.model.has_engram())
       hasher = std::make_unique<EngramHasher>(cfg.model, engram_compress_vocabulary(tokenizer.tokenizer).token_map);
@@ -188,15 +188,15 @@ struct Trainer::Run {
 
   void read_validation() {
     const std::string path = cfg.data_dir + "/validation.tokens";
-    validation_tokens = PackedTokens::read(path);
-    if (validation_tokens.size() < uint64_t(cfg.seq_len + 1))
+    validation_split = PackedTokens::read(path);
+    if (validation_split.size() < uint64_t(cfg.seq_len + 1))
       fail(path, "at least seq_len + 1 = " + std::to_string(cfg.seq_len + 1) + " tokens for a validation sequence",
-           std::to_string(validation_tokens.size()));
+           std::to_string(validation_split.size()));
   }
 
   double validation_loss() {
-    if (validation_tokens.size() == 0) read_validation();
-    const SequenceIterator file_order(validation_tokens, uint64_t(cfg.seq_len), cfg.seed);
+    if (validation_split.size() == 0) read_validation();
+    const SequenceIterator file_order(validation_split, uint64_t(cfg.seq_len), cfg.seed);
     const uint64_t n = std::min<uint64_t>(uint64_t((cfg.validation_tokens + cfg.seq_len - 1) / cfg.seq_len),
                                           file_order.sequences_per_epoch());
     double sum = 0;
@@ -222,7 +222,7 @@ struct Trainer::Run {
                         {"data_position", order.position()},
                         {"tokens", tokens},
                         {"seed", cfg.seed},
-                        {"train_tokens", train_tokens.size()}};
+                        {"train_tokens", train_split.size()}};
     write_text((resume / "trainer.json").string(), state.dump(2) + "\n");
     fs::remove_all(dir);
     fs::rename(partial, dir);
