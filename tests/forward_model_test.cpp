@@ -10,17 +10,25 @@
 
 using namespace dsv41;
 
-// A feature the engine does not implement is refused by name, not silently skipped.
-TEST(ForwardModel, RefusesAVisionTowerByName) {
-  Config c = preset("tiny");
-  c.vision = VisionConfig{1, 64, 4, 64, 14, 10000.0, 3, 16, 544 * 544, std::nullopt};
+// A checkpoint with a vision tower loads (docs/vision.md): the tower, the span delimiters as fp32
+// rows of the checkpoint's bf16 values, and every backbone gate's bias_vl.
+TEST(ForwardModel, LoadsAVisionTower) {
+  const Config c = preset("tiny-vision");
   test::TempDir dir("forward_model_test");
   write_random_checkpoint(c, dir.string(), {});
-  try {
-    Model::load(dir.string());
-    ADD_FAILURE() << "a checkpoint with a vision tower was loaded";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("vision"), std::string::npos) << e.what();
+  const std::unique_ptr<Model> m = Model::load(dir.string());
+  ASSERT_TRUE(m->has_vision());
+  EXPECT_EQ(m->vision().blocks.size(), size_t(c.vision.n_layers));
+  EXPECT_EQ(m->vision().aligner_w2.rows, c.dim);
+  const Model::ImageDelimiters& d = m->image_delimiters();
+  std::vector<float> start(static_cast<size_t>(c.dim));
+  m->vision().image_start.row(0, start.data());
+  EXPECT_EQ(d.start, start);
+  EXPECT_EQ(d.newline.size(), size_t(c.dim));
+  EXPECT_NE(d.newline, d.end);
+  for (int l = 0; l < c.n_layers; ++l) {
+    ASSERT_NE(m->layer(l).gate_bias_vl.data, nullptr) << l;
+    EXPECT_EQ(m->layer(l).gate_bias_vl.cols, c.routed_experts(l)) << l;
   }
 }
 
