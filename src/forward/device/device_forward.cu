@@ -740,6 +740,7 @@ void Call::window_entries(int l, Floats& kv) {
     // slots and every row of the block.
     const Item& it = items_[0];
     const int64_t S = std::min(W, it.start);
+    window_buffers_.clear();
     uint8_t* buffer = window_buffers_.emplace_back(scratch<uint8_t>((W + T) * int64_t(slot), stream_)).get();
     check(cudaMemcpyAsync(buffer, it.seq->window[size_t(l)].get(), W * slot, cudaMemcpyDeviceToDevice, stream_), "draft window");
     std::vector<uint8_t*> dest;
