@@ -5,9 +5,11 @@
 // holding plain decoding's state byte for byte.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "base/error.h"
+#include "engine/executors.h"
 #include "engine/prefix_schedule.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
@@ -15,6 +17,7 @@
 #include "forward/sequence_mark.h"
 #include "model/random_checkpoint.h"
 #include "same_state.h"
+#include "test_device.h"
 #include "test_util.h"
 
 using namespace dsv41;
@@ -141,6 +144,101 @@ TEST(Speculative, GreedyEqualsPlainGreedy) {
       expect_same_state(c, state, reference, how);
       if (good >= 0)
         for (int a : accepted) EXPECT_EQ(a, good) << how;
+    }
+  }
+}
+
+// The greedy rule, keeping each target row that chose an emitted token (row k of a pass chose the
+// pass's k-th emitted token).
+class RecordingVerifier final : public Verifier {
+ public:
+  explicit RecordingVerifier(int64_t vocab) : inner_(vocab, vocab), vocab_(vocab) {}
+  int draft(std::span<const float> logits) override { return inner_.draft(logits); }
+  Verdict verify(std::span<const float> target, const Draft& draft) override {
+    const Verdict v = inner_.verify(target, draft);
+    for (int k = 0; k <= v.accepted; ++k)
+      rows.emplace_back(target.begin() + k * vocab_, target.begin() + (k + 1) * vocab_);
+    return v;
+  }
+  std::vector<std::vector<float>> rows;
+
+ private:
+  GreedyVerifier inner_;
+  int64_t vocab_;
+};
+
+// The same claim on the executor the engine's tests run on (test_device.h: the CPU, and CUDA where
+// tests/CMakeLists.txt registers this test again with DSV41_TEST_DEVICE=cuda): through Session on
+// that executor, greedy speculation with DSpark's drafts, an oracle's and half an oracle's emits
+// plain greedy decoding's first 20 tokens on the same executor. On CUDA a pass of several rows
+// sums its projections in another fp32 order than a one-row decode step (the GEMM's against the
+// GEMV's, forward_device_test BatchEqualsAlone), so the rows that choose a token differ there by
+// rounding noise: a token differs only where such noise flips a near-tie, which these short
+// continuations of v41-tiny and the random tiny model are checked not to meet (a failure prints
+// the deciding rows' deviation and plain decoding's top-2 margin, to tell a flipped near-tie from
+// a wrong token).
+TEST(Speculative, GreedyEqualsPlainGreedyOnTheTestDevice) {
+  test::TempDir dir("speculative_test");
+  write_random_checkpoint(preset("tiny"), dir.string(), {});
+  auto random_model = Model::load(dir.string());
+  Tokenizer random_tokenizer = Tokenizer::from_file(dir.string() + "/tokenizer.json");
+  auto fixture_model = Model::load(test::fixture_dir("v41-tiny"));
+  Tokenizer fixture_tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
+  const Config& rc = random_model->config();
+  const Config& fc = fixture_model->config();
+  for (const Target& t : {Target{*random_model, &random_tokenizer, Mode::Default, random_tokens(rc, 3 * int(rc.window_size) + 1, 3)},
+                          Target{*fixture_model, &fixture_tokenizer, Mode::Default, random_tokens(fc, 67, 5)}}) {
+    const Config& c = t.model.config();
+    const int n = 20, G = c.dspark_block_size;
+    const int64_t V = c.vocab_size, P = int64_t(t.prompt.size());
+    std::unique_ptr<Executor> executor = make_executor(t.model, test::test_device());
+    const std::string what = c.source + " on " + executor->name();
+    // Plain greedy decoding, and the row that chose each token after the first.
+    std::vector<int> want;
+    std::vector<std::vector<float>> want_rows;
+    {
+      Session s(*executor, t.tokenizer, t.mode);
+      s.enable_drafting();
+      want.push_back(greedy(s.prefill(t.prompt)));
+      while (int(want.size()) < n + 2 * G) {
+        want_rows.push_back(s.decode(want.back()));
+        want.push_back(greedy(want_rows.back()));
+      }
+    }
+    for (const int good : {-1, G, G / 2}) {
+      const std::string how = what + (good < 0 ? ", DSpark's drafts" : ", an oracle's drafts, " + std::to_string(good) + " right");
+      Session s(*executor, t.tokenizer, t.mode);
+      s.enable_drafting();
+      auto oracle = [&](int anchor) {
+        const size_t i = size_t(s.length() - P);
+        Draft d{{anchor}, {}, {}};
+        for (int j = 1; j <= G; ++j) {
+          const int right = i + size_t(j) < want.size() ? want[i + size_t(j)] : 0;
+          d.tokens.push_back(j <= good ? right : (right + 1) % int(V));
+        }
+        return d;
+      };
+      RecordingVerifier verifier(V);
+      std::vector<int> got{greedy(s.prefill(t.prompt))};
+      while (int(got.size()) < n) {
+        const Session::Speculation step = s.speculate(got.back(), verifier, good < 0 ? Session::Drafter{} : Session::Drafter(oracle));
+        got.insert(got.end(), step.emitted.begin(), step.emitted.end());
+      }
+      ASSERT_EQ(verifier.rows.size() + 1, got.size()) << how;
+      for (int i = 1; i < n; ++i) {
+        if (got[size_t(i)] == want[size_t(i)]) continue;
+        const std::vector<float>& a = verifier.rows[size_t(i - 1)];
+        const std::vector<float>& b = want_rows[size_t(i - 1)];
+        double deviation = 0, top = -INFINITY, second = -INFINITY;
+        for (int64_t v = 0; v < V; ++v) {
+          deviation = std::max(deviation, std::fabs(double(a[size_t(v)]) - double(b[size_t(v)])));
+          if (b[size_t(v)] > top) second = top, top = b[size_t(v)];
+          else second = std::max(second, double(b[size_t(v)]));
+        }
+        ADD_FAILURE() << how << ": token " << i << " is " << got[size_t(i)] << ", plain decoding's " << want[size_t(i)]
+                      << " (the deciding rows part by " << deviation << "; plain's top-2 margin " << top - second << ")";
+        break;
+      }
     }
   }
 }

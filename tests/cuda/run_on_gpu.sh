@@ -2,7 +2,7 @@
 # Builds the CUDA core on the GPU machine, runs the GPU tests (ctest label gpu) and the CUDA kernel
 # benchmark. Without the Debian libraries there this is the core-only configuration; with .gpu
 # carried (scripts/gpu-env.sh unpacks it) the full one, whose gpu label also holds the engine's
-# tests on the CUDA executor (the server with the openai client, the scheduler). Logs go to $LOGS
+# tests on the CUDA executor (the server with the openai client, the scheduler, greedy speculation). Logs go to $LOGS
 # (default ./gpu-logs); BENCH_FILTER, if set, is passed to the benchmark as --benchmark_filter
 # (BENCH_FILTER=none: no benchmark). nlohmann-json must be in .deps/include (docs/cuda.md says how).
 set -uo pipefail
@@ -19,7 +19,7 @@ if [ -d .gpu ]; then
 fi
 cmake -S . -B "$build" -G Ninja "${full[@]}" > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
 targets=$(cd "$build" && ninja -t targets all | grep -oE '^(tests/)?cuda_[a-z_]+(test|bench)' | sed 's#^tests/##' | sort -u)
-[ ${#full[@]} -eq 0 ] || targets="$targets dsv41 scheduler_test server_test forward_parity_test"
+[ ${#full[@]} -eq 0 ] || targets="$targets dsv41 scheduler_test server_test forward_parity_test speculative_test"
 ninja -C "$build" -j"$(nproc)" $targets > "$logs/build.log" 2>&1 || { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
 (cd "$build" && ctest -L gpu --output-on-failure -V) > "$logs/tests.log" 2>&1
 tests_rc=$?

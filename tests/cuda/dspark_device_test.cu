@@ -1,0 +1,256 @@
+// DSpark's drafter on the CUDA executor (issue 18; device_dspark.h): the same calls as
+// dspark_test.cpp's CPU checks — the target's calls recording their context features, the
+// features ingested, a draft after each of a fixture's 8 teacher-forced decode steps anchored at
+// the reference's next token — through the Executor interface the engine drives, and a pass
+// marked and undone on the device.
+//
+// Tolerances, as dspark_test.cpp's for the CPU (every executor is held to the reference the same
+// way, forward_parity_test.cpp): the drafter makes its own discrete choices (its stages' experts,
+// fp8 roundings, the draft tokens) on values that carry the target's rounding noise, and the
+// device sums in other fp32 orders than the CPU (each op's test bounds them). So the short prompt
+// exactly (its draft tokens the reference's, as the CPU executor's, its logits within the
+// reference's own CUDA-vs-CPU figures or the CPU summation variants' spread, its confidences to
+// 2e-4 where the logits agree to 1e-4: dspark_test.cpp argues both); every prompt statistically
+// (mean and p99 within those figures) with every differing draft token at a near-tie.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "../forward_fixture.h"
+#include "../same_state.h"
+#include "base/error.h"
+#include "device_util.h"
+#include "forward/device/cuda_executor.h"
+#include "forward/dspark.h"
+
+namespace dsv41 {
+namespace {
+
+using namespace dsv41::test;
+
+const char* const kFixtures[] = {"v41-tiny", "v41-tiny-bf16", "v41-tiny-noengram"};
+
+// A prompt's drafts on `executor` after each decode step, the target's choices the reference's
+// (force) or its own: the prefill at once, then the teacher-forced decode tokens, each call's
+// context features ingested (as a session with drafting on does), each draft greedy.
+std::vector<Draft> run_drafts(Executor& executor, const Fixture& f, int prompt, bool force) {
+  const std::string p = f.prefix(prompt);
+  const std::vector<int> tokens = f.tokens(prompt);
+  const std::vector<int64_t> prefill_ids = f.hashes(prompt), decode_ids = f.hashes(prompt, true);
+  std::unique_ptr<Sequence> sequence = executor.new_sequence();
+  std::vector<float> hidden;
+  auto call = [&](std::span<const int> t, const int64_t* ids, bool decode, int64_t first) {
+    Trace trace;
+    Choices choices;
+    ForwardOptions opt;
+    opt.dspark_hidden = &hidden;
+    if (force) {
+      choices = f.recorded(prompt, decode, first, int64_t(t.size()));
+      trace.forced_topk = &choices.topk;
+      trace.forced_experts = &choices.experts;
+      opt.trace = &trace;
+    }
+    const int64_t at = sequence->length();
+    executor.forward_batch({BatchItem{sequence.get(), t, ids, opt}});
+    executor.dspark_ingest(*sequence, at, hidden, int64_t(t.size()));
+  };
+  call(tokens, f.ids(prefill_ids, 0), false, 0);
+  const std::vector<int64_t> decode = f.ex.ints(p + "decode.tokens"), next = f.ex.ints(p + "decode.next_tokens");
+  std::vector<Draft> out;
+  for (size_t k = 0; k < decode.size(); ++k) {
+    const int t = int(decode[k]);
+    call(std::span<const int>(&t, 1), f.ids(decode_ids, int64_t(k)), true, int64_t(k));
+    out.push_back(executor.dspark_draft(*sequence, int(next[k]), draft_argmax));
+  }
+  return out;
+}
+
+std::vector<float> logits_of(const std::vector<Draft>& drafts) {
+  std::vector<float> out;
+  for (const Draft& d : drafts) out.insert(out.end(), d.logits.begin(), d.logits.end());
+  return out;
+}
+
+// The CPU executor's drafts under each summation variant (forward_fixture.h kVariants): how far
+// two correct orders part.
+std::vector<std::vector<float>> cpu_variants(const Fixture& f, int prompt, bool force) {
+  CpuExecutor cpu(*f.model);
+  std::vector<std::vector<float>> runs;
+  for (int v = 0; v < kVariants; ++v) {
+    VariantScope scope(v);
+    runs.push_back(logits_of(run_drafts(cpu, f, prompt, force)));
+  }
+  return runs;
+}
+
+// Every draft that parts from the reference's does so first at a near-tie: the reference's top-1
+// over top-2 margin on the row that chose the first differing token is within twice our largest
+// deviation on that row (after it the Markov head reads another token: the rest may differ).
+void expect_tokens_differ_at_near_ties(const Fixture& f, int prompt, const std::vector<Draft>& ours, const std::string& what) {
+  const int64_t V = f.config().vocab_size, G = f.config().dspark_block_size;
+  const std::vector<int64_t> tokens = f.ex.ints(f.prefix(prompt) + "decode.spec_tokens");
+  const std::vector<float> logits = f.ex.floats(f.prefix(prompt) + "decode.spec_logits");
+  for (size_t k = 0; k < ours.size(); ++k) {
+    EXPECT_EQ(ours[k].tokens[0], tokens[k * (G + 1)]) << what << " step " << k << ": the anchor";
+    for (int64_t i = 1; i <= G; ++i) {
+      if (ours[k].tokens[size_t(i)] == tokens[k * (G + 1) + i]) continue;
+      const float* a = ours[k].logits.data() + (i - 1) * V;
+      const float* b = logits.data() + (int64_t(k) * G + i - 1) * V;
+      double deviation = 0, top = -INFINITY, second = -INFINITY;
+      for (int64_t v = 0; v < V; ++v) {
+        deviation = std::max(deviation, std::fabs(double(a[v]) - double(b[v])));
+        if (b[v] > top) second = top, top = b[v];
+        else second = std::max(second, double(b[v]));
+      }
+      EXPECT_LE(top - second, 2 * deviation) << what << " step " << k << " draft " << i << ": not a near-tie";
+      break;
+    }
+  }
+}
+
+// Exact level, the 5-token prompt (no near-tied choice in the target): every draft token is the
+// reference's and the CPU executor's; the logits within the reference's CUDA-vs-CPU figures or the
+// CPU variants' spread (×1.25), whichever is wider; the confidence logit to 2e-4 on every row
+// whose logits agree to 1e-4.
+TEST(DSparkDevice, ShortPromptDraftsAreTheReferences) {
+  DSV41_REQUIRE_DEVICE();
+  for (const char* name : kFixtures) {
+    Fixture f(name);
+    const int64_t V = f.config().vocab_size, G = f.config().dspark_block_size;
+    std::unique_ptr<Executor> device = cuda::make_executor(*f.model);
+    CpuExecutor cpu(*f.model);
+    const std::vector<Draft> ours = run_drafts(*device, f, 0, false), theirs = run_drafts(cpu, f, 0, false);
+    const LogitStats sp = spread(cpu_variants(f, 0, false), V);
+    const std::vector<int64_t> tokens = f.ex.ints("prompt0.decode.spec_tokens");
+    const std::vector<float> ref = f.ex.floats("prompt0.decode.spec_logits"), conf = f.ex.floats("prompt0.decode.spec_confidence");
+    const json& base = f.base("free", 0, "decode.spec_logits(same anchor)");
+    const LogitStats s = compare_logits(logits_of(ours), ref, V);
+    std::printf("%s device: max %.6f mean %.6f p99 %.6f | baseline max %.6f, CPU variants' spread %.6f\n", name, s.max, s.mean,
+                s.p99, base["max"].get<double>(), sp.max);
+    EXPECT_LE(s.max, std::max({kHeadroom * base["max"].get<double>(), kHeadroom * sp.max, 1e-5})) << name;
+    ASSERT_EQ(ours.size(), theirs.size()) << name;
+    int compared = 0;
+    for (size_t k = 0; k < ours.size(); ++k) {
+      const Draft& d = ours[k];
+      EXPECT_EQ(d.tokens, theirs[k].tokens) << name << " step " << k << ": the CPU executor's draft";
+      for (int64_t i = 0; i <= G; ++i) EXPECT_EQ(d.tokens[size_t(i)], tokens[k * (G + 1) + i]) << name << " step " << k;
+      ASSERT_EQ(d.confidence.size(), size_t(G)) << name;
+      for (int64_t i = 0; i < G; ++i) {
+        double row = 0;
+        for (int64_t x = 0; x < V; ++x) row = std::max(row, std::fabs(double(d.logits[size_t(i * V + x)]) - ref[(k * G + i) * V + x]));
+        if (row > 1e-4) continue;
+        ++compared;
+        EXPECT_NEAR(d.confidence[size_t(i)], conf[k * G + i], 2e-4) << name << " step " << k << " position " << i;
+      }
+    }
+    if (f.config().quantized()) EXPECT_GE(compared, 8 * G / 2) << name << ": rows whose logits agree";
+  }
+}
+
+// Statistical level, every prompt of a fixture pooled, with the target's own choices and with the
+// reference's imposed: the drafts' mean and p99 deviation within the baseline's (rows-weighted
+// mean, largest p99) or the CPU variants' spread (×1.25); every differing draft token at a
+// near-tie.
+TEST(DSparkDevice, DraftsWithinTheBaseline) {
+  DSV41_REQUIRE_DEVICE();
+  for (const char* name : kFixtures) {
+    Fixture f(name);
+    const int64_t V = f.config().vocab_size, G = f.config().dspark_block_size;
+    std::unique_ptr<Executor> device = cuda::make_executor(*f.model);
+    for (const bool force : {false, true}) {
+      const std::string mode = force ? "forced_topk_routing" : "free";
+      double base_mean = 0, base_p99 = 0, spread_mean = 0, spread_p99 = 0, mean = 0, p99 = 0;
+      int64_t base_rows = 0;
+      for (int prompt = 0; prompt < 3; ++prompt) {
+        const json& b = f.base(mode, prompt, "decode.spec_logits(same anchor)");
+        const int64_t rows = f.base(mode, prompt, "decode.spec_steps_same_anchor").get<int64_t>() * G;
+        base_mean += b["mean"].get<double>() * double(rows), base_rows += rows;
+        base_p99 = std::max(base_p99, b["p99"].get<double>());
+        const LogitStats sp = spread(cpu_variants(f, prompt, force), V);
+        spread_mean += sp.mean / 3, spread_p99 = std::max(spread_p99, sp.p99);
+        const std::vector<Draft> ours = run_drafts(*device, f, prompt, force);
+        const LogitStats s = compare_logits(logits_of(ours), f.ex.floats(f.prefix(prompt) + "decode.spec_logits"), V);
+        mean += s.mean / 3, p99 = std::max(p99, s.p99);
+        expect_tokens_differ_at_near_ties(f, prompt, ours, std::string(name) + " " + mode + " prompt" + std::to_string(prompt));
+      }
+      base_mean /= double(base_rows);
+      std::printf("%s %s device: mean %.6f p99 %.6f | baseline mean %.6f p99 %.6f | CPU variants' spread mean %.6f p99 %.6f\n",
+                  name, mode.c_str(), mean, p99, base_mean, base_p99, spread_mean, spread_p99);
+      EXPECT_LE(mean, std::max(kHeadroom * std::max(base_mean, spread_mean), 1e-5)) << name << " " << mode;
+      EXPECT_LE(p99, std::max(kHeadroom * std::max(base_p99, spread_p99), 1e-5)) << name << " " << mode;
+    }
+  }
+}
+
+// A pass undone on the device (DeviceSequence::mark, rewind) leaves the sequence as it was, byte
+// for byte — DSpark's rings included, the passes feeding them as a drafting session's do — for
+// calls of 1 row, 5 rows and W + 2 rows (the ring wrapping) of which one row or all ran, from a
+// length that leaves the compressors' groups open; a draft changes nothing; a pass of more rows
+// than marked is refused.
+TEST(DSparkDevice, RewindPutsTheStateBackExactly) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f("v41-tiny-noengram");  // no Engram: any tokens run without hash ids
+  const Config& c = f.config();
+  std::unique_ptr<Executor> device = cuda::make_executor(*f.model);
+  std::mt19937 rng(7);
+  auto random_tokens = [&](int64_t n) {
+    std::vector<int> t(static_cast<size_t>(n));
+    for (int& x : t) x = 3 + int(rng() % uint32_t(c.vocab_size - 3));
+    return t;
+  };
+  std::unique_ptr<Sequence> sequence = device->new_sequence();
+  std::vector<float> hidden;
+  auto run = [&](const std::vector<int>& tokens) {
+    ForwardOptions opt;
+    opt.dspark_hidden = &hidden;
+    const int64_t at = sequence->length();
+    device->forward_batch({BatchItem{sequence.get(), tokens, nullptr, opt}});
+    device->dspark_ingest(*sequence, at, hidden, int64_t(tokens.size()));
+  };
+  // The state as the device holds it now (saved() copies it back; host() may answer from a copy).
+  auto held = [&] { return materialize(c, sequence->saved(0)); };
+  run(random_tokens(3 * c.window_size + 3));
+  const SequenceState before = held();
+  for (const int64_t rows : {int64_t(1), int64_t(5), int64_t(c.window_size) + 2}) {
+    for (const int64_t ran : {int64_t(1), rows}) {
+      const std::string what = "marked " + std::to_string(rows) + " rows, " + std::to_string(ran) + " ran";
+      const SequenceMark m = device->mark(*sequence, rows);
+      run(random_tokens(ran));
+      ASSERT_EQ(sequence->length(), before.length + ran) << what;
+      device->rewind(*sequence, m);
+      expect_same_state(c, held(), before, what);
+    }
+  }
+  device->dspark_draft(*sequence, 5, draft_argmax);
+  expect_same_state(c, held(), before, "a draft");
+  const SequenceMark m = device->mark(*sequence, 2);
+  run(random_tokens(3));
+  EXPECT_THROW(device->rewind(*sequence, m), Error);
+}
+
+// Bad input is refused by name before anything changes: a draft with no context, an anchor
+// outside the vocabulary, context features of the wrong width.
+TEST(DSparkDevice, BadInputIsRefusedByName) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f("v41-tiny");
+  const Config& c = f.config();
+  std::unique_ptr<Executor> device = cuda::make_executor(*f.model);
+  std::unique_ptr<Sequence> sequence = device->new_sequence();
+  EXPECT_THROW(device->dspark_draft(*sequence, 5, draft_argmax), Error);  // nothing run yet: no context
+  const std::vector<int> tokens = f.tokens(0);
+  const std::vector<int64_t> ids = f.hashes(0);
+  device->forward_batch({BatchItem{sequence.get(), tokens, f.ids(ids, 0), {}}});
+  std::vector<float> hidden(size_t(c.dim));
+  try {
+    device->dspark_ingest(*sequence, 0, hidden, 1);
+    FAIL() << "one row's context features of the wrong width were taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context features"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(device->dspark_draft(*sequence, int(c.vocab_size), draft_argmax), Error);
+}
+
+}  // namespace
+}  // namespace dsv41
