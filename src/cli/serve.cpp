@@ -54,8 +54,7 @@ void add_serve(CLI::App& app) {
   add_cache_flags(*cmd, args->cache);
   add_device_flag(*cmd, o.device);
   cmd->add_option("--speculative", args->speculative,
-                  "dspark: DSpark speculative decoding for requests without logprobs (CPU executor, a checkpoint with DSpark "
-                  "stages); off")
+                  "dspark: DSpark speculative decoding for requests without logprobs (a checkpoint with DSpark stages); off")
       ->check(CLI::IsMember({"dspark", "off"}));
   cmd->add_option("--random-weights", o.random_weights,
                   "Random weights made on the device from this seed instead of the checkpoint's (CUDA; benchmarks over "
