@@ -599,30 +599,86 @@ void Scheduler::speculate(const std::vector<Running*>& speculating) {
     }
   }
   const std::vector<int> lengths = verification_lengths(survival, *step_rate_);
+
+  // One target pass for every sequence's [anchor, d_1 .. d_length] (the lengths were chosen for a
+  // pass of that many rows), then the verdicts, then one call that runs again what the rejections
+  // undid. A pass's time is shared by its rows.
+  std::vector<Session*> sessions;
+  std::vector<BatchItem> items;
+  std::vector<size_t> in_pass;  // steps[in_pass[j]] is items[j]'s
   for (size_t i = 0; i < steps.size(); ++i) {
-    Step& step = steps[i];
-    Running& r = *step.r;
-    const auto t0 = std::chrono::steady_clock::now();
     try {
-      const Session::Speculation s = r.session->verify(step.draft, lengths[i], *step.verifier);
-      const double seconds = step.seconds + seconds_since(t0);
-      {
-        std::lock_guard lock(mutex_);
-        SpeculationStats& st = stats_.speculation;
-        const int64_t G = int64_t(step.draft.tokens.size()) - 1;
-        st.steps += 1, st.drafted += G, st.verified += lengths[i], st.accepted += s.accepted, st.seconds += seconds;
-        if (int64_t(st.accepted_at.size()) < G) st.accepted_at.resize(size_t(G), 0);
-        for (int k = 0; k < s.accepted; ++k) st.accepted_at[size_t(k)] += 1;
-        stats_.steps += 1;
-        stats_.decode_seconds += seconds;
-      }
-      // The emitted tokens in order, until one ends the reply; the last is the next anchor.
-      for (const int token : s.emitted)
-        if (!take(r, TokenChoice{token, 0, {}})) break;
+      items.push_back(steps[i].r->session->begin_verify(steps[i].draft, lengths[i]));
+      sessions.push_back(steps[i].r->session.get());
+      in_pass.push_back(i);
     } catch (const std::exception& e) {
-      finish(r, FinishKind::Error, e.what());
-      r.generation = nullptr;
+      finish(*steps[i].r, FinishKind::Error, e.what());
+      steps[i].r->generation = nullptr;
     }
+  }
+  auto run = [&](const std::vector<Session*>& who, const std::vector<BatchItem>& what) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::vector<float>> logits = run_batch(who, what);
+    for (Session* s : who) s->ran();
+    int64_t rows = 0;
+    for (const BatchItem& b : what) rows += int64_t(b.tokens.size());
+    return std::make_pair(std::move(logits), seconds_since(t0) / double(std::max<int64_t>(rows, 1)));
+  };
+  std::vector<std::vector<float>> logits;
+  double per_row = 0;
+  try {
+    std::tie(logits, per_row) = run(sessions, items);
+  } catch (const std::exception& e) {
+    for (size_t j : in_pass) finish(*steps[j].r, FinishKind::Error, e.what()), steps[j].r->generation = nullptr;
+    return;
+  }
+  std::vector<Session::Speculation> verdicts(steps.size());
+  std::vector<Session*> redo_sessions;
+  std::vector<BatchItem> redo_items;
+  std::vector<size_t> redone;
+  for (size_t j = 0; j < in_pass.size(); ++j) {
+    Step& step = steps[in_pass[j]];
+    step.seconds += per_row * double(items[j].tokens.size());
+    try {
+      std::optional<BatchItem> redo;
+      verdicts[in_pass[j]] = step.r->session->end_verify(logits[j], *step.verifier, redo);
+      if (redo) redo_sessions.push_back(step.r->session.get()), redo_items.push_back(*redo), redone.push_back(in_pass[j]);
+    } catch (const std::exception& e) {
+      finish(*step.r, FinishKind::Error, e.what());
+      step.r->generation = nullptr;
+    }
+  }
+  if (!redo_items.empty()) {
+    try {
+      std::tie(logits, per_row) = run(redo_sessions, redo_items);
+      for (size_t j = 0; j < redone.size(); ++j) steps[redone[j]].seconds += per_row * double(redo_items[j].tokens.size());
+    } catch (const std::exception& e) {
+      for (size_t i : redone) finish(*steps[i].r, FinishKind::Error, e.what()), steps[i].r->generation = nullptr;
+    }
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stats_.speculation.passes += 1 + !redo_items.empty();
+  }
+
+  for (size_t j : in_pass) {
+    Step& step = steps[j];
+    Running& r = *step.r;
+    if (!r.generation) continue;
+    const Session::Speculation& s = verdicts[j];
+    {
+      std::lock_guard lock(mutex_);
+      SpeculationStats& st = stats_.speculation;
+      const int64_t G = int64_t(step.draft.tokens.size()) - 1;
+      st.steps += 1, st.drafted += G, st.verified += lengths[j], st.accepted += s.accepted, st.seconds += step.seconds;
+      if (int64_t(st.accepted_at.size()) < G) st.accepted_at.resize(size_t(G), 0);
+      for (int k = 0; k < s.accepted; ++k) st.accepted_at[size_t(k)] += 1;
+      stats_.steps += 1;
+      stats_.decode_seconds += step.seconds;
+    }
+    // The emitted tokens in order, until one ends the reply; the last is the next anchor.
+    for (const int token : s.emitted)
+      if (!take(r, TokenChoice{token, 0, {}})) break;
   }
 }
 

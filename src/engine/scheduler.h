@@ -145,6 +145,7 @@ struct SpeculationStats {
   int64_t accepted = 0;          // of them accepted
   std::vector<int64_t> accepted_at;  // [γ]: steps whose draft k (from 0) was accepted
   double seconds = 0;            // drafting, verifying and undoing
+  int64_t passes = 0;            // target calls: one verifies every speculating sequence's draft, one redoes the rejected
 };
 
 struct SchedulerStats {

@@ -367,41 +367,60 @@ Draft Session::draft(int anchor, Verifier& verifier, const Drafter& drafter) {
   return d;
 }
 
-Session::Speculation Session::verify(const Draft& drafted, int length, Verifier& verifier) {
+BatchItem Session::begin_verify(const Draft& drafted, int length) {
   const int64_t G = int64_t(drafted.tokens.size()) - 1, V = model().config().vocab_size;
   if (length < 0 || length > G) fail("verify", "a length from 0 to the draft's " + std::to_string(G), std::to_string(length));
+  if (verifying_) fail("verify", "one pass at a time (end_verify before the next begin_verify)", "a pass under way");
   // The draft's first `length` tokens, with their rows where it has them.
-  Draft draft;
-  draft.tokens.assign(drafted.tokens.begin(), drafted.tokens.begin() + 1 + length);
+  Verifying v;
+  v.draft.tokens.assign(drafted.tokens.begin(), drafted.tokens.begin() + 1 + length);
   if (!drafted.logits.empty())
-    draft.logits.assign(drafted.logits.begin(), drafted.logits.begin() + std::min<int64_t>(length * V, int64_t(drafted.logits.size())));
+    v.draft.logits.assign(drafted.logits.begin(), drafted.logits.begin() + std::min<int64_t>(length * V, int64_t(drafted.logits.size())));
   if (!drafted.confidence.empty())
-    draft.confidence.assign(drafted.confidence.begin(), drafted.confidence.begin() + std::min<int64_t>(length, int64_t(drafted.confidence.size())));
-  Speculation s;
-  s.position = this->length();
-  s.draft = draft.tokens;
-  const int64_t rows = int64_t(s.draft.size());
-  const SequenceMark before = executor_.mark(*kv_, rows);
-  const size_t tokens_before = tokens_.size();
-  const EngramHistory history_before = history_;
-
+    v.draft.confidence.assign(drafted.confidence.begin(),
+                              drafted.confidence.begin() + std::min<int64_t>(length, int64_t(drafted.confidence.size())));
+  v.position = this->length();
+  const int64_t rows = int64_t(v.draft.tokens.size());
+  v.before = executor_.mark(*kv_, rows);
+  v.tokens_before = tokens_.size();
+  v.history_before = history_;
+  verifying_ = std::move(v);
   // The pass: every row's logits; row k follows draft token k.
-  start_call(append(s.draft, 0), nullptr);
+  start_call(append(verifying_->draft.tokens, 0), nullptr);
   ForwardOptions options = pending_.options;
   options.all_logits = true;
-  const std::vector<float> logits = run_alone(item(0, rows, options));
-  const Verifier::Verdict verdict = verifier.verify(logits, draft);
+  return item(0, rows, options);
+}
+
+Session::Speculation Session::end_verify(const std::vector<float>& logits, Verifier& verifier, std::optional<BatchItem>& redo) {
+  if (!verifying_) fail("end_verify", "a pass begun by begin_verify", "none");
+  if (handed_ != 0) fail("end_verify", "the pass booked by ran()", std::to_string(handed_) + " rows handed out");
+  Verifying v = std::move(*verifying_);
+  verifying_.reset();
+  Speculation s;
+  s.position = v.position;
+  s.draft = v.draft.tokens;
+  const int64_t rows = int64_t(s.draft.size());
+  const Verifier::Verdict verdict = verifier.verify(logits, v.draft);
   s.accepted = verdict.accepted;
   s.emitted.assign(s.draft.begin() + 1, s.draft.begin() + 1 + s.accepted);
   s.emitted.push_back(verdict.token);
-
+  redo.reset();
   if (s.accepted < rows - 1) {
-    executor_.rewind(*kv_, before);
-    tokens_.resize(tokens_before);
-    history_ = history_before;
+    executor_.rewind(*kv_, v.before);
+    tokens_.resize(v.tokens_before);
+    history_ = v.history_before;
     start_call(append(std::span<const int>(s.draft).first(size_t(s.accepted) + 1), 0), nullptr);
-    run_alone(item(0, s.accepted + 1, pending_.options));
+    redo = item(0, s.accepted + 1, pending_.options);
   }
+  return s;
+}
+
+Session::Speculation Session::verify(const Draft& drafted, int length, Verifier& verifier) {
+  const std::vector<float> logits = run_alone(begin_verify(drafted, length));
+  std::optional<BatchItem> redo;
+  Speculation s = end_verify(logits, verifier, redo);
+  if (redo) run_alone(*redo);
   return s;
 }
 

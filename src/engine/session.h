@@ -162,6 +162,12 @@ class Session {
   Draft draft(int anchor, Verifier& verifier, const Drafter& drafter = {});
   Speculation verify(const Draft& draft, int length, Verifier& verifier);
   Speculation speculate(int anchor, Verifier& verifier, const Drafter& drafter = {});
+  // verify in steps, so that one forward call verifies many sessions' drafts (Scheduler::speculate):
+  // begin_verify marks the state and hands out the pass's item; once it ran (run_batch, then ran()),
+  // end_verify gives the verdict and, on a rejection, undoes the pass and hands out in `redo` the
+  // item that runs the anchor and the accepted drafts again (to run, then ran()).
+  BatchItem begin_verify(const Draft& draft, int length);
+  Speculation end_verify(const std::vector<float>& logits, Verifier& verifier, std::optional<BatchItem>& redo);
 
   // Tokens run through the encoder and through the decoder layers so far: the work bounded
   // replay saves is the difference between the two.
@@ -217,6 +223,16 @@ class Session {
   std::unique_ptr<Sequence> kv_;
   std::shared_ptr<const EngramHasher> hasher_;  // null without Engram
   EngramHistory history_;
+  // A verification pass under way (begin_verify .. end_verify): the draft as verified and what
+  // undoes the pass.
+  struct Verifying {
+    Draft draft;
+    int64_t position = 0;
+    SequenceMark before;
+    size_t tokens_before = 0;
+    EngramHistory history_before;
+  };
+  std::optional<Verifying> verifying_;
   std::vector<PromptImage> images_;  // of tokens_, by start
   std::vector<std::shared_ptr<const std::vector<float>>> encoded_;  // per image: its aligner rows, once encoded
   std::vector<const float*> span_rows_;  // the last item's span_embeddings
