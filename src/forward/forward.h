@@ -70,7 +70,7 @@ struct ForwardOptions {
 
   // DSpark's context features, when set: for every row the decoder runs, the residual entering
   // each target layer averaged over the hc streams (bf16 values), [rows, targets, dim] with the
-  // targets in layer order (model.py Transformer.forward's main_hidden). The CPU executor's.
+  // targets in layer order (model.py Transformer.forward's main_hidden). The CPU and CUDA executors'.
   std::vector<float>* dspark_hidden = nullptr;
 
   // The first position the decoder layers run on: default mode's replay runs the encoder alone
