@@ -230,6 +230,52 @@ TEST(DSparkDevice, RewindPutsTheStateBackExactly) {
   EXPECT_THROW(device->rewind(*sequence, m), Error);
 }
 
+// Context features of a batch: two sequences' prompts in one call (8 and 6 rows) hand each item
+// its own rows' features, bit for bit those of the same prompt alone, and the drafts after them
+// are the same. Every call has 2 to 64 rows, where each row's sums do not depend on the rows
+// beside it (forward_device_test BatchEqualsAlone), so equality is exact.
+TEST(DSparkDevice, BatchedFeaturesEqualAlone) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f("v41-tiny-noengram");  // no Engram: the rows need no hash ids
+  const Config& c = f.config();
+  std::unique_ptr<Executor> device = cuda::make_executor(*f.model);
+  std::vector<std::vector<int>> prompts;
+  for (int p = 0; p < 2; ++p) {
+    std::vector<int> t = f.tokens(p + 1);
+    t.resize(std::min<size_t>(t.size(), p == 0 ? 8 : 6));
+    prompts.push_back(t);
+  }
+  std::vector<std::vector<float>> alone(2), together(2);
+  std::vector<Draft> alone_drafts, together_drafts;
+  for (int p = 0; p < 2; ++p) {
+    std::unique_ptr<Sequence> s = device->new_sequence();
+    ForwardOptions opt;
+    opt.dspark_hidden = &alone[size_t(p)];
+    device->forward_batch({BatchItem{s.get(), prompts[size_t(p)], nullptr, opt}});
+    device->dspark_ingest(*s, 0, alone[size_t(p)], int64_t(prompts[size_t(p)].size()));
+    alone_drafts.push_back(device->dspark_draft(*s, 7, draft_argmax));
+  }
+  std::unique_ptr<Sequence> a = device->new_sequence(), b = device->new_sequence();
+  ForwardOptions oa, ob;
+  oa.dspark_hidden = &together[0];
+  ob.dspark_hidden = &together[1];
+  device->forward_batch({BatchItem{a.get(), prompts[0], nullptr, oa}, BatchItem{b.get(), prompts[1], nullptr, ob}});
+  const int64_t width = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
+  for (int p = 0; p < 2; ++p) {
+    ASSERT_EQ(together[size_t(p)].size(), size_t(int64_t(prompts[size_t(p)].size()) * width)) << "item " << p;
+    EXPECT_TRUE(together[size_t(p)] == alone[size_t(p)]) << "item " << p << "'s features";
+  }
+  device->dspark_ingest(*a, 0, together[0], int64_t(prompts[0].size()));
+  device->dspark_ingest(*b, 0, together[1], int64_t(prompts[1].size()));
+  together_drafts.push_back(device->dspark_draft(*a, 7, draft_argmax));
+  together_drafts.push_back(device->dspark_draft(*b, 7, draft_argmax));
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_EQ(together_drafts[size_t(p)].tokens, alone_drafts[size_t(p)].tokens) << "item " << p;
+    EXPECT_TRUE(together_drafts[size_t(p)].logits == alone_drafts[size_t(p)].logits) << "item " << p;
+    EXPECT_TRUE(together_drafts[size_t(p)].confidence == alone_drafts[size_t(p)].confidence) << "item " << p;
+  }
+}
+
 // Bad input is refused by name before anything changes: a draft with no context, an anchor
 // outside the vocabulary, context features of the wrong width.
 TEST(DSparkDevice, BadInputIsRefusedByName) {
