@@ -5,8 +5,11 @@
 // holding plain decoding's state byte for byte.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <random>
 
 #include "base/error.h"
@@ -395,6 +398,89 @@ TEST(Speculative, AComputeBoundProfileVerifiesNoDraft) {
 
 // The profile the scheduler measures on the executor when given none.
 TEST(Speculative, TheSchedulerMeasuresItsProfile) { serve_mixed_batch(std::nullopt); }
+
+// Verifying several sessions' drafts in one forward call (Scheduler::speculate's way: begin_verify
+// for each, one run_batch, end_verify for each, one more call for the redos) gives each session
+// what verifying it alone gives: the same verdicts and emitted tokens step after step, and the same
+// state at the end, bit for bit. On v41-tiny, three sessions of different prompts with DSpark's
+// drafts, an oracle's all right (no redo) and an oracle's half right, at lengths G, G and G/2.
+TEST(Speculative, VerifyingSessionsTogetherEqualsEachAlone) {
+  auto model = Model::load(test::fixture_dir("v41-tiny"));
+  Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
+  const Config& c = model->config();
+  CpuExecutor executor(*model);
+  const int G = c.dspark_block_size, n = 16;
+  const std::vector<std::vector<int>> prompts = {random_tokens(c, 40, 11), random_tokens(c, 7, 12), random_tokens(c, 25, 13)};
+  const std::vector<int> good = {-1, G, G / 2}, lengths = {G, G, G / 2};
+  GreedyVerifier verifier(c.vocab_size, c.vocab_size);
+  std::vector<std::unique_ptr<Session>> alone, together;
+  std::vector<std::vector<int>> want, out;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    want.push_back(plain(Target{*model, &tokenizer, Mode::Default, prompts[i]}, n + 2 * G));
+    for (auto* group : {&alone, &together}) {
+      group->push_back(std::make_unique<Session>(executor, &tokenizer, Mode::Default));
+      group->back()->enable_drafting();
+    }
+    const int first = greedy(alone[i]->prefill(prompts[i]));
+    EXPECT_EQ(greedy(together[i]->prefill(prompts[i])), first);
+    out.push_back({first});
+  }
+  // The oracle for session i: its next drafts from plain decoding's tokens, the first good[i] right.
+  auto drafter = [&](size_t i) -> Session::Drafter {
+    if (good[i] < 0) return {};
+    return [&, i](int anchor) {
+      const size_t at = size_t(alone[i]->length() - int64_t(prompts[i].size()));
+      Draft d{{anchor}, {}, {}};
+      for (int j = 1; j <= G; ++j) {
+        const int right = at + size_t(j) < want[i].size() ? want[i][at + size_t(j)] : 0;
+        d.tokens.push_back(j <= good[i] ? right : (right + 1) % int(c.vocab_size));
+      }
+      return d;
+    };
+  };
+  int redos = 0, passes = 0;
+  while (std::any_of(out.begin(), out.end(), [&](const std::vector<int>& o) { return int(o.size()) < n; })) {
+    std::vector<Draft> drafts;
+    std::vector<Session::Speculation> solo;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      drafts.push_back(alone[i]->draft(out[i].back(), verifier, drafter(i)));
+      solo.push_back(alone[i]->verify(drafts[i], lengths[i], verifier));
+    }
+    std::vector<Session*> sessions, redo_sessions;
+    std::vector<BatchItem> items, redo_items;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      items.push_back(together[i]->begin_verify(drafts[i], lengths[i]));
+      sessions.push_back(together[i].get());
+    }
+    const std::vector<std::vector<float>> logits = run_batch(sessions, items);
+    passes += 1;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      together[i]->ran();
+      std::optional<BatchItem> redo;
+      const Session::Speculation s = together[i]->end_verify(logits[i], verifier, redo);
+      EXPECT_EQ(s.position, solo[i].position) << "session " << i;
+      EXPECT_EQ(s.draft, solo[i].draft) << "session " << i;
+      EXPECT_EQ(s.accepted, solo[i].accepted) << "session " << i;
+      EXPECT_EQ(s.emitted, solo[i].emitted) << "session " << i;
+      EXPECT_EQ(redo.has_value(), s.accepted < lengths[i]) << "a redo exactly when a draft was rejected";
+      if (redo) redo_sessions.push_back(together[i].get()), redo_items.push_back(*redo);
+      out[i].insert(out[i].end(), s.emitted.begin(), s.emitted.end());
+    }
+    if (!redo_items.empty()) {
+      run_batch(redo_sessions, redo_items);
+      for (Session* r : redo_sessions) r->ran();
+      redos += 1;
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(together[i]->length(), alone[i]->length()) << "session " << i;
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(std::vector<int>(out[i].begin(), out[i].begin() + n), std::vector<int>(want[i].begin(), want[i].begin() + n))
+        << "session " << i;
+    expect_same_state(c, together[i]->state(), alone[i]->state(), "session " + std::to_string(i));
+  }
+  EXPECT_GT(redos, 0) << "no pass rejected a draft: the redo call went untested";
+  std::printf("%d passes, %d redo calls\n", passes, redos);
+}
 
 TEST(Speculative, RefusedWhereItCannotRun) {
   test::TempDir dir("speculative_test");
