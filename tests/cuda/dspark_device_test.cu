@@ -23,6 +23,8 @@
 #include "base/error.h"
 #include "device_util.h"
 #include "forward/device/cuda_executor.h"
+#include "forward/device/decode_graph.h"
+#include "forward/device/device_forward.h"
 #include "forward/dspark.h"
 
 namespace dsv41 {
@@ -273,6 +275,57 @@ TEST(DSparkDevice, BatchedFeaturesEqualAlone) {
     EXPECT_EQ(together_drafts[size_t(p)].tokens, alone_drafts[size_t(p)].tokens) << "item " << p;
     EXPECT_TRUE(together_drafts[size_t(p)].logits == alone_drafts[size_t(p)].logits) << "item " << p;
     EXPECT_TRUE(together_drafts[size_t(p)].confidence == alone_drafts[size_t(p)].confidence) << "item " << p;
+  }
+}
+
+// A decode step captured with the DSpark context features (DecodeGraph with features, what the
+// executor replays for drafting sessions) records, for three sequences at 5, 40 and 100 tokens
+// over 8 steps, bit for bit the features and logits of the same uncaptured decode calls
+// (cuda::forward_batch with dspark_hidden) on twin sequences.
+TEST(DSparkDevice, DecodeGraphRecordsTheUncapturedFeatures) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f("v41-tiny");
+  const Config& c = f.config();
+  cuda::DeviceModel dm(*f.model);
+  const std::vector<int> tokens = f.tokens(2);
+  const std::vector<int64_t> hashes = f.hashes(2);
+  auto ids = [&](int64_t pos) { return f.ids(hashes, pos); };
+  const std::vector<int64_t> lengths = {5, 40, 100};
+  std::vector<std::unique_ptr<cuda::DeviceSequence>> graphed, twins;
+  std::vector<cuda::DeviceSequence*> graphed_ptrs;
+  for (int64_t n : lengths) {
+    for (auto* list : {&graphed, &twins}) {
+      list->push_back(std::make_unique<cuda::DeviceSequence>(c, c.max_seq_len));
+      cuda::forward_batch(dm, {cuda::DeviceItem{list->back().get(), std::span<const int>(tokens).first(size_t(n)), ids(0)}});
+    }
+    graphed_ptrs.push_back(graphed.back().get());
+  }
+  cuda::DecodeGraph graph(dm, graphed_ptrs, /*features=*/true);
+  const int64_t width = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
+  for (int step = 0; step < 8; ++step) {
+    std::vector<int32_t> next;
+    std::vector<const int64_t*> next_ids;
+    std::vector<cuda::DeviceItem> items;
+    std::vector<std::vector<float>> want_features(lengths.size());
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      const int64_t pos = lengths[b] + step;
+      next.push_back(tokens[size_t(pos)]);
+      next_ids.push_back(ids(pos));
+      ForwardOptions opt;
+      opt.dspark_hidden = &want_features[b];
+      items.push_back(cuda::DeviceItem{twins[b].get(), std::span<const int>(tokens).subspan(size_t(pos), 1), ids(pos), opt});
+    }
+    const std::vector<std::vector<float>> want = cuda::forward_batch(dm, items);
+    const std::vector<std::vector<float>> got = graph.step(next, c.has_engram() ? next_ids : std::vector<const int64_t*>{});
+    std::vector<float> features(lengths.size() * size_t(width));
+    cuda::check(cudaMemcpy(features.data(), graph.features(), features.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                "the graph's features");
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      EXPECT_TRUE(got[b] == want[b]) << "step " << step << " sequence " << b << ": logits";
+      ASSERT_EQ(want_features[b].size(), size_t(width)) << "step " << step << " sequence " << b;
+      EXPECT_TRUE(std::equal(want_features[b].begin(), want_features[b].end(), features.begin() + int64_t(b) * width))
+          << "step " << step << " sequence " << b << ": features";
+    }
   }
 }
 

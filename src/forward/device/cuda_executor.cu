@@ -178,19 +178,19 @@ class CudaExecutor final : public Executor {
     return *static_cast<CudaSequence&>(sequence).running();
   }
 
-  // A step of one decode row per sequence, none replayed, traced or recording DSpark's context
-  // features, at most kDecodeGraphRows: what a captured step (DecodeGraph) runs, to the bit as
-  // forward_batch would.
+  // A step of one decode row per sequence, none replayed or traced, at most kDecodeGraphRows: what a
+  // captured step (DecodeGraph) runs, to the bit as forward_batch would.
   static bool decode_step(const std::vector<BatchItem>& batch) {
     if (batch.empty() || int64_t(batch.size()) > kDecodeGraphRows) return false;
     for (const BatchItem& item : batch)
-      if (item.options.trace || item.options.dspark_hidden || !decode_row(*static_cast<CudaSequence*>(item.sequence)->device(), item.tokens.size(), item.options))
+      if (item.options.trace || !decode_row(*static_cast<CudaSequence*>(item.sequence)->device(), item.tokens.size(), item.options))
         return false;
     return true;
   }
 
   // The step through the captured graph of these sequences, captured now if the last one was of
-  // others (a batch that changed, or a sequence whose caches grew).
+  // others (a batch that changed, or a sequence whose caches grew) or did not record the DSpark
+  // context features some item now asks for (a graph that records them serves every later step).
   std::vector<std::vector<float>> replay(const std::vector<BatchItem>& batch) {
     std::vector<uint64_t> ids;
     std::vector<DeviceSequence*> sequences;
@@ -209,15 +209,29 @@ class CudaExecutor final : public Executor {
       choice.push_back(item.choice);
       decoder_from.push_back(item.options.decoder_from);
     }
-    if (!graph_ || ids != graph_ids_) {
+    const bool features = std::any_of(batch.begin(), batch.end(), [](const BatchItem& item) { return item.options.dspark_hidden; });
+    if (!graph_ || ids != graph_ids_ || (features && !graph_->features())) {
       graph_.reset();
-      graph_ = std::make_unique<DecodeGraph>(device_, sequences);
+      graph_ = std::make_unique<DecodeGraph>(device_, sequences, features);
       graph_ids_ = ids;
     }
     if (std::all_of(engram_ids.begin(), engram_ids.end(), [](const int64_t* p) { return p == nullptr; })) engram_ids.clear();
     graph_->launch(tokens, engram_ids, decoder_from);
     const std::vector<int64_t> one_row(batch.size(), 1);
-    return deliver_logits(graph_->logits(), model_.config().vocab_size, one_row, sample, choice, graph_->stream());
+    std::vector<std::vector<float>> out =
+        deliver_logits(graph_->logits(), model_.config().vocab_size, one_row, sample, choice, graph_->stream());
+    // Each asking item's row of the step's context features, as forward_batch hands them.
+    const Config& c = model_.config();
+    const int64_t width = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      std::vector<float>* hidden = batch[b].options.dspark_hidden;
+      if (!hidden) continue;
+      hidden->resize(size_t(width));
+      check(cudaMemcpyAsync(hidden->data(), graph_->features() + int64_t(b) * width, size_t(width) * sizeof(float),
+                            cudaMemcpyDeviceToHost, graph_->stream()), "CudaExecutor features");
+    }
+    if (features) check(cudaStreamSynchronize(graph_->stream()), "CudaExecutor features");
+    return out;
   }
 
   const Model& model_;

@@ -13,11 +13,14 @@
 
 namespace dsv41::cuda {
 
-DecodeGraph::DecodeGraph(const DeviceModel& model, std::vector<DeviceSequence*> sequences)
+DecodeGraph::DecodeGraph(const DeviceModel& model, std::vector<DeviceSequence*> sequences, bool features)
     : model_(model), sequences_(std::move(sequences)) {
   if (sequences_.empty() || int64_t(sequences_.size()) > kDecodeGraphRows)
     fail("cuda::DecodeGraph", "1 to " + std::to_string(kDecodeGraphRows) + " sequences", std::to_string(sequences_.size()));
-  logits_ = DeviceBuffer<float>(int64_t(sequences_.size()) * model.config().vocab_size);
+  const Config& c = model.config();
+  if (features && !c.has_dspark()) fail("cuda::DecodeGraph", "a model with DSpark stages for context features", "none");
+  logits_ = DeviceBuffer<float>(int64_t(sequences_.size()) * c.vocab_size);
+  if (features) features_ = DeviceBuffer<float>(int64_t(sequences_.size()) * int64_t(c.dspark_target_layer_ids.size()) * c.dim);
   // A blocking stream: it waits for work on the legacy default stream (sequence uploads, prefills).
   check(cudaStreamCreate(&stream_), "cuda::DecodeGraph");
 }
@@ -57,7 +60,7 @@ void DecodeGraph::launch(std::span<const int32_t> tokens, std::span<const int64_
     cudaGraph_t graph = nullptr;
     try {
       check(cudaMemcpyAsync(plan_device_.get(), plan_host_, plan_bytes_, cudaMemcpyHostToDevice, stream_), "cuda::DecodeGraph plan");
-      enqueue_decode(model_, items, plan, plan_device_.get(), logits_.get(), stream_);
+      enqueue_decode(model_, items, plan, plan_device_.get(), logits_.get(), stream_, features_.get());
     } catch (...) {
       cudaStreamEndCapture(stream_, &graph);
       if (graph) cudaGraphDestroy(graph);

@@ -19,8 +19,9 @@ class DecodeGraph {
  public:
   // The step of `sequences` (each already prefilled, at most kDecodeGraphRows). They must outlive
   // the graph (their caches' places are in it); other calls on them between steps are fine, since
-  // each step's plan is made from their state at that step.
-  DecodeGraph(const DeviceModel& model, std::vector<DeviceSequence*> sequences);
+  // each step's plan is made from their state at that step. With `features`, a step also records
+  // every row's DSpark context features (ForwardOptions::dspark_hidden) at features().
+  DecodeGraph(const DeviceModel& model, std::vector<DeviceSequence*> sequences, bool features = false);
   ~DecodeGraph();
   DecodeGraph(const DecodeGraph&) = delete;
   DecodeGraph& operator=(const DecodeGraph&) = delete;
@@ -32,6 +33,8 @@ class DecodeGraph {
   void launch(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids = {},
               std::span<const int64_t> decoder_from = {});
   float* logits() const { return logits_.get(); }
+  // [B, targets, dim] on the device until the next launch (a graph made with `features`), else null.
+  float* features() const { return features_.get(); }
   cudaStream_t stream() const { return stream_; }
   // launch, then each sequence's logits to the host, as forward_batch returns them.
   std::vector<std::vector<float>> step(std::span<const int32_t> tokens, std::span<const int64_t* const> engram_ids = {});
@@ -47,6 +50,7 @@ class DecodeGraph {
   size_t plan_bytes_ = 0;
   DeviceBuffer<uint8_t> plan_device_;
   DeviceBuffer<float> logits_;  // [B, V]
+  DeviceBuffer<float> features_;  // [B, targets, dim] when the step records them
   cudaGraphExec_t exec_ = nullptr;
   size_t nodes_ = 0;
 };

@@ -178,9 +178,11 @@ class Call {
   }
 
   // Every kernel of the call, in order on the stream; the logits rows end in `logits` [rows, V]
-  // (scratch of the call's if null). Changes no sequence's counters, so a captured step replays;
-  // run() and DecodeGraph advance them (call_plan.h).
-  void enqueue(float* logits = nullptr);
+  // (scratch of the call's if null), and with `features` every row's DSpark context features in it
+  // [rows, targets, dim] (else, for the items that ask, in the call's scratch). Changes no
+  // sequence's counters, so a captured step replays; run() and DecodeGraph advance them
+  // (call_plan.h).
+  void enqueue(float* logits = nullptr, float* features = nullptr);
   // enqueue, then the host's side: the logits per item, and every sequence advanced by its plan.
   std::vector<std::vector<float>> run();
 
@@ -291,6 +293,7 @@ class Call {
   // DSpark: the context features [rows, targets, dim] of the rows running at the first target layer
   // (each item's rows at hidden_items_[i]: offset, count); a draft block's item and head outputs.
   bool records_ = false;
+  float* features_out_ = nullptr;  // enqueue's destination of the features, if given
   Floats hidden_;
   int64_t hidden_rows_ = 0;
   std::vector<std::pair<int64_t, int64_t>> hidden_items_;
@@ -387,8 +390,10 @@ std::vector<std::vector<float>> Call::run() {
   return out;
 }
 
-void Call::enqueue(float* logits_out) {
+void Call::enqueue(float* logits_out, float* features_out) {
   logits_out_ = logits_out;
+  features_out_ = features_out;
+  records_ = records_ || features_out;
   if (trace_) {
     trace_->block_out.assign(size_t(c_.n_layers), {});
     trace_->route_experts.assign(size_t(c_.n_layers), {});
@@ -920,8 +925,8 @@ void Call::moe(int l, float* out) {
 void Call::record_target(int l) {
   const auto span = timed("dspark features");
   const int64_t d = c_.dim, targets = int64_t(c_.dspark_target_layer_ids.size());
-  if (!hidden_.get()) {
-    hidden_ = scratch<float>(std::max<int64_t>(T_, 1) * targets * d, stream_);
+  if (hidden_items_.empty()) {
+    if (!features_out_) hidden_ = scratch<float>(std::max<int64_t>(T_, 1) * targets * d, stream_);
     hidden_rows_ = T_;
     hidden_items_.clear();
     for (const Item& it : items_) hidden_items_.emplace_back(it.offset, it.rows);
@@ -929,7 +934,8 @@ void Call::record_target(int l) {
     fail("forward", "DSpark target layers that all run on the same rows (none before the decoder start when rows leave there)",
          "layer " + std::to_string(l) + " on " + std::to_string(T_) + " rows");
   }
-  stream_mean(X_.get(), T_, int(c_.hc_mult), d, hidden_.get() + c_.dspark_target_index(l) * d, targets * d, stream_);
+  float* out = features_out_ ? features_out_ : hidden_.get();
+  stream_mean(X_.get(), T_, int(c_.hc_mult), d, out + c_.dspark_target_index(l) * d, targets * d, stream_);
 }
 
 // DSpark's head before its Markov steps (forward.cpp draft_head): the last stage's `pre` folds the
@@ -1017,8 +1023,8 @@ std::vector<std::vector<float>> deliver_logits(float* logits, int64_t V, std::sp
 }
 
 void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& batch, const DecodePlan& plan,
-                    uint8_t* plan_device, float* logits, cudaStream_t stream) {
-  Call(model, batch, stream, &plan, plan_device).enqueue(logits);
+                    uint8_t* plan_device, float* logits, cudaStream_t stream, float* features) {
+  Call(model, batch, stream, &plan, plan_device).enqueue(logits, features);
 }
 
 DraftBlock draft_block(const DeviceModel& model, const DeviceSequence& sequence, std::span<const int> block, cudaStream_t stream) {

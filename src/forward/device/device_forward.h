@@ -65,11 +65,12 @@ DraftBlock draft_block(const DeviceModel& model, const DeviceSequence& sequence,
 
 // The kernels of a decode step (one token per item, none replayed: the calls forward_batch plans
 // with plan_decode) on `stream`, every per-step value read from the plan's copy at plan_device,
-// the logits into `logits` [items, V]. Changes no host state: the caller advances the sequences
-// (advance(), with the plan's items). `plan` must be plan_decode's of the same sequences in the
-// batch's order. The launches depend on the items and their caches' capacities alone, so
-// DecodeGraph captures them once.
+// the logits into `logits` [items, V], and with `features` every item's DSpark context features
+// into it ([items, targets, dim], ForwardOptions::dspark_hidden's rows). Changes no host state: the
+// caller advances the sequences (advance(), with the plan's items). `plan` must be plan_decode's
+// of the same sequences in the batch's order. The launches depend on the items and their caches'
+// capacities alone, so DecodeGraph captures them once.
 void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& batch, const DecodePlan& plan,
-                    uint8_t* plan_device, float* logits, cudaStream_t stream);
+                    uint8_t* plan_device, float* logits, cudaStream_t stream, float* features = nullptr);
 
 }  // namespace dsv41::cuda
