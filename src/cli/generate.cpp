@@ -80,7 +80,7 @@ void add_generate(CLI::App& app) {
   add_sampling_flags(*cmd, args->sampling);
   add_device_flag(*cmd, args->device);
   cmd->add_option("--speculative", args->speculative,
-                  "dspark: DSpark speculative decoding (CPU executor, a checkpoint with DSpark stages); off")
+                  "dspark: DSpark speculative decoding (CPU or CUDA executor, a checkpoint with DSpark stages); off")
       ->check(CLI::IsMember({"dspark", "off"}));
   cmd->add_flag("--json", args->as_json, "Print one JSON object: prompt_ids, generated_ids, text, timing (and the drafts)");
   cmd->callback([args] {
