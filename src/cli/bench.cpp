@@ -129,6 +129,7 @@ void add_bench(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_serve(*bench);
   add_bench_spec(*bench);
+  add_bench_vision(*bench);
 
   struct Args {
     std::string model, preset = "flash-kv";

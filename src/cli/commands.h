@@ -12,6 +12,7 @@ void add_chat(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_bench_serve(CLI::App& bench);  // under add_bench's "bench"
 void add_bench_spec(CLI::App& bench);   // under add_bench's "bench"
+void add_bench_vision(CLI::App& bench); // under add_bench's "bench"
 void add_serve(CLI::App& app);
 void add_data(CLI::App& app);
 void add_train(CLI::App& app);

@@ -176,6 +176,14 @@ Config small() {
   return c;
 }
 
+// small with the released vision tower (32 ViT blocks of width 1024, 16 heads, the released token
+// and pixel bounds): `dsv41 bench vision`'s configuration, where the tower's cost is the real one.
+Config small_vision() {
+  Config c = small();
+  c.vision = flash().vision;
+  return c;
+}
+
 // V4.1-Flash's KV and schedule shapes — all 40 layers and the DSpark layers, head 512, RoPE 64,
 // index keys 128 with top-512, window 128, the released ratios, sources and candidate blocks — at
 // small widths: the configuration on which a CPU measures the KV bytes per token and runs the
@@ -229,6 +237,7 @@ Config serve_default() {
 const std::map<std::string, std::function<Config()>>& presets() {
   static const std::map<std::string, std::function<Config()>> all = {
       {"deepseek-v4.1-flash", flash}, {"bench-1gpu", bench_1gpu}, {"tiny", tiny}, {"tiny-vision", tiny_vision}, {"small", small},
+      {"small-vision", small_vision},
       {"flash-kv", flash_kv}, {"serve-default", serve_default}};
   return all;
 }
