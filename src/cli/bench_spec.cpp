@@ -14,7 +14,6 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 
 #include "base/error.h"
 #include "cli/commands.h"
@@ -109,23 +108,6 @@ Run oracle(Executor& executor, const Tokenizer* tokenizer, const std::vector<int
   return run;
 }
 
-std::vector<int> parse_batches(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    try {
-      size_t used = 0;
-      const int b = std::stoi(item, &used);
-      if (used != item.size() || b < 1 || b > 4096) throw std::invalid_argument(item);
-      out.push_back(b);
-    } catch (const std::exception&) {
-      fail("--batches", "comma-separated batch sizes in [1, 4096] like 1,4", "\"" + item + "\"");
-    }
-  }
-  if (out.empty()) fail("--batches", "at least one batch size", "none");
-  return out;
-}
-
 }  // namespace
 
 void add_bench_spec(CLI::App& bench) {
@@ -149,7 +131,7 @@ void add_bench_spec(CLI::App& bench) {
   cmd->add_flag("--json", args->as_json, "Print one JSON object");
   add_device_flag(*cmd, args->device);
   cmd->callback([args] {
-    const std::vector<int> batches = parse_batches(args->batches);
+    const std::vector<int> batches = parse_int_list(args->batches, "--batches", "batch sizes", 1, 4096);
     const BenchCheckpoint checkpoint("spec", args->model, args->preset, args->seed, args->as_json);
     const std::string& dir = checkpoint.dir();
     ModelDir m = load_model_dir(dir, args->device);

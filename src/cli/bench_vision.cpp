@@ -14,7 +14,6 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 
 #include "base/error.h"
 #include "cli/commands.h"
@@ -31,23 +30,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
-
-std::vector<int> parse_counts(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    try {
-      size_t used = 0;
-      const int n = std::stoi(item, &used);
-      if (used != item.size() || n < 1 || n > 256) throw std::invalid_argument(item);
-      out.push_back(n);
-    } catch (const std::exception&) {
-      fail("--images", "comma-separated image counts in [1, 256] like 1,8", "\"" + item + "\"");
-    }
-  }
-  if (out.empty()) fail("--images", "at least one image count", "none");
-  return out;
-}
 
 RgbImage random_image(int width, int height, std::mt19937_64& rng) {
   RgbImage image;
@@ -79,7 +61,7 @@ void add_bench_vision(CLI::App& bench) {
   cmd->add_flag("--json", args->as_json, "Print one JSON object");
   add_device_flag(*cmd, args->device);
   cmd->callback([args] {
-    const std::vector<int> counts = parse_counts(args->images);
+    const std::vector<int> counts = parse_int_list(args->images, "--images", "image counts", 1, 256);
     const BenchCheckpoint checkpoint("vision", args->model, args->preset, args->seed, args->as_json);
     ModelDir m = load_model_dir(checkpoint.dir(), args->device);
     const Config& c = m.model->config();

@@ -1,5 +1,9 @@
 #include "cli/flags.h"
 
+#include <algorithm>
+#include <sstream>
+
+#include "base/error.h"
 #include "kv/checkpoint_identity.h"
 
 namespace dsv41::cli {
@@ -58,6 +62,25 @@ KvCacheOptions cache_options(const CacheFlags& f, const std::string& model_dir, 
   if (f.swa_pool_mb > 0) o.swa.budget_bytes = int64_t(f.swa_pool_mb * 1e6);
   o.swa.ttl_ms = int64_t(f.swa_ttl_seconds * 1e3);
   return o;
+}
+
+std::vector<int> parse_int_list(const std::string& text, const std::string& flag, const std::string& what, int lo, int hi) {
+  const std::string expected = "comma-separated " + what + " in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] like " +
+                               std::to_string(lo) + "," + std::to_string(std::min(hi, lo + 7));
+  std::vector<int> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    try {
+      size_t used = 0;
+      const int n = std::stoi(item, &used);
+      if (used != item.size() || n < lo || n > hi) throw std::invalid_argument(item);
+      out.push_back(n);
+    } catch (const std::exception&) {
+      fail(flag, expected, "\"" + item + "\"");
+    }
+  }
+  if (out.empty()) fail(flag, expected, "none");
+  return out;
 }
 
 }  // namespace dsv41::cli

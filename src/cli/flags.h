@@ -3,6 +3,7 @@
 // defaults (chat, serve, bench).
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/sampling.h"
 #include "engine/executors.h"
@@ -25,6 +26,10 @@ void add_cache_flags(CLI::App& cmd, CacheFlags& flags);
 // --device auto|cpu|cuda into `device` (engine/executors.h).
 void add_device_flag(CLI::App& cmd, Device& device);
 void add_sampling_flags(CLI::App& cmd, SamplingParams& params);
+
+// A comma-separated list of integers in [lo, hi] ("1,8"), the value of `flag`; refused by name
+// (`what` says what the numbers count) when an item is not such an integer or the list is empty.
+std::vector<int> parse_int_list(const std::string& text, const std::string& flag, const std::string& what, int lo, int hi);
 
 // The cache options for the model in `model_dir` served in `mode`, keyed by the checkpoint's identity.
 KvCacheOptions cache_options(const CacheFlags& flags, const std::string& model_dir, Mode mode);
