@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "forward/dspark.h"
+#include "draft_checks.h"
 #include "forward_fixture.h"
 
 using namespace dsv41;
@@ -64,38 +65,6 @@ std::vector<Draft> run_drafts(const Fixture& f, int prompt, bool force, int64_t 
   }
   if (final_state) *final_state = state;
   return out;
-}
-
-std::vector<float> logits_of(const std::vector<Draft>& drafts) {
-  std::vector<float> out;
-  for (const Draft& d : drafts) out.insert(out.end(), d.logits.begin(), d.logits.end());
-  return out;
-}
-
-// Every draft that parts from the reference's does so first at a near-tie: the reference's top-1
-// over top-2 margin on the logits row that chose the first differing token is within twice our
-// largest deviation on that row. (After it, the Markov head reads another token: the rest of the
-// block may differ freely.)
-void expect_tokens_differ_at_near_ties(const Fixture& f, int prompt, const std::vector<Draft>& ours, const std::string& what) {
-  const int64_t V = f.config().vocab_size, G = f.config().dspark_block_size;
-  const std::vector<int64_t> tokens = f.ex.ints(f.prefix(prompt) + "decode.spec_tokens");
-  const std::vector<float> logits = f.ex.floats(f.prefix(prompt) + "decode.spec_logits");
-  for (size_t k = 0; k < ours.size(); ++k) {
-    EXPECT_EQ(ours[k].tokens[0], tokens[k * (G + 1)]) << what << " step " << k << ": the anchor";
-    for (int64_t i = 1; i <= G; ++i) {
-      if (ours[k].tokens[size_t(i)] == tokens[k * (G + 1) + i]) continue;
-      const float* a = ours[k].logits.data() + (i - 1) * V;
-      const float* b = logits.data() + (int64_t(k) * G + i - 1) * V;
-      double deviation = 0, top = -INFINITY, second = -INFINITY;
-      for (int64_t v = 0; v < V; ++v) {
-        deviation = std::max(deviation, std::fabs(double(a[v]) - double(b[v])));
-        if (b[v] > top) second = top, top = b[v];
-        else second = std::max(second, double(b[v]));
-      }
-      EXPECT_LE(top - second, 2 * deviation) << what << " step " << k << " draft " << i << ": not a near-tie";
-      break;
-    }
-  }
 }
 
 // Exact level: the 5-token prompt, where the target makes no near-tied choice (forward_parity_test

@@ -17,6 +17,7 @@
 #include "engine/prefix_schedule.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
+#include "draft_checks.h"
 #include "fixture.h"
 #include "forward/sequence_mark.h"
 #include "model/random_checkpoint.h"
@@ -26,6 +27,8 @@
 
 using namespace dsv41;
 using dsv41::test::expect_same_state;
+using dsv41::test::row_gap;
+using dsv41::test::RowGap;
 
 namespace {
 
@@ -231,18 +234,11 @@ TEST(Speculative, GreedyEqualsPlainGreedyOnTheTestDevice) {
       ASSERT_EQ(verifier.rows.size() + 1, got.size()) << how;
       double largest = 0;  // how far the deciding rows part from plain decoding's (0 on the CPU)
       for (int i = 1; i < n; ++i) {
-        const std::vector<float>& a = verifier.rows[size_t(i - 1)];
-        const std::vector<float>& b = want_rows[size_t(i - 1)];
-        double deviation = 0, top = -INFINITY, second = -INFINITY;
-        for (int64_t v = 0; v < V; ++v) {
-          deviation = std::max(deviation, std::fabs(double(a[size_t(v)]) - double(b[size_t(v)])));
-          if (b[size_t(v)] > top) second = top, top = b[size_t(v)];
-          else second = std::max(second, double(b[size_t(v)]));
-        }
-        largest = std::max(largest, deviation);
+        const RowGap gap = row_gap(verifier.rows[size_t(i - 1)].data(), want_rows[size_t(i - 1)].data(), V);
+        largest = std::max(largest, gap.deviation);
         if (got[size_t(i)] == want[size_t(i)]) continue;
         ADD_FAILURE() << how << ": token " << i << " is " << got[size_t(i)] << ", plain decoding's " << want[size_t(i)]
-                      << " (the deciding rows part by " << deviation << "; plain's top-2 margin " << top - second << ")";
+                      << " (the deciding rows part by " << gap.deviation << "; plain's top-2 margin " << gap.margin << ")";
         break;
       }
       std::printf("%s: the deciding rows part from plain decoding's by at most %g\n", how.c_str(), largest);

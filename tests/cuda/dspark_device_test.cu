@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <random>
 
+#include "../draft_checks.h"
 #include "../forward_fixture.h"
 #include "../same_state.h"
 #include "base/error.h"
@@ -69,12 +70,6 @@ std::vector<Draft> run_drafts(Executor& executor, const Fixture& f, int prompt, 
   return out;
 }
 
-std::vector<float> logits_of(const std::vector<Draft>& drafts) {
-  std::vector<float> out;
-  for (const Draft& d : drafts) out.insert(out.end(), d.logits.begin(), d.logits.end());
-  return out;
-}
-
 // The CPU executor's drafts under each summation variant (forward_fixture.h kVariants): how far
 // two correct orders part.
 std::vector<std::vector<float>> cpu_variants(const Fixture& f, int prompt, bool force) {
@@ -85,31 +80,6 @@ std::vector<std::vector<float>> cpu_variants(const Fixture& f, int prompt, bool 
     runs.push_back(logits_of(run_drafts(cpu, f, prompt, force)));
   }
   return runs;
-}
-
-// Every draft that parts from the reference's does so first at a near-tie: the reference's top-1
-// over top-2 margin on the row that chose the first differing token is within twice our largest
-// deviation on that row (after it the Markov head reads another token: the rest may differ).
-void expect_tokens_differ_at_near_ties(const Fixture& f, int prompt, const std::vector<Draft>& ours, const std::string& what) {
-  const int64_t V = f.config().vocab_size, G = f.config().dspark_block_size;
-  const std::vector<int64_t> tokens = f.ex.ints(f.prefix(prompt) + "decode.spec_tokens");
-  const std::vector<float> logits = f.ex.floats(f.prefix(prompt) + "decode.spec_logits");
-  for (size_t k = 0; k < ours.size(); ++k) {
-    EXPECT_EQ(ours[k].tokens[0], tokens[k * (G + 1)]) << what << " step " << k << ": the anchor";
-    for (int64_t i = 1; i <= G; ++i) {
-      if (ours[k].tokens[size_t(i)] == tokens[k * (G + 1) + i]) continue;
-      const float* a = ours[k].logits.data() + (i - 1) * V;
-      const float* b = logits.data() + (int64_t(k) * G + i - 1) * V;
-      double deviation = 0, top = -INFINITY, second = -INFINITY;
-      for (int64_t v = 0; v < V; ++v) {
-        deviation = std::max(deviation, std::fabs(double(a[v]) - double(b[v])));
-        if (b[v] > top) second = top, top = b[v];
-        else second = std::max(second, double(b[v]));
-      }
-      EXPECT_LE(top - second, 2 * deviation) << what << " step " << k << " draft " << i << ": not a near-tie";
-      break;
-    }
-  }
 }
 
 // Exact level, the 5-token prompt (no near-tied choice in the target): every draft token is the

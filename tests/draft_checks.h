@@ -1,0 +1,56 @@
+#pragma once
+// Checks shared by the DSpark and speculative-decoding tests (CPU and device): a row's deviation
+// from another with that row's top-2 margin (what tells a flipped near-tie from a wrong token),
+// drafts' logits laid end to end, and the near-tie check of drafts against a fixture's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "forward/dspark.h"
+#include "forward_fixture.h"
+
+namespace dsv41::test {
+
+// How far row a parts from row b (the largest difference) and b's top-1 over top-2 margin.
+struct RowGap {
+  double deviation = 0, margin = 0;
+};
+inline RowGap row_gap(const float* a, const float* b, int64_t width) {
+  double deviation = 0, top = -INFINITY, second = -INFINITY;
+  for (int64_t v = 0; v < width; ++v) {
+    deviation = std::max(deviation, std::fabs(double(a[v]) - double(b[v])));
+    if (b[v] > top) second = top, top = b[v];
+    else second = std::max(second, double(b[v]));
+  }
+  return {deviation, top - second};
+}
+
+inline std::vector<float> logits_of(const std::vector<Draft>& drafts) {
+  std::vector<float> out;
+  for (const Draft& d : drafts) out.insert(out.end(), d.logits.begin(), d.logits.end());
+  return out;
+}
+
+// Every draft that parts from the reference's does so first at a near-tie: the reference's top-1
+// over top-2 margin on the logits row that chose the first differing token is within twice our
+// largest deviation on that row. (After it, the Markov head reads another token: the rest of the
+// block may differ freely.)
+inline void expect_tokens_differ_at_near_ties(const Fixture& f, int prompt, const std::vector<Draft>& ours, const std::string& what) {
+  const int64_t V = f.config().vocab_size, G = f.config().dspark_block_size;
+  const std::vector<int64_t> tokens = f.ex.ints(f.prefix(prompt) + "decode.spec_tokens");
+  const std::vector<float> logits = f.ex.floats(f.prefix(prompt) + "decode.spec_logits");
+  for (size_t k = 0; k < ours.size(); ++k) {
+    EXPECT_EQ(ours[k].tokens[0], tokens[k * (G + 1)]) << what << " step " << k << ": the anchor";
+    for (int64_t i = 1; i <= G; ++i) {
+      if (ours[k].tokens[size_t(i)] == tokens[k * (G + 1) + i]) continue;
+      const RowGap gap = row_gap(ours[k].logits.data() + (i - 1) * V, logits.data() + (int64_t(k) * G + i - 1) * V, V);
+      EXPECT_LE(gap.margin, 2 * gap.deviation) << what << " step " << k << " draft " << i << ": not a near-tie";
+      break;
+    }
+  }
+}
+
+}  // namespace dsv41::test
