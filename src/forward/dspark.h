@@ -39,6 +39,11 @@ struct Draft {
 using DraftChoice = std::function<int(std::span<const float> logits)>;
 int draft_argmax(std::span<const float> logits);
 
+// A draft block's tokens, [anchor, noise × (γ − 1)], for a sequence of `length` tokens run: refused
+// by name without DSpark stages, before the first token, or with an anchor off the vocabulary.
+// Both executors' dspark_draft start from it.
+std::vector<int> draft_block_tokens(const Config& c, int64_t length, int anchor);
+
 // The draft after the state's last token (position state.length - 1, ingested), `anchor` the
 // token the target chose for position state.length. Reads the state's drafter windows; changes
 // nothing in it.

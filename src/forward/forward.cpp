@@ -580,15 +580,20 @@ void dspark_ingest(const Model& model, SequenceState& state, int64_t first_pos, 
   }
 }
 
-Draft dspark_draft(const Model& model, SequenceState& state, int anchor, const DraftChoice& choose) {
-  const Config& c = model.config();
+std::vector<int> draft_block_tokens(const Config& c, int64_t length, int anchor) {
   if (!c.has_dspark()) fail("dspark_draft", "a model with DSpark stages", "none");
-  if (state.length < 1) fail("dspark_draft", "a sequence with at least one token run (its context)", "an empty one");
+  if (length < 1) fail("dspark_draft", "a sequence with at least one token run (its context)", "an empty one");
   if (anchor < 0 || anchor >= c.vocab_size)
     fail("dspark_draft", "an anchor token in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(anchor));
-  const int64_t G = c.dspark_block_size, V = c.vocab_size, d = c.dim, rank = c.dspark_markov_rank;
-  std::vector<int> block(size_t(G), int(c.dspark_noise_token_id));
+  std::vector<int> block(size_t(c.dspark_block_size), int(c.dspark_noise_token_id));
   block[0] = anchor;
+  return block;
+}
+
+Draft dspark_draft(const Model& model, SequenceState& state, int anchor, const DraftChoice& choose) {
+  const Config& c = model.config();
+  std::vector<int> block = draft_block_tokens(c, state.length, anchor);
+  const int64_t G = c.dspark_block_size, V = c.vocab_size, d = c.dim, rank = c.dspark_markov_rank;
   ItemPlan plan;
   plan.start = state.length;
   plan.rows = G;

@@ -57,13 +57,8 @@ void dspark_ingest(const DeviceModel& model, DeviceSequence& sequence, int64_t f
 Draft dspark_draft(const DeviceModel& model, const DeviceSequence& sequence, int anchor, const DraftChoice& choose,
                    cudaStream_t stream) {
   const Config& c = model.config();
-  if (!c.has_dspark()) fail("dspark_draft", "a model with DSpark stages", "none");
-  if (sequence.length < 1) fail("dspark_draft", "a sequence with at least one token run (its context)", "an empty one");
-  if (anchor < 0 || anchor >= c.vocab_size)
-    fail("dspark_draft", "an anchor token in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(anchor));
+  const std::vector<int> block = draft_block_tokens(c, sequence.length, anchor);
   const int64_t G = c.dspark_block_size, V = c.vocab_size, d = c.dim, rank = c.dspark_markov_rank;
-  std::vector<int> block(size_t(G), int(c.dspark_noise_token_id));
-  block[0] = anchor;
   DraftBlock b = draft_block(model, sequence, block, stream);
 
   // Position by position: the Markov bias of the token before, W2 · W1[token] (fp32 over the bf16
