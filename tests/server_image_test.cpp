@@ -2,8 +2,9 @@
 // tiny-vision preset: an image chat round trip whose usage counts the image's tokens and whose
 // repeat has them cached, while another image behind the same text does not; the image's place in
 // the prompt where its part stands; bad images (truncated PNG, a 20000 x 20000 header, wrong base64,
-// SVG, an http URL, a text-only model) refused with 400 and a message, the server serving on; the
-// official openai client sending an image (tests/e2e/images.mjs).
+// SVG, an http URL, a text-only model) refused with 400 and a message, the server serving on; an
+// http URL fetched where the server is told to; the official openai client sending an image
+// (tests/e2e/images.mjs).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "http_pages.h"
 #include "image_writers.h"
 #include "model/config.h"
 #include "model/random_checkpoint.h"
@@ -172,6 +174,31 @@ TEST_F(ServerImages, BadImagesAre400AndTheServerServesOn) {
   EXPECT_NE(server.post("/v1/chat/completions", typed, 400)["error"]["message"].get<std::string>().find("found the image placeholder"),
             std::string::npos);
   EXPECT_EQ(server.post("/v1/chat/completions", ask("tiny-vision", data_url(good)))["choices"].size(), 1u);
+}
+
+// With --fetch-image-urls, an http URL's image is the image its bytes make: the prompt's tokens
+// are the data: URL's, and after the data: URL ran, the fetched one hits its cached blocks (the
+// prefix key hashes the image's content). A 404 is a 400 naming the image, the server serving on.
+TEST_F(ServerImages, FetchedUrlsWhenAllowed) {
+  const std::vector<uint8_t> bytes = png(90, 130, 7);
+  test::HttpPages pages([&](httplib::Server& s) {
+    s.Get("/cat.png", [&](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(bytes.begin(), bytes.end()), "image/png");
+    });
+  });
+  ServerOptions o = options();
+  o.image_fetch.enabled = true;
+  test::RunningServer server(o);
+  const json by_data = server.post("/tokenize", ask("tiny-vision", data_url(bytes)));
+  EXPECT_EQ(server.post("/tokenize", ask("tiny-vision", pages.url("/cat.png")))["tokens"], by_data["tokens"]);
+  const json first = server.post("/v1/chat/completions", ask("tiny-vision", data_url(bytes)));
+  const json fetched = server.post("/v1/chat/completions", ask("tiny-vision", pages.url("/cat.png")));
+  EXPECT_EQ(fetched["usage"]["prompt_tokens_details"]["image_tokens"], 18) << fetched;
+  const int64_t prompt = first["usage"]["prompt_tokens"];
+  EXPECT_EQ(fetched["usage"]["prompt_tokens_details"]["cached_tokens"], (prompt - 1) / 64 * 64) << fetched;
+  const json missing = server.post("/v1/chat/completions", ask("tiny-vision", pages.url("/dog.png")), 400);
+  EXPECT_EQ(missing["error"]["message"], "messages: image 0 url: expected a URL that answers 200, found status 404") << missing;
+  EXPECT_EQ(server.post("/v1/chat/completions", ask("tiny-vision", pages.url("/cat.png")))["choices"].size(), 1u);
 }
 
 // A model without a vision tower refuses image parts (fixture v41-tiny).

@@ -1,5 +1,6 @@
 // dsv41 serve --model DIR [--host 127.0.0.1] [--port 8080] [--api-key K | --api-key-file F] [--exact]
-//             [--device auto|cpu|cuda] [--random-weights SEED] [--speculative dspark|off] [scheduler and cache flags]
+//             [--device auto|cpu|cuda] [--random-weights SEED] [--speculative dspark|off]
+//             [--fetch-image-urls [--image-fetch-max-mb M] [--image-fetch-timeout S]] [scheduler and cache flags]
 //
 // The OpenAI-compatible server (server/server.h). Stops on SIGINT or SIGTERM.
 #include <fmt/core.h>
@@ -25,6 +26,7 @@ void add_serve(CLI::App& app) {
     bool exact = false;
     std::string api_key_file;
     std::string speculative = "off";
+    double fetch_max_mb = 0;
   };
   auto args = std::make_shared<Args>();
   ServerOptions& o = args->server;
@@ -56,6 +58,16 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--speculative", args->speculative,
                   "dspark: DSpark speculative decoding for requests without logprobs (a checkpoint with DSpark stages); off")
       ->check(CLI::IsMember({"dspark", "off"}));
+  cmd->add_flag("--fetch-image-urls", o.image_fetch.enabled,
+                "Fetch image_url parts' http(s) URLs (off: data: URLs only; on, clients can make this server request any "
+                "address it reaches)");
+  args->fetch_max_mb = double(o.image_fetch.max_bytes) / (1 << 20);
+  cmd->add_option("--image-fetch-max-mb", args->fetch_max_mb, "The largest image a fetch reads, MiB")
+      ->check(CLI::Range(0.001, 1024.0))
+      ->capture_default_str();
+  cmd->add_option("--image-fetch-timeout", o.image_fetch.timeout_s, "Seconds a fetch may wait to connect and between reads")
+      ->check(CLI::Range(1, 600))
+      ->capture_default_str();
   cmd->add_option("--random-weights", o.random_weights,
                   "Random weights made on the device from this seed instead of the checkpoint's (CUDA; benchmarks over "
                   "`init-random --layout-only`)");
@@ -70,6 +82,7 @@ void add_serve(CLI::App& app) {
       if (options.api_key.empty()) fail(args->api_key_file, "an API key on its first line", "an empty line");
     }
     options.mode = args->exact ? Mode::Exact : Mode::Default;
+    options.image_fetch.max_bytes = int64_t(args->fetch_max_mb * (1 << 20));
     options.scheduler.speculative = args->speculative == "dspark";
     if (options.model_name.empty()) options.model_name = std::filesystem::path(options.model_dir).filename().string();
     options.cache = cache_options(args->cache, options.model_dir, options.mode);

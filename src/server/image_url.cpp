@@ -35,7 +35,7 @@ bool ascii_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\r' ||
 
 std::vector<uint8_t> image_url_bytes(std::string_view url, const std::string& where) {
   if (url.starts_with("http://") || url.starts_with("https://"))
-    refuse(where + " url", kExpectedUrl, "an http(s) URL, which this server does not fetch");
+    refuse(where + " url", kExpectedUrl, "an http(s) URL, which this server does not fetch (dsv41 serve --fetch-image-urls)");
   if (!url.starts_with("data:")) refuse(where + " url", kExpectedUrl, quoted(url.substr(0, 32)));
   const size_t comma = url.find(',');
   if (comma == std::string_view::npos) refuse(where + " url", kExpectedUrl, "no ',' before the data");
@@ -78,9 +78,11 @@ std::vector<uint8_t> image_url_bytes(std::string_view url, const std::string& wh
   return out;
 }
 
-std::shared_ptr<const ImageInput> load_image_url(std::string_view url, size_t index, const Config& config) {
+std::shared_ptr<const ImageInput> load_image_url(std::string_view url, size_t index, const Config& config,
+                                                 const ImageFetchOptions& fetch) {
   const std::string where = "image " + std::to_string(index);
-  const std::vector<uint8_t> bytes = image_url_bytes(url, where);
+  const bool remote = url.starts_with("http://") || url.starts_with("https://");
+  const std::vector<uint8_t> bytes = remote && fetch.enabled ? fetch_image_url(url, fetch, where) : image_url_bytes(url, where);
   try {
     return prepare_image(decode_image(bytes.data(), bytes.size()), config);
   } catch (const ImageError& e) {

@@ -248,7 +248,7 @@ std::vector<int> Server::State::chat_prompt(const ChatRequest& r, bool& thinking
       throw ApiError(400, "messages: expected no image parts for a model without a vision tower (" + options.model_name + "), found " +
                               std::to_string(urls.size()), "messages", "invalid_value");
     std::vector<std::shared_ptr<const ImageInput>> inputs;
-    for (size_t i = 0; i < urls.size(); ++i) inputs.push_back(load_image_url(urls[i], i, model->config()));
+    for (size_t i = 0; i < urls.size(); ++i) inputs.push_back(load_image_url(urls[i], i, model->config(), options.image_fetch));
     chat_options.tools = chat_tools_from_json(r.tools);
     if (!r.reasoning_effort.is_null()) chat_options.reasoning_effort = reasoning_effort_from_json(r.reasoning_effort);
     if (r.chat_template_kwargs.is_object() && r.chat_template_kwargs.contains("thinking")) {

@@ -14,6 +14,7 @@
 #include "engine/scheduler.h"
 #include "kv/kv_cache.h"
 #include "server/access_log.h"
+#include "server/image_fetch.h"
 
 namespace dsv41 {
 
@@ -32,6 +33,7 @@ struct ServerOptions {
   // A stream silent this long (a long prefill, a slow step) gets a ": keep-alive" comment, a
   // non-streamed reply a space: a byte that costs the client nothing, to learn if it is still there.
   int heartbeat_ms = 1000;
+  ImageFetchOptions image_fetch;  // whether, and how, image_url parts' http(s) URLs are fetched
   LogFormat log_format = LogFormat::Text;  // the access log's (server/access_log.h)
   std::function<void(const std::string& line)> access_log;  // where its lines go; empty: stderr
   std::function<void(int port)> on_listening;  // called once bound, before the model loads
