@@ -11,7 +11,8 @@
 //    function of the parameters. The data keeps every kink (an expert's clamp, the softplus
 //    threshold, Engram's floor, the indexer's relu) away from the steps.
 //  * The parameters no loss reaches get exactly zero: the gate's bias (selection only, trained by
-//    the aux-loss-free update), an expert no row chose, DSpark's stage (not trained yet); the
+//    the aux-loss-free update), an expert no row chose, DSpark's stage (no draft blocks here:
+//    train_dspark_test.cpp); the
 //    indexer's weights get L_indexer's gradient only, every other tensor L_lm's only.
 #include <gtest/gtest.h>
 
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "tiny_model.h"
 #include "model/config.h"
 #include "train/model/parameters.h"
 #include "train/model/train_model.h"
@@ -32,53 +34,12 @@ namespace {
 
 using train::Parameters;
 using train::TrainModel;
-
-Config tiny(bool engram) {
-  Config c = preset("tiny");
-  if (!engram) {
-    c.engram_layer_ids.clear();
-    c.engram_num_embeddings.clear();
-  }
-  validate(c);
-  return c;
-}
-
-// A sequence of `rows` inputs and their next tokens, and each input's Engram rows (any row of the
-// layer's table: the hash that picks them is not part of the model).
-struct Sequence {
-  std::vector<int64_t> tokens, engram_ids;
-};
-Sequence make_sequence(const Config& c, int64_t rows, uint32_t seed) {
-  std::mt19937 rng(seed);
-  Sequence s;
-  for (int64_t r = 0; r <= rows; ++r) s.tokens.push_back(int64_t(rng() % uint32_t(c.vocab_size)));
-  for (int64_t r = 0; r < rows; ++r)
-    for (size_t e = 0; e < c.engram_layer_ids.size(); ++e)
-      for (int j = 0; j < c.engram_hash_columns(); ++j) s.engram_ids.push_back(int64_t(rng() % uint64_t(c.engram_num_embeddings[e])));
-  return s;
-}
-
-// The initialisation at a width where every op is non-linear on its inputs (matrices N(0, 0.1): unit
-// pre-activations at dim 128), then every value moved by N(0, 0.1), so that no structure of the
-// initial point (hc_fn = 0, unit norms, the identity-like comb) hides a term of a gradient.
-template <class T>
-Parameters<T> make_parameters(const Config& c) {
-  Parameters<T> p(c);
-  train::init_parameters(p, train::InitOptions{7, 0.1});
-  std::mt19937 rng(11);
-  std::normal_distribution<double> noise(0.0, 0.1);
-  for (train::Param<T>& t : p.all())
-    for (T& v : t.value) v += T(noise(rng));
-  return p;
-}
-
-// A trace imposing the choices `recorded` made (its top-k and experts).
-Trace hold(const Trace& recorded) {
-  Trace t;
-  t.forced_topk = &recorded.topk;
-  t.forced_experts = &recorded.route_experts;
-  return t;
-}
+using test::hold;
+using test::make_parameters;
+using test::make_sequence;
+using test::max_abs;
+using test::Sequence;
+using test::tiny;
 
 bool is_indexer(const std::string& name) { return name.find(".attn.indexer.") != std::string::npos; }
 bool selection_only(const std::string& name) { return name.ends_with("gate.bias"); }
@@ -91,11 +52,6 @@ bool unchosen_expert(const std::string& name, const std::vector<std::vector<int6
   return load.at(size_t(l)).at(size_t(e)) == 0;
 }
 
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
 
 // The sequence long enough that every choice is a real one: windows full (16), top-k (8) below the
 // visible entries, the candidate pool (4 blocks of 4) below the ratio-1 source's entries.
@@ -142,12 +98,7 @@ void check_gradients(bool engram) {
     const double lm_scale = max_abs(lm_only.at(t.name).grad);
     if (is_indexer(t.name)) EXPECT_EQ(lm_scale, 0.0) << t.name << ": the LM loss reached the indexer";
     else EXPECT_EQ(lm_scale, scale) << t.name << ": the indexer loss reached a model weight";
-    const bool routed = t.name.find(".ffn.experts.") != std::string::npos;
-    if (routed && !groups.empty() && groups.back().front()->name.find(".ffn.experts.") != std::string::npos &&
-        groups.back().front()->name.substr(0, t.name.find(".ffn.")) == t.name.substr(0, t.name.find(".ffn.")))
-      groups.back().push_back(&t);
-    else
-      groups.push_back({&t});
+    test::add_to_groups(groups, t);
   }
 
   // Each tensor (a layer's routed experts together) along a random unit direction v:
@@ -156,39 +107,10 @@ void check_gradients(bool engram) {
   // 1e-6 (|g · v| + ‖g‖). L is the objective that trains the tensor (L_indexer for the indexer's
   // weights, L_lm for the others): L_indexer is a distillation with its inputs detached, which depends
   // on the model's weights but does not train them.
-  std::mt19937 rng(5);
-  std::normal_distribution<double> normal;
-  double worst = 0;  // the largest |fd − g · v| as a fraction of its tolerance
-  for (const std::vector<train::Param<double>*>& group : groups) {
-    const std::string& name = group.front()->name;
-    std::vector<std::vector<double>> v, saved;
-    double vv = 0, gv = 0, gg = 0;
-    for (train::Param<double>* t : group) {
-      v.emplace_back(t->value.size());
-      for (double& x : v.back()) {
-        x = normal(rng);
-        vv += x * x;
-      }
-      saved.push_back(t->value);
-    }
-    for (size_t j = 0; j < group.size(); ++j)
-      for (size_t i = 0; i < v[j].size(); ++i) {
-        v[j][i] /= std::sqrt(vv);
-        gv += group[j]->grad[i] * v[j][i];
-        gg += group[j]->grad[i] * group[j]->grad[i];
-      }
-    auto loss_at = [&](double step) {
-      for (size_t j = 0; j < group.size(); ++j)
-        for (size_t i = 0; i < v[j].size(); ++i) group[j]->value[i] = saved[j][i] + step * v[j][i];
-      const train::Losses l = losses();
-      return is_indexer(name) ? l.indexer : l.lm;
-    };
-    const double fd = (loss_at(test::kFdStep) - loss_at(-test::kFdStep)) / (2 * test::kFdStep);
-    for (size_t j = 0; j < group.size(); ++j) group[j]->value = saved[j];
-    const double tol = test::kFdTolerance * (std::fabs(gv) + std::sqrt(gg));
-    EXPECT_NEAR(fd, gv, tol) << name << (group.size() > 1 ? " (with the layer's other routed experts)" : "");
-    worst = std::max(worst, std::fabs(fd - gv) / tol);
-  }
+  const double worst = test::check_directions(groups, [&](const std::string& name) {
+    const train::Losses l = losses();
+    return is_indexer(name) ? l.indexer : l.lm;
+  });
   std::printf("%zu directional checks, the worst at %.1f%% of its tolerance\n", groups.size(), 100 * worst);
   EXPECT_GT(groups.size(), size_t(150));
 }

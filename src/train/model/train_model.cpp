@@ -2,6 +2,9 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+#include <random>
+
 #include "forward/network.h"
 #include "train/model/train_ops.h"
 
@@ -34,32 +37,49 @@ template <class T>
 TrainModel<T>::~TrainModel() = default;
 
 template <class T>
-Losses TrainModel<T>::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace) {
+Losses TrainModel<T>::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace,
+                              std::span<const int64_t> anchors) {
   const Config& c = params_.config();
-  tape_.clear();  // the last forward's backward, if never run, reads the op set replaced here
+  tape_.clear();  // the last forward's backward, if never run, reads the op sets replaced here
+  drafter_.reset();
+  const bool draft = !anchors.empty();
   if (trace) {
+    const size_t layers = size_t(draft ? c.n_total_layers() : c.n_layers);
     trace->block_out.assign(size_t(c.n_layers), {});
-    trace->route_experts.assign(size_t(c.n_layers), {});
-    trace->route_scores.assign(size_t(c.n_layers), {});
+    trace->route_experts.assign(layers, {});
+    trace->route_scores.assign(layers, {});
     trace->topk.clear();
   }
   ops_ = std::make_unique<TrainOps<T>>(params_, options_, tape_, tokens, engram_ids, trace, expert_load_);
+  ops_->record_features = draft;
   run_network(c, *ops_, trace);
-  return ops_->losses;
+  Losses losses = ops_->losses;
+  margins_ = ops_->margins;
+  if (draft) {
+    drafter_ = std::make_unique<TrainOps<T>>(params_, options_, tape_, *ops_, anchors, labels_, trace, expert_load_);
+    run_drafter(c, *drafter_);
+    losses.dspark = drafter_->losses.dspark;
+    losses.dspark_parts = drafter_->losses.dspark_parts;
+    const Margins& m = drafter_->margins;  // the stages' experts and gates
+    margins_.expert_preactivation = std::max(margins_.expert_preactivation, m.expert_preactivation);
+    margins_.gate_logit = std::max(margins_.gate_logit, m.gate_logit);
+  }
+  return losses;
 }
 
 template <class T>
-void TrainModel<T>::backward(T lm_weight, T indexer_weight) {
+void TrainModel<T>::backward(T lm_weight, T indexer_weight, T dspark_weight) {
   if (!ops_ || tape_.empty()) fail("train backward", "a forward whose backward has not run", "none");
   ops_->lm_weight = lm_weight;
   ops_->indexer_weight = indexer_weight;
+  if (drafter_) drafter_->dspark_weight = dspark_weight;
   tape_.backward();
 }
 
 template <class T>
 const Margins& TrainModel<T>::margins() const {
   if (!ops_) fail("train model", "a forward before its margins are read", "none");
-  return ops_->margins;
+  return margins_;
 }
 
 template <class T>
@@ -74,10 +94,36 @@ std::vector<T> TrainModel<T>::logits() const {
 }
 
 template <class T>
+std::vector<T> TrainModel<T>::draft_logits() const {
+  return drafter_ ? drafter_->draft_logits()->value : std::vector<T>{};
+}
+
+template <class T>
+std::vector<T> TrainModel<T>::draft_confidence() const {
+  return drafter_ ? drafter_->draft_confidence()->value : std::vector<T>{};
+}
+
+template <class T>
 void TrainModel<T>::reset_expert_load() {
   const Config& c = params_.config();
-  expert_load_.assign(size_t(c.n_layers), {});
-  for (int l = 0; l < c.n_layers; ++l) expert_load_[size_t(l)].assign(size_t(c.routed_experts(l)), 0);
+  expert_load_.assign(size_t(params_.blocks()), {});
+  for (int l = 0; l < params_.blocks(); ++l) expert_load_[size_t(l)].assign(size_t(c.routed_experts(l)), 0);
+}
+
+std::vector<int64_t> dspark_anchors(const Config& c, int64_t L, int64_t blocks, uint64_t seed, uint64_t sequence) {
+  if (!c.has_dspark()) fail("dspark anchors", "a model with DSpark stages", "none");
+  const int64_t n = L - c.dspark_block_size;  // the candidates 1 .. n
+  if (n < 1 || blocks < 1) return {};
+  // mt19937_64 and seed_seq are specified bit for bit by the standard: the same anchors everywhere.
+  std::seed_seq keys{uint32_t(seed), uint32_t(seed >> 32), uint32_t(sequence), uint32_t(sequence >> 32), 0x44537061u /* "DSpa" */};
+  std::mt19937_64 rng(keys);
+  std::vector<int64_t> pool(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) pool[size_t(i)] = i + 1;
+  const int64_t k = std::min(blocks, n);
+  for (int64_t i = 0; i < k; ++i) std::swap(pool[size_t(i)], pool[size_t(i + int64_t(rng() % uint64_t(n - i)))]);
+  pool.resize(size_t(k));
+  std::sort(pool.begin(), pool.end());
+  return pool;
 }
 
 template class TrainModel<float>;

@@ -8,7 +8,8 @@
 // A step's objective is lm_weight · L_lm + indexer_weight · L_indexer: the mean next-token
 // cross-entropy over the sequence, and the indexer's distillation loss (KL of its scores against the
 // main attention of the chosen entries) averaged over the rows and summed over the index-source
-// layers, which trains only the indexer's own weights.
+// layers, which trains only the indexer's own weights. With draft anchors, also DSpark's loss
+// (grad/dspark.h) of the drafter's blocks at those anchors, which trains only DSpark's own weights.
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "forward/forward.h"
+#include "train/grad/dspark.h"
 #include "train/model/parameters.h"
 #include "train/model/tape.h"
 
@@ -33,7 +35,15 @@ struct TrainOptions {
 struct Losses {
   double lm = 0;       // mean next-token cross-entropy over the rows with a target
   double indexer = 0;  // Σ over index-source layers of the mean over rows of KL(p* ‖ softmax(I))
+  double dspark = 0;   // DSpark's loss: 0.1 L_ce + 0.9 L_tv + L_conf over the draft blocks (0 without them)
+  grad::DSparkLossParts dspark_parts;
 };
+
+// The draft blocks' anchors of a sequence of L inputs (docs/training.md, "DSpark"): min(blocks,
+// L − γ) distinct positions drawn uniformly from [1, L − γ], ascending, a function of (seed,
+// sequence) alone — `sequence` the sequence's index in the data stream — so that a resumed run
+// draws the same ones.
+std::vector<int64_t> dspark_anchors(const Config& c, int64_t L, int64_t blocks, uint64_t seed, uint64_t sequence);
 
 // How far the last forward stayed from the kinks a finite difference must not straddle (the
 // gradient checks assert them): the smallest |dot| under Engram's signed root (floored at 1e-6) and
@@ -58,17 +68,31 @@ class TrainModel {
   // index source's top-k, each layer's experts and biased gate scores and its output streams;
   // imposes its forced top-k and experts (the choices held, as the gradient checks and the parity
   // tests hold them) and its forced layer inputs (layer-local parity).
-  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace = nullptr);
-  // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer of the last forward into the
-  // parameters' gradients (zeroed by the caller: sequences of a batch accumulate).
-  void backward(T lm_weight = T(1), T indexer_weight = T(1));
+  //
+  // With anchors (dspark_anchors), DSpark's drafter runs a block at each after the target (its
+  // stages' experts recorded and imposed in the trace's layers n_layers .. n_total_layers − 1 when
+  // its vectors reach them).
+  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace = nullptr,
+                 std::span<const int64_t> anchors = {});
+  // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer + dspark_weight · L_dspark of
+  // the last forward into the parameters' gradients (zeroed by the caller: sequences of a batch
+  // accumulate).
+  void backward(T lm_weight = T(1), T indexer_weight = T(1), T dspark_weight = T(1));
+  // While held, forwards keep DSpark's labels (the signs of p − q and c*, grad/dspark.h) of the last
+  // unheld forward: a gradient check's forwards are then one smooth function.
+  void hold_dspark_labels(bool held) { labels_.held = held; }
+  // The last forward's drafter outputs: the Markov-corrected logits [blocks · γ, vocab] and the
+  // confidence logits [blocks · γ] (empty without anchors).
+  std::vector<T> draft_logits() const;
+  std::vector<T> draft_confidence() const;
 
   // The last forward's distances to kinks.
   const Margins& margins() const;
   // The last forward's logits [L, vocab] (the head over the final norm's output).
   std::vector<T> logits() const;
-  // Rows routed to each expert of each backbone layer over the forwards since the last reset
-  // ([layer][expert]): what the aux-loss-free update of the gate's bias reads.
+  // Rows routed to each expert of each block (the backbone's layers, then DSpark's stages) over the
+  // forwards since the last reset ([layer][expert]): what the aux-loss-free update of the gate's
+  // bias reads.
   const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
   void reset_expert_load();
 
@@ -76,7 +100,9 @@ class TrainModel {
   Parameters<T>& params_;
   TrainOptions options_;
   Tape tape_;
-  std::unique_ptr<TrainOps<T>> ops_;
+  std::unique_ptr<TrainOps<T>> ops_, drafter_;
+  grad::DSparkLabels labels_;
+  Margins margins_;
   std::vector<std::vector<int64_t>> expert_load_;
 };
 

@@ -27,6 +27,7 @@
 #include "numerics/codecs.h"
 #include "train/grad/compressor.h"
 #include "train/grad/cross_entropy.h"
+#include "train/grad/dspark.h"
 #include "train/grad/embedding.h"
 #include "train/grad/engram.h"
 #include "train/grad/indexer.h"
@@ -57,18 +58,51 @@ class TrainOps {
     for (int64_t t : tokens)
       if (t < 0 || t >= c_.vocab_size) fail("train forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
     if (c_.has_engram() && !engram_ids) fail("train forward", "Engram hash ids for a model with Engram", "none");
+    tokens_.assign(tokens.begin(), tokens.end());
     inputs_.assign(tokens.begin(), tokens.end() - 1);
     targets_.assign(tokens.begin() + 1, tokens.end());
     for (int64_t r = 0; r < R_; ++r) positions_.push_back(r);
-    if (trace_ && trace_->forced_experts && int(trace_->forced_experts->size()) != c_.n_layers)
-      fail("train forward", "imposed experts for " + std::to_string(c_.n_layers) + " layers", std::to_string(trace_->forced_experts->size()));
+    check_forced_experts();
+  }
+
+  // DSpark's drafter (network.h run_drafter) over draft blocks of `target`'s sequence (docs/training.md,
+  // "DSpark"): block b at anchor a = anchors[b] holds the rows [token a, noise × (γ − 1)] at positions
+  // a .. a + γ − 1, as forward/dspark.h drafts after the context 0 .. a − 1; row k's Markov head reads
+  // the sequence's token a + k (teacher forcing) and it predicts token a + k + 1. The target's forward
+  // must have run with record_features.
+  TrainOps(Parameters<T>& params, const TrainOptions& options, Tape& tape, const TrainOps& target, std::span<const int64_t> anchors,
+           grad::DSparkLabels& labels, Trace* trace, std::vector<std::vector<int64_t>>& expert_load)
+      : c_(params.config()), p_(params), o_(options), tape_(tape), R_(int64_t(anchors.size()) * c_.dspark_block_size),
+        engram_ids_(nullptr), trace_(trace), load_(expert_load), rope_window_(rope_table(c_, false)),
+        rope_compressed_(rope_table(c_, true)), target_(&target), labels_(&labels), anchors_(anchors.begin(), anchors.end()) {
+    const int64_t G = c_.dspark_block_size, L = target.R_;
+    if (!c_.has_dspark()) fail("train forward", "a model with DSpark stages for draft blocks", "none");
+    if (!target.features_) fail("train forward", "the target's context features for draft blocks", "a forward without them");
+    for (int64_t a : anchors_) {
+      if (a < 1 || a > L - G)
+        fail("train forward", "draft anchors in [1, " + std::to_string(L - G) + "] (a context before, " + std::to_string(G) +
+                                  " targets after)", std::to_string(a));
+      for (int64_t k = 0; k < G; ++k) {
+        inputs_.push_back(k == 0 ? target.tokens_[size_t(a)] : c_.dspark_noise_token_id);
+        positions_.push_back(a + k);
+        prev_.push_back(target.tokens_[size_t(a + k)]);
+        targets_.push_back(target.tokens_[size_t(a + k + 1)]);
+      }
+    }
+    if (R_ == 0) fail("train forward", "at least one draft anchor", "none");
+    check_forced_experts();
   }
 
   Losses losses;
   Margins margins;
   const Tensor& final_hidden() const { return final_; }
-  // The seeds of the two losses' gradients, read when the backward runs.
-  T lm_weight = T(1), indexer_weight = T(1);
+  // The seeds of the losses' gradients, read when the backward runs.
+  T lm_weight = T(1), indexer_weight = T(1), dspark_weight = T(1);
+  // The target records DSpark's context features (record_target) for a drafter to read.
+  bool record_features = false;
+  // The drafter's last Markov-corrected logits [rows, vocab] and confidence logits [rows].
+  const Tensor& draft_logits() const { return draft_logits_; }
+  const Tensor& draft_confidence() const { return draft_confidence_; }
 
   // --- network.h's op set -----------------------------------------------------------------------
 
@@ -81,7 +115,8 @@ class TrainOps {
     grad::gather_rows_forward(p_.embed().v(), c_.vocab_size, d, inputs_.data(), R_, x.data());
     Tensor X = tensor<T>(size_t(R_ * hc * d));
     grad::hc_expand_forward(x.data(), R_, int(hc), d, X->v());
-    tape_.record([this, X] {
+    // The drafter reads the target's embedding frozen (DSpark's loss trains no backbone weight).
+    if (!target_) tape_.record([this, X] {
       if (!X->has_grad()) return;
       const int64_t d = c_.dim;
       std::vector<T> dx(size_t(R_ * d), T(0));
@@ -169,7 +204,7 @@ class TrainOps {
     const int64_t d = c_.dim, inter = c_.moe_inter_dim, E = c_.routed_experts(l);
     const GateOptions opt = gate_options(c_, l);
     const int32_t* forced = nullptr;
-    if (trace_ && trace_->forced_experts) {
+    if (trace_ && trace_->forced_experts && size_t(l) < trace_->forced_experts->size()) {
       const std::vector<int32_t>& f = (*trace_->forced_experts)[size_t(l)];
       if (int64_t(f.size()) != R_ * opt.topk)
         fail("train forward", "imposed experts of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows",
@@ -216,9 +251,88 @@ class TrainOps {
     final_ = h;
   }
 
-  // DSpark's context features (network.h record_target): the hook for DSpark training (issue 19).
-  bool records_targets() const { return false; }
-  void record_target(int) {}
+  // DSpark's context features (network.h record_target): the residual entering target layer l
+  // averaged over the streams, [rows, targets, dim], detached: DSpark's loss does not reach the
+  // backbone (docs/decisions.md).
+  bool records_targets() const { return record_features; }
+  void record_target(int l) {
+    const int64_t hc = c_.hc_mult, d = c_.dim, n = int64_t(c_.dspark_target_layer_ids.size()), t = c_.dspark_target_index(l);
+    if (!features_) features_ = tensor<T>(size_t(R_ * n * d));
+    for (int64_t r = 0; r < R_; ++r)
+      for (int64_t k = 0; k < d; ++k) {
+        T sum = 0;
+        for (int64_t m = 0; m < hc; ++m) sum += X_->value[size_t((r * hc + m) * d + k)];
+        features_->value[size_t((r * n + t) * d + k)] = sum / T(hc);
+      }
+  }
+
+  // DSpark's head (forward/dspark.h) and loss (grad/dspark.h): the last stage's `pre` collapses the
+  // streams into x; base logits u = head(norm(x)) through the target's head, frozen; the Markov bias
+  // of each row's token before; the confidence of [x ; e]; the loss against the target's
+  // distribution at the same positions (its logits, detached) and the sequence's next tokens.
+  void draft_head() {
+    const int64_t d = c_.dim, V = c_.vocab_size, rank = c_.dspark_markov_rank, G = c_.dspark_block_size;
+    DSparkParams<T>& w = p_.dspark();
+    Tensor x = collapse(mix_[size_t(Sub::Ffn)].pre);
+    Tensor h = x;
+    rms_norm(h, d, w.norm);
+    Tensor u = tensor<T>(size_t(R_ * V));
+    grad::linear_forward(h->v(), R_, d, p_.head().v(), V, u->v());
+    tape_.record([this, h, u] {
+      if (u->has_grad()) grad::linear_backward(h->v(), R_, c_.dim, p_.head().v(), c_.vocab_size, u->grad.data(), h->g(), static_cast<T*>(nullptr));
+    });
+    Tensor e = tensor<T>(size_t(R_ * rank));
+    grad::gather_rows_forward(w.markov_embed->v(), V, rank, prev_.data(), R_, e->v());
+    tape_.record([this, e, &w] {
+      if (e->has_grad()) grad::gather_rows_backward(e->grad.data(), c_.dspark_markov_rank, prev_.data(), R_, w.markov_embed->g());
+    });
+    Tensor z = tensor<T>(size_t(R_ * V));
+    grad::markov_forward(u->v(), R_, V, w.markov_head->v(), rank, e->v(), z->v());
+    tape_.record([this, u, e, z, &w] {
+      if (z->has_grad())
+        grad::markov_backward(e->v(), R_, c_.vocab_size, w.markov_head->v(), c_.dspark_markov_rank, z->grad.data(), u->g(), e->g(),
+                              w.markov_head->g());
+    });
+    Tensor conf = tensor<T>(size_t(R_));
+    grad::confidence_forward(x->v(), e->v(), R_, d, rank, w.confidence->v(), conf->v());
+    tape_.record([this, x, e, conf, &w] {
+      if (conf->has_grad())
+        grad::confidence_backward(x->v(), e->v(), R_, c_.dim, int64_t(c_.dspark_markov_rank), w.confidence->v(), conf->grad.data(),
+                                  x->g(), e->g(), w.confidence->g());
+    });
+
+    // The target's distribution at each row's position, and the rows' shares: position weights
+    // exp(−k/γ) normalized over a block, averaged over the blocks (ρ); every row alike for L_conf (κ).
+    auto q = std::make_shared<std::vector<T>>(size_t(R_ * V));
+    std::vector<T> hidden(size_t(R_ * d));
+    for (int64_t r = 0; r < R_; ++r)
+      std::copy_n(target_->final_->value.begin() + positions_[size_t(r)] * d, d, hidden.begin() + r * d);
+    grad::linear_forward(hidden.data(), R_, d, p_.head().v(), V, q->data());
+    for (int64_t r = 0; r < R_; ++r) {
+      T* row = q->data() + r * V;
+      const T mx = *std::max_element(row, row + V);
+      T sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += (row[v] = std::exp(row[v] - mx));
+      for (int64_t v = 0; v < V; ++v) row[v] /= sum;
+    }
+    const int64_t blocks = R_ / G;
+    T weight_sum = 0;
+    for (int64_t k = 0; k < G; ++k) weight_sum += std::exp(-T(k) / T(G));
+    rho_.resize(size_t(R_));
+    for (int64_t r = 0; r < R_; ++r) rho_[size_t(r)] = std::exp(-T(r % G) / T(G)) / (weight_sum * T(blocks));
+    const T kappa = T(1) / T(R_);
+    auto saved = std::make_shared<grad::DSparkLossSaved<T>>();
+    const grad::DSparkLossParts parts =
+        grad::dspark_loss_forward(z->v(), q->data(), R_, V, targets_.data(), conf->v(), rho_.data(), kappa, *labels_, *saved);
+    losses.dspark = parts.total(grad::DSparkLossWeights{});
+    losses.dspark_parts = parts;
+    tape_.record([this, z, conf, saved, kappa] {
+      grad::dspark_loss_backward(conf->v(), R_, c_.vocab_size, targets_.data(), rho_.data(), kappa, *labels_, *saved,
+                                 grad::DSparkLossWeights{}, dspark_weight, z->g(), conf->g());
+    });
+    draft_logits_ = z;
+    draft_confidence_ = conf;
+  }
   // Decoder bounded replay is inference's (cuts_rows() is false): never called.
   void compress_cut(int) { fail("train forward", "no decoder bounded replay in training (exact mode)", "compress_cut"); }
   void drop_cut() { fail("train forward", "no decoder bounded replay in training (exact mode)", "drop_cut"); }
@@ -368,6 +482,7 @@ class TrainOps {
   // o: each row over its window (this call's kv rows) and its chosen compressed entries, with the
   // sink; at an index source, the indexer's loss against this attention.
   Tensor attend(int l, const Tensor& q, const Tensor& kv) {
+    if (target_) return attend_draft(l, q, kv);
     const AttentionParams<T>& a = p_.layer(l).attn;
     const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size;
     const bool compressed = c_.compress_ratios[size_t(l)] > 0;
@@ -431,6 +546,68 @@ class TrainOps {
   };
 
   static constexpr int64_t kScoreRows = 64;  // rows scored against every entry at once
+
+  void check_forced_experts() const {
+    if (!trace_ || !trace_->forced_experts) return;
+    const size_t n = trace_->forced_experts->size();
+    if (n != size_t(c_.n_layers) && n != size_t(c_.n_total_layers()))
+      fail("train forward", "imposed experts for " + std::to_string(c_.n_layers) + " layers (or " + std::to_string(c_.n_total_layers()) +
+                                " with the DSpark stages)", std::to_string(n));
+  }
+
+  // Stage l's context KV (forward/dspark.h dspark_ingest): kv_norm(wkv(main_x)) RoPE'd at every
+  // position of the target's sequence (SWA-FP8 when on), main_x = main_norm(main_proj(features)).
+  const Tensor& context_kv(int l) {
+    Tensor& kv = context_kv_[l];
+    if (kv) return kv;
+    const DSparkParams<T>& w = p_.dspark();
+    if (!main_x_) {
+      main_x_ = linear(target_->features_, w.main_proj);
+      rms_norm(main_x_, c_.dim, w.main_norm);
+    }
+    const AttentionParams<T>& a = p_.layer(l).attn;
+    std::vector<int64_t> positions(size_t(target_->R_));
+    for (int64_t r = 0; r < target_->R_; ++r) positions[size_t(r)] = r;
+    kv = linear(main_x_, a.wkv);
+    rms_norm(kv, c_.head_dim, a.kv_norm);
+    rope_at(kv, table(l), 1, c_.head_dim, positions, false);
+    if (o_.swa_fp8) fake_quantize(kv, c_.head_dim, swa_fp8::quantize_dequantize);
+    return kv;
+  }
+
+  // DSpark's attention (forward.cpp attend_draft): each row of block b attends to the stage's window
+  // of context KV before its anchor a — positions max(0, a − W) .. a − 1 in the ring's slot order
+  // (slot = position mod W), empty slots −1 — then to every row of its block, both ways.
+  Tensor attend_draft(int l, const Tensor& q, const Tensor& kv) {
+    const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size, G = c_.dspark_block_size, L = target_->R_;
+    const Tensor& ctx = context_kv(l);
+    Tensor table = tensor<T>(size_t((L + R_) * hd));
+    std::copy(ctx->value.begin(), ctx->value.end(), table->value.begin());
+    std::copy(kv->value.begin(), kv->value.end(), table->value.begin() + L * hd);
+    const int64_t entries = W + G;
+    auto idx = std::make_shared<std::vector<int64_t>>();
+    idx->reserve(size_t(R_ * entries));
+    for (int64_t r = 0; r < R_; ++r) {
+      const int64_t b = r / G, a = anchors_[size_t(b)], slots = std::min(W, a);
+      for (int64_t s = 0; s < slots; ++s) idx->push_back(a <= W ? s : a - W + ((s - a % W) % W + W) % W);
+      for (int64_t s = slots; s < W; ++s) idx->push_back(-1);
+      for (int64_t j = 0; j < G; ++j) idx->push_back(L + b * G + j);
+    }
+    const AttentionParams<T>& at = p_.layer(l).attn;
+    Tensor o = tensor<T>(size_t(R_ * H * hd));
+    auto saved = std::make_shared<grad::SparseAttentionSaved<T>>();
+    const T scale_qk = T(std::pow(double(hd), -0.5));
+    grad::sparse_attention_forward(q->v(), R_, H, hd, table->v(), idx->data(), entries, at.attn_sink->v(), scale_qk, o->v(), *saved);
+    tape_.record([this, q, kv, ctx, table, idx, entries, saved, o, scale_qk, sink = at.attn_sink, L] {
+      if (!o->has_grad()) return;
+      const int64_t hd = c_.head_dim;
+      grad::sparse_attention_backward(q->v(), R_, int64_t(c_.n_heads), hd, table->v(), idx->data(), entries, scale_qk, *saved,
+                                      o->grad.data(), q->g(), table->g(), sink->g());
+      add_to(table->grad.data(), L * hd, ctx->g());
+      add_to(table->grad.data() + L * hd, R_ * hd, kv->g());
+    });
+    return o;
+  }
 
   static void add_to(const T* from, int64_t n, T* to) {
     for (int64_t i = 0; i < n; ++i) to[i] += from[i];
@@ -551,7 +728,7 @@ class TrainOps {
   const TrainOptions& o_;
   Tape& tape_;
   const int64_t R_;
-  std::vector<int64_t> inputs_, targets_, positions_;
+  std::vector<int64_t> tokens_, inputs_, targets_, positions_;  // (the drafter: its rows' targets are the drafts' next tokens)
   const int64_t* engram_ids_;
   Trace* trace_;
   std::vector<std::vector<int64_t>>& load_;
@@ -563,6 +740,16 @@ class TrainOps {
   Indexed indexed_;                              // the latest index source's
   std::vector<std::vector<int64_t>> topk_;       // [row] the latest index source's choice (published)
   std::vector<std::vector<uint8_t>> candidates_; // [row] the candidate source's pool
+
+  // DSpark: the target's context features [R, targets, dim] (record_target); the drafter's target,
+  // labels, anchors, its rows' Markov tokens, position shares, main_x and each stage's context KV.
+  Tensor features_;
+  const TrainOps* target_ = nullptr;
+  grad::DSparkLabels* labels_ = nullptr;
+  std::vector<int64_t> anchors_, prev_;
+  std::vector<T> rho_;
+  Tensor main_x_, draft_logits_, draft_confidence_;
+  std::map<int, Tensor> context_kv_;
 };
 
 }  // namespace dsv41::train
