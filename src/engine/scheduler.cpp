@@ -571,8 +571,9 @@ bool Scheduler::speculates(const Running& r) const {
 }
 
 void Scheduler::speculate(const std::vector<Running*>& speculating) {
-  // Each sequence's draft; then how much of each the target verifies, chosen across them from the
-  // drafts' confidences and the step-rate profile (engine/prefix_schedule.h); then each one's pass.
+  // Every sequence's draft in one executor call; then how much of each the target verifies, chosen
+  // across them from the drafts' confidences and the step-rate profile (engine/prefix_schedule.h);
+  // then each one's pass.
   struct Step {
     Running* r;
     std::unique_ptr<Verifier> verifier;
@@ -581,22 +582,35 @@ void Scheduler::speculate(const std::vector<Running*>& speculating) {
   };
   const int64_t V = executor_.model().config().vocab_size;
   std::vector<Step> steps;
-  std::vector<std::vector<double>> survival;
+  std::vector<Session*> drafting;
+  std::vector<int> anchors;
+  std::vector<Verifier*> verifiers;
   for (Running* r : speculating) {
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      std::unique_ptr<Verifier> verifier;
-      if (r->sampler.params().temperature > 0) verifier = std::make_unique<SamplingVerifier>(r->sampler, V, vocab_);
-      else verifier = std::make_unique<GreedyVerifier>(V, vocab_);
-      Draft draft = r->session->draft(*r->next_token, *verifier);
-      const size_t G = draft.tokens.size() - 1;
-      // A draft without confidences (no confidence head) is verified whole.
-      survival.push_back(draft.confidence.size() == G ? prefix_survival(draft.confidence) : std::vector<double>(G, 1.0));
-      steps.push_back({r, std::move(verifier), std::move(draft), seconds_since(t0)});
-    } catch (const std::exception& e) {
-      finish(*r, FinishKind::Error, e.what());
-      r->generation = nullptr;
-    }
+    std::unique_ptr<Verifier> verifier;
+    if (r->sampler.params().temperature > 0) verifier = std::make_unique<SamplingVerifier>(r->sampler, V, vocab_);
+    else verifier = std::make_unique<GreedyVerifier>(V, vocab_);
+    drafting.push_back(r->session.get());
+    anchors.push_back(*r->next_token);
+    verifiers.push_back(verifier.get());
+    steps.push_back({r, std::move(verifier), {}, 0});
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Draft> drafts;
+  try {
+    drafts = Session::draft_together(drafting, anchors, verifiers);
+  } catch (const std::exception& e) {
+    for (Step& step : steps) finish(*step.r, FinishKind::Error, e.what()), step.r->generation = nullptr;
+    return;
+  }
+  // The drafting call's time is shared by its sequences.
+  const double draft_seconds = seconds_since(t0) / double(std::max<size_t>(steps.size(), 1));
+  std::vector<std::vector<double>> survival;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    steps[i].draft = std::move(drafts[i]);
+    steps[i].seconds = draft_seconds;
+    const size_t G = steps[i].draft.tokens.size() - 1;
+    // A draft without confidences (no confidence head) is verified whole.
+    survival.push_back(steps[i].draft.confidence.size() == G ? prefix_survival(steps[i].draft.confidence) : std::vector<double>(G, 1.0));
   }
   const std::vector<int> lengths = verification_lengths(survival, *step_rate_);
 

@@ -356,15 +356,57 @@ void Session::enable_drafting() {
   drafting_ = true;
 }
 
-Draft Session::draft(int anchor, Verifier& verifier, const Drafter& drafter) {
+void Session::check_drafts() const {
   if (!drafting_) fail("speculate", "a session with drafting on (enable_drafting)", "drafting off");
   if (prompt_left() > 0) fail("speculate", "a finished prompt", std::to_string(prompt_left()) + " prompt tokens left");
+}
+
+void Session::check_draft(const Draft& d, int anchor) const {
   const Config& c = model().config();
-  Draft d = drafter ? drafter(anchor) : executor_.dspark_draft(*kv_, anchor, [&](std::span<const float> row) { return verifier.draft(row); });
   if (d.tokens.empty() || d.tokens.front() != anchor) fail("speculate", "a draft that starts with its anchor", "another draft");
   for (int t : d.tokens)
     if (t < 0 || t >= c.vocab_size) fail("speculate", "draft tokens in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
+}
+
+Draft Session::draft(int anchor, Verifier& verifier, const Drafter& drafter) {
+  if (!drafter) {
+    Session* self = this;
+    Verifier* v = &verifier;
+    return std::move(draft_together(std::span(&self, 1), std::span(&anchor, 1), std::span(&v, 1)).front());
+  }
+  check_drafts();
+  Draft d = drafter(anchor);
+  check_draft(d, anchor);
   return d;
+}
+
+std::vector<Draft> Session::draft_together(std::span<Session* const> sessions, std::span<const int> anchors,
+                                           std::span<Verifier* const> verifiers) {
+  if (anchors.size() != sessions.size() || verifiers.size() != sessions.size())
+    fail("speculate", "an anchor and a verifier per session", std::to_string(anchors.size()) + " anchors and " +
+                                                                   std::to_string(verifiers.size()) + " verifiers for " +
+                                                                   std::to_string(sessions.size()) + " sessions");
+  if (sessions.empty()) return {};
+  Executor& executor = sessions.front()->executor_;
+  // A greedy verifier's drafts are chosen where the executor holds the rows; the others' by the
+  // verifier, on the rows brought back.
+  std::vector<DraftChoice> choices;
+  choices.reserve(sessions.size());
+  std::vector<DraftRequest> requests;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    Session& s = *sessions[i];
+    if (&s.executor_ != &executor) fail("speculate", "sessions of one executor", s.executor_.name() + " beside " + executor.name());
+    s.check_drafts();
+    Verifier* v = verifiers[i];
+    const DraftChoice* choose = nullptr;
+    if (!v->greedy()) choose = &choices.emplace_back([v](std::span<const float> row) { return v->draft(row); });
+    requests.push_back(DraftRequest{s.kv_.get(), anchors[i], choose});
+  }
+  std::vector<Draft> drafts = executor.dspark_drafts(requests);
+  if (drafts.size() != sessions.size())
+    fail(executor.name() + " executor", std::to_string(sessions.size()) + " drafts", std::to_string(drafts.size()));
+  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->check_draft(drafts[i], anchors[i]);
+  return drafts;
 }
 
 BatchItem Session::begin_verify(const Draft& drafted, int length) {

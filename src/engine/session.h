@@ -160,6 +160,10 @@ class Session {
   };
   using Drafter = std::function<Draft(int anchor)>;
   Draft draft(int anchor, Verifier& verifier, const Drafter& drafter = {});
+  // draft for several sessions on one executor in one executor call (Scheduler::speculate): each
+  // session's DSpark draft after its anchor, chosen by its verifier.
+  static std::vector<Draft> draft_together(std::span<Session* const> sessions, std::span<const int> anchors,
+                                           std::span<Verifier* const> verifiers);
   Speculation verify(const Draft& draft, int length, Verifier& verifier);
   Speculation speculate(int anchor, Verifier& verifier, const Drafter& drafter = {});
   // verify in steps, so that one forward call verifies many sessions' drafts (Scheduler::speculate):
@@ -247,6 +251,8 @@ class Session {
   KvCache* prompt_cache_ = nullptr;
   bool drafting_ = false;
   std::vector<float> hidden_;  // the last call's context features (ForwardOptions::dspark_hidden)
+  void check_drafts() const;   // refused by name unless drafting is on and the prompt has run
+  void check_draft(const Draft& d, int anchor) const;  // its anchor first, its tokens in the vocabulary
 };
 
 // prefill_prompt for several sessions at once: every session's lookup first, then one batched

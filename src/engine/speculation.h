@@ -16,6 +16,9 @@ class Verifier {
   virtual ~Verifier() = default;
   // The draft token from one draft row (DSpark's Markov-corrected logits, the model's vocabulary).
   virtual int draft(std::span<const float> logits) = 0;
+  // Whether draft() is draft_argmax and verify() reads no draft logits: the executor may then
+  // choose the drafts where it holds the rows (DraftRequest without `choose`).
+  virtual bool greedy() const { return false; }
   // From the target's rows [γ + 1, vocab] (row k follows draft token k) and the draft (its tokens
   // [anchor, d_1 .. d_γ], and its logits where the rule reads them): how many drafts are accepted,
   // and the token emitted after them.
@@ -33,6 +36,7 @@ class GreedyVerifier final : public Verifier {
  public:
   GreedyVerifier(int64_t vocab, int64_t sampled) : vocab_(vocab), sampled_(sampled) {}
   int draft(std::span<const float> logits) override { return draft_argmax(logits); }
+  bool greedy() const override { return true; }
   Verdict verify(std::span<const float> target, const Draft& draft) override;
 
  private:

@@ -66,15 +66,22 @@ std::vector<std::vector<float>> CpuExecutor::encode_images(const std::vector<Vis
 }
 
 void Executor::dspark_ingest(Sequence&, int64_t, std::span<const float>, int64_t) { no_speculation(*this); }
-Draft Executor::dspark_draft(Sequence&, int, const DraftChoice&) { no_speculation(*this); }
+std::vector<Draft> Executor::dspark_drafts(const std::vector<DraftRequest>&) { no_speculation(*this); }
+Draft Executor::dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose) {
+  return std::move(dspark_drafts({DraftRequest{&sequence, anchor, &choose}}).front());
+}
 SequenceMark Executor::mark(Sequence&, int64_t) { no_speculation(*this); }
 void Executor::rewind(Sequence&, const SequenceMark&) { no_speculation(*this); }
 
 void CpuExecutor::dspark_ingest(Sequence& s, int64_t first_pos, std::span<const float> hidden, int64_t rows) {
   dsv41::dspark_ingest(model_, cpu_state(s), first_pos, hidden, rows);
 }
-Draft CpuExecutor::dspark_draft(Sequence& s, int anchor, const DraftChoice& choose) {
-  return dsv41::dspark_draft(model_, cpu_state(s), anchor, choose);
+// The reference drafts each sequence alone (its logits at hand, greedy or not).
+std::vector<Draft> CpuExecutor::dspark_drafts(const std::vector<DraftRequest>& requests) {
+  std::vector<Draft> drafts;
+  for (const DraftRequest& r : requests)
+    drafts.push_back(dsv41::dspark_draft(model_, cpu_state(*r.sequence), r.anchor, r.choose ? *r.choose : DraftChoice(draft_argmax)));
+  return drafts;
 }
 SequenceMark CpuExecutor::mark(Sequence& s, int64_t rows) { return dsv41::mark(cpu_state(s), model_.config(), rows); }
 void CpuExecutor::rewind(Sequence& s, const SequenceMark& m) { dsv41::rewind(cpu_state(s), model_.config(), m); }

@@ -50,6 +50,15 @@ struct BatchItem {
   TokenChoice* choice = nullptr;
 };
 
+// A draft after a sequence's last token (forward/dspark.h dspark_draft): the anchor, and how each
+// draft token is chosen from its row of logits. Null `choose`: greedy (draft_argmax's first maximum),
+// which an executor may take where the logits are and return the draft without them.
+struct DraftRequest {
+  Sequence* sequence;
+  int anchor;
+  const DraftChoice* choose = nullptr;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -66,11 +75,14 @@ class Executor {
   virtual std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) = 0;
 
   // Speculative decoding on a sequence of this executor's (forward/dspark.h, sequence_mark.h):
-  // the drafter's context from a call's features (ForwardOptions::dspark_hidden), a draft, and a
-  // pass undone. The CPU and CUDA executors'; the others refuse by name (issue 18).
+  // the drafter's context from a call's features (ForwardOptions::dspark_hidden), the drafts of
+  // many sequences in one call (each as it would be alone, up to the summation orders of the
+  // executor's batched products), and a pass undone. The CPU and CUDA executors'; the others refuse
+  // by name (issue 18).
   virtual bool speculates() const { return false; }
   virtual void dspark_ingest(Sequence& sequence, int64_t first_pos, std::span<const float> hidden, int64_t rows);
-  virtual Draft dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose);
+  virtual std::vector<Draft> dspark_drafts(const std::vector<DraftRequest>& requests);
+  Draft dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose);  // one request's, its logits kept
   virtual SequenceMark mark(Sequence& sequence, int64_t rows);
   virtual void rewind(Sequence& sequence, const SequenceMark& mark);
 
@@ -97,7 +109,7 @@ class CpuExecutor final : public Executor {
   std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override;
   bool speculates() const override { return true; }
   void dspark_ingest(Sequence& sequence, int64_t first_pos, std::span<const float> hidden, int64_t rows) override;
-  Draft dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose) override;
+  std::vector<Draft> dspark_drafts(const std::vector<DraftRequest>& requests) override;
   SequenceMark mark(Sequence& sequence, int64_t rows) override;
   void rewind(Sequence& sequence, const SequenceMark& mark) override;
   bool takes_images() const override { return true; }

@@ -271,6 +271,96 @@ TEST(DSparkDevice, BatchedFeaturesEqualAlone) {
   }
 }
 
+// The bound on |Δ| of a Markov bias row computed in two fp32 orders (the GEMV of one draft, the
+// tensor-core GEMM of a batch): each order's sum of `rank` products e_k · w_vk parts from the exact
+// one by at most γ_rank · Σ_k |e_k w_vk| (γ_n = n·u / (1 − n·u), u = 2⁻²⁴; Higham, Accuracy and
+// Stability §3.1), so two orders by twice that; the largest over the vocabulary, for the token before.
+double markov_bound(const Model& model, int before) {
+  const DSparkWeights& w = model.dspark();
+  const int64_t V = model.config().vocab_size, rank = model.config().dspark_markov_rank;
+  std::vector<float> e(static_cast<size_t>(rank)), row(static_cast<size_t>(rank));
+  w.markov_embed.row(before, e.data());
+  double most = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    w.markov_head.row(v, row.data());
+    double sum = 0;
+    for (int64_t k = 0; k < rank; ++k) sum += std::fabs(double(e[size_t(k)]) * double(row[size_t(k)]));
+    most = std::max(most, sum);
+  }
+  const double u = std::ldexp(1.0, -24), gamma = double(rank) * u / (1 - double(rank) * u);
+  return 2 * gamma * most;
+}
+
+// Drafts of several sequences in one call (Executor::dspark_drafts: one stage pass, the Markov
+// steps batched) are each sequence's draft alone: two sequences, one shorter than the window (its
+// rows list fewer ring slots: another attention launch) and one past it, each drafted greedily on
+// the device (no logits back) and with a host choice in the same call. The same sequence's two
+// requests read the same rows: the same tokens and confidences exactly. Against the draft alone,
+// the stage and head rows are the same products (2 to 64 rows: BatchedFeaturesEqualAlone), the
+// Markov bias another fp32 order (markov_bound): each row within it while the tokens before agree,
+// and a token that differs only at a near-tie (top-2 margin within twice the row's deviation).
+TEST(DSparkDevice, DraftsTogetherAreEachAlone) {
+  DSV41_REQUIRE_DEVICE();
+  Fixture f("v41-tiny-noengram");  // no Engram: any tokens run without hash ids
+  const Config& c = f.config();
+  const int64_t V = c.vocab_size, G = c.dspark_block_size;
+  std::unique_ptr<Executor> device = cuda::make_executor(*f.model);
+  std::mt19937 rng(11);
+  std::vector<std::unique_ptr<Sequence>> sequences;
+  for (const int64_t n : {int64_t(3), int64_t(2 * c.window_size + 3)}) {
+    std::vector<int> t(static_cast<size_t>(n));
+    for (int& x : t) x = 3 + int(rng() % uint32_t(V - 3));
+    std::vector<float> hidden;
+    ForwardOptions opt;
+    opt.dspark_hidden = &hidden;
+    sequences.push_back(device->new_sequence());
+    device->forward_batch({BatchItem{sequences.back().get(), t, nullptr, opt}});
+    device->dspark_ingest(*sequences.back(), 0, hidden, n);
+  }
+  Sequence& a = *sequences[0];
+  Sequence& b = *sequences[1];
+  const DraftChoice host = draft_argmax;
+  const std::vector<Draft> together =
+      device->dspark_drafts({{&a, 7, nullptr}, {&b, 9, &host}, {&a, 7, &host}, {&b, 9, nullptr}, {&b, 11, nullptr}});
+  ASSERT_EQ(together.size(), 5u);
+  for (const size_t k : {0, 3, 4}) EXPECT_TRUE(together[k].logits.empty()) << "request " << k << ": greedy on the device";
+  for (const size_t k : {1, 2}) ASSERT_EQ(together[k].logits.size(), size_t(G * V)) << "request " << k;
+  for (const auto& [greedy, chosen] : {std::pair<size_t, size_t>{0, 2}, {3, 1}}) {
+    EXPECT_EQ(together[greedy].tokens, together[chosen].tokens) << "requests " << greedy << " and " << chosen;
+    EXPECT_TRUE(together[greedy].confidence == together[chosen].confidence) << "requests " << greedy << " and " << chosen;
+  }
+  const struct {
+    Sequence* s;
+    int anchor;
+    size_t request;
+  } alone_cases[] = {{&a, 7, 2}, {&b, 9, 1}};
+  for (const auto& k : alone_cases) {
+    const Draft alone = device->dspark_draft(*k.s, k.anchor, draft_argmax);
+    const Draft& ours = together[k.request];
+    ASSERT_EQ(alone.tokens.size(), size_t(G + 1));
+    for (int64_t i = 0; i < G; ++i) {
+      const RowGap gap = row_gap(ours.logits.data() + i * V, alone.logits.data() + i * V, V);
+      const double bound = markov_bound(*f.model, ours.tokens[size_t(i)]);
+      EXPECT_LE(gap.deviation, bound) << "request " << k.request << " row " << i;
+      EXPECT_NEAR(ours.confidence[size_t(i)], alone.confidence[size_t(i)], 2e-4) << "request " << k.request << " row " << i;
+      if (ours.tokens[size_t(i) + 1] != alone.tokens[size_t(i) + 1]) {
+        EXPECT_LE(gap.margin, 2 * gap.deviation) << "request " << k.request << " draft " << i + 1 << ": not a near-tie";
+        break;
+      }
+    }
+  }
+  // A greedy request, chosen on the device, against its draft alone: the tokens the same up to a
+  // row whose top-2 margin is within the two orders' bound.
+  const Draft alone = device->dspark_draft(b, 11, draft_argmax);
+  EXPECT_EQ(together[4].tokens.front(), 11);
+  for (int64_t i = 0; i < G; ++i) {
+    if (together[4].tokens[size_t(i) + 1] == alone.tokens[size_t(i) + 1]) continue;
+    const RowGap gap = row_gap(alone.logits.data() + i * V, alone.logits.data() + i * V, V);
+    EXPECT_LE(gap.margin, 2 * markov_bound(*f.model, alone.tokens[size_t(i)])) << "request 4 draft " << i + 1 << ": not a near-tie";
+    break;
+  }
+}
+
 // A decode step captured with the DSpark context features (DecodeGraph with features, what the
 // executor replays for drafting sessions) records, for three sequences at 5, 40 and 100 tokens
 // over 8 steps, bit for bit the features and logits of the same uncaptured decode calls

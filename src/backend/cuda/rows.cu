@@ -65,6 +65,11 @@ __global__ void mask_kernel(float* scores, const uint8_t* mask, int64_t n) {
   if (i < n && !mask[i]) scores[i] = -INFINITY;
 }
 
+__global__ void add_rows_kernel(float* y, int64_t stride, const float* x, int64_t rows, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * n) y[(i / n) * stride + i % n] += x[i];
+}
+
 __global__ void finish_topk_kernel(const int32_t* chosen, int64_t rows, int k, const int64_t* visible, int K, int32_t* out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * K) return;
@@ -124,6 +129,12 @@ void mask_scores(float* scores, const uint8_t* mask, int64_t n, cudaStream_t str
   if (n <= 0) return;
   mask_kernel<<<blocks(n), kThreads, 0, stream>>>(scores, mask, n);
   check_launch("cuda::mask_scores");
+}
+
+void add_rows(float* y, int64_t stride, const float* x, int64_t rows, int64_t n, cudaStream_t stream) {
+  if (rows <= 0 || n <= 0) return;
+  add_rows_kernel<<<blocks(rows * n), kThreads, 0, stream>>>(y, stride, x, rows, n);
+  check_launch("cuda::add_rows");
 }
 
 void finish_topk(const int32_t* chosen, int64_t rows, int k, const int64_t* visible, int K, int32_t* out, cudaStream_t stream) {

@@ -43,6 +43,10 @@ void sum_splits(const float* partial, int splits, int64_t n, float* y, bool roun
 // x = bf16(x · s), n values.
 void scale_round(float* x, int64_t n, float s, cudaStream_t stream);
 
+// y[r · stride + i] += x[r · n + i] for rows × n values: one fp32 add each (DSpark's Markov bias
+// onto draft rows strided through a batch's logits).
+void add_rows(float* y, int64_t stride, const float* x, int64_t rows, int64_t n, cudaStream_t stream);
+
 // scores[i] = -inf where mask[i] == 0, n values.
 void mask_scores(float* scores, const uint8_t* mask, int64_t n, cudaStream_t stream);
 

@@ -151,9 +151,11 @@ class CudaExecutor final : public Executor {
     std::lock_guard hold(*lock_);
     cuda::dspark_ingest(device_, running(sequence, "dspark_ingest"), first_pos, hidden, rows);
   }
-  Draft dspark_draft(Sequence& sequence, int anchor, const DraftChoice& choose) override {
+  std::vector<Draft> dspark_drafts(const std::vector<DraftRequest>& requests) override {
     std::lock_guard hold(*lock_);
-    return cuda::dspark_draft(device_, held(sequence, "dspark_draft"), anchor, choose);
+    std::vector<cuda::DeviceDraftRequest> on_device;
+    for (const DraftRequest& r : requests) on_device.push_back({&held(*r.sequence, "dspark_drafts"), r.anchor, r.choose});
+    return cuda::dspark_drafts(device_, on_device);
   }
   SequenceMark mark(Sequence& sequence, int64_t rows) override {
     std::lock_guard hold(*lock_);

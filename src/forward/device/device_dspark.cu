@@ -1,6 +1,6 @@
 // DSpark's drafter on the device (device_dspark.h), each step as forward.cpp's dspark_ingest and
 // dspark_draft: the same ops in the same order and precision, on the CUDA ops (whose tests bound
-// their fp32 summation orders against the CPU's).
+// their fp32 summation orders against the CPU's), the drafts of many sequences in one pass.
 #include "forward/device/device_dspark.h"
 
 #include <string>
@@ -12,6 +12,7 @@
 #include "backend/cuda/norm.h"
 #include "backend/cuda/rope.h"
 #include "backend/cuda/rows.h"
+#include "backend/cuda/sampling.h"
 #include "base/error.h"
 #include "forward/device/device_forward.h"
 #include "numerics/codecs.h"
@@ -54,41 +55,64 @@ void dspark_ingest(const DeviceModel& model, DeviceSequence& sequence, int64_t f
   check(cudaStreamSynchronize(stream), "dspark_ingest");
 }
 
-Draft dspark_draft(const DeviceModel& model, const DeviceSequence& sequence, int anchor, const DraftChoice& choose,
-                   cudaStream_t stream) {
+std::vector<Draft> dspark_drafts(const DeviceModel& model, std::span<const DeviceDraftRequest> requests, cudaStream_t stream) {
   const Config& c = model.config();
-  const std::vector<int> block = draft_block_tokens(c, sequence.length, anchor);
-  const int64_t G = c.dspark_block_size, V = c.vocab_size, d = c.dim, rank = c.dspark_markov_rank;
-  DraftBlock b = draft_block(model, sequence, block, stream);
-
-  // Position by position: the Markov bias of the token before, W2 · W1[token] (fp32 over the bf16
-  // embedding, on the device), added to the base logits row (fp32, here); the next token chosen
-  // from the sum.
-  Draft out;
-  out.logits = b.logits.download(stream, G * V);
-  out.tokens = {anchor};
-  const DSparkWeights& w = model.dspark();
-  DeviceBuffer<float> embeds = scratch<float>(G * rank, stream), bias = scratch<float>(V, stream);
-  DeviceBuffer<int32_t> token = scratch<int32_t>(1, stream);
-  for (int64_t i = 0; i < G; ++i) {
-    const int32_t before = out.tokens[size_t(i)];
-    check(cudaMemcpyAsync(token.get(), &before, sizeof(before), cudaMemcpyHostToDevice, stream), "dspark_draft");
-    embed_rows(w.markov_embed, token.get(), 1, 1, rank, embeds.get() + i * rank, stream);
-    linear_f32(embeds.get() + i * rank, 1, w.markov_head, bias.get(), stream);
-    const std::vector<float> row_bias = bias.download(stream, V);
-    float* row = out.logits.data() + i * V;
-    for (int64_t v = 0; v < V; ++v) row[v] += row_bias[size_t(v)];
-    out.tokens.push_back(choose(std::span<const float>(row, size_t(V))));
+  const int64_t n = int64_t(requests.size()), G = c.dspark_block_size, V = c.vocab_size, d = c.dim, rank = c.dspark_markov_rank;
+  if (n == 0) return {};
+  std::vector<const DeviceSequence*> sequences;
+  std::vector<std::vector<int>> blocks;
+  for (const DeviceDraftRequest& r : requests) {
+    sequences.push_back(r.sequence);
+    blocks.push_back(draft_block_tokens(c, r.sequence->length, r.anchor));
   }
+  DraftBlock b = draft_blocks(model, sequences, blocks, stream);  // draft s's rows at s·G .. s·G + G − 1
+
+  std::vector<Draft> out(static_cast<size_t>(n));
+  std::vector<int64_t> greedy, chosen;  // the requests chosen on the device / on the host
+  for (int64_t s = 0; s < n; ++s) {
+    out[size_t(s)].tokens = {requests[size_t(s)].anchor};
+    (requests[size_t(s)].choose ? chosen : greedy).push_back(s);
+  }
+  SampleRequest argmax;  // temperature 0: the first maximum over the whole row, as draft_argmax
+  argmax.vocab = V;
+  const std::vector<SampleRequest> argmax_requests(greedy.size(), argmax);
+  std::vector<int64_t> greedy_rows(greedy.size());
+
+  // Position by position: the Markov bias of each draft's token before, W2 · W1[token] (fp32 over
+  // the bf16 embedding), added to its row; the next tokens chosen from the sums. The embeddings
+  // go to the confidence head's input [x_i ; W1[token before]] (row s·G + i, after x's d values).
+  const DSparkWeights& w = model.dspark();
+  const int64_t width = d + rank;
+  DeviceBuffer<float> joined = scratch<float>(n * G * width, stream), embeds = scratch<float>(n * rank, stream),
+                      bias = scratch<float>(n * V, stream);
+  DeviceBuffer<int32_t> before = scratch<int32_t>(n, stream);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int64_t i = 0; i < G; ++i) {
+    for (int64_t s = 0; s < n; ++s) tokens[size_t(s)] = out[size_t(s)].tokens[size_t(i)];
+    check(cudaMemcpyAsync(before.get(), tokens.data(), size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream), "dspark_draft");
+    embed_rows(w.markov_embed, before.get(), n, 1, rank, embeds.get(), stream);
+    linear_f32(embeds.get(), n, w.markov_head, bias.get(), stream);
+    add_rows(b.logits.get() + i * V, G * V, bias.get(), n, V, stream);
+    check(cudaMemcpy2DAsync(joined.get() + i * width + d, size_t(G * width) * sizeof(float), embeds.get(), size_t(rank) * sizeof(float),
+                            size_t(rank) * sizeof(float), size_t(n), cudaMemcpyDeviceToDevice, stream), "dspark_draft");
+    for (size_t k = 0; k < greedy.size(); ++k) greedy_rows[k] = greedy[k] * G + i;
+    const std::vector<TokenChoice> picks = choose(b.logits.get(), V, greedy_rows, argmax_requests, stream);
+    for (size_t k = 0; k < greedy.size(); ++k) out[size_t(greedy[k])].tokens.push_back(picks[k].token);
+    for (const int64_t s : chosen) {
+      const std::vector<float> row = b.logits.download(stream, V, (s * G + i) * V);
+      out[size_t(s)].tokens.push_back((*requests[size_t(s)].choose)(row));
+    }
+  }
+  // The host-chosen drafts' rows, Markov bias included, as dspark_draft returns them.
+  for (const int64_t s : chosen) out[size_t(s)].logits = b.logits.download(stream, G * V, s * G * V);
+
   // Confidence logits: [x_i ; W1[token before]] through the confidence head, fp32.
-  DeviceBuffer<float> joined = scratch<float>(G * (d + rank), stream), confidence = scratch<float>(G, stream);
-  const size_t pitch = size_t(d + rank) * sizeof(float);
-  check(cudaMemcpy2DAsync(joined.get(), pitch, b.folded.get(), size_t(d) * sizeof(float), size_t(d) * sizeof(float), size_t(G),
-                          cudaMemcpyDeviceToDevice, stream), "dspark_draft");
-  check(cudaMemcpy2DAsync(joined.get() + d, pitch, embeds.get(), size_t(rank) * sizeof(float), size_t(rank) * sizeof(float),
-                          size_t(G), cudaMemcpyDeviceToDevice, stream), "dspark_draft");
-  linear_f32(joined.get(), G, w.confidence, confidence.get(), stream);
-  out.confidence = confidence.download(stream, G);
+  DeviceBuffer<float> confidence = scratch<float>(n * G, stream);
+  check(cudaMemcpy2DAsync(joined.get(), size_t(width) * sizeof(float), b.folded.get(), size_t(d) * sizeof(float), size_t(d) * sizeof(float),
+                          size_t(n * G), cudaMemcpyDeviceToDevice, stream), "dspark_draft");
+  linear_f32(joined.get(), n * G, w.confidence, confidence.get(), stream);
+  const std::vector<float> conf = confidence.download(stream, n * G);
+  for (int64_t s = 0; s < n; ++s) out[size_t(s)].confidence.assign(conf.begin() + s * G, conf.begin() + (s + 1) * G);
   return out;
 }
 

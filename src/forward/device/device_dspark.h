@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "forward/device/device_model.h"
 #include "forward/device/device_sequence.h"
@@ -19,13 +20,20 @@ namespace dsv41::cuda {
 void dspark_ingest(const DeviceModel& model, DeviceSequence& sequence, int64_t first_pos, std::span<const float> hidden,
                    int64_t rows, cudaStream_t stream = nullptr);
 
-// dsv41::dspark_draft on the device: the block through the stages and the draft head
-// (draft_block), then position by position the Markov bias W2 · W1[token before] (fp32, on the
-// device) added to the base logits row on the host, where `choose` picks the next token; the
-// confidence logits [x_i ; W1[token before]] through the confidence head (fp32, on the device).
-// The γ base logits rows and a bias row per position come back to the host: `choose` is the
-// caller's (a sampling verifier draws from its own generator). Reads the sequence only.
-Draft dspark_draft(const DeviceModel& model, const DeviceSequence& sequence, int anchor, const DraftChoice& choose,
-                   cudaStream_t stream = nullptr);
+// dsv41::dspark_draft on the device for several sequences at once (each request's sequence only
+// read; a sequence may appear twice): the blocks through the stages and the draft head in one call
+// (draft_blocks), then position by position for every draft together the Markov bias
+// W2 · W1[token before] (fp32) added to the base logits row on the device, and the next token
+// chosen — greedy requests (no `choose`) by cuda::choose's first maximum on the device, their
+// Draft without logits; the others by their `choose` on the row brought back (a sampling verifier
+// draws from its own generator), their Draft with its γ rows; then the confidence logits
+// [x_i ; W1[token before]] through the confidence head (fp32). Per position one small upload and
+// one choice's download, whatever the batch.
+struct DeviceDraftRequest {
+  const DeviceSequence* sequence;
+  int anchor;
+  const DraftChoice* choose = nullptr;
+};
+std::vector<Draft> dspark_drafts(const DeviceModel& model, std::span<const DeviceDraftRequest> requests, cudaStream_t stream = nullptr);
 
 }  // namespace dsv41::cuda

@@ -156,19 +156,28 @@ class Call {
     trace_ = batch.size() == 1 ? batch[0].options.trace : nullptr;
   }
 
-  // A DSpark draft block (run_drafter): `block` at the positions after `seq`, read only.
-  Call(const DeviceModel& model, const DeviceSequence& seq, std::span<const int> block, cudaStream_t stream)
+  // DSpark draft blocks (run_drafter): blocks[i] at the positions after sequences[i], read only.
+  Call(const DeviceModel& model, std::span<const DeviceSequence* const> sequences, std::span<const std::vector<int>> blocks,
+       cudaStream_t stream)
       : m_(model), c_(model.config()), stream_(stream), plan_(nullptr), plan_d_(nullptr), times_(nullptr), draft_(true) {
     if (!c_.has_dspark()) fail("dspark_draft", "a model with DSpark stages", "none");
-    // A draft Call only reads its sequence (its rings, in window_entries; keep_window keeps nothing,
-    // and nothing advances it), so the item's non-const pointer is never written through.
-    auto* s = const_cast<DeviceSequence*>(&seq);
-    draft_in_ = DeviceItem{s, block};
-    ItemPlan plan;
-    plan.start = seq.length;
-    plan.rows = int64_t(block.size());
-    items_.push_back(Item{s, &draft_in_, std::move(plan), seq.length, int64_t(block.size()), 0, nullptr, 0});
-    T_ = int64_t(block.size());
+    if (sequences.size() != blocks.size())
+      fail("dspark_draft", "a block per sequence", std::to_string(blocks.size()) + " blocks for " + std::to_string(sequences.size()));
+    // A draft Call only reads its sequences (their rings, in window_entries; keep_window keeps
+    // nothing, and nothing advances them), so the items' non-const pointers are never written through.
+    draft_in_.reserve(sequences.size());
+    int64_t offset = 0;
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      auto* s = const_cast<DeviceSequence*>(sequences[i]);
+      const int64_t rows = int64_t(blocks[i].size());
+      draft_in_.push_back(DeviceItem{s, blocks[i]});
+      ItemPlan plan;
+      plan.start = s->length;
+      plan.rows = rows;
+      items_.push_back(Item{s, &draft_in_.back(), std::move(plan), s->length, rows, offset, nullptr, 0});
+      offset += rows;
+    }
+    T_ = offset;
   }
   // A draft Call's block through the stages (run_drafter): the base logits and the folded streams.
   DraftBlock draft() {
@@ -298,9 +307,14 @@ class Call {
   int64_t hidden_rows_ = 0;
   std::vector<std::pair<int64_t, int64_t>> hidden_items_;
   bool draft_ = false;
-  DeviceItem draft_in_;
+  std::vector<DeviceItem> draft_in_;
   Floats folded_;
-  int64_t window_width(const Item& it) const { return it.first_call() ? std::min<int64_t>(it.rows, c_.window_size) : c_.window_size; }
+  // The entries each of an item's rows lists in the window (window_lists; a draft block's rows: the
+  // ring's first min(W, start) slots and the whole block).
+  int64_t window_width(const Item& it) const {
+    if (draft_) return std::min<int64_t>(c_.window_size, it.start) + it.rows;
+    return it.first_call() ? std::min<int64_t>(it.rows, c_.window_size) : c_.window_size;
+  }
 };
 
 void Call::upload_positions() {
@@ -741,25 +755,27 @@ void Call::window_entries(int l, Floats& kv) {
   const int64_t hd = c_.head_dim, W = c_.window_size, T = T_;
   const size_t slot = swa_fp8::bytes(int(hd));
   if (draft_) {
-    // The stage's ring, then the block's entries: each row lists the ring's first min(W, start)
-    // slots and every row of the block.
-    const Item& it = items_[0];
-    const int64_t S = std::min(W, it.start);
+    // Each item's buffer: the stage's ring, then its block's entries; each of its rows lists the
+    // ring's first min(W, start) slots and every row of its block (draft_width).
     window_buffers_.clear();
-    uint8_t* buffer = window_buffers_.emplace_back(scratch<uint8_t>((W + T) * int64_t(slot), stream_)).get();
-    check(cudaMemcpyAsync(buffer, it.seq->window[size_t(l)].get(), W * slot, cudaMemcpyDeviceToDevice, stream_), "draft window");
     std::vector<uint8_t*> dest;
-    for (int64_t r = 0; r < T; ++r) dest.push_back(buffer + (W + r) * slot);
-    swa_fp8_encode(kv.get(), T, int(hd), scratch_from(dest, stream_).get(), stream_);
-    base_.assign(size_t(T), buffer);
     std::vector<int32_t> list;
-    for (int64_t r = 0; r < T; ++r) {
-      for (int64_t s = 0; s < S; ++s) list.push_back(int32_t(s));
-      for (int64_t j = 0; j < T; ++j) list.push_back(int32_t(W + j));
+    base_.clear();
+    window_offset_.clear();
+    for (const Item& it : items_) {
+      uint8_t* buffer = window_buffers_.emplace_back(scratch<uint8_t>((W + it.rows) * int64_t(slot), stream_)).get();
+      check(cudaMemcpyAsync(buffer, it.seq->window[size_t(l)].get(), W * slot, cudaMemcpyDeviceToDevice, stream_), "draft window");
+      window_offset_.push_back(int64_t(list.size()));
+      for (int64_t r = 0; r < it.rows; ++r) {
+        dest.push_back(buffer + (W + r) * slot);
+        base_.push_back(buffer);
+        for (int64_t s = 0; s < std::min(W, it.start); ++s) list.push_back(int32_t(s));
+        for (int64_t j = 0; j < it.rows; ++j) list.push_back(int32_t(W + j));
+      }
     }
+    swa_fp8_encode(kv.get(), T, int(hd), scratch_from(dest, stream_).get(), stream_);
     window_buffer_ = scratch_from(list, stream_);
     window_ = window_buffer_.get();
-    window_offset_.assign(1, 0);
     return;
   }
   window_buffers_.clear();
@@ -829,7 +845,7 @@ Floats Call::attend(int l, const Floats& q, const Floats&) {
   Floats o = scratch<float>(T * H * hd, stream_);
   // One launch per run of consecutive items with the same window width (a decode batch: one).
   for (size_t first = 0, last; first < items_.size(); first = last) {
-    const int64_t width = draft_ ? std::min<int64_t>(c_.window_size, items_[0].start) + T : window_width(items_[first]);
+    const int64_t width = window_width(items_[first]);
     for (last = first + 1; last < items_.size() && window_width(items_[last]) == width; ++last) {
     }
     const int64_t row = items_[first].offset, rows = items_[last - 1].offset + items_[last - 1].rows - row;
@@ -1027,8 +1043,9 @@ void enqueue_decode(const DeviceModel& model, const std::vector<DeviceItem>& bat
   Call(model, batch, stream, &plan, plan_device).enqueue(logits, features);
 }
 
-DraftBlock draft_block(const DeviceModel& model, const DeviceSequence& sequence, std::span<const int> block, cudaStream_t stream) {
-  return Call(model, sequence, block, stream).draft();
+DraftBlock draft_blocks(const DeviceModel& model, std::span<const DeviceSequence* const> sequences,
+                        std::span<const std::vector<int>> blocks, cudaStream_t stream) {
+  return Call(model, sequences, blocks, stream).draft();
 }
 
 std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const std::vector<DeviceItem>& batch,

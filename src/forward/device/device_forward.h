@@ -52,16 +52,17 @@ std::vector<std::vector<float>> deliver_logits(float* logits, int64_t V, std::sp
                                                std::span<const SampleRequest* const> sample, std::span<TokenChoice* const> choice,
                                                cudaStream_t stream);
 
-// DSpark's draft block (forward/dspark.h) through the drafter's stages and its head, on `stream`:
-// `block` ([anchor, noise × (γ − 1)]) at the positions after `sequence`'s, each stage attending to
-// its window of context KV and to the block; the sequence is only read. Returns the base logits
-// [γ, V] (fp32, before the Markov steps) and the last stage's collapsed streams [γ, dim] (bf16
-// values, the confidence head's input), in device memory, ready once the stream is.
+// DSpark's draft blocks (forward/dspark.h) of several sequences through the drafter's stages and its
+// head in one call, on `stream`: blocks[i] ([anchor, noise × (γ − 1)]) at the positions after
+// sequences[i]'s, each stage attending to that sequence's window of context KV and to its own
+// block; the sequences are only read. Returns the base logits [Σ γ, V] (fp32, before the Markov
+// steps; the blocks' rows one after another) and the last stage's collapsed streams [Σ γ, dim]
+// (bf16 values, the confidence head's input), in device memory, ready once the stream is.
 struct DraftBlock {
   DeviceBuffer<float> logits, folded;
 };
-DraftBlock draft_block(const DeviceModel& model, const DeviceSequence& sequence, std::span<const int> block,
-                       cudaStream_t stream = nullptr);
+DraftBlock draft_blocks(const DeviceModel& model, std::span<const DeviceSequence* const> sequences,
+                        std::span<const std::vector<int>> blocks, cudaStream_t stream = nullptr);
 
 // The kernels of a decode step (one token per item, none replayed: the calls forward_batch plans
 // with plan_decode) on `stream`, every per-step value read from the plan's copy at plan_device,
