@@ -478,6 +478,54 @@ TEST(Speculative, VerifyingSessionsTogetherEqualsEachAlone) {
   std::printf("%d passes, %d redo calls\n", passes, redos);
 }
 
+// A verification pass whose rows the executor chooses itself (BatchItem::sample with all_logits,
+// GreedyVerifier::row_choice): each row's token is the first maximum among the sampled ids of the
+// same pass's row on a twin sequence returning its logits; a non-greedy choice over every row, and
+// rows cut by bounded replay, are refused by name before anything runs.
+TEST(Speculative, AVerificationPassChoosesEveryRow) {
+  test::TempDir dir("speculative_rows");
+  Config c = preset("tiny");
+  c.engram_layer_ids.clear();  // hash ids are the session's business; this is the executor's
+  c.engram_num_embeddings.clear();
+  write_random_checkpoint(c, dir.string(), {});
+  auto model = Model::load(dir.string());
+  std::unique_ptr<Executor> executor = make_executor(*model, test::test_device());
+  const std::vector<int> prompt = random_tokens(c, 40, 3), pass = random_tokens(c, 6, 4);
+  std::unique_ptr<Sequence> chosen = executor->new_sequence(), twin = executor->new_sequence();
+  executor->forward_batch({BatchItem{chosen.get(), prompt}, BatchItem{twin.get(), prompt}});
+  const int64_t sampled = c.vocab_size / 2;  // fewer ids than the rows: about half the rows have their maximum past them
+  GreedyVerifier verifier(c.vocab_size, sampled);
+  ForwardOptions options;
+  options.all_logits = true;
+  std::vector<TokenChoice> choices(pass.size());
+  const std::vector<std::vector<float>> logits = executor->forward_batch(
+      {BatchItem{chosen.get(), pass, nullptr, options, verifier.row_choice(), choices.data()}, BatchItem{twin.get(), pass, nullptr, options}});
+  EXPECT_TRUE(logits[0].empty());
+  ASSERT_EQ(logits[1].size(), pass.size() * size_t(c.vocab_size));
+  for (size_t r = 0; r < pass.size(); ++r)
+    EXPECT_EQ(choices[r].token, draft_argmax(std::span<const float>(logits[1]).subspan(r * size_t(c.vocab_size), size_t(sampled))))
+        << "row " << r;
+
+  SampleRequest warm = *verifier.row_choice();
+  warm.params.temperature = 0.7f;
+  const int64_t length = chosen->length();
+  try {
+    executor->forward_batch({BatchItem{chosen.get(), pass, nullptr, options, &warm, choices.data()}});
+    FAIL() << "a sampled choice over every row was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a greedy choice without logprobs"), std::string::npos) << e.what();
+  }
+  ForwardOptions cut = options;
+  cut.decoder_from = length + 2;
+  try {
+    executor->forward_batch({BatchItem{chosen.get(), pass, nullptr, cut, verifier.row_choice(), choices.data()}});
+    FAIL() << "rows cut by bounded replay were chosen from";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("every row past the cut"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(chosen->length(), length);
+}
+
 TEST(Speculative, RefusedWhereItCannotRun) {
   test::TempDir dir("speculative_test");
   Config c = preset("tiny");

@@ -622,7 +622,7 @@ void Scheduler::speculate(const std::vector<Running*>& speculating) {
   std::vector<size_t> in_pass;  // steps[in_pass[j]] is items[j]'s
   for (size_t i = 0; i < steps.size(); ++i) {
     try {
-      items.push_back(steps[i].r->session->begin_verify(steps[i].draft, lengths[i]));
+      items.push_back(steps[i].r->session->begin_verify(steps[i].draft, lengths[i], steps[i].verifier->row_choice()));
       sessions.push_back(steps[i].r->session.get());
       in_pass.push_back(i);
     } catch (const std::exception& e) {

@@ -409,7 +409,7 @@ std::vector<Draft> Session::draft_together(std::span<Session* const> sessions, s
   return drafts;
 }
 
-BatchItem Session::begin_verify(const Draft& drafted, int length) {
+BatchItem Session::begin_verify(const Draft& drafted, int length, const SampleRequest* row_choice) {
   const int64_t G = int64_t(drafted.tokens.size()) - 1, V = model().config().vocab_size;
   if (length < 0 || length > G) fail("verify", "a length from 0 to the draft's " + std::to_string(G), std::to_string(length));
   if (verifying_) fail("verify", "one pass at a time (end_verify before the next begin_verify)", "a pass under way");
@@ -431,7 +431,13 @@ BatchItem Session::begin_verify(const Draft& drafted, int length) {
   start_call(append(verifying_->draft.tokens, 0), nullptr);
   ForwardOptions options = pending_.options;
   options.all_logits = true;
-  return item(0, rows, options);
+  BatchItem pass = item(0, rows, options);
+  if (row_choice) {
+    verifying_->choices.resize(size_t(rows));
+    pass.sample = row_choice;
+    pass.choice = verifying_->choices.data();
+  }
+  return pass;
 }
 
 Session::Speculation Session::end_verify(const std::vector<float>& logits, Verifier& verifier, std::optional<BatchItem>& redo) {
@@ -443,7 +449,9 @@ Session::Speculation Session::end_verify(const std::vector<float>& logits, Verif
   s.position = v.position;
   s.draft = v.draft.tokens;
   const int64_t rows = int64_t(s.draft.size());
-  const Verifier::Verdict verdict = verifier.verify(logits, v.draft);
+  std::vector<int> chosen;
+  for (const TokenChoice& c : v.choices) chosen.push_back(c.token);
+  const Verifier::Verdict verdict = v.choices.empty() ? verifier.verify(logits, v.draft) : verifier.verify_choices(chosen, v.draft);
   s.accepted = verdict.accepted;
   s.emitted.assign(s.draft.begin() + 1, s.draft.begin() + 1 + s.accepted);
   s.emitted.push_back(verdict.token);
@@ -459,7 +467,7 @@ Session::Speculation Session::end_verify(const std::vector<float>& logits, Verif
 }
 
 Session::Speculation Session::verify(const Draft& drafted, int length, Verifier& verifier) {
-  const std::vector<float> logits = run_alone(begin_verify(drafted, length));
+  const std::vector<float> logits = run_alone(begin_verify(drafted, length, verifier.row_choice()));
   std::optional<BatchItem> redo;
   Speculation s = end_verify(logits, verifier, redo);
   if (redo) run_alone(*redo);

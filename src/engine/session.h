@@ -167,10 +167,11 @@ class Session {
   Speculation verify(const Draft& draft, int length, Verifier& verifier);
   Speculation speculate(int anchor, Verifier& verifier, const Drafter& drafter = {});
   // verify in steps, so that one forward call verifies many sessions' drafts (Scheduler::speculate):
-  // begin_verify marks the state and hands out the pass's item; once it ran (run_batch, then ran()),
-  // end_verify gives the verdict and, on a rejection, undoes the pass and hands out in `redo` the
-  // item that runs the anchor and the accepted drafts again (to run, then ran()).
-  BatchItem begin_verify(const Draft& draft, int length);
+  // begin_verify marks the state and hands out the pass's item (with `row_choice`, the verifier's
+  // Verifier::row_choice, the executor chooses on every row and returns no logits); once it ran
+  // (run_batch, then ran()), end_verify gives the verdict and, on a rejection, undoes the pass and
+  // hands out in `redo` the item that runs the anchor and the accepted drafts again (to run, then ran()).
+  BatchItem begin_verify(const Draft& draft, int length, const SampleRequest* row_choice = nullptr);
   Speculation end_verify(const std::vector<float>& logits, Verifier& verifier, std::optional<BatchItem>& redo);
 
   // Tokens run through the encoder and through the decoder layers so far: the work bounded
@@ -235,6 +236,7 @@ class Session {
     SequenceMark before;
     size_t tokens_before = 0;
     EngramHistory history_before;
+    std::vector<TokenChoice> choices;  // the rows' choices, where the executor made them (row_choice)
   };
   std::optional<Verifying> verifying_;
   std::vector<PromptImage> images_;  // of tokens_, by start

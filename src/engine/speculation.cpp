@@ -27,13 +27,26 @@ std::vector<double> dense(const Candidates& c, int64_t vocab) {
 
 }  // namespace
 
+Verifier::Verdict Verifier::verify_choices(std::span<const int>, const Draft&) {
+  fail("verify", "target rows for a verifier that reads them (row_choice: none)", "the rows' choices only");
+}
+
+GreedyVerifier::GreedyVerifier(int64_t vocab, int64_t sampled) : vocab_(vocab) { argmax_.vocab = sampled; }
+
 Verifier::Verdict GreedyVerifier::verify(std::span<const float> target, const Draft& draft) {
   check_rows(target, draft, vocab_, false);
+  std::vector<int> choices;
+  for (size_t k = 0; k < draft.tokens.size(); ++k) choices.push_back(choose(target.data() + k * size_t(vocab_), argmax_).token);
+  return verify_choices(choices, draft);
+}
+
+Verifier::Verdict GreedyVerifier::verify_choices(std::span<const int> target, const Draft& draft) {
   const int64_t G = int64_t(draft.tokens.size()) - 1;
-  auto choice = [&](int64_t k) { return draft_argmax(target.subspan(size_t(k * vocab_), size_t(sampled_))); };
+  if (int64_t(target.size()) != G + 1)
+    fail("verify", std::to_string(G + 1) + " target choices", std::to_string(target.size()));
   Verdict v;
-  v.token = choice(0);
-  while (v.accepted < G && v.token == draft.tokens[size_t(v.accepted) + 1]) v.token = choice(++v.accepted);
+  v.token = target[0];
+  while (v.accepted < G && v.token == draft.tokens[size_t(v.accepted) + 1]) v.token = target[size_t(++v.accepted)];
   return v;
 }
 

@@ -27,6 +27,11 @@ class Verifier {
     int token = 0;
   };
   virtual Verdict verify(std::span<const float> target, const Draft& draft) = 0;
+  // Where the verdict reads only each target row's choice (greedy): the choice, for the executor to
+  // make on every row of the pass itself (BatchItem::sample), and the verdict from those tokens
+  // [γ + 1]. Null: verify reads the rows.
+  virtual const SampleRequest* row_choice() const { return nullptr; }
+  virtual Verdict verify_choices(std::span<const int> target, const Draft& draft);
 };
 
 // Greedy: a draft is DSpark's first maximum; d_k is accepted while it is the target's choice at row
@@ -34,13 +39,16 @@ class Verifier {
 // choice is emitted. The tokens are plain greedy decoding's.
 class GreedyVerifier final : public Verifier {
  public:
-  GreedyVerifier(int64_t vocab, int64_t sampled) : vocab_(vocab), sampled_(sampled) {}
+  GreedyVerifier(int64_t vocab, int64_t sampled);
   int draft(std::span<const float> logits) override { return draft_argmax(logits); }
   bool greedy() const override { return true; }
   Verdict verify(std::span<const float> target, const Draft& draft) override;
+  const SampleRequest* row_choice() const override { return &argmax_; }
+  Verdict verify_choices(std::span<const int> target, const Draft& draft) override;
 
  private:
-  int64_t vocab_, sampled_;
+  int64_t vocab_;
+  SampleRequest argmax_;  // temperature 0 over the sampled ids
 };
 
 // Speculative sampling: drafts are drawn from the sampler's candidates q of the draft rows (its

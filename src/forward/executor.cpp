@@ -28,18 +28,25 @@ class CpuSequence final : public Sequence {
 
 void check_sample(const BatchItem& item, int64_t vocab_size) {
   if (!item.sample) return;
-  if (!item.choice || item.options.all_logits)
-    fail("forward_batch", "a choice to write and one logits row for an item to sample", item.choice ? "all_logits" : "no choice");
-  // A row to choose from: the call's last row runs the decoder (bounded replay cuts no further).
-  const int64_t end = item.sequence->length() + int64_t(item.tokens.size());
-  if (std::max(item.options.decoder_from, item.options.replay_until) >= end)
-    fail("forward_batch", "a row past the cut and the replay for an item to sample (below " + std::to_string(end) + ")",
-         std::to_string(std::max(item.options.decoder_from, item.options.replay_until)));
-  const int64_t vocab = item.sample->vocab;
-  if (vocab < 1 || vocab > vocab_size || item.sample->top_logprobs > kMaxTopLogprobs)
+  if (!item.choice) fail("forward_batch", "a choice to write for an item to sample", "no choice");
+  // Rows to choose from: the call's last row runs the decoder (bounded replay cuts no further);
+  // with all_logits every row must.
+  const int64_t start = item.sequence->length(), end = start + int64_t(item.tokens.size());
+  const int64_t cut = std::max(item.options.decoder_from, item.options.replay_until);
+  if (item.options.all_logits ? cut > start : cut >= end)
+    fail("forward_batch", std::string(item.options.all_logits ? "every row" : "a row") + " past the cut and the replay for an item to sample (" +
+                              (item.options.all_logits ? "at most " + std::to_string(start) : "below " + std::to_string(end)) + ")",
+         std::to_string(cut));
+  const SampleRequest& q = *item.sample;
+  if (item.options.all_logits && (q.params.temperature > 0 || q.top_logprobs >= 0 || !q.edits.empty() || q.allowed))
+    fail("forward_batch", "a greedy choice without logprobs, logit edits or a token mask for every row of an all_logits item",
+         "temperature " + std::to_string(q.params.temperature) + ", top_logprobs " + std::to_string(q.top_logprobs) + ", " +
+             std::to_string(q.edits.size()) + " edits" + (q.allowed ? ", a mask" : ""));
+  const int64_t vocab = q.vocab;
+  if (vocab < 1 || vocab > vocab_size || q.top_logprobs > kMaxTopLogprobs)
     fail("forward_batch", "a sampled vocabulary of 1 to " + std::to_string(vocab_size) + " ids and at most " +
                               std::to_string(kMaxTopLogprobs) + " top logprobs",
-         std::to_string(vocab) + " ids, " + std::to_string(item.sample->top_logprobs) + " top logprobs");
+         std::to_string(vocab) + " ids, " + std::to_string(q.top_logprobs) + " top logprobs");
 }
 
 namespace {
@@ -95,8 +102,9 @@ std::vector<std::vector<float>> CpuExecutor::forward_batch(const std::vector<Bat
   std::vector<std::vector<float>> logits;
   for (const BatchItem& item : batch) {
     logits.push_back(forward(model_, static_cast<CpuSequence*>(item.sequence)->state(), item.tokens, item.engram_ids, item.options));
-    if (item.sample) {  // check_sample: a row to choose from
-      *item.choice = choose(logits.back().data(), *item.sample);
+    if (item.sample) {  // check_sample: rows to choose from
+      const int64_t V = model_.config().vocab_size, rows = int64_t(logits.back().size()) / V;
+      for (int64_t r = 0; r < rows; ++r) item.choice[r] = choose(logits.back().data() + r * V, *item.sample);
       logits.back().clear();
     }
   }

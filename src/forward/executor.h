@@ -43,9 +43,11 @@ struct BatchItem {
   std::span<const int> tokens;
   const int64_t* engram_ids = nullptr;  // [rows, engram layers, hash columns], as forward()'s
   ForwardOptions options = {};
-  // When set, the token to choose from the item's logits row (one row: not all_logits): the
-  // executor writes it to `choice` and returns no logits for the item (CUDA chooses on the
-  // device, so the row never comes back).
+  // When set, the token to choose from each of the item's logits rows: its one row, or with
+  // all_logits every row (a verification pass; then only a greedy choice without logprobs, edits
+  // or a mask, each row's edits depending on the rows before). The executor writes them to
+  // choice[0 .. rows) and returns no logits for the item (CUDA chooses on the device, so the rows
+  // never come back).
   const SampleRequest* sample = nullptr;
   TokenChoice* choice = nullptr;
 };
@@ -95,8 +97,8 @@ class Executor {
 };
 
 // Throws dsv41::Error, naming what it found, for an item whose sample request no executor can
-// take (no choice to write, all_logits, a vocabulary outside [1, vocab_size], more than
-// kMaxTopLogprobs).
+// take (no choice to write, a row cut by bounded replay, a vocabulary outside [1, vocab_size], more
+// than kMaxTopLogprobs, all_logits with anything but a plain greedy choice).
 void check_sample(const BatchItem& item, int64_t vocab_size);
 
 // The reference: forward() in host memory, the items one after another.

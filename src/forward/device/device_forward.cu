@@ -1009,22 +1009,21 @@ std::vector<std::vector<float>> deliver_logits(float* logits, int64_t V, std::sp
                                                cudaStream_t stream) {
   std::vector<int64_t> rows;
   std::vector<SampleRequest> requests;
-  std::vector<size_t> chooser;
+  std::vector<TokenChoice*> into;
   int64_t at = 0;
   bool rows_back = false;
-  const auto on_device = [&](size_t i) { return sample[i] && counts[i] == 1; };
+  const auto on_device = [&](size_t i) { return sample[i] != nullptr; };
   for (size_t i = 0; i < counts.size(); ++i) {
-    if (on_device(i)) {
-      rows.push_back(at);
+    for (int64_t r = 0; on_device(i) && r < counts[i]; ++r) {
+      rows.push_back(at + r);
       requests.push_back(*sample[i]);
-      chooser.push_back(i);
-    } else {
-      rows_back = rows_back || counts[i] > 0;
+      into.push_back(choice[i] + r);
     }
+    rows_back = rows_back || (!on_device(i) && counts[i] > 0);
     at += counts[i];
   }
   const std::vector<TokenChoice> chosen = choose(logits, V, rows, requests, stream);
-  for (size_t k = 0; k < chooser.size(); ++k) *choice[chooser[k]] = chosen[k];
+  for (size_t k = 0; k < into.size(); ++k) *into[k] = chosen[k];
   std::vector<std::vector<float>> out(counts.size());
   if (!rows_back) return out;
   std::vector<float> all(size_t(at * V));

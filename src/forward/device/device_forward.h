@@ -46,8 +46,8 @@ std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const st
 bool decode_row(const DeviceSequence& sequence, size_t tokens, const ForwardOptions& options);
 
 // A call's logits rows on the device (logits [rows, V], item i's counts[i] rows one after another)
-// for the host: for each item with a sample request and one row, the token chosen on the device
-// (cuda::choose) into its choice and no rows; for the others their rows.
+// for the host: for each item with a sample request, the token of each of its rows chosen on the
+// device (cuda::choose) into choice[i][0 .. counts[i]) and no rows; for the others their rows.
 std::vector<std::vector<float>> deliver_logits(float* logits, int64_t V, std::span<const int64_t> counts,
                                                std::span<const SampleRequest* const> sample, std::span<TokenChoice* const> choice,
                                                cudaStream_t stream);
