@@ -691,6 +691,38 @@ TEST(Server, LogitBiasAndPenaltiesReachTheSampler) {
   EXPECT_EQ(server.post("/v1/completions", bad, 400)["error"]["param"], "presence_penalty");
 }
 
+// Speculative decoding in /metrics (serve --speculative dspark; fixture v41-tiny has a DSpark
+// stage, γ = 4): a greedy reply's steps drafted γ tokens each, of which the prefix scheduler sent
+// at most all and the target accepted at most those; the per-position counts add up to the
+// accepted, and the time splits into drafting and verifying; the reply is plain greedy's.
+TEST(Server, SpeculativeDecodingIsInTheMetrics) {
+  const json request = {{"model", "v41-tiny"}, {"prompt", "Once upon a"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+  std::string plain;
+  {
+    Running server(ServerOptions{});
+    plain = server.post("/v1/completions", request)["choices"][0]["text"];
+  }
+  ServerOptions o;
+  o.scheduler.speculative = true;
+  Running server(o);
+  EXPECT_EQ(server.post("/v1/completions", request)["choices"][0]["text"], plain);
+  const double steps = server.metric("dsv41_spec_steps_total"), drafted = server.metric("dsv41_spec_draft_tokens_total"),
+               verified = server.metric("dsv41_spec_verified_tokens_total"), accepted = server.metric("dsv41_spec_accepted_tokens_total");
+  EXPECT_GT(steps, 0);
+  EXPECT_EQ(drafted, 4 * steps);
+  EXPECT_LE(verified, drafted);
+  EXPECT_LE(accepted, verified);
+  double at = 0;
+  for (int k = 1; k <= 4; ++k) at += server.metric("dsv41_spec_accepted_at_position_total{position=\"" + std::to_string(k) + "\"}");
+  EXPECT_EQ(at, accepted);
+  EXPECT_GE(server.metric("dsv41_spec_passes_total"), steps);  // one sequence: a pass (and maybe a redo) per step
+  const double draft = server.metric("dsv41_spec_draft_seconds_total"), verify = server.metric("dsv41_spec_verify_seconds_total");
+  EXPECT_GT(draft, 0);
+  EXPECT_GT(verify, 0);
+  EXPECT_NEAR(server.metric("dsv41_spec_seconds_total"), draft + verify, 1e-6 * (draft + verify));
+  EXPECT_NEAR(server.metric("dsv41_spec_mean_accepted"), accepted / steps, 1e-6);
+}
+
 // Completions with "echo": the text is the prompt's, then the reply's, plain or streamed, for a
 // text prompt and for token ids (decoded).
 TEST(Server, CompletionsEchoThePrompt) {
