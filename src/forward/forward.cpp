@@ -224,16 +224,22 @@ Rows attend(Pass& p, int l, const Rows& q, const Rows& kv) {
 
 // DSpark's attention (model.py DSparkAttention): each row of the draft block attends to the
 // stage's window of context KV — slots 0 .. min(W, p.start) − 1 in slot order (the reference's
-// list; p.start is the block's first position, one past the last context token) — and then to
-// every row of the block, both ways.
+// list; p.start is the block's first position, one past the last context token), none below the
+// decoder window floor (forward/window.h draft_window_slots) — and then to every row of the
+// block, both ways.
 Rows attend_draft(Pass& p, int l, const Rows& q, const Rows& kv) {
   const Config& c = p.c;
-  const int64_t H = c.n_heads, hd = c.head_dim, W = c.window_size, R = p.rows, slots = std::min(W, p.start);
+  const int64_t H = c.n_heads, hd = c.head_dim, W = c.window_size, R = p.rows;
   const std::vector<uint8_t>& ring = p.state.window[size_t(l)];
-  Rows context(size_t(slots * hd)), sink(static_cast<size_t>(H)), o(size_t(R * H * hd));
-  for (int64_t s = 0; s < slots; ++s) swa_fp8::decode(ring.data() + s * swa_fp8::bytes(int(hd)), int(hd), context.data() + s * hd);
+  std::vector<int64_t> slots;
+  draft_window_slots(p.start, W, p.state.decoder_window_floor, slots);
+  Rows context(size_t(int64_t(slots.size()) * hd)), sink(static_cast<size_t>(H)), o(size_t(R * H * hd));
   std::vector<const float*> entries;
-  for (int64_t s = 0; s < slots; ++s) entries.push_back(context.data() + s * hd);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] == kEmptySlot) continue;
+    swa_fp8::decode(ring.data() + slots[i] * swa_fp8::bytes(int(hd)), int(hd), context.data() + int64_t(i) * hd);
+    entries.push_back(context.data() + int64_t(i) * hd);
+  }
   for (int64_t r = 0; r < R; ++r) entries.push_back(kv.data() + r * hd);
   p.model.layer(l).attn.attn_sink.row(0, sink.data());
   const float scale = float(std::pow(double(hd), -0.5));

@@ -28,4 +28,17 @@ inline void window_positions(int64_t pos, int64_t call_start, int64_t call_rows,
   }
 }
 
+// The context a DSpark draft block reads from a stage's ring (forward.cpp attend_draft): the slots
+// 0 .. min(W, start) − 1 in slot order (the reference's list; `start` is the block's first
+// position, one past the last context token), a slot empty where its position is below `floor`:
+// the decoder window floor, below which the decoder ran no row, so no context features were
+// ingested there (bounded replay; an SWA miss's encoder replay).
+inline void draft_window_slots(int64_t start, int64_t W, int64_t floor, std::vector<int64_t>& out) {
+  out.clear();
+  for (int64_t s = 0; s < std::min(W, start); ++s) {
+    const int64_t p = start <= W ? s : start - W + ((s - start) % W + W) % W;  // the ring's last W positions
+    out.push_back(p < floor ? kEmptySlot : s);
+  }
+}
+
 }  // namespace dsv41

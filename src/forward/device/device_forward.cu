@@ -756,20 +756,23 @@ void Call::window_entries(int l, Floats& kv) {
   const size_t slot = swa_fp8::bytes(int(hd));
   if (draft_) {
     // Each item's buffer: the stage's ring, then its block's entries; each of its rows lists the
-    // ring's first min(W, start) slots and every row of its block (draft_width).
+    // ring's first min(W, start) slots, those below the decoder window floor empty
+    // (draft_window_slots), and every row of its block (window_width).
     window_buffers_.clear();
     std::vector<uint8_t*> dest;
     std::vector<int32_t> list;
+    std::vector<int64_t> slots;
     base_.clear();
     window_offset_.clear();
     for (const Item& it : items_) {
       uint8_t* buffer = window_buffers_.emplace_back(scratch<uint8_t>((W + it.rows) * int64_t(slot), stream_)).get();
       check(cudaMemcpyAsync(buffer, it.seq->window[size_t(l)].get(), W * slot, cudaMemcpyDeviceToDevice, stream_), "draft window");
       window_offset_.push_back(int64_t(list.size()));
+      draft_window_slots(it.start, W, it.seq->decoder_window_floor, slots);
       for (int64_t r = 0; r < it.rows; ++r) {
         dest.push_back(buffer + (W + r) * slot);
         base_.push_back(buffer);
-        for (int64_t s = 0; s < std::min(W, it.start); ++s) list.push_back(int32_t(s));
+        for (const int64_t s : slots) list.push_back(int32_t(s));  // kEmptySlot is -1: the kernel skips it
         for (int64_t j = 0; j < it.rows; ++j) list.push_back(int32_t(W + j));
       }
     }
