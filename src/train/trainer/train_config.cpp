@@ -207,6 +207,10 @@ TrainConfig parse_train_config(const std::string& text, const std::string& where
   });
   k.number("expert_bias_rate", t.expert_bias_rate, non_negative, "a number >= 0");
   k.number("indexer_loss_weight", t.indexer_loss_weight, non_negative, "a number >= 0");
+  k.object("dspark", [&](Keys& o) {
+    o.number("loss_weight", t.dspark_loss_weight, non_negative, "a number >= 0");
+    o.integer("blocks", t.dspark_blocks, 0, 1 << 20);
+  });
   k.object("qat", [&](Keys& o) {
     o.boolean("kv_fp4", t.qat.kv_fp4);
     o.boolean("swa_fp8", t.qat.swa_fp8);
@@ -251,6 +255,7 @@ std::string train_config_json(const TrainConfig& t) {
   j["sinkhorn"] = {{"momentum", float_json(k.momentum)}, {"steps", k.steps}, {"tau", float_json(k.tau)}, {"eps", float_json(k.eps)}, {"lr_correction", float_json(k.lr_correction)}};
   j["expert_bias_rate"] = t.expert_bias_rate;
   j["indexer_loss_weight"] = t.indexer_loss_weight;
+  j["dspark"] = {{"loss_weight", t.dspark_loss_weight}, {"blocks", t.dspark_blocks}};
   j["qat"] = {{"kv_fp4", t.qat.kv_fp4}, {"swa_fp8", t.qat.swa_fp8}, {"mxfp4_indexer", t.qat.mxfp4_indexer}};
   j["log_interval"] = t.log_interval;
   j["validation_interval"] = t.validation_interval;

@@ -31,6 +31,11 @@ struct TrainConfig {
   optim::OptimizerOptions optimizer;  // schedule, muon, adamw, sinkhorn
   double expert_bias_rate = optim::kExpertBiasRate;
   double indexer_loss_weight = 1.0;  // of L_indexer beside L_lm (train_model.h)
+  // DSpark (docs/training.md, "DSpark"): the weight of its loss beside L_lm and the draft blocks a
+  // sequence trains it on. It trains when the model has DSpark stages and both are positive.
+  double dspark_loss_weight = 1.0;
+  int64_t dspark_blocks = 16;
+  bool trains_dspark() const { return model.has_dspark() && dspark_loss_weight > 0 && dspark_blocks > 0; }
   TrainOptions qat;
 
   int64_t log_interval = 10;          // a log line every this many steps

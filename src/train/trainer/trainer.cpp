@@ -131,11 +131,13 @@ struct Trainer::Run {
     if (cfg.validation_interval > 0) read_validation();
     if (cfg.model.has_engram())
       hasher = std::make_unique<EngramHasher>(cfg.model, engram_compress_vocabulary(tokenizer.tokenizer).token_map);
-    // The optimizer updates what a loss reaches: not the gate's biases (moved by their loads) nor
-    // DSpark's stages (no loss trains them yet: weight decay alone would shrink them to nothing).
+    // The optimizer updates what a loss reaches: not the gate's biases (moved by their loads) nor,
+    // when DSpark is not trained, its tensors (weight decay alone would shrink them to nothing).
     std::vector<optim::Parameter> trained;
     for (Param<float>& p : params.all()) {
-      if (p.name.starts_with("mtp.") || optim::param_group(cfg.model, p.name).update == optim::Update::ExpertBias) continue;
+      if ((p.name.starts_with("mtp.") && !cfg.trains_dspark()) ||
+          optim::param_group(cfg.model, p.name).update == optim::Update::ExpertBias)
+        continue;
       trained.push_back({p.name, p.shape, p.v(), p.g()});
     }
     optimizer = std::make_unique<optim::Optimizer>(cfg.model, std::move(trained), cfg.optimizer);
@@ -143,8 +145,9 @@ struct Trainer::Run {
 
   std::string out(const std::string& name) const { return (fs::path(cfg.out_dir) / name).string(); }
 
-  // A sequence's forward: its L + 1 ids as the model takes them, with the Engram hash ids of its L inputs.
-  Losses forward(std::span<const uint32_t> sequence) {
+  // A sequence's forward: its L + 1 ids as the model takes them, with the Engram hash ids of its L
+  // inputs; DSpark's draft blocks at `anchors`.
+  Losses forward(std::span<const uint32_t> sequence, std::span<const int64_t> anchors = {}) {
     const std::vector<int64_t> tokens(sequence.begin(), sequence.end());
     std::vector<int64_t> ids;
     if (hasher) {
@@ -153,7 +156,13 @@ struct Trainer::Run {
       EngramHistory history;  // each sequence from its own start, as a prompt is hashed
       hasher->hash(inputs, {}, history, ids.data());
     }
-    return model.forward(tokens, ids.empty() ? nullptr : ids.data());
+    return model.forward(tokens, ids.empty() ? nullptr : ids.data(), nullptr, anchors);
+  }
+
+  // The draft blocks' anchors of the `index`-th sequence of its split (none when DSpark is not trained).
+  std::vector<int64_t> anchors(uint64_t index) const {
+    if (!cfg.trains_dspark()) return {};
+    return dspark_anchors(cfg.model, cfg.seq_len, cfg.dspark_blocks, cfg.seed, index);
   }
 
   StepReport train_step() {
@@ -163,19 +172,23 @@ struct Trainer::Run {
     const float share = 1.0f / float(cfg.batch_size);
     StepReport r;
     for (int64_t b = 0; b < cfg.batch_size; ++b) {
-      const Losses l = forward(order.next());
-      model.backward(share, share * float(cfg.indexer_loss_weight));
+      const std::vector<int64_t> at = anchors(order.position());
+      const Losses l = forward(order.next(), at);
+      model.backward(share, share * float(cfg.indexer_loss_weight), share * float(cfg.dspark_loss_weight));
       r.loss += l.lm;
       r.indexer_loss += l.indexer;
+      r.dspark_loss += l.dspark;
     }
     r.loss /= double(cfg.batch_size);
     r.indexer_loss /= double(cfg.batch_size);
-    if (!std::isfinite(r.loss) || !std::isfinite(r.indexer_loss))
-      fail("training step " + std::to_string(step + 1), "a finite loss", "loss " + std::to_string(r.loss) + ", indexer loss " +
-                                                                             std::to_string(r.indexer_loss) + " (lower the learning rate?)");
+    r.dspark_loss /= double(cfg.batch_size);
+    if (!std::isfinite(r.loss) || !std::isfinite(r.indexer_loss) || !std::isfinite(r.dspark_loss))
+      fail("training step " + std::to_string(step + 1), "a finite loss",
+           "loss " + std::to_string(r.loss) + ", indexer loss " + std::to_string(r.indexer_loss) + ", DSpark loss " +
+               std::to_string(r.dspark_loss) + " (lower the learning rate?)");
     r.lr = cfg.optimizer.schedule.lr(optimizer->steps());
     optimizer->step();
-    for (int l = 0; l < c.n_layers; ++l)
+    for (int l = 0; l < (cfg.trains_dspark() ? params.blocks() : c.n_layers); ++l)
       if (Param<float>* bias = params.layer(l).gate_bias)
         optim::update_expert_bias(bias->v(), model.expert_load()[size_t(l)].data(), bias->numel(), float(cfg.expert_bias_rate));
     ++step;
@@ -194,14 +207,22 @@ struct Trainer::Run {
            std::to_string(validation_split.size()));
   }
 
-  double validation_loss() {
+  // The mean L_lm and DSpark loss over the validation sequences (DSpark's blocks drawn as for the
+  // k-th train sequence).
+  Losses validation_losses() {
     if (validation_split.size() == 0) read_validation();
     const SequenceIterator file_order(validation_split, uint64_t(cfg.seq_len), cfg.seed);
     const uint64_t n = std::min<uint64_t>(uint64_t((cfg.validation_tokens + cfg.seq_len - 1) / cfg.seq_len),
                                           file_order.sequences_per_epoch());
-    double sum = 0;
-    for (uint64_t k = 0; k < n; ++k) sum += forward(file_order.sequence(k)).lm;
-    return sum / double(n);
+    Losses sum;
+    for (uint64_t k = 0; k < n; ++k) {
+      const Losses l = forward(file_order.sequence(k), anchors(k));
+      sum.lm += l.lm;
+      sum.dspark += l.dspark;
+    }
+    sum.lm /= double(n);
+    sum.dspark /= double(n);
+    return sum;
   }
 
   void log_event(const json& event) {
@@ -331,16 +352,23 @@ void Trainer::run(const TrainEvents& events) {
     if (events.line) events.line(text);
   };
   auto validate = [&] {
-    const double loss = r.validation_loss();
-    r.log_event({{"event", "validation"}, {"step", r.step}, {"validation_loss", loss}});
-    char text[96];
-    std::snprintf(text, sizeof text, "step %lld: validation loss %.4f", static_cast<long long>(r.step), loss);
-    line(text);
+    const Losses loss = r.validation_losses();
+    json event = {{"event", "validation"}, {"step", r.step}, {"validation_loss", loss.lm}};
+    char text[128];
+    std::snprintf(text, sizeof text, "step %lld: validation loss %.4f", static_cast<long long>(r.step), loss.lm);
+    std::string shown = text;
+    if (c.trains_dspark()) {
+      event["validation_dspark_loss"] = loss.dspark;
+      std::snprintf(text, sizeof text, ", DSpark loss %.4f", loss.dspark);
+      shown += text;
+    }
+    r.log_event(event);
+    line(shown);
   };
   if (r.step == 0 && c.validation_interval > 0) validate();  // the starting point of the curve
 
   const Clock::time_point start = Clock::now();
-  double step_seconds = 0, interval_seconds = 0, interval_loss = 0, interval_indexer = 0;
+  double step_seconds = 0, interval_seconds = 0, interval_loss = 0, interval_indexer = 0, interval_dspark = 0;
   int64_t done = 0, interval_steps = 0;
   while (r.step < c.steps) {
     const Clock::time_point t0 = Clock::now();
@@ -352,6 +380,7 @@ void Trainer::run(const TrainEvents& events) {
     ++interval_steps;
     interval_loss += report.loss;
     interval_indexer += report.indexer_loss;
+    interval_dspark += report.dspark_loss;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     report.tokens_per_second = double(done * c.batch_size * c.seq_len) / step_seconds;
     report.eta_seconds = elapsed / double(done) * double(c.steps - r.step);
@@ -359,20 +388,24 @@ void Trainer::run(const TrainEvents& events) {
 
     if (r.step % c.log_interval == 0 || r.step == c.steps) {
       const double loss = interval_loss / double(interval_steps), indexer = interval_indexer / double(interval_steps);
+      const double dspark = interval_dspark / double(interval_steps);
       const double rate = double(interval_steps * c.batch_size * c.seq_len) / interval_seconds;
-      r.log_event({{"event", "train"},
-                   {"step", r.step},
-                   {"loss", loss},
-                   {"indexer_loss", indexer},
-                   {"lr", report.lr},
-                   {"tokens", r.tokens},
-                   {"tokens_per_s", rate},
-                   {"elapsed_s", elapsed}});
-      char text[160];
-      std::snprintf(text, sizeof text, "step %lld: loss %.4f, indexer loss %.4f, lr %.3g, %.0f tokens/s",
-                    static_cast<long long>(r.step), loss, indexer, report.lr, rate);
+      json event = {{"event", "train"}, {"step", r.step}, {"loss", loss}, {"indexer_loss", indexer}};
+      if (c.trains_dspark()) event["dspark_loss"] = dspark;
+      event["lr"] = report.lr;
+      event["tokens"] = r.tokens;
+      event["tokens_per_s"] = rate;
+      event["elapsed_s"] = elapsed;
+      r.log_event(event);
+      char text[200];
+      if (c.trains_dspark())
+        std::snprintf(text, sizeof text, "step %lld: loss %.4f, indexer loss %.4f, DSpark loss %.4f, lr %.3g, %.0f tokens/s",
+                      static_cast<long long>(r.step), loss, indexer, dspark, report.lr, rate);
+      else
+        std::snprintf(text, sizeof text, "step %lld: loss %.4f, indexer loss %.4f, lr %.3g, %.0f tokens/s",
+                      static_cast<long long>(r.step), loss, indexer, report.lr, rate);
       line(text);
-      interval_loss = interval_indexer = interval_seconds = 0;
+      interval_loss = interval_indexer = interval_dspark = interval_seconds = 0;
       interval_steps = 0;
     }
     if (c.validation_interval > 0 && (r.step % c.validation_interval == 0 || r.step == c.steps)) validate();
@@ -387,6 +420,6 @@ void Trainer::run(const TrainEvents& events) {
 const TrainConfig& Trainer::config() const { return run_->cfg; }
 int64_t Trainer::step() const { return run_->step; }
 const Parameters<float>& Trainer::parameters() const { return run_->params; }
-double Trainer::validation_loss() { return run_->validation_loss(); }
+double Trainer::validation_loss() { return run_->validation_losses().lm; }
 
 }  // namespace dsv41::train

@@ -36,6 +36,7 @@ struct StepReport {
   int64_t steps = 0;           // the run's total
   double loss = 0;             // this step's L_lm, the mean over its sequences
   double indexer_loss = 0;     // and its L_indexer
+  double dspark_loss = 0;      // and DSpark's loss (0 when DSpark is not trained)
   double lr = 0;               // the schedule's rate for this step's update
   int64_t tokens = 0;          // inputs trained on since the run began (resumes included)
   double tokens_per_second = 0;  // over this process's steps

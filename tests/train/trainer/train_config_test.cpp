@@ -59,6 +59,7 @@ TEST(TrainConfig, TheWrittenConfigurationReadsBackTheSameValues) {
                   {"sinkhorn", {{"momentum", 0.9}, {"steps", 5}, {"tau", 1e-2}, {"eps", 1e-12}, {"lr_correction", 0.3}}},
                   {"expert_bias_rate", 2e-3},
                   {"indexer_loss_weight", 0.5},
+                  {"dspark", {{"loss_weight", 0.25}, {"blocks", 5}}},
                   {"qat", {{"kv_fp4", true}, {"swa_fp8", false}, {"mxfp4_indexer", true}}},
                   {"log_interval", 5},
                   {"validation_interval", 25},
@@ -70,6 +71,9 @@ TEST(TrainConfig, TheWrittenConfigurationReadsBackTheSameValues) {
   EXPECT_EQ(a.optimizer.muon.momentum, 0.9f);
   EXPECT_EQ(a.optimizer.sinkhorn.steps, 5);
   EXPECT_TRUE(a.qat.kv_fp4 && !a.qat.swa_fp8 && a.qat.mxfp4_indexer);
+  EXPECT_EQ(a.dspark_loss_weight, 0.25);
+  EXPECT_EQ(a.dspark_blocks, 5);
+  EXPECT_TRUE(a.trains_dspark());
   const std::string written = train_config_json(a);
   const json w = json::parse(written);
   EXPECT_EQ(w["muon"]["momentum"], 0.9) << "floats written as they were given";
@@ -113,6 +117,9 @@ TEST(TrainConfig, BadInputIsRefusedByName) {
       {with("adamw", {{"beta1", 1.0}}), "key 'adamw.beta1': expected a number in [0, 1), found 1.0"},
       {with("sinkhorn", {{"steps", 10}}), "key 'sinkhorn.steps': expected an odd number (the last step normalizes the rows), found 10"},
       {with("qat", {{"kv_fp4", 1}}), "key 'qat.kv_fp4': expected true or false, found 1"},
+      {with("dspark", {{"loss_weight", -1}}), "key 'dspark.loss_weight': expected a number >= 0, found -1"},
+      {with("dspark", {{"blocks", 1.5}}), "key 'dspark.blocks': expected an integer in [0, 1048576], found 1.5"},
+      {with("dspark", {{"weight", 1}}), "key 'dspark.weight': expected a key of the training configuration"},
       {with("validation_interval", -5), "key 'validation_interval': expected an integer in [0, 1099511627776], found -5"},
       {json::array(), "expected a JSON object, found []"},
   };

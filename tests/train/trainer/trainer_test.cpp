@@ -1,7 +1,7 @@
 // `dsv41 train`'s loop (src/train/trainer) on the `tiny` preset — the whole V4.1 schedule at CI's
 // size — and the small fixed corpus of small_corpus.h:
 //
-//  * save → reload → continue reproduces the run bit for bit: every step's losses and rate, the
+//  * save → reload → continue reproduces the run bit for bit (DSpark trained too): every step's losses and rate, the
 //    validation losses, and the final checkpoint's files, byte for byte, whether the run stopped at
 //    its end and was extended (--steps) or stopped past its last checkpoint (whose later log lines
 //    a resume drops);
@@ -33,6 +33,7 @@
 #include "numerics/types.h"
 #include "numerics/codecs.h"
 #include "small_corpus.h"
+#include "trainer_runs.h"
 #include "train/data/packed_tokens.h"
 #include "train/model/parameters.h"
 #include "train/model/train_model.h"
@@ -43,51 +44,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-// One corpus per test process, shared by its tests.
-const fs::path& corpus() {
-  static test::TempDir dir("trainer_corpus");
-  static const bool written = (test::write_small_corpus(dir.path()), true);
-  (void)written;
-  return dir.path();
-}
-
-// A short run of tiny on the corpus: 32-token sequences, two a step, every step logged.
-json base_config(const fs::path& out, int64_t steps) {
-  return {{"model", "tiny"},
-          {"data", corpus().string()},
-          {"out", out.string()},
-          {"seq_len", 32},
-          {"batch_size", 2},
-          {"steps", steps},
-          {"seed", 3},
-          {"schedule", {{"peak_lr", 0.01}, {"warmup_steps", 3}}},
-          {"log_interval", 1},
-          {"validation_interval", 4},
-          {"validation_tokens", 96},
-          {"checkpoint_interval", 0}};
-}
-
-TrainConfig config_of(const json& j) { return parse_train_config(j.dump(), "test config", "/"); }
-
-std::vector<json> log_of(const fs::path& out) {
-  std::vector<json> events;
-  std::ifstream in(out / "log.jsonl");
-  for (std::string line; std::getline(in, line);) events.push_back(json::parse(line));
-  return events;
-}
-
-// The train and validation events without their timings: what must repeat bit for bit.
-std::vector<json> curve_of(const fs::path& out) {
-  std::vector<json> curve;
-  for (json e : log_of(out)) {
-    if (e["event"] == "checkpoint") continue;
-    e.erase("tokens_per_s");
-    e.erase("elapsed_s");
-    curve.push_back(e);
-  }
-  return curve;
-}
 
 TEST(Trainer, ResumeReproducesTheRunBitForBit) {
   test::TempDir straight("train_straight"), extended("train_extended"), stopped("train_stopped");
@@ -123,6 +79,11 @@ TEST(Trainer, ResumeReproducesTheRunBitForBit) {
     if (e["event"] == "train") losses.push_back(e["loss"].get<double>());
   ASSERT_EQ(losses.size(), 4u);
   EXPECT_EQ(std::set<double>(losses.begin(), losses.end()).size(), 4u) << "a curve that moves";
+  // tiny has a DSpark stage, trained by default: its loss is part of the curve compared below.
+  std::set<double> dspark;
+  for (const json& e : curve)
+    if (e["event"] == "train") dspark.insert(e.at("dspark_loss").get<double>());
+  EXPECT_EQ(dspark.size(), 4u) << "a DSpark curve that moves";
   for (const test::TempDir* run : {&extended, &stopped}) {
     const std::vector<json> resumed = curve_of(run->path());
     ASSERT_EQ(resumed.size(), curve.size()) << run->string();
