@@ -14,6 +14,8 @@
 //    left out.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -105,6 +107,42 @@ TEST(TrainDSpark, GradientsMatchCentralDifferences) {
   const double worst = test::check_directions(groups, [&](const std::string&) { return losses().dspark; });
   std::printf("%zu directional checks of DSpark's tensors, the worst at %.1f%% of its tolerance\n", groups.size(), 100 * worst);
   EXPECT_GE(groups.size(), size_t(25));
+}
+
+// The float drafter (CPU training) against double on a 64-row sequence with 8 blocks, the double's
+// choices imposed: DSpark's loss within 1e-6 relative and each DSpark tensor's gradient
+// within 1e-4 of its largest — the backbone's figures (train_model_test.cpp FloatAgreesWithDouble:
+// float's 2⁻²⁴ per operation through a few thousand of them), the drafter's path being one stage
+// past the backbone's features.
+TEST(TrainDSpark, FloatAgreesWithDouble) {
+  const Config c = test::tiny(true);
+  Parameters<double> pd = test::make_parameters<double>(c);
+  Parameters<float> pf(c);
+  pf.copy_values(pd);
+  const test::Sequence s = test::make_sequence(c, 64, 9);
+  const std::vector<int64_t> anchors = train::dspark_anchors(c, 64, 8, 0, 0);
+  TrainModel<double> md(pd);
+  TrainModel<float> mf(pf);
+  Trace first;
+  const train::Losses ld = md.forward(s.tokens, s.engram_ids.data(), &first, anchors);
+  Trace held = test::hold(first);
+  const train::Losses lf = mf.forward(s.tokens, s.engram_ids.data(), &held, anchors);
+  EXPECT_NEAR(lf.dspark, ld.dspark, 1e-6 * ld.dspark);
+  pd.zero_grad();
+  pf.zero_grad();
+  md.backward();
+  mf.backward();
+  int compared = 0;
+  for (const train::Param<double>& t : pd.all()) {
+    if (!dspark(t.name)) continue;
+    const double scale = test::max_abs(t.grad);
+    const std::vector<float>& f = pf.at(t.name).grad;
+    double err = 0;
+    for (size_t i = 0; i < f.size(); ++i) err = std::max(err, std::fabs(double(f[i]) - t.grad[i]));
+    EXPECT_LE(err, 1e-4 * scale) << t.name;
+    compared += scale > 0;
+  }
+  EXPECT_GE(compared, 25);
 }
 
 // Anchors: distinct, ascending, in [1, L − γ], as many as asked (at most L − γ), a function of

@@ -4,7 +4,9 @@
 // recording its backward on the tape. Where the CPU forward (forward.cpp) keeps state across calls —
 // the KV caches, the published top-k and candidate pool — this keeps it for the one call: the
 // compressed KV and index keys of each kv-source, the latest index source's top-k, the candidate
-// source's mask.
+// source's mask. A second instance, built over the first, is DSpark's drafter (run_drafter): its rows
+// are the sequence's draft blocks, its attention reads the stages' context KV from the first's
+// recorded features, and its head is DSpark's with the paper's loss.
 //
 // Against the CPU forward: no bf16 rounding points (docs/training.md, "Precision flow"); the caches'
 // quantizations only as TrainOptions switch them on (fake quantization, straight-through); no
