@@ -21,8 +21,9 @@
 //  * vision_attention: against a double-precision softmax(q·kᵀ/√d)·v on the same inputs, CPU and
 //    GPU alike: each output within one bf16 unit of the exact value plus the fp32 error bound of
 //    the sums, (n + 16) fp32 units of max|v| (recursive summation of n terms p_j·v_j with Σp = 1
-//    errs by at most (n − 1)·u·max|v|; the scores, exp and the normalisation add a few units);
-//    and the GPU within twice that of the CPU.
+//    errs by at most (n − 1)·u·max|v|; the scores, exp and the normalisation add a few units: a
+//    score's rounding, a head_dim-term dot product of unit-size values times 1/√head_dim, moves its
+//    p by a few units relative); and the GPU within twice that of the CPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -124,8 +125,10 @@ TEST(CudaVision, ElementwiseOpsMatchCpu) {
   cuda::silu_mul(dgu.get(), M, inter, dout.get());
   expect_near_cpu(dout.download(), want, 2, 0, "silu_mul");
 
-  // gelu: 0.5·x·(1 + erf(x/√2)) cancels for x below about -3, where erff's 2 units of 2^-24 in
-  // 1 + erf are a large part of the result: slack |x|·2^-22 there, and the 99% rule over |x| < 3.
+  // gelu: 0.5·x·(1 + erf(x/√2)) cancels for negative x: erff and the C library's erf differ by up
+  // to 3 units of 2^-24 near -1, which is |x|·2^-22 of the result at most (the slack), and a large
+  // part of it below x ≈ -2.5 (1 + erf ≈ 4e-4 there). The 99% rule holds over |x| < 2, where
+  // 1 + erf ≥ 0.045 keeps that difference below 2^-17 relative (a flip chance ~2^-9).
   const std::vector<float> g0 = test::bf16_uniform(size_t(M * 5120), -8.0, 8.0, 14);
   std::vector<float> g = g0;
   DeviceArray<float> dg(g);
@@ -135,7 +138,7 @@ TEST(CudaVision, ElementwiseOpsMatchCpu) {
   size_t conditioned = 0, same = 0;
   for (size_t i = 0; i < g.size(); ++i) {
     ASSERT_NEAR(got[i], g[i], test::bf16_ulp(g[i]) + std::fabs(g0[i]) * 0x1p-22) << "gelu element " << i << " of x " << g0[i];
-    if (std::fabs(g0[i]) < 3) conditioned++, same += got[i] == g[i];
+    if (std::fabs(g0[i]) < 2) conditioned++, same += got[i] == g[i];
   }
   EXPECT_GE(double(same), 0.99 * double(conditioned)) << "gelu";
 }
