@@ -3,7 +3,7 @@
 //  * the vision tower on the device (device_vision.cu, through CudaExecutor::encode_images, both
 //    images in one call) against the recorded aligner rows within the baseline's own CPU-vs-CUDA
 //    gap of them (kHeadroom over it), and against the CPU tower within twice that (each of the two
-//    within it of the reference: the triangle inequality);
+//    within it of the reference: the triangle inequality); each image's rows as the image's alone;
 //  * the text forward with the recorded aligner rows at the spans (ForwardOptions::span_embeddings:
 //    the span rows' embeddings, bias_vl in every gate, Engram's gate shut): against the CPU forward
 //    under the CPU's own choices, one-shot and in chunks of 7 (spans cut across calls), within twice
@@ -79,6 +79,33 @@ TEST(VisionDevice, TowerWithinTheReferencesNoise) {
     EXPECT_LE(ref.mean, bound_mean) << image_name(j);
     EXPECT_LE(apart.max, 2 * bound_max) << image_name(j);
     EXPECT_LE(apart.mean, 2 * bound_mean) << image_name(j);
+  }
+}
+
+// Each image's rows in a call of both equal that image alone, bit for bit: the per-image ops
+// (RoPE places, attention ranges, unshuffle sources) read only the image's own rows, and every
+// other op is row by row. The GEMMs too, at these sizes: the fixture's images have 40 and 70 patches
+// and 6 and 12 tokens, so alone or together every product is one M tile of the mma.sync GEMM (under
+// 128 rows, and K = 592 or N ≤ 192 keeps the warpgroup form out), whose split-K choice depends on M
+// only through the tile count (rows.h split_k): each row's sums run in the same order.
+TEST(VisionDevice, EachImageAsAlone) {
+  DSV41_REQUIRE_DEVICE();
+  const VisionFixture f;
+  std::vector<std::vector<uint16_t>> patches;
+  for (int j = 0; j < kImages; ++j) patches.push_back(patches_of(f.ex, image_name(j)));
+  std::vector<VisionImage> images;
+  for (int j = 0; j < kImages; ++j) {
+    const std::vector<int64_t> grid = f.ex.ints(image_name(j) + ".grid");
+    images.push_back(VisionImage{patches[size_t(j)].data(), int(grid[4]), int(grid[5])});
+  }
+  std::unique_ptr<Executor> gpu = cuda::make_executor(*f.model);
+  const std::vector<std::vector<float>> together = gpu->encode_images(images);
+  const std::vector<std::vector<float>> reversed = gpu->encode_images({images[1], images[0]});
+  ASSERT_EQ(together.size(), size_t(kImages));
+  for (int j = 0; j < kImages; ++j) {
+    const std::vector<std::vector<float>> alone = gpu->encode_images({images[size_t(j)]});
+    EXPECT_EQ(alone[0], together[size_t(j)]) << image_name(j);
+    EXPECT_EQ(reversed[size_t(kImages - 1 - j)], together[size_t(j)]) << image_name(j);
   }
 }
 
