@@ -506,6 +506,38 @@ TEST_F(ForwardImage, SchedulerServesImagePrompts) {
   EXPECT_THROW(scheduler.submit(misplaced), Error);
 }
 
+// An executor without the vision tower (takes_images false: neither the CPU's nor the CUDA one's)
+// is refused a prompt with images by the scheduler and the session, by name, before anything runs.
+class NoVisionExecutor final : public Executor {
+ public:
+  explicit NoVisionExecutor(const Model& m) : cpu_(m) {}
+  const Model& model() const override { return cpu_.model(); }
+  std::string name() const override { return "no-vision"; }
+  std::unique_ptr<Sequence> new_sequence() override { return cpu_.new_sequence(); }
+  std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override { return cpu_.forward_batch(batch); }
+
+ private:
+  CpuExecutor cpu_;
+};
+
+TEST_F(ForwardImage, AnExecutorWithoutTheTowerRefusesImages) {
+  const std::unique_ptr<Model> m = Model::load(path("vision"));
+  const Config& c = m->config();
+  const Tokenizer tokenizer = Tokenizer::from_file(path("vision") + "/tokenizer.json");
+  NoVisionExecutor executor(*m);
+  EXPECT_FALSE(executor.takes_images());
+  EXPECT_TRUE(CpuExecutor(*m).takes_images());
+  const ImagePrompt p = image_prompt(c, {5, 9}, prepare_image(picture(60, 60, 4), c), {21});
+  const std::string says = "no-vision executor: expected an executor with the vision tower for images";
+  Session session(executor, &tokenizer, Mode::Default);
+  EXPECT_NE(test::error_of([&] { session.begin_prompt(p.tokens, nullptr, std::nullopt, false, p.images); }).find(says), std::string::npos);
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{});
+  GenerationRequest r;
+  r.prompt = p.tokens;
+  r.images = p.images;
+  EXPECT_NE(test::error_of([&] { scheduler.submit(r); }).find(says), std::string::npos);
+}
+
 // prepare_vl_inputs's expansion: the text between placeholders through the tokenizer (special
 // tokens on the first piece only), each placeholder its image's span; as many images as
 // placeholders, or an error saying both counts.

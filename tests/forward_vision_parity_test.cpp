@@ -20,6 +20,7 @@
 #include "engine/session.h"
 #include "forward/vision_cpu.h"
 #include "forward_fixture.h"
+#include "vision_fixture.h"
 #include "model/image/decode.h"
 #include "model/image/preprocess.h"
 #include "model/tokenizer/tokenizer.h"
@@ -31,12 +32,12 @@ namespace {
 
 using test::Expected;
 using test::Fixture;
+using test::image_name;
+using test::kImages;
+using test::kName;
+using test::kPrompts;
 using test::LogitStats;
-
-const std::string kName = "v41-tiny-vision";
-constexpr int kPrompts = 2, kImages = 2;
-
-std::string image_name(int j) { return "image" + std::to_string(j); }
+using test::VisionFixture;
 
 std::vector<uint8_t> file_bytes(const std::string& path) {
   const std::string text = test::read_text(path);
@@ -50,33 +51,6 @@ std::vector<uint16_t> bf16_bits(const Expected& ex, const std::string& name) {
   std::memcpy(bits.data(), t.data, bits.size() * 2);
   return bits;
 }
-
-// The fixture with the recorded aligner rows at every image span of its prompts, placed by the
-// reference's own token types: IMAGE_START, IMAGE (the rows in order), IMAGE_NEW_LINE, IMAGE_END.
-class VisionFixture : public Fixture {
- public:
-  VisionFixture() : Fixture(kName) {
-    for (int j = 0; j < kImages; ++j) embeds.push_back(ex.floats(image_name(j) + ".embeds"));
-    const Model::ImageDelimiters& delim = model->image_delimiters();
-    const int64_t d = config().dim;
-    for (int i = 0; i < kPrompts; ++i) {
-      const std::vector<int64_t> types = ex.ints(prefix(i) + "token_types"), starts = ex.ints(prefix(i) + "image_start"),
-                                 index = ex.ints(prefix(i) + "image_index");
-      std::vector<const float*> rows(types.size(), nullptr);
-      for (size_t k = 0; k < starts.size(); ++k) {
-        int64_t slot = 0;
-        for (int64_t p = starts[k]; p < int64_t(types.size()) && types[size_t(p)] >= 0; ++p) {
-          const int64_t t = types[size_t(p)];
-          rows[size_t(p)] = t == 0 ? delim.start.data() : t == 2 ? delim.newline.data() : t == 3 ? delim.end.data()
-                                                                  : embeds[size_t(index[k])].data() + slot++ * d;
-          if (t == 3) break;
-        }
-      }
-      spans[i] = std::move(rows);
-    }
-  }
-  std::vector<std::vector<float>> embeds;  // per image: the recorded aligner rows [N_t, dim]
-};
 
 // --- preprocessing --------------------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ void add_bench_vision(CLI::App& bench) {
     const Config& c = m.model->config();
     if (!c.has_vision()) fail(checkpoint.dir(), "a checkpoint with a vision tower", "none");
     if (!m.executor->takes_images())
-      fail("bench vision", "an executor with the vision tower (--device cpu; the CUDA one has none yet, issue 20)", m.executor->name());
+      fail("bench vision", "an executor with the vision tower (--device cpu or cuda)", m.executor->name());
     std::mt19937_64 rng(args->seed);
     Progress progress(stderr_is_terminal() && !args->as_json);
     const int most = *std::max_element(counts.begin(), counts.end());

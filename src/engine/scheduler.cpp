@@ -104,7 +104,7 @@ std::shared_ptr<Generation> Scheduler::submit(GenerationRequest request) {
   if (request.prompt.empty()) fail("request", "at least one prompt token", "none");
   check_images(request.prompt, request.images, c);
   if (!request.images.empty() && !executor_.takes_images())
-    fail(executor_.name() + " executor", "images on the CPU executor, the only one with the vision tower so far (issue 20)",
+    fail(executor_.name() + " executor", "an executor with the vision tower for images (the CPU and CUDA executors)",
          "a request with images");
   // (An image span's image_token_id may lie past the tokenizer's ids: DeepSeek's V3 tokenizer has none.)
   for (int t : text_tokens(request.prompt, request.images))

@@ -133,7 +133,7 @@ const float* const* Session::span_rows(int64_t rows) {
     }
   if (touched.empty()) return nullptr;
   if (!executor_.takes_images())
-    fail(executor_.name() + " executor", "images on the CPU executor, the only one with the vision tower so far (issue 20)",
+    fail(executor_.name() + " executor", "an executor with the vision tower for images (the CPU and CUDA executors)",
          "a prompt with images");
   // The vision tower on every image these rows need and that is not encoded yet, in one call.
   if (!todo.empty()) {
@@ -219,7 +219,7 @@ Session::Call Session::plan(std::span<const int> prompt, KvCache* cache, PrefixU
     if (t < 0 || t >= c.vocab_size) fail("prompt", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(t));
   check_images(prompt, images, c);
   if (!images.empty() && !executor_.takes_images())
-    fail(executor_.name() + " executor", "images on the CPU executor, the only one with the vision tower so far (issue 20)",
+    fail(executor_.name() + " executor", "an executor with the vision tower for images (the CPU and CUDA executors)",
          "a prompt with images");
   if (cache) check_cache(*cache);
   use = PrefixUse{};

@@ -64,7 +64,7 @@ SequenceState& cpu_state(Sequence& s) {
 }  // namespace
 
 std::vector<std::vector<float>> Executor::encode_images(const std::vector<VisionImage>&) {
-  fail(name() + " executor", "images on the CPU executor, the only one with the vision tower so far (issue 20)", name());
+  fail(name() + " executor", "an executor with the vision tower for images (the CPU and CUDA executors)", name());
 }
 
 std::vector<std::vector<float>> CpuExecutor::encode_images(const std::vector<VisionImage>& images) {

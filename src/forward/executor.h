@@ -90,8 +90,8 @@ class Executor {
 
   // Images (docs/vision.md): whether forward_batch takes rows of image spans
   // (ForwardOptions::span_embeddings), and the vision tower on a call's images (each image's
-  // aligner rows, as encode_images of forward/vision_cpu.h). The CPU executor's; the others refuse
-  // by name (issue 20).
+  // aligner rows, as encode_images of forward/vision_cpu.h). The CPU and CUDA executors'; the
+  // others refuse by name.
   virtual bool takes_images() const { return false; }
   virtual std::vector<std::vector<float>> encode_images(const std::vector<VisionImage>& images);
 };

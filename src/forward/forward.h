@@ -64,8 +64,8 @@ struct ForwardOptions {
   // Image spans (docs/vision.md §7-§9), when set: per row of the call, null for a text row, or
   // the embedding [dim] (bf16 values: an aligner row, or a learned delimiter) that replaces the
   // token's. Such a row is in an image span: its MoE gates choose with bias_vl, and Engram leaves
-  // it unchanged (its gate is shut; its hash ids, DEAD look-back, are the caller's). The CPU
-  // executor's (Executor::takes_images).
+  // it unchanged (its gate is shut; its hash ids, DEAD look-back, are the caller's). The CPU and
+  // CUDA executors' (Executor::takes_images).
   const float* const* span_embeddings = nullptr;
 
   // DSpark's context features, when set: for every row the decoder runs, the residual entering

@@ -45,9 +45,10 @@ __device__ float3 block_sum3(float3 v) {
 }
 
 __global__ void __launch_bounds__(kGateThreads) gate_kernel(float* X, const float* kv, const float* qk, int hc, int64_t d,
-                                                            float eps, float inv_sqrt_d) {
+                                                            float eps, float inv_sqrt_d, const uint8_t* shut) {
   const int64_t r = blockIdx.x / hc;
   const int m = blockIdx.x % hc;
+  if (shut && shut[r]) return;  // the whole block: before any barrier
   float* h = X + (r * hc + m) * d;
   const float* key = kv + (r * (hc + 1) + m) * d;
   const float* value = kv + (r * (hc + 1) + hc) * d;
@@ -80,10 +81,10 @@ void engram_gather(const uint8_t* table, const uint8_t* scales, int64_t hd, cons
 }
 
 void engram_gate(float* X, const float* kv, const float* qk, int64_t rows, int hc, int64_t d, float eps,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const uint8_t* shut) {
   if (rows <= 0 || hc <= 0) return;
   const float inv_sqrt_d = float(1.0 / std::sqrt(double(d)));
-  gate_kernel<<<unsigned(rows * hc), kGateThreads, 0, stream>>>(X, kv, qk, hc, d, eps, inv_sqrt_d);
+  gate_kernel<<<unsigned(rows * hc), kGateThreads, 0, stream>>>(X, kv, qk, hc, d, eps, inv_sqrt_d, shut);
   check_launch("cuda::engram_gate");
 }
 

@@ -12,8 +12,9 @@ void engram_gather(const uint8_t* table, const uint8_t* scales, int64_t hd, cons
                    float* out, cudaStream_t stream = nullptr);
 
 // dsv41::engram_gate for each token: X [rows, hc, d] (updated in place), kv [rows, hc + 1, d],
-// qk [hc, d]. Device pointers.
+// qk [hc, d]. Device pointers. shut [rows] (device), optional: a row with shut[r] != 0 keeps its
+// streams unchanged (a row of an image span: the reference's gate is shut there, docs/vision.md §9).
 void engram_gate(float* X, const float* kv, const float* qk, int64_t rows, int hc, int64_t d, float eps,
-                 cudaStream_t stream = nullptr);
+                 cudaStream_t stream = nullptr, const uint8_t* shut = nullptr);
 
 }  // namespace dsv41::cuda

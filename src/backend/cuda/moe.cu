@@ -68,7 +68,8 @@ __device__ __forceinline__ bool beats(float va, int a, float vb, int b) { return
 
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, const float* bias, int k,
                                                               bool sigmoid, float gate_temp, bool norm, float route_scale,
-                                                              const int32_t* forced, int32_t* experts, float* weights) {
+                                                              const int32_t* forced, int32_t* experts, float* weights,
+                                                              const float* bias_vl, const uint8_t* image_rows) {
   extern __shared__ float smem[];
   float* scores = smem;
   float* biased = smem + E;
@@ -76,13 +77,14 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   __shared__ int warp_index[kRouteThreads / 32];
   __shared__ int order[kMaxTopk];
   const int64_t r = blockIdx.x;
+  const float* row_bias = image_rows && image_rows[r] ? bias_vl : bias;  // an image span's row: bias_vl
   for (int e = threadIdx.x; e < E; e += kRouteThreads) {
     const float logit = logits[r * E + e] / gate_temp;
     float s;
     if (sigmoid) s = 1.0f / (1.0f + expf(-logit));
     else s = sqrtf(logit > 20.0f ? logit : log1pf(expf(logit)));  // torch's softplus threshold
     scores[e] = s;
-    biased[e] = s + bias[e];
+    biased[e] = s + row_bias[e];
   }
   __syncthreads();
   // Forced experts replace the whole choice (the CPU op copies all k over its partial sort).
@@ -651,11 +653,22 @@ __global__ void slot_swiglu_kernel(float* g, const float* u, const gemm::Tiles t
   g[at] = swiglu(g[at], u[at], limit, weights + tiles.list[j]);
 }
 
+// bias_vl's values for rows of image spans (null when there are none), checked as the bias is.
+const float* vision_bias(const Weight* bias_vl, const uint8_t* image_rows, int64_t experts, const char* where) {
+  if (!image_rows) return nullptr;
+  if (!bias_vl || !bias_vl->data) fail(where, "a gate.bias_vl for rows of an image span", "none (a checkpoint without vision)");
+  if (bias_vl->format != WeightFormat::F32 || bias_vl->rows * bias_vl->cols != experts)
+    fail(where, "an F32 bias_vl of one value per expert", "another bias_vl");
+  return reinterpret_cast<const float*>(bias_vl->data);
+}
+
 }  // namespace
 
 void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
-                       int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced) {
+                       int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced, const float* bias_vl,
+                       const uint8_t* image_rows) {
   if (rows <= 0) return;
+  if (!bias_vl != !image_rows) fail("cuda::route", "bias_vl and image rows together", bias_vl ? "bias_vl alone" : "image rows alone");
   if (opt.score_func != "sqrtsoftplus" && opt.score_func != "sigmoid")
     fail("cuda::route", "score_func sqrtsoftplus or sigmoid", opt.score_func);
   if (n_experts <= 0 || n_experts > kMaxExperts)
@@ -664,22 +677,24 @@ void route_from_logits(const float* logits, int64_t rows, int n_experts, const f
     fail("cuda::route", "top-k in [1, min(32, experts)]", std::to_string(opt.topk));
   route_kernel<<<unsigned(rows), kRouteThreads, size_t(2 * n_experts) * sizeof(float), stream>>>(
       logits, n_experts, bias, opt.topk, opt.score_func == "sigmoid", opt.gate_temp, opt.norm_topk_prob,
-      opt.route_scale, forced, experts, weights);
+      opt.route_scale, forced, experts, weights, bias_vl, image_rows);
   check_launch("cuda::route");
 }
 
 void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
-           int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced) {
+           int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced, const Weight* bias_vl,
+           const uint8_t* image_rows) {
   if (rows <= 0) return;
   if (bias.format != WeightFormat::F32 || bias.rows * bias.cols != gate.rows)
     fail("cuda::route", "an F32 bias of one value per expert", "another bias");
+  const float* vl = vision_bias(bias_vl, image_rows, gate.rows, "cuda::route");
   keep_scratch_pool();
   float* logits = nullptr;
   check(cudaMallocAsync(reinterpret_cast<void**>(&logits), size_t(rows * gate.rows) * sizeof(float), stream),
         "cuda::route");
   linear_f32(x, rows, gate, logits, stream);
   route_from_logits(logits, rows, int(gate.rows), reinterpret_cast<const float*>(bias.data), opt, experts, weights,
-                    stream, forced);
+                    stream, forced, vl, image_rows);
   check(cudaFreeAsync(logits, stream), "cuda::route");
 }
 
@@ -726,7 +741,8 @@ ExpertTable::~ExpertTable() { cudaFree(table_); }
 
 void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
          const ExpertTable& routed, const Weight& s1, const Weight& s2, const Weight& s3, float limit,
-         const int32_t* forced, int32_t* experts, float* weights, float* y, cudaStream_t stream, MoePath path) {
+         const int32_t* forced, int32_t* experts, float* weights, float* y, cudaStream_t stream, MoePath path,
+         const Weight* bias_vl, const uint8_t* image_rows) {
   if (rows <= 0) return;
   const int E = routed.experts(), k = opt.topk;
   const int64_t dim = routed.dim(), inter = routed.inter(), inter_s = s1.rows;
@@ -735,6 +751,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
          std::to_string(gate.rows) + " x " + std::to_string(gate.cols));
   if (bias.format != WeightFormat::F32 || bias.rows * bias.cols != E)
     fail("cuda::moe", "an F32 bias of one value per expert", "another bias");
+  const float* vl = vision_bias(bias_vl, image_rows, E, "cuda::moe");
   check_expert_weight(s1, inter_s, dim, "shared w1");
   check_expert_weight(s3, inter_s, dim, "shared w3");
   check_expert_weight(s2, dim, inter_s, "shared w2");
@@ -806,7 +823,8 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   }
 
   linear_f32(x, rows, gate, logits, stream);
-  route_from_logits(logits, rows, E, reinterpret_cast<const float*>(bias.data), opt, experts, weights, stream, forced);
+  route_from_logits(logits, rows, E, reinterpret_cast<const float*>(bias.data), opt, experts, weights, stream, forced, vl,
+                    image_rows);
   bucket_kernel<<<1, kBucketThreads, size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, list, tiles,
                                                                          tile_count, slot);
   check_launch("cuda::moe bucket");

@@ -16,15 +16,19 @@ namespace dsv41::cuda {
 // As dsv41::route (without `biased`): experts [rows, k] best first, weights [rows, k]. x [rows, dim]
 // device; gate a device Weight (F32 or BF16, [experts, dim]); bias a device F32 Weight [experts];
 // experts ≤ 4096, k ≤ 32. forced [rows, k] (device, ids in [0, experts)), optional: those experts
-// are output instead of the chosen ones, weighted the same way.
+// are output instead of the chosen ones, weighted the same way. bias_vl (a device F32 Weight
+// [experts]) and image_rows [rows] (device), optional together: a row with image_rows[r] != 0 ranks
+// by score + bias_vl instead (an image span's row, docs/vision.md §8), as dsv41::route.
 void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
-           int32_t* experts, float* weights, cudaStream_t stream = nullptr, const int32_t* forced = nullptr);
+           int32_t* experts, float* weights, cudaStream_t stream = nullptr, const int32_t* forced = nullptr,
+           const Weight* bias_vl = nullptr, const uint8_t* image_rows = nullptr);
 
 // The routing step alone, from the gate's fp32 logits [rows, n_experts] (what route() runs after
-// cuda::linear_f32). bias: device [n_experts].
+// cuda::linear_f32). bias: device [n_experts]; bias_vl likewise, for the rows with image_rows[r] != 0
+// (both null, or both set).
 void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
                        int32_t* experts, float* weights, cudaStream_t stream = nullptr,
-                       const int32_t* forced = nullptr);
+                       const int32_t* forced = nullptr, const float* bias_vl = nullptr, const uint8_t* image_rows = nullptr);
 
 // As dsv41::expert_ffn: y [rows, dim] = w2(bf16(weight · silu(min(w1 x, L)) · clamp(w3 x, -L, L))),
 // the clamp when limit > 0, row_weights [rows] (device) when given. Device pointers and weights.
@@ -78,10 +82,12 @@ class ExpertTable {
 //                 the tensor-core path's rate there), else tensor_cores where usable (from 8 rows
 //                 on 1.4× to 4× the GEMV's speed in ops_moe_test's graph timings, at 1 to 24 rows
 //                 per expert). The shared expert takes cuda::linear's GEMMs from 64 rows on.
+//
+// bias_vl, image_rows: as route()'s (rows of image spans rank by score + bias_vl).
 enum class MoePath { automatic, gemv, tensor_cores };
 void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
          const ExpertTable& routed, const Weight& s1, const Weight& s2, const Weight& s3, float limit,
          const int32_t* forced, int32_t* experts, float* weights, float* y, cudaStream_t stream = nullptr,
-         MoePath path = MoePath::automatic);
+         MoePath path = MoePath::automatic, const Weight* bias_vl = nullptr, const uint8_t* image_rows = nullptr);
 
 }  // namespace dsv41::cuda

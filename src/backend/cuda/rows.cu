@@ -26,6 +26,13 @@ __global__ void embed_kernel(const uint8_t* table, const int32_t* tokens, int64_
   X[i] = Bf16 ? bf16_to_float(reinterpret_cast<const uint16_t*>(table)[at]) : reinterpret_cast<const float*>(table)[at];
 }
 
+__global__ void span_kernel(const float* embeddings, const int32_t* rows, int64_t n, int hc, int64_t d, float* X) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * hc * d) return;
+  const int64_t e = i / (hc * d), m = i / d % hc, c = i % d;
+  X[(int64_t(rows[e]) * hc + m) * d + c] = embeddings[e * d + c];
+}
+
 __global__ void gather_kernel(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n * width) dst[i] = src[int64_t(index[i / width]) * width + i % width];
@@ -86,6 +93,12 @@ void embed_rows(const Weight& embed, const int32_t* tokens, int64_t rows, int hc
   else if (embed.format == WeightFormat::F32) embed_kernel<false><<<blocks(rows * hc * d), kThreads, 0, stream>>>(embed.data, tokens, rows, hc, d, X);
   else fail("cuda::embed_rows", "a BF16 or F32 embedding", "a quantized one");
   check_launch("cuda::embed_rows");
+}
+
+void embed_span_rows(const float* embeddings, const int32_t* rows, int64_t n, int hc, int64_t d, float* X, cudaStream_t stream) {
+  if (n <= 0) return;
+  span_kernel<<<blocks(n * hc * d), kThreads, 0, stream>>>(embeddings, rows, n, hc, d, X);
+  check_launch("cuda::embed_span_rows");
 }
 
 void stream_mean(const float* X, int64_t rows, int hc, int64_t d, float* out, int64_t stride, cudaStream_t stream) {

@@ -14,6 +14,10 @@ namespace dsv41::cuda {
 // embedding is a BF16 or F32 device Weight [vocab, d].
 void embed_rows(const Weight& embed, const int32_t* tokens, int64_t rows, int hc, int64_t d, float* X, cudaStream_t stream);
 
+// X [rows, hc, d]: every stream of row rows[i] = embeddings[i] [d], for i < n (device pointers): the
+// rows of image spans take their embedding instead of their token's (ForwardOptions::span_embeddings).
+void embed_span_rows(const float* embeddings, const int32_t* rows, int64_t n, int hc, int64_t d, float* X, cudaStream_t stream);
+
 // dst[i] = src[index[i]] for i < n rows of `width` floats.
 void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream);
 

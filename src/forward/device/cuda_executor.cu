@@ -13,6 +13,7 @@
 #include "forward/device/decode_graph.h"
 #include "forward/device/device_dspark.h"
 #include "forward/device/device_forward.h"
+#include "forward/device/device_vision.h"
 
 namespace dsv41::cuda {
 
@@ -156,6 +157,14 @@ class CudaExecutor final : public Executor {
     std::vector<cuda::DeviceDraftRequest> on_device;
     for (const DraftRequest& r : requests) on_device.push_back({&held(*r.sequence, "dspark_drafts"), r.anchor, r.choose});
     return cuda::dspark_drafts(device_, on_device);
+  }
+  // Images (docs/vision.md): the vision tower on the device (device_vision.h); forward_batch takes
+  // rows of image spans (ForwardOptions::span_embeddings) as forward() does.
+  bool takes_images() const override { return true; }
+  std::vector<std::vector<float>> encode_images(const std::vector<VisionImage>& images) override {
+    if (!model_.has_vision()) fail(model_.config().source, "a checkpoint with a vision tower for images", "a text-only one");
+    std::lock_guard hold(*lock_);
+    return cuda::encode_images(device_, images);
   }
   SequenceMark mark(Sequence& sequence, int64_t rows) override {
     std::lock_guard hold(*lock_);

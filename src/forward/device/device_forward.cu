@@ -106,6 +106,7 @@ struct Item {
   int64_t start, rows, offset;
   const int64_t* engram_ids;
   int64_t candidate_entries = 0;  // at the candidate source layer
+  const float* const* spans = nullptr;  // ForwardOptions::span_embeddings, from the first running row
   bool first_call() const { return start == 0; }
   bool decode_in_ring() const { return rows == 1 && start > 0; }
 };
@@ -127,6 +128,8 @@ class Call {
       if (in.options.keep_replayed_rows) fail("cuda::forward_batch", "no keep_replayed_rows (a CPU measurement hook)", "set");
       if (in.options.dspark_hidden && !c_.has_dspark()) fail("cuda::forward_batch", "a model with DSpark stages for dspark_hidden", "none");
       records_ = records_ || in.options.dspark_hidden;
+      if (in.options.span_embeddings && !model.host().has_vision())
+        fail("cuda::forward_batch", "a model with a vision tower for rows of an image span", "a text-only model (" + c_.source + ")");
       if (in.options.trace && batch.size() != 1) fail("cuda::forward_batch", "a Trace on a batch of one item", std::to_string(batch.size()) + " items");
       DeviceSequence* s = in.sequence;
       for (const Item& other : items_)
@@ -146,6 +149,7 @@ class Call {
       }
       ItemPlan plan = plan_ ? plan_->items[items_.size()] : plan_item(c_, *s, R, in.options);
       items_.push_back(Item{s, &in, std::move(plan), s->length, R, offset, in.engram_ids, 0});
+      items_.back().spans = in.options.span_embeddings;
       offset += R;
     }
     T_ = offset;
@@ -260,6 +264,7 @@ class Call {
   float eps() const { return float(c_.norm_eps); }
   int64_t pos(const Item& it, int64_t r) const { return it.start + r; }
   void upload_positions();
+  void mark_image_rows();
   void window_lists(int l);
   void compress(Item& it, int l, const float* x);
   void compress_decode(int l, const float* x);
@@ -284,6 +289,10 @@ class Call {
   Floats m_mix_;
   DeviceBuffer<int64_t> positions_buffer_;
   const int64_t* positions_ = nullptr;  // [T]
+  // [T] 1 for a row of an image span (its gates rank with bias_vl, its Engram gate is shut), on the
+  // host and the device; both empty when no row is.
+  std::vector<uint8_t> image_rows_host_;
+  DeviceBuffer<uint8_t> image_rows_;
   Floats logits_buffer_;
   float* logits_out_ = nullptr;
   DeviceBuffer<int32_t> topk_;  // [T, K] entries of the latest index source
@@ -327,6 +336,16 @@ void Call::upload_positions() {
     for (int64_t r = 0; r < it.rows; ++r) p.push_back(pos(it, r));
   positions_buffer_ = scratch_from(p, stream_);
   positions_ = positions_buffer_.get();
+}
+
+// The rows of image spans among the running ones (forward.cpp's in_span): a decode call has none.
+void Call::mark_image_rows() {
+  image_rows_host_.clear();
+  image_rows_ = DeviceBuffer<uint8_t>();
+  if (std::none_of(items_.begin(), items_.end(), [](const Item& it) { return it.spans != nullptr; })) return;
+  for (const Item& it : items_)
+    for (int64_t r = 0; r < it.rows; ++r) image_rows_host_.push_back(it.spans && it.spans[r] ? 1 : 0);
+  image_rows_ = scratch_from(image_rows_host_, stream_);
 }
 
 void Call::mix(int l, Sub s) {
@@ -442,7 +461,19 @@ void Call::embed() {
       }
     embed_rows(m_.embed(), scratch_from(tokens, stream_).get(), T_, int(hc), d, X_.get(), stream_);
     e0 = scratch_from(pre_mix, stream_);
+    // merge_image_embeddings: a row of an image span takes its aligner row or delimiter instead.
+    std::vector<int32_t> span_rows;
+    std::vector<float> span_embeddings;
+    for (const Item& it : items_)
+      for (int64_t r = 0; it.spans && r < it.rows; ++r)
+        if (it.spans[r]) {
+          span_rows.push_back(int32_t(it.offset + r));
+          span_embeddings.insert(span_embeddings.end(), it.spans[r], it.spans[r] + d);
+        }
+    embed_span_rows(scratch_from(span_embeddings, stream_).get(), scratch_from(span_rows, stream_).get(), int64_t(span_rows.size()),
+                    int(hc), d, X_.get(), stream_);
   }
+  mark_image_rows();
   h_ = scratch<float>(T_ * d, stream_);
   y_ = scratch<float>(T_ * d, stream_);
   for (Floats* b : {&mixes(Sub::Attention).pre, &mixes(Sub::Attention).post, &mixes(Sub::Ffn).post}) *b = scratch<float>(T_ * hc, stream_);
@@ -468,12 +499,14 @@ void Call::drop_cut() {
     const int64_t cut = it.plan.cut;
     for (int64_t r = cut; r < it.rows; ++r) keep.push_back(int32_t(it.offset + r));
     if (it.engram_ids) it.engram_ids += cut * int64_t(c_.engram_layer_ids.size()) * c_.engram_hash_columns();
+    if (it.spans) it.spans += cut;
     it.start += cut;
     it.rows -= cut;
     it.offset = offset;
     offset += it.rows;
   }
   T_ = offset;
+  mark_image_rows();
   if (T_ == 0) return;
   DeviceBuffer<int32_t> index = scratch_from(keep, stream_);
   gather_rows(X_.get(), index.get(), T_, hc * c_.dim, X2_.get(), stream_);
@@ -506,7 +539,8 @@ void Call::engram(int l) {
   Floats emb = scratch<float>(T_ * cols * hd, stream_), kv = scratch<float>(T_ * (hc + 1) * d, stream_);
   engram_gather(g.table, g.table_scale, hd, ids, T_, cols, emb.get(), stream_);
   cuda::linear(emb.get(), T_, g.wkv, kv.get(), stream_);
-  engram_gate(X_.get(), kv.get(), m_.engram_qk(l), T_, int(hc), d, eps(), stream_);
+  // A row of an image span keeps its streams: the reference shuts its gate (h + 0 · value).
+  engram_gate(X_.get(), kv.get(), m_.engram_qk(l), T_, int(hc), d, eps(), stream_, image_rows_.get());
 }
 
 // The window slots of every row (forward/window.h), as indices into its item's window buffer:
@@ -914,9 +948,12 @@ void Call::moe(int l, float* out) {
   DeviceBuffer<int32_t> experts_d = scratch<int32_t>(T * k, stream_), forced_d;
   Floats weights_d = scratch<float>(T * k, stream_);
   const int32_t* forced = nullptr;
+  // Rows of an image span choose with bias_vl (the drafter's blocks are text).
+  const uint8_t* image_rows = image_rows_.get();
+  const Weight* bias_vl = image_rows ? &L.gate_bias_vl : nullptr;
   if (trace_) {
     // The engine's own choice, and the biased scores it ranked (the CPU gate on our input).
-    cuda::route(h_.get(), T, L.gate, L.gate_bias, opt, experts_d.get(), weights_d.get(), stream_);
+    cuda::route(h_.get(), T, L.gate, L.gate_bias, opt, experts_d.get(), weights_d.get(), stream_, nullptr, bias_vl, image_rows);
     trace_->route_experts[size_t(l)] = experts_d.download(stream_);
     const Model& host = m_.host();
     const std::vector<float> x = h_.download(stream_, T * d);
@@ -924,7 +961,8 @@ void Call::moe(int l, float* out) {
     std::vector<float> w(size_t(T * k));
     std::vector<float>& scores = trace_->route_scores[size_t(l)];
     scores.resize(size_t(T) * host.layer(l).experts.size());
-    dsv41::route(x.data(), T, host.layer(l).gate, host.layer(l).gate_bias, opt, e.data(), w.data(), scores.data());
+    dsv41::route(x.data(), T, host.layer(l).gate, host.layer(l).gate_bias, opt, e.data(), w.data(), scores.data(), nullptr,
+                 image_rows ? &host.layer(l).gate_bias_vl : nullptr, image_rows ? image_rows_host_.data() : nullptr);
     if (trace_->forced_experts) {
       forced_d = scratch_from(trace_->forced_experts->at(size_t(l)), stream_);
       forced = forced_d.get();
@@ -934,7 +972,7 @@ void Call::moe(int l, float* out) {
   // One op, the routing never leaving the device (cuda::moe picks the GEMV or the tensor cores).
   const auto span = timed("moe (cuda::moe)");
   cuda::moe(h_.get(), T, L.gate, L.gate_bias, opt, m_.experts(l), L.shared.w1, L.shared.w2, L.shared.w3, limit, forced,
-            experts_d.get(), weights_d.get(), out, stream_);
+            experts_d.get(), weights_d.get(), out, stream_, MoePath::automatic, bias_vl, image_rows);
 }
 
 // --- DSpark -----------------------------------------------------------------------------------------
@@ -1004,7 +1042,8 @@ void Call::logits() {
 }  // namespace
 
 bool decode_row(const DeviceSequence& s, size_t tokens, const ForwardOptions& o) {
-  return tokens == 1 && s.length > 0 && o.replay_until == 0 && o.decoder_from <= s.length && !o.keep_replayed_rows;
+  return tokens == 1 && s.length > 0 && o.replay_until == 0 && o.decoder_from <= s.length && !o.keep_replayed_rows &&
+         !o.span_embeddings;
 }
 
 std::vector<std::vector<float>> deliver_logits(float* logits, int64_t V, std::span<const int64_t> counts,

@@ -42,7 +42,7 @@ std::vector<std::vector<float>> forward_batch(const DeviceModel& model, const st
                                               cudaStream_t stream = nullptr, OpTimes* times = nullptr);
 
 // Whether an item is a decode row (one token on a prefilled sequence, none replayed, the decoder
-// not starting past it): what plan_decode plans and a DecodeGraph replays.
+// not starting past it, not in an image span): what plan_decode plans and a DecodeGraph replays.
 bool decode_row(const DeviceSequence& sequence, size_t tokens, const ForwardOptions& options);
 
 // A call's logits rows on the device (logits [rows, V], item i's counts[i] rows one after another)

@@ -13,8 +13,10 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/cpu/vision_rope.h"
 #include "backend/cuda/check.h"
 #include "base/error.h"
+#include "forward/vision_layout.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -110,7 +112,41 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
     const float*& freqs = c.compress_ratios[size_t(i)] > 0 ? freqs_compressed_ : freqs_window_;
     if (!freqs) freqs = place_floats(model.rope(i).frequencies(), Fill::Host);
   }
+  if (c.has_vision()) place_vision();
   check(cudaDeviceSynchronize(), "DeviceModel");
+}
+
+// Every tensor of the tower in its checkpoint format, but patch_embed, whose rows get zero columns
+// up to a multiple of 8 (the GEMM reads 16-byte rows; the patch rows are padded alike, so every
+// product is unchanged).
+void DeviceModel::place_vision() {
+  const Config& c = config();
+  vision_.blocks.resize(size_t(c.vision.n_layers));
+  for_each_vision_tensor(
+      c,
+      [&](const std::string& name, const Weight& from, Weight& to) {
+        to = name == "vision.patch_embed.proj.weight" ? place_padded(from, padded_columns(from.cols)) : place(from, vision_fill(name));
+      },
+      model_.vision(), vision_);
+  const int head_dim = c.vision.dim / c.vision.n_heads;
+  vision_freqs_ = place_floats(VisionRope(head_dim, c.vision.rope_theta).frequencies(), Fill::Host);
+}
+
+Weight DeviceModel::place_padded(const Weight& w, int64_t cols) {
+  if (cols == w.cols) return place(w, Fill::Matrix);
+  if (w.format != WeightFormat::BF16) fail("DeviceModel", "a BF16 matrix to pad", "another format");
+  std::vector<uint16_t> padded;
+  if (values_ == Values::Checkpoint) padded = pad_columns(reinterpret_cast<const uint16_t*>(w.data), w.rows, w.cols, cols);
+  Weight d = w;
+  d.cols = cols;
+  d.data = place_bytes(reinterpret_cast<const uint8_t*>(padded.data()), d.data_bytes(), Fill::Matrix, w.format, cols, false);
+  return d;
+}
+
+DeviceModel::Fill DeviceModel::vision_fill(const std::string& name) {
+  if (name.ends_with("norm1.weight") || name.ends_with("norm2.weight") || name.ends_with("norm.weight")) return Fill::Ones;
+  if (name.ends_with(".bias")) return Fill::Zeros;
+  return Fill::Matrix;
 }
 
 const float* DeviceModel::rope_freqs(int i) const {

@@ -34,6 +34,12 @@ class DeviceModel {
   const DSparkWeights& dspark() const { return dspark_; }
   const float* attn_sink(int i) const { return sink_[size_t(i)]; }  // [n_heads] fp32
   const float* rope_freqs(int i) const;                               // the layer's RopeTable
+  // The vision tower (a model with vision; else empty) as device Weights, placed by walking
+  // for_each_vision_tensor; patch_embed zero-padded to padded_columns(3·p²) columns
+  // (forward/vision_layout.h), the tensor-core GEMM's K. vision_rope_freqs(): VisionRope's
+  // head_dim/4 frequencies, fp32.
+  const VisionWeights& vision() const { return vision_; }
+  const float* vision_rope_freqs() const { return vision_freqs_; }
   int64_t bytes() const { return bytes_; }
 
  private:
@@ -41,6 +47,9 @@ class DeviceModel {
   // (mHC's and the gate's biases, sinks), or the host's values in both modes (RoPE frequencies).
   enum class Fill { Matrix, Ones, Zeros, Host };
   static Fill random_fill(const BlockTensor& t);
+  static Fill vision_fill(const std::string& name);
+  void place_vision();
+  Weight place_padded(const Weight& w, int64_t cols);  // a bf16 matrix with zero columns up to `cols`
   static int64_t tensor_bytes(const BlockTensor& t);
   Weight place(const Weight& w, Fill fill);
   const uint8_t* place_bytes(const uint8_t* host, int64_t bytes, Fill fill, WeightFormat format, int64_t cols, bool scale);
@@ -57,6 +66,8 @@ class DeviceModel {
   std::vector<const float*> engram_qk_, sink_;
   std::vector<std::unique_ptr<ExpertTable>> experts_;
   const float *freqs_window_ = nullptr, *freqs_compressed_ = nullptr;
+  VisionWeights vision_;
+  const float* vision_freqs_ = nullptr;
 };
 
 }  // namespace dsv41::cuda
