@@ -281,7 +281,8 @@ class TrainOps {
     Tensor u = tensor<T>(size_t(R_ * V));
     grad::linear_forward(h->v(), R_, d, p_.head().v(), V, u->v());
     tape_.record([this, h, u] {
-      if (u->has_grad()) grad::linear_backward(h->v(), R_, c_.dim, p_.head().v(), c_.vocab_size, u->grad.data(), h->g(), static_cast<T*>(nullptr));
+      if (u->has_grad())
+        grad::linear_backward(h->v(), R_, c_.dim, p_.head().v(), c_.vocab_size, u->grad.data(), h->g(), static_cast<T*>(nullptr));
     });
     Tensor e = tensor<T>(size_t(R_ * rank));
     grad::gather_rows_forward(w.markov_embed->v(), V, rank, prev_.data(), R_, e->v());

@@ -246,7 +246,8 @@ TEST(DSparkTrainer, TrainingRaisesTheDraftersAcceptance) {
     const Served s((with / "latest").string());
     const double loss_trained = validation_dspark_loss(trained->parameters(), s, uint64_t(seed)),
                  loss_initial = validation_dspark_loss(initial->parameters(), s, uint64_t(seed));
-    const double acc_trained = greedy_acceptance((with / "latest").string()), acc_initial = greedy_acceptance((without / "latest").string());
+    const double acc_trained = greedy_acceptance((with / "latest").string());
+    const double acc_initial = greedy_acceptance((without / "latest").string());
     std::printf("seed %d: DSpark training loss %.3f -> %.3f; on validation %.3f trained, %.3f initial; greedy acceptance %.3f trained, "
                 "%.3f initial (of %d)\n",
                 seed, dspark.front(), dspark.back(), loss_trained, loss_initial, acc_trained, acc_initial,
