@@ -5,12 +5,13 @@
 // (dim = inter) computes g = x, u = 2x, y = h and dx = dg + 2 du exactly (products by 0, 1 and 2 are
 // exact, sums of zeros add nothing), so the device activation is fed g = x, u = 2x and compared with
 // the CPU's h, dx and routing-weight gradient. The clamps are decided on the same values on both
-// sides; x holds values past the limit L = 10 for g and for u (|x| > 5), and exactly at the bounds
-// (x = 10, x = ±5), where the gradient passes, and one past both (x = 12). The same operations in the same order, except expf
-// (CUDA's and the C library's differ by at most 3 units of 2⁻²⁴) and the routing weight's sum over
-// the row (another order: relative error ≈ 2⁻²⁴ √(inter/6) ≈ 1e-6 at inter 2048). Bounds: NMSE 1e-11
-// on h and dx (each element within ~10·2⁻²⁴ relative: NMSE ≤ 4e-13), 1e-10 on the routing weights'
-// gradient; a clamp decided the other way or a wrong term is ≥ 1e-6.
+// sides; x holds values past the limit L = 10 for g and for u (|x| > 5), exactly at the bounds
+// (x = 10, x = ±5), where the gradient passes, and one past both (x = 12). The same operations in
+// the same order, except expf (CUDA's and the C library's differ by at most 3 units of 2⁻²⁴) and the
+// routing weight's sum over the row (another order: relative error ≈ 2⁻²⁴ √(inter/6) ≈ 1e-6 at
+// inter 2048). Bounds: NMSE 1e-11 on h and dx (each element within ~10·2⁻²⁴ relative: NMSE ≤
+// 4e-13), 1e-10 on the routing weights' gradient; a clamp decided the other way or a wrong term is
+// ≥ 1e-6.
 //
 // Composed (the expert as the trainer runs it: x, W1, W2, W3, the hidden and the gradients dy, dg,
 // du cast to bf16 before their products, straight through): each cast errs by at most u = 2⁻⁸
