@@ -5,7 +5,7 @@ namespace dsv41 {
 VisionWeights bind_vision_weights(const Config& c, const Checkpoint& ckpt) {
   VisionWeights w;
   w.blocks.resize(size_t(c.vision.n_layers));
-  for_each_vision_tensor(c, [&](const std::string& name, Weight& field) { field = weight_of(ckpt.get(name)); }, w);
+  for_each_vision_tensor(c, [&](const VisionTensorSpec& t, Weight& field) { field = weight_of(ckpt.get(t.name)); }, w);
   return w;
 }
 

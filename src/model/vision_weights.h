@@ -1,6 +1,6 @@
 #pragma once
 // Views of a checkpoint's vision tower (vision.py ViT and Aligner, the span delimiters of
-// model.py; names as the official checkpoint's, listed in weights.cpp add_vision). All bf16
+// model.py; names as the official checkpoint's, listed by for_each_vision_tensor). All bf16
 // nn.Linear weights and biases, except the RMSNorm weights, which vision.py declares fp32.
 #include <string>
 #include <vector>
@@ -24,32 +24,45 @@ struct VisionWeights {
   Weight image_start, image_end, image_newline;                 // [d] each: the span's delimiters
 };
 
-// The one list of the tower's tensors: f(checkpoint name, the field of each of `towers`...) for
-// every tensor, in checkpoint order. The CPU binding (bind_vision_weights) and the device placement
-// (forward/device/device_model.cu) walk it; each tower's `blocks` must hold c.vision.n_layers.
+// A tensor of the tower as the checkpoint holds it.
+struct VisionTensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+// The one list of the tower's tensors: f(the tensor, the field of each of `towers`...) for every
+// tensor, in checkpoint order. The weights map (weights.cpp expected_tensors), the CPU binding
+// (bind_vision_weights) and the device placement (forward/device/device_model.cu) walk it; each
+// tower's `blocks` must hold c.vision.n_layers. vision.py declares its RMSNorm weights fp32 (the
+// text model's are bf16), and the reference's fixture v41-tiny-vision stores them so (docs/vision.md §5).
 template <class F, class... W>
 void for_each_vision_tensor(const Config& c, F&& f, W&... towers) {
-  f(std::string("vision.patch_embed.proj.weight"), towers.patch_embed...);
-  f(std::string("vision.patch_embed.proj.bias"), towers.patch_embed_bias...);
-  for (int b = 0; b < c.vision.n_layers; ++b) {
+  const VisionConfig& v = c.vision;
+  const int64_t vd = v.dim, inter = v.inter_dim, r2 = int64_t(v.downsample_ratio) * v.downsample_ratio;
+  auto bf16 = [](std::string name, std::vector<int64_t> shape) { return VisionTensorSpec{std::move(name), DType::BF16, std::move(shape)}; };
+  auto norm = [&](std::string name) { return VisionTensorSpec{std::move(name), DType::F32, {vd}}; };
+  f(bf16("vision.patch_embed.proj.weight", {vd, 3LL * v.patch_size * v.patch_size}), towers.patch_embed...);
+  f(bf16("vision.patch_embed.proj.bias", {vd}), towers.patch_embed_bias...);
+  for (int b = 0; b < v.n_layers; ++b) {
     const std::string p = "vision.blocks." + std::to_string(b) + ".";
-    f(p + "norm1.weight", towers.blocks[size_t(b)].norm1...);
-    f(p + "attn.wqkv.weight", towers.blocks[size_t(b)].wqkv...);
-    f(p + "attn.wqkv.bias", towers.blocks[size_t(b)].wqkv_bias...);
-    f(p + "attn.wo.weight", towers.blocks[size_t(b)].wo...);
-    f(p + "attn.wo.bias", towers.blocks[size_t(b)].wo_bias...);
-    f(p + "norm2.weight", towers.blocks[size_t(b)].norm2...);
-    f(p + "mlp.w1.weight", towers.blocks[size_t(b)].w1...);
-    f(p + "mlp.w2.weight", towers.blocks[size_t(b)].w2...);
+    f(norm(p + "norm1.weight"), towers.blocks[size_t(b)].norm1...);
+    f(bf16(p + "attn.wqkv.weight", {3 * vd, vd}), towers.blocks[size_t(b)].wqkv...);
+    f(bf16(p + "attn.wqkv.bias", {3 * vd}), towers.blocks[size_t(b)].wqkv_bias...);
+    f(bf16(p + "attn.wo.weight", {vd, vd}), towers.blocks[size_t(b)].wo...);
+    f(bf16(p + "attn.wo.bias", {vd}), towers.blocks[size_t(b)].wo_bias...);
+    f(norm(p + "norm2.weight"), towers.blocks[size_t(b)].norm2...);
+    f(bf16(p + "mlp.w1.weight", {2 * inter, vd}), towers.blocks[size_t(b)].w1...);
+    f(bf16(p + "mlp.w2.weight", {vd, inter}), towers.blocks[size_t(b)].w2...);
   }
-  f(std::string("vision.norm.weight"), towers.norm...);
-  f(std::string("aligner.w1.weight"), towers.aligner_w1...);
-  f(std::string("aligner.w1.bias"), towers.aligner_w1_bias...);
-  f(std::string("aligner.w2.weight"), towers.aligner_w2...);
-  f(std::string("aligner.w2.bias"), towers.aligner_w2_bias...);
-  f(std::string("image_start"), towers.image_start...);
-  f(std::string("image_end"), towers.image_end...);
-  f(std::string("image_newline"), towers.image_newline...);
+  f(norm("vision.norm.weight"), towers.norm...);
+  f(bf16("aligner.w1.weight", {c.dim, vd * r2}), towers.aligner_w1...);
+  f(bf16("aligner.w1.bias", {c.dim}), towers.aligner_w1_bias...);
+  f(bf16("aligner.w2.weight", {c.dim, c.dim}), towers.aligner_w2...);
+  f(bf16("aligner.w2.bias", {c.dim}), towers.aligner_w2_bias...);
+  f(bf16("image_start", {c.dim}), towers.image_start...);
+  f(bf16("image_end", {c.dim}), towers.image_end...);
+  f(bf16("image_newline", {c.dim}), towers.image_newline...);
 }
 
 // Binds every vision tensor of `ckpt` (which must have them: check_weights first).

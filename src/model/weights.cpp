@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "model/checkpoint.h"
 #include "model/layer_weights.h"
+#include "model/vision_weights.h"
 
 namespace dsv41 {
 
@@ -106,29 +107,7 @@ class MapBuilder {
 };
 
 void add_vision(MapBuilder& m, const Config& c) {
-  const VisionConfig& v = c.vision;
-  const int64_t d = v.dim, inter = v.inter_dim;
-  auto dense = [&](const std::string& name, int64_t out_f, int64_t in_f, bool bias) {
-    m.plain(name + ".weight", DType::BF16, {out_f, in_f});
-    if (bias) m.plain(name + ".bias", DType::BF16, {out_f});
-  };
-  // vision.py declares its RMSNorm weights fp32 (the text model's are bf16), and the reference's
-  // fixture v41-tiny-vision stores them so (docs/vision.md §5).
-  auto norm = [&](const std::string& name) { m.plain(name + ".weight", DType::F32, {d}); };
-  dense("vision.patch_embed.proj", d, 3LL * v.patch_size * v.patch_size, true);
-  for (int i = 0; i < v.n_layers; ++i) {
-    std::string p = "vision.blocks." + std::to_string(i) + ".";
-    norm(p + "norm1");
-    dense(p + "attn.wqkv", 3 * d, d, true);
-    dense(p + "attn.wo", d, d, true);
-    norm(p + "norm2");
-    dense(p + "mlp.w1", 2 * inter, d, false);
-    dense(p + "mlp.w2", d, inter, false);
-  }
-  norm("vision.norm");
-  dense("aligner.w1", c.dim, d * v.downsample_ratio * v.downsample_ratio, true);
-  dense("aligner.w2", c.dim, c.dim, true);
-  for (const char* name : {"image_start", "image_end", "image_newline"}) m.plain(name, DType::BF16, {c.dim});
+  for_each_vision_tensor(c, [&](const VisionTensorSpec& t) { m.plain(t.name, t.dtype, t.shape); });
 }
 
 }  // namespace

@@ -124,8 +124,8 @@ void DeviceModel::place_vision() {
   vision_.blocks.resize(size_t(c.vision.n_layers));
   for_each_vision_tensor(
       c,
-      [&](const std::string& name, const Weight& from, Weight& to) {
-        to = name == "vision.patch_embed.proj.weight" ? place_padded(from, padded_columns(from.cols)) : place(from, vision_fill(name));
+      [&](const VisionTensorSpec& t, const Weight& from, Weight& to) {
+        to = t.name == "vision.patch_embed.proj.weight" ? place_padded(from, padded_columns(from.cols)) : place(from, vision_fill(t.name));
       },
       model_.vision(), vision_);
   const int head_dim = c.vision.dim / c.vision.n_heads;
