@@ -2,9 +2,9 @@
 // dsv41 train --resume DIR [--steps N]
 //
 // Trains a model of the V4.1 architecture on the data of `dsv41 data build` (docs/training.md,
-// "dsv41 train"): a progress bar on stderr when it is a terminal (step, loss, tokens/s, ETA), a line
-// per log interval (above the bar, or on stdout when stderr is not a terminal), log.jsonl and the
-// checkpoints in the output directory.
+// "dsv41 train"): a progress bar on stderr when it is a terminal (step, loss, DSpark's loss,
+// tokens/s, ETA), a line per log interval (above the bar, or on stdout when stderr is not a
+// terminal), log.jsonl and the checkpoints in the output directory.
 #include <fmt/core.h>
 
 #include <filesystem>
@@ -64,7 +64,8 @@ void add_train(CLI::App& app) {
     const bool bar = stderr_is_terminal();
     train::TrainEvents events;
     events.step = [&](const train::StepReport& r) {
-      progress.update(fmt::format("train loss {:.4f} | {:.0f} tokens/s | ETA {}", r.loss, r.tokens_per_second,
+      const std::string dspark = c.trains_dspark() ? fmt::format(" | DSpark {:.4f}", r.dspark_loss) : std::string();
+      progress.update(fmt::format("train loss {:.4f}{} | {:.0f} tokens/s | ETA {}", r.loss, dspark, r.tokens_per_second,
                                   duration_text(r.eta_seconds)),
                       r.step, r.steps);
     };
