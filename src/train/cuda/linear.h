@@ -21,20 +21,34 @@ using bf16 = uint16_t;
 void cast_bf16(const float* x, int64_t n, bf16* y, cudaStream_t stream = nullptr);
 
 // A cuBLASLt handle, its workspace and the algorithm it chose for each shape. One algorithm per
-// shape (and operand alignment), chosen once: a product of a given shape gives the same bits at
-// every call (cuBLAS's reproducibility guarantee for cublasLtMatmul with a workspace of the
-// caller's, on one GPU model and toolkit). Not thread-safe; calls on one stream at a time.
+// product description (shape, leading dimensions, batch, operand alignment), chosen once: a product
+// gives the same bits at every call (cuBLAS's reproducibility guarantee for cublasLtMatmul with a
+// workspace of the caller's, on one GPU model and toolkit). Not thread-safe; calls on one stream at
+// a time.
 class Blas {
  public:
+  // Column-major D [m, n] = op(A) · op(B) + beta · D, op(A) [m, k], op(B) [k, n], for each of
+  // `batch` matrices; A and B bf16, D fp32, beta 0 or 1. ld*: elements from one stored column to the
+  // next; stride_*: elements from one matrix of the batch to the next.
+  struct Product {
+    bool transpose_a = false, transpose_b = false;
+    int64_t m = 0, n = 0, k = 0;
+    const bf16* a = nullptr;
+    int64_t lda = 0, stride_a = 0;
+    const bf16* b = nullptr;
+    int64_t ldb = 0, stride_b = 0;
+    float beta = 0;
+    float* d = nullptr;
+    int64_t ldd = 0, stride_d = 0;
+    int64_t batch = 1;
+  };
+
   Blas();
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
 
-  // Column-major D [m, n] = op(A) · op(B) + beta · D, op(A) [m, k], op(B) [k, n], each matrix
-  // packed (leading dimension = its stored row count); bf16 A and B, fp32 D; beta 0 or 1.
-  void matmul(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, const bf16* a, const bf16* b,
-              float beta, float* d, cudaStream_t stream);
+  void matmul(const Product& p, cudaStream_t stream);
 
  private:
   struct Opaque;
@@ -49,5 +63,15 @@ void linear_forward(Blas& blas, const bf16* x, int64_t M, int64_t K, const bf16*
 // bf16 operands; dy: bf16 of the output's fp32 gradient.
 void linear_backward(Blas& blas, const bf16* x, int64_t M, int64_t K, const bf16* W, int64_t N, const bf16* dy, float* dx,
                      float* dW, cudaStream_t stream = nullptr);
+
+// The grouped low-rank output (Attention's wo_a, grad::linear_grouped_*): x [M, G, Kg], group g
+// through W's rows [g·Ng, (g+1)·Ng) (W [G·Ng, Kg]), y [M, G, Ng]: block-diagonal, one strided batch
+// of G products (no gather of a group's columns).
+void linear_grouped_forward(Blas& blas, const bf16* x, int64_t M, int64_t G, int64_t Kg, const bf16* W, int64_t Ng, float* y,
+                            cudaStream_t stream = nullptr);
+
+// dx [M, G, Kg] += dy_g W_g and dW_g [Ng, Kg] += dy_gᵀ x_g per group; either may be nullptr.
+void linear_grouped_backward(Blas& blas, const bf16* x, int64_t M, int64_t G, int64_t Kg, const bf16* W, int64_t Ng,
+                             const bf16* dy, float* dx, float* dW, cudaStream_t stream = nullptr);
 
 }  // namespace dsv41::train_cuda

@@ -1,7 +1,8 @@
 // train_cuda's products (linear.h: cuBLASLt, bf16 operands, fp32 accumulation) and cast_bf16
 // against src/train/grad/linear.h in float, on shapes of the trained models (256 rows × 4096 →
 // 1024, 64 × 1024 → 4096, 130 × 264 → 200) and odd ones (one row; K and N of 17, 37, 100, 5: leading
-// dimensions off cuBLASLt's 16-byte alignment).
+// dimensions off cuBLASLt's 16-byte alignment); the grouped form (wo_a: 8 groups of 4096 → 1024,
+// and odd ones) against grad::linear_grouped_* likewise.
 //
 // Tolerances:
 //  * bf16-representable operands: every product x_k·w_k of two bf16 values is exact in fp32 (8 + 8
@@ -117,6 +118,64 @@ TEST(TrainCudaLinear, Fp32OperandsWithinTheCastsBound) {
       EXPECT_GT(e, 1e-7) << "products not on bf16 values? " << s.M << "x" << s.K << "x" << s.N;
     }
     expect_same_bits(got, on_device(blas, s, x, W, dy, dx0, dW0), s);
+  }
+}
+
+// The grouped form: x [M, G, Kg], W [G·Ng, Kg], y [M, G, Ng], as one strided batch on the device.
+struct GroupShape {
+  int64_t M, G, Kg, Ng;
+};
+
+Results grouped_on_device(train_cuda::Blas& blas, const GroupShape& s, const std::vector<float>& x, const std::vector<float>& W,
+                          const std::vector<float>& dy, const std::vector<float>& dx0, const std::vector<float>& dW0) {
+  DeviceArray<float> x32(x), W32(W), dy32(dy), y(dy.size()), dx(dx0), dW(dW0);
+  DeviceArray<uint16_t> xb(x.size()), Wb(W.size()), dyb(dy.size());
+  train_cuda::cast_bf16(x32.get(), int64_t(x.size()), xb.get());
+  train_cuda::cast_bf16(W32.get(), int64_t(W.size()), Wb.get());
+  train_cuda::cast_bf16(dy32.get(), int64_t(dy.size()), dyb.get());
+  y.poison();
+  train_cuda::linear_grouped_forward(blas, xb.get(), s.M, s.G, s.Kg, Wb.get(), s.Ng, y.get());
+  train_cuda::linear_grouped_backward(blas, xb.get(), s.M, s.G, s.Kg, Wb.get(), s.Ng, dyb.get(), dx.get(), dW.get());
+  return {y.download(), dx.download(), dW.download()};
+}
+
+TEST(TrainCudaLinear, GroupedMatchesTheCpuWithinTheSameBounds) {
+  DSV41_REQUIRE_DEVICE();
+  train_cuda::Blas blas;
+  const double cast_bound = 2 * test::kBf16Unit * test::kBf16Unit;
+  uint32_t seed = 200;
+  for (const GroupShape s : {GroupShape{64, 8, 4096, 1024}, GroupShape{130, 2, 100, 37}, GroupShape{7, 3, 17, 5}}) {
+    for (const bool bf16_operands : {true, false}) {
+      const double w_scale = 1.0 / std::sqrt(double(s.Kg));
+      auto operand = [&](size_t n, double stddev) {
+        std::vector<float> v = test::normal(n, stddev, seed++);
+        return bf16_operands ? test::rounded_bf16(v) : v;
+      };
+      const std::vector<float> x = operand(size_t(s.M * s.G * s.Kg), 1.0), W = operand(size_t(s.G * s.Ng * s.Kg), w_scale);
+      const std::vector<float> dy = operand(size_t(s.M * s.G * s.Ng), 1.0);
+      // With bf16 operands the gradients start from non-zero values (the backward adds).
+      const std::vector<float> dx0 = bf16_operands ? test::normal(x.size(), 0.1 * std::sqrt(double(s.Ng)) * w_scale, seed++)
+                                                   : std::vector<float>(x.size(), 0.0f);
+      const std::vector<float> dW0 =
+          bf16_operands ? test::normal(W.size(), 0.1 * std::sqrt(double(s.M)), seed++) : std::vector<float>(W.size(), 0.0f);
+      Results want{std::vector<float>(dy.size()), dx0, dW0};
+      grad::linear_grouped_forward<float>(x.data(), s.M, s.G, s.Kg, W.data(), s.Ng, want.y.data());
+      grad::linear_grouped_backward<float>(x.data(), s.M, s.G, s.Kg, W.data(), s.Ng, dy.data(), want.dx.data(),
+                                           want.dW.data());
+      const Results got = grouped_on_device(blas, s, x, W, dy, dx0, dW0);
+      const double e[3] = {test::nmse(got.y, want.y), test::nmse(got.dx, want.dx), test::nmse(got.dW, want.dW)};
+      std::printf("linear grouped %s %ldx%ldx%ld→%ld: NMSE y %.3g dx %.3g dW %.3g\n", bf16_operands ? "bf16" : "fp32",
+                  long(s.M), long(s.G), long(s.Kg), long(s.Ng), e[0], e[1], e[2]);
+      for (const double v : e) {
+        if (bf16_operands) {
+          EXPECT_LT(v, 1e-7) << s.M << "x" << s.G << "x" << s.Kg << "x" << s.Ng;
+        } else {
+          EXPECT_LT(v, cast_bound) << s.M << "x" << s.G << "x" << s.Kg << "x" << s.Ng;
+          EXPECT_GT(v, 1e-7) << "products not on bf16 values? " << s.M << "x" << s.G << "x" << s.Kg << "x" << s.Ng;
+        }
+      }
+      expect_same_bits(got, grouped_on_device(blas, s, x, W, dy, dx0, dW0), Shape{s.M, s.G * s.Kg, s.G * s.Ng});
+    }
   }
 }
 
