@@ -7,7 +7,7 @@
 //  * the engine: the prompts' tokens and image places from their text and PNGs, the embeddings the
 //    prefill starts from (the recorded aligner rows fed in) and the Engram hash ids, exactly;
 //  * the text forward with the recorded aligner rows at the spans, at forward_fixture.h's forced
-//    and free levels, and the experts of image rows (which bias_vl chooses).
+//    and free levels, and the experts of image rows (which bias_vl chooses), on every executor.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,6 +16,7 @@
 #include "backend/cpu/pixel_unshuffle.h"
 #include "base/error.h"
 #include "backend/cpu/vision.h"
+#include "engine/executors.h"
 #include "engine/prompt_image.h"
 #include "engine/session.h"
 #include "forward/vision_cpu.h"
@@ -244,20 +245,34 @@ TEST(VisionParity, TheSessionFeedsTheReferencesInputs) {
   }
 }
 
-// --- the text forward on the image prompts -----------------------------------------------------
+// --- the text forward on the image prompts, on every executor ------------------------------------
+
+// One suite for every executor (as forward_parity_test): tests/CMakeLists.txt registers the CPU
+// executor's instance everywhere and the CUDA executor's, label gpu, where a GPU is. The CPU runs
+// each check under the summation variants, its bound at least their spread; CUDA runs once, in its
+// own kernels' order, under the same baseline figures.
+class VisionExecutorParity : public testing::TestWithParam<std::string> {
+ protected:
+  Device device() const { return parse_device(GetParam().substr(0, GetParam().find('_'))); }
+  int variants() const { return device() == Device::Cpu ? test::kVariants : 1; }
+  VisionFixture fixture() const {
+    const Device d = device();
+    return VisionFixture(test::executor_sequences([d](const Model& model) { return make_executor(model, d); }));
+  }
+};
 
 // Forced: the reference's top-k and experts imposed (its experts on image rows are bias_vl's), each
 // prompt within the baseline's forced_topk_routing figures (or the summation variants' spread).
-TEST(VisionParity, ForcedChoices) {
-  const VisionFixture f;
-  for (int prompt = 0; prompt < kPrompts; ++prompt) test::expect_mode(f, "forced_topk_routing", {prompt}, test::kVariants);
+TEST_P(VisionExecutorParity, ForcedChoices) {
+  const VisionFixture f = fixture();
+  for (int prompt = 0; prompt < kPrompts; ++prompt) test::expect_mode(f, "forced_topk_routing", {prompt}, variants());
 }
 
 // Free: our own choices, both prompts pooled, within the baseline's free figures; every argmax
 // (greedy token) that differs from the reference's on a row whose margin is a near-tie.
-TEST(VisionParity, FreeChoices) {
-  const VisionFixture f;
-  test::expect_mode(f, "free", {0, 1}, test::kVariants);
+TEST_P(VisionExecutorParity, FreeChoices) {
+  const VisionFixture f = fixture();
+  test::expect_mode(f, "free", {0, 1}, variants());
 }
 
 // The experts of image rows. Under forcing every call sees the reference's inputs up to rounding;
@@ -266,8 +281,8 @@ TEST(VisionParity, FreeChoices) {
 // pick otherwise (the fixture counts 73 of 120 such decisions in prompt0, 199 of 336 in prompt1),
 // ours agree with bias_vl's on all but as many rows as the reference's own CUDA rerun differs
 // (forced_topk: 6/120, 21/336), with headroom.
-TEST(VisionParity, ImageRowsRouteWithBiasVl) {
-  const VisionFixture f;
+TEST_P(VisionExecutorParity, ImageRowsRouteWithBiasVl) {
+  const VisionFixture f = fixture();
   const Config& c = f.config();
   const int k = c.n_activated_experts, L = c.n_layers;
   for (int i = 0; i < kPrompts; ++i) {
@@ -303,6 +318,17 @@ TEST(VisionParity, ImageRowsRouteWithBiasVl) {
     EXPECT_GE(double(ours_vl), double(decisions) - test::kHeadroom * reference_flips) << p;
   }
 }
+
+std::vector<std::string> executors() {
+  std::vector<std::string> e = {"cpu_executor"};
+#ifdef DSV41_HAVE_CUDA
+  e.push_back("cuda_executor");
+#endif
+  return e;
+}
+
+INSTANTIATE_TEST_SUITE_P(Executors, VisionExecutorParity, testing::ValuesIn(executors()),
+                         [](const testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
 }  // namespace dsv41

@@ -19,7 +19,7 @@ if [ -d .gpu ]; then
 fi
 cmake -S . -B "$build" -G Ninja "${full[@]}" > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
 targets=$(cd "$build" && ninja -t targets all | grep -oE '^(tests/)?cuda_[a-z_]+(test|bench)' | sed 's#^tests/##' | sort -u)
-[ ${#full[@]} -eq 0 ] || targets="$targets dsv41 scheduler_test server_test server_image_test forward_parity_test speculative_test"
+[ ${#full[@]} -eq 0 ] || targets="$targets dsv41 scheduler_test server_test server_image_test forward_parity_test forward_vision_parity_test speculative_test"
 ninja -C "$build" -j"$(nproc)" $targets > "$logs/build.log" 2>&1 || { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
 (cd "$build" && ctest -L gpu --output-on-failure -V) > "$logs/tests.log" 2>&1
 tests_rc=$?

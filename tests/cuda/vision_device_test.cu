@@ -7,14 +7,12 @@
 //  * the text forward with the recorded aligner rows at the spans (ForwardOptions::span_embeddings:
 //    the span rows' embeddings, bias_vl in every gate, Engram's gate shut): against the CPU forward
 //    under the CPU's own choices, one-shot and in chunks of 7 (spans cut across calls), within twice
-//    the forced figures; at forward_fixture.h's forced and free levels against the reference (the
-//    greedy tokens: every argmax that differs on a near-tie row); and the experts of image rows
-//    (bias_vl's, as the reference's, but for as many as its own CUDA rerun differs on);
+//    the forced figures (the forced and free levels against the reference and the image rows'
+//    experts are forward_vision_parity_test's suite over executors, its cuda_executor instance);
 //  * the executor's refusals: images for a text-only model, span rows on one.
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <set>
 
 #include "../vision_fixture.h"
 #include "base/error.h"
@@ -140,53 +138,6 @@ TEST(VisionDevice, SpanRowsMatchCpuForwardUnderItsChoices) {
       expect_close(cpu.name + " device vs cpu prompt" + std::to_string(prompt) + " chunk " + std::to_string(chunk), ours, ref,
                    c.vocab_size, base);
     }
-  }
-}
-
-TEST(VisionDevice, ForcedChoices) {
-  DSV41_REQUIRE_DEVICE();
-  const VisionFixture f(device_sequences());
-  for (int prompt = 0; prompt < kPrompts; ++prompt) expect_mode(f, "forced_topk_routing", {prompt});
-}
-
-TEST(VisionDevice, FreeChoices) {
-  DSV41_REQUIRE_DEVICE();
-  const VisionFixture f(device_sequences());
-  expect_mode(f, "free", {0, 1});
-}
-
-// The device's own expert choices on image rows (the Trace's, cuda::route with bias_vl) while the
-// reference's are imposed, as forward_vision_parity_test's ImageRowsRouteWithBiasVl.
-TEST(VisionDevice, ImageRowsRouteWithBiasVl) {
-  DSV41_REQUIRE_DEVICE();
-  const VisionFixture f(device_sequences());
-  const Config& c = f.config();
-  const int k = c.n_activated_experts, L = c.n_layers;
-  for (int i = 0; i < kPrompts; ++i) {
-    const std::string p = f.prefix(i);
-    std::vector<Trace> traces;
-    f.run(i, true, 0, &traces);
-    std::vector<int64_t> rows(traces.size(), 1);
-    rows[0] = int64_t(f.tokens(i).size());
-    ChoiceSource reference = [&](bool decode, int64_t first, int64_t n) { return f.recorded(i, decode, first, n); };
-    expect_near_ties(f, choice_gaps(c, traces, rows, reference), f.name + " device " + p);
-
-    const std::vector<int64_t> types = f.ex.ints(p + "token_types"), vl = f.ex.ints(p + "prefill.route_experts");
-    const int64_t P = int64_t(types.size());
-    int decisions = 0, ours_vl = 0;
-    for (int l = 0; l < L; ++l)
-      for (int64_t r = 0; r < P; ++r) {
-        if (types[size_t(r)] < 0) continue;
-        const std::vector<int32_t>& mine = traces[0].route_experts[size_t(l)];
-        ++decisions;
-        ours_vl += std::set<int64_t>(mine.begin() + r * k, mine.begin() + (r + 1) * k) ==
-                   std::set<int64_t>(vl.begin() + (l * P + r) * k, vl.begin() + (l * P + r + 1) * k);
-      }
-    const std::string flips = f.base("forced_topk", i, "prefill.routing_decisions_differing_image_rows");
-    const double reference_flips = std::stod(flips.substr(0, flips.find('/')));
-    std::printf("%s image rows on the device: %d decisions, ours agree with bias_vl's on %d (reference rerun differs on %s)\n",
-                p.c_str(), decisions, ours_vl, flips.c_str());
-    EXPECT_GE(double(ours_vl), double(decisions) - kHeadroom * reference_flips) << p;
   }
 }
 
