@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "forward/dspark.h"
+#include "forward/forward.h"
+#include "numerics/codecs.h"
 #include "forward_fixture.h"
 
 namespace dsv41::test {
@@ -51,6 +53,35 @@ inline void expect_tokens_differ_at_near_ties(const Fixture& f, int prompt, cons
       break;
     }
   }
+}
+
+// The decoder-floor tests' sequence (DraftsReadNoSlotBelowTheDecoderFloor, CPU and device): a
+// fixture's prompt 1, lengthened to 2W + 3 tokens (the stages' rings wrapped), run and ingested on
+// the CPU executor's forward. The fixture must take tokens without Engram hash ids.
+inline SequenceState floor_test_state(const Fixture& f) {
+  const Config& c = f.config();
+  SequenceState state(c);
+  std::vector<float> hidden;
+  ForwardOptions opt;
+  opt.dspark_hidden = &hidden;
+  std::vector<int> tokens = f.tokens(1);
+  while (int64_t(tokens.size()) < 2 * c.window_size + 3) tokens.push_back(int((tokens[tokens.size() % 7] + 1) % c.vocab_size));
+  forward(*f.model, state, tokens, nullptr, opt);
+  dspark_ingest(*f.model, state, 0, hidden, int64_t(tokens.size()));
+  return state;
+}
+
+// `state` with every stage slot that holds a position in [length − W, below) overwritten by the
+// last position's entry, and its decoder window floor set to `floor`.
+inline SequenceState scribbled(const Config& c, const SequenceState& state, int64_t below, int64_t floor) {
+  SequenceState s = state;
+  const int64_t W = c.window_size, end = state.length;
+  const size_t bytes = swa_fp8::bytes(int(c.head_dim));
+  for (int l = c.n_layers; l < c.n_total_layers(); ++l)
+    for (int64_t p = end - W; p < below; ++p)
+      std::copy_n(state.window[size_t(l)].begin() + int64_t(((end - 1) % W) * bytes), bytes, s.window[size_t(l)].begin() + int64_t((p % W) * bytes));
+  s.decoder_window_floor = floor;
+  return s;
 }
 
 }  // namespace dsv41::test

@@ -16,7 +16,6 @@
 
 #include "base/error.h"
 #include "forward/dspark.h"
-#include "numerics/codecs.h"
 #include "draft_checks.h"
 #include "forward_fixture.h"
 
@@ -185,36 +184,17 @@ TEST(DSpark, ContextDoesNotDependOnTheChunks) {
 TEST(DSpark, DraftsReadNoSlotBelowTheDecoderFloor) {
   Fixture f("v41-tiny-noengram");  // no Engram: any tokens run without hash ids
   const Config& c = f.config();
-  const int64_t W = c.window_size, hd = c.head_dim;
-  SequenceState state(c);
-  std::vector<float> hidden;
-  ForwardOptions opt;
-  opt.dspark_hidden = &hidden;
-  std::vector<int> tokens = f.tokens(1);
-  while (int64_t(tokens.size()) < 2 * W + 3) tokens.push_back(int((tokens[tokens.size() % 7] + 1) % c.vocab_size));
-  forward(*f.model, state, tokens, nullptr, opt);
-  dspark_ingest(*f.model, state, 0, hidden, int64_t(tokens.size()));
-  const int64_t end = state.length, floor = end - 5;
-  // Scribbled: every stage slot holding a position below `from` gets another position's entry.
-  auto scribbled = [&](int64_t from) {
-    SequenceState s = state;
-    const size_t bytes = swa_fp8::bytes(int(hd));
-    for (int l = c.n_layers; l < c.n_total_layers(); ++l)
-      for (int64_t p = end - W; p < from; ++p)
-        std::copy_n(state.window[size_t(l)].begin() + int64_t(((end - 1) % W) * bytes), bytes, s.window[size_t(l)].begin() + int64_t((p % W) * bytes));
-    return s;
-  };
-  auto draft = [&](SequenceState s, int64_t decoder_floor) {
-    s.decoder_window_floor = decoder_floor;
-    return dspark_draft(*f.model, s, 5);
-  };
-  const Draft clean = draft(state, floor);
-  const Draft below = draft(scribbled(floor), floor);
+  const SequenceState state = floor_test_state(f);
+  const int64_t floor = state.length - 5;
+  auto draft = [&](SequenceState s) { return dspark_draft(*f.model, s, 5); };
+  const Draft clean = draft(scribbled(c, state, 0, floor));
+  const Draft below = draft(scribbled(c, state, floor, floor));
   EXPECT_EQ(below.tokens, clean.tokens);
   EXPECT_TRUE(below.logits == clean.logits);
   EXPECT_TRUE(below.confidence == clean.confidence);
-  EXPECT_FALSE(draft(scribbled(floor), 0).logits == draft(state, 0).logits) << "the scribbled slots are read without the floor";
-  EXPECT_FALSE(draft(scribbled(floor + 2), floor).logits == clean.logits) << "slots at or above the floor are read";
+  EXPECT_FALSE(draft(scribbled(c, state, floor, 0)).logits == draft(scribbled(c, state, 0, 0)).logits)
+      << "the scribbled slots are read without the floor";
+  EXPECT_FALSE(draft(scribbled(c, state, floor + 2, floor)).logits == clean.logits) << "slots at or above the floor are read";
 }
 
 TEST(DSpark, BadInputIsRefusedByName) {

@@ -27,7 +27,6 @@
 #include "forward/device/decode_graph.h"
 #include "forward/device/device_forward.h"
 #include "forward/dspark.h"
-#include "numerics/codecs.h"
 
 namespace dsv41 {
 namespace {
@@ -370,33 +369,20 @@ TEST(DSparkDevice, DraftsReadNoSlotBelowTheDecoderFloor) {
   DSV41_REQUIRE_DEVICE();
   Fixture f("v41-tiny-noengram");  // no Engram: any tokens run without hash ids
   const Config& c = f.config();
-  const int64_t W = c.window_size, hd = c.head_dim;
   std::unique_ptr<Executor> device = cuda::make_executor(*f.model);
-  SequenceState state(c);
-  std::vector<float> hidden;
-  ForwardOptions opt;
-  opt.dspark_hidden = &hidden;
-  std::vector<int> tokens = f.tokens(1);
-  while (int64_t(tokens.size()) < 2 * W + 3) tokens.push_back(int((tokens[tokens.size() % 7] + 1) % c.vocab_size));
-  forward(*f.model, state, tokens, nullptr, opt);
-  dspark_ingest(*f.model, state, 0, hidden, int64_t(tokens.size()));
-  const int64_t end = state.length, floor = end - 5;
-  auto draft = [&](bool scribble, int64_t decoder_floor) {
-    SequenceState s = state;
-    const size_t bytes = swa_fp8::bytes(int(hd));
-    for (int l = c.n_layers; scribble && l < c.n_total_layers(); ++l)
-      for (int64_t p = end - W; p < floor; ++p)
-        std::copy_n(state.window[size_t(l)].begin() + int64_t(((end - 1) % W) * bytes), bytes, s.window[size_t(l)].begin() + int64_t((p % W) * bytes));
-    s.decoder_window_floor = decoder_floor;
+  const SequenceState state = floor_test_state(f);
+  const int64_t floor = state.length - 5;
+  auto draft = [&](SequenceState s) {
     std::unique_ptr<Sequence> sequence = device->new_sequence();
     sequence->assign(std::move(s));
     return device->dspark_draft(*sequence, 5, draft_argmax);
   };
-  const Draft clean = draft(false, floor), below = draft(true, floor);
+  const Draft clean = draft(scribbled(c, state, 0, floor)), below = draft(scribbled(c, state, floor, floor));
   EXPECT_EQ(below.tokens, clean.tokens);
   EXPECT_TRUE(below.logits == clean.logits);
   EXPECT_TRUE(below.confidence == clean.confidence);
-  EXPECT_FALSE(draft(true, 0).logits == draft(false, 0).logits) << "the scribbled slots are read without the floor";
+  EXPECT_FALSE(draft(scribbled(c, state, floor, 0)).logits == draft(scribbled(c, state, 0, 0)).logits)
+      << "the scribbled slots are read without the floor";
 }
 
 // A decode step captured with the DSpark context features (DecodeGraph with features, what the
