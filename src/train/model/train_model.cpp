@@ -38,8 +38,12 @@ TrainModel<T>::~TrainModel() = default;
 
 template <class T>
 Losses TrainModel<T>::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace,
-                              std::span<const int64_t> anchors) {
+                              std::span<const int64_t> anchors, std::span<const ServedCall> calls) {
   const Config& c = params_.config();
+  // DSpark's context under bounded replay (features only where the decoder ran, windows above its
+  // floor: forward/window.h draft_window_slots) is not simulated (docs/training.md, "What is left").
+  if (!anchors.empty() && !calls.empty())
+    fail("train forward", "draft anchors or served calls (DSpark under bounded replay is not simulated)", "both");
   tape_.clear();  // the last forward's backward, if never run, reads the op sets replaced here
   drafter_.reset();
   const bool draft = !anchors.empty();
@@ -50,7 +54,7 @@ Losses TrainModel<T>::forward(std::span<const int64_t> tokens, const int64_t* en
     trace->route_scores.assign(layers, {});
     trace->topk.clear();
   }
-  ops_ = std::make_unique<TrainOps<T>>(params_, options_, tape_, tokens, engram_ids, trace, expert_load_);
+  ops_ = std::make_unique<TrainOps<T>>(params_, options_, tape_, tokens, engram_ids, trace, expert_load_, calls);
   ops_->record_features = draft;
   run_network(c, *ops_, trace);
   Losses losses = ops_->losses;
@@ -124,6 +128,29 @@ std::vector<int64_t> dspark_anchors(const Config& c, int64_t L, int64_t blocks, 
   pool.resize(size_t(k));
   std::sort(pool.begin(), pool.end());
   return pool;
+}
+
+std::vector<ServedCall> replay_calls(const Config& c, int64_t L, int64_t turns, uint64_t seed, uint64_t sequence) {
+  if (L < 1 || turns < 1) fail("replay calls", "a sequence of at least 1 row and at least 1 turn", std::to_string(L) + " rows, " + std::to_string(turns) + " turns");
+  std::seed_seq keys{uint32_t(seed), uint32_t(seed >> 32), uint32_t(sequence), uint32_t(sequence >> 32), 0x52706C79u /* "Rply" */};
+  std::mt19937_64 rng(keys);
+  // The turns' starts: 0 and min(turns, L) − 1 distinct positions of [1, L − 1] (a partial shuffle).
+  std::vector<int64_t> pool(size_t(L - 1));
+  for (int64_t i = 0; i < L - 1; ++i) pool[size_t(i)] = i + 1;
+  const int64_t k = std::min(turns, L) - 1;
+  for (int64_t i = 0; i < k; ++i) std::swap(pool[size_t(i)], pool[size_t(i + int64_t(rng() % uint64_t(L - 1 - i)))]);
+  pool.resize(size_t(k));
+  pool.push_back(0);
+  std::sort(pool.begin(), pool.end());
+  pool.push_back(L);
+  const int64_t W = c.window_size;
+  std::vector<ServedCall> calls;
+  for (size_t t = 0; t + 1 < pool.size(); ++t) {
+    const int64_t b = pool[t], n = pool[t + 1] - b, P = 1 + int64_t(rng() % uint64_t(n));
+    calls.push_back({P, b + P - std::min(W, P)});  // the prompt: default mode (engine/session.cpp)
+    if (n > P) calls.push_back({n - P, 0});          // the reply, decoded
+  }
+  return calls;
 }
 
 template class TrainModel<float>;

@@ -45,6 +45,27 @@ struct Losses {
 // draws the same ones.
 std::vector<int64_t> dspark_anchors(const Config& c, int64_t L, int64_t blocks, uint64_t seed, uint64_t sequence);
 
+// One forward call a sequence is served as (docs/training.md, "Bounded replay in training"): its
+// rows, and its ForwardOptions::decoder_from — a prompt segment in default mode has its end minus
+// min(W, rows) (engine/session.cpp), a decoded span 0. The calls of a sequence follow each other
+// from position 0 and cover it; forward/call_plan.h's plan_item and advance, over the counters the
+// calls leave, give each row's fate: cut at the decoder start, or run by the decoder with windows
+// truncated at the decoder window floor.
+struct ServedCall {
+  int64_t rows = 0;
+  int64_t decoder_from = 0;
+  bool operator==(const ServedCall&) const = default;
+};
+
+// The served calls of a sequence of L inputs under decoder bounded replay (docs/training.md,
+// "Bounded replay in training"; docs/decisions.md): `turns` turns (at most L) starting at 0 and at
+// distinct positions drawn uniformly from [1, L − 1]; turn [b, e) a prompt of P tokens, P uniform in
+// [1, e − b], served as one default-mode prefill, then the rest of the turn decoded (one call with
+// decoder_from 0: decoding row by row is the same rows, bit for bit). A function of (seed,
+// sequence) alone — `sequence` the sequence's index in the data stream — so a resumed run draws the
+// same ones (mt19937_64 from a seed_seq, as dspark_anchors).
+std::vector<ServedCall> replay_calls(const Config& c, int64_t L, int64_t turns, uint64_t seed, uint64_t sequence);
+
 // How far the last forward stayed from the kinks a finite difference must not straddle (the
 // gradient checks assert them): the smallest |dot| under Engram's signed root (floored at 1e-6) and
 // under the indexer's relu (its chosen entries), the largest |pre-activation| of an expert (clamped
@@ -72,8 +93,13 @@ class TrainModel {
   // With anchors (dspark_anchors), DSpark's drafter runs a block at each after the target (its
   // stages' experts recorded and imposed in the trace's layers n_layers .. n_total_layers − 1 when
   // its vectors reach them).
+  //
+  // With served calls (replay_calls), decoder bounded replay as default mode serves them: the rows
+  // the calls' plans cut leave at the decoder start (after feeding its kv-source's compressor), the
+  // decoder's windows stop at each row's decoder window floor, and L_lm is the mean over the rows the
+  // decoder runs; the trace's decoder layers and logits() then hold those rows only. Not with anchors.
   Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace = nullptr,
-                 std::span<const int64_t> anchors = {});
+                 std::span<const int64_t> anchors = {}, std::span<const ServedCall> calls = {});
   // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer + dspark_weight · L_dspark of
   // the last forward into the parameters' gradients (zeroed by the caller: sequences of a batch
   // accumulate).
@@ -88,7 +114,8 @@ class TrainModel {
 
   // The last forward's distances to kinks.
   const Margins& margins() const;
-  // The last forward's logits [L, vocab] (the head over the final norm's output).
+  // The last forward's logits [L, vocab] (the head over the final norm's output; with served calls,
+  // the rows the decoder ran).
   std::vector<T> logits() const;
   // Rows routed to each expert of each block (the backbone's layers, then DSpark's stages) over the
   // forwards since the last reset ([layer][expert]): what the aux-loss-free update of the gate's

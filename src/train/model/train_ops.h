@@ -22,6 +22,7 @@
 #include "backend/cpu/indexer.h"
 #include "backend/cpu/rope.h"
 #include "base/error.h"
+#include "forward/call_plan.h"
 #include "forward/model.h"
 #include "forward/network.h"
 #include "forward/window.h"
@@ -51,10 +52,12 @@ class TrainOps {
   using Tensor = train::Tensor<T>;  // network.h's Ops::Tensor
 
   // tokens [R + 1]: the R inputs and, one position on, their targets; engram_ids [R, engram layers,
-  // columns] or nullptr.
+  // columns] or nullptr; calls: the serving calls decoder bounded replay is simulated as (none: exact
+  // mode).
   TrainOps(Parameters<T>& params, const TrainOptions& options, Tape& tape, std::span<const int64_t> tokens,
-           const int64_t* engram_ids, Trace* trace, std::vector<std::vector<int64_t>>& expert_load)
-      : c_(params.config()), p_(params), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1), engram_ids_(engram_ids),
+           const int64_t* engram_ids, Trace* trace, std::vector<std::vector<int64_t>>& expert_load,
+           std::span<const ServedCall> calls = {})
+      : c_(params.config()), p_(params), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1), L_(R_), engram_ids_(engram_ids),
         trace_(trace), load_(expert_load), rope_window_(rope_table(c_, false)), rope_compressed_(rope_table(c_, true)) {
     if (R_ < 1) fail("train forward", "a sequence of at least 2 tokens (inputs and their next tokens)", std::to_string(tokens.size()));
     for (int64_t t : tokens)
@@ -65,6 +68,7 @@ class TrainOps {
     targets_.assign(tokens.begin() + 1, tokens.end());
     for (int64_t r = 0; r < R_; ++r) positions_.push_back(r);
     check_forced_experts();
+    if (!calls.empty()) plan_replay(calls);
   }
 
   // DSpark's drafter (network.h run_drafter) over draft blocks of `target`'s sequence (docs/training.md,
@@ -74,7 +78,7 @@ class TrainOps {
   // must have run with record_features.
   TrainOps(Parameters<T>& params, const TrainOptions& options, Tape& tape, const TrainOps& target, std::span<const int64_t> anchors,
            grad::DSparkLabels& labels, Trace* trace, std::vector<std::vector<int64_t>>& expert_load)
-      : c_(params.config()), p_(params), o_(options), tape_(tape), R_(int64_t(anchors.size()) * c_.dspark_block_size),
+      : c_(params.config()), p_(params), o_(options), tape_(tape), R_(int64_t(anchors.size()) * c_.dspark_block_size), L_(R_),
         engram_ids_(nullptr), trace_(trace), load_(expert_load), rope_window_(rope_table(c_, false)),
         rope_compressed_(rope_table(c_, true)), target_(&target), labels_(&labels), anchors_(anchors.begin(), anchors.end()) {
     const int64_t G = c_.dspark_block_size, L = target.R_;
@@ -109,7 +113,8 @@ class TrainOps {
   // --- network.h's op set -----------------------------------------------------------------------
 
   int64_t rows() const { return R_; }
-  bool cuts_rows() const { return false; }  // exact mode: no decoder bounded replay in training
+  // Decoder bounded replay (plan_replay): rows leave at the decoder start.
+  bool cuts_rows() const { return std::find(cut_.begin(), cut_.end(), uint8_t(1)) != cut_.end(); }
 
   void embed() {
     const int64_t d = c_.dim, hc = c_.hc_mult;
@@ -118,12 +123,12 @@ class TrainOps {
     Tensor X = tensor<T>(size_t(R_ * hc * d));
     grad::hc_expand_forward(x.data(), R_, int(hc), d, X->v());
     // The drafter reads the target's embedding frozen (DSpark's loss trains no backbone weight).
-    if (!target_) tape_.record([this, X] {
+    if (!target_) tape_.record([this, X, R = R_] {
       if (!X->has_grad()) return;
       const int64_t d = c_.dim;
-      std::vector<T> dx(size_t(R_ * d), T(0));
-      grad::hc_expand_backward(X->grad.data(), R_, c_.hc_mult, d, dx.data());
-      grad::gather_rows_backward(dx.data(), d, inputs_.data(), R_, p_.embed().g());
+      std::vector<T> dx(size_t(R * d), T(0));
+      grad::hc_expand_backward(X->grad.data(), R, c_.hc_mult, d, dx.data());
+      grad::gather_rows_backward(dx.data(), d, inputs_.data(), R, p_.embed().g());
     });
     X_ = X;
     // The first attention input's `pre`: the one-hot e0 (a constant).
@@ -139,9 +144,9 @@ class TrainOps {
     auto saved = std::make_shared<grad::HcMixesSaved<T>>();
     grad::hc_mixes_forward(X_->v(), R_, c_.dim, w.fn->v(), w.base->v(), w.scale->v(), hc_options(), m.pre->v(), m.post->v(),
                            m.comb->v(), *saved);
-    tape_.record([this, X = X_, m, saved, &w] {
+    tape_.record([this, X = X_, m, saved, &w, R = R_] {
       if (!m.pre->has_grad() && !m.post->has_grad() && !m.comb->has_grad()) return;
-      grad::hc_mixes_backward(X->v(), R_, c_.dim, w.fn->v(), w.base->v(), w.scale->v(), hc_options(), *saved, m.pre->g(),
+      grad::hc_mixes_backward(X->v(), R, c_.dim, w.fn->v(), w.base->v(), w.scale->v(), hc_options(), *saved, m.pre->g(),
                               m.post->g(), m.comb->g(), X->g(), w.fn->g(), w.base->g(), w.scale->g());
     });
   }
@@ -159,9 +164,9 @@ class TrainOps {
     const Mix m = mix_[size_t(s)];
     Tensor out = tensor<T>(X_->size());
     grad::hc_post_forward(y_->v(), X_->v(), m.post->v(), m.comb->v(), R_, int(hc), d, out->v());
-    tape_.record([this, y = y_, X = X_, m, out] {
+    tape_.record([this, y = y_, X = X_, m, out, R = R_] {
       if (!out->has_grad()) return;
-      grad::hc_post_backward(y->v(), X->v(), m.post->v(), m.comb->v(), R_, c_.hc_mult, c_.dim, out->grad.data(), y->g(), X->g(),
+      grad::hc_post_backward(y->v(), X->v(), m.post->v(), m.comb->v(), R, c_.hc_mult, c_.dim, out->grad.data(), y->g(), X->g(),
                              m.post->g(), m.comb->g());
     });
     X_ = out;
@@ -180,7 +185,7 @@ class TrainOps {
     const int64_t ehd = c_.engram_head_dim, rows = g.table->shape[0], hc = c_.hc_mult, d = c_.dim;
     auto ids = std::make_shared<std::vector<int64_t>>(size_t(R_ * cols));
     for (int64_t r = 0; r < R_; ++r)
-      std::copy_n(engram_ids_ + (r * n_engram + e) * cols, cols, ids->data() + r * cols);
+      std::copy_n(engram_ids_ + (positions_[size_t(r)] * n_engram + e) * cols, cols, ids->data() + r * cols);
     Tensor emb = tensor<T>(size_t(R_ * cols * ehd));
     grad::gather_rows_forward(g.table->v(), rows, ehd, ids->data(), R_ * cols, emb->v());
     tape_.record([this, emb, ids, &g] {
@@ -191,9 +196,9 @@ class TrainOps {
     auto saved = std::make_shared<grad::EngramGateSaved<T>>();
     grad::engram_gate_forward(X_->v(), kv->v(), g.q_weight->v(), g.k_weight->v(), R_, int(hc), d, eps(), out->v(), *saved);
     for (T dot : saved->dot) margins.engram_dot = std::min(margins.engram_dot, double(std::fabs(dot)));
-    tape_.record([this, X = X_, kv, out, saved, &g] {
+    tape_.record([this, X = X_, kv, out, saved, &g, R = R_] {
       if (!out->has_grad()) return;
-      grad::engram_gate_backward(X->v(), kv->v(), g.q_weight->v(), g.k_weight->v(), R_, c_.hc_mult, c_.dim, *saved,
+      grad::engram_gate_backward(X->v(), kv->v(), g.q_weight->v(), g.k_weight->v(), R, c_.hc_mult, c_.dim, *saved,
                                  out->grad.data(), X->g(), kv->g(), g.q_weight->g(), g.k_weight->g());
     });
     X_ = out;
@@ -231,10 +236,10 @@ class TrainOps {
     widest(saved->shared);
     load_[size_t(l)].resize(size_t(E));
     for (int64_t e = 0; e < E; ++e) load_[size_t(l)][size_t(e)] += int64_t(saved->rows_of[size_t(e)].size());
-    tape_.record([this, x, y, saved, l, opt] {
+    tape_.record([this, x, y, saved, l, opt, R = R_] {
       if (!y->has_grad()) return;
       LayerParams<T>& L = p_.layer(l);
-      grad::moe_backward(x->v(), R_, c_.dim, int64_t(c_.moe_inter_dim), moe_weights(L, false), opt, T(c_.swiglu_limit), *saved,
+      grad::moe_backward(x->v(), R, c_.dim, int64_t(c_.moe_inter_dim), moe_weights(L, false), opt, T(c_.swiglu_limit), *saved,
                          y->grad.data(), x->g(), moe_weights(L, true));
     });
     y_ = y;
@@ -246,8 +251,8 @@ class TrainOps {
     rms_norm(h, c_.dim, &p_.norm());
     auto saved = std::make_shared<grad::CrossEntropySaved<T>>();
     losses.lm = double(grad::head_cross_entropy_forward(h->v(), R_, c_.dim, p_.head().v(), c_.vocab_size, targets_.data(), *saved));
-    tape_.record([this, h, saved] {
-      grad::head_cross_entropy_backward(h->v(), R_, c_.dim, p_.head().v(), c_.vocab_size, targets_.data(), *saved, lm_weight, h->g(),
+    tape_.record([this, h, saved, R = R_] {
+      grad::head_cross_entropy_backward(h->v(), R, c_.dim, p_.head().v(), c_.vocab_size, targets_.data(), *saved, lm_weight, h->g(),
                                         p_.head().g());
     });
     final_ = h;
@@ -280,27 +285,27 @@ class TrainOps {
     rms_norm(h, d, w.norm);
     Tensor u = tensor<T>(size_t(R_ * V));
     grad::linear_forward(h->v(), R_, d, p_.head().v(), V, u->v());
-    tape_.record([this, h, u] {
+    tape_.record([this, h, u, R = R_] {
       if (u->has_grad())
-        grad::linear_backward(h->v(), R_, c_.dim, p_.head().v(), c_.vocab_size, u->grad.data(), h->g(), static_cast<T*>(nullptr));
+        grad::linear_backward(h->v(), R, c_.dim, p_.head().v(), c_.vocab_size, u->grad.data(), h->g(), static_cast<T*>(nullptr));
     });
     Tensor e = tensor<T>(size_t(R_ * rank));
     grad::gather_rows_forward(w.markov_embed->v(), V, rank, prev_.data(), R_, e->v());
-    tape_.record([this, e, &w] {
-      if (e->has_grad()) grad::gather_rows_backward(e->grad.data(), c_.dspark_markov_rank, prev_.data(), R_, w.markov_embed->g());
+    tape_.record([this, e, &w, R = R_] {
+      if (e->has_grad()) grad::gather_rows_backward(e->grad.data(), c_.dspark_markov_rank, prev_.data(), R, w.markov_embed->g());
     });
     Tensor z = tensor<T>(size_t(R_ * V));
     grad::markov_forward(u->v(), R_, V, w.markov_head->v(), rank, e->v(), z->v());
-    tape_.record([this, u, e, z, &w] {
+    tape_.record([this, u, e, z, &w, R = R_] {
       if (z->has_grad())
-        grad::markov_backward(e->v(), R_, c_.vocab_size, w.markov_head->v(), c_.dspark_markov_rank, z->grad.data(), u->g(), e->g(),
+        grad::markov_backward(e->v(), R, c_.vocab_size, w.markov_head->v(), c_.dspark_markov_rank, z->grad.data(), u->g(), e->g(),
                               w.markov_head->g());
     });
     Tensor conf = tensor<T>(size_t(R_));
     grad::confidence_forward(x->v(), e->v(), R_, d, rank, w.confidence->v(), conf->v());
-    tape_.record([this, x, e, conf, &w] {
+    tape_.record([this, x, e, conf, &w, R = R_] {
       if (conf->has_grad())
-        grad::confidence_backward(x->v(), e->v(), R_, c_.dim, int64_t(c_.dspark_markov_rank), w.confidence->v(), conf->grad.data(),
+        grad::confidence_backward(x->v(), e->v(), R, c_.dim, int64_t(c_.dspark_markov_rank), w.confidence->v(), conf->grad.data(),
                                   x->g(), e->g(), w.confidence->g());
     });
 
@@ -329,16 +334,52 @@ class TrainOps {
         grad::dspark_loss_forward(z->v(), q->data(), R_, V, targets_.data(), conf->v(), rho_.data(), kappa, *labels_, *saved);
     losses.dspark = parts.total(grad::DSparkLossWeights{});
     losses.dspark_parts = parts;
-    tape_.record([this, z, conf, saved, kappa] {
-      grad::dspark_loss_backward(conf->v(), R_, c_.vocab_size, targets_.data(), rho_.data(), kappa, *labels_, *saved,
+    tape_.record([this, z, conf, saved, kappa, R = R_] {
+      grad::dspark_loss_backward(conf->v(), R, c_.vocab_size, targets_.data(), rho_.data(), kappa, *labels_, *saved,
                                  grad::DSparkLossWeights{}, dspark_weight, z->g(), conf->g());
     });
     draft_logits_ = z;
     draft_confidence_ = conf;
   }
-  // Decoder bounded replay is inference's (cuts_rows() is false): never called.
-  void compress_cut(int) { fail("train forward", "no decoder bounded replay in training (exact mode)", "compress_cut"); }
-  void drop_cut() { fail("train forward", "no decoder bounded replay in training (exact mode)", "drop_cut"); }
+  // Decoder bounded replay at the decoder start (network.h): its kv-source compresses every row's
+  // collapsed stream, the cut rows included, and is not run again in its attention.
+  void compress_cut(int l) {
+    compress(l);
+    compressed_at_cut_ = true;
+  }
+
+  // The cut rows leave: the streams and the `pre` of their next input keep the other rows (a gather,
+  // whose backward scatters the gradient back), as do the rows' positions, targets and floors.
+  void drop_cut() {
+    const int64_t hc = c_.hc_mult, d = c_.dim;
+    auto kept = std::make_shared<std::vector<int64_t>>();  // current rows that stay
+    for (int64_t r = 0; r < R_; ++r)
+      if (!cut_[size_t(positions_[size_t(r)])]) kept->push_back(r);
+    const int64_t n = int64_t(kept->size());
+    auto gather = [&](const Tensor& x, int64_t width) {
+      Tensor y = tensor<T>(size_t(n * width));
+      for (int64_t i = 0; i < n; ++i) std::copy_n(x->value.begin() + (*kept)[size_t(i)] * width, width, y->value.begin() + i * width);
+      tape_.record([x, y, kept, width] {
+        if (!y->has_grad()) return;
+        T* dx = x->g();
+        for (size_t i = 0; i < kept->size(); ++i)
+          for (int64_t j = 0; j < width; ++j) dx[(*kept)[i] * width + j] += y->grad[i * size_t(width) + size_t(j)];
+      });
+      return y;
+    };
+    X_ = gather(X_, hc * d);
+    mix_[size_t(Sub::Ffn)].pre = gather(mix_[size_t(Sub::Ffn)].pre, hc);
+    std::vector<int64_t> positions, targets;
+    for (int64_t r : *kept) {
+      positions.push_back(positions_[size_t(r)]);
+      targets.push_back(targets_[size_t(r)]);
+    }
+    positions_ = std::move(positions);
+    targets_ = std::move(targets);
+    R_ = n;
+    row_at_.assign(size_t(L_), -1);
+    for (int64_t r = 0; r < R_; ++r) row_at_[size_t(positions_[size_t(r)])] = r;
+  }
 
   // Layer-local parity (Trace::forced_streams): layer l starts from the imposed streams and mix.
   void impose_input(int l) {
@@ -395,6 +436,7 @@ class TrainOps {
   // A kv-source's compressed entries (main KV, after RoPE) and index keys (from the latent before
   // RoPE, detached: docs/training.md "The indexer's gradient"), one per complete group of `ratio` rows.
   void compress(int l) {
+    if (compressed_at_cut_ && l == c_.decoder_start()) return;
     const AttentionParams<T>& a = p_.layer(l).attn;
     const int ratio = c_.compress_ratios[size_t(l)];
     const int64_t hd = c_.head_dim;
@@ -408,9 +450,9 @@ class TrainOps {
       Tensor kv = linear(h_, a.compressor_wkv), score = linear(h_, a.compressor_wgate);
       latent = tensor<T>(size_t(s.entries * hd));
       grad::compressor_pool_forward(kv->v(), score->v(), R_, hd, ratio, latent->v());
-      tape_.record([this, kv, score, pooled = latent, ratio, hd] {
+      tape_.record([this, kv, score, pooled = latent, ratio, hd, R = R_] {
         if (pooled->has_grad())
-          grad::compressor_pool_backward(kv->v(), score->v(), R_, hd, ratio, pooled->v(), pooled->grad.data(), kv->g(), score->g());
+          grad::compressor_pool_backward(kv->v(), score->v(), R, hd, ratio, pooled->v(), pooled->grad.data(), kv->g(), score->g());
       });
     }
     rms_norm(latent, hd, a.compressor_norm);
@@ -454,7 +496,7 @@ class TrainOps {
       const int64_t rows = std::min(kScoreRows, R_ - r0);
       const std::vector<T> block = index_scores(ix, r0, rows, n);
       for (int64_t r = r0; r < r0 + rows; ++r) {
-        const int64_t visible = (r + 1) / ratio;
+        const int64_t visible = (positions_[size_t(r)] + 1) / ratio;
         for (int64_t t = 0; t < n; ++t) scores[size_t(t)] = t < visible ? float(block[size_t((r - r0) * n + t)]) : -INFINITY;
         if (candidate_source) {
           candidates_[size_t(r)] = candidate_mask(scores.data(), n, visible, c_.candidate_topk_blocks, c_.candidate_block_size);
@@ -491,7 +533,7 @@ class TrainOps {
     const bool compressed = c_.compress_ratios[size_t(l)] > 0;
     const Compressed* s = compressed ? &compressed_.at(c_.kv_source_of(l)) : nullptr;
     const int64_t k = compressed ? int64_t(topk_.empty() ? 0 : topk_[0].size()) : 0;
-    const int64_t window = std::min(R_, W), entries = window + k, n = s ? s->entries : 0;
+    const int64_t window = std::min(L_, W), entries = window + k, n = s ? s->entries : 0;
     // The KV table: the window rows, then the compressed entries.
     Tensor table = tensor<T>(size_t((R_ + n) * hd));
     std::copy(kv->value.begin(), kv->value.end(), table->value.begin());
@@ -499,22 +541,26 @@ class TrainOps {
     auto idx = std::make_shared<std::vector<int64_t>>();
     idx->reserve(size_t(R_ * entries));
     std::vector<int64_t> slots;
+    // Each row's window as a first prefill of the whole sequence lists it (window.h), stopped at the
+    // row's floor: the decoder window floor of its call under bounded replay (call_plan.h), else 0.
+    // Every position the window keeps runs this layer (the decoder runs [floor, row] whole).
+    const bool floored = !floor_.empty() && l >= c_.decoder_start();
     for (int64_t r = 0; r < R_; ++r) {
-      window_positions(r, 0, R_, W, 0, slots);
-      idx->insert(idx->end(), slots.begin(), slots.end());
+      window_positions(positions_[size_t(r)], 0, L_, W, floored ? floor_[size_t(positions_[size_t(r)])] : 0, slots);
+      for (int64_t t : slots) idx->push_back(t == kEmptySlot ? kEmptySlot : row_at(t));
       for (int64_t j = 0; j < k; ++j) idx->push_back(topk_[size_t(r)][size_t(j)] < 0 ? -1 : R_ + topk_[size_t(r)][size_t(j)]);
     }
     Tensor o = tensor<T>(size_t(R_ * H * hd));
     auto saved = std::make_shared<grad::SparseAttentionSaved<T>>();
     const T scale_qk = T(std::pow(double(hd), -0.5));
     grad::sparse_attention_forward(q->v(), R_, H, hd, table->v(), idx->data(), entries, a.attn_sink->v(), scale_qk, o->v(), *saved);
-    tape_.record([this, q, kv, kvc = s ? s->kv : Tensor(), table, idx, entries, saved, o, scale_qk, sink = a.attn_sink] {
+    tape_.record([this, q, kv, kvc = s ? s->kv : Tensor(), table, idx, entries, saved, o, scale_qk, sink = a.attn_sink, R = R_] {
       if (!o->has_grad()) return;
       const int64_t hd = c_.head_dim;
-      grad::sparse_attention_backward(q->v(), R_, int64_t(c_.n_heads), hd, table->v(), idx->data(), entries, scale_qk, *saved,
+      grad::sparse_attention_backward(q->v(), R, int64_t(c_.n_heads), hd, table->v(), idx->data(), entries, scale_qk, *saved,
                                       o->grad.data(), q->g(), table->g(), sink->g());
-      add_to(table->grad.data(), R_ * hd, kv->g());
-      if (kvc) add_to(table->grad.data() + R_ * hd, int64_t(kvc->size()), kvc->g());
+      add_to(table->grad.data(), R * hd, kv->g());
+      if (kvc) add_to(table->grad.data() + R * hd, int64_t(kvc->size()), kvc->g());
     });
     if (c_.is_index_source(l) && k > 0) index_loss(*saved, window, entries);
     return o;
@@ -524,8 +570,8 @@ class TrainOps {
     const int64_t G = c_.o_groups, Kg = int64_t(c_.n_heads) * c_.head_dim / G, Ng = c_.o_lora_rank;
     Tensor y = tensor<T>(size_t(R_ * G * Ng));
     grad::linear_grouped_forward(o->v(), R_, G, Kg, wo_a->v(), Ng, y->v());
-    tape_.record([this, o, y, wo_a, G, Kg, Ng] {
-      if (y->has_grad()) grad::linear_grouped_backward(o->v(), R_, G, Kg, wo_a->v(), Ng, y->grad.data(), o->g(), wo_a->g());
+    tape_.record([this, o, y, wo_a, G, Kg, Ng, R = R_] {
+      if (y->has_grad()) grad::linear_grouped_backward(o->v(), R, G, Kg, wo_a->v(), Ng, y->grad.data(), o->g(), wo_a->g());
     });
     return y;
   }
@@ -601,16 +647,54 @@ class TrainOps {
     auto saved = std::make_shared<grad::SparseAttentionSaved<T>>();
     const T scale_qk = T(std::pow(double(hd), -0.5));
     grad::sparse_attention_forward(q->v(), R_, H, hd, table->v(), idx->data(), entries, at.attn_sink->v(), scale_qk, o->v(), *saved);
-    tape_.record([this, q, kv, ctx, table, idx, entries, saved, o, scale_qk, sink = at.attn_sink, L] {
+    tape_.record([this, q, kv, ctx, table, idx, entries, saved, o, scale_qk, sink = at.attn_sink, L, R = R_] {
       if (!o->has_grad()) return;
       const int64_t hd = c_.head_dim;
-      grad::sparse_attention_backward(q->v(), R_, int64_t(c_.n_heads), hd, table->v(), idx->data(), entries, scale_qk, *saved,
+      grad::sparse_attention_backward(q->v(), R, int64_t(c_.n_heads), hd, table->v(), idx->data(), entries, scale_qk, *saved,
                                       o->grad.data(), q->g(), table->g(), sink->g());
       add_to(table->grad.data(), L * hd, ctx->g());
-      add_to(table->grad.data() + L * hd, R_ * hd, kv->g());
+      add_to(table->grad.data() + L * hd, R * hd, kv->g());
     });
     return o;
   }
+
+  // Decoder bounded replay (TrainModel::forward's served calls): forward/call_plan.h plans each call
+  // over the counters the calls before it left, as the serving forward does; a row is cut where its
+  // call's plan cuts it, and the decoder's window floor of a row is its call's. Only the decoder's
+  // first kv-source may compress (the later ones see only the decoder's rows in serving, at positions
+  // this op set does not model).
+  void plan_replay(std::span<const ServedCall> calls) {
+    const int ds = c_.decoder_start();
+    if (ds >= c_.n_layers) fail("train forward", "a model with a decoder (a ratio-1 kv-source) for bounded replay", "none");
+    for (int s : c_.kv_source_layers)
+      if (s > ds) fail("train forward", "no kv-source after the decoder start " + std::to_string(ds) + " under bounded replay", "layer " + std::to_string(s));
+    struct Compressor {
+      int pending = 0;
+      int64_t entries = 0;
+    };
+    struct Counters {  // call_plan.h's state: its counters, with no compressor (the cuts and floors only)
+      int64_t length = 0, encoder_window_floor = 0, decoder_window_floor = 0;
+      std::map<int, Compressor> compressed;
+    } state;
+    cut_.assign(size_t(R_), 0);
+    floor_.assign(size_t(R_), 0);
+    for (const ServedCall& call : calls) {
+      if (call.rows < 1 || state.length + call.rows > R_)
+        fail("train forward", "served calls of at least 1 row covering the " + std::to_string(R_) + " rows",
+             std::to_string(call.rows) + " rows from position " + std::to_string(state.length));
+      ForwardOptions options;
+      options.decoder_from = call.decoder_from;
+      const ItemPlan plan = plan_item(c_, state, call.rows, options);
+      for (int64_t r = plan.start; r < plan.end(); ++r) {
+        cut_[size_t(r)] = r < plan.start + plan.cut;
+        floor_[size_t(r)] = plan.decoder_floor;
+      }
+      advance(state, plan);
+    }
+    if (state.length != R_) fail("train forward", "served calls covering the " + std::to_string(R_) + " rows", std::to_string(state.length));
+  }
+
+  int64_t row_at(int64_t position) const { return row_at_.empty() ? position : row_at_[size_t(position)]; }
 
   static void add_to(const T* from, int64_t n, T* to) {
     for (int64_t i = 0; i < n; ++i) to[i] += from[i];
@@ -625,8 +709,8 @@ class TrainOps {
   Tensor collapse(const Tensor& pre) {
     Tensor y = tensor<T>(size_t(R_ * c_.dim));
     grad::hc_pre_forward(X_->v(), pre->v(), R_, c_.hc_mult, c_.dim, y->v());
-    tape_.record([this, X = X_, pre, y] {
-      if (y->has_grad()) grad::hc_pre_backward(X->v(), pre->v(), R_, c_.hc_mult, c_.dim, y->grad.data(), X->g(), pre->g());
+    tape_.record([this, X = X_, pre, y, R = R_] {
+      if (y->has_grad()) grad::hc_pre_backward(X->v(), pre->v(), R, c_.hc_mult, c_.dim, y->grad.data(), X->g(), pre->g());
     });
     return y;
   }
@@ -707,12 +791,12 @@ class TrainOps {
         }
       }
     losses.indexer += double(grad::index_distillation_loss(scores->data(), target->data(), R_, k, static_cast<T*>(nullptr))) / double(R_);
-    tape_.record([this, ix, target, idx, scores] {
+    tape_.record([this, ix, target, idx, scores, R = R_] {
       const int64_t k = ix.k;
-      std::vector<T> dscores(size_t(R_ * k), T(0));
-      grad::index_distillation_loss(scores->data(), target->data(), R_, k, dscores.data());
-      for (T& g : dscores) g *= indexer_weight / T(R_);
-      grad::indexer_scores_backward(ix.q->v(), ix.w->v(), ix.keys->v(), idx->data(), R_, int64_t(c_.index_n_heads),
+      std::vector<T> dscores(size_t(R * k), T(0));
+      grad::index_distillation_loss(scores->data(), target->data(), R, k, dscores.data());
+      for (T& g : dscores) g *= indexer_weight / T(R);
+      grad::indexer_scores_backward(ix.q->v(), ix.w->v(), ix.keys->v(), idx->data(), R, int64_t(c_.index_n_heads),
                                     int64_t(c_.index_head_dim), k, dscores.data(), ix.q->g(), ix.w->g(), ix.keys->g());
     });
   }
@@ -730,7 +814,8 @@ class TrainOps {
   Parameters<T>& p_;
   const TrainOptions& o_;
   Tape& tape_;
-  const int64_t R_;
+  int64_t R_;        // the rows running: all of the sequence's, until bounded replay cuts some
+  const int64_t L_;  // the sequence's rows
   std::vector<int64_t> tokens_, inputs_, targets_, positions_;  // (the drafter: its rows' targets are the drafts' next tokens)
   const int64_t* engram_ids_;
   Trace* trace_;
@@ -743,6 +828,13 @@ class TrainOps {
   Indexed indexed_;                              // the latest index source's
   std::vector<std::vector<int64_t>> topk_;       // [row] the latest index source's choice (published)
   std::vector<std::vector<uint8_t>> candidates_; // [row] the candidate source's pool
+
+  // Decoder bounded replay, by position (empty in exact mode): cut at the decoder start, the decoder
+  // window floor; the current row of each position after the cut (−1: cut); whether the decoder's
+  // kv-source ran at the cut.
+  std::vector<uint8_t> cut_;
+  std::vector<int64_t> floor_, row_at_;
+  bool compressed_at_cut_ = false;
 
   // DSpark: the target's context features [R, targets, dim] (record_target); the drafter's target,
   // labels, anchors, its rows' Markov tokens, position shares, main_x and each stage's context KV.
