@@ -2,8 +2,9 @@
 // The V4.1 network's training forward and backward over any Config the engine accepts
 // (docs/training.md, "The model"): forward/network.h's layer loop — the same schedule as inference —
 // run by the training op set (train_ops.h) on one packed sequence at once from position 0 (the
-// reference's prefill at start_pos 0, exact mode: every layer on every position, no KV cache), then
-// its recorded backward (tape.h) into the parameters' gradients.
+// reference's prefill at start_pos 0, exact mode: every layer on every position, no KV cache; or,
+// with served calls, default mode's decoder bounded replay), then its recorded backward (tape.h)
+// into the parameters' gradients.
 //
 // A step's objective is lm_weight · L_lm + indexer_weight · L_indexer: the mean next-token
 // cross-entropy over the sequence, and the indexer's distillation loss (KL of its scores against the

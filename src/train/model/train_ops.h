@@ -8,6 +8,11 @@
 // are the sequence's draft blocks, its attention reads the stages' context KV from the first's
 // recorded features, and its head is DSpark's with the paper's loss.
 //
+// With served calls, the sequence runs as default mode serves those calls (decoder bounded replay,
+// docs/training.md "Bounded replay in training"): the rows their plans cut leave at the decoder start
+// (network.h's compress_cut, drop_cut), and the decoder's windows stop at each row's floor; rows then
+// run at their own positions, no longer 0 .. R − 1.
+//
 // Against the CPU forward: no bf16 rounding points (docs/training.md, "Precision flow"); the caches'
 // quantizations only as TrainOptions switch them on (fake quantization, straight-through); no
 // activation quantization in front of fp8/fp4 products (the masters are fp32). The choices are made

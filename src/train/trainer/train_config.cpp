@@ -216,6 +216,12 @@ TrainConfig parse_train_config(const std::string& text, const std::string& where
     o.boolean("swa_fp8", t.qat.swa_fp8);
     o.boolean("mxfp4_indexer", t.qat.mxfp4_indexer);
   });
+  k.object("bounded_replay", [&](Keys& o) {
+    o.integer("turns", t.replay_turns, 0, kMax);
+    if (t.replay_turns > 0 && t.trains_dspark())
+      fail(o.at("turns"), "0 while DSpark trains (DSpark under bounded replay is not simulated: set dspark.blocks 0)",
+           std::to_string(t.replay_turns));
+  });
   k.integer("log_interval", t.log_interval, 1, kMax);
   k.integer("validation_interval", t.validation_interval, 0, kMax);
   k.integer("validation_tokens", t.validation_tokens, 1, kMax);
@@ -257,6 +263,7 @@ std::string train_config_json(const TrainConfig& t) {
   j["indexer_loss_weight"] = t.indexer_loss_weight;
   j["dspark"] = {{"loss_weight", t.dspark_loss_weight}, {"blocks", t.dspark_blocks}};
   j["qat"] = {{"kv_fp4", t.qat.kv_fp4}, {"swa_fp8", t.qat.swa_fp8}, {"mxfp4_indexer", t.qat.mxfp4_indexer}};
+  j["bounded_replay"] = {{"turns", t.replay_turns}};
   j["log_interval"] = t.log_interval;
   j["validation_interval"] = t.validation_interval;
   j["validation_tokens"] = t.validation_tokens;

@@ -37,6 +37,10 @@ struct TrainConfig {
   int64_t dspark_blocks = 16;
   bool trains_dspark() const { return model.has_dspark() && dspark_loss_weight > 0 && dspark_blocks > 0; }
   TrainOptions qat;
+  // Decoder bounded replay simulated in training (docs/training.md, "Bounded replay in training"):
+  // each train sequence served as `replay_turns` default-mode turns (replay_calls); 0: exact mode.
+  // Not with DSpark trained (its context under replay is not simulated).
+  int64_t replay_turns = 0;
 
   int64_t log_interval = 10;          // a log line every this many steps
   int64_t validation_interval = 100;  // validation loss every this many steps; 0: never

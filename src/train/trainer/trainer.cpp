@@ -146,8 +146,8 @@ struct Trainer::Run {
   std::string out(const std::string& name) const { return (fs::path(cfg.out_dir) / name).string(); }
 
   // A sequence's forward: its L + 1 ids as the model takes them, with the Engram hash ids of its L
-  // inputs; DSpark's draft blocks at `anchors`.
-  Losses forward(std::span<const uint32_t> sequence, std::span<const int64_t> anchors = {}) {
+  // inputs; DSpark's draft blocks at `anchors`; served as `calls` (bounded replay; none: exact mode).
+  Losses forward(std::span<const uint32_t> sequence, std::span<const int64_t> anchors = {}, std::span<const ServedCall> calls = {}) {
     const std::vector<int64_t> tokens(sequence.begin(), sequence.end());
     std::vector<int64_t> ids;
     if (hasher) {
@@ -156,13 +156,19 @@ struct Trainer::Run {
       EngramHistory history;  // each sequence from its own start, as a prompt is hashed
       hasher->hash(inputs, {}, history, ids.data());
     }
-    return model.forward(tokens, ids.empty() ? nullptr : ids.data(), nullptr, anchors);
+    return model.forward(tokens, ids.empty() ? nullptr : ids.data(), nullptr, anchors, calls);
   }
 
   // The draft blocks' anchors of the `index`-th sequence of its split (none when DSpark is not trained).
   std::vector<int64_t> anchors(uint64_t index) const {
     if (!cfg.trains_dspark()) return {};
     return dspark_anchors(cfg.model, cfg.seq_len, cfg.dspark_blocks, cfg.seed, index);
+  }
+
+  // The served calls of the `index`-th train sequence under bounded replay (none in exact mode).
+  std::vector<ServedCall> calls(uint64_t index) const {
+    if (cfg.replay_turns == 0) return {};
+    return replay_calls(cfg.model, cfg.seq_len, cfg.replay_turns, cfg.seed, index);
   }
 
   StepReport train_step() {
@@ -173,7 +179,8 @@ struct Trainer::Run {
     StepReport r;
     for (int64_t b = 0; b < cfg.batch_size; ++b) {
       const std::vector<int64_t> at = anchors(order.position());
-      const Losses l = forward(order.next(), at);
+      const std::vector<ServedCall> served = calls(order.position());
+      const Losses l = forward(order.next(), at, served);
       model.backward(share, share * float(cfg.indexer_loss_weight), share * float(cfg.dspark_loss_weight));
       r.loss += l.lm;
       r.indexer_loss += l.indexer;
