@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "base/error.h"
+#include "forward/call_plan.h"
 #include "kv/sequence_blocks.h"
 #include "model/engram_compress.h"
 
@@ -83,7 +84,7 @@ void Session::started_over(std::span<const int> tokens, int64_t decoder_floor) {
 // A prompt segment of n tokens ending at `end`: default mode runs the decoder on its last
 // min(W, n) positions only.
 static int64_t prompt_decoder_from(Mode mode, int64_t end, int64_t n, int64_t W) {
-  return mode == Mode::Default ? end - std::min(W, n) : 0;
+  return mode == Mode::Default ? default_prompt_decoder_from(end, n, W) : 0;
 }
 
 void Session::start_call(Call call, KvCache* cache) {

@@ -56,6 +56,11 @@ struct ItemPlan {
   int64_t end() const { return start + rows; }
 };
 
+// Where default mode's decoder starts in a prompt segment of n tokens ending at `end` (decoder
+// bounded replay, DESIGN §3): its last min(W, n) positions. The engine's prompts and the trainer's
+// simulated ones (src/train/model) both take it.
+inline int64_t default_prompt_decoder_from(int64_t end, int64_t n, int64_t W) { return end - std::min(W, n); }
+
 // The plan of `rows` tokens appended to `state` under `options`. Throws dsv41::Error, naming what
 // it found, for options the state cannot take (a replay_until outside the call's positions).
 template <class State>

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <random>
 
+#include "forward/call_plan.h"
 #include "forward/network.h"
 #include "train/model/train_ops.h"
 
@@ -147,7 +148,7 @@ std::vector<ServedCall> replay_calls(const Config& c, int64_t L, int64_t turns, 
   std::vector<ServedCall> calls;
   for (size_t t = 0; t + 1 < pool.size(); ++t) {
     const int64_t b = pool[t], n = pool[t + 1] - b, P = 1 + int64_t(rng() % uint64_t(n));
-    calls.push_back({P, b + P - std::min(W, P)});  // the prompt: default mode (engine/session.cpp)
+    calls.push_back({P, default_prompt_decoder_from(b + P, P, W)});  // the prompt, as default mode serves it
     if (n > P) calls.push_back({n - P, 0});          // the reply, decoded
   }
   return calls;
