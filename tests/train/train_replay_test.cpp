@@ -12,7 +12,10 @@
 //    0 (the plan's floors all 0, nothing cut) gives the same losses, logits and gradients, bit for
 //    bit, as no calls;
 //  * the sampler: a function of (seed, sequence), the turns' calls covering the sequence as
-//    engine/session.cpp's default mode plans a prompt.
+//    engine/session.cpp's default mode plans a prompt;
+//  * DSpark under replay: its tensors' gradient against central differences with the drafter's
+//    context what the decoder ran (features of its rows, windows above the floor at each anchor),
+//    and its anchors drawn among the blocks inside a decoded reply.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -44,7 +47,7 @@ bool is_indexer(const std::string& name) { return name.find(".attn.indexer.") !=
 // 40 rows of tiny (W = 16, decoder from layer 4): a prompt of 30 served in default mode (rows 0–13
 // cut, the decoder on 14–29, its floor 14), a reply of 4 decoded, a prompt of 6 (≤ W: nothing cut,
 // the floor moves to 34).
-const std::vector<ServedCall> kTinyCalls = {{30, 14}, {4, 0}, {6, 34}};
+const std::vector<ServedCall> kTinyCalls = {{30, 14}, {4, 0, true}, {6, 34}};
 
 TEST(TrainReplay, GradientsMatchCentralDifferencesTiny) {
   const Config c = test::tiny(true);
@@ -147,9 +150,91 @@ TEST(TrainReplay, RefusesBadCalls) {
             std::string::npos);
   EXPECT_NE(test::error_of([&] { m.forward(s.tokens, s.engram_ids.data(), nullptr, {}, empty_call); }).find("at least 1 row"),
             std::string::npos);
-  const std::vector<int64_t> anchors = {2};
-  EXPECT_NE(test::error_of([&] { m.forward(s.tokens, s.engram_ids.data(), nullptr, anchors, short_calls); }).find("not simulated"),
+  const std::vector<ServedCall> decoded_prompt = {{8, 2, true}};
+  EXPECT_NE(test::error_of([&] { m.forward(s.tokens, s.engram_ids.data(), nullptr, {}, decoded_prompt); }).find("a decoded call with decoder_from 0"),
             std::string::npos);
+}
+
+// 50 rows of tiny (W = 16, γ = 4): a prompt of 30 (rows 0–13 cut, floor 14), a reply of 6, a prompt
+// of 6 (nothing cut, the floor moves to 36), a reply of 8. Draftable blocks lie in a reply: anchors
+// 30–32 and 42–46.
+const std::vector<ServedCall> kDraftCalls = {{30, 14}, {6, 0, true}, {6, 36}, {8, 0, true}};
+
+TEST(TrainReplay, DSparkAnchorsAreDrawnInsideTheReplies) {
+  const Config c = test::tiny(true);
+  ASSERT_EQ(c.dspark_block_size, 4);
+  EXPECT_EQ(train::dspark_anchors(c, 50, 100, 1, 0, kDraftCalls), (std::vector<int64_t>{30, 31, 32, 42, 43, 44, 45, 46}));
+  const std::vector<int64_t> some = train::dspark_anchors(c, 50, 3, 1, 0, kDraftCalls);
+  ASSERT_EQ(some.size(), 3u);
+  for (int64_t a : some) EXPECT_TRUE((a >= 30 && a <= 32) || (a >= 42 && a <= 46)) << a;
+  EXPECT_EQ(train::dspark_anchors(c, 50, 3, 1, 0, kDraftCalls), some) << "a function of (seed, sequence, calls)";
+  // The sampled turns: every anchor's block inside one decoded call.
+  for (uint64_t sequence = 0; sequence < 10; ++sequence) {
+    const std::vector<ServedCall> calls = train::replay_calls(c, 256, 4, 7, sequence);
+    for (int64_t a : train::dspark_anchors(c, 256, 16, 7, sequence, calls)) {
+      int64_t at = 0;
+      bool inside = false;
+      for (const ServedCall& k : calls) {
+        inside |= k.decoded && a >= at && a + c.dspark_block_size <= at + k.rows;
+        at += k.rows;
+      }
+      EXPECT_TRUE(inside) << "sequence " << sequence << ", anchor " << a;
+    }
+  }
+  // No reply long enough for a block: no anchor.
+  EXPECT_TRUE(train::dspark_anchors(c, 40, 16, 1, 0, std::vector<ServedCall>{{30, 14}, {3, 0, true}, {7, 33}}).empty());
+  EXPECT_NE(test::error_of([&] { train::dspark_anchors(c, 40, 16, 1, 0, kDraftCalls); }).find("covering the 40 rows"), std::string::npos);
+}
+
+// A block on rows the decoder cut is refused by name (the target ran no logits there).
+TEST(TrainReplay, DSparkBlocksOnCutRowsRefused) {
+  const Config c = test::tiny(true);
+  Parameters<float> p(c);
+  train::init_parameters(p, {});
+  TrainModel<float> m(p);
+  const test::Sequence s = test::make_sequence(c, 50, 1);
+  const std::vector<int64_t> anchors = {10};
+  EXPECT_NE(test::error_of([&] { m.forward(s.tokens, s.engram_ids.data(), nullptr, anchors, kDraftCalls); }).find("rows the decoder ran"),
+            std::string::npos);
+}
+
+// DSpark's tensors under replay against central differences of L_dspark in double (choices and
+// labels held): anchors 30 (its window 14–29, the first prompt's decoder rows: the cut rows 0–13
+// never listed), 42 and 46 (windows from 26 and 30, the slots below the floor 36 empty).
+TEST(TrainReplay, DSparkGradientsMatchCentralDifferencesTiny) {
+  const Config c = test::tiny(true);
+  Parameters<double> p = test::make_parameters<double>(c);
+  TrainModel<double> model(p);
+  const test::Sequence s = test::make_sequence(c, 50, 17);
+  const std::vector<int64_t> anchors = {30, 42, 46};
+  Trace first;
+  model.forward(s.tokens, s.engram_ids.data(), &first, anchors, kDraftCalls);
+  ASSERT_EQ(first.route_experts.size(), size_t(c.n_total_layers()));
+  Trace held = test::hold(first);
+  model.hold_dspark_labels(true);
+  auto losses = [&] { return model.forward(s.tokens, s.engram_ids.data(), &held, anchors, kDraftCalls); };
+  const train::Losses l0 = losses();
+  EXPECT_GT(l0.dspark, 0);
+  const train::Margins m = model.margins();
+  EXPECT_LT(m.expert_preactivation, c.swiglu_limit - 1) << "an expert near its clamp";
+  EXPECT_LT(m.gate_logit, 19) << "a gate logit near softplus's threshold";
+
+  p.zero_grad();
+  model.backward(0, 0, 1);
+  std::vector<std::vector<train::Param<double>*>> groups;
+  for (train::Param<double>& t : p.all()) {
+    const double scale = test::max_abs(t.grad);
+    if (!t.name.starts_with("mtp.")) {
+      EXPECT_EQ(scale, 0.0) << t.name << ": DSpark's loss reached the backbone";
+      continue;
+    }
+    if (scale == 0) continue;  // the stage's gate bias, experts no row chose
+    test::add_to_groups(groups, t);
+  }
+  const double worst = test::check_directions(groups, [&](const std::string&) { return losses().dspark; });
+  std::printf("%zu directional checks of DSpark's tensors under bounded replay, the worst at %.1f%% of its tolerance\n", groups.size(),
+              100 * worst);
+  EXPECT_GE(groups.size(), size_t(25));
 }
 
 // The serving forward in default mode, the prompt served as `calls`: every decoder row's logits, and

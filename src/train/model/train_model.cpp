@@ -41,10 +41,6 @@ template <class T>
 Losses TrainModel<T>::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace,
                               std::span<const int64_t> anchors, std::span<const ServedCall> calls) {
   const Config& c = params_.config();
-  // DSpark's context under bounded replay (features only where the decoder ran, windows above its
-  // floor: forward/window.h draft_window_slots) is not simulated (docs/training.md, "What is left").
-  if (!anchors.empty() && !calls.empty())
-    fail("train forward", "draft anchors or served calls (DSpark under bounded replay is not simulated)", "both");
   tape_.clear();  // the last forward's backward, if never run, reads the op sets replaced here
   drafter_.reset();
   const bool draft = !anchors.empty();
@@ -115,15 +111,27 @@ void TrainModel<T>::reset_expert_load() {
   for (int l = 0; l < params_.blocks(); ++l) expert_load_[size_t(l)].assign(size_t(c.routed_experts(l)), 0);
 }
 
-std::vector<int64_t> dspark_anchors(const Config& c, int64_t L, int64_t blocks, uint64_t seed, uint64_t sequence) {
+std::vector<int64_t> dspark_anchors(const Config& c, int64_t L, int64_t blocks, uint64_t seed, uint64_t sequence,
+                                    std::span<const ServedCall> calls) {
   if (!c.has_dspark()) fail("dspark anchors", "a model with DSpark stages", "none");
-  const int64_t n = L - c.dspark_block_size;  // the candidates 1 .. n
+  const int64_t G = c.dspark_block_size;
+  std::vector<int64_t> pool;  // the candidates, ascending
+  if (calls.empty()) {
+    for (int64_t a = 1; a <= L - G; ++a) pool.push_back(a);
+  } else {
+    int64_t at = 0;
+    for (const ServedCall& call : calls) {
+      if (call.decoded)  // blocks inside the decoded rows [at, at + rows)
+        for (int64_t a = std::max<int64_t>(1, at); a + G <= at + call.rows; ++a) pool.push_back(a);
+      at += call.rows;
+    }
+    if (at != L) fail("dspark anchors", "served calls covering the " + std::to_string(L) + " rows", std::to_string(at));
+  }
+  const int64_t n = int64_t(pool.size());
   if (n < 1 || blocks < 1) return {};
   // mt19937_64 and seed_seq are specified bit for bit by the standard: the same anchors everywhere.
   std::seed_seq keys{uint32_t(seed), uint32_t(seed >> 32), uint32_t(sequence), uint32_t(sequence >> 32), 0x44537061u /* "DSpa" */};
   std::mt19937_64 rng(keys);
-  std::vector<int64_t> pool(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) pool[size_t(i)] = i + 1;
   const int64_t k = std::min(blocks, n);
   for (int64_t i = 0; i < k; ++i) std::swap(pool[size_t(i)], pool[size_t(i + int64_t(rng() % uint64_t(n - i)))]);
   pool.resize(size_t(k));
@@ -149,7 +157,7 @@ std::vector<ServedCall> replay_calls(const Config& c, int64_t L, int64_t turns, 
   for (size_t t = 0; t + 1 < pool.size(); ++t) {
     const int64_t b = pool[t], n = pool[t + 1] - b, P = 1 + int64_t(rng() % uint64_t(n));
     calls.push_back({P, default_prompt_decoder_from(b + P, P, W)});  // the prompt, as default mode serves it
-    if (n > P) calls.push_back({n - P, 0});          // the reply, decoded
+    if (n > P) calls.push_back({n - P, 0, true});    // the reply, decoded
   }
   return calls;
 }

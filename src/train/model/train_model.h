@@ -40,29 +40,35 @@ struct Losses {
   grad::DSparkLossParts dspark_parts;
 };
 
-// The draft blocks' anchors of a sequence of L inputs (docs/training.md, "DSpark"): min(blocks,
-// L − γ) distinct positions drawn uniformly from [1, L − γ], ascending, a function of (seed,
-// sequence) alone — `sequence` the sequence's index in the data stream — so that a resumed run
-// draws the same ones.
-std::vector<int64_t> dspark_anchors(const Config& c, int64_t L, int64_t blocks, uint64_t seed, uint64_t sequence);
-
 // One forward call a sequence is served as (docs/training.md, "Bounded replay in training"): its
 // rows, and its ForwardOptions::decoder_from — a prompt segment in default mode has its end minus
 // min(W, rows) (engine/session.cpp), a decoded span 0. The calls of a sequence follow each other
 // from position 0 and cover it; forward/call_plan.h's plan_item and advance, over the counters the
 // calls leave, give each row's fate: cut at the decoder start, or run by the decoder with windows
-// truncated at the decoder window floor.
+// truncated at the decoder window floor. `decoded`: the span is a reply, decoded row by row
+// (decoder_from 0), where serving drafts (DSpark's anchors under replay); else a prompt.
 struct ServedCall {
   int64_t rows = 0;
   int64_t decoder_from = 0;
+  bool decoded = false;
   bool operator==(const ServedCall&) const = default;
 };
+
+// The draft blocks' anchors of a sequence of L inputs (docs/training.md, "DSpark"): min(blocks, n)
+// distinct positions drawn uniformly from n candidates, ascending, a function of (seed, sequence,
+// calls) alone — `sequence` the sequence's index in the data stream — so that a resumed run draws
+// the same ones. The candidates: in exact mode (no calls) [1, L − γ] (a context before, γ targets
+// after); under bounded replay the anchors a whose block a .. a + γ − 1 lies in one decoded call —
+// serving drafts while decoding, its context ending at a prompt's last row or a decoded row, and
+// the target's distribution over the block is what the decoder computed on those rows.
+std::vector<int64_t> dspark_anchors(const Config& c, int64_t L, int64_t blocks, uint64_t seed, uint64_t sequence,
+                                    std::span<const ServedCall> calls = {});
 
 // The served calls of a sequence of L inputs under decoder bounded replay (docs/training.md,
 // "Bounded replay in training"; docs/decisions.md): `turns` turns (at most L) starting at 0 and at
 // distinct positions drawn uniformly from [1, L − 1]; turn [b, e) a prompt of P tokens, P uniform in
-// [1, e − b], served as one default-mode prefill, then the rest of the turn decoded (one call with
-// decoder_from 0: decoding row by row is the same rows, bit for bit). A function of (seed,
+// [1, e − b], served as one default-mode prefill, then the rest of the turn decoded (one decoded call
+// with decoder_from 0: decoding row by row is the same rows, bit for bit). A function of (seed,
 // sequence) alone — `sequence` the sequence's index in the data stream — so a resumed run draws the
 // same ones (mt19937_64 from a seed_seq, as dspark_anchors).
 std::vector<ServedCall> replay_calls(const Config& c, int64_t L, int64_t turns, uint64_t seed, uint64_t sequence);
@@ -98,7 +104,10 @@ class TrainModel {
   // With served calls (replay_calls), decoder bounded replay as default mode serves them: the rows
   // the calls' plans cut leave at the decoder start (after feeding its kv-source's compressor), the
   // decoder's windows stop at each row's decoder window floor, and L_lm is the mean over the rows the
-  // decoder runs; the trace's decoder layers and logits() then hold those rows only. Not with anchors.
+  // decoder runs; the trace's decoder layers and logits() then hold those rows only. With both, the
+  // drafter's context is what the decoder ran: features of the rows it ran, each block's window
+  // without the slots below the decoder window floor at its anchor (forward/window.h
+  // draft_window_slots); the anchors' blocks must be rows the decoder ran (dspark_anchors with the calls).
   Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace = nullptr,
                  std::span<const int64_t> anchors = {}, std::span<const ServedCall> calls = {});
   // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer + dspark_weight · L_dspark of

@@ -80,13 +80,14 @@ class TrainOps {
   // "DSpark"): block b at anchor a = anchors[b] holds the rows [token a, noise × (γ − 1)] at positions
   // a .. a + γ − 1, as forward/dspark.h drafts after the context 0 .. a − 1; row k's Markov head reads
   // the sequence's token a + k (teacher forcing) and it predicts token a + k + 1. The target's forward
-  // must have run with record_features.
+  // must have run with record_features; under bounded replay, on every row of the blocks (the
+  // target's distribution there is the loss's).
   TrainOps(Parameters<T>& params, const TrainOptions& options, Tape& tape, const TrainOps& target, std::span<const int64_t> anchors,
            grad::DSparkLabels& labels, Trace* trace, std::vector<std::vector<int64_t>>& expert_load)
       : c_(params.config()), p_(params), o_(options), tape_(tape), R_(int64_t(anchors.size()) * c_.dspark_block_size), L_(R_),
         engram_ids_(nullptr), trace_(trace), load_(expert_load), rope_window_(rope_table(c_, false)),
         rope_compressed_(rope_table(c_, true)), target_(&target), labels_(&labels), anchors_(anchors.begin(), anchors.end()) {
-    const int64_t G = c_.dspark_block_size, L = target.R_;
+    const int64_t G = c_.dspark_block_size, L = target.L_;
     if (!c_.has_dspark()) fail("train forward", "a model with DSpark stages for draft blocks", "none");
     if (!target.features_) fail("train forward", "the target's context features for draft blocks", "a forward without them");
     for (int64_t a : anchors_) {
@@ -94,6 +95,9 @@ class TrainOps {
         fail("train forward", "draft anchors in [1, " + std::to_string(L - G) + "] (a context before, " + std::to_string(G) +
                                   " targets after)", std::to_string(a));
       for (int64_t k = 0; k < G; ++k) {
+        if (target.row_at(a + k) < 0)
+          fail("train forward", "draft blocks on rows the decoder ran (dspark_anchors with the served calls)",
+               "anchor " + std::to_string(a) + ", whose position " + std::to_string(a + k) + " was cut");
         inputs_.push_back(k == 0 ? target.tokens_[size_t(a)] : c_.dspark_noise_token_id);
         positions_.push_back(a + k);
         prev_.push_back(target.tokens_[size_t(a + k)]);
@@ -265,11 +269,18 @@ class TrainOps {
 
   // DSpark's context features (network.h record_target): the residual entering target layer l
   // averaged over the streams, [rows, targets, dim], detached: DSpark's loss does not reach the
-  // backbone (docs/decisions.md).
+  // backbone (docs/decisions.md). Under bounded replay, of the rows the layer runs (feature_positions_),
+  // as serving records them: every target layer on the same rows.
   bool records_targets() const { return record_features; }
   void record_target(int l) {
     const int64_t hc = c_.hc_mult, d = c_.dim, n = int64_t(c_.dspark_target_layer_ids.size()), t = c_.dspark_target_index(l);
-    if (!features_) features_ = tensor<T>(size_t(R_ * n * d));
+    if (!features_) {
+      features_ = tensor<T>(size_t(R_ * n * d));
+      feature_positions_ = positions_;
+    }
+    if (feature_positions_.size() != size_t(R_))
+      fail("train forward", "DSpark target layers that all run on the same rows (none before the decoder start when rows leave there)",
+           "layer " + std::to_string(l) + " on " + std::to_string(R_) + " rows");
     for (int64_t r = 0; r < R_; ++r)
       for (int64_t k = 0; k < d; ++k) {
         T sum = 0;
@@ -319,7 +330,7 @@ class TrainOps {
     auto q = std::make_shared<std::vector<T>>(size_t(R_ * V));
     std::vector<T> hidden(size_t(R_ * d));
     for (int64_t r = 0; r < R_; ++r)
-      std::copy_n(target_->final_->value.begin() + positions_[size_t(r)] * d, d, hidden.begin() + r * d);
+      std::copy_n(target_->final_->value.begin() + target_->row_at(positions_[size_t(r)]) * d, d, hidden.begin() + r * d);
     grad::linear_forward(hidden.data(), R_, d, p_.head().v(), V, q->data());
     for (int64_t r = 0; r < R_; ++r) {
       T* row = q->data() + r * V;
@@ -609,8 +620,9 @@ class TrainOps {
                                 " with the DSpark stages)", std::to_string(n));
   }
 
-  // Stage l's context KV (forward/dspark.h dspark_ingest): kv_norm(wkv(main_x)) RoPE'd at every
-  // position of the target's sequence (SWA-FP8 when on), main_x = main_norm(main_proj(features)).
+  // Stage l's context KV (forward/dspark.h dspark_ingest): kv_norm(wkv(main_x)) RoPE'd at the
+  // position of each row the target recorded features of (SWA-FP8 when on), main_x =
+  // main_norm(main_proj(features)).
   const Tensor& context_kv(int l) {
     Tensor& kv = context_kv_[l];
     if (kv) return kv;
@@ -620,21 +632,25 @@ class TrainOps {
       rms_norm(main_x_, c_.dim, w.main_norm);
     }
     const AttentionParams<T>& a = p_.layer(l).attn;
-    std::vector<int64_t> positions(size_t(target_->R_));
-    for (int64_t r = 0; r < target_->R_; ++r) positions[size_t(r)] = r;
     kv = linear(main_x_, a.wkv);
     rms_norm(kv, c_.head_dim, a.kv_norm);
-    rope_at(kv, table(l), 1, c_.head_dim, positions, false);
+    rope_at(kv, table(l), 1, c_.head_dim, target_->feature_positions_, false);
     if (o_.swa_fp8) fake_quantize(kv, c_.head_dim, swa_fp8::quantize_dequantize);
     return kv;
   }
 
   // DSpark's attention (forward.cpp attend_draft): each row of block b attends to the stage's window
   // of context KV before its anchor a — positions max(0, a − W) .. a − 1 in the ring's slot order
-  // (slot = position mod W), empty slots −1 — then to every row of its block, both ways.
+  // (slot = position mod W), empty slots −1, and under bounded replay none below the decoder window
+  // floor at the draft's time (forward/window.h draft_window_slots: the floor of the call that ran
+  // row a − 1) — then to every row of its block, both ways.
   Tensor attend_draft(int l, const Tensor& q, const Tensor& kv) {
-    const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size, G = c_.dspark_block_size, L = target_->R_;
+    const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size, G = c_.dspark_block_size;
     const Tensor& ctx = context_kv(l);
+    const int64_t L = int64_t(target_->feature_positions_.size());  // the context KV's rows
+    std::vector<int64_t> context_row(size_t(target_->L_), -1);    // by position
+    for (int64_t r = 0; r < L; ++r) context_row[size_t(target_->feature_positions_[size_t(r)])] = r;
+    std::vector<int64_t> slots;
     Tensor table = tensor<T>(size_t((L + R_) * hd));
     std::copy(ctx->value.begin(), ctx->value.end(), table->value.begin());
     std::copy(kv->value.begin(), kv->value.end(), table->value.begin() + L * hd);
@@ -642,9 +658,20 @@ class TrainOps {
     auto idx = std::make_shared<std::vector<int64_t>>();
     idx->reserve(size_t(R_ * entries));
     for (int64_t r = 0; r < R_; ++r) {
-      const int64_t b = r / G, a = anchors_[size_t(b)], slots = std::min(W, a);
-      for (int64_t s = 0; s < slots; ++s) idx->push_back(a <= W ? s : a - W + ((s - a % W) % W + W) % W);
-      for (int64_t s = slots; s < W; ++s) idx->push_back(-1);
+      const int64_t b = r / G, a = anchors_[size_t(b)];
+      draft_window_slots(a, W, target_->floor_.empty() ? 0 : target_->floor_[size_t(a - 1)], slots);
+      for (int64_t s : slots) {
+        if (s == kEmptySlot) {
+          idx->push_back(-1);
+          continue;
+        }
+        const int64_t position = a <= W ? s : a - W + ((s - a % W) % W + W) % W;  // the ring's slot s
+        if (context_row[size_t(position)] < 0)
+          fail("train forward", "a draft window of rows the decoder ran", "position " + std::to_string(position) + " before anchor " +
+                                                                              std::to_string(a) + ", cut above the floor");
+        idx->push_back(context_row[size_t(position)]);
+      }
+      for (int64_t s = int64_t(slots.size()); s < W; ++s) idx->push_back(-1);
       for (int64_t j = 0; j < G; ++j) idx->push_back(L + b * G + j);
     }
     const AttentionParams<T>& at = p_.layer(l).attn;
@@ -687,6 +714,8 @@ class TrainOps {
       if (call.rows < 1 || state.length + call.rows > R_)
         fail("train forward", "served calls of at least 1 row covering the " + std::to_string(R_) + " rows",
              std::to_string(call.rows) + " rows from position " + std::to_string(state.length));
+      if (call.decoded && call.decoder_from != 0)
+        fail("train forward", "a decoded call with decoder_from 0", "decoder_from " + std::to_string(call.decoder_from));
       ForwardOptions options;
       options.decoder_from = call.decoder_from;
       const ItemPlan plan = plan_item(c_, state, call.rows, options);
@@ -844,6 +873,7 @@ class TrainOps {
   // DSpark: the target's context features [R, targets, dim] (record_target); the drafter's target,
   // labels, anchors, its rows' Markov tokens, position shares, main_x and each stage's context KV.
   Tensor features_;
+  std::vector<int64_t> feature_positions_;  // the positions of features_' rows
   const TrainOps* target_ = nullptr;
   grad::DSparkLabels* labels_ = nullptr;
   std::vector<int64_t> anchors_, prev_;

@@ -218,9 +218,6 @@ TrainConfig parse_train_config(const std::string& text, const std::string& where
   });
   k.object("bounded_replay", [&](Keys& o) {
     o.integer("turns", t.replay_turns, 0, kMax);
-    if (t.replay_turns > 0 && t.trains_dspark())
-      fail(o.at("turns"), "0 while DSpark trains (DSpark under bounded replay is not simulated: set dspark.blocks 0)",
-           std::to_string(t.replay_turns));
   });
   k.integer("log_interval", t.log_interval, 1, kMax);
   k.integer("validation_interval", t.validation_interval, 0, kMax);

@@ -39,7 +39,7 @@ struct TrainConfig {
   TrainOptions qat;
   // Decoder bounded replay simulated in training (docs/training.md, "Bounded replay in training"):
   // each train sequence served as `replay_turns` default-mode turns (replay_calls); 0: exact mode.
-  // Not with DSpark trained (its context under replay is not simulated).
+  // With DSpark trained, its anchors are drawn among the decoded rows (dspark_anchors).
   int64_t replay_turns = 0;
 
   int64_t log_interval = 10;          // a log line every this many steps

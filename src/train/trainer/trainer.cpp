@@ -159,10 +159,11 @@ struct Trainer::Run {
     return model.forward(tokens, ids.empty() ? nullptr : ids.data(), nullptr, anchors, calls);
   }
 
-  // The draft blocks' anchors of the `index`-th sequence of its split (none when DSpark is not trained).
-  std::vector<int64_t> anchors(uint64_t index) const {
+  // The draft blocks' anchors of the `index`-th sequence of its split (none when DSpark is not trained);
+  // under bounded replay, among the rows its served calls decode.
+  std::vector<int64_t> anchors(uint64_t index, std::span<const ServedCall> served = {}) const {
     if (!cfg.trains_dspark()) return {};
-    return dspark_anchors(cfg.model, cfg.seq_len, cfg.dspark_blocks, cfg.seed, index);
+    return dspark_anchors(cfg.model, cfg.seq_len, cfg.dspark_blocks, cfg.seed, index, served);
   }
 
   // The served calls of the `index`-th train sequence under bounded replay (none in exact mode).
@@ -178,8 +179,8 @@ struct Trainer::Run {
     const float share = 1.0f / float(cfg.batch_size);
     StepReport r;
     for (int64_t b = 0; b < cfg.batch_size; ++b) {
-      const std::vector<int64_t> at = anchors(order.position());
       const std::vector<ServedCall> served = calls(order.position());
+      const std::vector<int64_t> at = anchors(order.position(), served);
       const Losses l = forward(order.next(), at, served);
       model.backward(share, share * float(cfg.indexer_loss_weight), share * float(cfg.dspark_loss_weight));
       r.loss += l.lm;
