@@ -23,6 +23,7 @@
 #include "../same_state.h"
 #include "backend/cpu/sampling.h"
 #include "base/error.h"
+#include "device_fixture.h"
 #include "device_util.h"
 #include "forward/device/cuda_executor.h"
 #include "forward/device/decode_graph.h"
@@ -36,10 +37,6 @@ using namespace dsv41::test;
 
 // Sequences of the CUDA executor (forward/device/cuda_executor.h): the harness's calls go through
 // the interface the engine drives, caches growing from their first capacity as sequences do.
-NewSequence device_sequences() {
-  return executor_sequences([](const Model& model) { return cuda::make_executor(model); });
-}
-
 class DeviceForwardFixture : public testing::TestWithParam<std::string> {};
 
 template <class T>
@@ -54,18 +51,6 @@ Bound apart(Bound b) {
   b.mean *= 2, b.p99 *= 2, b.max *= 2;
   b.argmax_agree = 1 - 2 * (1 - b.argmax_agree);
   return b;
-}
-
-// The CPU forward's choices, from its traces of one run (prefill call 0, then the decode calls).
-ChoiceSource choices_of(const std::vector<Trace>& traces, int k) {
-  return [&traces, k](bool decode, int64_t first, int64_t n) {
-    const Trace& t = traces[decode ? size_t(1 + first) : 0];
-    const int64_t r0 = decode ? 0 : first;
-    Choices ch;
-    for (auto& [l, rows] : t.topk) ch.topk[l].assign(rows.begin() + r0, rows.begin() + r0 + n);
-    for (auto& e : t.route_experts) ch.experts.emplace_back(e.begin() + r0 * k, e.begin() + (r0 + n) * k);
-    return ch;
-  };
 }
 
 // Against the CPU forward: with the CPU run's own choices imposed, one-shot and in chunks of 7

@@ -16,6 +16,7 @@
 
 #include "../vision_fixture.h"
 #include "base/error.h"
+#include "device_fixture.h"
 #include "device_util.h"
 #include "forward/device/cuda_executor.h"
 #include "forward/vision_cpu.h"
@@ -25,16 +26,25 @@ namespace {
 
 using namespace dsv41::test;
 
-NewSequence device_sequences() {
-  return executor_sequences([](const Model& model) { return cuda::make_executor(model); });
-}
-
 std::vector<uint16_t> patches_of(const Expected& ex, const std::string& name) {
   const TensorView& t = ex.view(name + ".patches");
   std::vector<uint16_t> bits(size_t(t.numel()));
   std::memcpy(bits.data(), t.data, bits.size() * 2);
   return bits;
 }
+
+// The fixture's images as the tower takes them: their recorded patches and patch grids.
+struct FixtureImages {
+  std::vector<std::vector<uint16_t>> patches;
+  std::vector<VisionImage> images;
+  explicit FixtureImages(const Expected& ex) {
+    for (int j = 0; j < kImages; ++j) patches.push_back(patches_of(ex, image_name(j)));
+    for (int j = 0; j < kImages; ++j) {
+      const std::vector<int64_t> grid = ex.ints(image_name(j) + ".grid");
+      images.push_back(VisionImage{patches[size_t(j)].data(), int(grid[4]), int(grid[5])});
+    }
+  }
+};
 
 struct Gap {
   double max = 0, mean = 0;
@@ -54,13 +64,8 @@ TEST(VisionDevice, TowerWithinTheReferencesNoise) {
   DSV41_REQUIRE_DEVICE();
   const VisionFixture f;
   const Config& c = f.config();
-  std::vector<std::vector<uint16_t>> patches;
-  for (int j = 0; j < kImages; ++j) patches.push_back(patches_of(f.ex, image_name(j)));
-  std::vector<VisionImage> images;
-  for (int j = 0; j < kImages; ++j) {
-    const std::vector<int64_t> grid = f.ex.ints(image_name(j) + ".grid");
-    images.push_back(VisionImage{patches[size_t(j)].data(), int(grid[4]), int(grid[5])});
-  }
+  const FixtureImages fixture_images(f.ex);
+  const std::vector<VisionImage>& images = fixture_images.images;
   std::unique_ptr<Executor> gpu = cuda::make_executor(*f.model);
   ASSERT_TRUE(gpu->takes_images());
   const std::vector<std::vector<float>> ours = gpu->encode_images(images);
@@ -89,13 +94,8 @@ TEST(VisionDevice, TowerWithinTheReferencesNoise) {
 TEST(VisionDevice, EachImageAsAlone) {
   DSV41_REQUIRE_DEVICE();
   const VisionFixture f;
-  std::vector<std::vector<uint16_t>> patches;
-  for (int j = 0; j < kImages; ++j) patches.push_back(patches_of(f.ex, image_name(j)));
-  std::vector<VisionImage> images;
-  for (int j = 0; j < kImages; ++j) {
-    const std::vector<int64_t> grid = f.ex.ints(image_name(j) + ".grid");
-    images.push_back(VisionImage{patches[size_t(j)].data(), int(grid[4]), int(grid[5])});
-  }
+  const FixtureImages fixture_images(f.ex);
+  const std::vector<VisionImage>& images = fixture_images.images;
   std::unique_ptr<Executor> gpu = cuda::make_executor(*f.model);
   const std::vector<std::vector<float>> together = gpu->encode_images(images);
   const std::vector<std::vector<float>> reversed = gpu->encode_images({images[1], images[0]});
@@ -105,18 +105,6 @@ TEST(VisionDevice, EachImageAsAlone) {
     EXPECT_EQ(alone[0], together[size_t(j)]) << image_name(j);
     EXPECT_EQ(reversed[size_t(kImages - 1 - j)], together[size_t(j)]) << image_name(j);
   }
-}
-
-// The CPU forward's choices from its traces of one run (prefill call 0, then the decode calls).
-ChoiceSource choices_of(const std::vector<Trace>& traces, int k) {
-  return [&traces, k](bool decode, int64_t first, int64_t n) {
-    const Trace& t = traces[decode ? size_t(1 + first) : 0];
-    const int64_t r0 = decode ? 0 : first;
-    Choices ch;
-    for (auto& [l, rows] : t.topk) ch.topk[l].assign(rows.begin() + r0, rows.begin() + r0 + n);
-    for (auto& e : t.route_experts) ch.experts.emplace_back(e.begin() + r0 * k, e.begin() + (r0 + n) * k);
-    return ch;
-  };
 }
 
 TEST(VisionDevice, SpanRowsMatchCpuForwardUnderItsChoices) {
