@@ -34,6 +34,16 @@
 namespace dsv41::train {
 namespace {
 
+// How far `ours` is from `served`, as an RMS relative to the served values.
+double relative(const std::vector<float>& ours, const std::vector<float>& served) {
+  double diff2 = 0, norm2 = 0;
+  for (size_t i = 0; i < served.size(); ++i) {
+    diff2 += (double(ours[i]) - served[i]) * (double(ours[i]) - served[i]);
+    norm2 += double(served[i]) * served[i];
+  }
+  return std::sqrt(diff2 / norm2);
+}
+
 // The served model of a checkpoint and the Engram hashes of any token prefix, as a prompt is hashed.
 struct Served {
   std::unique_ptr<Model> model;
@@ -178,14 +188,6 @@ void drafter_parity(const json& model, double bound) {
   const std::vector<float> z = training.draft_logits(), conf = training.draft_confidence();
   ASSERT_EQ(z.size(), size_t(G * V));
   ASSERT_EQ(draft.logits.size(), z.size());
-  auto relative = [](const std::vector<float>& ours, const std::vector<float>& served) {
-    double diff2 = 0, norm2 = 0;
-    for (size_t i = 0; i < served.size(); ++i) {
-      diff2 += (double(ours[i]) - served[i]) * (double(ours[i]) - served[i]);
-      norm2 += double(served[i]) * served[i];
-    }
-    return std::sqrt(diff2 / norm2);
-  };
   const double logits_off = relative(z, draft.logits), confidence_off = relative(conf, draft.confidence);
   std::printf("%s: served draft logits %.2f%%, confidence logits %.2f%% RMS off the training drafter's (bound %.0f%%)\n",
               c.dtype.c_str(), 100 * logits_off, 100 * confidence_off, 100 * bound);
@@ -196,6 +198,7 @@ void drafter_parity(const json& model, double bound) {
   training.forward(tokens, ids.empty() ? nullptr : ids.data(), &held, shifted);
   EXPECT_GT(relative(training.draft_logits(), draft.logits), 2 * logits_off);
 }
+
 
 TEST(DSparkTrainer, TheTrainingDrafterIsTheServedOneBf16) {
   drafter_parity({{"preset", "tiny"}, {"dtype", "bf16"}, {"expert_dtype", nullptr}}, 0.04);
@@ -286,14 +289,6 @@ TEST(DSparkTrainer, TheTrainingDrafterIsTheServedOneUnderBoundedReplay) {
   const std::vector<float> z = training.draft_logits(), conf = training.draft_confidence();
   ASSERT_EQ(z.size(), size_t(G * V));
   ASSERT_EQ(draft.logits.size(), z.size());
-  auto relative = [](const std::vector<float>& ours, const std::vector<float>& served) {
-    double diff2 = 0, norm2 = 0;
-    for (size_t i = 0; i < served.size(); ++i) {
-      diff2 += (double(ours[i]) - served[i]) * (double(ours[i]) - served[i]);
-      norm2 += double(served[i]) * served[i];
-    }
-    return std::sqrt(diff2 / norm2);
-  };
   const double logits_off = relative(z, draft.logits), confidence_off = relative(conf, draft.confidence);
   // Every draft row's routing in the stages clear of a tie: the k-th and (k+1)-th biased scores apart.
   for (int l = c.n_layers; l < c.n_total_layers(); ++l) {
