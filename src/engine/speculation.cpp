@@ -36,7 +36,7 @@ GreedyVerifier::GreedyVerifier(int64_t vocab, int64_t sampled) : vocab_(vocab) {
 Verifier::Verdict GreedyVerifier::verify(std::span<const float> target, const Draft& draft) {
   check_rows(target, draft, vocab_, false);
   std::vector<int> choices;
-  for (size_t k = 0; k < draft.tokens.size(); ++k) choices.push_back(choose(target.data() + k * size_t(vocab_), argmax_).token);
+  for (size_t k = 0; k < draft.tokens.size(); ++k) choices.push_back(draft_argmax(target.subspan(k * size_t(vocab_), size_t(argmax_.vocab))));
   return verify_choices(choices, draft);
 }
 

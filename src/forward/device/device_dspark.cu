@@ -98,13 +98,13 @@ std::vector<Draft> dspark_drafts(const DeviceModel& model, std::span<const Devic
     for (size_t k = 0; k < greedy.size(); ++k) greedy_rows[k] = greedy[k] * G + i;
     const std::vector<TokenChoice> picks = choose(b.logits.get(), V, greedy_rows, argmax_requests, stream);
     for (size_t k = 0; k < greedy.size(); ++k) out[size_t(greedy[k])].tokens.push_back(picks[k].token);
+    // A host-chosen draft keeps its rows, Markov bias included, as dspark_draft returns them.
     for (const int64_t s : chosen) {
       const std::vector<float> row = b.logits.download(stream, V, (s * G + i) * V);
       out[size_t(s)].tokens.push_back((*requests[size_t(s)].choose)(row));
+      out[size_t(s)].logits.insert(out[size_t(s)].logits.end(), row.begin(), row.end());
     }
   }
-  // The host-chosen drafts' rows, Markov bias included, as dspark_draft returns them.
-  for (const int64_t s : chosen) out[size_t(s)].logits = b.logits.download(stream, G * V, s * G * V);
 
   // Confidence logits: [x_i ; W1[token before]] through the confidence head, fp32.
   DeviceBuffer<float> confidence = scratch<float>(n * G, stream);
