@@ -684,7 +684,7 @@ void Scheduler::speculate(const std::vector<Running*>& speculating) {
       std::lock_guard lock(mutex_);
       SpeculationStats& st = stats_.speculation;
       const int64_t G = int64_t(step.draft.tokens.size()) - 1;
-      st.steps += 1, st.drafted += G, st.verified += lengths[j], st.accepted += s.accepted, st.seconds += step.seconds;
+      st.steps += 1, st.drafted += G, st.verified += lengths[j], st.accepted += s.accepted;
       st.draft_seconds += draft_seconds, st.verify_seconds += step.seconds - draft_seconds;
       if (int64_t(st.accepted_at.size()) < G) st.accepted_at.resize(size_t(G), 0);
       for (int k = 0; k < s.accepted; ++k) st.accepted_at[size_t(k)] += 1;

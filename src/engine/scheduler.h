@@ -144,8 +144,9 @@ struct SpeculationStats {
   int64_t verified = 0;          // of them sent to the target (the prefix scheduler's lengths)
   int64_t accepted = 0;          // of them accepted
   std::vector<int64_t> accepted_at;  // [γ]: steps whose draft k (from 0) was accepted
-  double seconds = 0;            // drafting, verifying and undoing: draft_seconds + verify_seconds
-  double draft_seconds = 0, verify_seconds = 0;  // the drafting calls' / the target passes' and redos' (each call's time shared by its sequences)
+  // Time in the drafting calls / the target's passes and redos (each call's shared by its sequences).
+  double draft_seconds = 0, verify_seconds = 0;
+  double seconds() const { return draft_seconds + verify_seconds; }
   int64_t passes = 0;            // target calls: one verifies every speculating sequence's draft, one redoes the rejected
 };
 

@@ -621,7 +621,7 @@ std::string Server::State::render_metrics() {
   sync(m.counter("dsv41_spec_draft_tokens_total", "Draft tokens proposed"), double(sp.drafted));
   sync(m.counter("dsv41_spec_verified_tokens_total", "Draft tokens the prefix scheduler sent to the target"), double(sp.verified));
   sync(m.counter("dsv41_spec_accepted_tokens_total", "Draft tokens accepted"), double(sp.accepted));
-  sync(m.counter("dsv41_spec_seconds_total", "Time drafting, verifying and undoing rejected positions"), sp.seconds);
+  sync(m.counter("dsv41_spec_seconds_total", "Time drafting, verifying and undoing rejected positions"), sp.seconds());
   sync(m.counter("dsv41_spec_draft_seconds_total", "Time drafting (the drafter's calls)"), sp.draft_seconds);
   sync(m.counter("dsv41_spec_verify_seconds_total", "Time verifying and redoing (the target's passes)"), sp.verify_seconds);
   sync(m.counter("dsv41_spec_passes_total", "Target calls of speculative steps: each verifies every speculating sequence's draft, or redoes the rejected ones"),
