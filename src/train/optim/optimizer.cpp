@@ -20,10 +20,9 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-Optimizer::Optimizer(const Config& config, std::vector<Parameter> params, OptimizerOptions options)
-    : options_(std::move(options)) {
-  options_.schedule.validate();
+std::vector<ParamSlot> plan_parameters(const Config& config, std::vector<Parameter> params) {
   std::set<std::string> names;
+  std::vector<ParamSlot> slots;
   for (Parameter& p : params) {
     const std::string where = "optimizer, tensor '" + p.name + "'";
     if (!names.insert(p.name).second) fail(where, "each parameter once", "it twice");
@@ -38,10 +37,38 @@ Optimizer::Optimizer(const Config& config, std::vector<Parameter> params, Optimi
     if (group.update == Update::Muon && p.shape[0] % group.row_blocks != 0)
       fail(where, std::to_string(group.row_blocks) + " blocks of rows for head-wise Muon", "shape " + shape_text(p.shape));
     const int64_t rows = matrix ? p.shape[0] : 1, cols = matrix ? p.shape[1] : elements;
-    const size_t buffers = group.update == Update::AdamW ? 2 : 1;
-    state_.tensors.push_back({p.name, uint32_t(group.update), std::vector<std::vector<float>>(buffers, std::vector<float>(size_t(elements)))});
-    slots_.push_back({std::move(p), group, rows, cols, elements});
+    slots.push_back({std::move(p), group, rows, cols, elements});
   }
+  return slots;
+}
+
+size_t state_buffers(Update update) { return update == Update::AdamW ? 2 : 1; }
+
+void check_state_matches(const std::string& path, const std::vector<ParamSlot>& slots, const OptimizerState& loaded) {
+  if (loaded.tensors.size() != slots.size())
+    fail(path, std::to_string(slots.size()) + " tensors (this optimizer's parameters)", std::to_string(loaded.tensors.size()));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const ParamSlot& want = slots[i];
+    const StateTensor& got = loaded.tensors[i];
+    const std::string at = "tensor " + std::to_string(i), name = want.param.name;
+    const size_t buffers = state_buffers(want.group.update);
+    if (got.name != name) fail(path, at + " named '" + name + "'", "'" + got.name + "'");
+    if (got.update != uint32_t(want.group.update))
+      fail(path, at + " ('" + name + "') with the state of " + update_name(want.group.update), "update " + std::to_string(got.update));
+    if (got.buffers.size() != buffers || int64_t(got.buffers.front().size()) != want.elements)
+      fail(path, at + " ('" + name + "') with " + std::to_string(buffers) + " buffer(s) of " + std::to_string(want.elements) +
+                     " elements",
+           std::to_string(got.buffers.size()) + " of " + std::to_string(got.buffers.empty() ? 0 : got.buffers.front().size()));
+  }
+}
+
+Optimizer::Optimizer(const Config& config, std::vector<Parameter> params, OptimizerOptions options)
+    : options_(std::move(options)) {
+  options_.schedule.validate();
+  slots_ = plan_parameters(config, std::move(params));
+  for (const ParamSlot& s : slots_)
+    state_.tensors.push_back({s.param.name, uint32_t(s.group.update),
+                              std::vector<std::vector<float>>(state_buffers(s.group.update), std::vector<float>(size_t(s.elements)))});
 }
 
 void Optimizer::step() {
@@ -66,7 +93,7 @@ void Optimizer::step() {
 }
 
 void Optimizer::update(size_t i, double base) {
-  Slot& s = slots_[i];
+  ParamSlot& s = slots_[i];
   std::vector<std::vector<float>>& buf = state_.tensors[i].buffers;
   const float lr = float(base * s.group.lr_multiplier);
   switch (s.group.update) {
@@ -93,21 +120,7 @@ void Optimizer::save(const std::string& path) const { write_optimizer_state(path
 
 void Optimizer::load(const std::string& path) {
   OptimizerState loaded = read_optimizer_state(path);
-  if (loaded.tensors.size() != state_.tensors.size())
-    fail(path, std::to_string(state_.tensors.size()) + " tensors (this optimizer's parameters)",
-         std::to_string(loaded.tensors.size()));
-  for (size_t i = 0; i < state_.tensors.size(); ++i) {
-    const StateTensor &want = state_.tensors[i], &got = loaded.tensors[i];
-    const std::string at = "tensor " + std::to_string(i);
-    if (got.name != want.name) fail(path, at + " named '" + want.name + "'", "'" + got.name + "'");
-    if (got.update != want.update)
-      fail(path, at + " ('" + want.name + "') with the state of " + update_name(Update(want.update)),
-           "update " + std::to_string(got.update));
-    if (got.buffers.size() != want.buffers.size() || got.buffers.front().size() != want.buffers.front().size())
-      fail(path, at + " ('" + want.name + "') with " + std::to_string(want.buffers.size()) + " buffer(s) of " +
-                     std::to_string(want.buffers.front().size()) + " elements",
-           std::to_string(got.buffers.size()) + " of " + std::to_string(got.buffers.empty() ? 0 : got.buffers.front().size()));
-  }
+  check_state_matches(path, slots_, loaded);
   state_ = std::move(loaded);
 }
 
