@@ -16,5 +16,6 @@ void add_bench_vision(CLI::App& bench); // under add_bench's "bench"
 void add_serve(CLI::App& app);
 void add_data(CLI::App& app);
 void add_train(CLI::App& app);
+void add_eval(CLI::App& app);
 
 }  // namespace dsv41::cli

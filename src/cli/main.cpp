@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   dsv41::cli::add_serve(app);
   dsv41::cli::add_data(app);
   dsv41::cli::add_train(app);
+  dsv41::cli::add_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,15 +11,36 @@ namespace {
 
 class CpuSequence final : public Sequence {
  public:
-  explicit CpuSequence(const Config& config) : config_(config), state_(config) {}
+  CpuSequence(const Config& config, GlobalKvFormat global_kv) : config_(config), state_(config) { state_.global_kv = global_kv; }
   int64_t length() const override { return state_.length; }
   const SequenceState& host() override { return state_; }
-  void assign(SequenceState state) override { state_ = std::move(state); }
-  void restore(const StateView& view) override { state_ = materialize(config_, view); }
-  StateView saved(int64_t) override { return view_of(state_); }
+  // A state keeps the sequence's global KV format: a fresh one (no entries) takes it, one holding
+  // entries of another format is refused.
+  void assign(SequenceState state) override {
+    if (state.global_kv != state_.global_kv)
+      for (const auto& [layer, cache] : state.compressed)
+        if (cache.entries > 0)
+          fail("CpuSequence::assign", std::string("global KV entries in ") + global_kv_format_name(state_.global_kv),
+               std::string(global_kv_format_name(state.global_kv)) + " ones");
+    state.global_kv = state_.global_kv;
+    state_ = std::move(state);
+  }
+  void restore(const StateView& view) override {
+    tiers_format();
+    state_ = materialize(config_, view);
+  }
+  StateView saved(int64_t) override {
+    tiers_format();
+    return view_of(state_);
+  }
   SequenceState& state() { return state_; }
 
  private:
+  // The KV tiers hold KV-FP4 entries only.
+  void tiers_format() const {
+    if (state_.global_kv != GlobalKvFormat::Fp4)
+      fail("KV tiers", "a sequence with KV-FP4 global KV", global_kv_format_name(state_.global_kv));
+  }
   const Config& config_;
   SequenceState state_;
 };
@@ -93,7 +114,7 @@ std::vector<Draft> CpuExecutor::dspark_drafts(const std::vector<DraftRequest>& r
 SequenceMark CpuExecutor::mark(Sequence& s, int64_t rows) { return dsv41::mark(cpu_state(s), model_.config(), rows); }
 void CpuExecutor::rewind(Sequence& s, const SequenceMark& m) { dsv41::rewind(cpu_state(s), model_.config(), m); }
 
-std::unique_ptr<Sequence> CpuExecutor::new_sequence() { return std::make_unique<CpuSequence>(model_.config()); }
+std::unique_ptr<Sequence> CpuExecutor::new_sequence() { return std::make_unique<CpuSequence>(model_.config(), global_kv_); }
 
 std::vector<std::vector<float>> CpuExecutor::forward_batch(const std::vector<BatchItem>& batch) {
   for (const BatchItem& item : batch)

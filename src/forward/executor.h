@@ -101,10 +101,12 @@ class Executor {
 // than kMaxTopLogprobs, all_logits with anything but a plain greedy choice).
 void check_sample(const BatchItem& item, int64_t vocab_size);
 
-// The reference: forward() in host memory, the items one after another.
+// The reference: forward() in host memory, the items one after another. Its sequences keep their
+// compressed main KV in `global_kv` (KV-FP4, the release's; SWA-FP8 for `dsv41 eval --kv-fp8`,
+// whose sequences the KV tiers refuse: they store KV-FP4).
 class CpuExecutor final : public Executor {
  public:
-  explicit CpuExecutor(const Model& model) : model_(model) {}
+  explicit CpuExecutor(const Model& model, GlobalKvFormat global_kv = GlobalKvFormat::Fp4) : model_(model), global_kv_(global_kv) {}
   const Model& model() const override { return model_; }
   std::string name() const override { return "cpu"; }
   std::unique_ptr<Sequence> new_sequence() override;
@@ -116,9 +118,11 @@ class CpuExecutor final : public Executor {
   void rewind(Sequence& sequence, const SequenceMark& mark) override;
   bool takes_images() const override { return true; }
   std::vector<std::vector<float>> encode_images(const std::vector<VisionImage>& images) override;
+  GlobalKvFormat global_kv() const { return global_kv_; }
 
  private:
   const Model& model_;
+  GlobalKvFormat global_kv_;
 };
 
 }  // namespace dsv41

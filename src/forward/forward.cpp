@@ -104,17 +104,18 @@ void compress(Pass& p, int l, const Rows& x) {
 
   // Index keys: k = RoPE(k_norm(wk(latent))), stored MXFP4.
   Rows k = normed_linear(latents, g.groups, a.indexer_wk, a.indexer_k_norm, p.eps());
-  const size_t key_bytes = mxfp4::bytes(int(ihd)), entry_bytes = kv_fp4::bytes(int(hd));
+  const GlobalKvFormat format = p.state.global_kv;
+  const size_t key_bytes = mxfp4::bytes(int(ihd)), entry_bytes = global_kv_entry_bytes(format, int(hd));
   cache.index_k.resize(size_t(g.entries_after()) * key_bytes);
   cache.kv.resize(size_t(g.entries_after()) * entry_bytes);
   for (int64_t e = 0; e < g.groups; ++e) {
     float* key = k.data() + e * ihd;
     rope.apply(key + ihd - rd, g.group_pos(e));
     mxfp4::encode(key, int(ihd), cache.index_k.data() + size_t(g.entries_before + e) * key_bytes);
-    // Main KV: the latent, RoPE'd at its group's first position, stored KV-FP4.
+    // Main KV: the latent, RoPE'd at its group's first position, stored KV-FP4 (or the state's format).
     float* latent = latents.data() + e * hd;
     rope.apply(latent + hd - rd, g.group_pos(e));
-    kv_fp4::encode(latent, int(hd), cache.kv.data() + size_t(g.entries_before + e) * entry_bytes);
+    encode_global_kv(format, latent, int(hd), cache.kv.data() + size_t(g.entries_before + e) * entry_bytes);
   }
 }
 
@@ -196,7 +197,8 @@ Rows attend(Pass& p, int l, const Rows& q, const Rows& kv) {
       for (int64_t t : row)
         if (t >= 0 && !decoded[size_t(t)]) {
           decoded[size_t(t)] = 1;
-          kv_fp4::decode(cache.kv.data() + t * kv_fp4::bytes(int(hd)), int(hd), compressed_kv.data() + t * hd);
+          decode_global_kv(p.state.global_kv, cache.kv.data() + t * global_kv_entry_bytes(p.state.global_kv, int(hd)), int(hd),
+                           compressed_kv.data() + t * hd);
         }
   }
 
