@@ -310,9 +310,9 @@ TEST(Speculative, SamplingIsDistributedAsPlainSampling) {
 // The scheduler with speculation on, a mixed batch on v41-tiny: greedy requests that speculate,
 // one that asks for logprobs and one that opts out (both decode plainly), joining and leaving at
 // different steps, a stop token inside a verified block: each gets exactly the tokens it gets
-// alone by plain greedy decoding, whatever lengths the prefix scheduler verifies under `rate`
-// (none: measured). Returns the scheduler's counters.
-SchedulerStats serve_mixed_batch(std::optional<StepRate> rate) {
+// alone by plain greedy decoding, whatever the prefix scheduler decides to draft and verify under
+// the profiles `rate` and `draft` (none: measured). Returns the scheduler's counters.
+SchedulerStats serve_mixed_batch(std::optional<StepRate> rate, std::optional<StepRate> draft) {
   auto model = Model::load(test::fixture_dir("v41-tiny"));
   Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
   const Config& c = model->config();
@@ -326,6 +326,7 @@ SchedulerStats serve_mixed_batch(std::optional<StepRate> rate) {
   SchedulerOptions options;
   options.speculative = true;
   options.step_rate = rate;
+  options.draft_rate = draft;
   Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, options);
   struct Work {
     std::vector<int> prompt;
@@ -369,7 +370,6 @@ SchedulerStats serve_mixed_batch(std::optional<StepRate> rate) {
   const auto first_stop = std::find(stop_alone.begin(), stop_alone.end(), stop_alone[2]);
   EXPECT_EQ(stopped, std::vector<int>(stop_alone.begin(), first_stop)) << "the reply ends before its stop token";
   const SchedulerStats s = scheduler.stats();
-  EXPECT_GT(s.speculation.steps, 0);
   EXPECT_EQ(s.speculation.drafted, s.speculation.steps * c.dspark_block_size);
   EXPECT_LE(s.speculation.accepted, s.speculation.verified);
   EXPECT_LE(s.speculation.verified, s.speculation.drafted);
@@ -377,23 +377,74 @@ SchedulerStats serve_mixed_batch(std::optional<StepRate> rate) {
   return s;
 }
 
-// Rows for free (a pass costs the same at any row count): every draft goes to the target, and
-// some of v41-tiny's are accepted (its drafter agrees with its target now and then).
+// Rows and drafts next to free (a pass costs the same at any row count, a drafting call a
+// billionth of it): the speculating sequences draft on their prior, and on whenever their drafts
+// were accepted often enough to pay for the redo; some of v41-tiny's are (its drafter agrees with
+// its target now and then).
 TEST(Speculative, TheSchedulerServesMixedBatchesWithPlainGreedyTokens) {
-  const SchedulerStats s = serve_mixed_batch(StepRate({{1, 100.0}, {1024, 100.0}}));
-  EXPECT_EQ(s.speculation.verified, s.speculation.drafted);
+  const SchedulerStats s = serve_mixed_batch(StepRate({{1, 100.0}, {1024, 100.0}}), StepRate({{1, 1e11}}));
+  EXPECT_GT(s.speculation.steps, 0);
+  EXPECT_GT(s.speculation.verified, 0);
 }
 
-// A pass whose time grows with its rows (compute-bound): no draft pays for its row, so none is
-// verified and every step is a plain decode step — with the same tokens.
-TEST(Speculative, AComputeBoundProfileVerifiesNoDraft) {
-  const SchedulerStats s = serve_mixed_batch(StepRate({{1, 100.0}, {2, 50.0}}));
+// A pass whose time grows with its rows (compute-bound): no draft pays for its row even with every
+// draft accepted (τ/B falls with each), so no sequence drafts: every step is a plain decode step,
+// with the same tokens.
+TEST(Speculative, AComputeBoundProfileDraftsNothing) {
+  const SchedulerStats s = serve_mixed_batch(StepRate({{1, 100.0}, {2, 50.0}}), StepRate({{1, 1e11}}));
+  EXPECT_EQ(s.speculation.steps, 0);
+  EXPECT_GT(s.speculation.plain_steps, 0);
   EXPECT_EQ(s.speculation.verified, 0);
-  EXPECT_EQ(s.speculation.accepted, 0);
 }
 
-// The profile the scheduler measures on the executor when given none.
-TEST(Speculative, TheSchedulerMeasuresItsProfile) { serve_mixed_batch(std::nullopt); }
+// The profiles the scheduler measures on the executor when given none.
+TEST(Speculative, TheSchedulerMeasuresItsProfiles) { serve_mixed_batch(std::nullopt, std::nullopt); }
+
+// A drafter that is almost never right (random weights) on a memory-bound profile: a pass of 10 ms
+// at any row count, a drafting call of 1 ms. The prior (0.7^k) drafts; a step with nothing accepted
+// leaves about a quarter of it, below what pays for a draft and its redo
+// (PrefixSchedule.ASequenceThatStoppedDraftingIsProbedAgain works the numbers), so the sequence
+// decodes plainly, and drafts again (a probe) after every 4 plain steps: the decision flips within
+// the generation, and the reply is plain greedy's throughout.
+TEST(Speculative, ALowAcceptanceDrafterTurnsToPlainSteps) {
+  test::TempDir dir("speculative_test");
+  write_random_checkpoint(preset("tiny"), dir.string(), {});
+  auto model = Model::load(dir.string());
+  Tokenizer tokenizer = Tokenizer::from_file(dir.string() + "/tokenizer.json");
+  const Config& c = model->config();
+  CpuExecutor executor(*model);
+  const std::vector<int> prompt = random_tokens(c, 30, 6);
+  const int n = 40;
+  Session alone(executor, &tokenizer, Mode::Default);
+  std::vector<int> want{greedy(alone.prefill(prompt))};
+  while (int(want.size()) < n) want.push_back(greedy(alone.decode(want.back())));
+
+  SchedulerOptions options;
+  options.speculative = true;
+  options.step_rate = StepRate({{1, 100.0}, {1024, 100.0}});
+  options.draft_rate = StepRate({{1, 1000.0}});
+  options.drafting.reprobe_after = 4;
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, options);
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.max_tokens = n;
+  const std::shared_ptr<Generation> g = scheduler.submit(r);
+  ASSERT_NE(g, nullptr);
+  std::vector<int> got;
+  for (GenerationEvent e = g->next(); e.kind != GenerationEvent::Kind::Finished; e = g->next())
+    if (e.kind == GenerationEvent::Kind::Token) got.push_back(e.token.token);
+  EXPECT_EQ(got, want);
+  const SpeculationStats s = scheduler.stats().speculation;
+  std::printf("drafted steps %lld, plain steps %lld, accepted %lld of %lld verified\n", (long long)s.steps,
+              (long long)s.plain_steps, (long long)s.accepted, (long long)s.verified);
+  // Each step after the first token drafted or not, and emitted one token, and its accepted drafts
+  // (the last maybe past max_tokens).
+  EXPECT_LE(s.steps + s.plain_steps, n - 1);
+  EXPECT_GE(s.steps + s.plain_steps + s.accepted, n - 1);
+  EXPECT_GE(s.steps, 2) << "the first step, on the prior, and a probe";
+  EXPECT_GE(s.plain_steps, options.drafting.reprobe_after) << "a run of plain steps up to the probe";
+  EXPECT_GT(s.plain_steps, s.steps) << "mostly plain: the drafter is almost never right";
+}
 
 // Verifying several sessions' drafts in one forward call (Scheduler::speculate's way: begin_verify
 // for each, one run_batch, end_verify for each, one more call for the redos) gives each session

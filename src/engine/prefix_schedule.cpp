@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "base/error.h"
@@ -61,6 +62,45 @@ StepRate measure_step_rate(Executor& executor, std::span<const int64_t> rows, in
   return StepRate(points);
 }
 
+StepRate measure_draft_rate(Executor& executor, std::span<const int64_t> sequences, int64_t context, int repeats) {
+  if (sequences.empty() || repeats < 1 || context < 1)
+    fail("measure_draft_rate", "sequence counts, a context of 1 token or more and one repeat or more",
+         std::to_string(sequences.size()) + " counts, " + std::to_string(context) + " tokens, " + std::to_string(repeats) + " repeats");
+  const Config& c = executor.model().config();
+  const int64_t most = *std::max_element(sequences.begin(), sequences.end());
+  if (most < 1) fail("measure_draft_rate", "sequence counts of 1 or more", std::to_string(most));
+  const int64_t engram_per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+  // Each sequence's context, a call each (a prompt's size), its features into its drafter windows
+  // (Session::ran's way). Token ids and Engram rows do not change a draft's work: zeros.
+  const std::vector<int> tokens(size_t(context), 0);
+  const std::vector<int64_t> engram(size_t(context * engram_per_token), 0);
+  const int64_t per_row = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (int64_t i = 0; i < most; ++i) {
+    seqs.push_back(executor.new_sequence());
+    std::vector<float> hidden;
+    ForwardOptions options;
+    options.dspark_hidden = &hidden;
+    executor.forward_batch({BatchItem{seqs.back().get(), tokens, engram_per_token > 0 ? engram.data() : nullptr, options}});
+    const int64_t rows = int64_t(hidden.size()) / per_row;
+    executor.dspark_ingest(*seqs.back(), context - rows, hidden, rows);
+  }
+  std::vector<StepRate::Point> points;
+  for (const int64_t n : sequences) {
+    std::vector<DraftRequest> requests;
+    for (int64_t i = 0; i < n; ++i) requests.push_back(DraftRequest{seqs[size_t(i)].get(), 0});
+    std::vector<double> seconds;
+    for (int i = 0; i < repeats; ++i) {  // a draft changes nothing in its sequence: no rewind
+      const auto t0 = std::chrono::steady_clock::now();
+      executor.dspark_drafts(requests);
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
+    points.push_back({n, 1 / std::max(seconds[size_t(repeats / 2)], 1e-9)});
+  }
+  return StepRate(points);
+}
+
 std::vector<double> prefix_survival(std::span<const float> confidence) {
   std::vector<double> a;
   a.reserve(confidence.size());
@@ -72,7 +112,15 @@ std::vector<double> prefix_survival(std::span<const float> confidence) {
   return a;
 }
 
-std::vector<int> verification_lengths(std::span<const std::vector<double>> survival, const StepRate& sps) {
+namespace {
+
+// The rule of prefix_schedule.h: the drafts in decreasing survival, the prefix of that order with
+// the highest expected tokens per second; `draft_seconds(n)` is the drafting time when n sequences
+// draft, and with `redo` a rejection costs the pass that runs the anchor and the accepted drafts
+// again. Returns each sequence's length.
+template <typename DraftSeconds>
+std::vector<int> best_prefix(std::span<const std::vector<double>> survival, const StepRate& sps, const DraftSeconds& draft_seconds,
+                             bool redo) {
   struct Draft {
     double a;
     int r, k;  // draft k (from 1) of sequence r
@@ -91,16 +139,97 @@ std::vector<int> verification_lengths(std::span<const std::vector<double>> survi
   std::vector<int> length(survival.size(), 0);
   const int64_t R = int64_t(survival.size());
   if (R == 0) return length;
-  int64_t rows = R;
+  // The redo: its chance, 1 − Π_r a_{r,ℓ_r} (every verified draft accepted: none), and its
+  // expected rows, Σ_r Σ_{j<ℓ_r} (1 + j)(a_{r,j} − a_{r,j+1}) (a_{r,0} = 1: rejected at draft j + 1,
+  // the anchor and j drafts run again); its time taken at the rows it has when it comes.
+  std::vector<double> last(survival.size(), 1.0);  // a_{r,ℓ_r}
+  double all_accepted = 1, redo_rows = 0;
+  const auto seconds = [&](int64_t rows, int64_t drafting) {
+    double t = draft_seconds(drafting) + 1 / sps.at(rows);
+    const double p = 1 - all_accepted;
+    if (redo && p > 1e-12) t += p / sps.at(std::max<int64_t>(1, std::llround(redo_rows / p)));
+    return t;
+  };
+  // The whole order is scanned: the drafting time steps up with each new sequence, the redo's with
+  // the first draft that may be rejected, and a measured profile need not be convex, so a prefix
+  // past one that lowers the rate may still be the best.
+  int64_t rows = R, drafting = 0;
   double tokens = double(R);  // expected tokens of the step: each sequence's own, then its accepted drafts
-  double best = tokens * sps.at(rows);
-  for (const Draft& d : drafts) {
-    const double rate = (tokens + d.a) * sps.at(rows + 1);
-    if (!(rate > best)) break;
-    best = rate, tokens += d.a, rows += 1;
-    length[size_t(d.r)] = d.k;
+  double best = tokens / seconds(rows, drafting);
+  size_t best_end = 0;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    const Draft& d = drafts[i];
+    double& before = last[size_t(d.r)];
+    redo_rows += double(d.k) * (before - d.a);
+    all_accepted = before > 0 ? all_accepted / before * d.a : 0;  // (before = 0: already 0)
+    before = d.a;
+    tokens += d.a, rows += 1, drafting += d.k == 1;
+    const double rate = tokens / seconds(rows, drafting);
+    if (rate > best) best = rate, best_end = i + 1;
   }
+  for (size_t i = 0; i < best_end; ++i) length[size_t(drafts[i].r)] = drafts[i].k;
   return length;
+}
+
+}  // namespace
+
+std::vector<int> verification_lengths(std::span<const std::vector<double>> survival, const StepRate& sps, const StepCost& cost) {
+  if (!(cost.draft_seconds >= 0) || !std::isfinite(cost.draft_seconds))
+    fail("verification lengths", "a drafting time of 0 s or more", std::to_string(cost.draft_seconds));
+  return best_prefix(survival, sps, [&](int64_t) { return cost.draft_seconds; }, cost.redo);
+}
+
+std::vector<bool> drafting_sequences(std::span<const std::vector<double>> estimated, const StepRate& sps, const StepRate& draft, bool redo) {
+  const std::vector<int> length = best_prefix(estimated, sps, [&](int64_t n) { return n > 0 ? 1 / draft.at(n) : 0.0; }, redo);
+  std::vector<bool> drafts(length.size());
+  for (size_t r = 0; r < length.size(); ++r) drafts[r] = length[r] > 0;
+  return drafts;
+}
+
+SurvivalEstimate::SurvivalEstimate(int block, const DraftingPolicy& policy) : policy_(policy) {
+  const DraftingPolicy& p = policy;
+  if (block < 1 || !(p.prior >= 0 && p.prior <= 1) || !(p.prior_weight > 0) || !std::isfinite(p.prior_weight) ||
+      !(p.decay > 0 && p.decay < 1) || p.reprobe_after < 1)
+    fail("drafting policy", "a block of 1 or more, prior in [0, 1], prior_weight > 0, decay in (0, 1), reprobe_after >= 1",
+         std::to_string(block) + ", " + std::to_string(p.prior) + ", " + std::to_string(p.prior_weight) + ", " +
+             std::to_string(p.decay) + ", " + std::to_string(p.reprobe_after));
+  sum_.resize(size_t(block));
+  survival_.resize(size_t(block));
+  start();
+}
+
+void SurvivalEstimate::start() {
+  weight_ = policy_.prior_weight;
+  double a = 1;
+  for (size_t k = 0; k < survival_.size(); ++k) {
+    a *= policy_.prior;
+    survival_[k] = a;
+    sum_[k] = weight_ * a;
+  }
+  plain_run_ = 0;
+}
+
+void SurvivalEstimate::drafted(std::span<const double> confidence, int verified, int accepted) {
+  const int G = int(survival_.size());
+  if (int(confidence.size()) != G || verified < 0 || verified > G || accepted < 0 || accepted > verified)
+    fail("survival estimate", std::to_string(G) + " confidences and 0 <= accepted <= verified <= " + std::to_string(G),
+         std::to_string(confidence.size()) + " confidences, " + std::to_string(accepted) + " of " + std::to_string(verified) + " accepted");
+  // The confidence head's survival given the first `verified` drafts accepted (0 where it gave those none).
+  const double given = verified == 0 ? 1.0 : confidence[size_t(verified) - 1];
+  weight_ = policy_.decay * weight_ + 1;
+  for (int k = 1; k <= G; ++k) {
+    double o;
+    if (k <= verified) o = k <= accepted ? 1 : 0;
+    else if (accepted < verified) o = 0;
+    else o = given > 0 ? std::clamp(confidence[size_t(k) - 1] / given, 0.0, 1.0) : 0;
+    sum_[size_t(k) - 1] = policy_.decay * sum_[size_t(k) - 1] + o;
+    survival_[size_t(k) - 1] = std::min(sum_[size_t(k) - 1] / weight_, 1.0);
+  }
+  plain_run_ = 0;
+}
+
+void SurvivalEstimate::plain() {
+  if (++plain_run_ >= policy_.reprobe_after) start();
 }
 
 }  // namespace dsv41

@@ -71,6 +71,7 @@ Scheduler::Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
     if (!c.has_dspark()) fail(c.source, "a model with DSpark stages for speculative decoding", "none");
     if (!executor.speculates())
       fail(executor.name() + " executor", "speculative decoding (DSpark) on an executor that has it (cpu, cuda)", executor.name());
+    SurvivalEstimate(c.dspark_block_size, options.drafting);  // a policy it refuses, refused now
     // The profile at passes of 1, 2, 4, ... rows up to a full step's verification, after a context
     // past the window (a verification's attention reads a full window).
     if (options.step_rate) {
@@ -80,6 +81,14 @@ Scheduler::Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
       const int64_t most = int64_t(c.dspark_block_size + 1) * options.max_running;
       for (int64_t n = 1; n < 2 * most && n <= 256; n *= 2) rows.push_back(n);
       step_rate_ = measure_step_rate(executor, rows, 2 * int64_t(c.window_size));
+    }
+    // The drafter's at 1, 2, 4, ... sequences up to the batch, after a full drafter window.
+    if (options.draft_rate) {
+      draft_rate_ = options.draft_rate;
+    } else {
+      std::vector<int64_t> sequences;
+      for (int64_t n = 1; n < 2 * int64_t(options.max_running) && n <= 256; n *= 2) sequences.push_back(n);
+      draft_rate_ = measure_draft_rate(executor, sequences, int64_t(c.window_size));
     }
   }
   const Accounting::Kv kv = account(executor.model().config(), 1).kv;
@@ -431,7 +440,9 @@ void Scheduler::step() {
   }
   running_.remove_if([](const Running& r) { return r.generation == nullptr; });
 
-  // This step's batch: prompt chunks under the token budget, one token for every decoder.
+  // This step's batch: prompt chunks under the token budget, one token for every decoder but those
+  // that draft (their own step, after the batch).
+  const int candidates = choose_drafting();
   std::vector<Running*> members, speculating;
   std::vector<Session*> sessions;
   std::vector<BatchItem> batch;
@@ -444,8 +455,8 @@ void Scheduler::step() {
       batch.push_back(s.next_chunk(r.forks && s.prompt_left() > 1 ? std::min(budget, s.prompt_left() - 1) : budget));
       budget -= int64_t(batch.back().tokens.size());
       prefill_rows += int64_t(batch.back().tokens.size());
-    } else if (speculates(r)) {
-      speculating.push_back(&r);  // its own step, after the batch
+    } else if (r.drafts) {
+      speculating.push_back(&r);
       continue;
     } else {
       batch.push_back(s.next_decode(*r.next_token));
@@ -504,7 +515,7 @@ void Scheduler::step() {
       r.generation = nullptr;
     }
   }
-  if (!speculating.empty()) speculate(speculating);
+  if (!speculating.empty()) speculate(speculating, candidates);
   running_.remove_if([](const Running& r) { return r.generation == nullptr; });
   publish();
 }
@@ -570,10 +581,35 @@ bool Scheduler::speculates(const Running& r) const {
          r.session->drafting() && r.session->prompt_left() == 0 && r.next_token.has_value();
 }
 
-void Scheduler::speculate(const std::vector<Running*>& speculating) {
-  // Every sequence's draft in one executor call; then how much of each the target verifies, chosen
-  // across them from the drafts' confidences and the step-rate profile (engine/prefix_schedule.h);
-  // then each one's pass.
+int Scheduler::choose_drafting() {
+  std::vector<Running*> candidates;
+  for (Running& r : running_) {
+    r.drafts = false;
+    if (speculates(r)) candidates.push_back(&r);
+  }
+  if (candidates.empty()) return 0;
+  const int G = executor_.model().config().dspark_block_size;
+  std::vector<std::vector<double>> estimated;
+  for (Running* r : candidates) {
+    if (!r->estimate) r->estimate.emplace(G, options_.drafting);
+    estimated.push_back(r->estimate->survival());
+  }
+  const std::vector<bool> drafts = drafting_sequences(estimated, *step_rate_, *draft_rate_, true);
+  int64_t plain = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    candidates[i]->drafts = drafts[i];
+    if (!drafts[i]) candidates[i]->estimate->plain(), plain += 1;
+  }
+  std::lock_guard lock(mutex_);
+  stats_.speculation.plain_steps += plain;
+  return int(candidates.size());
+}
+
+void Scheduler::speculate(const std::vector<Running*>& speculating, int candidates) {
+  // Every drafting sequence's draft in one executor call; then how much of each the target
+  // verifies, chosen across the step's candidates from the drafts' confidences and the profiles
+  // (engine/prefix_schedule.h; those that did not draft count as a row each, as the rule decided
+  // with them); then each one's pass.
   struct Step {
     Running* r;
     std::unique_ptr<Verifier> verifier;
@@ -612,7 +648,10 @@ void Scheduler::speculate(const std::vector<Running*>& speculating) {
     // A draft without confidences (no confidence head) is verified whole.
     survival.push_back(steps[i].draft.confidence.size() == G ? prefix_survival(steps[i].draft.confidence) : std::vector<double>(G, 1.0));
   }
-  const std::vector<int> lengths = verification_lengths(survival, *step_rate_);
+  std::vector<std::vector<double>> step_survival = survival;
+  step_survival.resize(size_t(std::max<int>(candidates, int(survival.size()))));  // the plain ones: no drafts
+  std::vector<int> lengths = verification_lengths(step_survival, *step_rate_, StepCost{1 / draft_rate_->at(int64_t(steps.size())), true});
+  lengths.resize(steps.size());
 
   // One target pass for every sequence's [anchor, d_1 .. d_length] (the lengths were chosen for a
   // pass of that many rows), then the verdicts, then one call that runs again what the rejections
@@ -691,6 +730,7 @@ void Scheduler::speculate(const std::vector<Running*>& speculating) {
       stats_.steps += 1;
       stats_.decode_seconds += step.seconds;
     }
+    r.estimate->drafted(survival[j], lengths[j], s.accepted);
     // The emitted tokens in order, until one ends the reply; the last is the next anchor.
     for (const int token : s.emitted)
       if (!take(r, TokenChoice{token, 0, {}})) break;

@@ -126,20 +126,26 @@ struct SchedulerOptions {
   // ones are preempted: their state saved to the KV tiers (when there are tiers; else it is
   // recomputed), to continue where they stopped once there is room.
   int64_t kv_budget_bytes = 0;
-  // DSpark speculative decoding (Session::draft, verify) for the requests that allow it: each such
-  // sequence's decode step is a draft, of which the prefix scheduler (engine/prefix_schedule.h)
-  // sends the first ℓ tokens to one target pass, run on its own after the step's batch (the CPU
-  // executor, the only one with speculation so far, runs a batch's items one after another
-  // anyway). The constructor refuses it for a model without DSpark or another executor.
+  // DSpark speculative decoding (Session::draft, verify) for the requests that allow it: at each
+  // step the prefix scheduler (engine/prefix_schedule.h) decides which such sequences draft
+  // (drafting_sequences, from each one's SurvivalEstimate: drafting would not pay, the sequence
+  // decodes plainly in the step's batch), drafts for them in one call, and sends each one's first
+  // ℓ tokens to one target pass, run on its own after the step's batch. The constructor refuses it
+  // for a model without DSpark or an executor without it.
   bool speculative = false;
-  // The prefix scheduler's profile of target passes per second by rows; measured on the executor
-  // at construction (measure_step_rate) when speculating without one.
-  std::optional<StepRate> step_rate;
+  // The prefix scheduler's profiles: target passes per second by rows, and drafting calls per
+  // second by the sequences drafting together; each measured on the executor at construction
+  // (measure_step_rate, measure_draft_rate) when speculating without one.
+  std::optional<StepRate> step_rate, draft_rate;
+  DraftingPolicy drafting;  // how a sequence's survival is estimated before it drafts
 };
 
 // Speculative decoding's counters (SchedulerOptions::speculative).
 struct SpeculationStats {
   int64_t steps = 0;             // drafts verified
+  // Steps of sequences that could speculate and decoded plainly instead (drafting_sequences: a
+  // draft would not pay for itself); steps + plain_steps are all their steps.
+  int64_t plain_steps = 0;
   int64_t drafted = 0;           // draft tokens proposed (γ per step)
   int64_t verified = 0;          // of them sent to the target (the prefix scheduler's lengths)
   int64_t accepted = 0;          // of them accepted
@@ -186,6 +192,9 @@ class Scheduler {
   void stop();
   SchedulerStats stats() const;
   Mode mode() const { return mode_; }
+  // With speculation: the prefix scheduler's profiles, given or measured (bad_optional_access without).
+  const StepRate& step_rate() const { return step_rate_.value(); }
+  const StepRate& draft_rate() const { return draft_rate_.value(); }
 
  private:
   struct Running {
@@ -200,6 +209,8 @@ class Scheduler {
     std::vector<int> resume{};      // a preempted sequence's tokens, to continue from
     std::optional<int64_t> decoder_floor{};  // and its decoder window floor, once it had replied
     int64_t scored = 1;  // prompt_logprobs: the next prompt position to post (its row may run again after a preemption)
+    std::optional<SurvivalEstimate> estimate{};  // speculation: its drafts' expected survival, from its first step that could draft
+    bool drafts = false;  // speculation: it drafts this step (choose_drafting)
   };
   void loop();
   void admit();
@@ -211,8 +222,12 @@ class Scheduler {
   // Takes a token chosen for a sequence whose prompt is done: posts it (unless it stops the reply),
   // stores the prompt, finishes on a stop or at max_tokens. False when the sequence finished.
   bool take(Running& r, const TokenChoice& choice);
-  // A speculating sequence's decode step (Session::speculate) and its tokens.
-  void speculate(const std::vector<Running*>& speculating);
+  // Which sequences that may speculate draft this step (Running::drafts); the others decode
+  // plainly. Returns how many may speculate.
+  int choose_drafting();
+  // The drafting sequences' decode steps (Session::draft_together, begin_verify, end_verify) and
+  // their tokens; `candidates` sequences could have drafted this step.
+  void speculate(const std::vector<Running*>& speculating, int candidates);
   bool speculates(const Running& r) const;
   // Ends a sequence: posts Finished and keeps the session idle for a continuation.
   void finish(Running& r, FinishKind kind, const std::string& error = {});
@@ -246,7 +261,7 @@ class Scheduler {
   const std::shared_ptr<const EngramHasher> hasher_;
   KvCache* cache_;
   const SchedulerOptions options_;
-  std::optional<StepRate> step_rate_;  // with speculation: the options' or the one measured
+  std::optional<StepRate> step_rate_, draft_rate_;  // with speculation: the options' or the ones measured
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
