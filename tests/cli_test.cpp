@@ -281,7 +281,8 @@ TEST(Cli, ExactChatServesAPrefixFromDiskAfterARestart) {
 // bench spec on fixture v41-tiny: per batch size, plain decoding and DSpark's speculation through
 // the scheduler, and at batch 1 the oracle drafter: 16 tokens after the first in steps of γ + 1 =
 // 5, every draft accepted but in the last step, whose block runs past the reply's end (one draft
-// there is the reply's last token, the others are not the reply).
+// there is the reply's last token, the others are not the reply). DSpark's runs report their
+// steps, drafted or plain, and their scheduler's profiles.
 TEST(Cli, BenchSpecReportsEveryDrafter) {
   Outcome r = run_dsv41("bench spec --model " DSV41_TEST_DATA "/fixtures/v41-tiny --prompt-tokens 20 --tokens 17 --batches 1,2 --json");
   ASSERT_EQ(r.status, 0) << r.output;
@@ -294,6 +295,13 @@ TEST(Cli, BenchSpecReportsEveryDrafter) {
     if (run["drafter"] == "oracle") {
       EXPECT_EQ(run["speculative_steps"].get<int>(), 4) << run;
       EXPECT_EQ(run["accepted_at"], json({4, 3, 3, 3})) << run;  // accepted 4, 4, 4, 1
+    }
+    if (run["drafter"] == "dspark") {  // each sequence's 16 steps at most, drafted or plain; the profiles measured
+      const int steps = run["speculative_steps"].get<int>() + run["plain_steps"].get<int>();
+      EXPECT_GT(steps, 0) << run;
+      EXPECT_LE(steps, 16 * run["batch"].get<int>()) << run;
+      EXPECT_FALSE(run["verify_profile"].empty()) << run;
+      EXPECT_EQ(run["draft_profile"].size(), run["batch"] == 1 ? 1u : 2u) << run;  // 1, 2, ... sequences up to the batch
     }
   }
   EXPECT_EQ(runs, (std::vector<std::pair<int, std::string>>{{1, "none"}, {1, "dspark"}, {1, "oracle"}, {2, "none"}, {2, "dspark"}}));

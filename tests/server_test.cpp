@@ -694,7 +694,9 @@ TEST(Server, LogitBiasAndPenaltiesReachTheSampler) {
 // Speculative decoding in /metrics (serve --speculative dspark; fixture v41-tiny has a DSpark
 // stage, γ = 4): a greedy reply's steps drafted γ tokens each, of which the prefix scheduler sent
 // at most all and the target accepted at most those; the per-position counts add up to the
-// accepted, and the time splits into drafting and verifying; the reply is plain greedy's.
+// accepted, and the time splits into drafting and verifying; the steps that decoded plainly instead
+// are counted apart; the reply is plain greedy's. The profiles are given (rows and drafts next to
+// free), so that the first step drafts on the prior whatever this machine's speed.
 TEST(Server, SpeculativeDecodingIsInTheMetrics) {
   const json request = {{"model", "v41-tiny"}, {"prompt", "Once upon a"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
   std::string plain;
@@ -704,6 +706,8 @@ TEST(Server, SpeculativeDecodingIsInTheMetrics) {
   }
   ServerOptions o;
   o.scheduler.speculative = true;
+  o.scheduler.step_rate = StepRate({{1, 100.0}, {1024, 100.0}});
+  o.scheduler.draft_rate = StepRate({{1, 1e11}});
   Running server(o);
   EXPECT_EQ(server.post("/v1/completions", request)["choices"][0]["text"], plain);
   const double steps = server.metric("dsv41_spec_steps_total"), drafted = server.metric("dsv41_spec_draft_tokens_total"),
@@ -721,6 +725,10 @@ TEST(Server, SpeculativeDecodingIsInTheMetrics) {
   EXPECT_GT(verify, 0);
   EXPECT_NEAR(server.metric("dsv41_spec_seconds_total"), draft + verify, 1e-6 * (draft + verify));
   EXPECT_NEAR(server.metric("dsv41_spec_mean_accepted"), accepted / steps, 1e-6);
+  // 11 tokens after the first, a step each but for the accepted drafts (the last step's may run past the 12).
+  const double plain_steps = server.metric("dsv41_spec_plain_steps_total");
+  EXPECT_LE(steps + plain_steps, 11);
+  EXPECT_GE(steps + plain_steps + accepted, 11);
 }
 
 // Completions with "echo": the text is the prompt's, then the reply's, plain or streamed, for a

@@ -5,9 +5,12 @@
 // is): output tokens per second of plain decoding and of DSpark speculation (greedy unless a
 // temperature is given), each batch size's requests through the scheduler; and at batch 1 with an
 // oracle drafter, whose drafts are the target's own greedy continuation (known from a plain run):
-// every draft accepted, the ceiling of the verify path. Random weights accept few of DSpark's
-// drafts, so its figure there is the cost of speculating, not its gain. Without --model a random
-// checkpoint of the preset (default tiny) is written to a temporary directory first.
+// every draft accepted, the ceiling of the verify path. Through the scheduler each step decides
+// whether drafting pays (engine/prefix_schedule.h): random weights accept few of DSpark's drafts,
+// so there its sequences soon decode plainly, and its figure is the cost of that decision (the
+// steps that drafted, the probes), not speculation's gain. Each speculative run reports its steps
+// that drafted and that decoded plainly, and the profiles its scheduler measured. Without --model
+// a random checkpoint of the preset (default tiny) is written to a temporary directory first.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -36,12 +39,24 @@ struct Run {
   int batch = 1;
   double tokens_per_s = 0;
   SpeculationStats spec;
+  std::vector<StepRate::Point> verify_profile, draft_profile;  // the scheduler's (dspark)
 };
+
+nlohmann::json to_json(const std::vector<StepRate::Point>& profile) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const StepRate::Point& p : profile) j.push_back({p.rows, p.per_second});
+  return j;
+}
 
 nlohmann::json to_json(const Run& r) {
   nlohmann::json j = {{"batch", r.batch}, {"drafter", r.drafter}, {"output_tokens_per_s", r.tokens_per_s}};
   if (r.drafter != "none") {
     j["speculative_steps"] = r.spec.steps;
+    if (r.drafter == "dspark") {
+      j["plain_steps"] = r.spec.plain_steps;
+      j["verify_profile"] = to_json(r.verify_profile);  // [rows, passes/s]
+      j["draft_profile"] = to_json(r.draft_profile);    // [sequences, drafting calls/s]
+    }
     j["mean_accepted"] = r.spec.steps > 0 ? double(r.spec.accepted) / double(r.spec.steps) : 0.0;
     j["accepted_at"] = r.spec.accepted_at;
   }
@@ -74,6 +89,7 @@ Run through_scheduler(Executor& executor, const Tokenizer* tokenizer, const std:
   run.batch = int(prompts.size());
   run.tokens_per_s = double(emitted) / seconds_since(t0);
   run.spec = scheduler.stats().speculation;
+  if (speculative) run.verify_profile = scheduler.step_rate().points(), run.draft_profile = scheduler.draft_rate().points();
   return run;
 }
 
@@ -182,10 +198,12 @@ void add_bench_spec(CLI::App& bench) {
       fmt::print("{}\n", out.dump());
       return;
     }
-    fmt::print("| batch | drafter | output tokens/s | mean accepted of {} |\n| ---: | --- | ---: | ---: |\n", c.dspark_block_size);
+    fmt::print("| batch | drafter | output tokens/s | mean accepted of {} | steps drafted / plain |\n| ---: | --- | ---: | ---: | ---: |\n",
+               c.dspark_block_size);
     for (const Run& r : runs)
-      fmt::print("| {} | {} | {:.1f} | {} |\n", r.batch, r.drafter, r.tokens_per_s,
-                 r.drafter == "none" ? std::string("") : fmt::format("{:.2f}", r.spec.steps > 0 ? double(r.spec.accepted) / double(r.spec.steps) : 0.0));
+      fmt::print("| {} | {} | {:.1f} | {} | {} |\n", r.batch, r.drafter, r.tokens_per_s,
+                 r.drafter == "none" ? std::string("") : fmt::format("{:.2f}", r.spec.steps > 0 ? double(r.spec.accepted) / double(r.spec.steps) : 0.0),
+                 r.drafter == "dspark" ? fmt::format("{} / {}", r.spec.steps, r.spec.plain_steps) : std::string(""));
   });
 }
 

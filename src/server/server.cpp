@@ -618,6 +618,8 @@ std::string Server::State::render_metrics() {
   m.gauge("dsv41_idle_sequences", "Finished sequences kept on the device for a continuation").set(double(s.idle));
   const SpeculationStats& sp = s.speculation;
   sync(m.counter("dsv41_spec_steps_total", "Speculative decode steps: drafts verified in one target pass"), double(sp.steps));
+  sync(m.counter("dsv41_spec_plain_steps_total", "Decode steps of sequences that could speculate and decoded plainly: a draft would not pay"),
+       double(sp.plain_steps));
   sync(m.counter("dsv41_spec_draft_tokens_total", "Draft tokens proposed"), double(sp.drafted));
   sync(m.counter("dsv41_spec_verified_tokens_total", "Draft tokens the prefix scheduler sent to the target"), double(sp.verified));
   sync(m.counter("dsv41_spec_accepted_tokens_total", "Draft tokens accepted"), double(sp.accepted));
