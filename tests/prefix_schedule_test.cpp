@@ -190,10 +190,11 @@ TEST(PrefixSchedule, TheSurvivalEstimateAveragesWhatStepsShowed) {
 }
 
 // The default prior (0.7^k as half an observation, decay 0.7) on a memory-bound pass (10 ms) with a
-// 1 ms drafting call, γ = 4, re-probing after 4 plain steps. The prior drafts (1.77 tokens for 1 +
-// 10 + 7.6 ms of expected redo: 149/s against 100). One step with nothing accepted leaves 0.35 /
-// 1.35 of the prior, (0.181, 0.127, 0.089, 0.062): the best prefix, all four, gives 1.46 tokens in
-// 20.4 ms (71.6/s), so the sequence stops drafting; it drafts again at its fourth plain step.
+// 1 ms drafting call, γ = 4, re-probing after 4 plain steps. The prior drafts (2.77 tokens, 1.77 of
+// them drafts, for 1 + 10 + 7.6 ms of expected redo: 149/s against 100). One step with nothing
+// accepted leaves 0.35 / 1.35 of the prior, (0.181, 0.127, 0.089, 0.062): the best prefix, all
+// four, gives 1.46 tokens in 20.4 ms (71.6/s), so the sequence stops drafting; it drafts again at
+// its fourth plain step.
 TEST(PrefixSchedule, ASequenceThatStoppedDraftingIsProbedAgain) {
   DraftingPolicy policy;
   policy.reprobe_after = 4;
