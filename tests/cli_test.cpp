@@ -307,6 +307,18 @@ TEST(Cli, BenchSpecReportsEveryDrafter) {
   EXPECT_EQ(runs, (std::vector<std::pair<int, std::string>>{{1, "none"}, {1, "dspark"}, {1, "oracle"}, {2, "none"}, {2, "dspark"}}));
 }
 
+// --random-weights writes the layout only and needs the executor that fills it: on the CPU the
+// command is refused by name, before any run.
+TEST(Cli, BenchSpecRandomWeightsNeedTheCudaExecutor) {
+  Outcome r = run_dsv41("bench spec --preset tiny --random-weights 1 --device cpu --batches 1 --json");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--random-weights: expected the CUDA executor"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("output_tokens_per_s"), std::string::npos) << r.output;
+  Outcome both = run_dsv41("bench spec --model " DSV41_TEST_DATA "/fixtures/v41-tiny --random-weights 1");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+}
+
 TEST(Cli, BenchCacheReportsEveryScenario) {
   Outcome r = run_dsv41("bench cache --model " DSV41_TEST_DATA
                         "/fixtures/v41-tiny --document-tokens 200 --question-tokens 32 --reply-tokens 4 --json");

@@ -131,6 +131,7 @@ void add_bench_spec(CLI::App& bench) {
     std::string model, preset = "tiny", batches = "1,4";
     int prompt_tokens = 64, tokens = 64;
     uint64_t seed = 1;
+    std::optional<uint64_t> random_weights;
     float temperature = 0;
     bool as_json = false;
     Device device = Device::Auto;
@@ -144,13 +145,17 @@ void add_bench_spec(CLI::App& bench) {
   cmd->add_option("--batches", args->batches, "Concurrent requests, e.g. 1,4 (batch 1 also runs the oracle drafter)");
   cmd->add_option("--temperature", args->temperature, "Sampling temperature (0: greedy; the oracle runs greedy)")->check(CLI::Range(0.0, 2.0));
   cmd->add_option("--seed", args->seed, "Seed of the random checkpoint, the prompts and the sampling");
+  cmd->add_option("--random-weights", args->random_weights,
+                  "Seed: the preset's layout only on disk, its weights random on the GPU (CUDA executor; sizes no disk holds)")
+      ->excludes(model);
   cmd->add_flag("--json", args->as_json, "Print one JSON object");
   add_device_flag(*cmd, args->device);
   cmd->callback([args] {
     const std::vector<int> batches = parse_int_list(args->batches, "--batches", "batch sizes", 1, 4096);
-    const BenchCheckpoint checkpoint("spec", args->model, args->preset, args->seed, args->as_json);
+    const BenchCheckpoint checkpoint("spec", args->model, args->preset, args->seed, args->as_json,
+                                     args->random_weights.has_value());
     const std::string& dir = checkpoint.dir();
-    ModelDir m = load_model_dir(dir, args->device);
+    ModelDir m = load_model_dir(dir, args->device, args->random_weights);
     const Config& c = m.model->config();
     if (!c.has_dspark()) fail(dir, "a checkpoint with DSpark stages", "none");
     const Tokenizer* tokenizer = m.tokenizer_or_null();

@@ -10,7 +10,7 @@
 
 namespace dsv41::cli {
 
-ModelDir load_model_dir(const std::string& dir, Device device) {
+ModelDir load_model_dir(const std::string& dir, Device device, std::optional<uint64_t> random_weights) {
   ModelDir m;
   m.dir = dir;
   check_device(device);
@@ -20,7 +20,7 @@ ModelDir load_model_dir(const std::string& dir, Device device) {
   progress.update("loading " + dir + ": the checkpoint", 0, 3);
   m.model = Model::load(dir);
   progress.update("loading " + dir + ": the weights to the executor", 1, 3);
-  m.executor = make_executor(*m.model, device);
+  m.executor = make_executor(*m.model, device, random_weights);
   progress.update("loading " + dir + ": the tokenizer", 2, 3);
   if (std::filesystem::exists(dir + "/tokenizer.json")) {
     m.tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
@@ -30,16 +30,20 @@ ModelDir load_model_dir(const std::string& dir, Device device) {
 }
 
 BenchCheckpoint::BenchCheckpoint(const std::string& command, const std::string& model, const std::string& preset_name,
-                                 uint64_t seed, bool quiet)
+                                 uint64_t seed, bool quiet, bool layout_only)
     : scratch_(std::filesystem::temp_directory_path() / fmt::format("dsv41-bench-{}-{}", command, ::getpid())), dir_(model) {
   std::filesystem::remove_all(scratch_);
   std::filesystem::create_directories(scratch_);
   if (!dir_.empty()) return;
   dir_ = (scratch_ / "model").string();
-  if (!quiet) fmt::print(stderr, "bench {}: writing a random {} checkpoint to {}\n", command, preset_name, dir_);
+  if (!quiet) fmt::print(stderr, "bench {}: writing a {} {} checkpoint to {}\n", command, layout_only ? "layout-only" : "random", preset_name, dir_);
   RandomCheckpointOptions o;
   o.seed = seed;
   o.quantized = true;
+  if (layout_only) {
+    write_layout_checkpoint_with_tokenizer(preset(preset_name), dir_, o);
+    return;
+  }
   Progress progress(stderr_is_terminal() && !quiet);
   o.progress = [&](int64_t done, int64_t total) { progress.update("writing " + dir_, done, total, Progress::Unit::Bytes); };
   write_random_checkpoint(preset(preset_name), dir_, o);

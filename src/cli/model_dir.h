@@ -23,15 +23,20 @@ struct ModelDir {
   const Tokenizer* tokenizer_or_null() const { return tokenizer ? &*tokenizer : nullptr; }
 };
 
-ModelDir load_model_dir(const std::string& dir, Device device = Device::Auto);
+// `random_weights` (a seed): the CUDA executor fills the weights on the device (make_executor),
+// for a checkpoint that holds only the tensor layout.
+ModelDir load_model_dir(const std::string& dir, Device device = Device::Auto,
+                        std::optional<uint64_t> random_weights = std::nullopt);
 
 // The checkpoint a benchmark runs: `model` when given, else a random quantized checkpoint of
 // `preset` (seeded) written into a scratch directory of the process, which this object removes;
-// `command` names the benchmark in the line it prints to stderr unless `quiet`. The scratch
-// directory is there for the command's other files too.
+// `command` names the benchmark in the line it prints to stderr unless `quiet`. With `layout_only`
+// the preset's tensor layout without values (seconds at any size; load it with random_weights). The
+// scratch directory is there for the command's other files too.
 class BenchCheckpoint {
  public:
-  BenchCheckpoint(const std::string& command, const std::string& model, const std::string& preset, uint64_t seed, bool quiet);
+  BenchCheckpoint(const std::string& command, const std::string& model, const std::string& preset, uint64_t seed, bool quiet,
+                  bool layout_only = false);
   ~BenchCheckpoint() { std::filesystem::remove_all(scratch_); }
   BenchCheckpoint(const BenchCheckpoint&) = delete;
   BenchCheckpoint& operator=(const BenchCheckpoint&) = delete;
