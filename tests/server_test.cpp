@@ -838,6 +838,25 @@ TEST(Server, AReplyThatEndsInItsReasoningIsFlagged) {
   EXPECT_FALSE(server.post("/v1/chat/completions", request)["choices"][0].contains("reasoning_only"));
 }
 
+// `serve --thinking off` (ServerOptions::thinking): a request that does not say is rendered
+// without the reasoning section, so the same reply that was all reasoning above is the answer;
+// a request's chat_template_kwargs still turn it on.
+TEST(Server, ThinkingOffByDefaultAnswersInContent) {
+  ServerOptions options;
+  options.thinking = false;
+  Running server(options);
+  json request = chat(json::array({{{"role", "user"}, {"content", "Think first."}}}), 3);
+  request.erase("chat_template_kwargs");
+  const json off = server.post("/v1/chat/completions", request);
+  EXPECT_FALSE(off["choices"][0]["message"]["content"].get<std::string>().empty()) << off;
+  EXPECT_FALSE(off["choices"][0]["message"].contains("reasoning_content")) << off;
+  EXPECT_FALSE(off["choices"][0].contains("reasoning_only")) << off;
+  request["chat_template_kwargs"] = {{"thinking", true}};
+  const json on = server.post("/v1/chat/completions", request);
+  EXPECT_EQ(on["choices"][0]["reasoning_only"], true) << on;
+  EXPECT_GT(on["usage"]["prompt_tokens"].get<int>(), off["usage"]["prompt_tokens"].get<int>()) << "the reasoning section's prompt";
+}
+
 // The official openai npm client (tests/e2e, installed by scripts/setup-e2e.sh) against the
 // server: chat, streaming chat, completions, several choices (n), error cases and the SSE framing
 // byte by byte.

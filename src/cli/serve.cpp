@@ -40,6 +40,10 @@ void add_serve(CLI::App& app) {
                          ->envname("DSV41_API_KEY");
   cmd->add_option("--api-key-file", args->api_key_file, "Read the API key from the first line of this file")->excludes(key);
   cmd->add_flag("--exact", args->exact, "Exact mode: every layer on every position, no bounded replay");
+  cmd->add_option("--thinking", o.thinking,
+                  "Chat requests' thinking mode when chat_template_kwargs does not set it: on (V4.1's chat format) or off")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}, CLI::ignore_case))
+      ->default_str("on");
   cmd->add_option("--log-format", o.log_format, "The access log on stderr, a line per request: text, json or off")
       ->transform(CLI::CheckedTransformer(std::map<std::string, LogFormat>{{"text", LogFormat::Text}, {"json", LogFormat::Json},
                                                                            {"off", LogFormat::Off}},

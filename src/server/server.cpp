@@ -240,6 +240,7 @@ struct Server::State {
 
 std::vector<int> Server::State::chat_prompt(const ChatRequest& r, bool& thinking, std::vector<PromptImage>& images) const {
   ChatOptions chat_options;
+  chat_options.thinking = options.thinking;
   try {
     const std::vector<ChatMessage> messages = chat_messages_from_json(r.messages);
     // The images first: a bad one is the request's first error, before anything is rendered.

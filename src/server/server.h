@@ -25,6 +25,9 @@ struct ServerOptions {
   int port = 8080;         // 0: any free port (see Server::port())
   std::string api_key;     // empty: no authentication
   Mode mode = Mode::Default;
+  // A chat request's thinking mode when its chat_template_kwargs do not say (V4.1's chat format:
+  // on). Off for a model that never learned the reasoning section, as the embedded default.
+  bool thinking = true;
   Device device = Device::Auto;  // where the model runs
   std::optional<uint64_t> random_weights;  // a seed: random weights on the device (make_executor)
   KvCacheOptions cache;    // fingerprint and mode are filled in from the checkpoint
