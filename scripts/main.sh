@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# The main job: install what is needed, build, make the default model (scripts/default-model.sh:
-# a small checkpoint in the official layout with random weights and DeepSeek's real tokenizer;
-# docs/default-model.md) and serve it with the OpenAI-compatible API. Arguments go to
-# `dsv41 serve`, e.g. --port 9000 or --host 0.0.0.0.
+# The main job: install what is needed, build, and serve the embedded default model
+# (assets/default-model: a small V4.1-architecture model trained by `dsv41 train`, in the official
+# layout; docs/default-model.md) with the OpenAI-compatible API. Arguments go to `dsv41 serve`,
+# e.g. --port 9000 or --host 0.0.0.0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh dsv41
-scripts/default-model.sh
 
 # The OpenAI clients' settings, from the arguments `serve` gets. Once listening, `serve` itself
 # prints its address and a curl call.
 host=127.0.0.1 port=8080 name=default key=none
+name_given=false thinking_given=false  # else: the API name "default", thinking off
 prev=""
 for a in "$@"; do
-  case "$prev" in --host) host=$a ;; --port) port=$a ;; --model-name) name=$a ;; --api-key) key=$a ;; esac
+  case "$prev" in --host) host=$a ;; --port) port=$a ;; --model-name) name=$a name_given=true ;; --api-key) key=$a ;; esac
+  case "$a" in --thinking|--thinking=*) thinking_given=true ;; esac
   case "$a" in
     --host=*) host=${a#--host=} ;; --port=*) port=${a#--port=} ;;
-    --model-name=*) name=${a#--model-name=} ;; --api-key=*) key=${a#--api-key=} ;;
+    --model-name=*) name=${a#--model-name=} name_given=true ;; --api-key=*) key=${a#--api-key=} ;;
   esac
   prev=$a
 done
@@ -26,9 +27,12 @@ url="http://$host:$port/v1"
 
 cat <<MSG
 
-main: serving models/default as model "$name": random weights (the text is not language) with
-DeepSeek's tokenizer (docs/default-model.md). OpenAI clients:
+main: serving assets/default-model as model "$name": a 4M-parameter model of the V4.1 architecture
+trained on public-domain English (docs/default-model.md). OpenAI clients:
   Python: OpenAI(base_url="$url", api_key="$key").chat.completions.create(model="$name", messages=[...])
   JS:     new OpenAI({ baseURL: "$url", apiKey: "$key" }).chat.completions.create({ model: "$name", messages: [...] })
 MSG
-exec ./build/dsv41 serve --model models/default "$@"
+$name_given || set -- --model-name default "$@"
+# The model never learned V4.1's reasoning section: its chat turns are answers (docs/default-model.md).
+$thinking_given || set -- --thinking off "$@"
+exec ./build/dsv41 serve --model assets/default-model "$@"
