@@ -209,19 +209,19 @@ void SurvivalEstimate::start() {
   plain_run_ = 0;
 }
 
-void SurvivalEstimate::drafted(std::span<const double> confidence, int verified, int accepted) {
+void SurvivalEstimate::drafted(std::span<const double> survival, int verified, int accepted) {
   const int G = int(survival_.size());
-  if (int(confidence.size()) != G || verified < 0 || verified > G || accepted < 0 || accepted > verified)
-    fail("survival estimate", std::to_string(G) + " confidences and 0 <= accepted <= verified <= " + std::to_string(G),
-         std::to_string(confidence.size()) + " confidences, " + std::to_string(accepted) + " of " + std::to_string(verified) + " accepted");
+  if (int(survival.size()) != G || verified < 0 || verified > G || accepted < 0 || accepted > verified)
+    fail("survival estimate", std::to_string(G) + " survivals and 0 <= accepted <= verified <= " + std::to_string(G),
+         std::to_string(survival.size()) + " survivals, " + std::to_string(accepted) + " of " + std::to_string(verified) + " accepted");
   // The confidence head's survival given the first `verified` drafts accepted (0 where it gave those none).
-  const double given = verified == 0 ? 1.0 : confidence[size_t(verified) - 1];
+  const double given = verified == 0 ? 1.0 : survival[size_t(verified) - 1];
   weight_ = policy_.decay * weight_ + 1;
   for (int k = 1; k <= G; ++k) {
     double o;
     if (k <= verified) o = k <= accepted ? 1 : 0;
     else if (accepted < verified) o = 0;
-    else o = given > 0 ? std::clamp(confidence[size_t(k) - 1] / given, 0.0, 1.0) : 0;
+    else o = given > 0 ? std::clamp(survival[size_t(k) - 1] / given, 0.0, 1.0) : 0;
     sum_[size_t(k) - 1] = policy_.decay * sum_[size_t(k) - 1] + o;
     survival_[size_t(k) - 1] = std::min(sum_[size_t(k) - 1] / weight_, 1.0);
   }

@@ -107,7 +107,7 @@ class SurvivalEstimate {
   SurvivalEstimate(int block, const DraftingPolicy& policy);  // block: γ, policy checked
   const std::vector<double>& survival() const { return survival_; }  // a_1 .. a_γ, never growing
   // A drafted step: the draft's survival from its confidences (prefix_survival), the drafts verified and accepted.
-  void drafted(std::span<const double> confidence, int verified, int accepted);
+  void drafted(std::span<const double> survival, int verified, int accepted);
   // A step without drafting.
   void plain();
 

@@ -118,7 +118,6 @@ class CpuExecutor final : public Executor {
   void rewind(Sequence& sequence, const SequenceMark& mark) override;
   bool takes_images() const override { return true; }
   std::vector<std::vector<float>> encode_images(const std::vector<VisionImage>& images) override;
-  GlobalKvFormat global_kv() const { return global_kv_; }
 
  private:
   const Model& model_;

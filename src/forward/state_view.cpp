@@ -73,6 +73,10 @@ void gather_bytes(std::span<const ByteGather> jobs) {
 }
 
 StateView view_of(const SequenceState& s) {
+  // A view's entries are read as KV-FP4 wherever it goes (the tiers, the CUDA executor's upload).
+  if (s.global_kv != GlobalKvFormat::Fp4)
+    fail("view_of", "a sequence state with KV-FP4 global KV (what the KV tiers and the CUDA executor hold)",
+         global_kv_format_name(s.global_kv));
   StateView v;
   v.length = s.length;
   v.decoder_window_floor = s.decoder_window_floor;

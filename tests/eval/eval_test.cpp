@@ -157,6 +157,7 @@ TEST(EvalLoss, Fp8GlobalKvIsHeldAndUsed) {
   }
   auto sequence = fp8.new_sequence();
   expect_error([&] { sequence->saved(0); }, "KV tiers: expected a sequence with KV-FP4 global KV, found swa-fp8");
+  expect_error([&] { view_of(s.state()); }, "expected a sequence state with KV-FP4 global KV");
   // A state with FP4 entries is not taken by an FP8 sequence.
   Session s4(fp4, f.hasher, Mode::Exact);
   s4.prefill(std::span(seq).first(size_t(L)));
