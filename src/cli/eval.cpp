@@ -26,6 +26,9 @@
 
 namespace dsv41::cli {
 
+// Tokens of a passkey reply: a 5-digit key and what surrounds it.
+constexpr int kPasskeyReplyTokens = 8;
+
 namespace {
 
 using json = nlohmann::json;
@@ -102,9 +105,17 @@ void add_eval(CLI::App& app) {
     if (args->kv_fp8) m.executor = std::make_unique<CpuExecutor>(*m.model, GlobalKvFormat::Fp8);
     if (L > c.max_seq_len)
       fail("--seq-len", "at most the model's max_seq_len " + std::to_string(c.max_seq_len), std::to_string(L));
+    // A request's prompt and reply together stay within max_seq_len, as the server asks of one.
     for (int n : lengths)
-      if (n > c.max_seq_len) fail("--passkey", "lengths up to the model's max_seq_len " + std::to_string(c.max_seq_len), std::to_string(n));
+      if (n + kPasskeyReplyTokens > c.max_seq_len)
+        fail("--passkey", "lengths up to the model's max_seq_len " + std::to_string(c.max_seq_len) + " less the reply's " +
+                              std::to_string(kPasskeyReplyTokens) + " tokens",
+             std::to_string(n));
     if (args->dspark && !c.has_dspark()) fail(args->model, "a checkpoint with DSpark stages for --dspark", "none");
+    if (args->dspark && P + args->dspark_tokens + c.dspark_block_size > c.max_seq_len)
+      fail("--dspark-tokens", "the prompt's " + std::to_string(P) + " tokens, the drafted tokens and a last block (" +
+                                   std::to_string(c.dspark_block_size) + ") within max_seq_len " + std::to_string(c.max_seq_len),
+           std::to_string(args->dspark_tokens));
     const eval::ValidationData data = eval::read_validation(args->data, c, tokenizer, !lengths.empty());
     const int64_t sequences = eval::sequences_in(data.tokens, args->tokens, L);
     if (sequences == 0)
@@ -186,7 +197,7 @@ void add_eval(CLI::App& app) {
           progress.update("passkey " + std::to_string(n), t, args->passkey_trials);
           const eval::PasskeyTrial trial = eval::passkey_trial(args->seed, n, t);
           const eval::PasskeyPrompt p = eval::passkey_prompt(tokenizer, filler, n, trial.key, trial.depth);
-          const eval::PasskeyReply r = eval::passkey_reply(*m.executor, hasher, tokenizer, mode, p.ids, 8, m.stop_ids);
+          const eval::PasskeyReply r = eval::passkey_reply(*m.executor, hasher, tokenizer, mode, p.ids, kPasskeyReplyTokens, m.stop_ids);
           const bool ok = eval::passkey_correct(r.text, trial.key);
           correct += ok;
           replies.push_back({{"key", trial.key},

@@ -312,7 +312,9 @@ TEST(EvalCommand, BadArgumentsAreNamed) {
             std::string::npos);
   EXPECT_NE(error(model + data + " --seq-len 40 --prompt-tokens 41").find("--prompt-tokens: expected a prompt of 1 to 40 tokens, found 41 tokens"),
             std::string::npos);
-  EXPECT_NE(error(model + data + " --passkey 5000").find("--passkey: expected lengths up to the model's max_seq_len 4096, found 5000"),
+  EXPECT_NE(error(model + data + " --passkey 4090").find("--passkey: expected lengths up to the model's max_seq_len 4096 less the reply's 8 tokens, found 4090"),
+            std::string::npos);
+  EXPECT_NE(error(model + data + " --seq-len 40 --dspark --dspark-tokens 4080").find("--dspark-tokens: expected the prompt's 20 tokens"),
             std::string::npos);
 
   test::TempDir empty("eval_empty");
