@@ -16,7 +16,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_buffer.h"
 #include "train/cuda/linear.h"
-#include "train/cuda/optim/block_sum.cuh"
+#include "train/cuda/reduce.cuh"
 #include "train/optim/newton_schulz.h"
 
 namespace dsv41::train_cuda::optim {
@@ -34,7 +34,7 @@ __global__ void sum_squares_kernel(const float* x, int64_t per_block, int64_t ch
   const int64_t end = min(per_block, (chunk + 1) * kChunk);
   double s = 0;
   for (int64_t i = chunk * kChunk + threadIdx.x; i < end; i += kThreads) s += double(base[i]) * double(base[i]);
-  s = block_sum_f64<kThreads>(s, scratch);
+  s = block_sum<kThreads>(s, scratch);
   if (threadIdx.x == 0) partial[block * chunks + chunk] = s;
 }
 

@@ -17,9 +17,9 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_buffer.h"
 #include "base/error.h"
-#include "train/cuda/optim/block_sum.cuh"
 #include "train/cuda/optim/nesterov.cuh"
 #include "train/cuda/optim/nesterov.h"
+#include "train/cuda/reduce.cuh"
 
 namespace dsv41::train_cuda::optim {
 
@@ -47,7 +47,7 @@ __global__ void row_norms_kernel(Lookahead g, int64_t cols, const double* c, dou
     const double x = kFirst ? g(i * cols + j) : ri * g(i * cols + j) * c[j];  // the CPU's r = c = 1: x = Ĝ
     s += x * x;
   }
-  s = block_sum_f64<kThreads>(s, scratch);
+  s = block_sum<kThreads>(s, scratch);
   if (threadIdx.x != 0) return;
   if (kFirst) rho[i] = sqrt(s);
   else r[i] = ri / (sqrt(s) + eps);
@@ -61,7 +61,7 @@ __global__ void mask_kernel(const double* rho, int64_t rows, int64_t cols, doubl
   __shared__ unsigned long long kept_total;
   double s = 0;
   for (int64_t i = threadIdx.x; i < rows; i += kMaskThreads) s += rho[i];
-  const double mean = block_sum_f64<kMaskThreads>(s, scratch) / double(rows);
+  const double mean = block_sum<kMaskThreads>(s, scratch) / double(rows);
   if (threadIdx.x == 0) kept_total = 0;
   __syncthreads();
   unsigned long long kept = 0;
