@@ -97,13 +97,13 @@ TEST(PrefixSchedule, RefusesWhatIsNotAPrefixSurvival) {
 TEST(PrefixSchedule, DraftingPaysOnlyWhatItSaves) {
   const std::vector<std::vector<double>> a = {{0.9, 0.81, 0.729, 0.6561}};
   const StepRate sps({{1, 100}, {64, 100}});
-  EXPECT_EQ(drafting_sequences(a, sps, StepRate({{1, 1 / 0.032}}), false), std::vector<bool>{false});  // 4.0951 / 0.042 = 97.5
-  EXPECT_EQ(drafting_sequences(a, sps, StepRate({{1, 1 / 0.030}}), false), std::vector<bool>{true});   // 4.0951 / 0.040 = 102.4
+  EXPECT_EQ(drafting_sequences(a, sps, sps, StepRate({{1, 1 / 0.032}}), false), std::vector<bool>{false});  // 4.0951 / 0.042 = 97.5
+  EXPECT_EQ(drafting_sequences(a, sps, sps, StepRate({{1, 1 / 0.030}}), false), std::vector<bool>{true});   // 4.0951 / 0.040 = 102.4
   // With the redo: all four verified are all accepted with 0.6561, else a redo of E = 0.1 + 2 · 0.09
   // + 3 · 0.081 + 4 · 0.0729 = 0.8146 rows expected: 10 ms · 0.3439 more. A 1 ms draft: 4.0951 /
   // 0.014439 = 283.6 tokens/s; a 30 ms one no longer pays (4.0951 / 0.043439 = 94.3).
-  EXPECT_EQ(drafting_sequences(a, sps, StepRate({{1, 1000}}), true), std::vector<bool>{true});
-  EXPECT_EQ(drafting_sequences(a, sps, StepRate({{1, 1 / 0.030}}), true), std::vector<bool>{false});
+  EXPECT_EQ(drafting_sequences(a, sps, sps, StepRate({{1, 1000}}), true), std::vector<bool>{true});
+  EXPECT_EQ(drafting_sequences(a, sps, sps, StepRate({{1, 1 / 0.030}}), true), std::vector<bool>{false});
 }
 
 TEST(PrefixSchedule, DraftsThatAreNeverAcceptedAreNotMade) {
@@ -114,8 +114,8 @@ TEST(PrefixSchedule, DraftsThatAreNeverAcceptedAreNotMade) {
   // 1.01 / (0.01 + 0.0099) = 50.8/s.
   const std::vector<std::vector<double>> a = {{0.01, 0.001}, {0.01, 0.001}};
   const StepRate sps({{1, 100}, {64, 100}});
-  EXPECT_EQ(drafting_sequences(a, sps, StepRate({{1, 1000}}), false), (std::vector<bool>{false, false}));
-  EXPECT_EQ(drafting_sequences(a, sps, StepRate({{1, 1e9}}), true), (std::vector<bool>{false, false}));
+  EXPECT_EQ(drafting_sequences(a, sps, sps, StepRate({{1, 1000}}), false), (std::vector<bool>{false, false}));
+  EXPECT_EQ(drafting_sequences(a, sps, sps, StepRate({{1, 1e9}}), true), (std::vector<bool>{false, false}));
   EXPECT_EQ(verification_lengths(a, sps, StepCost{0, true}), (std::vector<int>{0, 0}));
 }
 
@@ -127,8 +127,40 @@ TEST(PrefixSchedule, GoodCheapDraftsAreAllMadeAndVerified) {
   const std::vector<double> one = {0.9, 0.81, 0.729, 0.6561};
   const std::vector<std::vector<double>> a(4, one);
   const StepRate sps({{1, 100}, {64, 100}}), draft({{1, 1000}, {64, 1000}});
-  EXPECT_EQ(drafting_sequences(a, sps, draft, true), std::vector<bool>(4, true));
+  EXPECT_EQ(drafting_sequences(a, sps, sps, draft, true), std::vector<bool>(4, true));
   EXPECT_EQ(verification_lengths(a, sps, StepCost{0.001, true}), std::vector<int>(4, 4));
+}
+
+// The engine's step (engine/scheduler.h): a sequence that drafts leaves the batch's decode pass for
+// a verification pass of its own. Eight sequences, one whose drafts survive 0.9, 0.81, 0.729,
+// 0.6561 (Σ 3.0951), seven whose drafts are never accepted; the decode pass 20 ms at any batch (a
+// graph replay, memory-bound), the verification pass 20 ms up to 16 rows then in proportion, a
+// 1 ms drafting call, no redo. Plain: 8 tokens in 20 ms, 400/s. The one good drafter alone: 11.0951
+// tokens in 20 (the other seven) + 1 + 20 ms = 270.6/s. Every sequence drafting (one pass, the
+// order taking the zero drafts of sequences 1 .. 6 whole before sequence 7's first): 37 rows,
+// 1 + 46.25 ms, 235/s. Nobody drafts — where the paper's single pass of 12 rows (21 ms, 528/s)
+// would.
+TEST(PrefixSchedule, ADraftingSequenceLeavesTheBatchsDecodePass) {
+  std::vector<std::vector<double>> a(8, std::vector<double>(4, 0.0));
+  a[0] = {0.9, 0.81, 0.729, 0.6561};
+  const StepRate plain({{1, 50}, {64, 50}}), sps({{1, 50}, {16, 50}}), draft({{1, 1000}, {64, 1000}});
+  EXPECT_EQ(drafting_sequences(a, plain, sps, draft, false), std::vector<bool>(8, false));
+  // Eight good drafters: all draft and the batch's pass is gone. Best: each its first draft, 8 +
+  // 8 · 0.9 = 15.2 tokens in 1 + 20 ms (16 rows), 724/s, against 400/s (each 0.81 more: 16 rows
+  // and beyond, in proportion: 16.01 in 22.25 ms, 720/s, and falling).
+  const std::vector<std::vector<double>> good(8, a[0]);
+  EXPECT_EQ(drafting_sequences(good, plain, sps, draft, false), std::vector<bool>(8, true));
+}
+
+// After drafting, the sequences that decoded in the batch count in the step's rate: a verification
+// pass of 5 ms for one row, 6 ms for two; one draft surviving 0.2; 10 ms outside the pass. Alone
+// (its tokens the step's only ones): 1 / 15 ms = 66.7/s against 1.2 / 16 ms = 75/s, so the draft is
+// verified; with 8 tokens decoded in the batch: 9 / 15 = 600/s against 9.2 / 16 = 575/s, so not.
+TEST(PrefixSchedule, TheBatchsTokensWeighAgainstAVerifiedDraft) {
+  const StepRate sps({{1, 200}, {2, 1 / 0.006}});
+  const std::vector<std::vector<double>> a = {{0.2}};
+  EXPECT_EQ(verification_lengths(a, sps, StepCost{0.010, false, 0}), std::vector<int>{1});
+  EXPECT_EQ(verification_lengths(a, sps, StepCost{0.010, false, 8}), std::vector<int>{0});
 }
 
 TEST(PrefixSchedule, LengthsShrinkAsTheBatchFillsThePass) {
@@ -202,7 +234,7 @@ TEST(PrefixSchedule, ASequenceThatStoppedDraftingIsProbedAgain) {
   policy.reprobe_after = 4;
   SurvivalEstimate e(4, policy);
   const StepRate sps({{1, 100}, {64, 100}}), draft({{1, 1000}});
-  const auto drafts = [&]() -> bool { return drafting_sequences(std::vector<std::vector<double>>{e.survival()}, sps, draft, true)[0]; };
+  const auto drafts = [&]() -> bool { return drafting_sequences(std::vector<std::vector<double>>{e.survival()}, sps, sps, draft, true)[0]; };
   EXPECT_TRUE(drafts());
   e.drafted(std::vector<double>{0.5, 0.25, 0.125, 0.0625}, 4, 0);
   for (int plain = 0; plain < 4; ++plain) {
@@ -221,6 +253,8 @@ TEST(PrefixSchedule, RefusesABadPolicyOrObservation) {
   EXPECT_NE(test::error_of([&] { e.drafted(std::vector<double>{0.5}, 1, 0); }).find("2 survivals"), std::string::npos);
   const std::vector<std::vector<double>> a = {{0.5}};
   EXPECT_NE(test::error_of([&] { verification_lengths(a, StepRate({{1, 1.0}}), StepCost{-1, false}); }).find("0 s or more"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { verification_lengths(a, StepRate({{1, 1.0}}), StepCost{0, false, -1}); }).find("0 tokens or more"),
             std::string::npos);
 }
 
@@ -251,6 +285,22 @@ TEST(PrefixSchedule, MeasuresTheExecutorsDrafts) {
     EXPECT_GT(draft.points()[i].per_second, 0);
   }
   EXPECT_NE(test::error_of([&] { measure_draft_rate(executor, {}, 20); }).find("sequence counts"), std::string::npos);
+}
+
+// The decode path's profile there: one point per sequence count, each a positive rate.
+TEST(PrefixSchedule, MeasuresTheExecutorsDecodeSteps) {
+  const auto model = Model::load(test::fixture_dir("v41-tiny"));
+  CpuExecutor executor(*model);
+  const std::vector<int64_t> sequences = {1, 2, 4};
+  const StepRate plain = measure_plain_rate(executor, sequences, 20, 3);
+  ASSERT_EQ(plain.points().size(), 3u);
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    EXPECT_EQ(plain.points()[i].rows, sequences[i]);
+    EXPECT_GT(plain.points()[i].per_second, 0);
+  }
+  EXPECT_NE(test::error_of([&] { measure_plain_rate(executor, {}, 20); }).find("sequence counts"), std::string::npos);
+  const std::vector<int64_t> none = {0};
+  EXPECT_NE(test::error_of([&] { measure_plain_rate(executor, none, 20); }).find("of 1 or more"), std::string::npos);
 }
 
 }  // namespace

@@ -706,7 +706,7 @@ TEST(Server, SpeculativeDecodingIsInTheMetrics) {
   }
   ServerOptions o;
   o.scheduler.speculative = true;
-  o.scheduler.step_rate = StepRate({{1, 100.0}, {1024, 100.0}});
+  o.scheduler.step_rate = o.scheduler.plain_rate = StepRate({{1, 100.0}, {1024, 100.0}});
   o.scheduler.draft_rate = StepRate({{1, 1e11}});
   Running server(o);
   EXPECT_EQ(server.post("/v1/completions", request)["choices"][0]["text"], plain);

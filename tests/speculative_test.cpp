@@ -311,8 +311,9 @@ TEST(Speculative, SamplingIsDistributedAsPlainSampling) {
 // one that asks for logprobs and one that opts out (both decode plainly), joining and leaving at
 // different steps, a stop token inside a verified block: each gets exactly the tokens it gets
 // alone by plain greedy decoding, whatever the prefix scheduler decides to draft and verify under
-// the profiles `rate` and `draft` (none: measured). Returns the scheduler's counters.
-SchedulerStats serve_mixed_batch(std::optional<StepRate> rate, std::optional<StepRate> draft) {
+// the profiles `rate` (verification), `plain` (decode) and `draft` (none: measured). Returns the
+// scheduler's counters.
+SchedulerStats serve_mixed_batch(std::optional<StepRate> rate, std::optional<StepRate> plain, std::optional<StepRate> draft) {
   auto model = Model::load(test::fixture_dir("v41-tiny"));
   Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
   const Config& c = model->config();
@@ -326,6 +327,7 @@ SchedulerStats serve_mixed_batch(std::optional<StepRate> rate, std::optional<Ste
   SchedulerOptions options;
   options.speculative = true;
   options.step_rate = rate;
+  options.plain_rate = plain;
   options.draft_rate = draft;
   Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, options);
   struct Work {
@@ -377,28 +379,30 @@ SchedulerStats serve_mixed_batch(std::optional<StepRate> rate, std::optional<Ste
   return s;
 }
 
-// Rows and drafts next to free (a pass costs the same at any row count, a drafting call a
-// billionth of it): the speculating sequences draft on their prior, and on whenever their drafts
-// were accepted often enough to pay for the redo; some of v41-tiny's are (its drafter agrees with
-// its target now and then).
+// Verification rows and drafts next to free (a verification pass costs 10 ms at any row count, a
+// drafting call a billionth of it) and the batch's decode pass dear (1 s): every speculating
+// sequence drafts at every step, whatever its drafts showed (drafting all of them spares the
+// decode pass), and verifies the drafts whose confidences pay for the redo; some of v41-tiny's do
+// (its drafter agrees with its target now and then).
 TEST(Speculative, TheSchedulerServesMixedBatchesWithPlainGreedyTokens) {
-  const SchedulerStats s = serve_mixed_batch(StepRate({{1, 100.0}, {1024, 100.0}}), StepRate({{1, 1e11}}));
+  const SchedulerStats s = serve_mixed_batch(StepRate({{1, 100.0}, {1024, 100.0}}), StepRate({{1, 1.0}, {1024, 1.0}}),
+                                             StepRate({{1, 1e11}}));
   EXPECT_GT(s.speculation.steps, 0);
   EXPECT_GT(s.speculation.verified, 0);
 }
 
-// A pass whose time grows with its rows (compute-bound): no draft pays for its row even with every
-// draft accepted (τ/B falls with each), so no sequence drafts: every step is a plain decode step,
-// with the same tokens.
+// A pass whose time grows with its rows (compute-bound, the decode pass alike): no draft pays for
+// its row even with every draft accepted (τ/B falls with each), so no sequence drafts: every step
+// is a plain decode step, with the same tokens.
 TEST(Speculative, AComputeBoundProfileDraftsNothing) {
-  const SchedulerStats s = serve_mixed_batch(StepRate({{1, 100.0}, {2, 50.0}}), StepRate({{1, 1e11}}));
+  const SchedulerStats s = serve_mixed_batch(StepRate({{1, 100.0}, {2, 50.0}}), StepRate({{1, 100.0}, {2, 50.0}}), StepRate({{1, 1e11}}));
   EXPECT_EQ(s.speculation.steps, 0);
   EXPECT_GT(s.speculation.plain_steps, 0);
   EXPECT_EQ(s.speculation.verified, 0);
 }
 
 // The profiles the scheduler measures on the executor when given none.
-TEST(Speculative, TheSchedulerMeasuresItsProfiles) { serve_mixed_batch(std::nullopt, std::nullopt); }
+TEST(Speculative, TheSchedulerMeasuresItsProfiles) { serve_mixed_batch(std::nullopt, std::nullopt, std::nullopt); }
 
 // A drafter that is almost never right (random weights) on a memory-bound profile: a pass of 10 ms
 // at any row count, a drafting call of 1 ms. The prior (0.7^k) drafts; a step with nothing accepted
@@ -421,7 +425,7 @@ TEST(Speculative, ALowAcceptanceDrafterTurnsToPlainSteps) {
 
   SchedulerOptions options;
   options.speculative = true;
-  options.step_rate = StepRate({{1, 100.0}, {1024, 100.0}});
+  options.step_rate = options.plain_rate = StepRate({{1, 100.0}, {1024, 100.0}});
   options.draft_rate = StepRate({{1, 1000.0}});
   options.drafting.reprobe_after = 4;
   Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, options);

@@ -62,6 +62,46 @@ StepRate measure_step_rate(Executor& executor, std::span<const int64_t> rows, in
   return StepRate(points);
 }
 
+StepRate measure_plain_rate(Executor& executor, std::span<const int64_t> sequences, int64_t context, int repeats) {
+  if (sequences.empty() || repeats < 1 || context < 1)
+    fail("measure_plain_rate", "sequence counts, a context of 1 token or more and one repeat or more",
+         std::to_string(sequences.size()) + " counts, " + std::to_string(context) + " tokens, " + std::to_string(repeats) + " repeats");
+  const Config& c = executor.model().config();
+  const int64_t most = *std::max_element(sequences.begin(), sequences.end());
+  if (most < 1) fail("measure_plain_rate", "sequence counts of 1 or more", std::to_string(most));
+  const int64_t engram_per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
+  // Token ids and Engram rows do not change a pass's work: zeros.
+  const std::vector<int> tokens(size_t(context), 0);
+  const std::vector<int64_t> engram(size_t(context * engram_per_token), 0);
+  const int64_t* engram_ids = engram_per_token > 0 ? engram.data() : nullptr;
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (int64_t i = 0; i < most; ++i) {
+    seqs.push_back(executor.new_sequence());
+    executor.forward_batch({BatchItem{seqs.back().get(), tokens, engram_ids, {}}});
+  }
+  SampleRequest greedy;
+  greedy.vocab = c.vocab_size;
+  std::vector<TokenChoice> choices(static_cast<size_t>(most));
+  std::vector<StepRate::Point> points;
+  for (const int64_t n : sequences) {
+    std::vector<BatchItem> items;
+    for (int64_t i = 0; i < n; ++i)
+      items.push_back(BatchItem{seqs[size_t(i)].get(), std::span<const int>(tokens.data(), 1), engram_ids, {}, &greedy, &choices[size_t(i)]});
+    std::vector<double> seconds;
+    for (int i = 0; i < repeats; ++i) {
+      std::vector<SequenceMark> marks;
+      for (int64_t j = 0; j < n; ++j) marks.push_back(executor.mark(*seqs[size_t(j)], 1));
+      const auto t0 = std::chrono::steady_clock::now();
+      executor.forward_batch(items);
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      for (int64_t j = 0; j < n; ++j) executor.rewind(*seqs[size_t(j)], marks[size_t(j)]);
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
+    points.push_back({n, 1 / std::max(seconds[size_t(repeats / 2)], 1e-9)});
+  }
+  return StepRate(points);
+}
+
 StepRate measure_draft_rate(Executor& executor, std::span<const int64_t> sequences, int64_t context, int repeats) {
   if (sequences.empty() || repeats < 1 || context < 1)
     fail("measure_draft_rate", "sequence counts, a context of 1 token or more and one repeat or more",
@@ -115,12 +155,14 @@ std::vector<double> prefix_survival(std::span<const float> confidence) {
 namespace {
 
 // The rule of prefix_schedule.h: the drafts in decreasing survival, the prefix of that order with
-// the highest expected tokens per second; `draft_seconds(n)` is the drafting time when n sequences
-// draft, and with `redo` a rejection costs the pass that runs the anchor and the accepted drafts
-// again. Returns each sequence's length.
-template <typename DraftSeconds>
-std::vector<int> best_prefix(std::span<const std::vector<double>> survival, const StepRate& sps, const DraftSeconds& draft_seconds,
-                             bool redo) {
+// the highest expected tokens per second. `outside(n)` is the step's time outside the verification
+// pass when n sequences draft; `outside_tokens` its tokens there. With `all_in_pass` every listed
+// sequence is a row of the pass (its lengths chosen after drafting), else only those with a draft
+// taken (whether to draft: the others are priced in `outside`). With `redo` a rejection costs the
+// pass that runs the anchor and the accepted drafts again. Returns each sequence's length.
+template <typename Outside>
+std::vector<int> best_prefix(std::span<const std::vector<double>> survival, const StepRate& sps, const Outside& outside,
+                             int64_t outside_tokens, bool all_in_pass, bool redo) {
   struct Draft {
     double a;
     int r, k;  // draft k (from 1) of sequence r
@@ -145,16 +187,17 @@ std::vector<int> best_prefix(std::span<const std::vector<double>> survival, cons
   std::vector<double> last(survival.size(), 1.0);  // a_{r,ℓ_r}
   double all_accepted = 1, redo_rows = 0;
   const auto seconds = [&](int64_t rows, int64_t drafting) {
-    double t = draft_seconds(drafting) + 1 / sps.at(rows);
+    double t = outside(drafting) + (rows > 0 ? 1 / sps.at(rows) : 0.0);
     const double p = 1 - all_accepted;
     if (redo && p > 1e-12) t += p / sps.at(std::max<int64_t>(1, std::llround(redo_rows / p)));
     return t;
   };
   // The whole order is scanned: the drafting time steps up with each new sequence, the redo's with
-  // the first draft that may be rejected, and a measured profile need not be convex, so a prefix
-  // past one that lowers the rate may still be the best.
-  int64_t rows = R, drafting = 0;
-  double tokens = double(R);  // expected tokens of the step: each sequence's own, then its accepted drafts
+  // the first draft that may be rejected, the batch's pass steps down as a sequence leaves it, and
+  // a measured profile need not be convex, so a prefix past one that lowers the rate may still be
+  // the best.
+  int64_t rows = all_in_pass ? R : 0, drafting = 0;
+  double tokens = double(R + outside_tokens);  // expected tokens: each sequence's own, then its accepted drafts
   double best = tokens / seconds(rows, drafting);
   size_t best_end = 0;
   for (size_t i = 0; i < drafts.size(); ++i) {
@@ -163,7 +206,8 @@ std::vector<int> best_prefix(std::span<const std::vector<double>> survival, cons
     redo_rows += double(d.k) * (before - d.a);
     all_accepted = before > 0 ? all_accepted / before * d.a : 0;  // (before = 0: already 0)
     before = d.a;
-    tokens += d.a, rows += 1, drafting += d.k == 1;
+    tokens += d.a, rows += 1;
+    if (d.k == 1) drafting += 1, rows += all_in_pass ? 0 : 1;  // a sequence drafting: its anchor's row joins the pass
     const double rate = tokens / seconds(rows, drafting);
     if (rate > best) best = rate, best_end = i + 1;
   }
@@ -174,13 +218,17 @@ std::vector<int> best_prefix(std::span<const std::vector<double>> survival, cons
 }  // namespace
 
 std::vector<int> verification_lengths(std::span<const std::vector<double>> survival, const StepRate& sps, const StepCost& cost) {
-  if (!(cost.draft_seconds >= 0) || !std::isfinite(cost.draft_seconds))
-    fail("verification lengths", "a drafting time of 0 s or more", std::to_string(cost.draft_seconds));
-  return best_prefix(survival, sps, [&](int64_t) { return cost.draft_seconds; }, cost.redo);
+  if (!(cost.seconds_outside >= 0) || !std::isfinite(cost.seconds_outside) || cost.tokens_outside < 0)
+    fail("verification lengths", "a time outside the pass of 0 s or more and 0 tokens or more there",
+         std::to_string(cost.seconds_outside) + " s, " + std::to_string(cost.tokens_outside) + " tokens");
+  return best_prefix(survival, sps, [&](int64_t) { return cost.seconds_outside; }, cost.tokens_outside, true, cost.redo);
 }
 
-std::vector<bool> drafting_sequences(std::span<const std::vector<double>> estimated, const StepRate& sps, const StepRate& draft, bool redo) {
-  const std::vector<int> length = best_prefix(estimated, sps, [&](int64_t n) { return n > 0 ? 1 / draft.at(n) : 0.0; }, redo);
+std::vector<bool> drafting_sequences(std::span<const std::vector<double>> estimated, const StepRate& plain, const StepRate& sps,
+                                     const StepRate& draft, bool redo) {
+  const int64_t R = int64_t(estimated.size());
+  const auto outside = [&](int64_t n) { return (n < R ? 1 / plain.at(R - n) : 0.0) + (n > 0 ? 1 / draft.at(n) : 0.0); };
+  const std::vector<int> length = best_prefix(estimated, sps, outside, 0, false, redo);
   std::vector<bool> drafts(length.size());
   for (size_t r = 0; r < length.size(); ++r) drafts[r] = length[r] > 0;
   return drafts;

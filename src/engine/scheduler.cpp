@@ -82,14 +82,14 @@ Scheduler::Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
       for (int64_t n = 1; n < 2 * most && n <= 256; n *= 2) rows.push_back(n);
       step_rate_ = measure_step_rate(executor, rows, 2 * int64_t(c.window_size));
     }
-    // The drafter's at 1, 2, 4, ... sequences up to the batch, after a full drafter window.
-    if (options.draft_rate) {
-      draft_rate_ = options.draft_rate;
-    } else {
-      std::vector<int64_t> sequences;
-      for (int64_t n = 1; n < 2 * int64_t(options.max_running) && n <= 256; n *= 2) sequences.push_back(n);
-      draft_rate_ = measure_draft_rate(executor, sequences, int64_t(c.window_size));
-    }
+    // The decode path's and the drafter's at 1, 2, 4, ... sequences up to the batch, after a
+    // context past the window (the drafter's: a full drafter window).
+    std::vector<int64_t> sequences;
+    for (int64_t n = 1; n < 2 * int64_t(options.max_running) && n <= 256; n *= 2) sequences.push_back(n);
+    if (options.plain_rate) plain_rate_ = options.plain_rate;
+    else plain_rate_ = measure_plain_rate(executor, sequences, 2 * int64_t(c.window_size));
+    if (options.draft_rate) draft_rate_ = options.draft_rate;
+    else draft_rate_ = measure_draft_rate(executor, sequences, int64_t(c.window_size));
   }
   const Accounting::Kv kv = account(executor.model().config(), 1).kv;
   global_bytes_per_token_ = kv.global_bytes_per_token;
@@ -594,7 +594,7 @@ int Scheduler::choose_drafting() {
     if (!r->estimate) r->estimate.emplace(G, options_.drafting);
     estimated.push_back(r->estimate->survival());
   }
-  const std::vector<bool> drafts = drafting_sequences(estimated, *step_rate_, *draft_rate_, true);
+  const std::vector<bool> drafts = drafting_sequences(estimated, *plain_rate_, *step_rate_, *draft_rate_, true);
   int64_t plain = 0;
   for (size_t i = 0; i < candidates.size(); ++i) {
     candidates[i]->drafts = drafts[i];
@@ -607,9 +607,9 @@ int Scheduler::choose_drafting() {
 
 void Scheduler::speculate(const std::vector<Running*>& speculating, int candidates) {
   // Every drafting sequence's draft in one executor call; then how much of each the target
-  // verifies, chosen across the step's candidates from the drafts' confidences and the profiles
-  // (engine/prefix_schedule.h; those that did not draft count as a row each, as the rule decided
-  // with them); then each one's pass.
+  // verifies, chosen from the drafts' confidences and the profiles (engine/prefix_schedule.h; the
+  // candidates that did not draft, decoded in the step's batch, priced as the rule decided with
+  // them); then one pass for the drafting sequences.
   struct Step {
     Running* r;
     std::unique_ptr<Verifier> verifier;
@@ -648,10 +648,11 @@ void Scheduler::speculate(const std::vector<Running*>& speculating, int candidat
     // A draft without confidences (no confidence head) is verified whole.
     survival.push_back(steps[i].draft.confidence.size() == G ? prefix_survival(steps[i].draft.confidence) : std::vector<double>(G, 1.0));
   }
-  std::vector<std::vector<double>> step_survival = survival;
-  step_survival.resize(size_t(std::max<int>(candidates, int(survival.size()))));  // the plain ones: no drafts
-  std::vector<int> lengths = verification_lengths(step_survival, *step_rate_, StepCost{1 / draft_rate_->at(int64_t(steps.size())), true});
-  lengths.resize(steps.size());
+  // The candidates that did not draft decoded in the step's batch: their pass and tokens are the
+  // step's outside this one, as drafting_sequences priced them.
+  const int64_t plain = std::max<int64_t>(0, candidates - int64_t(steps.size()));
+  const double outside = 1 / draft_rate_->at(int64_t(steps.size())) + (plain > 0 ? 1 / plain_rate_->at(plain) : 0.0);
+  const std::vector<int> lengths = verification_lengths(survival, *step_rate_, StepCost{outside, true, plain});
 
   // One target pass for every sequence's [anchor, d_1 .. d_length] (the lengths were chosen for a
   // pass of that many rows), then the verdicts, then one call that runs again what the rejections

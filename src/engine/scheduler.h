@@ -133,10 +133,11 @@ struct SchedulerOptions {
   // ℓ tokens to one target pass, run on its own after the step's batch. The constructor refuses it
   // for a model without DSpark or an executor without it.
   bool speculative = false;
-  // The prefix scheduler's profiles: target passes per second by rows, and drafting calls per
-  // second by the sequences drafting together; each measured on the executor at construction
-  // (measure_step_rate, measure_draft_rate) when speculating without one.
-  std::optional<StepRate> step_rate, draft_rate;
+  // The prefix scheduler's profiles: target passes per second by rows (verification), decode
+  // passes per second by sequences (the batch's plain decoding), and drafting calls per second by
+  // the sequences drafting together; each measured on the executor at construction
+  // (measure_step_rate, measure_plain_rate, measure_draft_rate) when speculating without one.
+  std::optional<StepRate> step_rate, plain_rate, draft_rate;
   DraftingPolicy drafting;  // how a sequence's survival is estimated before it drafts
 };
 
@@ -194,6 +195,7 @@ class Scheduler {
   Mode mode() const { return mode_; }
   // With speculation: the prefix scheduler's profiles, given or measured (bad_optional_access without).
   const StepRate& step_rate() const { return step_rate_.value(); }
+  const StepRate& plain_rate() const { return plain_rate_.value(); }
   const StepRate& draft_rate() const { return draft_rate_.value(); }
 
  private:
@@ -261,7 +263,7 @@ class Scheduler {
   const std::shared_ptr<const EngramHasher> hasher_;
   KvCache* cache_;
   const SchedulerOptions options_;
-  std::optional<StepRate> step_rate_, draft_rate_;  // with speculation: the options' or the ones measured
+  std::optional<StepRate> step_rate_, plain_rate_, draft_rate_;  // with speculation: the options' or the ones measured
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;
