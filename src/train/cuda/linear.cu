@@ -1,4 +1,5 @@
-// The trainer's products through cuBLASLt (linear.h), and the bf16 cast of their operands.
+// The trainer's products through cuBLASLt (linear.h), and the bf16 cast of their operands. Blas
+// itself takes fp32 operands too (the CUDA optimizers' Newton–Schulz, optim/newton_schulz.cu).
 //
 // cast_bf16: one thread per value; traffic 6 bytes per value (fp32 read, bf16 written).
 // The products: cuBLASLt's bf16 tensor-core GEMMs with an fp32 compute type (CUBLAS_COMPUTE_32F:
@@ -49,17 +50,30 @@ uint32_t alignment(const void* p, int64_t stride_bytes) {
 // cuBLAS's recommended workspace on Hopper.
 constexpr size_t kWorkspace = size_t(32) << 20;
 
-// The descriptors of one call, destroyed with it (creating them is a few host microseconds).
+// The descriptors of one call, destroyed with it (creating them is a few host microseconds). c is
+// null when C is D (D's layout serves both).
 struct Descriptors {
   cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   ~Descriptors() {
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (d) cublasLtMatrixLayoutDestroy(d);
+    for (cublasLtMatrixLayout_t l : {a, b, c, d})
+      if (l) cublasLtMatrixLayoutDestroy(l);
     if (op) cublasLtMatmulDescDestroy(op);
   }
 };
+
+// A column-major [rows, cols] layout with leading dimension ld, and a batch of `batch` such matrices
+// `stride` elements apart.
+void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                 int64_t stride) {
+  lt(cublasLtMatrixLayoutCreate(layout, type, uint64_t(rows), uint64_t(cols), ld), "cublasLtMatrixLayoutCreate");
+  if (batch == 1) return;
+  const int32_t count = int32_t(batch);
+  lt(cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+     "cublasLtMatrixLayoutSetAttribute");
+  lt(cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+     "cublasLtMatrixLayoutSetAttribute");
+}
 
 }  // namespace
 
@@ -73,7 +87,7 @@ struct Blas::Opaque {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   // (the product's description, its operands' alignments) → the algorithm.
-  std::map<std::array<int64_t, 16>, cublasLtMatmulAlgo_t> algos;
+  std::map<std::array<int64_t, 21>, cublasLtMatmulAlgo_t> algos;
 };
 
 Blas::Blas() : lt_(new Opaque) {
@@ -89,54 +103,51 @@ Blas::~Blas() {
 
 void Blas::matmul(const Product& p, cudaStream_t stream) {
   const char* where = "train_cuda::Blas::matmul";
-  if (p.beta != 0.0f && p.beta != 1.0f) fail(where, "beta 0 or 1", std::to_string(p.beta));
+  if (p.m < 1 || p.n < 1 || p.k < 1)
+    fail(where, "m, n, k ≥ 1", std::to_string(p.m) + ", " + std::to_string(p.n) + ", " + std::to_string(p.k));
   if (p.batch < 1 || p.batch > INT32_MAX) fail(where, "a batch of 1 to 2^31 - 1 products", std::to_string(p.batch));
+  const bool in_place = p.c == nullptr;  // C is D
+  const float* c = in_place ? p.d : p.c;
+  const int64_t ldc = in_place ? p.ldd : p.ldc, stride_c = in_place ? p.stride_d : p.stride_c;
+
   Descriptors desc;
   lt(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t op_a = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "cublasLtMatmulDescSetAttribute");
   lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "cublasLtMatmulDescSetAttribute");
   // Stored shapes (column-major): A is op(A) [m, k] or its transpose, B likewise.
-  const uint64_t a_rows = uint64_t(p.transpose_a ? p.k : p.m), a_cols = uint64_t(p.transpose_a ? p.m : p.k);
-  const uint64_t b_rows = uint64_t(p.transpose_b ? p.n : p.k), b_cols = uint64_t(p.transpose_b ? p.k : p.n);
-  lt(cublasLtMatrixLayoutCreate(&desc.a, CUDA_R_16BF, a_rows, a_cols, p.lda), "cublasLtMatrixLayoutCreate");
-  lt(cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_16BF, b_rows, b_cols, p.ldb), "cublasLtMatrixLayoutCreate");
-  lt(cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, uint64_t(p.m), uint64_t(p.n), p.ldd), "cublasLtMatrixLayoutCreate");
-  if (p.batch > 1) {
-    const int32_t count = int32_t(p.batch);
-    const cublasLtMatrixLayout_t layouts[3] = {desc.a, desc.b, desc.d};
-    const int64_t strides[3] = {p.stride_a, p.stride_b, p.stride_d};
-    for (int i = 0; i < 3; ++i) {
-      lt(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
-         "cublasLtMatrixLayoutSetAttribute");
-      lt(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof(int64_t)),
-         "cublasLtMatrixLayoutSetAttribute");
-    }
-  }
+  const cudaDataType_t operands = p.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  make_layout(&desc.a, operands, p.transpose_a ? p.k : p.m, p.transpose_a ? p.m : p.k, p.lda, p.batch, p.stride_a);
+  make_layout(&desc.b, operands, p.transpose_b ? p.n : p.k, p.transpose_b ? p.k : p.n, p.ldb, p.batch, p.stride_b);
+  make_layout(&desc.d, CUDA_R_32F, p.m, p.n, p.ldd, p.batch, p.stride_d);
+  if (!in_place) make_layout(&desc.c, CUDA_R_32F, p.m, p.n, p.ldc, p.batch, p.stride_c);
+  const cublasLtMatrixLayout_t c_layout = in_place ? desc.d : desc.c;
+
   const bool batched = p.batch > 1;
-  const uint32_t align_a = alignment(p.a, batched ? p.stride_a * 2 : 0), align_b = alignment(p.b, batched ? p.stride_b * 2 : 0);
-  const uint32_t align_d = alignment(p.d, batched ? p.stride_d * 4 : 0);
-  const std::array<int64_t, 16> key = {p.transpose_a, p.transpose_b, p.m,        p.n,        p.k,        p.lda,
-                                       p.ldb,         p.ldd,         p.stride_a, p.stride_b, p.stride_d, p.batch,
-                                       p.beta != 0,   align_a,       align_b,    align_d};
+  const int64_t operand_bytes = p.bf16 ? 2 : 4;
+  const uint32_t align_a = alignment(p.a, batched ? p.stride_a * operand_bytes : 0);
+  const uint32_t align_b = alignment(p.b, batched ? p.stride_b * operand_bytes : 0);
+  const uint32_t align_c = alignment(c, batched ? stride_c * 4 : 0), align_d = alignment(p.d, batched ? p.stride_d * 4 : 0);
+  const std::array<int64_t, 21> key = {p.bf16,     p.transpose_a, p.transpose_b, p.m,        p.n,       p.k,     p.lda,
+                                       p.ldb,      ldc,           p.ldd,         p.stride_a, p.stride_b, stride_c, p.stride_d,
+                                       p.batch,    p.beta != 0,   align_a,       align_b,    align_c,   align_d, c == p.d};
   auto found = lt_->algos.find(key);
   if (found == lt_->algos.end()) {
     cublasLtMatmulPreference_t pref;
     lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const size_t ws = kWorkspace;
     cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    if (status == CUBLAS_STATUS_SUCCESS)
-      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
-    if (status == CUBLAS_STATUS_SUCCESS)
-      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
-    if (status == CUBLAS_STATUS_SUCCESS)  // C is D (added into in place)
-      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d));
-    if (status == CUBLAS_STATUS_SUCCESS)
-      status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+    for (const auto& [attribute, value] : aligns)
+      if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value));
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
     if (status == CUBLAS_STATUS_SUCCESS)
-      status = cublasLtMatmulAlgoGetHeuristic(lt_->handle, desc.op, desc.a, desc.b, desc.d, desc.d, pref, 1, &result, &count);
+      status = cublasLtMatmulAlgoGetHeuristic(lt_->handle, desc.op, desc.a, desc.b, c_layout, desc.d, pref, 1, &result, &count);
     cublasLtMatmulPreferenceDestroy(pref);
     lt(status, "cublasLtMatmulAlgoGetHeuristic");
     if (count == 0)
@@ -145,8 +156,7 @@ void Blas::matmul(const Product& p, cudaStream_t stream) {
                std::to_string(p.batch));
     found = lt_->algos.emplace(key, result.algo).first;
   }
-  const float alpha = 1.0f;
-  lt(cublasLtMatmul(lt_->handle, desc.op, &alpha, p.a, desc.a, p.b, desc.b, &p.beta, p.d, desc.d, p.d, desc.d, &found->second,
+  lt(cublasLtMatmul(lt_->handle, desc.op, &p.alpha, p.a, desc.a, p.b, desc.b, &p.beta, c, c_layout, p.d, desc.d, &found->second,
                     lt_->workspace, kWorkspace, stream),
      "cublasLtMatmul");
 }
@@ -158,7 +168,7 @@ void linear_grouped_forward(Blas& blas, const bf16* x, int64_t M, int64_t G, int
     cuda::check(cudaMemsetAsync(y, 0, size_t(M * G * Ng) * sizeof(float), stream), "train_cuda::linear_forward");
     return;
   }
-  blas.matmul({.transpose_a = true, .m = Ng, .n = M, .k = Kg,
+  blas.matmul({.bf16 = true, .transpose_a = true, .m = Ng, .n = M, .k = Kg,
                .a = W, .lda = Kg, .stride_a = Ng * Kg,
                .b = x, .ldb = G * Kg, .stride_b = Kg,
                .beta = 0.0f,
@@ -170,14 +180,14 @@ void linear_grouped_backward(Blas& blas, const bf16* x, int64_t M, int64_t G, in
                              const bf16* dy, float* dx, float* dW, cudaStream_t stream) {
   if (M <= 0 || G <= 0 || Kg <= 0 || Ng <= 0) return;
   if (dx)
-    blas.matmul({.m = Kg, .n = M, .k = Ng,
+    blas.matmul({.bf16 = true, .m = Kg, .n = M, .k = Ng,
                  .a = W, .lda = Kg, .stride_a = Ng * Kg,
                  .b = dy, .ldb = G * Ng, .stride_b = Ng,
                  .beta = 1.0f,
                  .d = dx, .ldd = G * Kg, .stride_d = Kg, .batch = G},
                 stream);
   if (dW)
-    blas.matmul({.transpose_b = true, .m = Kg, .n = Ng, .k = M,
+    blas.matmul({.bf16 = true, .transpose_b = true, .m = Kg, .n = Ng, .k = M,
                  .a = x, .lda = G * Kg, .stride_a = Kg,
                  .b = dy, .ldb = G * Ng, .stride_b = Ng,
                  .beta = 1.0f,

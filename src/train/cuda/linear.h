@@ -1,6 +1,7 @@
 #pragma once
 // The trainer's products on the tensor cores (docs/training.md, "The CUDA op set"): bf16 operands,
-// fp32 accumulation and fp32 results, through cuBLASLt. The mirror of src/train/grad/linear.h:
+// fp32 accumulation and fp32 results, through cuBLASLt (Blas, which runs the CUDA optimizers'
+// Newton–Schulz products too). The mirror of src/train/grad/linear.h:
 //
 //   y = x Wᵀ        dx += dy W        dW += dyᵀ x
 //
@@ -20,24 +21,31 @@ using bf16 = uint16_t;
 // y [n] = bf16(x [n]), round to nearest even (numerics/types.h bf16_from_float). y may not be x.
 void cast_bf16(const float* x, int64_t n, bf16* y, cudaStream_t stream = nullptr);
 
-// A cuBLASLt handle, its workspace and the algorithm it chose for each shape. One algorithm per
-// product description (shape, leading dimensions, batch, operand alignment), chosen once: a product
-// gives the same bits at every call (cuBLAS's reproducibility guarantee for cublasLtMatmul with a
-// workspace of the caller's, on one GPU model and toolkit). Not thread-safe; calls on one stream at
-// a time.
+// A cuBLASLt handle, its workspace and the algorithm it chose for each product description: the
+// trainer's products (bf16 operands on the tensor cores) and Newton–Schulz's (optim/newton_schulz.h:
+// fp32 operands, or bf16 ones). Every product accumulates in fp32 (CUBLAS_COMPUTE_32F, which allows
+// no TF32 or bf16 shortcut of fp32 operands) into fp32 C and D, and its epilogue is
+// D = α · op(A) · op(B) + β · C. One algorithm per product description (shape, leading dimensions,
+// strides, batch, operand alignment), chosen once: a product gives the same bits at every call
+// (cuBLAS's reproducibility guarantee for cublasLtMatmul with a workspace of the caller's, on one
+// GPU model and toolkit). Not thread-safe; calls on one stream at a time.
 class Blas {
  public:
-  // Column-major D [m, n] = op(A) · op(B) + beta · D, op(A) [m, k], op(B) [k, n], for each of
-  // `batch` matrices; A and B bf16, D fp32, beta 0 or 1. ld*: elements from one stored column to the
+  // Column-major D [m, n] = alpha · op(A) · op(B) + beta · C, op(A) [m, k], op(B) [k, n], m, n, k ≥ 1,
+  // for each of `batch` matrices. A and B bf16 when `bf16`, else fp32. C [m, n] fp32; null: C is D
+  // (beta 0 overwrites D, beta 1 adds into it). D fp32. ld*: elements from one stored column to the
   // next; stride_*: elements from one matrix of the batch to the next.
   struct Product {
+    bool bf16 = false;
     bool transpose_a = false, transpose_b = false;
     int64_t m = 0, n = 0, k = 0;
-    const bf16* a = nullptr;
+    const void* a = nullptr;
     int64_t lda = 0, stride_a = 0;
-    const bf16* b = nullptr;
+    const void* b = nullptr;
     int64_t ldb = 0, stride_b = 0;
-    float beta = 0;
+    float alpha = 1, beta = 0;
+    const float* c = nullptr;
+    int64_t ldc = 0, stride_c = 0;
     float* d = nullptr;
     int64_t ldd = 0, stride_d = 0;
     int64_t batch = 1;

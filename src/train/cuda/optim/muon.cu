@@ -24,7 +24,7 @@ __global__ void apply_kernel(float* W, const float* update, int64_t n, float dec
 
 }  // namespace
 
-void muon_step(NsBlas& blas, float* W, const float* grad, float* momentum, int64_t rows, int64_t cols, int64_t row_blocks,
+void muon_step(Blas& blas, float* W, const float* grad, float* momentum, int64_t rows, int64_t cols, int64_t row_blocks,
                float lr, const dsv41::optim::MuonOptions& options, NsPrecision precision, cudaStream_t stream) {
   const char* where = "train_cuda::optim::muon_step";
   if (rows < 1 || cols < 1) fail(where, "a matrix of at least 1 × 1", std::to_string(rows) + " × " + std::to_string(cols));

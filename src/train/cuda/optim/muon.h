@@ -18,7 +18,7 @@ namespace dsv41::train_cuda::optim {
 
 // W, grad, momentum [rows, cols], device arrays; row_blocks divides rows: block h is rows
 // [h·rows/row_blocks, (h+1)·rows/row_blocks). Scratch (Ĝ and Newton–Schulz's) from the stream's pool.
-void muon_step(NsBlas& blas, float* W, const float* grad, float* momentum, int64_t rows, int64_t cols, int64_t row_blocks,
+void muon_step(Blas& blas, float* W, const float* grad, float* momentum, int64_t rows, int64_t cols, int64_t row_blocks,
                float lr, const dsv41::optim::MuonOptions& options, NsPrecision precision = NsPrecision::Fp32,
                cudaStream_t stream = nullptr);
 

@@ -7,6 +7,10 @@
 // first cast (train_cuda::cast_bf16, round to nearest even) into bf16 scratch: X, A and B once
 // per iteration each. Flops per iteration and block (s the
 // smaller side, l the larger): 2 s² l (A) + 2 s³ (B) + 2 s² l (X').
+//
+// The products are written row-major, as the CPU's; Blas's are column-major, and a row-major
+// [r, c] array is a column-major [c, r] one, so D = α op(A) op(B) + β C row-major is
+// Dᵀ = α op(B)ᵀ op(A)ᵀ + β Cᵀ column-major: B first, m and n swapped (row_major below).
 #include "train/cuda/optim/newton_schulz.h"
 
 #include <algorithm>
@@ -52,9 +56,24 @@ __global__ void scale_kernel(float* x, int64_t n, int64_t per_block, const float
   if (i < n) x[i] = x[i] * inv[i / per_block];
 }
 
+// Blas's product for a dense row-major one: p with op(A) [m, k], op(B) [k, n], C and D [m, n] all
+// row-major and contiguous, its leading dimensions unset.
+Blas::Product row_major(Blas::Product p) {
+  std::swap(p.a, p.b);
+  std::swap(p.stride_a, p.stride_b);
+  std::swap(p.transpose_a, p.transpose_b);
+  std::swap(p.m, p.n);
+  // Each leading dimension is its dense column-major matrix's row count: A stored [m, k] (or [k, m]
+  // when transposed), B [k, n] (or [n, k]), C and D [m, n].
+  p.lda = p.transpose_a ? p.k : p.m;
+  p.ldb = p.transpose_b ? p.n : p.k;
+  p.ldc = p.ldd = p.m;
+  return p;
+}
+
 }  // namespace
 
-void orthogonalize(NsBlas& blas, float* X, int64_t blocks, int64_t rows, int64_t cols, NsPrecision precision,
+void orthogonalize(Blas& blas, float* X, int64_t blocks, int64_t rows, int64_t cols, NsPrecision precision,
                    cudaStream_t stream) {
   const char* where = "train_cuda::optim::orthogonalize";
   if (blocks < 1 || rows < 1 || cols < 1)
@@ -90,34 +109,34 @@ void orthogonalize(NsBlas& blas, float* X, int64_t blocks, int64_t rows, int64_t
     for (int it = 0; it < st.iterations; ++it) {
       const void* x = operand(cur, n, x16);
       if (tall)  // A = Zᵀ Z
-        blas.matmul({.bf16 = use_bf16, .transpose_a = true, .m = s, .n = s, .k = rows,
-                     .a = x, .stride_a = per_block, .b = x, .stride_b = per_block,
-                     .d = A.get(), .stride_d = gram, .batch = blocks},
+        blas.matmul(row_major({.bf16 = use_bf16, .transpose_a = true, .m = s, .n = s, .k = rows,
+                               .a = x, .stride_a = per_block, .b = x, .stride_b = per_block,
+                               .d = A.get(), .stride_d = gram, .batch = blocks}),
                     stream);
       else  // A = X Xᵀ
-        blas.matmul({.bf16 = use_bf16, .transpose_b = true, .m = s, .n = s, .k = cols,
-                     .a = x, .stride_a = per_block, .b = x, .stride_b = per_block,
-                     .d = A.get(), .stride_d = gram, .batch = blocks},
+        blas.matmul(row_major({.bf16 = use_bf16, .transpose_b = true, .m = s, .n = s, .k = cols,
+                               .a = x, .stride_a = per_block, .b = x, .stride_b = per_block,
+                               .d = A.get(), .stride_d = gram, .batch = blocks}),
                     stream);
       const void* a = operand(A.get(), blocks * gram, a16);
       // B = c · A Aᵀ + b · A
-      blas.matmul({.bf16 = use_bf16, .transpose_b = true, .m = s, .n = s, .k = s,
-                   .a = a, .stride_a = gram, .b = a, .stride_b = gram,
-                   .alpha = st.c, .beta = st.b, .c = A.get(), .stride_c = gram,
-                   .d = B.get(), .stride_d = gram, .batch = blocks},
+      blas.matmul(row_major({.bf16 = use_bf16, .transpose_b = true, .m = s, .n = s, .k = s,
+                             .a = a, .stride_a = gram, .b = a, .stride_b = gram,
+                             .alpha = st.c, .beta = st.b, .c = A.get(), .stride_c = gram,
+                             .d = B.get(), .stride_d = gram, .batch = blocks}),
                   stream);
       const void* b = operand(B.get(), blocks * gram, b16);
       if (tall)  // Z' = Z Bᵀ + a · Z
-        blas.matmul({.bf16 = use_bf16, .transpose_b = true, .m = rows, .n = cols, .k = cols,
-                     .a = x, .stride_a = per_block, .b = b, .stride_b = gram,
-                     .alpha = 1.0f, .beta = st.a, .c = cur, .stride_c = per_block,
-                     .d = next, .stride_d = per_block, .batch = blocks},
+        blas.matmul(row_major({.bf16 = use_bf16, .transpose_b = true, .m = rows, .n = cols, .k = cols,
+                               .a = x, .stride_a = per_block, .b = b, .stride_b = gram,
+                               .alpha = 1.0f, .beta = st.a, .c = cur, .stride_c = per_block,
+                               .d = next, .stride_d = per_block, .batch = blocks}),
                     stream);
       else  // X' = B X + a · X
-        blas.matmul({.bf16 = use_bf16, .m = rows, .n = cols, .k = rows,
-                     .a = b, .stride_a = gram, .b = x, .stride_b = per_block,
-                     .alpha = 1.0f, .beta = st.a, .c = cur, .stride_c = per_block,
-                     .d = next, .stride_d = per_block, .batch = blocks},
+        blas.matmul(row_major({.bf16 = use_bf16, .m = rows, .n = cols, .k = rows,
+                               .a = b, .stride_a = gram, .b = x, .stride_b = per_block,
+                               .alpha = 1.0f, .beta = st.a, .c = cur, .stride_c = per_block,
+                               .d = next, .stride_d = per_block, .batch = blocks}),
                     stream);
       std::swap(cur, next);
     }

@@ -1,7 +1,7 @@
 #pragma once
 // The hybrid Newton–Schulz orthogonalisation on the device: src/train/optim/newton_schulz.h's
 // iteration (its coefficient table kHybridNewtonSchulz and ε are used, not copied), on cuBLASLt
-// products (ns_blas.h), for a batch of equal blocks at once (head-wise Muon's heads).
+// products (train_cuda::Blas, linear.h), for a batch of equal blocks at once (head-wise Muon's heads).
 //
 // Per block U [rows, cols]: X₀ = U / (‖U‖_F + 1e-7) (the sum of squares in double, as the CPU), then
 // X ← a X + (b A + c A²) X, A = X Xᵀ, through the table's stages. Each iteration is three products
@@ -22,7 +22,7 @@
 
 #include <cstdint>
 
-#include "train/cuda/optim/ns_blas.h"
+#include "train/cuda/linear.h"
 
 namespace dsv41::train_cuda::optim {
 
@@ -30,7 +30,7 @@ enum class NsPrecision { Fp32, Bf16 };
 
 // X [blocks, rows, cols] (device, each block row-major and contiguous): in, the matrices U; out,
 // each one's approximation of its polar factor, in place. Scratch from the stream's pool.
-void orthogonalize(NsBlas& blas, float* X, int64_t blocks, int64_t rows, int64_t cols, NsPrecision precision,
+void orthogonalize(Blas& blas, float* X, int64_t blocks, int64_t rows, int64_t cols, NsPrecision precision,
                    cudaStream_t stream = nullptr);
 
 }  // namespace dsv41::train_cuda::optim

@@ -17,8 +17,8 @@
 
 #include "backend/cuda/device_buffer.h"
 #include "model/config.h"
+#include "train/cuda/linear.h"
 #include "train/cuda/optim/newton_schulz.h"
-#include "train/cuda/optim/ns_blas.h"
 #include "train/optim/optimizer.h"
 
 namespace dsv41::train_cuda::optim {
@@ -49,7 +49,7 @@ class Optimizer {
   std::vector<std::vector<cuda::DeviceBuffer<float>>> state_;  // state_[i]: slots_[i]'s buffers
   uint64_t steps_ = 0;
   NsPrecision ns_precision_;
-  NsBlas blas_;
+  Blas blas_;
 };
 
 }  // namespace dsv41::train_cuda::optim

@@ -45,7 +45,7 @@ struct DeviceRun {
   std::vector<float> W, momentum;
 };
 
-DeviceRun on_device(train_cuda::optim::NsBlas& blas, const Shape& s, const std::vector<float>& W0,
+DeviceRun on_device(train_cuda::Blas& blas, const Shape& s, const std::vector<float>& W0,
               const std::vector<std::vector<float>>& grads, const std::vector<std::vector<float>>& cpu_momenta) {
   const size_t n = W0.size();
   DeviceArray<float> W(W0), m(std::vector<float>(n, 0.0f)), g(n);
@@ -59,7 +59,7 @@ DeviceRun on_device(train_cuda::optim::NsBlas& blas, const Shape& s, const std::
 
 TEST(CudaOptimMuon, FourStepsMatchTheCpu) {
   DSV41_REQUIRE_DEVICE();
-  train_cuda::optim::NsBlas blas;
+  train_cuda::Blas blas;
   for (const Shape& s : kShapes) {
     const size_t n = size_t(s.rows * s.cols);
     const uint32_t seed = uint32_t(s.rows * 1000 + s.cols);
@@ -84,7 +84,7 @@ TEST(CudaOptimMuon, FourStepsMatchTheCpu) {
 
 TEST(CudaOptimMuon, RefusesBlocksThatDoNotDivideTheRows) {
   DSV41_REQUIRE_DEVICE();
-  train_cuda::optim::NsBlas blas;
+  train_cuda::Blas blas;
   DeviceArray<float> x(12);
   EXPECT_THROW(train_cuda::optim::muon_step(blas, x.get(), x.get(), x.get(), 6, 2, 4, 0.1f, optim::MuonOptions{}), Error);
 }

@@ -93,7 +93,7 @@ std::vector<float> matrix(const Case& c, uint32_t seed) {
 
 TEST(CudaOptimNewtonSchulz, MatchesTheCpuWithinTheRoundingOfTheProducts) {
   DSV41_REQUIRE_DEVICE();
-  train_cuda::optim::NsBlas blas;
+  train_cuda::Blas blas;
   for (const Case& c : kCases)
     for (uint32_t seed = 1; seed <= 3; ++seed) {
       const std::vector<float> U = matrix(c, seed * 7919 + uint32_t(c.rows));
@@ -122,7 +122,7 @@ TEST(CudaOptimNewtonSchulz, MatchesTheCpuWithinTheRoundingOfTheProducts) {
 // A zero matrix stays zero (‖U‖ + ε keeps the division finite), as on the CPU.
 TEST(CudaOptimNewtonSchulz, ZeroStaysZero) {
   DSV41_REQUIRE_DEVICE();
-  train_cuda::optim::NsBlas blas;
+  train_cuda::Blas blas;
   DeviceArray<float> X(std::vector<float>(2 * 12 * 5, 0.0f));
   for (const Bounds& bounds : kBounds) {
     train_cuda::optim::orthogonalize(blas, X.get(), 2, 12, 5, bounds.precision);
