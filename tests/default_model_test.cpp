@@ -4,13 +4,14 @@
 // the corpus's word statistics.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "engine/session.h"
+#include "eval/served_loss.h"
 #include "forward/model.h"
 #include "model/tokenizer/tokenizer.h"
 
@@ -45,22 +46,15 @@ TEST(DefaultModel, FitsTheRepositoryAndHasTheWholeSchedule) {
 // Mean negative log-likelihood (nats per token) of `text` served token by token in exact mode: a
 // prefill of the first token, then each next token's log-probability from the logits of the
 // decode step before it.
+// Nats per token of `text` as served: its first token prefilled, each next one decoded, scored by
+// dsv41 eval's served loss (over all of the model's vocab_size logits).
 double served_nll(const std::string& text) {
   std::unique_ptr<Model> model = Model::load(kDir);
   const Tokenizer tokenizer = Tokenizer::from_file(kDir + "/tokenizer.json");
   const std::vector<int> ids = tokenizer.encode(text);
-  const int64_t V = sampling_vocab(model->config(), &tokenizer);
-  Session session(*model, &tokenizer, Mode::Exact);
-  std::vector<float> z = session.prefill(std::span<const int>(ids.data(), 1));
-  double nll = 0;
-  for (size_t i = 1; i < ids.size(); ++i) {
-    double mx = -INFINITY, sum = 0;
-    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(z[size_t(v)]));
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(z[size_t(v)]) - mx);
-    nll += mx + std::log(sum) - z[size_t(ids[i])];
-    if (i + 1 < ids.size()) z = session.decode(ids[i]);
-  }
-  return nll / double(ids.size() - 1);
+  CpuExecutor executor(*model);
+  const eval::ServedNll s = eval::served_nll(executor, engram_hasher(model->config(), &tokenizer), Mode::Exact, ids, 1);
+  return std::accumulate(s.nll.begin(), s.nll.end(), 0.0) / double(s.nll.size());
 }
 
 // Passages written for this test, so in no training document. Per passage (nats per token, the
