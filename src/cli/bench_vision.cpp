@@ -1,5 +1,5 @@
-// dsv41 bench vision [--model DIR | --preset NAME] [--width W] [--height H] [--images 1,8]
-//                    [--prompt-tokens N] [--seed S] [--device auto|cpu|cuda] [--json]
+// dsv41 bench vision [--model DIR | --preset NAME [--random-weights SEED]] [--width W] [--height H]
+//                    [--images 1,8] [--prompt-tokens N] [--seed S] [--device auto|cpu|cuda] [--json]
 //
 // The image path's speed (issue 20) on the executor --device picks: synthetic W × H images (random
 // pixels, so no decoder is timed) through the reference's preprocessing (the plan, the fit, the
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "base/error.h"
@@ -46,6 +47,7 @@ void add_bench_vision(CLI::App& bench) {
     std::string model, preset = "small-vision", images = "1,8";
     int width = 640, height = 480, prompt_tokens = 256;
     uint64_t seed = 1;
+    std::optional<uint64_t> random_weights;
     bool as_json = false;
     Device device = Device::Auto;
   };
@@ -58,12 +60,15 @@ void add_bench_vision(CLI::App& bench) {
   cmd->add_option("--images", args->images, "Images per call of the vision tower, e.g. 1,8");
   cmd->add_option("--prompt-tokens", args->prompt_tokens, "Text tokens around the image in the prefill")->check(CLI::Range(2, 1 << 16));
   cmd->add_option("--seed", args->seed, "Seed of the random checkpoint, the pixels and the prompts");
+  cmd->add_option("--random-weights", args->random_weights,
+                  "Seed: the preset's layout only on disk, its weights random on the GPU (CUDA executor; sizes no disk holds)")
+      ->excludes(model);
   cmd->add_flag("--json", args->as_json, "Print one JSON object");
   add_device_flag(*cmd, args->device);
   cmd->callback([args] {
     const std::vector<int> counts = parse_int_list(args->images, "--images", "image counts", 1, 256);
-    const BenchCheckpoint checkpoint("vision", args->model, args->preset, args->seed, args->as_json);
-    ModelDir m = load_model_dir(checkpoint.dir(), args->device);
+    const BenchCheckpoint checkpoint("vision", args->model, args->preset, args->seed, args->as_json, args->random_weights.has_value());
+    ModelDir m = load_model_dir(checkpoint.dir(), args->device, args->random_weights);
     const Config& c = m.model->config();
     if (!c.has_vision()) fail(checkpoint.dir(), "a checkpoint with a vision tower", "none");
     if (!m.executor->takes_images())

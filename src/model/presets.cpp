@@ -90,6 +90,15 @@ Config bench_1gpu() {
   return c;
 }
 
+// bench-1gpu with the released vision tower: `dsv41 bench vision --device cuda --random-weights`,
+// the tower and the prefill with an image at the released widths (the CUDA attention takes head
+// dims 64 and 512, not small's 128).
+Config bench_1gpu_vision() {
+  Config c = bench_1gpu();
+  c.vision = flash().vision;
+  return c;
+}
+
 // A few layers with the released schedule's shape: SWA-only layers, an encoder Full+Reuse group
 // at m=2, and decoder Full+Reuse and Reindex+Reuse groups at m=1 behind a candidate source;
 // one Engram layer and one DSpark layer. Small enough for CI's two cores.
@@ -236,7 +245,7 @@ Config serve_default() {
 
 const std::map<std::string, std::function<Config()>>& presets() {
   static const std::map<std::string, std::function<Config()>> all = {
-      {"deepseek-v4.1-flash", flash}, {"bench-1gpu", bench_1gpu}, {"tiny", tiny}, {"tiny-vision", tiny_vision}, {"small", small},
+      {"deepseek-v4.1-flash", flash}, {"bench-1gpu", bench_1gpu}, {"bench-1gpu-vision", bench_1gpu_vision}, {"tiny", tiny}, {"tiny-vision", tiny_vision}, {"small", small},
       {"small-vision", small_vision},
       {"flash-kv", flash_kv}, {"serve-default", serve_default}};
   return all;
