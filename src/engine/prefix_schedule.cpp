@@ -32,111 +32,123 @@ double StepRate::at(int64_t rows) const {
   return 1 / ((1 - f) / lo->per_second + f / hi->per_second);
 }
 
+namespace {
+
+// Rows of zeros for the profiles' passes: token ids and Engram rows do not change a pass's work.
+struct Zeros {
+  std::vector<int> tokens;
+  std::vector<int64_t> engram;
+  bool has_engram;
+  Zeros(const Config& c, int64_t rows)
+      : tokens(size_t(rows), 0),
+        engram(size_t(rows * int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns()), 0),
+        has_engram(!engram.empty()) {}
+  BatchItem item(Sequence& seq, int64_t rows, ForwardOptions options = {}) const {
+    return BatchItem{&seq, std::span<const int>(tokens.data(), size_t(rows)), has_engram ? engram.data() : nullptr, options};
+  }
+};
+
+// The median over `repeats` of `pass`'s wall time, as passes per second.
+template <typename Pass>
+double median_rate(int repeats, const Pass& pass) {
+  std::vector<double> seconds;
+  for (int i = 0; i < repeats; ++i) seconds.push_back(pass());
+  std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
+  return 1 / std::max(seconds[size_t(repeats / 2)], 1e-9);
+}
+
+template <typename F>
+double seconds_of(const F& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A profile by sequences: the largest count, after checking the arguments.
+int64_t most_sequences(const char* what, std::span<const int64_t> sequences, int64_t context, int repeats) {
+  if (sequences.empty() || repeats < 1 || context < 1)
+    fail(what, "sequence counts, a context of 1 token or more and one repeat or more",
+         std::to_string(sequences.size()) + " counts, " + std::to_string(context) + " tokens, " + std::to_string(repeats) + " repeats");
+  const int64_t most = *std::max_element(sequences.begin(), sequences.end());
+  if (most < 1) fail(what, "sequence counts of 1 or more", std::to_string(most));
+  return most;
+}
+
+// `n` sequences, each after its context of `zeros` (a call each: a prompt's size); with
+// `drafting`, its features in its drafter windows too (Session::ran's way).
+std::vector<std::unique_ptr<Sequence>> with_context(Executor& executor, int64_t n, const Zeros& zeros, bool drafting) {
+  const Config& c = executor.model().config();
+  const int64_t context = int64_t(zeros.tokens.size()), per_row = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (int64_t i = 0; i < n; ++i) {
+    seqs.push_back(executor.new_sequence());
+    std::vector<float> hidden;
+    ForwardOptions options;
+    if (drafting) options.dspark_hidden = &hidden;
+    executor.forward_batch({zeros.item(*seqs.back(), context, options)});
+    if (!drafting) continue;
+    const int64_t rows = int64_t(hidden.size()) / per_row;
+    executor.dspark_ingest(*seqs.back(), context - rows, hidden, rows);
+  }
+  return seqs;
+}
+
+}  // namespace
+
 StepRate measure_step_rate(Executor& executor, std::span<const int64_t> rows, int64_t context, int repeats) {
   if (rows.empty() || repeats < 1) fail("measure_step_rate", "row counts and one repeat or more", "none");
-  const Config& c = executor.model().config();
-  const int64_t engram_per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-  // Token ids and Engram rows do not change a pass's work: zeros.
-  const auto run = [&](Sequence& seq, int64_t n, bool all_logits) {
-    const std::vector<int> tokens(size_t(n), 0);
-    const std::vector<int64_t> engram(size_t(n * engram_per_token), 0);
-    ForwardOptions options;
-    options.all_logits = all_logits;
-    executor.forward_batch({BatchItem{&seq, tokens, engram_per_token > 0 ? engram.data() : nullptr, options}});
-  };
+  const int64_t most = *std::max_element(rows.begin(), rows.end());
+  const Zeros zeros(executor.model().config(), std::max(most, context));
   const std::unique_ptr<Sequence> seq = executor.new_sequence();
-  if (context > 0) run(*seq, context, false);
+  if (context > 0) executor.forward_batch({zeros.item(*seq, context)});
+  ForwardOptions all_logits;
+  all_logits.all_logits = true;
   std::vector<StepRate::Point> points;
-  for (const int64_t n : rows) {
-    std::vector<double> seconds;
-    for (int i = 0; i < repeats; ++i) {
-      const SequenceMark mark = executor.mark(*seq, n);
-      const auto t0 = std::chrono::steady_clock::now();
-      run(*seq, n, true);
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      executor.rewind(*seq, mark);
-    }
-    std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
-    points.push_back({n, 1 / std::max(seconds[size_t(repeats / 2)], 1e-9)});
-  }
+  for (const int64_t n : rows)
+    points.push_back({n, median_rate(repeats, [&] {
+                        const SequenceMark mark = executor.mark(*seq, n);
+                        const double t = seconds_of([&] { executor.forward_batch({zeros.item(*seq, n, all_logits)}); });
+                        executor.rewind(*seq, mark);
+                        return t;
+                      })});
   return StepRate(points);
 }
 
 StepRate measure_plain_rate(Executor& executor, std::span<const int64_t> sequences, int64_t context, int repeats) {
-  if (sequences.empty() || repeats < 1 || context < 1)
-    fail("measure_plain_rate", "sequence counts, a context of 1 token or more and one repeat or more",
-         std::to_string(sequences.size()) + " counts, " + std::to_string(context) + " tokens, " + std::to_string(repeats) + " repeats");
+  const int64_t most = most_sequences("measure_plain_rate", sequences, context, repeats);
   const Config& c = executor.model().config();
-  const int64_t most = *std::max_element(sequences.begin(), sequences.end());
-  if (most < 1) fail("measure_plain_rate", "sequence counts of 1 or more", std::to_string(most));
-  const int64_t engram_per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-  // Token ids and Engram rows do not change a pass's work: zeros.
-  const std::vector<int> tokens(size_t(context), 0);
-  const std::vector<int64_t> engram(size_t(context * engram_per_token), 0);
-  const int64_t* engram_ids = engram_per_token > 0 ? engram.data() : nullptr;
-  std::vector<std::unique_ptr<Sequence>> seqs;
-  for (int64_t i = 0; i < most; ++i) {
-    seqs.push_back(executor.new_sequence());
-    executor.forward_batch({BatchItem{seqs.back().get(), tokens, engram_ids, {}}});
-  }
+  const Zeros zeros(c, context);
+  const std::vector<std::unique_ptr<Sequence>> seqs = with_context(executor, most, zeros, false);
   SampleRequest greedy;
   greedy.vocab = c.vocab_size;
   std::vector<TokenChoice> choices(static_cast<size_t>(most));
   std::vector<StepRate::Point> points;
   for (const int64_t n : sequences) {
     std::vector<BatchItem> items;
-    for (int64_t i = 0; i < n; ++i)
-      items.push_back(BatchItem{seqs[size_t(i)].get(), std::span<const int>(tokens.data(), 1), engram_ids, {}, &greedy, &choices[size_t(i)]});
-    std::vector<double> seconds;
-    for (int i = 0; i < repeats; ++i) {
-      std::vector<SequenceMark> marks;
-      for (int64_t j = 0; j < n; ++j) marks.push_back(executor.mark(*seqs[size_t(j)], 1));
-      const auto t0 = std::chrono::steady_clock::now();
-      executor.forward_batch(items);
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      for (int64_t j = 0; j < n; ++j) executor.rewind(*seqs[size_t(j)], marks[size_t(j)]);
+    for (int64_t i = 0; i < n; ++i) {
+      items.push_back(zeros.item(*seqs[size_t(i)], 1));
+      items.back().sample = &greedy, items.back().choice = &choices[size_t(i)];
     }
-    std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
-    points.push_back({n, 1 / std::max(seconds[size_t(repeats / 2)], 1e-9)});
+    points.push_back({n, median_rate(repeats, [&] {
+                        std::vector<SequenceMark> marks;
+                        for (int64_t j = 0; j < n; ++j) marks.push_back(executor.mark(*seqs[size_t(j)], 1));
+                        const double t = seconds_of([&] { executor.forward_batch(items); });
+                        for (int64_t j = 0; j < n; ++j) executor.rewind(*seqs[size_t(j)], marks[size_t(j)]);
+                        return t;
+                      })});
   }
   return StepRate(points);
 }
 
 StepRate measure_draft_rate(Executor& executor, std::span<const int64_t> sequences, int64_t context, int repeats) {
-  if (sequences.empty() || repeats < 1 || context < 1)
-    fail("measure_draft_rate", "sequence counts, a context of 1 token or more and one repeat or more",
-         std::to_string(sequences.size()) + " counts, " + std::to_string(context) + " tokens, " + std::to_string(repeats) + " repeats");
-  const Config& c = executor.model().config();
-  const int64_t most = *std::max_element(sequences.begin(), sequences.end());
-  if (most < 1) fail("measure_draft_rate", "sequence counts of 1 or more", std::to_string(most));
-  const int64_t engram_per_token = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
-  // Each sequence's context, a call each (a prompt's size), its features into its drafter windows
-  // (Session::ran's way). Token ids and Engram rows do not change a draft's work: zeros.
-  const std::vector<int> tokens(size_t(context), 0);
-  const std::vector<int64_t> engram(size_t(context * engram_per_token), 0);
-  const int64_t per_row = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
-  std::vector<std::unique_ptr<Sequence>> seqs;
-  for (int64_t i = 0; i < most; ++i) {
-    seqs.push_back(executor.new_sequence());
-    std::vector<float> hidden;
-    ForwardOptions options;
-    options.dspark_hidden = &hidden;
-    executor.forward_batch({BatchItem{seqs.back().get(), tokens, engram_per_token > 0 ? engram.data() : nullptr, options}});
-    const int64_t rows = int64_t(hidden.size()) / per_row;
-    executor.dspark_ingest(*seqs.back(), context - rows, hidden, rows);
-  }
+  const int64_t most = most_sequences("measure_draft_rate", sequences, context, repeats);
+  const std::vector<std::unique_ptr<Sequence>> seqs = with_context(executor, most, Zeros(executor.model().config(), context), true);
   std::vector<StepRate::Point> points;
   for (const int64_t n : sequences) {
     std::vector<DraftRequest> requests;
     for (int64_t i = 0; i < n; ++i) requests.push_back(DraftRequest{seqs[size_t(i)].get(), 0});
-    std::vector<double> seconds;
-    for (int i = 0; i < repeats; ++i) {  // a draft changes nothing in its sequence: no rewind
-      const auto t0 = std::chrono::steady_clock::now();
-      executor.dspark_drafts(requests);
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
-    points.push_back({n, 1 / std::max(seconds[size_t(repeats / 2)], 1e-9)});
+    // A draft changes nothing in its sequence: no rewind.
+    points.push_back({n, median_rate(repeats, [&] { return seconds_of([&] { executor.dspark_drafts(requests); }); })});
   }
   return StepRate(points);
 }
