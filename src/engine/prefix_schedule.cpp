@@ -75,20 +75,14 @@ int64_t most_sequences(const char* what, std::span<const int64_t> sequences, int
 }
 
 // `n` sequences, each after its context of `zeros` (a call each: a prompt's size); with
-// `drafting`, its features in its drafter windows too (Session::ran's way).
+// `drafting`, its features in its drafter windows too (a speculating session's way).
 std::vector<std::unique_ptr<Sequence>> with_context(Executor& executor, int64_t n, const Zeros& zeros, bool drafting) {
-  const Config& c = executor.model().config();
-  const int64_t context = int64_t(zeros.tokens.size()), per_row = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
   std::vector<std::unique_ptr<Sequence>> seqs;
   for (int64_t i = 0; i < n; ++i) {
     seqs.push_back(executor.new_sequence());
-    std::vector<float> hidden;
-    ForwardOptions options;
-    if (drafting) options.dspark_hidden = &hidden;
-    executor.forward_batch({zeros.item(*seqs.back(), context, options)});
-    if (!drafting) continue;
-    const int64_t rows = int64_t(hidden.size()) / per_row;
-    executor.dspark_ingest(*seqs.back(), context - rows, hidden, rows);
+    BatchItem item = zeros.item(*seqs.back(), int64_t(zeros.tokens.size()));
+    item.drafter_context = drafting;
+    executor.forward_batch({item});
   }
   return seqs;
 }

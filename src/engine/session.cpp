@@ -299,12 +299,13 @@ PrefixUse Session::begin_prompt(std::span<const int> prompt, KvCache* cache, std
 
 BatchItem Session::item(int64_t from, int64_t rows, ForwardOptions options) {
   const int64_t per_token = hasher_ ? int64_t(hasher_->n_layers()) * hasher_->columns() : 0;
-  if (drafting_) options.dspark_hidden = &hidden_;
   options.span_embeddings = span_rows(rows);
   handed_ = rows;
   handed_options_ = options;
-  return BatchItem{kv_.get(), pending_.tokens.subspan(size_t(from), size_t(rows)),
-                   hasher_ ? pending_.engram_ids.data() + from * per_token : nullptr, options};
+  BatchItem item{kv_.get(), pending_.tokens.subspan(size_t(from), size_t(rows)),
+                 hasher_ ? pending_.engram_ids.data() + from * per_token : nullptr, options};
+  item.drafter_context = drafting_;  // the drafter's context: the features of the rows the decoder runs
+  return item;
 }
 
 BatchItem Session::next_chunk(int64_t max_tokens) {
@@ -338,13 +339,6 @@ void Session::ran() {
   work_.decoder_tokens += end - std::clamp(decoder_from, start, end);
   cursor_ += handed_;
   handed_ = 0;
-  // The drafter's context: the features of the rows the decoder ran, the call's last ones.
-  if (drafting_ && !hidden_.empty()) {
-    const Config& c = model().config();
-    const int64_t rows = int64_t(hidden_.size()) / (int64_t(c.dspark_target_layer_ids.size()) * c.dim);
-    executor_.dspark_ingest(*kv_, end - rows, hidden_, rows);
-    hidden_.clear();
-  }
 }
 
 void Session::enable_drafting() {

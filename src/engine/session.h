@@ -252,7 +252,6 @@ class Session {
   ForwardOptions handed_options_;
   KvCache* prompt_cache_ = nullptr;
   bool drafting_ = false;
-  std::vector<float> hidden_;  // the last call's context features (ForwardOptions::dspark_hidden)
   void check_drafts() const;   // refused by name unless drafting is on and the prompt has run
   void check_draft(const Draft& d, int anchor) const;  // its anchor first, its tokens in the vocabulary
 };

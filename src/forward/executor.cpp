@@ -122,7 +122,16 @@ std::vector<std::vector<float>> CpuExecutor::forward_batch(const std::vector<Bat
   for (const BatchItem& item : batch) check_sample(item, model_.config().vocab_size);
   std::vector<std::vector<float>> logits;
   for (const BatchItem& item : batch) {
-    logits.push_back(forward(model_, static_cast<CpuSequence*>(item.sequence)->state(), item.tokens, item.engram_ids, item.options));
+    SequenceState& state = static_cast<CpuSequence*>(item.sequence)->state();
+    ForwardOptions options = item.options;
+    std::vector<float> context;
+    if (item.drafter_context) options.dspark_hidden = &context;
+    logits.push_back(forward(model_, state, item.tokens, item.engram_ids, options));
+    if (item.drafter_context && !context.empty()) {  // the rows the decoder ran: the call's last ones
+      const Config& c = model_.config();
+      const int64_t rows = int64_t(context.size()) / (int64_t(c.dspark_target_layer_ids.size()) * c.dim);
+      dsv41::dspark_ingest(model_, state, state.length - rows, context, rows);
+    }
     if (item.sample) {  // check_sample: rows to choose from
       const int64_t V = model_.config().vocab_size, rows = int64_t(logits.back().size()) / V;
       for (int64_t r = 0; r < rows; ++r) item.choice[r] = choose(logits.back().data() + r * V, *item.sample);

@@ -50,6 +50,11 @@ struct BatchItem {
   // never come back).
   const SampleRequest* sample = nullptr;
   TokenChoice* choice = nullptr;
+  // When set, the call's DSpark context features (the rows ForwardOptions::dspark_hidden would
+  // hand out) go into the sequence's drafter windows, as dspark_ingest would put them, on the
+  // executor's side: a speculating session's every call, with no features coming back (CUDA
+  // ingests a step's rows of every sequence in one call from the device).
+  bool drafter_context = false;
 };
 
 // A draft after a sequence's last token (forward/dspark.h dspark_draft): the anchor, and how each
@@ -77,7 +82,8 @@ class Executor {
   virtual std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) = 0;
 
   // Speculative decoding on a sequence of this executor's (forward/dspark.h, sequence_mark.h):
-  // the drafter's context from a call's features (ForwardOptions::dspark_hidden), the drafts of
+  // the drafter's context from a call's features (BatchItem::drafter_context; or dspark_ingest of
+  // the features ForwardOptions::dspark_hidden handed out), the drafts of
   // many sequences in one call (each as it would be alone, up to the summation orders of the
   // executor's batched products), and a pass undone. The CPU and CUDA executors'; the others refuse
   // by name (issue 18).

@@ -141,7 +141,7 @@ class CudaExecutor final : public Executor {
     if (decode_step(batch)) return replay(batch);
     for (const BatchItem& item : batch)
       items.push_back(DeviceItem{static_cast<CudaSequence*>(item.sequence)->running(), item.tokens, item.engram_ids, item.options,
-                                 item.sample, item.choice});
+                                 item.sample, item.choice, item.drafter_context});
     return cuda::forward_batch(device_, items);
   }
 
@@ -220,7 +220,8 @@ class CudaExecutor final : public Executor {
       choice.push_back(item.choice);
       decoder_from.push_back(item.options.decoder_from);
     }
-    const bool features = std::any_of(batch.begin(), batch.end(), [](const BatchItem& item) { return item.options.dspark_hidden; });
+    const bool features = std::any_of(batch.begin(), batch.end(),
+                                      [](const BatchItem& item) { return item.options.dspark_hidden || item.drafter_context; });
     if (!graph_ || ids != graph_ids_ || (features && !graph_->features())) {
       graph_.reset();
       graph_ = std::make_unique<DecodeGraph>(device_, sequences, features);
@@ -242,6 +243,11 @@ class CudaExecutor final : public Executor {
                             cudaMemcpyDeviceToHost, graph_->stream()), "CudaExecutor features");
     }
     if (features) check(cudaStreamSynchronize(graph_->stream()), "CudaExecutor features");
+    // The drafter's context of the rows that ask, straight from the step's features: one call.
+    std::vector<cuda::DraftContextRow> context;
+    for (size_t b = 0; b < batch.size(); ++b)
+      if (batch[b].drafter_context) cuda::add_context_rows(c, *sequences[b], sequences[b]->length, 1, int64_t(b), context);
+    cuda::dspark_ingest_rows(device_, context, graph_->features(), graph_->stream());
     return out;
   }
 

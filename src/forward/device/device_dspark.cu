@@ -3,6 +3,7 @@
 // their fp32 summation orders against the CPU's), the drafts of many sequences in one pass.
 #include "forward/device/device_dspark.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -19,27 +20,35 @@
 
 namespace dsv41::cuda {
 
-void dspark_ingest(const DeviceModel& model, DeviceSequence& sequence, int64_t first_pos, std::span<const float> hidden,
-                   int64_t rows, cudaStream_t stream) {
+void dspark_ingest_rows(const DeviceModel& model, std::span<const DraftContextRow> rows, const float* features, cudaStream_t stream) {
   const Config& c = model.config();
   if (!c.has_dspark()) fail("dspark_ingest", "a model with DSpark stages", "none");
-  const int64_t d = c.dim, hd = c.head_dim, W = c.window_size, T = int64_t(c.dspark_target_layer_ids.size());
-  if (rows < 0 || int64_t(hidden.size()) != rows * T * d)
-    fail("dspark_ingest", std::to_string(rows) + " rows of " + std::to_string(T * d) + " context features", std::to_string(hidden.size()) + " values");
-  if (first_pos < 0 || first_pos + rows > sequence.capacity())
-    fail("dspark_ingest", "positions within the sequence's " + std::to_string(sequence.capacity()) + " tokens",
-         std::to_string(first_pos) + " + " + std::to_string(rows) + " rows");
-  // Only the last W rows' entries stay in the rings; each row's entry depends on that row alone.
-  const int64_t skip = std::max<int64_t>(0, rows - W), n = rows - skip;
+  const int64_t n = int64_t(rows.size()), d = c.dim, hd = c.head_dim, W = c.window_size, T = int64_t(c.dspark_target_layer_ids.size());
   if (n == 0) return;
+  std::vector<int32_t> index;
+  std::vector<int64_t> positions;
+  bool in_order = true;
+  for (int64_t r = 0; r < n; ++r) {
+    const DraftContextRow& row = rows[size_t(r)];
+    if (row.position < 0 || row.position >= row.sequence->capacity())
+      fail("dspark_ingest", "positions within the sequence's " + std::to_string(row.sequence->capacity()) + " tokens",
+           std::to_string(row.position));
+    index.push_back(int32_t(row.feature_row));
+    positions.push_back(row.position);
+    in_order = in_order && row.feature_row == r;
+  }
   const DSparkWeights& w = model.dspark();
   const float eps = float(c.norm_eps);
-  DeviceBuffer<float> features = scratch_from(std::vector<float>(hidden.begin() + skip * T * d, hidden.end()), stream);
+  // The kept rows side by side (a decode step's are already: row r is feature row r).
+  DeviceBuffer<float> gathered;
+  if (!in_order) {
+    gathered = scratch<float>(n * T * d, stream);
+    gather_rows(features, scratch_from(index, stream).get(), n, T * d, gathered.get(), stream);
+    features = gathered.get();
+  }
   DeviceBuffer<float> main_x = scratch<float>(n * d, stream), kv = scratch<float>(n * hd, stream);
-  linear(features.get(), n, w.main_proj, main_x.get(), stream);
+  linear(features, n, w.main_proj, main_x.get(), stream);
   rms_norm(main_x.get(), n, d, &w.main_norm, eps, main_x.get(), stream);
-  std::vector<int64_t> positions;
-  for (int64_t r = 0; r < n; ++r) positions.push_back(first_pos + skip + r);
   DeviceBuffer<int64_t> positions_d = scratch_from(positions, stream);
   const size_t slot = swa_fp8::bytes(int(hd));
   for (int l = c.n_layers; l < c.n_total_layers(); ++l) {
@@ -48,11 +57,37 @@ void dspark_ingest(const DeviceModel& model, DeviceSequence& sequence, int64_t f
     rms_norm(kv.get(), n, hd, &a.kv_norm, eps, kv.get(), stream);
     rope(kv.get() + hd - c.rope_head_dim, n, 1, hd, hd, c.rope_head_dim, positions_d.get(), model.rope_freqs(l), false, stream);
     std::vector<uint8_t*> dest;
-    for (const int64_t pos : positions) dest.push_back(sequence.window[size_t(l)].get() + (pos % W) * int64_t(slot));
+    for (const DraftContextRow& row : rows) dest.push_back(row.sequence->window[size_t(l)].get() + (row.position % W) * int64_t(slot));
     swa_fp8_encode(kv.get(), n, int(hd), scratch_from(dest, stream).get(), stream);
   }
   // The host vectors above (and the scratch) outlive the copies and kernels only up to here.
   check(cudaStreamSynchronize(stream), "dspark_ingest");
+}
+
+void add_context_rows(const Config& config, DeviceSequence& sequence, int64_t end, int64_t rows, int64_t first_row,
+                      std::vector<DraftContextRow>& out) {
+  // Only the last W rows' entries stay in the rings; each row's entry depends on that row alone.
+  const int64_t skip = std::max<int64_t>(0, rows - int64_t(config.window_size));
+  for (int64_t r = skip; r < rows; ++r) out.push_back({&sequence, end - rows + r, first_row + r});
+}
+
+void dspark_ingest(const DeviceModel& model, DeviceSequence& sequence, int64_t first_pos, std::span<const float> hidden,
+                   int64_t rows, cudaStream_t stream) {
+  const Config& c = model.config();
+  const int64_t T = int64_t(c.dspark_target_layer_ids.size()), d = c.dim;
+  if (rows < 0 || int64_t(hidden.size()) != rows * T * d)
+    fail("dspark_ingest", std::to_string(rows) + " rows of " + std::to_string(T * d) + " context features", std::to_string(hidden.size()) + " values");
+  if (first_pos < 0 || first_pos + rows > sequence.capacity())
+    fail("dspark_ingest", "positions within the sequence's " + std::to_string(sequence.capacity()) + " tokens",
+         std::to_string(first_pos) + " + " + std::to_string(rows) + " rows");
+  std::vector<DraftContextRow> kept;
+  add_context_rows(c, sequence, first_pos + rows, rows, 0, kept);
+  if (kept.empty()) return;
+  // Only the kept rows go up; their features rows from 0.
+  const int64_t first = kept.front().feature_row;
+  for (DraftContextRow& row : kept) row.feature_row -= first;
+  DeviceBuffer<float> features = scratch_from(std::vector<float>(hidden.begin() + first * T * d, hidden.end()), stream);
+  dspark_ingest_rows(model, kept, features.get(), stream);
 }
 
 std::vector<Draft> dspark_drafts(const DeviceModel& model, std::span<const DeviceDraftRequest> requests, cudaStream_t stream) {

@@ -14,9 +14,26 @@
 
 namespace dsv41::cuda {
 
-// dsv41::dspark_ingest on the device: the features of rows at first_pos, first_pos + 1, ...
-// ([rows, targets, dim], host memory) through main_proj and main_norm, then per stage kv_norm(wkv),
-// RoPE at each row's position, SWA-FP8 into the stage's ring (the last W rows only).
+// dsv41::dspark_ingest on the device for rows of many sequences at once: row r of `features`
+// ([rows, targets, dim], device memory) is the context of `sequence` at `position`; each through
+// main_proj and main_norm, then per stage kv_norm(wkv), RoPE at its position, SWA-FP8 into the
+// stage's ring. No two rows may share a sequence's ring slot (a caller keeps each sequence's last
+// W rows). Launches the same kernels whatever the count of sequences: a decode step's contexts in
+// one call, from the features the step left on the device.
+struct DraftContextRow {
+  DeviceSequence* sequence;
+  int64_t position;
+  int64_t feature_row;  // its row of `features`
+};
+void dspark_ingest_rows(const DeviceModel& model, std::span<const DraftContextRow> rows, const float* features, cudaStream_t stream);
+
+// A call's kept rows: the last W of `rows` rows ending at position `end` (exclusive), the first of
+// them at features row `first_row`.
+void add_context_rows(const Config& config, DeviceSequence& sequence, int64_t end, int64_t rows, int64_t first_row,
+                      std::vector<DraftContextRow>& out);
+
+// The same from host memory: the features of rows at first_pos, first_pos + 1, ... of one sequence
+// (the last W rows kept).
 void dspark_ingest(const DeviceModel& model, DeviceSequence& sequence, int64_t first_pos, std::span<const float> hidden,
                    int64_t rows, cudaStream_t stream = nullptr);
 

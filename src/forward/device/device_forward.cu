@@ -53,6 +53,7 @@
 #include "base/error.h"
 #include "forward/call_plan.h"
 #include "forward/device/decode_plan.h"
+#include "forward/device/device_dspark.h"
 #include "forward/network.h"
 #include "backend/cuda/rows.h"
 #include "forward/window.h"
@@ -126,8 +127,9 @@ class Call {
       if (R == 0) fail("cuda::forward_batch", "at least one token per item", "none");
       if (c_.has_engram() && !in.engram_ids) fail("cuda::forward_batch", "Engram hash ids for a model with Engram", "none");
       if (in.options.keep_replayed_rows) fail("cuda::forward_batch", "no keep_replayed_rows (a CPU measurement hook)", "set");
-      if (in.options.dspark_hidden && !c_.has_dspark()) fail("cuda::forward_batch", "a model with DSpark stages for dspark_hidden", "none");
-      records_ = records_ || in.options.dspark_hidden;
+      if ((in.options.dspark_hidden || in.drafter_context) && !c_.has_dspark())
+        fail("cuda::forward_batch", "a model with DSpark stages for dspark_hidden or the drafter's context", "none");
+      records_ = records_ || in.options.dspark_hidden || in.drafter_context;
       if (in.options.span_embeddings && !model.host().has_vision())
         fail("cuda::forward_batch", "a model with a vision tower for rows of an image span", "a text-only model (" + c_.source + ")");
       if (in.options.trace && batch.size() != 1) fail("cuda::forward_batch", "a Trace on a batch of one item", std::to_string(batch.size()) + " items");
@@ -420,6 +422,12 @@ std::vector<std::vector<float>> Call::run() {
       *hidden = hidden_.download(stream_, hidden_items_[i].second * width, hidden_items_[i].first * width);
   }
   for (Item& it : items_) advance(*it.seq, it.plan);
+  // The drafter's context of the items that ask, from the features on the device, in one call.
+  std::vector<DraftContextRow> context;
+  for (size_t i = 0; i < items_.size(); ++i)
+    if (items_[i].in->drafter_context && hidden_.get() && hidden_items_[i].second > 0)
+      add_context_rows(c_, *items_[i].seq, items_[i].seq->length, hidden_items_[i].second, hidden_items_[i].first, context);
+  dspark_ingest_rows(m_, context, hidden_.get(), stream_);
   return out;
 }
 

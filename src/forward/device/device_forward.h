@@ -30,6 +30,7 @@ struct DeviceItem {
   ForwardOptions options = {};
   const SampleRequest* sample = nullptr;  // as BatchItem's (forward/executor.h): the token, chosen on the device
   TokenChoice* choice = nullptr;
+  bool drafter_context = false;  // as BatchItem's: the call's context features into the drafter windows, on the device
 };
 
 // Advances each item's sequence by its tokens; returns each item's logits as forward() does, or
