@@ -279,10 +279,10 @@ TEST(Cli, ExactChatServesAPrefixFromDiskAfterARestart) {
 
 // bench cache runs every scenario in both modes and reports the work each one did.
 // bench spec on fixture v41-tiny: per batch size, plain decoding and DSpark's speculation through
-// the scheduler, and at batch 1 the oracle drafter: 16 tokens after the first in steps of γ + 1 =
-// 5, every draft accepted but in the last step, whose block runs past the reply's end (one draft
-// there is the reply's last token, the others are not the reply). DSpark's runs report their
-// steps, drafted or plain, and their scheduler's profiles.
+// the scheduler, and at batch 1 the oracle drafter: 16 tokens after the first in 4 steps of γ + 1
+// = 5 (the last block runs past the 17 tokens: the oracle knows the reply a block further), every
+// draft accepted in its first run (on the CPU a verification pass's rows are plain decoding's bit
+// for bit). DSpark's runs report their steps, drafted or plain, and their scheduler's profiles.
 TEST(Cli, BenchSpecReportsEveryDrafter) {
   Outcome r = run_dsv41("bench spec --model " DSV41_TEST_DATA "/fixtures/v41-tiny --prompt-tokens 20 --tokens 17 --batches 1,2 --json");
   ASSERT_EQ(r.status, 0) << r.output;
@@ -294,13 +294,15 @@ TEST(Cli, BenchSpecReportsEveryDrafter) {
     EXPECT_GT(run["output_tokens_per_s"].get<double>(), 0) << run;
     if (run["drafter"] == "oracle") {
       EXPECT_EQ(run["speculative_steps"].get<int>(), 4) << run;
-      EXPECT_EQ(run["accepted_at"], json({4, 3, 3, 3})) << run;  // accepted 4, 4, 4, 1
+      EXPECT_EQ(run["accepted_at"], json({4, 4, 4, 4})) << run;
+      EXPECT_EQ(run["oracle_rounds"], 1) << run;
     }
     if (run["drafter"] == "dspark") {  // each sequence's 16 steps at most, drafted or plain; the profiles measured
       const int steps = run["speculative_steps"].get<int>() + run["plain_steps"].get<int>();
       EXPECT_GT(steps, 0) << run;
       EXPECT_LE(steps, 16 * run["batch"].get<int>()) << run;
       EXPECT_FALSE(run["verify_profile"].empty()) << run;
+      EXPECT_EQ(run["plain_profile"].size(), run["batch"] == 1 ? 1u : 2u) << run;
       EXPECT_EQ(run["draft_profile"].size(), run["batch"] == 1 ? 1u : 2u) << run;  // 1, 2, ... sequences up to the batch
     }
   }
