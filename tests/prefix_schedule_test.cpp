@@ -258,48 +258,27 @@ TEST(PrefixSchedule, RefusesABadPolicyOrObservation) {
             std::string::npos);
 }
 
-// The profile on the CPU executor over the v41-tiny fixture (which has Engram layers): one point per
-// row count asked for, each a positive rate (how fast is the machine's business, not the test's).
-TEST(PrefixSchedule, MeasuresTheExecutorsPasses) {
+// One point per count asked for, each a positive rate (how fast is the machine's business, not the test's).
+void expect_points(const StepRate& rate, const std::vector<int64_t>& counts) {
+  ASSERT_EQ(rate.points().size(), counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) {
+    EXPECT_EQ(rate.points()[i].rows, counts[i]);
+    EXPECT_GT(rate.points()[i].per_second, 0);
+  }
+}
+
+// The three profiles on the CPU executor over the v41-tiny fixture (which has Engram layers):
+// verification passes by rows, drafting calls and decode passes by sequences.
+TEST(PrefixSchedule, MeasuresTheExecutorsProfiles) {
   const auto model = Model::load(test::fixture_dir("v41-tiny"));
   CpuExecutor executor(*model);
-  const std::vector<int64_t> rows = {1, 3, 6};
-  const StepRate sps = measure_step_rate(executor, rows, 20, 3);
-  ASSERT_EQ(sps.points().size(), 3u);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    EXPECT_EQ(sps.points()[i].rows, rows[i]);
-    EXPECT_GT(sps.points()[i].per_second, 0);
-  }
+  const std::vector<int64_t> rows = {1, 3, 6}, sequences = {1, 2, 4}, none = {0};
+  expect_points(measure_step_rate(executor, rows, 20, 3), rows);
+  expect_points(measure_draft_rate(executor, sequences, 20, 3), sequences);
+  expect_points(measure_plain_rate(executor, sequences, 20, 3), sequences);
   EXPECT_NE(test::error_of([&] { measure_step_rate(executor, {}, 20); }).find("row counts"), std::string::npos);
-}
-
-// The drafter's profile there: one point per sequence count asked for, each a positive rate.
-TEST(PrefixSchedule, MeasuresTheExecutorsDrafts) {
-  const auto model = Model::load(test::fixture_dir("v41-tiny"));
-  CpuExecutor executor(*model);
-  const std::vector<int64_t> sequences = {1, 2, 4};
-  const StepRate draft = measure_draft_rate(executor, sequences, 20, 3);
-  ASSERT_EQ(draft.points().size(), 3u);
-  for (size_t i = 0; i < sequences.size(); ++i) {
-    EXPECT_EQ(draft.points()[i].rows, sequences[i]);
-    EXPECT_GT(draft.points()[i].per_second, 0);
-  }
   EXPECT_NE(test::error_of([&] { measure_draft_rate(executor, {}, 20); }).find("sequence counts"), std::string::npos);
-}
-
-// The decode path's profile there: one point per sequence count, each a positive rate.
-TEST(PrefixSchedule, MeasuresTheExecutorsDecodeSteps) {
-  const auto model = Model::load(test::fixture_dir("v41-tiny"));
-  CpuExecutor executor(*model);
-  const std::vector<int64_t> sequences = {1, 2, 4};
-  const StepRate plain = measure_plain_rate(executor, sequences, 20, 3);
-  ASSERT_EQ(plain.points().size(), 3u);
-  for (size_t i = 0; i < sequences.size(); ++i) {
-    EXPECT_EQ(plain.points()[i].rows, sequences[i]);
-    EXPECT_GT(plain.points()[i].per_second, 0);
-  }
   EXPECT_NE(test::error_of([&] { measure_plain_rate(executor, {}, 20); }).find("sequence counts"), std::string::npos);
-  const std::vector<int64_t> none = {0};
   EXPECT_NE(test::error_of([&] { measure_plain_rate(executor, none, 20); }).find("of 1 or more"), std::string::npos);
 }
 
