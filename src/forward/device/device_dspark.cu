@@ -22,9 +22,9 @@ namespace dsv41::cuda {
 
 void dspark_ingest_rows(const DeviceModel& model, std::span<const DraftContextRow> rows, const float* features, cudaStream_t stream) {
   const Config& c = model.config();
-  if (!c.has_dspark()) fail("dspark_ingest", "a model with DSpark stages", "none");
   const int64_t n = int64_t(rows.size()), d = c.dim, hd = c.head_dim, W = c.window_size, T = int64_t(c.dspark_target_layer_ids.size());
-  if (n == 0) return;
+  if (n == 0) return;  // (every call of a model without DSpark comes here with none)
+  if (!c.has_dspark()) fail("dspark_ingest", "a model with DSpark stages", "none");
   std::vector<int32_t> index;
   std::vector<int64_t> positions;
   bool in_order = true;
