@@ -731,6 +731,27 @@ TEST(Server, SpeculativeDecodingIsInTheMetrics) {
   EXPECT_GE(steps + plain_steps + accepted, 11);
 }
 
+// `--speculative auto` (the CLI's default): on v41-tiny, which has DSpark stages, the server
+// speculates on CUDA and not on the CPU; either way the reply is plain greedy's.
+TEST(Server, SpeculationByDefaultWhereTheModelRunsOnCuda) {
+  const json request = {{"model", "v41-tiny"}, {"prompt", "Once upon a"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+  std::string plain;
+  {
+    Running server(ServerOptions{});
+    plain = server.post("/v1/completions", request)["choices"][0]["text"];
+  }
+  ServerOptions o;
+  o.speculative_auto = true;
+  o.scheduler.step_rate = o.scheduler.plain_rate = StepRate({{1, 100.0}, {1024, 100.0}});
+  o.scheduler.draft_rate = StepRate({{1, 1e11}});
+  Running server(o);
+  EXPECT_EQ(server.post("/v1/completions", request)["choices"][0]["text"], plain);
+  // Every decode step of a speculating server is counted, drafted or plain; none where it does not speculate.
+  const double counted = server.metric("dsv41_spec_steps_total") + server.metric("dsv41_spec_plain_steps_total");
+  if (test::test_device() == Device::Cuda) EXPECT_GT(counted, 0);
+  else EXPECT_EQ(counted, 0);
+}
+
 // Completions with "echo": the text is the prompt's, then the reply's, plain or streamed, for a
 // text prompt and for token ids (decoded).
 TEST(Server, CompletionsEchoThePrompt) {

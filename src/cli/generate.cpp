@@ -1,5 +1,5 @@
 // dsv41 generate --model DIR (--prompt TEXT | --ids 1,2,3) [--image PATH]... [--exact] [--max-tokens N] [sampling]
-//                [--device D] [--speculative dspark|off] [--json]
+//                [--device D] [--speculative auto|dspark|off] [--json]
 //
 // Streams the completion as it is produced and ends with a one-line summary; --json prints one
 // object instead. Each --image takes the place of the next <｜deepseek_image｜> in the prompt text,
@@ -61,7 +61,7 @@ void add_generate(CLI::App& app) {
     Device device = Device::Auto;
     int max_tokens = 128;
     SamplingParams sampling;
-    std::string speculative = "off";
+    std::string speculative = "auto";
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("generate", "Complete a prompt, streaming the tokens as they come");
@@ -80,8 +80,10 @@ void add_generate(CLI::App& app) {
   add_sampling_flags(*cmd, args->sampling);
   add_device_flag(*cmd, args->device);
   cmd->add_option("--speculative", args->speculative,
-                  "dspark: DSpark speculative decoding (CPU or CUDA executor, a checkpoint with DSpark stages); off")
-      ->check(CLI::IsMember({"dspark", "off"}));
+                  "dspark: DSpark speculative decoding (CPU or CUDA executor, a checkpoint with DSpark stages); off; "
+                  "auto: dspark where the checkpoint has DSpark stages and the model runs on CUDA, else off")
+      ->check(CLI::IsMember({"auto", "dspark", "off"}))
+      ->capture_default_str();
   cmd->add_flag("--json", args->as_json, "Print one JSON object: prompt_ids, generated_ids, text, timing (and the drafts)");
   cmd->callback([args] {
     if (args->prompt.empty() && args->ids.empty()) fail("generate", "--prompt TEXT or --ids 1,2,3", "neither");
@@ -104,7 +106,10 @@ void add_generate(CLI::App& app) {
     for (int id : prompt_ids)
       if (id < 0 || id >= c.vocab_size) fail("--ids", "token ids in [0, " + std::to_string(c.vocab_size) + ")", std::to_string(id));
     Session session(*m.executor, m.tokenizer_or_null(), args->exact ? Mode::Exact : Mode::Default);
-    const bool speculative = args->speculative == "dspark";
+    // auto: DSpark where the checkpoint has its stages and the model runs on CUDA, when nothing
+    // forbids it (logit edits change what a verifier compares); off elsewhere.
+    const bool speculative = args->speculative == "dspark" ||
+                             (args->speculative == "auto" && c.has_dspark() && m.executor->name() == "cuda" && !args->sampling.edits_logits());
     if (speculative) session.enable_drafting();
     const char* mode = args->exact ? "exact" : "default";
     if (speculative && args->sampling.edits_logits())

@@ -1,5 +1,5 @@
 // dsv41 serve --model DIR [--host 127.0.0.1] [--port 8080] [--api-key K | --api-key-file F] [--exact]
-//             [--device auto|cpu|cuda] [--random-weights SEED] [--speculative dspark|off]
+//             [--device auto|cpu|cuda] [--random-weights SEED] [--speculative auto|dspark|off]
 //             [--fetch-image-urls [--image-fetch-max-mb M] [--image-fetch-timeout S]] [scheduler and cache flags]
 //
 // The OpenAI-compatible server (server/server.h). Stops on SIGINT or SIGTERM.
@@ -25,7 +25,7 @@ void add_serve(CLI::App& app) {
     CacheFlags cache;
     bool exact = false;
     std::string api_key_file;
-    std::string speculative = "off";
+    std::string speculative = "auto";
     double fetch_max_mb = 0;
   };
   auto args = std::make_shared<Args>();
@@ -60,8 +60,10 @@ void add_serve(CLI::App& app) {
   add_cache_flags(*cmd, args->cache);
   add_device_flag(*cmd, o.device);
   cmd->add_option("--speculative", args->speculative,
-                  "dspark: DSpark speculative decoding for requests without logprobs (a checkpoint with DSpark stages); off")
-      ->check(CLI::IsMember({"dspark", "off"}));
+                  "dspark: DSpark speculative decoding for requests without logprobs (a checkpoint with DSpark stages); off; "
+                  "auto: dspark where the checkpoint has DSpark stages and the model runs on CUDA, else off")
+      ->check(CLI::IsMember({"auto", "dspark", "off"}))
+      ->capture_default_str();
   cmd->add_flag("--fetch-image-urls", o.image_fetch.enabled,
                 "Fetch image_url parts' http(s) URLs (off: data: URLs only; on, clients can make this server request any "
                 "address it reaches)");
@@ -88,6 +90,7 @@ void add_serve(CLI::App& app) {
     options.mode = args->exact ? Mode::Exact : Mode::Default;
     options.image_fetch.max_bytes = int64_t(args->fetch_max_mb * (1 << 20));
     options.scheduler.speculative = args->speculative == "dspark";
+    options.speculative_auto = args->speculative == "auto";
     if (options.model_name.empty()) options.model_name = std::filesystem::path(options.model_dir).filename().string();
     options.cache = cache_options(args->cache, options.model_dir, options.mode);
     options.on_listening = [&options](int port) {

@@ -293,6 +293,7 @@ void Server::State::load() {
                  cache_options.store_dir.c_str(), (unsigned long long)s.store->dropped_files,
                  (unsigned long long)s.store->removed_temp_files);
   SchedulerOptions scheduler_options = options.scheduler;
+  if (options.speculative_auto) scheduler_options.speculative = model->config().has_dspark() && executor->name() == "cuda";
   scheduler_options.idle_ttl_ms = cache_options.swa.ttl_ms;
   scheduler_options.kv_budget_bytes = options.kv_budget_gb < 0 ? executor->default_kv_budget() : int64_t(options.kv_budget_gb * 1e9);
   kv_budget = scheduler_options.kv_budget_bytes;
