@@ -691,6 +691,21 @@ TEST(Server, LogitBiasAndPenaltiesReachTheSampler) {
   EXPECT_EQ(server.post("/v1/completions", bad, 400)["error"]["param"], "presence_penalty");
 }
 
+// A greedy completion of 12 tokens on v41-tiny, and what a server without speculation answers.
+const json kGreedyRequest = {{"model", "v41-tiny"}, {"prompt", "Once upon a"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+std::string plain_reply() {
+  Running server(ServerOptions{});
+  return server.post("/v1/completions", kGreedyRequest)["choices"][0]["text"];
+}
+
+// Profiles under which drafting is next to free (a pass 10 ms at any row count, a draft a
+// billionth of it), so that a speculating server drafts.
+ServerOptions with_free_drafts(ServerOptions o) {
+  o.scheduler.step_rate = o.scheduler.plain_rate = StepRate({{1, 100.0}, {1024, 100.0}});
+  o.scheduler.draft_rate = StepRate({{1, 1e11}});
+  return o;
+}
+
 // Speculative decoding in /metrics (serve --speculative dspark; fixture v41-tiny has a DSpark
 // stage, γ = 4): a greedy reply's steps drafted γ tokens each, of which the prefix scheduler sent
 // at most all and the target accepted at most those; the per-position counts add up to the
@@ -698,18 +713,11 @@ TEST(Server, LogitBiasAndPenaltiesReachTheSampler) {
 // are counted apart; the reply is plain greedy's. The profiles are given (rows and drafts next to
 // free), so that the first step drafts on the prior whatever this machine's speed.
 TEST(Server, SpeculativeDecodingIsInTheMetrics) {
-  const json request = {{"model", "v41-tiny"}, {"prompt", "Once upon a"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
-  std::string plain;
-  {
-    Running server(ServerOptions{});
-    plain = server.post("/v1/completions", request)["choices"][0]["text"];
-  }
+  const std::string plain = plain_reply();
   ServerOptions o;
   o.scheduler.speculative = true;
-  o.scheduler.step_rate = o.scheduler.plain_rate = StepRate({{1, 100.0}, {1024, 100.0}});
-  o.scheduler.draft_rate = StepRate({{1, 1e11}});
-  Running server(o);
-  EXPECT_EQ(server.post("/v1/completions", request)["choices"][0]["text"], plain);
+  Running server(with_free_drafts(o));
+  EXPECT_EQ(server.post("/v1/completions", kGreedyRequest)["choices"][0]["text"], plain);
   const double steps = server.metric("dsv41_spec_steps_total"), drafted = server.metric("dsv41_spec_draft_tokens_total"),
                verified = server.metric("dsv41_spec_verified_tokens_total"), accepted = server.metric("dsv41_spec_accepted_tokens_total");
   EXPECT_GT(steps, 0);
@@ -734,18 +742,11 @@ TEST(Server, SpeculativeDecodingIsInTheMetrics) {
 // `--speculative auto` (the CLI's default): on v41-tiny, which has DSpark stages, the server
 // speculates on CUDA and not on the CPU; either way the reply is plain greedy's.
 TEST(Server, SpeculationByDefaultWhereTheModelRunsOnCuda) {
-  const json request = {{"model", "v41-tiny"}, {"prompt", "Once upon a"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
-  std::string plain;
-  {
-    Running server(ServerOptions{});
-    plain = server.post("/v1/completions", request)["choices"][0]["text"];
-  }
+  const std::string plain = plain_reply();
   ServerOptions o;
   o.speculative_auto = true;
-  o.scheduler.step_rate = o.scheduler.plain_rate = StepRate({{1, 100.0}, {1024, 100.0}});
-  o.scheduler.draft_rate = StepRate({{1, 1e11}});
-  Running server(o);
-  EXPECT_EQ(server.post("/v1/completions", request)["choices"][0]["text"], plain);
+  Running server(with_free_drafts(o));
+  EXPECT_EQ(server.post("/v1/completions", kGreedyRequest)["choices"][0]["text"], plain);
   // Every decode step of a speculating server is counted, drafted or plain; none where it does not speculate.
   const double counted = server.metric("dsv41_spec_steps_total") + server.metric("dsv41_spec_plain_steps_total");
   if (test::test_device() == Device::Cuda) EXPECT_GT(counted, 0);
