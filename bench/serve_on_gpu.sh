@@ -24,7 +24,9 @@ out=$logs/serve.jsonl
 
 model=/tmp/bench-1gpu
 [ -f $model/config.json ] || $dsv41 init-random --preset bench-1gpu --layout-only --out $model > "$logs/init.log" 2>&1
-serve="--model $model --device cuda --random-weights 1 --max-running 64 --max-queued 1024 --step-tokens 8192"
+# Speculation off: the scenarios are compared with the raw forward's plain decode (issue 15), and
+# random weights accept no draft (DSpark's own figures: `dsv41 bench spec`).
+serve="--model $model --device cuda --random-weights 1 --max-running 64 --max-queued 1024 --step-tokens 8192 --speculative off"
 if [ "${AGENT_ONLY:-0}" != 1 ]; then
 "$build/bench/cuda_forward_bench" --batches 64 --contexts 4096 --prefill , --steps 8 > "$logs/raw.txt" 2>&1
 raw=$(awk -F'|' '$2 ~ /^ *64 *$/ && $3 ~ /^ *4,?096 *$/ {gsub(/[ ,]/, "", $7); print $7}' "$logs/raw.txt")
