@@ -235,14 +235,16 @@ class CudaExecutor final : public Executor {
     // Each asking item's row of the step's context features, as forward_batch hands them.
     const Config& c = model_.config();
     const int64_t width = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
+    bool handed = false;
     for (size_t b = 0; b < batch.size(); ++b) {
       std::vector<float>* hidden = batch[b].options.dspark_hidden;
       if (!hidden) continue;
       hidden->resize(size_t(width));
       check(cudaMemcpyAsync(hidden->data(), graph_->features() + int64_t(b) * width, size_t(width) * sizeof(float),
                             cudaMemcpyDeviceToHost, graph_->stream()), "CudaExecutor features");
+      handed = true;
     }
-    if (features) check(cudaStreamSynchronize(graph_->stream()), "CudaExecutor features");
+    if (handed) check(cudaStreamSynchronize(graph_->stream()), "CudaExecutor features");
     // The drafter's context of the rows that ask, straight from the step's features: one call.
     std::vector<cuda::DraftContextRow> context;
     for (size_t b = 0; b < batch.size(); ++b)

@@ -80,13 +80,12 @@ void dspark_ingest(const DeviceModel& model, DeviceSequence& sequence, int64_t f
   if (first_pos < 0 || first_pos + rows > sequence.capacity())
     fail("dspark_ingest", "positions within the sequence's " + std::to_string(sequence.capacity()) + " tokens",
          std::to_string(first_pos) + " + " + std::to_string(rows) + " rows");
+  // Only the last W rows reach the rings: those go up, and are the rows of the call.
+  const int64_t n = std::min<int64_t>(rows, c.window_size);
+  if (n == 0) return;
   std::vector<DraftContextRow> kept;
-  add_context_rows(c, sequence, first_pos + rows, rows, 0, kept);
-  if (kept.empty()) return;
-  // Only the kept rows go up; their features rows from 0.
-  const int64_t first = kept.front().feature_row;
-  for (DraftContextRow& row : kept) row.feature_row -= first;
-  DeviceBuffer<float> features = scratch_from(std::vector<float>(hidden.begin() + first * T * d, hidden.end()), stream);
+  add_context_rows(c, sequence, first_pos + rows, n, 0, kept);
+  DeviceBuffer<float> features = scratch_from(std::vector<float>(hidden.end() - n * T * d, hidden.end()), stream);
   dspark_ingest_rows(model, kept, features.get(), stream);
 }
 
