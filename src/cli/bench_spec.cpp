@@ -5,12 +5,13 @@
 // is): output tokens per second of plain decoding and of DSpark speculation (greedy unless a
 // temperature is given), each batch size's requests through the scheduler; and at batch 1 with an
 // oracle drafter, whose drafts are the target's own greedy continuation (from a plain run, then
-// as the verification passes emit it): every draft accepted, the ceiling of the verify path. Through the scheduler each step decides
-// whether drafting pays (engine/prefix_schedule.h): random weights accept few of DSpark's drafts,
-// so there its sequences soon decode plainly, and its figure is the cost of that decision (the
-// steps that drafted, the probes), not speculation's gain. Each speculative run reports its steps
-// that drafted and that decoded plainly, and the profiles its scheduler measured. Without --model
-// a random checkpoint of the preset (default tiny) is written to a temporary directory first.
+// as the verification passes emit it): every draft accepted, the ceiling of the verify path.
+// Through the scheduler each step decides whether drafting pays (engine/prefix_schedule.h):
+// random weights accept few of DSpark's drafts, so there its sequences soon decode plainly, and
+// its figure is the cost of that decision (the steps that drafted, the probes), not speculation's
+// gain. Each speculative run reports its steps that drafted and that decoded plainly, and the
+// profiles its scheduler measured. Without --model a random checkpoint of the preset (default
+// tiny) is written to a temporary directory first.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -128,7 +129,7 @@ Run oracle_run(Executor& executor, const Tokenizer* tokenizer, const std::vector
     run.spec.steps += 1, run.spec.accepted += step.accepted, run.spec.drafted += int64_t(step.draft.size()) - 1;
     if (run.spec.accepted_at.size() < step.draft.size() - 1) run.spec.accepted_at.resize(step.draft.size() - 1, 0);
     for (int k = 0; k < step.accepted; ++k) run.spec.accepted_at[size_t(k)] += 1;
-    for (size_t j = 0; j < step.emitted.size() && i + 1 + j < known.size(); ++j) known[i + 1 + j] = step.emitted[j];
+    for (size_t j = 0; j < step.emitted.size(); ++j) known.at(i + 1 + j) = step.emitted[j];
     emitted += step.emitted.size();
     next = step.emitted.back();
   }
