@@ -72,6 +72,14 @@ void linear_forward(Blas& blas, const bf16* x, int64_t M, int64_t K, const bf16*
 void linear_backward(Blas& blas, const bf16* x, int64_t M, int64_t K, const bf16* W, int64_t N, const bf16* dy, float* dx,
                      float* dW, cudaStream_t stream = nullptr);
 
+// The same two products on fp32 operands (no cast; fp32 accumulation, no TF32): for the small
+// products whose outputs feed a normalization or a choice rather than a sum, where bf16's 2⁻⁹ would
+// move them far past the CPU's rounding — mHC's mixes (mhc.h: (2 + hc)·hc outputs a row, then Sinkhorn).
+void linear_forward_f32(Blas& blas, const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y,
+                        cudaStream_t stream = nullptr);
+void linear_backward_f32(Blas& blas, const float* x, int64_t M, int64_t K, const float* W, int64_t N, const float* dy,
+                         float* dx, float* dW, cudaStream_t stream = nullptr);
+
 // The grouped low-rank output (Attention's wo_a, grad::linear_grouped_*): x [M, G, Kg], group g
 // through W's rows [g·Ng, (g+1)·Ng) (W [G·Ng, Kg]), y [M, G, Ng]: block-diagonal, one strided batch
 // of G products (no gather of a group's columns).

@@ -1,7 +1,15 @@
-// train_cuda's hc_pre, hc_post and hc_expand, forward and backward, against src/train/grad/mhc.h
-// in float, at V4.1's hc = 4 over rows of 4096 and at odd shapes (hc 1, 2 and 8; d 7, 33, 96).
+// train_cuda's mHC against src/train/grad/mhc.h: hc_mixes (with Sinkhorn) against the CPU's in
+// double, hc_pre, hc_post and hc_expand against the CPU's in float, at V4.1's hc = 4 over rows of
+// 4096 and at odd shapes (hc 1, 2 and 8; d 7, 33, 96).
 //
-// Tolerances: every value that sums over the streams (y, X', dX, df, dx) is formed with the CPU
+// hc_mixes' tolerances: float arithmetic in any order against the double reference. The CPU's float
+// path measured NMSE 1.5e-15 … 7.6e-14 on pre, post and comb and 1.3e-15 … 6.9e-13 on the
+// gradients (dscale's three sums over rows·hc² terms the largest) over this test's five shapes; the
+// device's only other operations are its expf and its sums' order, which draw errors of the same
+// size. Bounds 1e-11 (forward) and 1e-10 (backward): ≥ 130× the measured; a lost term of raw, a
+// wrong iterate or a missing normalization is ≥ 1e-6. Two runs: the same bits.
+//
+// hc_pre, hc_post, hc_expand tolerances: every value that sums over the streams (y, X', dX, df, dx) is formed with the CPU
 // loop's operations in its order: bit for bit. dpre, dpost and dcomb sum over a row's d channels in
 // another order (a block tree against the CPU's sequential sum): relative error ≈ 2⁻²⁴ √(d/6)
 // (a walk over random-sign terms), ≈ 1.6e-6 at d = 4096, NMSE ≈ 3e-12; bound 1e-10 (a wrong term
@@ -9,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cmath>
 #include <vector>
 
 #include "train/cuda/mhc.h"
@@ -87,6 +96,80 @@ TEST(TrainCudaMhc, PrePostExpandMatchTheCpu) {
     const MhcResults again = run();
     for (const auto member : {&MhcResults::y, &MhcResults::out, &MhcResults::X_expanded, &MhcResults::dX_pre, &MhcResults::dpre,
                               &MhcResults::df, &MhcResults::dX_post, &MhcResults::dpost, &MhcResults::dcomb, &MhcResults::dx})
+      EXPECT_TRUE(test::same_bits(got.*member, again.*member)) << "two runs differ";
+  }
+}
+
+struct MixResults {
+  std::vector<float> pre, post, comb, dX, dfn, dbase, dscale;
+};
+
+std::vector<float> as_float(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
+
+TEST(TrainCudaMhc, MixesWithSinkhornMatchTheCpu) {
+  DSV41_REQUIRE_DEVICE();
+  struct Case {
+    int64_t rows;
+    int hc;
+    int64_t d;
+    int iters;
+  };
+  train_cuda::Blas blas;
+  uint32_t seed = 100;
+  for (const Case c : {Case{64, 4, 512, 20}, Case{256, 4, 1024, 20}, Case{5, 2, 33, 3}, Case{3, 8, 16, 20}, Case{7, 1, 40, 1}}) {
+    const int n_mix = (2 + c.hc) * c.hc;
+    const int64_t K = c.hc * c.d;
+    const size_t nX = size_t(c.rows * K), nfn = size_t(n_mix * K), nrow = size_t(c.rows * c.hc);
+    // fn's scale puts m = raw · r near 1, where the sigmoids and the softmax are not saturated.
+    const std::vector<float> X = test::normal(nX, 1.0, seed++), fn = test::normal(nfn, 1.0 / std::sqrt(double(K)), seed++);
+    const std::vector<float> base = test::normal(size_t(n_mix), 0.5, seed++), scale = {0.8f, 1.1f, 1.3f};
+    const std::vector<float> dpre = test::normal(nrow, 1.0, seed++), dpost = test::normal(nrow, 1.0, seed++);
+    const std::vector<float> dcomb = test::normal(nrow * size_t(c.hc), 1.0, seed++);
+    const std::vector<float> dX0 = test::normal(nX, 0.1, seed++), dfn0 = test::normal(nfn, 0.1, seed++);
+    const std::vector<float> dbase0 = test::normal(size_t(n_mix), 0.1, seed++), dscale0 = test::normal(3, 0.1, seed++);
+
+    // The reference in double from the same float inputs.
+    auto wide = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+    const grad::HcOptions ho{c.hc, c.iters, 1e-20, 1e-6};
+    grad::HcMixesSaved<double> saved;
+    std::vector<double> pre(nrow), post(nrow), comb(nrow * size_t(c.hc));
+    const std::vector<double> Xd = wide(X), fnd = wide(fn), based = wide(base), scaled = wide(scale);
+    grad::hc_mixes_forward<double>(Xd.data(), c.rows, c.d, fnd.data(), based.data(), scaled.data(), ho, pre.data(), post.data(),
+                                   comb.data(), saved);
+    std::vector<double> dX = wide(dX0), dfn = wide(dfn0), dbase = wide(dbase0), dscale = wide(dscale0);
+    const std::vector<double> dpred = wide(dpre), dpostd = wide(dpost), dcombd = wide(dcomb);
+    grad::hc_mixes_backward<double>(Xd.data(), c.rows, c.d, fnd.data(), based.data(), scaled.data(), ho, saved, dpred.data(),
+                                    dpostd.data(), dcombd.data(), dX.data(), dfn.data(), dbase.data(), dscale.data());
+    const MixResults want{as_float(pre), as_float(post), as_float(comb), as_float(dX), as_float(dfn), as_float(dbase),
+                          as_float(dscale)};
+
+    const train_cuda::HcMixOptions o{c.hc, c.iters, 1e-20f, 1e-6f};
+    DeviceArray<float> dXin(X), dfn_in(fn), dbase_in(base), dscale_in(scale), ddpre(dpre), ddpost(dpost), ddcomb(dcomb);
+    auto run = [&] {
+      DeviceArray<float> gpre(nrow), gpost(nrow), gcomb(nrow * size_t(c.hc)), raw(size_t(c.rows * n_mix)), r(size_t(c.rows));
+      DeviceArray<float> gdX(dX0), gdfn(dfn0), gdbase(dbase0), gdscale(dscale0);
+      gpre.poison(), gpost.poison(), gcomb.poison(), raw.poison(), r.poison();
+      train_cuda::hc_mixes_forward(blas, dXin.get(), c.rows, c.d, dfn_in.get(), dbase_in.get(), dscale_in.get(), o, gpre.get(),
+                                   gpost.get(), gcomb.get(), raw.get(), r.get());
+      train_cuda::hc_mixes_backward(blas, dXin.get(), c.rows, c.d, dfn_in.get(), dbase_in.get(), dscale_in.get(), o, raw.get(),
+                                    r.get(), ddpre.get(), ddpost.get(), ddcomb.get(), gdX.get(), gdfn.get(), gdbase.get(),
+                                    gdscale.get());
+      return MixResults{gpre.download(), gpost.download(), gcomb.download(), gdX.download(),
+                        gdfn.download(), gdbase.download(), gdscale.download()};
+    };
+    const MixResults got = run();
+    const double e[7] = {test::nmse(got.pre, want.pre), test::nmse(got.post, want.post),   test::nmse(got.comb, want.comb),
+                         test::nmse(got.dX, want.dX),   test::nmse(got.dfn, want.dfn),     test::nmse(got.dbase, want.dbase),
+                         test::nmse(got.dscale, want.dscale)};
+    std::printf("hc_mixes %ld rows x hc %d x %ld, %d sweeps: NMSE pre %.3g post %.3g comb %.3g dX %.3g dfn %.3g dbase %.3g "
+                "dscale %.3g\n",
+                long(c.rows), c.hc, long(c.d), c.iters, e[0], e[1], e[2], e[3], e[4], e[5], e[6]);
+    for (int i = 0; i < 3; ++i) EXPECT_LT(e[i], 1e-11) << "forward output " << i;
+    for (int i = 3; i < 7; ++i) EXPECT_LT(e[i], 1e-10) << "gradient " << i - 3;
+
+    const MixResults again = run();
+    for (const auto member : {&MixResults::pre, &MixResults::post, &MixResults::comb, &MixResults::dX, &MixResults::dfn,
+                              &MixResults::dbase, &MixResults::dscale})
       EXPECT_TRUE(test::same_bits(got.*member, again.*member)) << "two runs differ";
   }
 }
