@@ -1,5 +1,5 @@
 // dsv41 data build --out DIR [--sources a,b] [--vocab N] [--validation-fraction F]
-//                  [--near-duplicate-fraction F] [--threads T] [--json]
+//                  [--near-duplicate-fraction F] [--chat] [--threads T] [--json]
 //
 // The training data of issue 19 (docs/training-data.md): the corpus from installed packages,
 // cleaned, deduplicated and split; the byte-level BPE tokenizer trained on its train split; both
@@ -60,6 +60,8 @@ void add_data(CLI::App& app) {
   cmd->add_option("--near-duplicate-fraction", args->options.corpus.near_duplicate_fraction,
                   "A document whose lines were seen before make up this share of its text is dropped")
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_flag("--chat", args->options.chat,
+                "Add chat documents: question-and-answer turns from the dictionaries, in the served chat format");
   cmd->add_option("--threads", args->options.threads, "Threads that tokenize")->check(CLI::Range(1, 256));
   cmd->add_flag("--json", args->as_json, "Print summary.json instead of the table");
   cmd->callback([args] {

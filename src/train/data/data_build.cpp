@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "model/tokenizer/tokenizer.h"
 #include "train/data/bpe_trainer.h"
+#include "train/data/chat_documents.h"
 #include "train/data/packed_tokens.h"
 #include "train/data/tokenizer_json.h"
 
@@ -106,6 +107,19 @@ DataBuildSummary build_data(const DataBuildOptions& options, const std::function
     report("corpus: " + std::string(source), done, total);
   });
   if (corpus.train.empty()) fail("corpus", "documents in the train split", "none");
+  if (options.chat) {
+    SourceStats chat{.name = "chat"};
+    for (int split = 0; split < 2; ++split) {
+      std::vector<Document>& docs = split == 0 ? corpus.train : corpus.validation;
+      const std::vector<Document> turns = chat_documents(docs);
+      for (const Document& d : turns) chat.kept_bytes[split] += int64_t(d.text.size());
+      chat.kept_documents[split] = int64_t(turns.size());
+      docs.insert(docs.end(), turns.begin(), turns.end());
+    }
+    chat.documents = chat.kept_documents[0] + chat.kept_documents[1];
+    chat.bytes = chat.kept_bytes[0] + chat.kept_bytes[1];
+    corpus.sources.push_back(chat);
+  }
   write_documents((dir / "train.jsonl").string(), corpus.train);
   write_documents((dir / "validation.jsonl").string(), corpus.validation);
   write_file(dir / "NOTICE", notice(sources));

@@ -1,6 +1,7 @@
 #pragma once
 // `dsv41 data build`: the whole pipeline into one directory (docs/training-data.md):
 //   corpus (sources → cleaned → deduplicated → split)  train.jsonl, validation.jsonl
+//   with `chat`, each split's chat documents after it  (chat_documents.h)
 //   tokenizer, trained on the train split only          tokenizer.json, tokenizer_config.json
 //   both splits tokenized and packed                    train.tokens, validation.tokens
 //   what was done, in numbers                           summary.json
@@ -20,6 +21,9 @@ struct DataBuildOptions {
   CorpusOptions corpus;
   size_t vocab_size = 8192;  // added tokens included
   int threads = 2;           // for tokenizing
+  // Chat documents derived from each split's dictionary entries (chat_documents.h), appended to
+  // that split and counted in the summary as source "chat".
+  bool chat = false;
 };
 
 struct SplitSummary {
