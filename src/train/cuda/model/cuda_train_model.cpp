@@ -1,0 +1,530 @@
+#include "train/cuda/model/cuda_train_model.h"
+
+#include <cmath>
+#include <string>
+
+#include "backend/cpu/rope.h"
+#include "base/error.h"
+#include "forward/model.h"
+#include "forward/network.h"
+#include "forward/window.h"
+#include "model/gate.h"
+#include "train/cuda/cross_entropy.h"
+#include "train/cuda/dspark.h"
+#include "train/cuda/embedding.h"
+#include "train/cuda/fake_quant.h"
+#include "train/cuda/mhc.h"
+#include "train/cuda/moe_gate.h"
+#include "train/cuda/norm.h"
+#include "train/cuda/rope.h"
+#include "train/cuda/sparse_attention.h"
+#include "train/cuda/swiglu.h"
+
+namespace dsv41::train_cuda {
+
+namespace {
+
+template <class T>
+using Buffer = std::shared_ptr<cuda::DeviceBuffer<T>>;
+
+// Stream-ordered device memory from the pool (an activation lives for one step).
+template <class T>
+Buffer<T> buffer(int64_t n) {
+  return std::make_shared<cuda::DeviceBuffer<T>>(n, nullptr, true);
+}
+
+template <class T>
+Buffer<T> zeros(int64_t n) {
+  Buffer<T> b = buffer<T>(n);
+  if (n > 0) cuda::check(cudaMemsetAsync(b->get(), 0, size_t(b->bytes()), nullptr), "train_cuda: zeros");
+  return b;
+}
+
+template <class T>
+Buffer<T> on_device(const std::vector<T>& host) {
+  Buffer<T> b = buffer<T>(int64_t(host.size()));
+  b->upload(host);
+  return b;
+}
+
+template <class T>
+std::vector<T> on_host(const T* device, int64_t n) {
+  std::vector<T> out(static_cast<size_t>(n));
+  if (n > 0) cuda::check(cudaMemcpy(out.data(), device, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost), "train_cuda: download");
+  return out;
+}
+
+// x's values as a product's bf16 operand.
+Buffer<bf16> as_bf16(const float* x, int64_t n) {
+  Buffer<bf16> b = buffer<bf16>(n);
+  if (n > 0) cast_bf16(x, n, b->get());
+  return b;
+}
+
+// An activation and its gradient (allocated, zero, by the first op that adds to it), as
+// train/model/tape.h's Node.
+struct Node {
+  explicit Node(int64_t n) : value(buffer<float>(n)) {}
+  Buffer<float> value, grad;
+  int64_t size() const { return value->size(); }
+  float* v() const { return value->get(); }
+  bool has_grad() const { return grad != nullptr; }
+  float* g() {
+    if (!grad) grad = zeros<float>(size());
+    return grad->get();
+  }
+};
+using Tensor = std::shared_ptr<Node>;
+
+Tensor tensor(int64_t n) { return std::make_shared<Node>(n); }
+
+// A copy of x's values (an op that writes in place keeps its input for the backward).
+Tensor copy_of(const Tensor& x) {
+  Tensor y = tensor(x->size());
+  if (x->size() > 0)
+    cuda::check(cudaMemcpyAsync(y->v(), x->v(), size_t(x->size()) * sizeof(float), cudaMemcpyDeviceToDevice, nullptr),
+                "train_cuda: copy");
+  return y;
+}
+
+}  // namespace
+
+// network.h's op set on the device (train_ops.h's mirror for what this trainer runs so far).
+class CudaTrainOps {
+ public:
+  using Tensor = train_cuda::Tensor;
+
+  CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, const train::TrainOptions& options,
+               train::Tape& tape, std::span<const int64_t> tokens, Trace* trace, std::vector<std::vector<int64_t>>& load)
+      : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1),
+        trace_(trace), load_(load) {
+    refuse_what_is_not_written();
+    if (R_ < 1) fail("CUDA train forward", "a sequence of at least 2 tokens (inputs and their next tokens)", std::to_string(tokens.size()));
+    for (int64_t t : tokens)
+      if (t < 0 || t >= c_.vocab_size) fail("CUDA train forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
+    std::vector<int64_t> positions(static_cast<size_t>(R_));
+    for (int64_t r = 0; r < R_; ++r) positions[size_t(r)] = r;
+    positions_host_ = positions;
+    inputs_ = on_device(std::vector<int64_t>(tokens.begin(), tokens.end() - 1));
+    targets_ = on_device(std::vector<int64_t>(tokens.begin() + 1, tokens.end()));
+    positions_ = on_device(positions);
+    freqs_window_ = on_device(rope_table(c_, false).frequencies());
+    freqs_compressed_ = on_device(rope_table(c_, true).frequencies());
+  }
+
+  train::Losses losses;
+  float lm_weight = 1.0f;
+  const Buffer<float>& logits_buffer() const { return logits_; }
+
+  // --- network.h's op set -----------------------------------------------------------------------
+
+  int64_t rows() const { return R_; }
+  bool cuts_rows() const { return false; }
+  bool records_targets() const { return false; }
+
+  void embed() {
+    const int64_t d = c_.dim, hc = c_.hc_mult;
+    Tensor x = tensor(R_ * d), X = tensor(R_ * hc * d);
+    gather_rows_forward(dev_.value(p_.embed()), c_.vocab_size, d, inputs_->get(), R_, x->v());
+    hc_expand_forward(x->v(), R_, int(hc), d, X->v());
+    tape_.record([this, x, X] {
+      if (!X->has_grad()) return;
+      hc_expand_backward(X->grad->get(), R_, c_.hc_mult, c_.dim, x->g());
+      gather_rows_backward(x->grad->get(), c_.dim, inputs_->get(), R_, c_.vocab_size, dev_.grad(p_.embed()));
+    });
+    X_ = X;
+    // The first attention input's `pre`: the one-hot e0 (a constant).
+    std::vector<float> e0(size_t(R_ * hc), 0.0f);
+    for (int64_t r = 0; r < R_; ++r) e0[size_t(r * hc)] = 1.0f;
+    mix_[size_t(Sub::Ffn)].pre = tensor(R_ * hc);
+    mix_[size_t(Sub::Ffn)].pre->value->upload(e0);
+  }
+
+  void mix(int l, Sub s) {
+    const train::HcParams<float>& w = s == Sub::Attention ? p_.layer(l).hc_attn : p_.layer(l).hc_ffn;
+    const int64_t hc = c_.hc_mult, n_mix = (2 + hc) * hc;
+    Mix& m = mix_[size_t(s)];
+    m = Mix{tensor(R_ * hc), tensor(R_ * hc), tensor(R_ * hc * hc)};
+    Buffer<float> raw = buffer<float>(R_ * n_mix), r = buffer<float>(R_);
+    hc_mixes_forward(blas_, X_->v(), R_, c_.dim, dev_.value(*w.fn), dev_.value(*w.base), dev_.value(*w.scale), hc_options(),
+                     m.pre->v(), m.post->v(), m.comb->v(), raw->get(), r->get());
+    tape_.record([this, X = X_, m, raw, r, &w] {
+      if (!m.pre->has_grad() && !m.post->has_grad() && !m.comb->has_grad()) return;
+      hc_mixes_backward(blas_, X->v(), R_, c_.dim, dev_.value(*w.fn), dev_.value(*w.base), dev_.value(*w.scale), hc_options(),
+                        raw->get(), r->get(), m.pre->g(), m.post->g(), m.comb->g(), X->g(), dev_.grad(*w.fn), dev_.grad(*w.base),
+                        dev_.grad(*w.scale));
+    });
+  }
+
+  // h = norm_s(hc_pre(X, pre)), pre the mix of the sub-layer before s.
+  void input(int l, Sub s) {
+    const Tensor& pre = mix_[size_t(s == Sub::Attention ? Sub::Ffn : Sub::Attention)].pre;
+    Tensor h = collapse(pre);
+    rms_norm(h, c_.dim, s == Sub::Attention ? p_.layer(l).attn_norm : p_.layer(l).ffn_norm);
+    h_ = h;
+  }
+
+  void write_back(Sub s) {
+    const Mix m = mix_[size_t(s)];
+    Tensor out = tensor(X_->size());
+    hc_post_forward(y_->v(), X_->v(), m.post->v(), m.comb->v(), R_, c_.hc_mult, c_.dim, out->v());
+    tape_.record([this, y = y_, X = X_, m, out] {
+      if (!out->has_grad()) return;
+      hc_post_backward(y->v(), X->v(), m.post->v(), m.comb->v(), R_, c_.hc_mult, c_.dim, out->grad->get(), y->g(), X->g(),
+                       m.post->g(), m.comb->g());
+    });
+    X_ = out;
+  }
+
+  void boundary(int l, Sub from, Sub to) {
+    write_back(from);
+    mix(l, to);
+    input(l, to);
+  }
+
+  void attention(int l) { dsv41::attention(c_, *this, l); }
+
+  void moe(int l) {
+    train::LayerParams<float>& L = p_.layer(l);
+    const int64_t d = c_.dim, E = c_.routed_experts(l);
+    const GateOptions opt = gate_options(c_, l);
+    const int k = opt.topk;
+    const GateParams gp{k, opt.score_func == "sigmoid", opt.norm_topk_prob && k > 1, opt.gate_temp, opt.route_scale};
+    Buffer<int32_t> forced;
+    if (trace_ && trace_->forced_experts && size_t(l) < trace_->forced_experts->size()) {
+      const std::vector<int32_t>& f = (*trace_->forced_experts)[size_t(l)];
+      if (int64_t(f.size()) != R_ * k)
+        fail("CUDA train forward", "imposed experts of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows",
+             std::to_string(f.size()) + " experts");
+      forced = on_device(f);
+    }
+    // The gate: its product in fp32 (a bf16 product would move its choices near ties), its choices
+    // downloaded to group the rows by expert on the host.
+    auto gate = std::make_shared<Gate>();
+    gate->logits = buffer<float>(R_ * E);
+    gate->scores = buffer<float>(R_ * E);
+    gate->experts = buffer<int32_t>(R_ * k);
+    gate->weights = tensor(R_ * k);
+    Tensor x = h_, y = tensor(R_ * d);
+    linear_forward_f32(blas_, x->v(), R_, d, dev_.value(*L.gate), E, gate->logits->get());
+    gate_forward(gate->logits->get(), R_, E, dev_.value(*L.gate_bias), gp, forced ? forced->get() : nullptr, gate->scores->get(),
+                 gate->experts->get(), gate->weights->v());
+    const std::vector<int32_t> experts = on_host(gate->experts->get(), R_ * k);
+    if (trace_) {
+      trace_->route_experts[size_t(l)] = experts;
+      const std::vector<float> scores = on_host(gate->scores->get(), R_ * E), bias = on_host(dev_.value(*L.gate_bias), E);
+      std::vector<float>& biased = trace_->route_scores[size_t(l)];
+      biased.resize(size_t(R_ * E));
+      for (int64_t i = 0; i < R_ * E; ++i) biased[size_t(i)] = scores[size_t(i)] + bias[size_t(i % E)];
+    }
+    std::vector<std::vector<int64_t>> rows_of(static_cast<size_t>(E)), slot_of(static_cast<size_t>(E));
+    for (int64_t r = 0; r < R_; ++r)
+      for (int j = 0; j < k; ++j) {
+        const int32_t e = experts[size_t(r * k + j)];
+        if (e < 0 || e >= E) fail("CUDA train forward", "experts in [0, " + std::to_string(E) + ")", std::to_string(e));
+        rows_of[size_t(e)].push_back(r);
+        slot_of[size_t(e)].push_back(r * k + j);  // the row's slot in weights [R, k]
+      }
+    load_[size_t(l)].resize(size_t(E));
+    // The shared expert on every row writes y; each routed expert adds its rows' outputs, in expert order.
+    auto shared = std::make_shared<ExpertRun>();
+    expert_forward(x->v(), R_, L.shared, nullptr, y->v(), *shared);
+    auto routed = std::make_shared<std::vector<Routed>>();
+    for (int64_t e = 0; e < E; ++e) {
+      load_[size_t(l)][size_t(e)] += int64_t(rows_of[size_t(e)].size());
+      if (rows_of[size_t(e)].empty()) continue;
+      Routed& re = routed->emplace_back();
+      re.expert = e;
+      re.n = int64_t(rows_of[size_t(e)].size());
+      re.rows = on_device(rows_of[size_t(e)]);
+      re.slots = on_device(slot_of[size_t(e)]);
+      re.x = buffer<float>(re.n * d);
+      re.weight = buffer<float>(re.n);
+      gather_rows_forward(x->v(), R_, d, re.rows->get(), re.n, re.x->get());
+      gather_rows_forward(gate->weights->v(), R_ * k, 1, re.slots->get(), re.n, re.weight->get());
+      Buffer<float> ye = buffer<float>(re.n * d);
+      expert_forward(re.x->get(), re.n, L.experts[size_t(e)], re.weight->get(), ye->get(), re.run);
+      gather_rows_backward(ye->get(), d, re.rows->get(), re.n, R_, y->v());  // y[rows] += ye
+    }
+    tape_.record([this, l, x, y, gate, gp, shared, routed] {
+      if (!y->has_grad()) return;
+      train::LayerParams<float>& L = p_.layer(l);
+      const int64_t d = c_.dim, E = c_.routed_experts(l), k = gp.topk;
+      expert_backward(R_, L.shared, nullptr, *shared, y->grad->get(), x->g(), nullptr);
+      float* dweights = gate->weights->g();
+      for (const Routed& re : *routed) {
+        Buffer<float> dye = buffer<float>(re.n * d), dxe = zeros<float>(re.n * d), drw = zeros<float>(re.n);
+        gather_rows_forward(y->grad->get(), R_, d, re.rows->get(), re.n, dye->get());
+        expert_backward(re.n, L.experts[size_t(re.expert)], re.weight->get(), re.run, dye->get(), dxe->get(), drw->get());
+        gather_rows_backward(dxe->get(), d, re.rows->get(), re.n, R_, x->g());
+        gather_rows_backward(drw->get(), 1, re.slots->get(), re.n, R_ * k, dweights);
+      }
+      Buffer<float> dlogits = buffer<float>(R_ * E);
+      gate_backward(gate->logits->get(), gate->scores->get(), R_, E, gate->experts->get(), dweights, gp, dlogits->get());
+      linear_backward_f32(blas_, x->v(), R_, d, dev_.value(*L.gate), E, dlogits->get(), x->g(), dev_.grad(*L.gate));
+    });
+    y_ = y;
+  }
+
+  // The final collapse with the last FFN's `pre`, the norm, the head and the next-token loss.
+  void logits() {
+    const int64_t d = c_.dim, V = c_.vocab_size;
+    Tensor h = collapse(mix_[size_t(Sub::Ffn)].pre);
+    rms_norm(h, d, &p_.norm());
+    Buffer<bf16> hb = as_bf16(h->v(), h->size());
+    logits_ = buffer<float>(R_ * V);
+    Buffer<float> row_max = buffer<float>(R_), row_sum = buffer<float>(R_), loss = buffer<float>(2);
+    linear_forward(blas_, hb->get(), R_, d, dev_.weight_bf16(p_.head()), V, logits_->get());
+    cross_entropy_forward(logits_->get(), R_, V, targets_->get(), row_max->get(), row_sum->get(), loss->get());
+    losses.lm = double(on_host(loss->get(), 1)[0]);
+    tape_.record([this, h, hb, z = logits_, row_max, row_sum, loss] {
+      const int64_t d = c_.dim, V = c_.vocab_size;
+      Buffer<float> dz = buffer<float>(R_ * V);
+      cross_entropy_backward(z->get(), R_, V, targets_->get(), row_max->get(), row_sum->get(), loss->get(), lm_weight, dz->get());
+      Buffer<bf16> dzb = as_bf16(dz->get(), R_ * V);
+      linear_backward(blas_, hb->get(), R_, d, dev_.weight_bf16(p_.head()), V, dzb->get(), h->g(), dev_.grad(p_.head()));
+    });
+  }
+
+  void record_block(int l) { trace_->block_out[size_t(l)] = on_host(X_->v(), X_->size()); }
+
+  // Not reached: refuse_what_is_not_written() refused the models and traces that would call them.
+  void engram(int) { not_written("Engram"); }
+  void compress_cut(int) { not_written("bounded replay"); }
+  void drop_cut() { not_written("bounded replay"); }
+  void impose_input(int) { not_written("imposed layer inputs"); }
+  void record_target(int) { not_written("DSpark's context features"); }
+  void compress(int) { not_written("compressed attention (CSA2)"); }
+  void index(int, const Tensor&) { not_written("the indexer"); }
+
+  // --- the attention's ops (network.h attention()) -------------------------------------------------
+
+  const train::LayerParams<float>& layer(int l) const { return p_.layer(l); }
+  const Tensor& h() const { return h_; }
+
+  // y = x Wᵀ on bf16 operands, rows of W.shape[1] values in, W.shape[0] out.
+  Tensor linear(const Tensor& x, train::Param<float>* w) {
+    const int64_t N = w->shape[0], K = w->shape[1], M = x->size() / K;
+    Buffer<bf16> xb = as_bf16(x->v(), x->size());
+    Tensor y = tensor(M * N);
+    linear_forward(blas_, xb->get(), M, K, dev_.weight_bf16(*w), N, y->v());
+    tape_.record([this, x, xb, y, w, M, N, K] {
+      if (!y->has_grad()) return;
+      Buffer<bf16> dyb = as_bf16(y->grad->get(), y->size());
+      linear_backward(blas_, xb->get(), M, K, dev_.weight_bf16(*w), N, dyb->get(), x->g(), dev_.grad(*w));
+    });
+    return y;
+  }
+
+  // RMSNorm over rows of `cols` (w: the weight), in place of x.
+  void rms_norm(Tensor& x, int64_t cols, train::Param<float>* w) {
+    const int64_t rows = x->size() / cols;
+    Tensor y = tensor(x->size());
+    Buffer<float> r = buffer<float>(rows);
+    rms_norm_forward(x->v(), rows, cols, dev_.value(*w), eps(), y->v(), r->get());
+    tape_.record([this, x, y, w, rows, cols, r] {
+      if (y->has_grad()) rms_norm_backward(x->v(), rows, cols, dev_.value(*w), r->get(), y->grad->get(), x->g(), dev_.grad(*w));
+    });
+    x = y;
+  }
+
+  // RoPE of layer l on each head's last rope_head_dim values, at the rows' positions.
+  void rope(Tensor& x, int l, int heads, int64_t head_dim, bool inverse) {
+    const Buffer<float>& freqs = c_.compress_ratios[size_t(l)] > 0 ? freqs_compressed_ : freqs_window_;
+    Tensor y = copy_of(x);
+    rope_forward(y->v(), R_, heads, head_dim, c_.rope_head_dim, positions_->get(), freqs->get(), inverse);
+    tape_.record([this, x, y, freqs, heads, head_dim, inverse] {
+      if (!y->has_grad()) return;
+      Tensor dx = tensor(y->size());
+      cuda::check(cudaMemcpyAsync(dx->v(), y->grad->get(), size_t(y->size()) * sizeof(float), cudaMemcpyDeviceToDevice, nullptr),
+                  "train_cuda: rope backward");
+      rope_backward(dx->v(), R_, heads, head_dim, c_.rope_head_dim, positions_->get(), freqs->get(), inverse);
+      add_into(dx->v(), dx->size(), x->g());
+    });
+    x = y;
+  }
+
+  // This call's window entries: SWA-FP8 when switched on.
+  void window_entries(int, Tensor& kv) {
+    if (o_.swa_fp8) fake_quantized(kv, FakeQuant::SwaFp8);
+  }
+  void keep_window(int, const Tensor&) {}  // no cache: the window is this call's rows
+
+  // Each row over its window (forward/window.h's list, from the sequence's start) with the sink.
+  Tensor attend(int l, const Tensor& q, const Tensor& kv) {
+    const train::AttentionParams<float>& a = p_.layer(l).attn;
+    const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size, entries = std::min(R_, W);
+    std::vector<int64_t> idx, slots;
+    idx.reserve(size_t(R_ * entries));
+    for (int64_t r = 0; r < R_; ++r) {
+      window_positions(positions_host_[size_t(r)], 0, R_, W, 0, slots);
+      for (int64_t t : slots) idx.push_back(t == kEmptySlot ? -1 : t);
+    }
+    Buffer<int64_t> list = on_device(idx);
+    Tensor o = tensor(R_ * H * hd);
+    Buffer<float> p = buffer<float>(R_ * H * entries), sink_p = buffer<float>(R_ * H);
+    const float scale = float(std::pow(double(hd), -0.5));
+    sparse_attention_forward(q->v(), R_, H, hd, kv->v(), list->get(), entries, dev_.value(*a.attn_sink), scale, o->v(), p->get(),
+                             sink_p->get());
+    tape_.record([this, q, kv, list, entries, p, sink_p, o, scale, sink = a.attn_sink] {
+      if (!o->has_grad()) return;
+      sparse_attention_backward(q->v(), R_, c_.n_heads, c_.head_dim, kv->v(), R_, list->get(), entries, scale, p->get(),
+                                sink_p->get(), o->grad->get(), q->g(), kv->g(), dev_.grad(*sink));
+    });
+    return o;
+  }
+
+  Tensor linear_grouped(const Tensor& o, train::Param<float>* wo_a) {
+    const int64_t G = c_.o_groups, Kg = int64_t(c_.n_heads) * c_.head_dim / G, Ng = c_.o_lora_rank;
+    Buffer<bf16> ob = as_bf16(o->v(), o->size());
+    Tensor y = tensor(R_ * G * Ng);
+    linear_grouped_forward(blas_, ob->get(), R_, G, Kg, dev_.weight_bf16(*wo_a), Ng, y->v());
+    tape_.record([this, o, ob, y, wo_a, G, Kg, Ng] {
+      if (!y->has_grad()) return;
+      Buffer<bf16> dyb = as_bf16(y->grad->get(), y->size());
+      linear_grouped_backward(blas_, ob->get(), R_, G, Kg, dev_.weight_bf16(*wo_a), Ng, dyb->get(), o->g(), dev_.grad(*wo_a));
+    });
+    return y;
+  }
+
+  void output(Tensor y) { y_ = std::move(y); }
+
+ private:
+  struct Mix {
+    Tensor pre, post, comb;  // [R, hc], [R, hc], [R, hc, hc]
+  };
+  struct Gate {
+    Buffer<float> logits, scores;  // [R, experts]
+    Buffer<int32_t> experts;       // [R, k]
+    Tensor weights;                // [R, k]
+  };
+  // An expert's forward, kept for its backward: its bf16 input, W1 x and W3 x, the activation.
+  struct ExpertRun {
+    Buffer<bf16> xb, hb;
+    Buffer<float> g, u;
+  };
+  struct Routed {
+    int64_t expert = 0, n = 0;
+    Buffer<int64_t> rows, slots;  // its rows, and their slots in the gate's weights [R, k]
+    Buffer<float> x, weight;      // its rows of x and their routing weights
+    ExpertRun run;
+  };
+
+  // y [n, dim] = W2 (w · silu(min(W1 x, L)) · clamp(W3 x, ±L)) (swiglu.h), written.
+  void expert_forward(const float* x, int64_t n, const train::ExpertParams<float>& w, const float* row_weights, float* y,
+                      ExpertRun& s) {
+    const int64_t d = c_.dim, inter = c_.moe_inter_dim;
+    s.xb = as_bf16(x, n * d);
+    s.g = buffer<float>(n * inter);
+    s.u = buffer<float>(n * inter);
+    linear_forward(blas_, s.xb->get(), n, d, dev_.weight_bf16(*w.w1), inter, s.g->get());
+    linear_forward(blas_, s.xb->get(), n, d, dev_.weight_bf16(*w.w3), inter, s.u->get());
+    Buffer<float> h = buffer<float>(n * inter);
+    swiglu_forward(s.g->get(), s.u->get(), n, inter, float(c_.swiglu_limit), row_weights, h->get());
+    s.hb = as_bf16(h->get(), n * inter);
+    linear_forward(blas_, s.hb->get(), n, inter, dev_.weight_bf16(*w.w2), d, y);
+  }
+
+  // Adds into dx [n, dim], the expert's weight gradients and drow_weights [n] (unless nullptr).
+  void expert_backward(int64_t n, const train::ExpertParams<float>& w, const float* row_weights, const ExpertRun& s,
+                       const float* dy, float* dx, float* drow_weights) {
+    const int64_t d = c_.dim, inter = c_.moe_inter_dim;
+    Buffer<bf16> dyb = as_bf16(dy, n * d);
+    Buffer<float> dh = zeros<float>(n * inter), dg = buffer<float>(n * inter), du = buffer<float>(n * inter);
+    linear_backward(blas_, s.hb->get(), n, inter, dev_.weight_bf16(*w.w2), d, dyb->get(), dh->get(), dev_.grad(*w.w2));
+    swiglu_backward(s.g->get(), s.u->get(), n, inter, float(c_.swiglu_limit), row_weights, dh->get(), dg->get(), du->get(),
+                    drow_weights);
+    Buffer<bf16> dgb = as_bf16(dg->get(), n * inter), dub = as_bf16(du->get(), n * inter);
+    linear_backward(blas_, s.xb->get(), n, d, dev_.weight_bf16(*w.w1), inter, dgb->get(), dx, dev_.grad(*w.w1));
+    linear_backward(blas_, s.xb->get(), n, d, dev_.weight_bf16(*w.w3), inter, dub->get(), dx, dev_.grad(*w.w3));
+  }
+
+  // The streams collapsed by `pre`: hc_pre(X, pre).
+  Tensor collapse(const Tensor& pre) {
+    Tensor y = tensor(R_ * c_.dim);
+    hc_pre_forward(X_->v(), pre->v(), R_, c_.hc_mult, c_.dim, y->v());
+    tape_.record([this, X = X_, pre, y] {
+      if (y->has_grad()) hc_pre_backward(X->v(), pre->v(), R_, c_.hc_mult, c_.dim, y->grad->get(), X->g(), pre->g());
+    });
+    return y;
+  }
+
+  // x ← Q(x) (fake_quant.h); the gradient passes unchanged (straight-through).
+  void fake_quantized(Tensor& x, FakeQuant codec) {
+    Tensor y = tensor(x->size());
+    fake_quantize(codec, x->v(), x->size(), y->v());
+    tape_.record([x, y] {
+      if (y->has_grad()) add_into(y->grad->get(), y->size(), x->g());
+    });
+    x = y;
+  }
+
+  void refuse_what_is_not_written() const {
+    for (int l = 0; l < c_.n_layers; ++l)
+      if (c_.compress_ratios[size_t(l)] > 0)
+        fail("CUDA trainer", "a model without compressed layers (CSA2 is not yet on the CUDA trainer)",
+             "layer " + std::to_string(l) + " compressing by " + std::to_string(c_.compress_ratios[size_t(l)]));
+    if (c_.has_engram()) fail("CUDA trainer", "a model without Engram (not yet on the CUDA trainer)", "Engram layers");
+    if (trace_ && (trace_->forced_streams || trace_->forced_topk))
+      fail("CUDA trainer", "a trace that imposes experts only", "imposed layer inputs or top-k");
+  }
+  [[noreturn]] static void not_written(const std::string& what) {
+    fail("CUDA trainer", "the ops it has", what + " (not yet on the CUDA trainer)");
+  }
+
+  float eps() const { return float(c_.norm_eps); }
+  HcMixOptions hc_options() const { return {c_.hc_mult, c_.hc_sinkhorn_iters, float(c_.norm_eps), float(c_.hc_eps)}; }
+
+  const Config& c_;
+  train::Parameters<float>& p_;
+  DeviceParameters& dev_;
+  Blas& blas_;
+  const train::TrainOptions& o_;
+  train::Tape& tape_;
+  const int64_t R_;
+  Trace* trace_;
+  std::vector<std::vector<int64_t>>& load_;
+  std::vector<int64_t> positions_host_;
+  Buffer<int64_t> inputs_, targets_, positions_;
+  Buffer<float> freqs_window_, freqs_compressed_, logits_;
+  Tensor X_, h_, y_;  // the streams [R, hc, dim]; the sub-layer's input and output [R, dim]
+  Mix mix_[2];
+};
+
+CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options)
+    : params_(params), device_(device), options_(options), expert_load_(size_t(params.config().n_total_layers())) {}
+
+CudaTrainModel::~CudaTrainModel() = default;
+
+train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, Trace* trace) {
+  tape_.clear();  // the last forward's backward, if never run, reads the op set replaced here
+  ops_.reset();
+  if (trace) {
+    const size_t layers = size_t(params_.config().n_layers);
+    trace->block_out.assign(layers, {});
+    trace->route_experts.assign(layers, {});
+    trace->route_scores.assign(layers, {});
+    trace->topk.clear();
+  }
+  ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, options_, tape_, tokens, trace, expert_load_);
+  run_network(params_.config(), *ops_, trace);
+  return ops_->losses;
+}
+
+void CudaTrainModel::backward(float lm_weight) {
+  if (!ops_) fail("CUDA train backward", "a forward first", "none");
+  ops_->lm_weight = lm_weight;
+  tape_.backward();
+}
+
+std::vector<float> CudaTrainModel::logits() const {
+  if (!ops_ || !ops_->logits_buffer()) return {};
+  const auto& z = ops_->logits_buffer();
+  return on_host(z->get(), z->size());
+}
+
+void CudaTrainModel::reset_expert_load() {
+  for (std::vector<int64_t>& l : expert_load_) std::fill(l.begin(), l.end(), 0);
+}
+
+}  // namespace dsv41::train_cuda

@@ -1,0 +1,60 @@
+#pragma once
+// The V4.1 network's training forward and backward on the device (docs/training.md, "The CUDA
+// trainer"): forward/network.h's layer loop run by a CUDA training op set over one packed sequence
+// from position 0 (exact mode), the mirror of train/model/train_model.h's TrainModel<float>, each op
+// the CUDA op set's (src/train/cuda) with its backward recorded on the tape. The parameters are
+// DeviceParameters' (their gradients accumulate there, for the CUDA optimizer).
+//
+// Written so far (docs/training.md says what is next): the embedding, mHC with Sinkhorn, SWA-only
+// attention with its sink (SWA-FP8 QAT), the MoE (the gate's product in fp32, its choices held by a
+// trace as the CPU trainer's are), the head and the next-token loss. A model with compressed layers
+// (CSA2), Engram or trained DSpark, and served calls (bounded replay), are refused by name.
+//
+// Products on bf16 operands with fp32 accumulation (linear.h): the masters' bf16 copies and each
+// activation cast as it enters a product, straight-through, as autocast has it; everything else in
+// fp32. The host keeps what it decides: each row's window lists and the MoE's rows per expert (one
+// download of the gate's choices a layer).
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "forward/forward.h"
+#include "train/cuda/model/device_parameters.h"
+#include "train/model/tape.h"
+#include "train/model/train_model.h"
+
+namespace dsv41::train_cuda {
+
+class CudaTrainOps;
+
+class CudaTrainModel {
+ public:
+  CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options = {});
+  ~CudaTrainModel();
+
+  // One sequence: tokens [L + 1], the inputs the first L, each row's target the next. Records the
+  // backward. With a trace: records each layer's experts (route_experts) and imposes its
+  // forced_experts (the choices held, as the CPU trainer's parity tests hold them). Returns L_lm
+  // (downloaded: one synchronization).
+  train::Losses forward(std::span<const int64_t> tokens, Trace* trace = nullptr);
+  // Adds the gradient of lm_weight · L_lm of the last forward into the device gradients (zeroed by
+  // the caller: the sequences of a batch accumulate).
+  void backward(float lm_weight = 1.0f);
+  // The last forward's logits [L, vocab], downloaded.
+  std::vector<float> logits() const;
+  // Rows routed to each expert of each layer since the last reset ([layer][expert]), as the CPU's.
+  const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
+  void reset_expert_load();
+
+ private:
+  train::Parameters<float>& params_;
+  DeviceParameters& device_;
+  train::TrainOptions options_;
+  train::Tape tape_;
+  Blas blas_;
+  std::unique_ptr<CudaTrainOps> ops_;
+  std::vector<std::vector<int64_t>> expert_load_;
+};
+
+}  // namespace dsv41::train_cuda
