@@ -1,4 +1,4 @@
-// DSpark's heads and loss (dspark.h). add_into: one thread per value. The confidence head: one
+// DSpark's heads and loss (dspark.h). The confidence head: one
 // thread per row (forward: its d + rank products in the CPU's order) and, backward, one thread per
 // value of dx/de and one per column of dw (its rows in order): the CPU's bits. The loss: one block
 // per row over the vocabulary, as the cross-entropy (max, Σ exp, p written, ‖p − q‖₁ and the held
@@ -16,11 +16,6 @@ namespace dsv41::train_cuda {
 namespace {
 
 constexpr int kThreads = 512;
-
-__global__ void add_kernel(const float* x, int64_t n, float* y) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] = __fadd_rn(y[i], x[i]);
-}
 
 __global__ void confidence_kernel(const float* x, const float* e, int64_t rows, int64_t d, int64_t rank, const float* w,
                                   float* c) {
@@ -124,12 +119,6 @@ __global__ void __launch_bounds__(kThreads) loss_backward_kernel(const float* c,
 unsigned blocks_of(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
 }  // namespace
-
-void add_into(const float* x, int64_t n, float* y, cudaStream_t stream) {
-  if (n <= 0) return;
-  add_kernel<<<blocks_of(n, 256), 256, 0, stream>>>(x, n, y);
-  cuda::check_launch("train_cuda::add_into");
-}
 
 void confidence_forward(const float* x, const float* e, int64_t rows, int64_t d, int64_t rank, const float* w, float* c,
                         cudaStream_t stream) {

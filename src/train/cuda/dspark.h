@@ -2,7 +2,7 @@
 // DSpark's heads and training loss on the CUDA trainer, the mirror of src/train/grad/dspark.h
 // (fp32; the Markov head's product W2 e is linear.h's, its gather W1[prev] embedding.h's):
 //
-//   Markov head:      z_i = u_i + W2 e_i                       (add_into: z += u; du += dz)
+//   Markov head:      z_i = u_i + W2 e_i                       (elementwise.h's add_into: z += u; du += dz)
 //   confidence head:  c_i = w · [x_i ; e_i]
 //   loss, p_i = softmax(z_i), q_i the target's probabilities (a constant):
 //     L = α_ce Σ ρ_i (−log p_i[next_i]) + α_tv Σ ρ_i ‖p_i − q_i‖₁ + α_conf Σ κ BCE(σ(c_i), c*_i),
@@ -11,10 +11,9 @@
 
 #include <cstdint>
 
-namespace dsv41::train_cuda {
+#include "train/cuda/elementwise.h"
 
-// y [n] += x [n].
-void add_into(const float* x, int64_t n, float* y, cudaStream_t stream = nullptr);
+namespace dsv41::train_cuda {
 
 // c [rows] = w · [x_i ; e_i]: x [rows, d], e [rows, rank], w [d + rank]. Each row's sum in the
 // CPU's order (one thread per row).

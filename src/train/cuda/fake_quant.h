@@ -4,7 +4,7 @@
 // as quantize → dequantize, the mirror of the CPU trainer's fake_quantize. Bit for bit the CPU
 // codec's quantize_dequantize: the same host-device scale and element functions, a block's amax
 // (a max: no order), the true division x / scale. The gradient passes unchanged (straight-through:
-// dspark.h's add_into is the backward).
+// elementwise.h's add_into is the backward).
 //
 //   KV-FP4   e2m1 elements, an e4m3 scale per 16   (the compressed main KV, after its RoPE)
 //   MXFP4    e2m1 elements, a ue8m0 scale per 32   (the indexer's q and keys, after their RoPE)

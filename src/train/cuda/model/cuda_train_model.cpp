@@ -1,18 +1,22 @@
 #include "train/cuda/model/cuda_train_model.h"
 
 #include <cmath>
+#include <map>
 #include <string>
 
+#include "backend/cpu/indexer.h"
 #include "backend/cpu/rope.h"
 #include "base/error.h"
 #include "forward/model.h"
 #include "forward/network.h"
 #include "forward/window.h"
 #include "model/gate.h"
+#include "train/cuda/compressor.h"
 #include "train/cuda/cross_entropy.h"
-#include "train/cuda/dspark.h"
+#include "train/cuda/elementwise.h"
 #include "train/cuda/embedding.h"
 #include "train/cuda/fake_quant.h"
+#include "train/cuda/indexer.h"
 #include "train/cuda/mhc.h"
 #include "train/cuda/moe_gate.h"
 #include "train/cuda/norm.h"
@@ -65,6 +69,7 @@ Buffer<bf16> as_bf16(const float* x, int64_t n) {
 // train/model/tape.h's Node.
 struct Node {
   explicit Node(int64_t n) : value(buffer<float>(n)) {}
+  explicit Node(Buffer<float> shared) : value(std::move(shared)) {}
   Buffer<float> value, grad;
   int64_t size() const { return value->size(); }
   float* v() const { return value->get(); }
@@ -77,6 +82,9 @@ struct Node {
 using Tensor = std::shared_ptr<Node>;
 
 Tensor tensor(int64_t n) { return std::make_shared<Node>(n); }
+
+// The same values with no way back (the indexer's inputs, docs/training.md "The indexer's gradient").
+Tensor detach(const Tensor& x) { return std::make_shared<Node>(x->value); }
 
 // A copy of x's values (an op that writes in place keeps its input for the backward).
 Tensor copy_of(const Tensor& x) {
@@ -113,7 +121,7 @@ class CudaTrainOps {
   }
 
   train::Losses losses;
-  float lm_weight = 1.0f;
+  float lm_weight = 1.0f, indexer_weight = 1.0f;
   const Buffer<float>& logits_buffer() const { return logits_; }
 
   // --- network.h's op set -----------------------------------------------------------------------
@@ -294,8 +302,6 @@ class CudaTrainOps {
   void drop_cut() { not_written("bounded replay"); }
   void impose_input(int) { not_written("imposed layer inputs"); }
   void record_target(int) { not_written("DSpark's context features"); }
-  void compress(int) { not_written("compressed attention (CSA2)"); }
-  void index(int, const Tensor&) { not_written("the indexer"); }
 
   // --- the attention's ops (network.h attention()) -------------------------------------------------
 
@@ -330,18 +336,109 @@ class CudaTrainOps {
 
   // RoPE of layer l on each head's last rope_head_dim values, at the rows' positions.
   void rope(Tensor& x, int l, int heads, int64_t head_dim, bool inverse) {
-    const Buffer<float>& freqs = c_.compress_ratios[size_t(l)] > 0 ? freqs_compressed_ : freqs_window_;
-    Tensor y = copy_of(x);
-    rope_forward(y->v(), R_, heads, head_dim, c_.rope_head_dim, positions_->get(), freqs->get(), inverse);
-    tape_.record([this, x, y, freqs, heads, head_dim, inverse] {
-      if (!y->has_grad()) return;
-      Tensor dx = tensor(y->size());
-      cuda::check(cudaMemcpyAsync(dx->v(), y->grad->get(), size_t(y->size()) * sizeof(float), cudaMemcpyDeviceToDevice, nullptr),
-                  "train_cuda: rope backward");
-      rope_backward(dx->v(), R_, heads, head_dim, c_.rope_head_dim, positions_->get(), freqs->get(), inverse);
-      add_into(dx->v(), dx->size(), x->g());
-    });
-    x = y;
+    rope_at(x, freqs(l), heads, head_dim, positions_, R_, inverse);
+  }
+
+  // A kv-source's compressed entries (main KV, after RoPE) and index keys (from the latent before
+  // RoPE, detached), one per complete group of `ratio` rows.
+  void compress(int l) {
+    const train::AttentionParams<float>& a = p_.layer(l).attn;
+    const int ratio = c_.compress_ratios[size_t(l)];
+    const int64_t hd = c_.head_dim, ihd = c_.index_head_dim;
+    Compressed& s = compressed_[l];
+    s = Compressed{};
+    s.entries = R_ / ratio;
+    std::vector<int64_t> positions;
+    for (int64_t g = 0; g < s.entries; ++g) positions.push_back(g * ratio);  // the group's first token
+    s.positions = on_device(positions);
+    Tensor latent;
+    if (ratio == 1) {
+      latent = linear(h_, a.compressor_wkv);
+    } else {
+      Tensor kv = linear(h_, a.compressor_wkv), score = linear(h_, a.compressor_wgate);
+      latent = tensor(s.entries * hd);
+      compressor_pool_forward(kv->v(), score->v(), R_, hd, ratio, latent->v());
+      tape_.record([this, kv, score, pooled = latent, ratio, hd] {
+        if (pooled->has_grad())
+          compressor_pool_backward(kv->v(), score->v(), R_, hd, ratio, pooled->v(), pooled->grad->get(), kv->g(), score->g());
+      });
+    }
+    rms_norm(latent, hd, a.compressor_norm);
+    Tensor keys = linear(detach(latent), a.indexer_wk);
+    rms_norm(keys, ihd, a.indexer_k_norm);
+    rope_at(keys, freqs(l), 1, ihd, s.positions, s.entries, false);
+    if (o_.mxfp4_indexer) fake_quantized(keys, FakeQuant::Mxfp4);
+    rope_at(latent, freqs(l), 1, hd, s.positions, s.entries, false);
+    if (o_.kv_fp4) fake_quantized(latent, FakeQuant::KvFp4);
+    s.kv = latent;
+    s.keys = keys;
+  }
+
+  // An index source's top-k over its kv-source's entries (the candidate source's pool first), and
+  // the indexer's query and weights for its loss (from qr and h detached). The scores of every
+  // visible entry are computed on the device and the choice made on the host by the engine's own
+  // selection (backend/cpu/indexer.h), as the CPU trainer makes it.
+  void index(int l, const Tensor& qr) {
+    const train::AttentionParams<float>& a = p_.layer(l).attn;
+    const Compressed& s = compressed_.at(c_.kv_source_of(l));
+    const int ratio = c_.compress_ratios[size_t(l)], heads = c_.index_n_heads;
+    const int64_t ihd = c_.index_head_dim, n = s.entries, k = std::min<int64_t>(c_.index_topk, n);
+    Indexed& ix = indexed_;
+    ix = Indexed{};
+    ix.keys = s.keys;
+    ix.n = n;
+    ix.q = linear(detach(qr), a.indexer_wq_b);
+    rope(ix.q, l, heads, ihd, false);
+    if (o_.mxfp4_indexer) fake_quantized(ix.q, FakeQuant::Mxfp4);
+    ix.w = linear(detach(h_), a.indexer_weights_proj);
+    scale(ix.w, float(std::pow(double(ihd), -0.5) * std::pow(double(heads), -0.5)));
+
+    const bool candidate_source = l == c_.candidate_source_layer;
+    const bool uses_candidates = c_.candidate_source_layer >= 0 && l > c_.candidate_source_layer;
+    if (candidate_source) candidates_.assign(size_t(R_), {});
+    const std::vector<std::vector<int64_t>>* imposed = nullptr;
+    if (trace_ && trace_->forced_topk && trace_->forced_topk->count(l)) {
+      imposed = &trace_->forced_topk->at(l);
+      if (int64_t(imposed->size()) != R_)
+        fail("CUDA train forward", "imposed top-k of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows",
+             std::to_string(imposed->size()));
+    }
+    std::vector<float> all;  // [R, n]: every entry's score
+    if (n > 0) {
+      std::vector<int64_t> every(static_cast<size_t>(R_ * n));
+      for (int64_t i = 0; i < R_ * n; ++i) every[size_t(i)] = i % n;
+      const Buffer<int64_t> list = on_device(every);
+      const Buffer<float> scores = buffer<float>(R_ * n);
+      indexer_scores_forward(ix.q->v(), ix.w->v(), ix.keys->v(), list->get(), R_, heads, ihd, n, scores->get());
+      all = on_host(scores->get(), R_ * n);
+    }
+    topk_.assign(size_t(R_), {});
+    std::vector<float> row(static_cast<size_t>(n));
+    for (int64_t r = 0; r < R_; ++r) {
+      const int64_t visible = (positions_host_[size_t(r)] + 1) / ratio;
+      for (int64_t t = 0; t < n; ++t) row[size_t(t)] = t < visible ? all[size_t(r * n + t)] : -INFINITY;
+      if (candidate_source) {
+        candidates_[size_t(r)] = candidate_mask(row.data(), n, visible, c_.candidate_topk_blocks, c_.candidate_block_size);
+      } else if (uses_candidates) {
+        for (int64_t t = 0; t < n; ++t)
+          if (!candidates_[size_t(r)][size_t(t)]) row[size_t(t)] = -INFINITY;
+      }
+      std::vector<int64_t> chosen = top_positions(row.data(), n, k);
+      for (int64_t& t : chosen)
+        if (t >= visible) t = -1;  // not yet visible to this row: an empty slot (sorted last)
+      if (imposed) {
+        chosen = (*imposed)[size_t(r)];
+        if (chosen.size() != (*imposed)[0].size())
+          fail("CUDA train forward", "imposed top-k rows of one length at layer " + std::to_string(l),
+               std::to_string((*imposed)[0].size()) + " and " + std::to_string(chosen.size()) + " entries");
+        for (int64_t t : chosen)
+          if (t < -1 || t >= std::min(visible, n))
+            fail("CUDA train forward", "imposed entries visible to row " + std::to_string(r) + " or -1", std::to_string(t));
+      }
+      topk_[size_t(r)] = std::move(chosen);
+    }
+    ix.k = int64_t(topk_[0].size());
+    if (trace_) trace_->topk[l] = topk_;
   }
 
   // This call's window entries: SWA-FP8 when switched on.
@@ -350,27 +447,41 @@ class CudaTrainOps {
   }
   void keep_window(int, const Tensor&) {}  // no cache: the window is this call's rows
 
-  // Each row over its window (forward/window.h's list, from the sequence's start) with the sink.
+  // Each row over its window (forward/window.h's list, from the sequence's start) and its chosen
+  // compressed entries, with the sink; at an index source, the indexer's loss against it.
   Tensor attend(int l, const Tensor& q, const Tensor& kv) {
     const train::AttentionParams<float>& a = p_.layer(l).attn;
-    const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size, entries = std::min(R_, W);
+    const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size;
+    const bool compressed = c_.compress_ratios[size_t(l)] > 0;
+    const Compressed* s = compressed ? &compressed_.at(c_.kv_source_of(l)) : nullptr;
+    const int64_t k = compressed ? int64_t(topk_.empty() ? 0 : topk_[0].size()) : 0;
+    const int64_t window = std::min(R_, W), entries = window + k, n = s ? s->entries : 0;
+    // The KV table: the window rows, then the compressed entries.
+    Tensor table = tensor((R_ + n) * hd);
+    copy_into(kv->v(), R_ * hd, table->v());
+    if (n > 0) copy_into(s->kv->v(), n * hd, table->v() + R_ * hd);
     std::vector<int64_t> idx, slots;
     idx.reserve(size_t(R_ * entries));
     for (int64_t r = 0; r < R_; ++r) {
       window_positions(positions_host_[size_t(r)], 0, R_, W, 0, slots);
       for (int64_t t : slots) idx.push_back(t == kEmptySlot ? -1 : t);
+      for (int64_t j = 0; j < k; ++j) idx.push_back(topk_[size_t(r)][size_t(j)] < 0 ? -1 : R_ + topk_[size_t(r)][size_t(j)]);
     }
     Buffer<int64_t> list = on_device(idx);
     Tensor o = tensor(R_ * H * hd);
     Buffer<float> p = buffer<float>(R_ * H * entries), sink_p = buffer<float>(R_ * H);
-    const float scale = float(std::pow(double(hd), -0.5));
-    sparse_attention_forward(q->v(), R_, H, hd, kv->v(), list->get(), entries, dev_.value(*a.attn_sink), scale, o->v(), p->get(),
-                             sink_p->get());
-    tape_.record([this, q, kv, list, entries, p, sink_p, o, scale, sink = a.attn_sink] {
+    const float scale_qk = float(std::pow(double(hd), -0.5));
+    sparse_attention_forward(q->v(), R_, H, hd, table->v(), list->get(), entries, dev_.value(*a.attn_sink), scale_qk, o->v(),
+                             p->get(), sink_p->get());
+    tape_.record([this, q, kv, kvc = s ? s->kv : Tensor(), table, n, list, entries, p, sink_p, o, scale_qk, sink = a.attn_sink] {
       if (!o->has_grad()) return;
-      sparse_attention_backward(q->v(), R_, c_.n_heads, c_.head_dim, kv->v(), R_, list->get(), entries, scale, p->get(),
-                                sink_p->get(), o->grad->get(), q->g(), kv->g(), dev_.grad(*sink));
+      const int64_t hd = c_.head_dim;
+      sparse_attention_backward(q->v(), R_, c_.n_heads, hd, table->v(), R_ + n, list->get(), entries, scale_qk, p->get(),
+                                sink_p->get(), o->grad->get(), q->g(), table->g(), dev_.grad(*sink));
+      add_into(table->grad->get(), R_ * hd, kv->g());
+      if (kvc && n > 0) add_into(table->grad->get() + R_ * hd, n * hd, kvc->g());
     });
+    if (c_.is_index_source(l) && k > 0) index_loss(p, window, entries);
     return o;
   }
 
@@ -392,6 +503,17 @@ class CudaTrainOps {
  private:
   struct Mix {
     Tensor pre, post, comb;  // [R, hc], [R, hc], [R, hc, hc]
+  };
+  // A kv-source's output: its compressed entries (main KV after RoPE) and index keys.
+  struct Compressed {
+    int64_t entries = 0;
+    Buffer<int64_t> positions;  // each entry's group's first position
+    Tensor kv, keys;            // [entries, head_dim], [entries, index_head_dim]
+  };
+  // An index source's indexer, for its loss in attend().
+  struct Indexed {
+    Tensor q, w, keys;  // [R, heads, index_head_dim], [R, heads], [entries, index_head_dim]
+    int64_t k = 0, n = 0;
   };
   struct Gate {
     Buffer<float> logits, scores;  // [R, experts]
@@ -449,6 +571,61 @@ class CudaTrainOps {
     return y;
   }
 
+  // RoPE at `rows` positions (device), a new tensor; the backward turns the gradient back.
+  void rope_at(Tensor& x, const Buffer<float>& freqs, int64_t heads, int64_t head_dim, const Buffer<int64_t>& positions,
+               int64_t rows, bool inverse) {
+    Tensor y = copy_of(x);
+    rope_forward(y->v(), rows, heads, head_dim, c_.rope_head_dim, positions->get(), freqs->get(), inverse);
+    tape_.record([this, x, y, freqs, heads, head_dim, positions, rows, inverse] {
+      if (!y->has_grad()) return;
+      Tensor dx = copy_of(std::make_shared<Node>(y->grad));
+      rope_backward(dx->v(), rows, heads, head_dim, c_.rope_head_dim, positions->get(), freqs->get(), inverse);
+      add_into(dx->v(), dx->size(), x->g());
+    });
+    x = y;
+  }
+
+  // x ← s · x.
+  void scale(Tensor& x, float s) {
+    Tensor y = std::make_shared<Node>(zeros<float>(x->size()));
+    add_scaled_into(x->v(), x->size(), s, y->v());
+    tape_.record([x, y, s] {
+      if (y->has_grad()) add_scaled_into(y->grad->get(), y->size(), s, x->g());
+    });
+    x = y;
+  }
+
+  // The indexer's distillation loss at this index source (docs/training.md): its scores of the chosen
+  // entries against the attention's probabilities of them (slots [window, entries) of each row).
+  void index_loss(const Buffer<float>& p, int64_t window, int64_t entries) {
+    const Indexed ix = indexed_;
+    const int64_t heads = c_.index_n_heads, ihd = c_.index_head_dim, k = ix.k;
+    Buffer<float> target = buffer<float>(R_ * k), scores = buffer<float>(R_ * k), loss = buffer<float>(1);
+    attention_target(p->get(), R_, c_.n_heads, entries, window, k, target->get());
+    std::vector<int64_t> chosen;
+    for (const std::vector<int64_t>& row : topk_) chosen.insert(chosen.end(), row.begin(), row.end());
+    Buffer<int64_t> idx = on_device(chosen);
+    indexer_scores_forward(ix.q->v(), ix.w->v(), ix.keys->v(), idx->get(), R_, heads, ihd, k, scores->get());
+    index_distillation_loss(scores->get(), target->get(), R_, k, loss->get(), nullptr);
+    losses.indexer += double(on_host(loss->get(), 1)[0]) / double(R_);
+    tape_.record([this, ix, target, idx, scores, loss] {
+      const int64_t k = ix.k;
+      Buffer<float> dscores = zeros<float>(R_ * k), weighted = zeros<float>(R_ * k);
+      index_distillation_loss(scores->get(), target->get(), R_, k, loss->get(), dscores->get());
+      add_scaled_into(dscores->get(), R_ * k, indexer_weight / float(R_), weighted->get());
+      indexer_scores_backward(ix.q->v(), ix.w->v(), ix.keys->v(), ix.n, idx->get(), R_, c_.index_n_heads, c_.index_head_dim, k,
+                              weighted->get(), ix.q->g(), ix.w->g(), ix.keys->g());
+    });
+  }
+
+  static void copy_into(const float* from, int64_t n, float* to) {
+    if (n > 0)
+      cuda::check(cudaMemcpyAsync(to, from, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, nullptr), "train_cuda: copy");
+  }
+
+  // The layer's RoPE frequencies: compressed layers' with YaRN, SWA-only layers' without (forward/model.h).
+  const Buffer<float>& freqs(int l) const { return c_.compress_ratios[size_t(l)] > 0 ? freqs_compressed_ : freqs_window_; }
+
   // x ← Q(x) (fake_quant.h); the gradient passes unchanged (straight-through).
   void fake_quantized(Tensor& x, FakeQuant codec) {
     Tensor y = tensor(x->size());
@@ -460,13 +637,8 @@ class CudaTrainOps {
   }
 
   void refuse_what_is_not_written() const {
-    for (int l = 0; l < c_.n_layers; ++l)
-      if (c_.compress_ratios[size_t(l)] > 0)
-        fail("CUDA trainer", "a model without compressed layers (CSA2 is not yet on the CUDA trainer)",
-             "layer " + std::to_string(l) + " compressing by " + std::to_string(c_.compress_ratios[size_t(l)]));
     if (c_.has_engram()) fail("CUDA trainer", "a model without Engram (not yet on the CUDA trainer)", "Engram layers");
-    if (trace_ && (trace_->forced_streams || trace_->forced_topk))
-      fail("CUDA trainer", "a trace that imposes experts only", "imposed layer inputs or top-k");
+    if (trace_ && trace_->forced_streams) fail("CUDA trainer", "a trace that imposes choices only", "imposed layer inputs");
   }
   [[noreturn]] static void not_written(const std::string& what) {
     fail("CUDA trainer", "the ops it has", what + " (not yet on the CUDA trainer)");
@@ -489,6 +661,10 @@ class CudaTrainOps {
   Buffer<float> freqs_window_, freqs_compressed_, logits_;
   Tensor X_, h_, y_;  // the streams [R, hc, dim]; the sub-layer's input and output [R, dim]
   Mix mix_[2];
+  std::map<int, Compressed> compressed_;          // by kv-source layer
+  Indexed indexed_;                               // the latest index source's
+  std::vector<std::vector<int64_t>> topk_;        // [row] the latest index source's choice
+  std::vector<std::vector<uint8_t>> candidates_;  // [row] the candidate source's pool
 };
 
 CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options)
@@ -511,9 +687,10 @@ train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, Trace* tr
   return ops_->losses;
 }
 
-void CudaTrainModel::backward(float lm_weight) {
+void CudaTrainModel::backward(float lm_weight, float indexer_weight) {
   if (!ops_) fail("CUDA train backward", "a forward first", "none");
   ops_->lm_weight = lm_weight;
+  ops_->indexer_weight = indexer_weight;
   tape_.backward();
 }
 
