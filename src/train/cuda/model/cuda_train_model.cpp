@@ -15,6 +15,7 @@
 #include "train/cuda/cross_entropy.h"
 #include "train/cuda/elementwise.h"
 #include "train/cuda/embedding.h"
+#include "train/cuda/engram.h"
 #include "train/cuda/fake_quant.h"
 #include "train/cuda/indexer.h"
 #include "train/cuda/mhc.h"
@@ -103,10 +104,12 @@ class CudaTrainOps {
   using Tensor = train_cuda::Tensor;
 
   CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, const train::TrainOptions& options,
-               train::Tape& tape, std::span<const int64_t> tokens, Trace* trace, std::vector<std::vector<int64_t>>& load)
+               train::Tape& tape, std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace,
+               std::vector<std::vector<int64_t>>& load)
       : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1),
-        trace_(trace), load_(load) {
+        engram_ids_(engram_ids), trace_(trace), load_(load) {
     refuse_what_is_not_written();
+    if (c_.has_engram() && !engram_ids) fail("CUDA train forward", "Engram hash ids for a model with Engram", "none");
     if (R_ < 1) fail("CUDA train forward", "a sequence of at least 2 tokens (inputs and their next tokens)", std::to_string(tokens.size()));
     for (int64_t t : tokens)
       if (t < 0 || t >= c_.vocab_size) fail("CUDA train forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
@@ -188,6 +191,35 @@ class CudaTrainOps {
     write_back(from);
     mix(l, to);
     input(l, to);
+  }
+
+  // Engram before block l: the token's n-gram rows, wkv, the gate into each stream.
+  void engram(int l) {
+    train::EngramParams<float>& g = *p_.layer(l).engram;
+    const int e = c_.engram_index(l), cols = c_.engram_hash_columns(), n_engram = int(c_.engram_layer_ids.size());
+    const int64_t ehd = c_.engram_head_dim, rows = g.table->shape[0], hc = c_.hc_mult, d = c_.dim;
+    std::vector<int64_t> ids(static_cast<size_t>(R_ * cols));
+    for (int64_t r = 0; r < R_; ++r)
+      std::copy_n(engram_ids_ + (positions_host_[size_t(r)] * n_engram + e) * cols, cols, ids.data() + r * cols);
+    Buffer<int64_t> list = on_device(ids);
+    Tensor emb = tensor(R_ * cols * ehd);
+    gather_rows_forward(dev_.value(*g.table), rows, ehd, list->get(), R_ * cols, emb->v());
+    tape_.record([this, emb, list, cols, &g] {
+      if (emb->has_grad())
+        gather_rows_backward(emb->grad->get(), c_.engram_head_dim, list->get(), R_ * cols, g.table->shape[0], dev_.grad(*g.table));
+    });
+    Tensor kv = linear(emb, g.wkv);
+    Tensor out = tensor(X_->size());
+    auto saved = std::make_shared<std::vector<Buffer<float>>>();
+    for (int i = 0; i < 5; ++i) saved->push_back(buffer<float>(R_ * hc));
+    const EngramGateSaved view{(*saved)[0]->get(), (*saved)[1]->get(), (*saved)[2]->get(), (*saved)[3]->get(), (*saved)[4]->get()};
+    engram_gate_forward(X_->v(), kv->v(), dev_.value(*g.q_weight), dev_.value(*g.k_weight), R_, int(hc), d, eps(), out->v(), view);
+    tape_.record([this, X = X_, kv, out, saved, view, &g] {
+      if (!out->has_grad()) return;
+      engram_gate_backward(X->v(), kv->v(), dev_.value(*g.q_weight), dev_.value(*g.k_weight), R_, c_.hc_mult, c_.dim, view,
+                           out->grad->get(), X->g(), kv->g(), dev_.grad(*g.q_weight), dev_.grad(*g.k_weight));
+    });
+    X_ = out;
   }
 
   void attention(int l) { dsv41::attention(c_, *this, l); }
@@ -297,7 +329,6 @@ class CudaTrainOps {
   void record_block(int l) { trace_->block_out[size_t(l)] = on_host(X_->v(), X_->size()); }
 
   // Not reached: refuse_what_is_not_written() refused the models and traces that would call them.
-  void engram(int) { not_written("Engram"); }
   void compress_cut(int) { not_written("bounded replay"); }
   void drop_cut() { not_written("bounded replay"); }
   void impose_input(int) { not_written("imposed layer inputs"); }
@@ -637,7 +668,6 @@ class CudaTrainOps {
   }
 
   void refuse_what_is_not_written() const {
-    if (c_.has_engram()) fail("CUDA trainer", "a model without Engram (not yet on the CUDA trainer)", "Engram layers");
     if (trace_ && trace_->forced_streams) fail("CUDA trainer", "a trace that imposes choices only", "imposed layer inputs");
   }
   [[noreturn]] static void not_written(const std::string& what) {
@@ -654,6 +684,7 @@ class CudaTrainOps {
   const train::TrainOptions& o_;
   train::Tape& tape_;
   const int64_t R_;
+  const int64_t* engram_ids_;  // host [L, engram layers, columns]
   Trace* trace_;
   std::vector<std::vector<int64_t>>& load_;
   std::vector<int64_t> positions_host_;
@@ -672,7 +703,7 @@ CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameter
 
 CudaTrainModel::~CudaTrainModel() = default;
 
-train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, Trace* trace) {
+train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace) {
   tape_.clear();  // the last forward's backward, if never run, reads the op set replaced here
   ops_.reset();
   if (trace) {
@@ -682,7 +713,7 @@ train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, Trace* tr
     trace->route_scores.assign(layers, {});
     trace->topk.clear();
   }
-  ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, options_, tape_, tokens, trace, expert_load_);
+  ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, options_, tape_, tokens, engram_ids, trace, expert_load_);
   run_network(params_.config(), *ops_, trace);
   return ops_->losses;
 }

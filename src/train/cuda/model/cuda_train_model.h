@@ -8,9 +8,9 @@
 // Written so far (docs/training.md says what is next): the embedding, mHC with Sinkhorn, attention
 // with its sink over the window and CSA2's compressed entries (the compressor, the indexer's top-k
 // chosen on the host by the engine's own selection from the device's scores, the candidate
-// source's pool, the indexer's distillation loss), QAT (SWA-FP8, KV-FP4, MXFP4), the MoE (the gate's
-// product in fp32), the head and the next-token loss. Engram, DSpark's drafter and served calls
-// (bounded replay) are refused by name.
+// source's pool, the indexer's distillation loss), QAT (SWA-FP8, KV-FP4, MXFP4), Engram, the MoE
+// (the gate's product in fp32), the head and the next-token loss: the whole backbone in exact mode.
+// DSpark's drafter (its loss) and served calls (bounded replay) are not written yet.
 //
 // Products on bf16 operands with fp32 accumulation (linear.h): the masters' bf16 copies and each
 // activation cast as it enters a product, straight-through, as autocast has it; everything else in
@@ -35,11 +35,13 @@ class CudaTrainModel {
   CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options = {});
   ~CudaTrainModel();
 
-  // One sequence: tokens [L + 1], the inputs the first L, each row's target the next. Records the
+  // One sequence: tokens [L + 1], the inputs the first L, each row's target the next; engram_ids
+  // [L, engram layers, hash columns] of the inputs (forward.h's layout; nullptr without Engram), on
+  // the host. Records the
   // backward. With a trace: records each layer's experts (route_experts) and each index source's
   // top-k, and imposes its forced_experts and forced_topk (the choices held, as the CPU trainer's
   // parity tests hold them). Returns L_lm and L_indexer (downloaded).
-  train::Losses forward(std::span<const int64_t> tokens, Trace* trace = nullptr);
+  train::Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids = nullptr, Trace* trace = nullptr);
   // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer of the last forward into the
   // device gradients (zeroed by the caller: the sequences of a batch accumulate).
   void backward(float lm_weight = 1.0f, float indexer_weight = 1.0f);

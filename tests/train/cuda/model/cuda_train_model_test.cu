@@ -1,8 +1,9 @@
 // The CUDA trainer's forward and backward (src/train/cuda/model/cuda_train_model.h) against the CPU
 // trainer's TrainModel<float>, parameters away from the initial point (tiny_model.h), the CPU's
 // expert and top-k choices held on the device: the tiny preset made SWA-only (48 rows: three
-// windows of 16; SWA-FP8 QAT), and the tiny preset without Engram (CSA2's Full, Reuse and Reindex
-// layers, the candidate source, the indexer's loss; 64 rows; every QAT switch on).
+// windows of 16; SWA-FP8 QAT), the tiny preset without Engram (CSA2's Full, Reuse and Reindex
+// layers, the candidate source, the indexer's loss; 64 rows; every QAT switch on), and the whole
+// tiny preset (Engram too).
 //
 // Tolerances: the device's products take bf16 operands (each cast errs by ≤ 2⁻⁹ relative, RMS
 // 2⁻⁸/√3 ≈ 2.3e-3), the CPU's fp32 ones; about 40 casts lie on a path from the embedding to the
@@ -45,7 +46,7 @@ struct DeviceRun {
   std::map<std::string, std::vector<float>> grads;
 };
 
-DeviceRun run_on_device(train::Parameters<float>& host, const train::TrainOptions& options, const std::vector<int64_t>& tokens,
+DeviceRun run_on_device(train::Parameters<float>& host, const train::TrainOptions& options, const test::Sequence& seq,
                         const Trace& recorded) {
   train_cuda::DeviceParameters dev(host);
   dev.upload();
@@ -53,7 +54,7 @@ DeviceRun run_on_device(train::Parameters<float>& host, const train::TrainOption
   train_cuda::CudaTrainModel model(host, dev, options);
   Trace held = test::hold(recorded);
   DeviceRun out;
-  const train::Losses losses = model.forward(tokens, &held);
+  const train::Losses losses = model.forward(seq.tokens, seq.engram_ids.empty() ? nullptr : seq.engram_ids.data(), &held);
   out.loss = losses.lm;
   out.indexer = losses.indexer;
   model.backward();
@@ -81,12 +82,13 @@ void expect_parity(const Config& c, const train::TrainOptions& options, int64_t 
 
   train::TrainModel<float> cpu(host, options);
   Trace recorded;
-  const train::Losses cpu_losses = cpu.forward(seq.tokens, nullptr, &recorded);
+  const int64_t* engram_ids = seq.engram_ids.empty() ? nullptr : seq.engram_ids.data();
+  const train::Losses cpu_losses = cpu.forward(seq.tokens, engram_ids, &recorded);
   host.zero_grad();
   cpu.backward();
   const std::vector<float> cpu_logits = cpu.logits();
 
-  const DeviceRun got = run_on_device(host, options, seq.tokens, recorded);
+  const DeviceRun got = run_on_device(host, options, seq, recorded);
   std::printf("L_lm: CPU %.6f, device %.6f; L_indexer: CPU %.6g, device %.6g\n", cpu_losses.lm, got.loss, cpu_losses.indexer,
               got.indexer);
   EXPECT_NEAR(got.loss, cpu_losses.lm, 1e-2 * cpu_losses.lm);
@@ -113,7 +115,7 @@ void expect_parity(const Config& c, const train::TrainOptions& options, int64_t 
   std::sort(worst.rbegin(), worst.rend());
   for (size_t i = 0; i < std::min<size_t>(8, worst.size()); ++i) std::printf("gradient NMSE %.3g %s\n", worst[i].first, worst[i].second.c_str());
 
-  const DeviceRun again = run_on_device(host, options, seq.tokens, recorded);
+  const DeviceRun again = run_on_device(host, options, seq, recorded);
   EXPECT_EQ(again.loss, got.loss);
   EXPECT_EQ(again.indexer, got.indexer);
   EXPECT_TRUE(test::same_bits(again.logits, got.logits));
@@ -130,19 +132,28 @@ TEST(TrainCudaModel, Csa2MatchesTheCpuTrainer) {
   expect_parity(test::tiny(false), train::TrainOptions{.kv_fp4 = true, .swa_fp8 = true, .mxfp4_indexer = true}, 64);
 }
 
+TEST(TrainCudaModel, TheWholeBackboneMatchesTheCpuTrainer) {
+  DSV41_REQUIRE_DEVICE();
+  expect_parity(test::tiny(true), train::TrainOptions{.kv_fp4 = true, .swa_fp8 = true, .mxfp4_indexer = true}, 64);
+}
+
 TEST(TrainCudaModel, WhatIsNotWrittenIsRefusedByName) {
   DSV41_REQUIRE_DEVICE();
-  const Config c = preset("tiny");  // with Engram
+  const Config c = preset("tiny");
   train::Parameters<float> host(c);
   train_cuda::DeviceParameters dev(host);
   train_cuda::CudaTrainModel model(host, dev);
   const test::Sequence seq = test::make_sequence(c, 8, 1);
+  const std::vector<std::vector<float>> streams;
+  Trace imposing;
+  imposing.forced_streams = &streams;
   try {
-    model.forward(seq.tokens);
-    ADD_FAILURE() << "a model with Engram ran";
+    model.forward(seq.tokens, seq.engram_ids.data(), &imposing);
+    ADD_FAILURE() << "imposed layer inputs were taken";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("without Engram"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("imposed layer inputs"), std::string::npos) << e.what();
   }
+  EXPECT_THROW(model.forward(seq.tokens), Error) << "a model with Engram and no hash ids";
 }
 
 }  // namespace
