@@ -16,10 +16,9 @@
 #include "model/random_checkpoint.h"
 #include "train/data/packed_tokens.h"
 #include "train/model/train_model.h"
-#include "train/optim/expert_bias.h"
-#include "train/optim/optimizer.h"
 #include "train/trainer/masters.h"
 #include "train/trainer/release_checkpoint.h"
+#include "train/trainer/step_executor.h"
 
 namespace dsv41::train {
 
@@ -114,33 +113,23 @@ struct Trainer::Run {
   PackedTokens train_split, validation_split;
   std::unique_ptr<EngramHasher> hasher;
   Parameters<float> params;
-  TrainModel<float> model;
-  std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<StepExecutor> executor;
   SequenceIterator order;
   int64_t step = 0, tokens = 0;
   std::ofstream log;
 
   // `position`: the train sequences already taken (SequenceIterator::position()).
-  Run(TrainConfig config, const TokenizerFiles& files, PackedTokens train, uint64_t position)
+  // `device`: where the steps run (step_executor.h).
+  Run(TrainConfig config, const TokenizerFiles& files, PackedTokens train, uint64_t position, TrainDevice device)
       : cfg(std::move(config)),
         tokenizer(files),
         train_split(std::move(train)),
         params(cfg.model),
-        model(params, cfg.qat),
         order(train_split, uint64_t(cfg.seq_len), cfg.seed, position) {
     if (cfg.validation_interval > 0) read_validation();
     if (cfg.model.has_engram())
       hasher = std::make_unique<EngramHasher>(cfg.model, engram_compress_vocabulary(tokenizer.tokenizer).token_map);
-    // The optimizer updates what a loss reaches: not the gate's biases (moved by their loads) nor,
-    // when DSpark is not trained, its tensors (weight decay alone would shrink them to nothing).
-    std::vector<optim::Parameter> trained;
-    for (Param<float>& p : params.all()) {
-      if ((p.name.starts_with("mtp.") && !cfg.trains_dspark()) ||
-          optim::param_group(cfg.model, p.name).update == optim::Update::ExpertBias)
-        continue;
-      trained.push_back({p.name, p.shape, p.v(), p.g()});
-    }
-    optimizer = std::make_unique<optim::Optimizer>(cfg.model, std::move(trained), cfg.optimizer);
+    executor = make_step_executor(device, params, cfg);
   }
 
   std::string out(const std::string& name) const { return (fs::path(cfg.out_dir) / name).string(); }
@@ -156,7 +145,7 @@ struct Trainer::Run {
       EngramHistory history;  // each sequence from its own start, as a prompt is hashed
       hasher->hash(inputs, {}, history, ids.data());
     }
-    return model.forward(tokens, ids.empty() ? nullptr : ids.data(), nullptr, anchors, calls);
+    return executor->forward(tokens, ids.empty() ? nullptr : ids.data(), anchors, calls);
   }
 
   // The draft blocks' anchors of the `index`-th sequence of its split (none when DSpark is not trained);
@@ -173,16 +162,14 @@ struct Trainer::Run {
   }
 
   StepReport train_step() {
-    const Config& c = cfg.model;
-    params.zero_grad();
-    model.reset_expert_load();
+    executor->zero_grad();
     const float share = 1.0f / float(cfg.batch_size);
     StepReport r;
     for (int64_t b = 0; b < cfg.batch_size; ++b) {
       const std::vector<ServedCall> served = calls(order.position());
       const std::vector<int64_t> at = anchors(order.position(), served);
       const Losses l = forward(order.next(), at, served);
-      model.backward(share, share * float(cfg.indexer_loss_weight), share * float(cfg.dspark_loss_weight));
+      executor->backward(share, share * float(cfg.indexer_loss_weight), share * float(cfg.dspark_loss_weight));
       r.loss += l.lm;
       r.indexer_loss += l.indexer;
       r.dspark_loss += l.dspark;
@@ -194,11 +181,8 @@ struct Trainer::Run {
       fail("training step " + std::to_string(step + 1), "a finite loss",
            "loss " + std::to_string(r.loss) + ", indexer loss " + std::to_string(r.indexer_loss) + ", DSpark loss " +
                std::to_string(r.dspark_loss) + " (lower the learning rate?)");
-    r.lr = cfg.optimizer.schedule.lr(optimizer->steps());
-    optimizer->step();
-    for (int l = 0; l < (cfg.trains_dspark() ? params.blocks() : c.n_layers); ++l)
-      if (Param<float>* bias = params.layer(l).gate_bias)
-        optim::update_expert_bias(bias->v(), model.expert_load()[size_t(l)].data(), bias->numel(), float(cfg.expert_bias_rate));
+    r.lr = cfg.optimizer.schedule.lr(executor->optimizer_steps());
+    executor->step();
     ++step;
     tokens += cfg.batch_size * cfg.seq_len;
     r.step = step;
@@ -242,11 +226,12 @@ struct Trainer::Run {
   void write_checkpoint() {
     const std::string name = checkpoint_name(step), dir = out(name), partial = dir + ".partial";
     fs::remove_all(partial);
+    executor->to_host();
     write_release_checkpoint(params, partial, {tokenizer.tokenizer_json, tokenizer.tokenizer_config_json});
     const fs::path resume = fs::path(partial) / "resume";
     fs::create_directories(resume);
     write_masters(params, (resume / "masters.safetensors").string());
-    optimizer->save((resume / "optimizer.state").string());
+    executor->save_optimizer((resume / "optimizer.state").string());
     const json state = {{"step", step},
                         {"data_position", order.position()},
                         {"tokens", tokens},
@@ -271,11 +256,13 @@ struct Trainer::Run {
   void restore(int64_t s, const TrainerState& state) {
     const fs::path resume = fs::path(out(checkpoint_name(s))) / "resume";
     read_masters(params, (resume / "masters.safetensors").string());
-    optimizer->load((resume / "optimizer.state").string());
+    executor->from_host();
+    executor->load_optimizer((resume / "optimizer.state").string());
     step = state.step;
     tokens = state.tokens;
-    if (optimizer->steps() != step)
-      fail((resume / "optimizer.state").string(), std::to_string(step) + " steps (trainer.json's)", std::to_string(optimizer->steps()));
+    if (executor->optimizer_steps() != step)
+      fail((resume / "optimizer.state").string(), std::to_string(step) + " steps (trainer.json's)",
+           std::to_string(executor->optimizer_steps()));
 
     std::string kept;
     std::istringstream lines(read_text(out(kLogFile)));
@@ -309,7 +296,7 @@ Data read_data(TrainConfig& cfg) {
 
 }  // namespace
 
-std::unique_ptr<Trainer> Trainer::start(TrainConfig cfg) {
+std::unique_ptr<Trainer> Trainer::start(TrainConfig cfg, TrainDevice device) {
   if (cfg.out_dir.empty()) fail(cfg.source, "an output directory (key 'out' or --out)", "none");
   if (fs::exists(fs::path(cfg.out_dir) / kConfigFile))
     fail(cfg.out_dir, "a directory without a training run (continue one with --resume)", "the run of its " + std::string(kConfigFile));
@@ -317,14 +304,15 @@ std::unique_ptr<Trainer> Trainer::start(TrainConfig cfg) {
     fail(cfg.out_dir, "a new or empty directory for the run", "other files in it");
   Data data = read_data(cfg);
   fs::create_directories(cfg.out_dir);
-  auto run = std::make_unique<Run>(std::move(cfg), data.tokenizer, std::move(data.train), 0);
+  auto run = std::make_unique<Run>(std::move(cfg), data.tokenizer, std::move(data.train), 0, device);
   init_parameters(run->params, InitOptions{run->cfg.seed, run->cfg.init_std});
+  run->executor->from_host();
   run->log.open(run->out(kLogFile), std::ios::trunc);
   write_text(run->out(kConfigFile), train_config_json(run->cfg));
   return std::unique_ptr<Trainer>(new Trainer(std::move(run)));
 }
 
-std::unique_ptr<Trainer> Trainer::resume(const std::string& out_dir, std::optional<int64_t> steps) {
+std::unique_ptr<Trainer> Trainer::resume(const std::string& out_dir, std::optional<int64_t> steps, TrainDevice device) {
   const std::string dir = fs::absolute(out_dir).lexically_normal().string();
   TrainConfig cfg = load_train_config((fs::path(dir) / kConfigFile).string());
   cfg.out_dir = dir;  // where the run is now, should it have moved
@@ -346,7 +334,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& out_dir, std::option
   if (state.train_tokens != data.train.size())
     fail(cfg.data_dir + "/train.tokens", std::to_string(state.train_tokens) + " tokens, as when the checkpoint was written",
          std::to_string(data.train.size()) + " (the data changed: a resume continues on the same data)");
-  auto run = std::make_unique<Run>(std::move(cfg), data.tokenizer, std::move(data.train), state.data_position);
+  auto run = std::make_unique<Run>(std::move(cfg), data.tokenizer, std::move(data.train), state.data_position, device);
   run->restore(from, state);
   run->log.open(run->out(kLogFile), std::ios::app);
   write_text(run->out(kConfigFile), train_config_json(run->cfg));
@@ -427,7 +415,10 @@ void Trainer::run(const TrainEvents& events) {
 
 const TrainConfig& Trainer::config() const { return run_->cfg; }
 int64_t Trainer::step() const { return run_->step; }
-const Parameters<float>& Trainer::parameters() const { return run_->params; }
+const Parameters<float>& Trainer::parameters() const {
+  run_->executor->to_host();
+  return run_->params;
+}
 double Trainer::validation_loss() { return run_->validation_losses().lm; }
 
 }  // namespace dsv41::train

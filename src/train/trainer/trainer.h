@@ -27,6 +27,7 @@
 #include <string>
 
 #include "train/model/parameters.h"
+#include "train/trainer/step_executor.h"
 #include "train/trainer/train_config.h"
 
 namespace dsv41::train {
@@ -51,10 +52,12 @@ struct TrainEvents {
 class Trainer {
  public:
   // A new run into config.out_dir, which must not hold one (resume continues a run). Reads the data,
-  // initialises the parameters from the seed, writes train_config.json.
-  static std::unique_ptr<Trainer> start(TrainConfig config);
+  // initialises the parameters from the seed, writes train_config.json. `device`: where the steps
+  // run (step_executor.h; not part of the run: a run may move between devices at a checkpoint).
+  static std::unique_ptr<Trainer> start(TrainConfig config, TrainDevice device = TrainDevice::Cpu);
   // Continues the run in `out_dir` from its newest checkpoint; `steps` replaces the run's total.
-  static std::unique_ptr<Trainer> resume(const std::string& out_dir, std::optional<int64_t> steps = std::nullopt);
+  static std::unique_ptr<Trainer> resume(const std::string& out_dir, std::optional<int64_t> steps = std::nullopt,
+                                         TrainDevice device = TrainDevice::Cpu);
   ~Trainer();
 
   // Trains until the run's total, logging, validating and writing checkpoints on the way.
@@ -62,7 +65,7 @@ class Trainer {
 
   const TrainConfig& config() const;
   int64_t step() const;  // steps completed
-  const Parameters<float>& parameters() const;
+  const Parameters<float>& parameters() const;  // the masters (copied from the device first)
   // The mean next-token loss of the current parameters over the validation sequences
   // (validation_tokens' worth of the validation split, in file order).
   double validation_loss();

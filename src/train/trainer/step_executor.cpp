@@ -1,0 +1,137 @@
+#include "train/trainer/step_executor.h"
+
+#include "base/error.h"
+#include "train/optim/expert_bias.h"
+#include "train/optim/optimizer.h"
+#include "train/optim/param_groups.h"
+
+#ifdef DSV41_HAVE_CUDA
+#include "backend/cuda/check.h"
+#include "train/cuda/model/cuda_train_model.h"
+#include "train/cuda/model/device_parameters.h"
+#include "train/cuda/optim/optimizer.h"
+#endif
+
+namespace dsv41::train {
+
+TrainDevice train_device_from_name(const std::string& name) {
+  if (name == "cpu") return TrainDevice::Cpu;
+  if (name == "cuda") return TrainDevice::Cuda;
+  fail("--device", "cpu or cuda", "\"" + name + "\"");
+}
+
+bool optimized(const TrainConfig& cfg, const std::string& name) {
+  if (name.starts_with("mtp.") && !cfg.trains_dspark()) return false;
+  return optim::param_group(cfg.model, name).update != optim::Update::ExpertBias;
+}
+
+namespace {
+
+// The gate biases' layers: the backbone's, and DSpark's stages when it is trained.
+int biased_blocks(const TrainConfig& cfg, const Parameters<float>& params) {
+  return cfg.trains_dspark() ? params.blocks() : cfg.model.n_layers;
+}
+
+class CpuStepExecutor final : public StepExecutor {
+ public:
+  CpuStepExecutor(Parameters<float>& params, const TrainConfig& cfg) : params_(params), cfg_(cfg), model_(params, cfg.qat) {
+    std::vector<optim::Parameter> trained;
+    for (Param<float>& p : params.all())
+      if (optimized(cfg, p.name)) trained.push_back({p.name, p.shape, p.v(), p.g()});
+    optimizer_ = std::make_unique<optim::Optimizer>(cfg.model, std::move(trained), cfg.optimizer);
+  }
+
+  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, std::span<const int64_t> anchors,
+                 std::span<const ServedCall> calls) override {
+    return model_.forward(tokens, engram_ids, nullptr, anchors, calls);
+  }
+  void backward(float lm_weight, float indexer_weight, float dspark_weight) override {
+    model_.backward(lm_weight, indexer_weight, dspark_weight);
+  }
+  void zero_grad() override {
+    params_.zero_grad();
+    model_.reset_expert_load();
+  }
+  void step() override {
+    optimizer_->step();
+    for (int l = 0; l < biased_blocks(cfg_, params_); ++l)
+      if (Param<float>* bias = params_.layer(l).gate_bias)
+        optim::update_expert_bias(bias->v(), model_.expert_load()[size_t(l)].data(), bias->numel(), float(cfg_.expert_bias_rate));
+  }
+  int64_t optimizer_steps() const override { return optimizer_->steps(); }
+  void save_optimizer(const std::string& path) override { optimizer_->save(path); }
+  void load_optimizer(const std::string& path) override { optimizer_->load(path); }
+  void to_host() override {}    // the masters are the host parameters
+  void from_host() override {}
+
+ private:
+  Parameters<float>& params_;
+  const TrainConfig& cfg_;
+  TrainModel<float> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+};
+
+#ifdef DSV41_HAVE_CUDA
+class CudaStepExecutor final : public StepExecutor {
+ public:
+  CudaStepExecutor(Parameters<float>& params, const TrainConfig& cfg)
+      : params_(params), cfg_(cfg), device_(params), model_(params, device_, cfg.qat) {
+    if (cfg.trains_dspark())
+      fail(cfg.source + ": --device cuda", "a run without DSpark's loss (dspark.blocks 0: the CUDA trainer has no drafter yet)",
+           std::to_string(cfg.dspark_blocks) + " DSpark blocks a sequence");
+    if (cfg.replay_turns > 0)
+      fail(cfg.source + ": --device cuda", "a run in exact mode (bounded_replay.turns 0: not yet on the CUDA trainer)",
+           std::to_string(cfg.replay_turns) + " turns");
+    device_.upload();
+    optimizer_ = std::make_unique<train_cuda::optim::Optimizer>(
+        cfg.model, device_.optimizer_parameters([&](const std::string& name) { return optimized(cfg, name); }), cfg.optimizer);
+  }
+
+  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, std::span<const int64_t>,
+                 std::span<const ServedCall>) override {
+    return model_.forward(tokens, engram_ids);
+  }
+  void backward(float lm_weight, float indexer_weight, float) override { model_.backward(lm_weight, indexer_weight); }
+  void zero_grad() override {
+    device_.zero_grad();
+    model_.reset_expert_load();
+  }
+  // The gate biases move on the host, from the loads the forward counted there, as the CPU's do.
+  void step() override {
+    optimizer_->step();
+    for (int l = 0; l < biased_blocks(cfg_, params_); ++l)
+      if (Param<float>* bias = params_.layer(l).gate_bias) {
+        std::vector<float> b(static_cast<size_t>(bias->numel()));
+        cuda::check(cudaMemcpy(b.data(), device_.value(*bias), b.size() * sizeof(float), cudaMemcpyDeviceToHost), "gate bias");
+        optim::update_expert_bias(b.data(), model_.expert_load()[size_t(l)].data(), bias->numel(), float(cfg_.expert_bias_rate));
+        cuda::check(cudaMemcpy(device_.value(*bias), b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice), "gate bias");
+      }
+    device_.cast_weights();
+  }
+  int64_t optimizer_steps() const override { return optimizer_->steps(); }
+  void save_optimizer(const std::string& path) override { optimizer_->save(path); }
+  void load_optimizer(const std::string& path) override { optimizer_->load(path); }
+  void to_host() override { device_.download(); }
+  void from_host() override { device_.upload(); }
+
+ private:
+  Parameters<float>& params_;
+  const TrainConfig& cfg_;
+  train_cuda::DeviceParameters device_;
+  train_cuda::CudaTrainModel model_;
+  std::unique_ptr<train_cuda::optim::Optimizer> optimizer_;
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<StepExecutor> make_step_executor(TrainDevice device, Parameters<float>& params, const TrainConfig& cfg) {
+  if (device == TrainDevice::Cpu) return std::make_unique<CpuStepExecutor>(params, cfg);
+#ifdef DSV41_HAVE_CUDA
+  return std::make_unique<CudaStepExecutor>(params, cfg);
+#else
+  fail("--device cuda", "a dsv41 built with CUDA", "a build without it (train with --device cpu)");
+#endif
+}
+
+}  // namespace dsv41::train

@@ -1,0 +1,55 @@
+#pragma once
+// Where a training step's arithmetic runs (docs/training.md, "dsv41 train"): the training model's
+// forward and backward, the optimizer's update and the gate biases' — on the CPU (TrainModel, the
+// CPU optimizers) or on a GPU (src/train/cuda: CudaTrainModel, the CUDA optimizers, the masters in
+// DeviceParameters). The loop, the data, the schedule's bookkeeping, the logs and the checkpoints
+// are the trainer's, the same for both; a checkpoint is written from the host parameters, so a run
+// moves between the two through its checkpoints.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "train/model/parameters.h"
+#include "train/model/train_model.h"
+#include "train/trainer/train_config.h"
+
+namespace dsv41::train {
+
+enum class TrainDevice { Cpu, Cuda };
+
+// "cpu" or "cuda"; anything else is an error naming both.
+TrainDevice train_device_from_name(const std::string& name);
+
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+
+  // One sequence's forward (TrainModel::forward's arguments), its backward recorded.
+  virtual Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, std::span<const int64_t> anchors,
+                         std::span<const ServedCall> calls) = 0;
+  // The last forward's gradient, weighted, added into the parameters' gradients.
+  virtual void backward(float lm_weight, float indexer_weight, float dspark_weight) = 0;
+  // Before a step's sequences: the gradients and the expert loads zeroed.
+  virtual void zero_grad() = 0;
+  // The optimizer's update of every trained parameter, then each gate bias's from the step's loads.
+  virtual void step() = 0;
+  // Updates made so far (the schedule's position).
+  virtual int64_t optimizer_steps() const = 0;
+  virtual void save_optimizer(const std::string& path) = 0;
+  virtual void load_optimizer(const std::string& path) = 0;
+  // The masters into the host parameters (before a checkpoint is written from them).
+  virtual void to_host() = 0;
+  // The host parameters' values as the masters (after they were read from a checkpoint).
+  virtual void from_host() = 0;
+};
+
+// Whether the optimizer updates tensor `name`: what a loss reaches — not the gate biases (moved by
+// their loads) nor, when DSpark is not trained, its tensors (weight decay alone would shrink them).
+bool optimized(const TrainConfig& cfg, const std::string& name);
+
+// The executor of `device` over `params` (which it keeps and updates). Cuda: an error where this
+// build has no CUDA, or for what the CUDA trainer does not run yet (DSpark's loss, bounded replay).
+std::unique_ptr<StepExecutor> make_step_executor(TrainDevice device, Parameters<float>& params, const TrainConfig& cfg);
+
+}  // namespace dsv41::train
