@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "model/engram_compress.h"
 #include "model/engram_hash.h"
+#include "model/accounting.h"
 #include "model/json_document.h"
 #include "model/random_checkpoint.h"
 #include "train/data/packed_tokens.h"
@@ -363,6 +364,9 @@ void Trainer::run(const TrainEvents& events) {
   };
   if (r.step == 0 && c.validation_interval > 0) validate();  // the starting point of the curve
 
+  // The model's FLOPs a trained token, 6 per active matrix parameter (forward 2, backward 4; every
+  // layer and the head on every row: exact mode), as llm.c counts them; attention's are left out.
+  const double flops_per_token = 6.0 * double(account(c.model).params.active_decode);
   const Clock::time_point start = Clock::now();
   double step_seconds = 0, interval_seconds = 0, interval_loss = 0, interval_indexer = 0, interval_dspark = 0;
   int64_t done = 0, interval_steps = 0;
@@ -391,6 +395,7 @@ void Trainer::run(const TrainEvents& events) {
       event["lr"] = report.lr;
       event["tokens"] = r.tokens;
       event["tokens_per_s"] = rate;
+      event["model_tflops"] = rate * flops_per_token * 1e-12;
       event["elapsed_s"] = elapsed;
       r.log_event(event);
       char text[200];

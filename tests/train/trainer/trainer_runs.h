@@ -54,6 +54,7 @@ inline std::vector<json> curve_of(const fs::path& out) {
   for (json e : log_of(out)) {
     if (e["event"] == "checkpoint") continue;
     e.erase("tokens_per_s");
+    e.erase("model_tflops");
     e.erase("elapsed_s");
     curve.push_back(e);
   }
