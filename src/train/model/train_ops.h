@@ -24,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/indexer.h"
 #include "backend/cpu/rope.h"
 #include "base/error.h"
 #include "forward/call_plan.h"
@@ -45,6 +44,7 @@
 #include "train/grad/rms_norm.h"
 #include "train/grad/rope.h"
 #include "train/grad/sparse_attention.h"
+#include "train/model/index_choice.h"
 #include "train/model/parameters.h"
 #include "train/model/tape.h"
 #include "train/model/train_model.h"
@@ -498,42 +498,17 @@ class TrainOps {
     ix.w = linear(detach(h_), a.indexer_weights_proj);
     scale(ix.w, T(std::pow(double(ihd), -0.5) * std::pow(double(heads), -0.5)));
 
-    const bool candidate_source = l == c_.candidate_source_layer;
-    const bool uses_candidates = c_.candidate_source_layer >= 0 && l > c_.candidate_source_layer;
-    if (candidate_source) candidates_.assign(size_t(R_), {});
-    const std::vector<std::vector<int64_t>>* imposed = nullptr;
-    if (trace_ && trace_->forced_topk && trace_->forced_topk->count(l)) {
-      imposed = &trace_->forced_topk->at(l);
-      if (int64_t(imposed->size()) != R_) fail("train forward", "imposed top-k of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows", std::to_string(imposed->size()));
-    }
+    if (l == c_.candidate_source_layer) candidates_.assign(size_t(R_), {});
+    const std::vector<std::vector<int64_t>>* imposed = imposed_topk(trace_, l, R_);
     topk_.assign(size_t(R_), {});
     std::vector<float> scores(static_cast<size_t>(n));
     for (int64_t r0 = 0; r0 < R_; r0 += kScoreRows) {
       const int64_t rows = std::min(kScoreRows, R_ - r0);
       const std::vector<T> block = index_scores(ix, r0, rows, n);
       for (int64_t r = r0; r < r0 + rows; ++r) {
+        for (int64_t t = 0; t < n; ++t) scores[size_t(t)] = float(block[size_t((r - r0) * n + t)]);
         const int64_t visible = (positions_[size_t(r)] + 1) / ratio;
-        for (int64_t t = 0; t < n; ++t) scores[size_t(t)] = t < visible ? float(block[size_t((r - r0) * n + t)]) : -INFINITY;
-        if (candidate_source) {
-          candidates_[size_t(r)] = candidate_mask(scores.data(), n, visible, c_.candidate_topk_blocks, c_.candidate_block_size);
-        } else if (uses_candidates) {
-          for (int64_t t = 0; t < n; ++t)
-            if (!candidates_[size_t(r)][size_t(t)]) scores[size_t(t)] = -INFINITY;
-        }
-        std::vector<int64_t> chosen = top_positions(scores.data(), n, k);
-        for (int64_t& t : chosen)
-          if (t >= visible) t = -1;  // not yet visible to this row: an empty slot (sorted last)
-        if (imposed) {
-          // Any number of slots, the same in every row (the reference pads its top-k with −1 to
-          // index_topk where fewer entries exist).
-          chosen = (*imposed)[size_t(r)];
-          if (chosen.size() != (*imposed)[0].size())
-            fail("train forward", "imposed top-k rows of one length at layer " + std::to_string(l),
-                 std::to_string((*imposed)[0].size()) + " and " + std::to_string(chosen.size()) + " entries");
-          for (int64_t t : chosen)
-            if (t < -1 || t >= std::min(visible, n)) fail("train forward", "imposed entries visible to row " + std::to_string(r) + " or -1", std::to_string(t));
-        }
-        topk_[size_t(r)] = std::move(chosen);
+        topk_[size_t(r)] = choose_index_row(c_, l, r, scores.data(), n, visible, k, candidates_, imposed);
       }
     }
     ix.k = int64_t(topk_[0].size());

@@ -4,7 +4,6 @@
 #include <map>
 #include <string>
 
-#include "backend/cpu/indexer.h"
 #include "backend/cpu/rope.h"
 #include "base/error.h"
 #include "forward/model.h"
@@ -24,6 +23,7 @@
 #include "train/cuda/rope.h"
 #include "train/cuda/sparse_attention.h"
 #include "train/cuda/swiglu.h"
+#include "train/model/index_choice.h"
 
 namespace dsv41::train_cuda {
 
@@ -424,16 +424,8 @@ class CudaTrainOps {
     ix.w = linear(detach(h_), a.indexer_weights_proj);
     scale(ix.w, float(std::pow(double(ihd), -0.5) * std::pow(double(heads), -0.5)));
 
-    const bool candidate_source = l == c_.candidate_source_layer;
-    const bool uses_candidates = c_.candidate_source_layer >= 0 && l > c_.candidate_source_layer;
-    if (candidate_source) candidates_.assign(size_t(R_), {});
-    const std::vector<std::vector<int64_t>>* imposed = nullptr;
-    if (trace_ && trace_->forced_topk && trace_->forced_topk->count(l)) {
-      imposed = &trace_->forced_topk->at(l);
-      if (int64_t(imposed->size()) != R_)
-        fail("CUDA train forward", "imposed top-k of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows",
-             std::to_string(imposed->size()));
-    }
+    if (l == c_.candidate_source_layer) candidates_.assign(size_t(R_), {});
+    const std::vector<std::vector<int64_t>>* imposed = train::imposed_topk(trace_, l, R_);
     std::vector<float> all;  // [R, n]: every entry's score
     if (n > 0) {
       std::vector<int64_t> every(static_cast<size_t>(R_ * n));
@@ -444,29 +436,9 @@ class CudaTrainOps {
       all = on_host(scores->get(), R_ * n);
     }
     topk_.assign(size_t(R_), {});
-    std::vector<float> row(static_cast<size_t>(n));
     for (int64_t r = 0; r < R_; ++r) {
       const int64_t visible = (positions_host_[size_t(r)] + 1) / ratio;
-      for (int64_t t = 0; t < n; ++t) row[size_t(t)] = t < visible ? all[size_t(r * n + t)] : -INFINITY;
-      if (candidate_source) {
-        candidates_[size_t(r)] = candidate_mask(row.data(), n, visible, c_.candidate_topk_blocks, c_.candidate_block_size);
-      } else if (uses_candidates) {
-        for (int64_t t = 0; t < n; ++t)
-          if (!candidates_[size_t(r)][size_t(t)]) row[size_t(t)] = -INFINITY;
-      }
-      std::vector<int64_t> chosen = top_positions(row.data(), n, k);
-      for (int64_t& t : chosen)
-        if (t >= visible) t = -1;  // not yet visible to this row: an empty slot (sorted last)
-      if (imposed) {
-        chosen = (*imposed)[size_t(r)];
-        if (chosen.size() != (*imposed)[0].size())
-          fail("CUDA train forward", "imposed top-k rows of one length at layer " + std::to_string(l),
-               std::to_string((*imposed)[0].size()) + " and " + std::to_string(chosen.size()) + " entries");
-        for (int64_t t : chosen)
-          if (t < -1 || t >= std::min(visible, n))
-            fail("CUDA train forward", "imposed entries visible to row " + std::to_string(r) + " or -1", std::to_string(t));
-      }
-      topk_[size_t(r)] = std::move(chosen);
+      topk_[size_t(r)] = train::choose_index_row(c_, l, r, all.data() + r * n, n, visible, k, candidates_, imposed);
     }
     ix.k = int64_t(topk_[0].size());
     if (trace_) trace_->topk[l] = topk_;
