@@ -44,6 +44,7 @@
 #include "train/grad/rms_norm.h"
 #include "train/grad/rope.h"
 #include "train/grad/sparse_attention.h"
+#include "train/model/draft_lists.h"
 #include "train/model/index_choice.h"
 #include "train/model/parameters.h"
 #include "train/model/tape.h"
@@ -614,41 +615,18 @@ class TrainOps {
     return kv;
   }
 
-  // DSpark's attention (forward.cpp attend_draft): each row of block b attends to the stage's window
-  // of context KV before its anchor a — positions max(0, a − W) .. a − 1 in the ring's slot order
-  // (slot = position mod W), empty slots −1, and under bounded replay none below the decoder window
-  // floor at the draft's time (forward/window.h draft_window_slots: the floor of the call that ran
-  // row a − 1) — then to every row of its block, both ways.
+  // DSpark's attention (forward.cpp attend_draft): each row over its stage's context window before
+  // its anchor and its own block (draft_lists.h).
   Tensor attend_draft(int l, const Tensor& q, const Tensor& kv) {
     const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size, G = c_.dspark_block_size;
     const Tensor& ctx = context_kv(l);
     const int64_t L = int64_t(target_->feature_positions_.size());  // the context KV's rows
-    std::vector<int64_t> context_row(size_t(target_->L_), -1);    // by position
-    for (int64_t r = 0; r < L; ++r) context_row[size_t(target_->feature_positions_[size_t(r)])] = r;
-    std::vector<int64_t> slots;
     Tensor table = tensor<T>(size_t((L + R_) * hd));
     std::copy(ctx->value.begin(), ctx->value.end(), table->value.begin());
     std::copy(kv->value.begin(), kv->value.end(), table->value.begin() + L * hd);
     const int64_t entries = W + G;
-    auto idx = std::make_shared<std::vector<int64_t>>();
-    idx->reserve(size_t(R_ * entries));
-    for (int64_t r = 0; r < R_; ++r) {
-      const int64_t b = r / G, a = anchors_[size_t(b)];
-      draft_window_slots(a, W, target_->floor_.empty() ? 0 : target_->floor_[size_t(a - 1)], slots);
-      for (int64_t s : slots) {
-        if (s == kEmptySlot) {
-          idx->push_back(-1);
-          continue;
-        }
-        const int64_t position = a <= W ? s : a - W + ((s - a % W) % W + W) % W;  // the ring's slot s
-        if (context_row[size_t(position)] < 0)
-          fail("train forward", "a draft window of rows the decoder ran", "position " + std::to_string(position) + " before anchor " +
-                                                                              std::to_string(a) + ", cut above the floor");
-        idx->push_back(context_row[size_t(position)]);
-      }
-      for (int64_t s = int64_t(slots.size()); s < W; ++s) idx->push_back(-1);
-      for (int64_t j = 0; j < G; ++j) idx->push_back(L + b * G + j);
-    }
+    auto idx = std::make_shared<std::vector<int64_t>>(
+        draft_attention_lists(anchors_, G, W, target_->floor_, target_->feature_positions_, target_->L_));
     const AttentionParams<T>& at = p_.layer(l).attn;
     Tensor o = tensor<T>(size_t(R_ * H * hd));
     auto saved = std::make_shared<grad::SparseAttentionSaved<T>>();
