@@ -76,9 +76,6 @@ class CudaStepExecutor final : public StepExecutor {
  public:
   CudaStepExecutor(Parameters<float>& params, const TrainConfig& cfg)
       : params_(params), cfg_(cfg), device_(params), model_(params, device_, cfg.qat) {
-    if (cfg.trains_dspark())
-      fail(cfg.source + ": --device cuda", "a run without DSpark's loss (dspark.blocks 0: the CUDA trainer has no drafter yet)",
-           std::to_string(cfg.dspark_blocks) + " DSpark blocks a sequence");
     if (cfg.replay_turns > 0)
       fail(cfg.source + ": --device cuda", "a run in exact mode (bounded_replay.turns 0: not yet on the CUDA trainer)",
            std::to_string(cfg.replay_turns) + " turns");
@@ -87,11 +84,13 @@ class CudaStepExecutor final : public StepExecutor {
         cfg.model, device_.optimizer_parameters([&](const std::string& name) { return optimized(cfg, name); }), cfg.optimizer);
   }
 
-  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, std::span<const int64_t>,
+  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, std::span<const int64_t> anchors,
                  std::span<const ServedCall>) override {
-    return model_.forward(tokens, engram_ids);
+    return model_.forward(tokens, engram_ids, nullptr, anchors);
   }
-  void backward(float lm_weight, float indexer_weight, float) override { model_.backward(lm_weight, indexer_weight); }
+  void backward(float lm_weight, float indexer_weight, float dspark_weight) override {
+    model_.backward(lm_weight, indexer_weight, dspark_weight);
+  }
   void zero_grad() override {
     device_.zero_grad();
     model_.reset_expert_load();

@@ -12,6 +12,7 @@
 #include "model/gate.h"
 #include "train/cuda/compressor.h"
 #include "train/cuda/cross_entropy.h"
+#include "train/cuda/dspark.h"
 #include "train/cuda/elementwise.h"
 #include "train/cuda/embedding.h"
 #include "train/cuda/engram.h"
@@ -23,6 +24,7 @@
 #include "train/cuda/rope.h"
 #include "train/cuda/sparse_attention.h"
 #include "train/cuda/swiglu.h"
+#include "train/model/draft_lists.h"
 #include "train/model/index_choice.h"
 
 namespace dsv41::train_cuda {
@@ -116,6 +118,7 @@ class CudaTrainOps {
     std::vector<int64_t> positions(static_cast<size_t>(R_));
     for (int64_t r = 0; r < R_; ++r) positions[size_t(r)] = r;
     positions_host_ = positions;
+    tokens_host_.assign(tokens.begin(), tokens.end());
     inputs_ = on_device(std::vector<int64_t>(tokens.begin(), tokens.end() - 1));
     targets_ = on_device(std::vector<int64_t>(tokens.begin() + 1, tokens.end()));
     positions_ = on_device(positions);
@@ -123,22 +126,59 @@ class CudaTrainOps {
     freqs_compressed_ = on_device(rope_table(c_, true).frequencies());
   }
 
+  // DSpark's drafter (network.h run_drafter) over draft blocks of `target`'s sequence, as
+  // train_ops.h's: block b at anchor a = anchors[b] holds the rows [token a, noise × (γ − 1)] at
+  // positions a .. a + γ − 1; row k's Markov head reads the sequence's token a + k and it predicts
+  // token a + k + 1. The target's forward must have run with record_features.
+  CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, const train::TrainOptions& options,
+               train::Tape& tape, const CudaTrainOps& target, std::span<const int64_t> anchors, Trace* trace,
+               std::vector<std::vector<int64_t>>& load)
+      : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape),
+        R_(int64_t(anchors.size()) * params.config().dspark_block_size), engram_ids_(nullptr), trace_(trace), load_(load),
+        target_(&target), anchors_(anchors.begin(), anchors.end()) {
+    refuse_what_is_not_written();
+    const int64_t G = c_.dspark_block_size, L = target.R_;
+    if (!c_.has_dspark()) fail("CUDA train forward", "a model with DSpark stages for draft blocks", "none");
+    if (!target.features_) fail("CUDA train forward", "the target's context features for draft blocks", "a forward without them");
+    if (R_ == 0) fail("CUDA train forward", "at least one draft anchor", "none");
+    std::vector<int64_t> inputs, targets, prev;
+    for (int64_t a : anchors_) {
+      if (a < 1 || a > L - G)
+        fail("CUDA train forward", "draft anchors in [1, " + std::to_string(L - G) + "] (a context before, " + std::to_string(G) +
+                                       " targets after)", std::to_string(a));
+      for (int64_t k = 0; k < G; ++k) {
+        inputs.push_back(k == 0 ? target.tokens_host_[size_t(a)] : c_.dspark_noise_token_id);
+        positions_host_.push_back(a + k);
+        prev.push_back(target.tokens_host_[size_t(a + k)]);
+        targets.push_back(target.tokens_host_[size_t(a + k + 1)]);
+      }
+    }
+    inputs_ = on_device(inputs);
+    targets_ = on_device(targets);
+    prev_ = on_device(prev);
+    positions_ = on_device(positions_host_);
+    freqs_window_ = on_device(rope_table(c_, false).frequencies());
+    freqs_compressed_ = on_device(rope_table(c_, true).frequencies());
+  }
+
   train::Losses losses;
-  float lm_weight = 1.0f, indexer_weight = 1.0f;
+  float lm_weight = 1.0f, indexer_weight = 1.0f, dspark_weight = 1.0f;
+  // The target records DSpark's context features (record_target) for a drafter to read.
+  bool record_features = false;
   const Buffer<float>& logits_buffer() const { return logits_; }
 
   // --- network.h's op set -----------------------------------------------------------------------
 
   int64_t rows() const { return R_; }
   bool cuts_rows() const { return false; }
-  bool records_targets() const { return false; }
 
   void embed() {
     const int64_t d = c_.dim, hc = c_.hc_mult;
     Tensor x = tensor(R_ * d), X = tensor(R_ * hc * d);
     gather_rows_forward(dev_.value(p_.embed()), c_.vocab_size, d, inputs_->get(), R_, x->v());
     hc_expand_forward(x->v(), R_, int(hc), d, X->v());
-    tape_.record([this, x, X] {
+    // The drafter reads the target's embedding frozen (DSpark's loss trains no backbone weight).
+    if (!target_) tape_.record([this, x, X] {
       if (!X->has_grad()) return;
       hc_expand_backward(X->grad->get(), R_, c_.hc_mult, c_.dim, x->g());
       gather_rows_backward(x->grad->get(), c_.dim, inputs_->get(), R_, c_.vocab_size, dev_.grad(p_.embed()));
@@ -317,6 +357,7 @@ class CudaTrainOps {
     linear_forward(blas_, hb->get(), R_, d, dev_.weight_bf16(p_.head()), V, logits_->get());
     cross_entropy_forward(logits_->get(), R_, V, targets_->get(), row_max->get(), row_sum->get(), loss->get());
     losses.lm = double(on_host(loss->get(), 1)[0]);
+    final_ = h;
     tape_.record([this, h, hb, z = logits_, row_max, row_sum, loss] {
       const int64_t d = c_.dim, V = c_.vocab_size;
       Buffer<float> dz = buffer<float>(R_ * V);
@@ -332,7 +373,107 @@ class CudaTrainOps {
   void compress_cut(int) { not_written("bounded replay"); }
   void drop_cut() { not_written("bounded replay"); }
   void impose_input(int) { not_written("imposed layer inputs"); }
-  void record_target(int) { not_written("DSpark's context features"); }
+
+  // DSpark's context features (network.h record_target): the residual entering target layer l
+  // averaged over the streams, [rows, targets, dim], detached. The mean is hc_pre with every weight
+  // 1/hc: for hc a power of two, Σ (X_i / hc) is the CPU's (Σ X_i) / hc bit for bit.
+  bool records_targets() const { return record_features; }
+  void record_target(int l) {
+    const int64_t hc = c_.hc_mult, d = c_.dim, n = int64_t(c_.dspark_target_layer_ids.size()), t = c_.dspark_target_index(l);
+    if (!features_) features_ = std::make_shared<Node>(zeros<float>(R_ * n * d));
+    const Buffer<float> mean = buffer<float>(R_ * d), weights = on_device(std::vector<float>(size_t(R_ * hc), 1.0f / float(hc)));
+    hc_pre_forward(X_->v(), weights->get(), R_, int(hc), d, mean->get());
+    if (R_ > 0)
+      cuda::check(cudaMemcpy2DAsync(features_->v() + t * d, size_t(n * d) * sizeof(float), mean->get(), size_t(d) * sizeof(float),
+                                    size_t(d) * sizeof(float), size_t(R_), cudaMemcpyDeviceToDevice, nullptr),
+                  "train_cuda: DSpark features");
+  }
+
+  // DSpark's head (forward/dspark.h) and loss (grad/dspark.h), as train_ops.h's: the last stage's
+  // `pre` collapses the streams into x; base logits u = head(norm(x)) through the target's head,
+  // frozen; the Markov bias of each row's token before; the confidence of [x ; e]; the loss against
+  // the target's distribution at the same positions and the sequence's next tokens.
+  void draft_head() {
+    const int64_t d = c_.dim, V = c_.vocab_size, rank = c_.dspark_markov_rank, G = c_.dspark_block_size;
+    train::DSparkParams<float>& w = p_.dspark();
+    Tensor x = collapse(mix_[size_t(Sub::Ffn)].pre);
+    Tensor h = x;
+    rms_norm(h, d, w.norm);
+    const Buffer<bf16> hb = as_bf16(h->v(), h->size());
+    Tensor u = tensor(R_ * V);
+    linear_forward(blas_, hb->get(), R_, d, dev_.weight_bf16(p_.head()), V, u->v());
+    tape_.record([this, h, hb, u] {
+      if (!u->has_grad()) return;
+      const Buffer<bf16> dub = as_bf16(u->grad->get(), u->size());
+      linear_backward(blas_, hb->get(), R_, c_.dim, dev_.weight_bf16(p_.head()), c_.vocab_size, dub->get(), h->g(), nullptr);
+    });
+    Tensor e = tensor(R_ * rank);
+    gather_rows_forward(dev_.value(*w.markov_embed), V, rank, prev_->get(), R_, e->v());
+    tape_.record([this, e, &w] {
+      if (e->has_grad())
+        gather_rows_backward(e->grad->get(), c_.dspark_markov_rank, prev_->get(), R_, c_.vocab_size, dev_.grad(*w.markov_embed));
+    });
+    // z = u + W2 e.
+    const Buffer<bf16> eb = as_bf16(e->v(), e->size());
+    Tensor z = tensor(R_ * V);
+    linear_forward(blas_, eb->get(), R_, rank, dev_.weight_bf16(*w.markov_head), V, z->v());
+    add_into(u->v(), R_ * V, z->v());
+    tape_.record([this, u, e, eb, z, &w] {
+      if (!z->has_grad()) return;
+      add_into(z->grad->get(), z->size(), u->g());
+      const Buffer<bf16> dzb = as_bf16(z->grad->get(), z->size());
+      linear_backward(blas_, eb->get(), R_, c_.dspark_markov_rank, dev_.weight_bf16(*w.markov_head), c_.vocab_size, dzb->get(),
+                      e->g(), dev_.grad(*w.markov_head));
+    });
+    Tensor conf = tensor(R_);
+    confidence_forward(x->v(), e->v(), R_, d, rank, dev_.value(*w.confidence), conf->v());
+    tape_.record([this, x, e, conf, &w] {
+      if (conf->has_grad())
+        confidence_backward(x->v(), e->v(), R_, c_.dim, c_.dspark_markov_rank, dev_.value(*w.confidence), conf->grad->get(), x->g(),
+                            e->g(), dev_.grad(*w.confidence));
+    });
+
+    // The target's distribution at each row's position (its final hidden through the head, then a
+    // softmax on the host as the CPU's), and the rows' shares: position weights exp(−k/γ)
+    // normalized over a block, averaged over the blocks (ρ); every row alike for L_conf (κ).
+    const Buffer<int64_t> rows = on_device(positions_host_);  // exact mode: a position is the target's row
+    const Buffer<float> hidden = buffer<float>(R_ * d), target_logits = buffer<float>(R_ * V);
+    gather_rows_forward(target_->final_->v(), target_->R_, d, rows->get(), R_, hidden->get());
+    const Buffer<bf16> hidden_b = as_bf16(hidden->get(), R_ * d);
+    linear_forward(blas_, hidden_b->get(), R_, d, dev_.weight_bf16(p_.head()), V, target_logits->get());
+    std::vector<float> q = on_host(target_logits->get(), R_ * V);
+    for (int64_t r = 0; r < R_; ++r) {
+      float* row = q.data() + r * V;
+      const float mx = *std::max_element(row, row + V);
+      float sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += (row[v] = std::exp(row[v] - mx));
+      for (int64_t v = 0; v < V; ++v) row[v] /= sum;
+    }
+    const int64_t blocks = R_ / G;
+    float weight_sum = 0;
+    for (int64_t k = 0; k < G; ++k) weight_sum += std::exp(-float(k) / float(G));
+    std::vector<float> rho(static_cast<size_t>(R_));
+    for (int64_t r = 0; r < R_; ++r) rho[size_t(r)] = std::exp(-float(r % G) / float(G)) / (weight_sum * float(blocks));
+    auto loss = std::make_shared<DraftLoss>();
+    loss->q = on_device(q);
+    loss->rho = on_device(rho);
+    loss->kappa = 1.0f / float(R_);
+    loss->signs = buffer<int8_t>(R_ * V);
+    loss->target = buffer<float>(R_);
+    loss->p = buffer<float>(R_ * V);
+    const Buffer<double> parts = buffer<double>(4);
+    dspark_loss_forward(z->v(), loss->q->get(), R_, V, targets_->get(), conf->v(), loss->rho->get(), loss->kappa, loss->labels(),
+                        loss->p->get(), parts->get());
+    const std::vector<double> sums = on_host(parts->get(), 4);
+    const grad::DSparkLossParts parts_of{sums[0], sums[1], sums[2], sums[3]};
+    losses.dspark = parts_of.total(grad::DSparkLossWeights{});
+    losses.dspark_parts = parts_of;
+    tape_.record([this, z, conf, loss] {
+      const grad::DSparkLossWeights a;
+      dspark_loss_backward(conf->v(), R_, c_.vocab_size, targets_->get(), loss->rho->get(), loss->kappa, loss->labels(),
+                           loss->p->get(), float(a.ce), float(a.tv), float(a.conf), dspark_weight, z->g(), conf->g());
+    });
+  }
 
   // --- the attention's ops (network.h attention()) -------------------------------------------------
 
@@ -453,6 +594,7 @@ class CudaTrainOps {
   // Each row over its window (forward/window.h's list, from the sequence's start) and its chosen
   // compressed entries, with the sink; at an index source, the indexer's loss against it.
   Tensor attend(int l, const Tensor& q, const Tensor& kv) {
+    if (target_) return attend_draft(l, q, kv);
     const train::AttentionParams<float>& a = p_.layer(l).attn;
     const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size;
     const bool compressed = c_.compress_ratios[size_t(l)] > 0;
@@ -517,6 +659,14 @@ class CudaTrainOps {
   struct Indexed {
     Tensor q, w, keys;  // [R, heads, index_head_dim], [R, heads], [entries, index_head_dim]
     int64_t k = 0, n = 0;
+  };
+  // DSpark's loss, kept for its backward: the target's probabilities, the rows' shares, the labels
+  // the forward wrote (the signs of p − q and c*), p = softmax(z).
+  struct DraftLoss {
+    Buffer<float> q, rho, target, p;
+    Buffer<int8_t> signs;
+    float kappa = 0;
+    DSparkLabels labels() const { return {signs->get(), target->get(), false}; }
   };
   struct Gate {
     Buffer<float> logits, scores;  // [R, experts]
@@ -629,6 +779,53 @@ class CudaTrainOps {
   // The layer's RoPE frequencies: compressed layers' with YaRN, SWA-only layers' without (forward/model.h).
   const Buffer<float>& freqs(int l) const { return c_.compress_ratios[size_t(l)] > 0 ? freqs_compressed_ : freqs_window_; }
 
+  // A DSpark stage's context KV: its kv_norm(wkv(main_norm(main_proj(features)))) at the feature
+  // rows' positions, RoPE'd, SWA-FP8 (train_ops.h's context_kv).
+  const Tensor& context_kv(int l) {
+    Tensor& kv = context_kv_[l];
+    if (kv) return kv;
+    const train::DSparkParams<float>& w = p_.dspark();
+    if (!main_x_) {
+      main_x_ = linear(target_->features_, w.main_proj);
+      rms_norm(main_x_, c_.dim, w.main_norm);
+    }
+    const train::AttentionParams<float>& a = p_.layer(l).attn;
+    kv = linear(main_x_, a.wkv);
+    rms_norm(kv, c_.head_dim, a.kv_norm);
+    rope_at(kv, freqs(l), 1, c_.head_dim, target_->positions_, target_->R_, false);
+    if (o_.swa_fp8) fake_quantized(kv, FakeQuant::SwaFp8);
+    return kv;
+  }
+
+  // DSpark's attention: each row over its stage's context window before its anchor and its own
+  // block (draft_lists.h), the table the context KV's rows and then the blocks'.
+  Tensor attend_draft(int l, const Tensor& q, const Tensor& kv) {
+    const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size, G = c_.dspark_block_size;
+    const Tensor& ctx = context_kv(l);
+    const int64_t L = target_->R_;  // the context KV's rows: every target row (exact mode)
+    Tensor table = tensor((L + R_) * hd);
+    copy_into(ctx->v(), L * hd, table->v());
+    copy_into(kv->v(), R_ * hd, table->v() + L * hd);
+    const int64_t entries = W + G;
+    const Buffer<int64_t> list =
+        on_device(train::draft_attention_lists(anchors_, G, W, {}, target_->positions_host_, target_->R_));
+    const train::AttentionParams<float>& at = p_.layer(l).attn;
+    Tensor o = tensor(R_ * H * hd);
+    const Buffer<float> p = buffer<float>(R_ * H * entries), sink_p = buffer<float>(R_ * H);
+    const float scale_qk = float(std::pow(double(hd), -0.5));
+    sparse_attention_forward(q->v(), R_, H, hd, table->v(), list->get(), entries, dev_.value(*at.attn_sink), scale_qk, o->v(),
+                             p->get(), sink_p->get());
+    tape_.record([this, q, kv, ctx, table, list, entries, p, sink_p, o, scale_qk, sink = at.attn_sink, L] {
+      if (!o->has_grad()) return;
+      const int64_t hd = c_.head_dim;
+      sparse_attention_backward(q->v(), R_, c_.n_heads, hd, table->v(), L + R_, list->get(), entries, scale_qk, p->get(),
+                                sink_p->get(), o->grad->get(), q->g(), table->g(), dev_.grad(*sink));
+      add_into(table->grad->get(), L * hd, ctx->g());
+      add_into(table->grad->get() + L * hd, R_ * hd, kv->g());
+    });
+    return o;
+  }
+
   // x ← Q(x) (fake_quant.h); the gradient passes unchanged (straight-through).
   void fake_quantized(Tensor& x, FakeQuant codec) {
     Tensor y = tensor(x->size());
@@ -659,8 +856,8 @@ class CudaTrainOps {
   const int64_t* engram_ids_;  // host [L, engram layers, columns]
   Trace* trace_;
   std::vector<std::vector<int64_t>>& load_;
-  std::vector<int64_t> positions_host_;
-  Buffer<int64_t> inputs_, targets_, positions_;
+  std::vector<int64_t> positions_host_, tokens_host_;
+  Buffer<int64_t> inputs_, targets_, positions_, prev_;  // prev_: the drafter's Markov tokens
   Buffer<float> freqs_window_, freqs_compressed_, logits_;
   Tensor X_, h_, y_;  // the streams [R, hc, dim]; the sub-layer's input and output [R, dim]
   Mix mix_[2];
@@ -668,6 +865,13 @@ class CudaTrainOps {
   Indexed indexed_;                               // the latest index source's
   std::vector<std::vector<int64_t>> topk_;        // [row] the latest index source's choice
   std::vector<std::vector<uint8_t>> candidates_;  // [row] the candidate source's pool
+  // DSpark: the target's final hidden and context features [R, targets, dim]; the drafter's target,
+  // anchors, main_x and each stage's context KV.
+  Tensor final_, features_;
+  const CudaTrainOps* target_ = nullptr;
+  std::vector<int64_t> anchors_;
+  Tensor main_x_;
+  std::map<int, Tensor> context_kv_;
 };
 
 CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options)
@@ -675,25 +879,38 @@ CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameter
 
 CudaTrainModel::~CudaTrainModel() = default;
 
-train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace) {
-  tape_.clear();  // the last forward's backward, if never run, reads the op set replaced here
+train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace,
+                                     std::span<const int64_t> anchors) {
+  const Config& c = params_.config();
+  tape_.clear();  // the last forward's backward, if never run, reads the op sets replaced here
+  drafter_.reset();
   ops_.reset();
+  const bool draft = !anchors.empty();
   if (trace) {
-    const size_t layers = size_t(params_.config().n_layers);
-    trace->block_out.assign(layers, {});
+    const size_t layers = size_t(draft ? c.n_total_layers() : c.n_layers);
+    trace->block_out.assign(size_t(c.n_layers), {});
     trace->route_experts.assign(layers, {});
     trace->route_scores.assign(layers, {});
     trace->topk.clear();
   }
   ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, options_, tape_, tokens, engram_ids, trace, expert_load_);
-  run_network(params_.config(), *ops_, trace);
-  return ops_->losses;
+  ops_->record_features = draft;
+  run_network(c, *ops_, trace);
+  train::Losses losses = ops_->losses;
+  if (draft) {
+    drafter_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, options_, tape_, *ops_, anchors, trace, expert_load_);
+    run_drafter(c, *drafter_);
+    losses.dspark = drafter_->losses.dspark;
+    losses.dspark_parts = drafter_->losses.dspark_parts;
+  }
+  return losses;
 }
 
-void CudaTrainModel::backward(float lm_weight, float indexer_weight) {
+void CudaTrainModel::backward(float lm_weight, float indexer_weight, float dspark_weight) {
   if (!ops_) fail("CUDA train backward", "a forward first", "none");
   ops_->lm_weight = lm_weight;
   ops_->indexer_weight = indexer_weight;
+  if (drafter_) drafter_->dspark_weight = dspark_weight;
   tape_.backward();
 }
 

@@ -41,10 +41,16 @@ class CudaTrainModel {
   // backward. With a trace: records each layer's experts (route_experts) and each index source's
   // top-k, and imposes its forced_experts and forced_topk (the choices held, as the CPU trainer's
   // parity tests hold them). Returns L_lm and L_indexer (downloaded).
-  train::Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids = nullptr, Trace* trace = nullptr);
-  // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer of the last forward into the
-  // device gradients (zeroed by the caller: the sequences of a batch accumulate).
-  void backward(float lm_weight = 1.0f, float indexer_weight = 1.0f);
+  //
+  // With anchors (train_model.h's dspark_anchors), DSpark's drafter runs a block at each after the
+  // target (its stages' experts recorded and imposed in the trace's layers n_layers ..
+  // n_total_layers − 1); its loss's labels are the forward's own.
+  train::Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids = nullptr, Trace* trace = nullptr,
+                        std::span<const int64_t> anchors = {});
+  // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer + dspark_weight · L_dspark of
+  // the last forward into the device gradients (zeroed by the caller: the sequences of a batch
+  // accumulate).
+  void backward(float lm_weight = 1.0f, float indexer_weight = 1.0f, float dspark_weight = 1.0f);
   // The last forward's logits [L, vocab], downloaded.
   std::vector<float> logits() const;
   // Rows routed to each expert of each layer since the last reset ([layer][expert]), as the CPU's.
@@ -57,7 +63,7 @@ class CudaTrainModel {
   train::TrainOptions options_;
   train::Tape tape_;
   Blas blas_;
-  std::unique_ptr<CudaTrainOps> ops_;
+  std::unique_ptr<CudaTrainOps> ops_, drafter_;
   std::vector<std::vector<int64_t>> expert_load_;
 };
 

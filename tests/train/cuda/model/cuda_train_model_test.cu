@@ -3,7 +3,8 @@
 // expert and top-k choices held on the device: the tiny preset made SWA-only (48 rows: three
 // windows of 16; SWA-FP8 QAT), the tiny preset without Engram (CSA2's Full, Reuse and Reindex
 // layers, the candidate source, the indexer's loss; 64 rows; every QAT switch on), and the whole
-// tiny preset (Engram too).
+// tiny preset (Engram too); each with DSpark's drafter on four draft blocks (its stage's experts
+// held too; its loss's labels each trainer's own).
 //
 // Tolerances: the device's products take bf16 operands (each cast errs by ≤ 2⁻⁹ relative, RMS
 // 2⁻⁸/√3 ≈ 2.3e-3), the CPU's fp32 ones; about 40 casts lie on a path from the embedding to the
@@ -11,7 +12,8 @@
 // the gradients, whose paths are twice as long, by about twice that. Bounds: logits NMSE 2e-3, each
 // tensor's gradient NMSE 1e-2 (10% RMS: a dropped term of a sum over 8 layers or a wrong tensor is
 // ≥ 0.1), L_lm within 1e-2 relative, L_indexer (a KL between the attention's and the indexer's
-// distributions, both moved by the products) within 1e-1. Provisional until measured on the GPU (the test prints the
+// distributions, both moved by the products) and L_dspark (its TV term's signs flip where p ≈ q)
+// within 1e-1. Provisional until measured on the GPU (the test prints the
 // worst tensors); the bounds are then set from the measured values. Two device runs: the same bits.
 #include <gtest/gtest.h>
 
@@ -41,22 +43,23 @@ Config swa_only_tiny() {
 }
 
 struct DeviceRun {
-  double loss = 0, indexer = 0;
+  double loss = 0, indexer = 0, dspark = 0;
   std::vector<float> logits;
   std::map<std::string, std::vector<float>> grads;
 };
 
 DeviceRun run_on_device(train::Parameters<float>& host, const train::TrainOptions& options, const test::Sequence& seq,
-                        const Trace& recorded) {
+                        const std::vector<int64_t>& anchors, const Trace& recorded) {
   train_cuda::DeviceParameters dev(host);
   dev.upload();
   dev.zero_grad();
   train_cuda::CudaTrainModel model(host, dev, options);
   Trace held = test::hold(recorded);
   DeviceRun out;
-  const train::Losses losses = model.forward(seq.tokens, seq.engram_ids.empty() ? nullptr : seq.engram_ids.data(), &held);
+  const train::Losses losses = model.forward(seq.tokens, seq.engram_ids.empty() ? nullptr : seq.engram_ids.data(), &held, anchors);
   out.loss = losses.lm;
   out.indexer = losses.indexer;
+  out.dspark = losses.dspark;
   model.backward();
   out.logits = model.logits();
   const std::vector<std::vector<float>> saved_grads = [&] {
@@ -79,20 +82,23 @@ DeviceRun run_on_device(train::Parameters<float>& host, const train::TrainOption
 void expect_parity(const Config& c, const train::TrainOptions& options, int64_t rows) {
   train::Parameters<float> host = test::make_parameters<float>(c);
   const test::Sequence seq = test::make_sequence(c, rows, 5);
+  const std::vector<int64_t> anchors = train::dspark_anchors(c, rows, 4, 1, 0);
 
   train::TrainModel<float> cpu(host, options);
   Trace recorded;
   const int64_t* engram_ids = seq.engram_ids.empty() ? nullptr : seq.engram_ids.data();
-  const train::Losses cpu_losses = cpu.forward(seq.tokens, engram_ids, &recorded);
+  const train::Losses cpu_losses = cpu.forward(seq.tokens, engram_ids, &recorded, anchors);
   host.zero_grad();
   cpu.backward();
   const std::vector<float> cpu_logits = cpu.logits();
 
-  const DeviceRun got = run_on_device(host, options, seq, recorded);
-  std::printf("L_lm: CPU %.6f, device %.6f; L_indexer: CPU %.6g, device %.6g\n", cpu_losses.lm, got.loss, cpu_losses.indexer,
-              got.indexer);
+  const DeviceRun got = run_on_device(host, options, seq, anchors, recorded);
+  std::printf("L_lm: CPU %.6f, device %.6f; L_indexer: CPU %.6g, device %.6g; L_dspark: CPU %.6f, device %.6f\n", cpu_losses.lm,
+              got.loss, cpu_losses.indexer, got.indexer, cpu_losses.dspark, got.dspark);
   EXPECT_NEAR(got.loss, cpu_losses.lm, 1e-2 * cpu_losses.lm);
   EXPECT_NEAR(got.indexer, cpu_losses.indexer, 1e-1 * cpu_losses.indexer + 1e-6);
+  ASSERT_GT(cpu_losses.dspark, 0);
+  EXPECT_NEAR(got.dspark, cpu_losses.dspark, 1e-1 * cpu_losses.dspark);
   const double e_logits = test::nmse(got.logits, cpu_logits);
   std::printf("logits NMSE %.3g\n", e_logits);
   EXPECT_LT(e_logits, 2e-3);
@@ -102,7 +108,7 @@ void expect_parity(const Config& c, const train::TrainOptions& options, int64_t 
   for (const train::Param<float>& p : host.all()) {
     const std::vector<float>& g = got.grads.at(p.name);
     const bool zero = std::all_of(p.grad.begin(), p.grad.end(), [](float v) { return v == 0.0f; });
-    if (zero) {  // what the loss does not reach (DSpark's stages, the gate's bias): zero on the device too
+    if (zero) {  // what no loss reaches (the gate's biases): zero on the device too
       EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; })) << p.name;
       continue;
     }
@@ -115,9 +121,10 @@ void expect_parity(const Config& c, const train::TrainOptions& options, int64_t 
   std::sort(worst.rbegin(), worst.rend());
   for (size_t i = 0; i < std::min<size_t>(8, worst.size()); ++i) std::printf("gradient NMSE %.3g %s\n", worst[i].first, worst[i].second.c_str());
 
-  const DeviceRun again = run_on_device(host, options, seq, recorded);
+  const DeviceRun again = run_on_device(host, options, seq, anchors, recorded);
   EXPECT_EQ(again.loss, got.loss);
   EXPECT_EQ(again.indexer, got.indexer);
+  EXPECT_EQ(again.dspark, got.dspark);
   EXPECT_TRUE(test::same_bits(again.logits, got.logits));
   for (const auto& [name, g] : got.grads) EXPECT_TRUE(test::same_bits(again.grads.at(name), g)) << name;
 }
