@@ -37,6 +37,14 @@ TrainModel<T>::TrainModel(Parameters<T>& params, TrainOptions options) : params_
 template <class T>
 TrainModel<T>::~TrainModel() = default;
 
+void prepare_trace(const Config& c, Trace& trace, bool draft) {
+  const size_t layers = size_t(draft ? c.n_total_layers() : c.n_layers);
+  trace.block_out.assign(size_t(c.n_layers), {});
+  trace.route_experts.assign(layers, {});
+  trace.route_scores.assign(layers, {});
+  trace.topk.clear();
+}
+
 template <class T>
 Losses TrainModel<T>::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace,
                               std::span<const int64_t> anchors, std::span<const ServedCall> calls) {
@@ -44,13 +52,7 @@ Losses TrainModel<T>::forward(std::span<const int64_t> tokens, const int64_t* en
   tape_.clear();  // the last forward's backward, if never run, reads the op sets replaced here
   drafter_.reset();
   const bool draft = !anchors.empty();
-  if (trace) {
-    const size_t layers = size_t(draft ? c.n_total_layers() : c.n_layers);
-    trace->block_out.assign(size_t(c.n_layers), {});
-    trace->route_experts.assign(layers, {});
-    trace->route_scores.assign(layers, {});
-    trace->topk.clear();
-  }
+  if (trace) prepare_trace(c, *trace, draft);
   ops_ = std::make_unique<TrainOps<T>>(params_, options_, tape_, tokens, engram_ids, trace, expert_load_, calls);
   ops_->record_features = draft;
   run_network(c, *ops_, trace);

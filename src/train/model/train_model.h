@@ -73,6 +73,11 @@ std::vector<int64_t> dspark_anchors(const Config& c, int64_t L, int64_t blocks, 
 // same ones (mt19937_64 from a seed_seq, as dspark_anchors).
 std::vector<ServedCall> replay_calls(const Config& c, int64_t L, int64_t turns, uint64_t seed, uint64_t sequence);
 
+// A trace made ready for a training forward (the CPU's and the CUDA trainer's): each backbone layer's
+// block output, and each layer's experts and biased scores — DSpark's stages' too when it drafts —
+// sized empty; no top-k yet.
+void prepare_trace(const Config& c, Trace& trace, bool draft);
+
 // How far the last forward stayed from the kinks a finite difference must not straddle (the
 // gradient checks assert them): the smallest |dot| under Engram's signed root (floored at 1e-6) and
 // under the indexer's relu (its chosen entries), the largest |pre-activation| of an expert (clamped

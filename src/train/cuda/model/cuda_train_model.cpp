@@ -886,13 +886,7 @@ train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, const int
   drafter_.reset();
   ops_.reset();
   const bool draft = !anchors.empty();
-  if (trace) {
-    const size_t layers = size_t(draft ? c.n_total_layers() : c.n_layers);
-    trace->block_out.assign(size_t(c.n_layers), {});
-    trace->route_experts.assign(layers, {});
-    trace->route_scores.assign(layers, {});
-    trace->topk.clear();
-  }
+  if (trace) train::prepare_trace(c, *trace, draft);
   ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, options_, tape_, tokens, engram_ids, trace, expert_load_);
   ops_->record_features = draft;
   run_network(c, *ops_, trace);
