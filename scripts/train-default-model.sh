@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Remakes assets/default-model, the model scripts/main.sh serves (docs/default-model.md): the
-# corpus and a 4,096-id tokenizer from the Debian packages scripts/setup.sh installs, then
-# `dsv41 train` with configs/default-model.json, then the final checkpoint's served files copied
-# into the assets folder. The run's directory (models/default-train) keeps its resume state:
+# corpus with its chat documents and a 4,096-id tokenizer from the Debian packages scripts/setup.sh
+# installs, then `dsv41 train` with configs/default-model.json, then the final checkpoint's served
+# files copied into the assets folder. The run's directory (models/default-train) keeps its resume state:
 # running this again continues an unfinished run instead of starting over.
 #   scripts/train-default-model.sh [DSV41]    # DSV41: the dsv41 binary, ./build/dsv41 by default
 set -euo pipefail
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 dsv41=${1:-./build/dsv41}
 data=models/default-data run=models/default-train out=assets/default-model
 
-[ -f "$data/train.tokens" ] || "$dsv41" data build --out "$data" --vocab 4096
+[ -f "$data/train.tokens" ] || "$dsv41" data build --out "$data" --vocab 4096 --chat
 if [ -f "$run/train_config.json" ]; then
   steps=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["steps"])' "$run/train_config.json")
   [ "$(readlink "$run/latest" 2>/dev/null)" = "$(printf step-%08d "$steps")" ] ||
