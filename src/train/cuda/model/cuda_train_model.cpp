@@ -100,7 +100,7 @@ Tensor copy_of(const Tensor& x) {
 
 }  // namespace
 
-// network.h's op set on the device (train_ops.h's mirror for what this trainer runs so far).
+// network.h's op set on the device: train_ops.h's mirror, exact mode (no served calls).
 class CudaTrainOps {
  public:
   using Tensor = train_cuda::Tensor;
@@ -369,7 +369,8 @@ class CudaTrainOps {
 
   void record_block(int l) { trace_->block_out[size_t(l)] = on_host(X_->v(), X_->size()); }
 
-  // Not reached: refuse_what_is_not_written() refused the models and traces that would call them.
+  // Not reached: exact mode cuts no rows (cuts_rows() is false), and a trace imposing layer inputs
+  // was refused (refuse_what_is_not_written()).
   void compress_cut(int) { not_written("bounded replay"); }
   void drop_cut() { not_written("bounded replay"); }
   void impose_input(int) { not_written("imposed layer inputs"); }
