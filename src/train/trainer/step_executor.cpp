@@ -27,9 +27,11 @@ bool optimized(const TrainConfig& cfg, const std::string& name) {
 
 namespace {
 
-// The gate biases' layers: the backbone's, and DSpark's stages when it is trained.
-int biased_blocks(const TrainConfig& cfg, const Parameters<float>& params) {
-  return cfg.trains_dspark() ? params.blocks() : cfg.model.n_layers;
+// update(bias, l) for each gate bias: the backbone's layers', and DSpark's stages' when it is trained.
+template <class Update>
+void for_each_gate_bias(const TrainConfig& cfg, Parameters<float>& params, Update update) {
+  for (int l = 0; l < (cfg.trains_dspark() ? params.blocks() : cfg.model.n_layers); ++l)
+    if (Param<float>* bias = params.layer(l).gate_bias) update(*bias, l);
 }
 
 class CpuStepExecutor final : public StepExecutor {
@@ -54,9 +56,9 @@ class CpuStepExecutor final : public StepExecutor {
   }
   void step() override {
     optimizer_->step();
-    for (int l = 0; l < biased_blocks(cfg_, params_); ++l)
-      if (Param<float>* bias = params_.layer(l).gate_bias)
-        optim::update_expert_bias(bias->v(), model_.expert_load()[size_t(l)].data(), bias->numel(), float(cfg_.expert_bias_rate));
+    for_each_gate_bias(cfg_, params_, [&](Param<float>& bias, int l) {
+      optim::update_expert_bias(bias.v(), model_.expert_load()[size_t(l)].data(), bias.numel(), float(cfg_.expert_bias_rate));
+    });
   }
   int64_t optimizer_steps() const override { return optimizer_->steps(); }
   void save_optimizer(const std::string& path) override { optimizer_->save(path); }
@@ -98,13 +100,12 @@ class CudaStepExecutor final : public StepExecutor {
   // The gate biases move on the host, from the loads the forward counted there, as the CPU's do.
   void step() override {
     optimizer_->step();
-    for (int l = 0; l < biased_blocks(cfg_, params_); ++l)
-      if (Param<float>* bias = params_.layer(l).gate_bias) {
-        std::vector<float> b(static_cast<size_t>(bias->numel()));
-        cuda::check(cudaMemcpy(b.data(), device_.value(*bias), b.size() * sizeof(float), cudaMemcpyDeviceToHost), "gate bias");
-        optim::update_expert_bias(b.data(), model_.expert_load()[size_t(l)].data(), bias->numel(), float(cfg_.expert_bias_rate));
-        cuda::check(cudaMemcpy(device_.value(*bias), b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice), "gate bias");
-      }
+    for_each_gate_bias(cfg_, params_, [&](Param<float>& bias, int l) {
+      std::vector<float> b(static_cast<size_t>(bias.numel()));
+      cuda::check(cudaMemcpy(b.data(), device_.value(bias), b.size() * sizeof(float), cudaMemcpyDeviceToHost), "gate bias");
+      optim::update_expert_bias(b.data(), model_.expert_load()[size_t(l)].data(), bias.numel(), float(cfg_.expert_bias_rate));
+      cuda::check(cudaMemcpy(device_.value(bias), b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice), "gate bias");
+    });
     device_.cast_weights();
   }
   int64_t optimizer_steps() const override { return optimizer_->steps(); }
