@@ -100,16 +100,25 @@ Tensor copy_of(const Tensor& x) {
 
 }  // namespace
 
+// What every forward's op sets read and no forward changes, made once per model: the RoPE tables'
+// frequencies of SWA-only and compressed layers (forward/model.h rope_table).
+struct CudaTrainModel::Constants {
+  explicit Constants(const Config& c)
+      : freqs_window(on_device(rope_table(c, false).frequencies())), freqs_compressed(on_device(rope_table(c, true).frequencies())) {}
+  Buffer<float> freqs_window, freqs_compressed;
+};
+
 // network.h's op set on the device: train_ops.h's mirror, exact mode (no served calls).
 class CudaTrainOps {
  public:
   using Tensor = train_cuda::Tensor;
 
-  CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, const train::TrainOptions& options,
-               train::Tape& tape, std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace,
-               std::vector<std::vector<int64_t>>& load)
+  CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, const CudaTrainModel::Constants& constants,
+               const train::TrainOptions& options, train::Tape& tape, std::span<const int64_t> tokens, const int64_t* engram_ids,
+               Trace* trace, std::vector<std::vector<int64_t>>& load)
       : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1),
-        engram_ids_(engram_ids), trace_(trace), load_(load) {
+        engram_ids_(engram_ids), trace_(trace), load_(load), freqs_window_(constants.freqs_window),
+        freqs_compressed_(constants.freqs_compressed) {
     refuse_what_is_not_written();
     if (c_.has_engram() && !engram_ids) fail("CUDA train forward", "Engram hash ids for a model with Engram", "none");
     if (R_ < 1) fail("CUDA train forward", "a sequence of at least 2 tokens (inputs and their next tokens)", std::to_string(tokens.size()));
@@ -122,8 +131,6 @@ class CudaTrainOps {
     inputs_ = on_device(std::vector<int64_t>(tokens.begin(), tokens.end() - 1));
     targets_ = on_device(std::vector<int64_t>(tokens.begin() + 1, tokens.end()));
     positions_ = on_device(positions);
-    freqs_window_ = on_device(rope_table(c_, false).frequencies());
-    freqs_compressed_ = on_device(rope_table(c_, true).frequencies());
   }
 
   // DSpark's drafter (network.h run_drafter) over draft blocks of `target`'s sequence, as
@@ -135,7 +142,8 @@ class CudaTrainOps {
                std::vector<std::vector<int64_t>>& load)
       : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape),
         R_(int64_t(anchors.size()) * params.config().dspark_block_size), engram_ids_(nullptr), trace_(trace), load_(load),
-        target_(&target), anchors_(anchors.begin(), anchors.end()) {
+        freqs_window_(target.freqs_window_), freqs_compressed_(target.freqs_compressed_), target_(&target),
+        anchors_(anchors.begin(), anchors.end()) {
     refuse_what_is_not_written();
     const int64_t G = c_.dspark_block_size, L = target.R_;
     if (!c_.has_dspark()) fail("CUDA train forward", "a model with DSpark stages for draft blocks", "none");
@@ -157,8 +165,6 @@ class CudaTrainOps {
     targets_ = on_device(targets);
     prev_ = on_device(prev);
     positions_ = on_device(positions_host_);
-    freqs_window_ = on_device(rope_table(c_, false).frequencies());
-    freqs_compressed_ = on_device(rope_table(c_, true).frequencies());
   }
 
   train::Losses losses;
@@ -859,7 +865,7 @@ class CudaTrainOps {
   std::vector<std::vector<int64_t>>& load_;
   std::vector<int64_t> positions_host_, tokens_host_;
   Buffer<int64_t> inputs_, targets_, positions_, prev_;  // prev_: the drafter's Markov tokens
-  Buffer<float> freqs_window_, freqs_compressed_, logits_;
+  Buffer<float> freqs_window_, freqs_compressed_, logits_;  // the first two the model's Constants
   Tensor X_, h_, y_;  // the streams [R, hc, dim]; the sub-layer's input and output [R, dim]
   Mix mix_[2];
   std::map<int, Compressed> compressed_;          // by kv-source layer
@@ -876,7 +882,8 @@ class CudaTrainOps {
 };
 
 CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options)
-    : params_(params), device_(device), options_(options), expert_load_(size_t(params.config().n_total_layers())) {}
+    : params_(params), device_(device), options_(options), constants_(std::make_unique<Constants>(params.config())),
+      expert_load_(size_t(params.config().n_total_layers())) {}
 
 CudaTrainModel::~CudaTrainModel() = default;
 
@@ -888,7 +895,8 @@ train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, const int
   ops_.reset();
   const bool draft = !anchors.empty();
   if (trace) train::prepare_trace(c, *trace, draft);
-  ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, options_, tape_, tokens, engram_ids, trace, expert_load_);
+  ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, *constants_, options_, tape_, tokens, engram_ids, trace,
+                                        expert_load_);
   ops_->record_features = draft;
   run_network(c, *ops_, trace);
   train::Losses losses = ops_->losses;

@@ -57,12 +57,15 @@ class CudaTrainModel {
   const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
   void reset_expert_load();
 
+  struct Constants;  // what every forward reads (cuda_train_model.cpp)
+
  private:
   train::Parameters<float>& params_;
   DeviceParameters& device_;
   train::TrainOptions options_;
   train::Tape tape_;
   Blas blas_;
+  std::unique_ptr<Constants> constants_;
   std::unique_ptr<CudaTrainOps> ops_, drafter_;
   std::vector<std::vector<int64_t>> expert_load_;
 };

@@ -42,21 +42,18 @@ void DeviceParameters::upload() {
   cast_weights();
 }
 
-void DeviceParameters::download() {
+void DeviceParameters::download_into(const cuda::DeviceBuffer<float>& arena, std::vector<float> train::Param<float>::*host) {
   for (train::Param<float>& p : host_.all())
     if (p.numel() > 0)
-      cuda::check(cudaMemcpyAsync(p.value.data(), value(p), size_t(p.numel()) * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+      cuda::check(cudaMemcpyAsync((p.*host).data(), arena.get() + slot(p).offset, size_t(p.numel()) * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_),
                   "device parameters: download");
   cuda::check(cudaStreamSynchronize(stream_), "device parameters: download");
 }
 
-void DeviceParameters::download_grads() {
-  for (train::Param<float>& p : host_.all())
-    if (p.numel() > 0)
-      cuda::check(cudaMemcpyAsync(p.grad.data(), grad(p), size_t(p.numel()) * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                  "device parameters: download");
-  cuda::check(cudaStreamSynchronize(stream_), "device parameters: download");
-}
+void DeviceParameters::download() { download_into(values_, &train::Param<float>::value); }
+
+void DeviceParameters::download_grads() { download_into(grads_, &train::Param<float>::grad); }
 
 void DeviceParameters::zero_grad() {
   if (grads_.size() > 0) cuda::check(cudaMemsetAsync(grads_.get(), 0, size_t(grads_.bytes()), stream_), "device parameters");

@@ -56,6 +56,8 @@ class DeviceParameters {
     int64_t bf16_offset = -1;  // in the bf16 arena; −1: not a matrix
   };
   const Slot& slot(const train::Param<float>& p) const;
+  // Each tensor's part of `arena` into its host vector `host` (value or grad); waits for the stream.
+  void download_into(const cuda::DeviceBuffer<float>& arena, std::vector<float> train::Param<float>::*host);
 
   train::Parameters<float>& host_;
   cudaStream_t stream_;
