@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <map>
 #include <random>
 
 #include "forward/call_plan.h"
@@ -162,6 +163,39 @@ std::vector<ServedCall> replay_calls(const Config& c, int64_t L, int64_t turns, 
     if (n > P) calls.push_back({n - P, 0, true});    // the reply, decoded
   }
   return calls;
+}
+
+ReplayRows replay_rows(const Config& c, int64_t L, std::span<const ServedCall> calls) {
+  const int ds = c.decoder_start();
+  if (ds >= c.n_layers) fail("train forward", "a model with a decoder (a ratio-1 kv-source) for bounded replay", "none");
+  for (int s : c.kv_source_layers)
+    if (s > ds) fail("train forward", "no kv-source after the decoder start " + std::to_string(ds) + " under bounded replay", "layer " + std::to_string(s));
+  struct Compressor {
+    int pending = 0;
+    int64_t entries = 0;
+  };
+  struct Counters {  // call_plan.h's state: its counters, with no compressor (the cuts and floors only)
+    int64_t length = 0, encoder_window_floor = 0, decoder_window_floor = 0;
+    std::map<int, Compressor> compressed;
+  } state;
+  ReplayRows rows{std::vector<uint8_t>(size_t(L), 0), std::vector<int64_t>(size_t(L), 0)};
+  for (const ServedCall& call : calls) {
+    if (call.rows < 1 || state.length + call.rows > L)
+      fail("train forward", "served calls of at least 1 row covering the " + std::to_string(L) + " rows",
+           std::to_string(call.rows) + " rows from position " + std::to_string(state.length));
+    if (call.decoded && call.decoder_from != 0)
+      fail("train forward", "a decoded call with decoder_from 0", "decoder_from " + std::to_string(call.decoder_from));
+    ForwardOptions options;
+    options.decoder_from = call.decoder_from;
+    const ItemPlan plan = plan_item(c, state, call.rows, options);
+    for (int64_t r = plan.start; r < plan.end(); ++r) {
+      rows.cut[size_t(r)] = r < plan.start + plan.cut;
+      rows.floor[size_t(r)] = plan.decoder_floor;
+    }
+    advance(state, plan);
+  }
+  if (state.length != L) fail("train forward", "served calls covering the " + std::to_string(L) + " rows", std::to_string(state.length));
+  return rows;
 }
 
 template class TrainModel<float>;

@@ -73,6 +73,18 @@ std::vector<int64_t> dspark_anchors(const Config& c, int64_t L, int64_t blocks, 
 // same ones (mt19937_64 from a seed_seq, as dspark_anchors).
 std::vector<ServedCall> replay_calls(const Config& c, int64_t L, int64_t turns, uint64_t seed, uint64_t sequence);
 
+// Each row's fate when a sequence of L rows is served as `calls` (both trainers' op sets): forward/
+// call_plan.h plans each call over the counters the calls before it left, as the serving forward
+// does; a row is cut where its call's plan cuts it (it leaves at the decoder start), and the
+// decoder's window floor of a row is its call's. Needs a model whose decoder starts at its last
+// kv-source: only the decoder's first kv-source may compress (the later ones see only the decoder's
+// rows in serving, at positions the training op sets do not model).
+struct ReplayRows {
+  std::vector<uint8_t> cut;    // [L] 1: cut at the decoder start
+  std::vector<int64_t> floor;  // [L] the decoder window floor of the row's call
+};
+ReplayRows replay_rows(const Config& c, int64_t L, std::span<const ServedCall> calls);
+
 // A trace made ready for a training forward (the CPU's and the CUDA trainer's): each backbone layer's
 // block output, and each layer's experts and biased scores — DSpark's stages' too when it drafts —
 // sized empty; no top-k yet.

@@ -26,7 +26,6 @@
 
 #include "backend/cpu/rope.h"
 #include "base/error.h"
-#include "forward/call_plan.h"
 #include "forward/model.h"
 #include "forward/network.h"
 #include "forward/window.h"
@@ -643,42 +642,11 @@ class TrainOps {
     return o;
   }
 
-  // Decoder bounded replay (TrainModel::forward's served calls): forward/call_plan.h plans each call
-  // over the counters the calls before it left, as the serving forward does; a row is cut where its
-  // call's plan cuts it, and the decoder's window floor of a row is its call's. Only the decoder's
-  // first kv-source may compress (the later ones see only the decoder's rows in serving, at positions
-  // this op set does not model).
+  // Decoder bounded replay (TrainModel::forward's served calls): each row's fate (replay_rows).
   void plan_replay(std::span<const ServedCall> calls) {
-    const int ds = c_.decoder_start();
-    if (ds >= c_.n_layers) fail("train forward", "a model with a decoder (a ratio-1 kv-source) for bounded replay", "none");
-    for (int s : c_.kv_source_layers)
-      if (s > ds) fail("train forward", "no kv-source after the decoder start " + std::to_string(ds) + " under bounded replay", "layer " + std::to_string(s));
-    struct Compressor {
-      int pending = 0;
-      int64_t entries = 0;
-    };
-    struct Counters {  // call_plan.h's state: its counters, with no compressor (the cuts and floors only)
-      int64_t length = 0, encoder_window_floor = 0, decoder_window_floor = 0;
-      std::map<int, Compressor> compressed;
-    } state;
-    cut_.assign(size_t(R_), 0);
-    floor_.assign(size_t(R_), 0);
-    for (const ServedCall& call : calls) {
-      if (call.rows < 1 || state.length + call.rows > R_)
-        fail("train forward", "served calls of at least 1 row covering the " + std::to_string(R_) + " rows",
-             std::to_string(call.rows) + " rows from position " + std::to_string(state.length));
-      if (call.decoded && call.decoder_from != 0)
-        fail("train forward", "a decoded call with decoder_from 0", "decoder_from " + std::to_string(call.decoder_from));
-      ForwardOptions options;
-      options.decoder_from = call.decoder_from;
-      const ItemPlan plan = plan_item(c_, state, call.rows, options);
-      for (int64_t r = plan.start; r < plan.end(); ++r) {
-        cut_[size_t(r)] = r < plan.start + plan.cut;
-        floor_[size_t(r)] = plan.decoder_floor;
-      }
-      advance(state, plan);
-    }
-    if (state.length != R_) fail("train forward", "served calls covering the " + std::to_string(R_) + " rows", std::to_string(state.length));
+    ReplayRows fate = replay_rows(c_, R_, calls);
+    cut_ = std::move(fate.cut);
+    floor_ = std::move(fate.floor);
   }
 
   int64_t row_at(int64_t position) const { return row_at_.empty() ? position : row_at_[size_t(position)]; }

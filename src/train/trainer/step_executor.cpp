@@ -78,17 +78,14 @@ class CudaStepExecutor final : public StepExecutor {
  public:
   CudaStepExecutor(Parameters<float>& params, const TrainConfig& cfg)
       : params_(params), cfg_(cfg), device_(params), model_(params, device_, cfg.qat) {
-    if (cfg.replay_turns > 0)
-      fail(cfg.source + ": --device cuda", "a run in exact mode (bounded_replay.turns 0: not yet on the CUDA trainer)",
-           std::to_string(cfg.replay_turns) + " turns");
     device_.upload();
     optimizer_ = std::make_unique<train_cuda::optim::Optimizer>(
         cfg.model, device_.optimizer_parameters([&](const std::string& name) { return optimized(cfg, name); }), cfg.optimizer);
   }
 
   Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, std::span<const int64_t> anchors,
-                 std::span<const ServedCall>) override {
-    return model_.forward(tokens, engram_ids, nullptr, anchors);
+                 std::span<const ServedCall> calls) override {
+    return model_.forward(tokens, engram_ids, nullptr, anchors, calls);
   }
   void backward(float lm_weight, float indexer_weight, float dspark_weight) override {
     model_.backward(lm_weight, indexer_weight, dspark_weight);

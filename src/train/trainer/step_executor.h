@@ -49,7 +49,7 @@ class StepExecutor {
 bool optimized(const TrainConfig& cfg, const std::string& name);
 
 // The executor of `device` over `params` (which it keeps and updates). Cuda: an error where this
-// build has no CUDA, or for what the CUDA trainer does not run yet (bounded replay).
+// build has no CUDA.
 std::unique_ptr<StepExecutor> make_step_executor(TrainDevice device, Parameters<float>& params, const TrainConfig& cfg);
 
 }  // namespace dsv41::train

@@ -108,15 +108,15 @@ struct CudaTrainModel::Constants {
   Buffer<float> freqs_window, freqs_compressed;
 };
 
-// network.h's op set on the device: train_ops.h's mirror, exact mode (no served calls).
+// network.h's op set on the device: train_ops.h's mirror, served calls (decoder bounded replay) included.
 class CudaTrainOps {
  public:
   using Tensor = train_cuda::Tensor;
 
   CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, const CudaTrainModel::Constants& constants,
                const train::TrainOptions& options, train::Tape& tape, std::span<const int64_t> tokens, const int64_t* engram_ids,
-               Trace* trace, std::vector<std::vector<int64_t>>& load)
-      : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1),
+               Trace* trace, std::vector<std::vector<int64_t>>& load, std::span<const train::ServedCall> calls)
+      : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1), L_(R_),
         engram_ids_(engram_ids), trace_(trace), load_(load), freqs_window_(constants.freqs_window),
         freqs_compressed_(constants.freqs_compressed) {
     refuse_what_is_not_written();
@@ -131,6 +131,11 @@ class CudaTrainOps {
     inputs_ = on_device(std::vector<int64_t>(tokens.begin(), tokens.end() - 1));
     targets_ = on_device(std::vector<int64_t>(tokens.begin() + 1, tokens.end()));
     positions_ = on_device(positions);
+    if (!calls.empty()) {
+      train::ReplayRows fate = train::replay_rows(c_, R_, calls);
+      cut_ = std::move(fate.cut);
+      floor_ = std::move(fate.floor);
+    }
   }
 
   // DSpark's drafter (network.h run_drafter) over draft blocks of `target`'s sequence, as
@@ -141,11 +146,11 @@ class CudaTrainOps {
                train::Tape& tape, const CudaTrainOps& target, std::span<const int64_t> anchors, Trace* trace,
                std::vector<std::vector<int64_t>>& load)
       : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape),
-        R_(int64_t(anchors.size()) * params.config().dspark_block_size), engram_ids_(nullptr), trace_(trace), load_(load),
+        R_(int64_t(anchors.size()) * params.config().dspark_block_size), L_(R_), engram_ids_(nullptr), trace_(trace), load_(load),
         freqs_window_(target.freqs_window_), freqs_compressed_(target.freqs_compressed_), target_(&target),
         anchors_(anchors.begin(), anchors.end()) {
     refuse_what_is_not_written();
-    const int64_t G = c_.dspark_block_size, L = target.R_;
+    const int64_t G = c_.dspark_block_size, L = target.L_;
     if (!c_.has_dspark()) fail("CUDA train forward", "a model with DSpark stages for draft blocks", "none");
     if (!target.features_) fail("CUDA train forward", "the target's context features for draft blocks", "a forward without them");
     if (R_ == 0) fail("CUDA train forward", "at least one draft anchor", "none");
@@ -155,6 +160,9 @@ class CudaTrainOps {
         fail("CUDA train forward", "draft anchors in [1, " + std::to_string(L - G) + "] (a context before, " + std::to_string(G) +
                                        " targets after)", std::to_string(a));
       for (int64_t k = 0; k < G; ++k) {
+        if (target.row_at(a + k) < 0)
+          fail("CUDA train forward", "draft blocks on rows the decoder ran (dspark_anchors with the served calls)",
+               "anchor " + std::to_string(a) + ", whose position " + std::to_string(a + k) + " was cut");
         inputs.push_back(k == 0 ? target.tokens_host_[size_t(a)] : c_.dspark_noise_token_id);
         positions_host_.push_back(a + k);
         prev.push_back(target.tokens_host_[size_t(a + k)]);
@@ -176,7 +184,8 @@ class CudaTrainOps {
   // --- network.h's op set -----------------------------------------------------------------------
 
   int64_t rows() const { return R_; }
-  bool cuts_rows() const { return false; }
+  // Decoder bounded replay (the served calls): rows leave at the decoder start.
+  bool cuts_rows() const { return std::find(cut_.begin(), cut_.end(), uint8_t(1)) != cut_.end(); }
 
   void embed() {
     const int64_t d = c_.dim, hc = c_.hc_mult;
@@ -184,10 +193,10 @@ class CudaTrainOps {
     gather_rows_forward(dev_.value(p_.embed()), c_.vocab_size, d, inputs_->get(), R_, x->v());
     hc_expand_forward(x->v(), R_, int(hc), d, X->v());
     // The drafter reads the target's embedding frozen (DSpark's loss trains no backbone weight).
-    if (!target_) tape_.record([this, x, X] {
+    if (!target_) tape_.record([this, x, X, R = R_] {
       if (!X->has_grad()) return;
-      hc_expand_backward(X->grad->get(), R_, c_.hc_mult, c_.dim, x->g());
-      gather_rows_backward(x->grad->get(), c_.dim, inputs_->get(), R_, c_.vocab_size, dev_.grad(p_.embed()));
+      hc_expand_backward(X->grad->get(), R, c_.hc_mult, c_.dim, x->g());
+      gather_rows_backward(x->grad->get(), c_.dim, inputs_->get(), R, c_.vocab_size, dev_.grad(p_.embed()));
     });
     X_ = X;
     // The first attention input's `pre`: the one-hot e0 (a constant).
@@ -205,9 +214,9 @@ class CudaTrainOps {
     Buffer<float> raw = buffer<float>(R_ * n_mix), r = buffer<float>(R_);
     hc_mixes_forward(blas_, X_->v(), R_, c_.dim, dev_.value(*w.fn), dev_.value(*w.base), dev_.value(*w.scale), hc_options(),
                      m.pre->v(), m.post->v(), m.comb->v(), raw->get(), r->get());
-    tape_.record([this, X = X_, m, raw, r, &w] {
+    tape_.record([this, X = X_, m, raw, r, &w, R = R_] {
       if (!m.pre->has_grad() && !m.post->has_grad() && !m.comb->has_grad()) return;
-      hc_mixes_backward(blas_, X->v(), R_, c_.dim, dev_.value(*w.fn), dev_.value(*w.base), dev_.value(*w.scale), hc_options(),
+      hc_mixes_backward(blas_, X->v(), R, c_.dim, dev_.value(*w.fn), dev_.value(*w.base), dev_.value(*w.scale), hc_options(),
                         raw->get(), r->get(), m.pre->g(), m.post->g(), m.comb->g(), X->g(), dev_.grad(*w.fn), dev_.grad(*w.base),
                         dev_.grad(*w.scale));
     });
@@ -225,9 +234,9 @@ class CudaTrainOps {
     const Mix m = mix_[size_t(s)];
     Tensor out = tensor(X_->size());
     hc_post_forward(y_->v(), X_->v(), m.post->v(), m.comb->v(), R_, c_.hc_mult, c_.dim, out->v());
-    tape_.record([this, y = y_, X = X_, m, out] {
+    tape_.record([this, y = y_, X = X_, m, out, R = R_] {
       if (!out->has_grad()) return;
-      hc_post_backward(y->v(), X->v(), m.post->v(), m.comb->v(), R_, c_.hc_mult, c_.dim, out->grad->get(), y->g(), X->g(),
+      hc_post_backward(y->v(), X->v(), m.post->v(), m.comb->v(), R, c_.hc_mult, c_.dim, out->grad->get(), y->g(), X->g(),
                        m.post->g(), m.comb->g());
     });
     X_ = out;
@@ -250,9 +259,9 @@ class CudaTrainOps {
     Buffer<int64_t> list = on_device(ids);
     Tensor emb = tensor(R_ * cols * ehd);
     gather_rows_forward(dev_.value(*g.table), rows, ehd, list->get(), R_ * cols, emb->v());
-    tape_.record([this, emb, list, cols, &g] {
+    tape_.record([this, emb, list, cols, &g, R = R_] {
       if (emb->has_grad())
-        gather_rows_backward(emb->grad->get(), c_.engram_head_dim, list->get(), R_ * cols, g.table->shape[0], dev_.grad(*g.table));
+        gather_rows_backward(emb->grad->get(), c_.engram_head_dim, list->get(), R * cols, g.table->shape[0], dev_.grad(*g.table));
     });
     Tensor kv = linear(emb, g.wkv);
     Tensor out = tensor(X_->size());
@@ -260,9 +269,9 @@ class CudaTrainOps {
     for (int i = 0; i < 5; ++i) saved->push_back(buffer<float>(R_ * hc));
     const EngramGateSaved view{(*saved)[0]->get(), (*saved)[1]->get(), (*saved)[2]->get(), (*saved)[3]->get(), (*saved)[4]->get()};
     engram_gate_forward(X_->v(), kv->v(), dev_.value(*g.q_weight), dev_.value(*g.k_weight), R_, int(hc), d, eps(), out->v(), view);
-    tape_.record([this, X = X_, kv, out, saved, view, &g] {
+    tape_.record([this, X = X_, kv, out, saved, view, &g, R = R_] {
       if (!out->has_grad()) return;
-      engram_gate_backward(X->v(), kv->v(), dev_.value(*g.q_weight), dev_.value(*g.k_weight), R_, c_.hc_mult, c_.dim, view,
+      engram_gate_backward(X->v(), kv->v(), dev_.value(*g.q_weight), dev_.value(*g.k_weight), R, c_.hc_mult, c_.dim, view,
                            out->grad->get(), X->g(), kv->g(), dev_.grad(*g.q_weight), dev_.grad(*g.k_weight));
     });
     X_ = out;
@@ -332,22 +341,22 @@ class CudaTrainOps {
       expert_forward(re.x->get(), re.n, L.experts[size_t(e)], re.weight->get(), ye->get(), re.run);
       gather_rows_backward(ye->get(), d, re.rows->get(), re.n, R_, y->v());  // y[rows] += ye
     }
-    tape_.record([this, l, x, y, gate, gp, shared, routed] {
+    tape_.record([this, l, x, y, gate, gp, shared, routed, R = R_] {
       if (!y->has_grad()) return;
       train::LayerParams<float>& L = p_.layer(l);
       const int64_t d = c_.dim, E = c_.routed_experts(l), k = gp.topk;
-      expert_backward(R_, L.shared, nullptr, *shared, y->grad->get(), x->g(), nullptr);
+      expert_backward(R, L.shared, nullptr, *shared, y->grad->get(), x->g(), nullptr);
       float* dweights = gate->weights->g();
       for (const Routed& re : *routed) {
         Buffer<float> dye = buffer<float>(re.n * d), dxe = zeros<float>(re.n * d), drw = zeros<float>(re.n);
-        gather_rows_forward(y->grad->get(), R_, d, re.rows->get(), re.n, dye->get());
+        gather_rows_forward(y->grad->get(), R, d, re.rows->get(), re.n, dye->get());
         expert_backward(re.n, L.experts[size_t(re.expert)], re.weight->get(), re.run, dye->get(), dxe->get(), drw->get());
-        gather_rows_backward(dxe->get(), d, re.rows->get(), re.n, R_, x->g());
-        gather_rows_backward(drw->get(), 1, re.slots->get(), re.n, R_ * k, dweights);
+        gather_rows_backward(dxe->get(), d, re.rows->get(), re.n, R, x->g());
+        gather_rows_backward(drw->get(), 1, re.slots->get(), re.n, R * k, dweights);
       }
-      Buffer<float> dlogits = buffer<float>(R_ * E);
-      gate_backward(gate->logits->get(), gate->scores->get(), R_, E, gate->experts->get(), dweights, gp, dlogits->get());
-      linear_backward_f32(blas_, x->v(), R_, d, dev_.value(*L.gate), E, dlogits->get(), x->g(), dev_.grad(*L.gate));
+      Buffer<float> dlogits = buffer<float>(R * E);
+      gate_backward(gate->logits->get(), gate->scores->get(), R, E, gate->experts->get(), dweights, gp, dlogits->get());
+      linear_backward_f32(blas_, x->v(), R, d, dev_.value(*L.gate), E, dlogits->get(), x->g(), dev_.grad(*L.gate));
     });
     y_ = y;
   }
@@ -364,21 +373,48 @@ class CudaTrainOps {
     cross_entropy_forward(logits_->get(), R_, V, targets_->get(), row_max->get(), row_sum->get(), loss->get());
     losses.lm = double(on_host(loss->get(), 1)[0]);
     final_ = h;
-    tape_.record([this, h, hb, z = logits_, row_max, row_sum, loss] {
+    tape_.record([this, h, hb, z = logits_, row_max, row_sum, loss, R = R_] {
       const int64_t d = c_.dim, V = c_.vocab_size;
-      Buffer<float> dz = buffer<float>(R_ * V);
-      cross_entropy_backward(z->get(), R_, V, targets_->get(), row_max->get(), row_sum->get(), loss->get(), lm_weight, dz->get());
-      Buffer<bf16> dzb = as_bf16(dz->get(), R_ * V);
-      linear_backward(blas_, hb->get(), R_, d, dev_.weight_bf16(p_.head()), V, dzb->get(), h->g(), dev_.grad(p_.head()));
+      Buffer<float> dz = buffer<float>(R * V);
+      cross_entropy_backward(z->get(), R, V, targets_->get(), row_max->get(), row_sum->get(), loss->get(), lm_weight, dz->get());
+      Buffer<bf16> dzb = as_bf16(dz->get(), R * V);
+      linear_backward(blas_, hb->get(), R, d, dev_.weight_bf16(p_.head()), V, dzb->get(), h->g(), dev_.grad(p_.head()));
     });
   }
 
   void record_block(int l) { trace_->block_out[size_t(l)] = on_host(X_->v(), X_->size()); }
 
-  // Not reached: exact mode cuts no rows (cuts_rows() is false), and a trace imposing layer inputs
-  // was refused (refuse_what_is_not_written()).
-  void compress_cut(int) { not_written("bounded replay"); }
-  void drop_cut() { not_written("bounded replay"); }
+  // Decoder bounded replay at the decoder start (network.h): its kv-source compresses every row's
+  // collapsed stream, the cut rows included, and is not run again in its attention.
+  void compress_cut(int l) {
+    compress(l);
+    compressed_at_cut_ = true;
+  }
+
+  // The cut rows leave: the streams and the `pre` of their next input keep the other rows (a gather,
+  // whose backward adds the gradient back), as do the rows' positions and targets.
+  void drop_cut() {
+    const int64_t hc = c_.hc_mult, d = c_.dim;
+    std::vector<int64_t> kept, positions, targets;  // the current rows that stay, their positions and targets
+    for (int64_t r = 0; r < R_; ++r) {
+      const int64_t t = positions_host_[size_t(r)];
+      if (cut_[size_t(t)]) continue;
+      kept.push_back(r);
+      positions.push_back(t);
+      targets.push_back(tokens_host_[size_t(t + 1)]);
+    }
+    const Buffer<int64_t> rows = on_device(kept);
+    X_ = gather(X_, rows, hc * d);
+    mix_[size_t(Sub::Ffn)].pre = gather(mix_[size_t(Sub::Ffn)].pre, rows, hc);
+    R_ = int64_t(kept.size());
+    positions_host_ = std::move(positions);
+    positions_ = on_device(positions_host_);
+    targets_ = on_device(targets);
+    row_at_.assign(size_t(L_), -1);
+    for (int64_t r = 0; r < R_; ++r) row_at_[size_t(positions_host_[size_t(r)])] = r;
+  }
+
+  // Not reached: a trace imposing layer inputs was refused (refuse_what_is_not_written()).
   void impose_input(int) { not_written("imposed layer inputs"); }
 
   // DSpark's context features (network.h record_target): the residual entering target layer l
@@ -387,7 +423,14 @@ class CudaTrainOps {
   bool records_targets() const { return record_features; }
   void record_target(int l) {
     const int64_t hc = c_.hc_mult, d = c_.dim, n = int64_t(c_.dspark_target_layer_ids.size()), t = c_.dspark_target_index(l);
-    if (!features_) features_ = std::make_shared<Node>(zeros<float>(R_ * n * d));
+    if (!features_) {
+      features_ = std::make_shared<Node>(zeros<float>(R_ * n * d));
+      feature_positions_host_ = positions_host_;
+      feature_positions_ = positions_;
+    }
+    if (int64_t(feature_positions_host_.size()) != R_)
+      fail("CUDA train forward", "DSpark target layers that all run on the same rows (none before the decoder start when rows leave there)",
+           "layer " + std::to_string(l) + " on " + std::to_string(R_) + " rows");
     const Buffer<float> mean = buffer<float>(R_ * d), weights = on_device(std::vector<float>(size_t(R_ * hc), 1.0f / float(hc)));
     hc_pre_forward(X_->v(), weights->get(), R_, int(hc), d, mean->get());
     if (R_ > 0)
@@ -409,41 +452,43 @@ class CudaTrainOps {
     const Buffer<bf16> hb = as_bf16(h->v(), h->size());
     Tensor u = tensor(R_ * V);
     linear_forward(blas_, hb->get(), R_, d, dev_.weight_bf16(p_.head()), V, u->v());
-    tape_.record([this, h, hb, u] {
+    tape_.record([this, h, hb, u, R = R_] {
       if (!u->has_grad()) return;
       const Buffer<bf16> dub = as_bf16(u->grad->get(), u->size());
-      linear_backward(blas_, hb->get(), R_, c_.dim, dev_.weight_bf16(p_.head()), c_.vocab_size, dub->get(), h->g(), nullptr);
+      linear_backward(blas_, hb->get(), R, c_.dim, dev_.weight_bf16(p_.head()), c_.vocab_size, dub->get(), h->g(), nullptr);
     });
     Tensor e = tensor(R_ * rank);
     gather_rows_forward(dev_.value(*w.markov_embed), V, rank, prev_->get(), R_, e->v());
-    tape_.record([this, e, &w] {
+    tape_.record([this, e, &w, R = R_] {
       if (e->has_grad())
-        gather_rows_backward(e->grad->get(), c_.dspark_markov_rank, prev_->get(), R_, c_.vocab_size, dev_.grad(*w.markov_embed));
+        gather_rows_backward(e->grad->get(), c_.dspark_markov_rank, prev_->get(), R, c_.vocab_size, dev_.grad(*w.markov_embed));
     });
     // z = u + W2 e.
     const Buffer<bf16> eb = as_bf16(e->v(), e->size());
     Tensor z = tensor(R_ * V);
     linear_forward(blas_, eb->get(), R_, rank, dev_.weight_bf16(*w.markov_head), V, z->v());
     add_into(u->v(), R_ * V, z->v());
-    tape_.record([this, u, e, eb, z, &w] {
+    tape_.record([this, u, e, eb, z, &w, R = R_] {
       if (!z->has_grad()) return;
       add_into(z->grad->get(), z->size(), u->g());
       const Buffer<bf16> dzb = as_bf16(z->grad->get(), z->size());
-      linear_backward(blas_, eb->get(), R_, c_.dspark_markov_rank, dev_.weight_bf16(*w.markov_head), c_.vocab_size, dzb->get(),
+      linear_backward(blas_, eb->get(), R, c_.dspark_markov_rank, dev_.weight_bf16(*w.markov_head), c_.vocab_size, dzb->get(),
                       e->g(), dev_.grad(*w.markov_head));
     });
     Tensor conf = tensor(R_);
     confidence_forward(x->v(), e->v(), R_, d, rank, dev_.value(*w.confidence), conf->v());
-    tape_.record([this, x, e, conf, &w] {
+    tape_.record([this, x, e, conf, &w, R = R_] {
       if (conf->has_grad())
-        confidence_backward(x->v(), e->v(), R_, c_.dim, c_.dspark_markov_rank, dev_.value(*w.confidence), conf->grad->get(), x->g(),
+        confidence_backward(x->v(), e->v(), R, c_.dim, c_.dspark_markov_rank, dev_.value(*w.confidence), conf->grad->get(), x->g(),
                             e->g(), dev_.grad(*w.confidence));
     });
 
     // The target's distribution at each row's position (its final hidden through the head, then a
     // softmax on the host as the CPU's), and the rows' shares: position weights exp(−k/γ)
     // normalized over a block, averaged over the blocks (ρ); every row alike for L_conf (κ).
-    const Buffer<int64_t> rows = on_device(positions_host_);  // exact mode: a position is the target's row
+    std::vector<int64_t> target_rows;
+    for (int64_t t : positions_host_) target_rows.push_back(target_->row_at(t));
+    const Buffer<int64_t> rows = on_device(target_rows);
     const Buffer<float> hidden = buffer<float>(R_ * d), target_logits = buffer<float>(R_ * V);
     gather_rows_forward(target_->final_->v(), target_->R_, d, rows->get(), R_, hidden->get());
     const Buffer<bf16> hidden_b = as_bf16(hidden->get(), R_ * d);
@@ -475,9 +520,9 @@ class CudaTrainOps {
     const grad::DSparkLossParts parts_of{sums[0], sums[1], sums[2], sums[3]};
     losses.dspark = parts_of.total(grad::DSparkLossWeights{});
     losses.dspark_parts = parts_of;
-    tape_.record([this, z, conf, loss] {
+    tape_.record([this, z, conf, loss, R = R_] {
       const grad::DSparkLossWeights a;
-      dspark_loss_backward(conf->v(), R_, c_.vocab_size, targets_->get(), loss->rho->get(), loss->kappa, loss->labels(),
+      dspark_loss_backward(conf->v(), R, c_.vocab_size, targets_->get(), loss->rho->get(), loss->kappa, loss->labels(),
                            loss->p->get(), float(a.ce), float(a.tv), float(a.conf), dspark_weight, z->g(), conf->g());
     });
   }
@@ -521,6 +566,7 @@ class CudaTrainOps {
   // A kv-source's compressed entries (main KV, after RoPE) and index keys (from the latent before
   // RoPE, detached), one per complete group of `ratio` rows.
   void compress(int l) {
+    if (compressed_at_cut_ && l == c_.decoder_start()) return;
     const train::AttentionParams<float>& a = p_.layer(l).attn;
     const int ratio = c_.compress_ratios[size_t(l)];
     const int64_t hd = c_.head_dim, ihd = c_.index_head_dim;
@@ -537,9 +583,9 @@ class CudaTrainOps {
       Tensor kv = linear(h_, a.compressor_wkv), score = linear(h_, a.compressor_wgate);
       latent = tensor(s.entries * hd);
       compressor_pool_forward(kv->v(), score->v(), R_, hd, ratio, latent->v());
-      tape_.record([this, kv, score, pooled = latent, ratio, hd] {
+      tape_.record([this, kv, score, pooled = latent, ratio, hd, R = R_] {
         if (pooled->has_grad())
-          compressor_pool_backward(kv->v(), score->v(), R_, hd, ratio, pooled->v(), pooled->grad->get(), kv->g(), score->g());
+          compressor_pool_backward(kv->v(), score->v(), R, hd, ratio, pooled->v(), pooled->grad->get(), kv->g(), score->g());
       });
     }
     rms_norm(latent, hd, a.compressor_norm);
@@ -607,16 +653,21 @@ class CudaTrainOps {
     const bool compressed = c_.compress_ratios[size_t(l)] > 0;
     const Compressed* s = compressed ? &compressed_.at(c_.kv_source_of(l)) : nullptr;
     const int64_t k = compressed ? int64_t(topk_.empty() ? 0 : topk_[0].size()) : 0;
-    const int64_t window = std::min(R_, W), entries = window + k, n = s ? s->entries : 0;
+    const int64_t window = std::min(L_, W), entries = window + k, n = s ? s->entries : 0;
     // The KV table: the window rows, then the compressed entries.
     Tensor table = tensor((R_ + n) * hd);
     copy_into(kv->v(), R_ * hd, table->v());
     if (n > 0) copy_into(s->kv->v(), n * hd, table->v() + R_ * hd);
     std::vector<int64_t> idx, slots;
     idx.reserve(size_t(R_ * entries));
+    // Each row's window as a first prefill of the whole sequence lists it (window.h), stopped at the
+    // row's floor: the decoder window floor of its call under bounded replay (call_plan.h), else 0.
+    // Every position the window keeps runs this layer (the decoder runs [floor, row] whole).
+    const bool floored = !floor_.empty() && l >= c_.decoder_start();
     for (int64_t r = 0; r < R_; ++r) {
-      window_positions(positions_host_[size_t(r)], 0, R_, W, 0, slots);
-      for (int64_t t : slots) idx.push_back(t == kEmptySlot ? -1 : t);
+      const int64_t t0 = positions_host_[size_t(r)];
+      window_positions(t0, 0, L_, W, floored ? floor_[size_t(t0)] : 0, slots);
+      for (int64_t t : slots) idx.push_back(t == kEmptySlot ? -1 : row_at(t));
       for (int64_t j = 0; j < k; ++j) idx.push_back(topk_[size_t(r)][size_t(j)] < 0 ? -1 : R_ + topk_[size_t(r)][size_t(j)]);
     }
     Buffer<int64_t> list = on_device(idx);
@@ -625,13 +676,13 @@ class CudaTrainOps {
     const float scale_qk = float(std::pow(double(hd), -0.5));
     sparse_attention_forward(q->v(), R_, H, hd, table->v(), list->get(), entries, dev_.value(*a.attn_sink), scale_qk, o->v(),
                              p->get(), sink_p->get());
-    tape_.record([this, q, kv, kvc = s ? s->kv : Tensor(), table, n, list, entries, p, sink_p, o, scale_qk, sink = a.attn_sink] {
+    tape_.record([this, q, kv, kvc = s ? s->kv : Tensor(), table, n, list, entries, p, sink_p, o, scale_qk, sink = a.attn_sink, R = R_] {
       if (!o->has_grad()) return;
       const int64_t hd = c_.head_dim;
-      sparse_attention_backward(q->v(), R_, c_.n_heads, hd, table->v(), R_ + n, list->get(), entries, scale_qk, p->get(),
+      sparse_attention_backward(q->v(), R, c_.n_heads, hd, table->v(), R + n, list->get(), entries, scale_qk, p->get(),
                                 sink_p->get(), o->grad->get(), q->g(), table->g(), dev_.grad(*sink));
-      add_into(table->grad->get(), R_ * hd, kv->g());
-      if (kvc && n > 0) add_into(table->grad->get() + R_ * hd, n * hd, kvc->g());
+      add_into(table->grad->get(), R * hd, kv->g());
+      if (kvc && n > 0) add_into(table->grad->get() + R * hd, n * hd, kvc->g());
     });
     if (c_.is_index_source(l) && k > 0) index_loss(p, window, entries);
     return o;
@@ -642,10 +693,10 @@ class CudaTrainOps {
     Buffer<bf16> ob = as_bf16(o->v(), o->size());
     Tensor y = tensor(R_ * G * Ng);
     linear_grouped_forward(blas_, ob->get(), R_, G, Kg, dev_.weight_bf16(*wo_a), Ng, y->v());
-    tape_.record([this, o, ob, y, wo_a, G, Kg, Ng] {
+    tape_.record([this, o, ob, y, wo_a, G, Kg, Ng, R = R_] {
       if (!y->has_grad()) return;
       Buffer<bf16> dyb = as_bf16(y->grad->get(), y->size());
-      linear_grouped_backward(blas_, ob->get(), R_, G, Kg, dev_.weight_bf16(*wo_a), Ng, dyb->get(), o->g(), dev_.grad(*wo_a));
+      linear_grouped_backward(blas_, ob->get(), R, G, Kg, dev_.weight_bf16(*wo_a), Ng, dyb->get(), o->g(), dev_.grad(*wo_a));
     });
     return y;
   }
@@ -725,8 +776,8 @@ class CudaTrainOps {
   Tensor collapse(const Tensor& pre) {
     Tensor y = tensor(R_ * c_.dim);
     hc_pre_forward(X_->v(), pre->v(), R_, c_.hc_mult, c_.dim, y->v());
-    tape_.record([this, X = X_, pre, y] {
-      if (y->has_grad()) hc_pre_backward(X->v(), pre->v(), R_, c_.hc_mult, c_.dim, y->grad->get(), X->g(), pre->g());
+    tape_.record([this, X = X_, pre, y, R = R_] {
+      if (y->has_grad()) hc_pre_backward(X->v(), pre->v(), R, c_.hc_mult, c_.dim, y->grad->get(), X->g(), pre->g());
     });
     return y;
   }
@@ -768,14 +819,27 @@ class CudaTrainOps {
     indexer_scores_forward(ix.q->v(), ix.w->v(), ix.keys->v(), idx->get(), R_, heads, ihd, k, scores->get());
     index_distillation_loss(scores->get(), target->get(), R_, k, loss->get(), nullptr);
     losses.indexer += double(on_host(loss->get(), 1)[0]) / double(R_);
-    tape_.record([this, ix, target, idx, scores, loss] {
+    tape_.record([this, ix, target, idx, scores, loss, R = R_] {
       const int64_t k = ix.k;
-      Buffer<float> dscores = zeros<float>(R_ * k), weighted = zeros<float>(R_ * k);
-      index_distillation_loss(scores->get(), target->get(), R_, k, loss->get(), dscores->get());
-      add_scaled_into(dscores->get(), R_ * k, indexer_weight / float(R_), weighted->get());
-      indexer_scores_backward(ix.q->v(), ix.w->v(), ix.keys->v(), ix.n, idx->get(), R_, c_.index_n_heads, c_.index_head_dim, k,
+      Buffer<float> dscores = zeros<float>(R * k), weighted = zeros<float>(R * k);
+      index_distillation_loss(scores->get(), target->get(), R, k, loss->get(), dscores->get());
+      add_scaled_into(dscores->get(), R * k, indexer_weight / float(R), weighted->get());
+      indexer_scores_backward(ix.q->v(), ix.w->v(), ix.keys->v(), ix.n, idx->get(), R, c_.index_n_heads, c_.index_head_dim, k,
                               weighted->get(), ix.q->g(), ix.w->g(), ix.keys->g());
     });
+  }
+
+  int64_t row_at(int64_t position) const { return row_at_.empty() ? position : row_at_[size_t(position)]; }
+
+  // The rows `rows` of x (width values each); the backward adds their gradient back.
+  Tensor gather(const Tensor& x, const Buffer<int64_t>& rows, int64_t width) {
+    const int64_t n = rows->size(), total = x->size() / width;
+    Tensor y = tensor(n * width);
+    gather_rows_forward(x->v(), total, width, rows->get(), n, y->v());
+    tape_.record([x, y, rows, width, n, total] {
+      if (y->has_grad()) gather_rows_backward(y->grad->get(), width, rows->get(), n, total, x->g());
+    });
+    return y;
   }
 
   static void copy_into(const float* from, int64_t n, float* to) {
@@ -799,7 +863,7 @@ class CudaTrainOps {
     const train::AttentionParams<float>& a = p_.layer(l).attn;
     kv = linear(main_x_, a.wkv);
     rms_norm(kv, c_.head_dim, a.kv_norm);
-    rope_at(kv, freqs(l), 1, c_.head_dim, target_->positions_, target_->R_, false);
+    rope_at(kv, freqs(l), 1, c_.head_dim, target_->feature_positions_, int64_t(target_->feature_positions_host_.size()), false);
     if (o_.swa_fp8) fake_quantized(kv, FakeQuant::SwaFp8);
     return kv;
   }
@@ -809,26 +873,26 @@ class CudaTrainOps {
   Tensor attend_draft(int l, const Tensor& q, const Tensor& kv) {
     const int64_t H = c_.n_heads, hd = c_.head_dim, W = c_.window_size, G = c_.dspark_block_size;
     const Tensor& ctx = context_kv(l);
-    const int64_t L = target_->R_;  // the context KV's rows: every target row (exact mode)
+    const int64_t L = int64_t(target_->feature_positions_host_.size());  // the context KV's rows
     Tensor table = tensor((L + R_) * hd);
     copy_into(ctx->v(), L * hd, table->v());
     copy_into(kv->v(), R_ * hd, table->v() + L * hd);
     const int64_t entries = W + G;
     const Buffer<int64_t> list =
-        on_device(train::draft_attention_lists(anchors_, G, W, {}, target_->positions_host_, target_->R_));
+        on_device(train::draft_attention_lists(anchors_, G, W, target_->floor_, target_->feature_positions_host_, target_->L_));
     const train::AttentionParams<float>& at = p_.layer(l).attn;
     Tensor o = tensor(R_ * H * hd);
     const Buffer<float> p = buffer<float>(R_ * H * entries), sink_p = buffer<float>(R_ * H);
     const float scale_qk = float(std::pow(double(hd), -0.5));
     sparse_attention_forward(q->v(), R_, H, hd, table->v(), list->get(), entries, dev_.value(*at.attn_sink), scale_qk, o->v(),
                              p->get(), sink_p->get());
-    tape_.record([this, q, kv, ctx, table, list, entries, p, sink_p, o, scale_qk, sink = at.attn_sink, L] {
+    tape_.record([this, q, kv, ctx, table, list, entries, p, sink_p, o, scale_qk, sink = at.attn_sink, L, R = R_] {
       if (!o->has_grad()) return;
       const int64_t hd = c_.head_dim;
-      sparse_attention_backward(q->v(), R_, c_.n_heads, hd, table->v(), L + R_, list->get(), entries, scale_qk, p->get(),
+      sparse_attention_backward(q->v(), R, c_.n_heads, hd, table->v(), L + R, list->get(), entries, scale_qk, p->get(),
                                 sink_p->get(), o->grad->get(), q->g(), table->g(), dev_.grad(*sink));
       add_into(table->grad->get(), L * hd, ctx->g());
-      add_into(table->grad->get() + L * hd, R_ * hd, kv->g());
+      add_into(table->grad->get() + L * hd, R * hd, kv->g());
     });
     return o;
   }
@@ -859,12 +923,19 @@ class CudaTrainOps {
   Blas& blas_;
   const train::TrainOptions& o_;
   train::Tape& tape_;
-  const int64_t R_;
+  int64_t R_;        // the rows running: all of the sequence's, until bounded replay cuts some
+  const int64_t L_;  // the sequence's rows
   const int64_t* engram_ids_;  // host [L, engram layers, columns]
   Trace* trace_;
   std::vector<std::vector<int64_t>>& load_;
   std::vector<int64_t> positions_host_, tokens_host_;
   Buffer<int64_t> inputs_, targets_, positions_, prev_;  // prev_: the drafter's Markov tokens
+  // Decoder bounded replay, by position (empty in exact mode): cut at the decoder start, the decoder
+  // window floor; the current row of each position after the cut (−1: cut); whether the decoder's
+  // kv-source compressed at the cut.
+  std::vector<uint8_t> cut_;
+  std::vector<int64_t> floor_, row_at_;
+  bool compressed_at_cut_ = false;
   Buffer<float> freqs_window_, freqs_compressed_, logits_;  // the first two the model's Constants
   Tensor X_, h_, y_;  // the streams [R, hc, dim]; the sub-layer's input and output [R, dim]
   Mix mix_[2];
@@ -875,6 +946,8 @@ class CudaTrainOps {
   // DSpark: the target's final hidden and context features [R, targets, dim]; the drafter's target,
   // anchors, main_x and each stage's context KV.
   Tensor final_, features_;
+  std::vector<int64_t> feature_positions_host_;  // the positions of features_' rows
+  Buffer<int64_t> feature_positions_;
   const CudaTrainOps* target_ = nullptr;
   std::vector<int64_t> anchors_;
   Tensor main_x_;
@@ -888,7 +961,7 @@ CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameter
 CudaTrainModel::~CudaTrainModel() = default;
 
 train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace,
-                                     std::span<const int64_t> anchors) {
+                                     std::span<const int64_t> anchors, std::span<const train::ServedCall> calls) {
   const Config& c = params_.config();
   tape_.clear();  // the last forward's backward, if never run, reads the op sets replaced here
   drafter_.reset();
@@ -896,7 +969,7 @@ train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, const int
   const bool draft = !anchors.empty();
   if (trace) train::prepare_trace(c, *trace, draft);
   ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, *constants_, options_, tape_, tokens, engram_ids, trace,
-                                        expert_load_);
+                                        expert_load_, calls);
   ops_->record_features = draft;
   run_network(c, *ops_, trace);
   train::Losses losses = ops_->losses;

@@ -1,7 +1,7 @@
 #pragma once
 // The V4.1 network's training forward and backward on the device (docs/training.md, "The CUDA
 // trainer"): forward/network.h's layer loop run by a CUDA training op set over one packed sequence
-// from position 0 (exact mode), the mirror of train/model/train_model.h's TrainModel<float>, each op
+// from position 0, the mirror of train/model/train_model.h's TrainModel<float>, each op
 // the CUDA op set's (src/train/cuda) with its backward recorded on the tape. The parameters are
 // DeviceParameters' (their gradients accumulate there, for the CUDA optimizer).
 //
@@ -9,8 +9,8 @@
 // with its sink over the window and CSA2's compressed entries (the compressor, the indexer's top-k
 // chosen on the host by the engine's own selection from the device's scores, the candidate
 // source's pool, the indexer's distillation loss), QAT (SWA-FP8, KV-FP4, MXFP4), Engram, the MoE
-// (the gate's product in fp32), the head and the next-token loss: the whole backbone in exact mode.
-// DSpark's drafter (its loss) and served calls (bounded replay) are not written yet.
+// (the gate's product in fp32), the head and the next-token loss; DSpark's drafter with the paper's
+// loss; decoder bounded replay (served calls). Not written: imposed layer inputs (layer-local parity).
 //
 // Products on bf16 operands with fp32 accumulation (linear.h): the masters' bf16 copies and each
 // activation cast as it enters a product, straight-through, as autocast has it; everything else in
@@ -45,13 +45,17 @@ class CudaTrainModel {
   // With anchors (train_model.h's dspark_anchors), DSpark's drafter runs a block at each after the
   // target (its stages' experts recorded and imposed in the trace's layers n_layers ..
   // n_total_layers − 1); its loss's labels are the forward's own.
+  //
+  // With served calls (train_model.h's replay_calls), decoder bounded replay as the CPU trainer
+  // simulates it: the cut rows leave at the decoder start, the decoder's windows stop at each row's
+  // floor, L_lm is the mean over the rows the decoder runs and logits() holds those rows.
   train::Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids = nullptr, Trace* trace = nullptr,
-                        std::span<const int64_t> anchors = {});
+                        std::span<const int64_t> anchors = {}, std::span<const train::ServedCall> calls = {});
   // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer + dspark_weight · L_dspark of
   // the last forward into the device gradients (zeroed by the caller: the sequences of a batch
   // accumulate).
   void backward(float lm_weight = 1.0f, float indexer_weight = 1.0f, float dspark_weight = 1.0f);
-  // The last forward's logits [L, vocab], downloaded.
+  // The last forward's logits [L, vocab] (with served calls, the rows the decoder ran), downloaded.
   std::vector<float> logits() const;
   // Rows routed to each expert of each layer since the last reset ([layer][expert]), as the CPU's.
   const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }

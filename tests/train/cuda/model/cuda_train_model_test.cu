@@ -3,8 +3,10 @@
 // expert and top-k choices held on the device: the tiny preset made SWA-only (48 rows: three
 // windows of 16; SWA-FP8 QAT), the tiny preset without Engram (CSA2's Full, Reuse and Reindex
 // layers, the candidate source, the indexer's loss; 64 rows; every QAT switch on), and the whole
-// tiny preset (Engram too); each with DSpark's drafter on four draft blocks (its stage's experts
-// held too; its loss's labels each trainer's own).
+// tiny preset (Engram too), exactly and under decoder bounded replay (served calls: a prompt whose
+// first rows are cut at the decoder start, a decoded reply, a short prompt that moves the floor);
+// each with DSpark's drafter on four draft blocks (its stage's experts held too; its loss's labels
+// each trainer's own; under replay, blocks inside the reply).
 //
 // Tolerances: the device's products take bf16 operands (each cast errs by ≤ 2⁻⁹ relative, RMS
 // 2⁻⁸/√3 ≈ 2.3e-3), the CPU's fp32 ones; about 40 casts lie on a path from the embedding to the
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <span>
 
 #include "../train_device.h"
 #include "../../tiny_model.h"
@@ -49,14 +52,14 @@ struct DeviceRun {
 };
 
 DeviceRun run_on_device(train::Parameters<float>& host, const train::TrainOptions& options, const test::Sequence& seq,
-                        const std::vector<int64_t>& anchors, const Trace& recorded) {
+                        const std::vector<int64_t>& anchors, std::span<const train::ServedCall> calls, const Trace& recorded) {
   train_cuda::DeviceParameters dev(host);
   dev.upload();
   dev.zero_grad();
   train_cuda::CudaTrainModel model(host, dev, options);
   Trace held = test::hold(recorded);
   DeviceRun out;
-  const train::Losses losses = model.forward(seq.tokens, seq.engram_ids.empty() ? nullptr : seq.engram_ids.data(), &held, anchors);
+  const train::Losses losses = model.forward(seq.tokens, seq.engram_ids.empty() ? nullptr : seq.engram_ids.data(), &held, anchors, calls);
   out.loss = losses.lm;
   out.indexer = losses.indexer;
   out.dspark = losses.dspark;
@@ -79,20 +82,22 @@ DeviceRun run_on_device(train::Parameters<float>& host, const train::TrainOption
 }
 
 // One sequence through both trainers; every bound as the header argues.
-void expect_parity(const Config& c, const train::TrainOptions& options, int64_t rows) {
+void expect_parity(const Config& c, const train::TrainOptions& options, int64_t rows, std::span<const train::ServedCall> calls = {}) {
   train::Parameters<float> host = test::make_parameters<float>(c);
   const test::Sequence seq = test::make_sequence(c, rows, 5);
-  const std::vector<int64_t> anchors = train::dspark_anchors(c, rows, 4, 1, 0);
+  const std::vector<int64_t> anchors = train::dspark_anchors(c, rows, 4, 1, 0, calls);
+  ASSERT_EQ(anchors.size(), 4u);
 
   train::TrainModel<float> cpu(host, options);
   Trace recorded;
   const int64_t* engram_ids = seq.engram_ids.empty() ? nullptr : seq.engram_ids.data();
-  const train::Losses cpu_losses = cpu.forward(seq.tokens, engram_ids, &recorded, anchors);
+  const train::Losses cpu_losses = cpu.forward(seq.tokens, engram_ids, &recorded, anchors, calls);
   host.zero_grad();
   cpu.backward();
   const std::vector<float> cpu_logits = cpu.logits();
 
-  const DeviceRun got = run_on_device(host, options, seq, anchors, recorded);
+  const DeviceRun got = run_on_device(host, options, seq, anchors, calls, recorded);
+  ASSERT_EQ(got.logits.size(), cpu_logits.size()) << "the rows the decoder ran";
   std::printf("L_lm: CPU %.6f, device %.6f; L_indexer: CPU %.6g, device %.6g; L_dspark: CPU %.6f, device %.6f\n", cpu_losses.lm,
               got.loss, cpu_losses.indexer, got.indexer, cpu_losses.dspark, got.dspark);
   EXPECT_NEAR(got.loss, cpu_losses.lm, 1e-2 * cpu_losses.lm);
@@ -121,7 +126,7 @@ void expect_parity(const Config& c, const train::TrainOptions& options, int64_t 
   std::sort(worst.rbegin(), worst.rend());
   for (size_t i = 0; i < std::min<size_t>(8, worst.size()); ++i) std::printf("gradient NMSE %.3g %s\n", worst[i].first, worst[i].second.c_str());
 
-  const DeviceRun again = run_on_device(host, options, seq, anchors, recorded);
+  const DeviceRun again = run_on_device(host, options, seq, anchors, calls, recorded);
   EXPECT_EQ(again.loss, got.loss);
   EXPECT_EQ(again.indexer, got.indexer);
   EXPECT_EQ(again.dspark, got.dspark);
@@ -142,6 +147,15 @@ TEST(TrainCudaModel, Csa2MatchesTheCpuTrainer) {
 TEST(TrainCudaModel, TheWholeBackboneMatchesTheCpuTrainer) {
   DSV41_REQUIRE_DEVICE();
   expect_parity(test::tiny(true), train::TrainOptions{.kv_fp4 = true, .swa_fp8 = true, .mxfp4_indexer = true}, 64);
+}
+
+// 64 rows of tiny (W = 16, the decoder from layer 4): a prompt of 40 served in default mode (rows
+// 0–23 cut, the decoder on 24–39, its floor 24), a reply of 12 decoded (the draft blocks inside
+// it), a prompt of 12 (≤ W: nothing cut, the floor moves to 52).
+TEST(TrainCudaModel, BoundedReplayMatchesTheCpuTrainer) {
+  DSV41_REQUIRE_DEVICE();
+  const std::vector<train::ServedCall> calls = {{40, 24}, {12, 0, true}, {12, 52}};
+  expect_parity(test::tiny(true), train::TrainOptions{.kv_fp4 = true, .swa_fp8 = true, .mxfp4_indexer = true}, 64, calls);
 }
 
 TEST(TrainCudaModel, WhatIsNotWrittenIsRefusedByName) {
