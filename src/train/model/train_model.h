@@ -54,6 +54,16 @@ struct ServedCall {
   bool operator==(const ServedCall&) const = default;
 };
 
+// One sequence of a training batch, as TrainModel::forward takes it: tokens [L + 1], the Engram
+// hash ids of its inputs (nullptr without Engram), DSpark's anchors, its served calls (none: exact
+// mode). Views: the caller keeps what they point to.
+struct TrainSequence {
+  std::span<const int64_t> tokens;
+  const int64_t* engram_ids = nullptr;
+  std::span<const int64_t> anchors;
+  std::span<const ServedCall> calls;
+};
+
 // The draft blocks' anchors of a sequence of L inputs (docs/training.md, "DSpark"): min(blocks, n)
 // distinct positions drawn uniformly from n candidates, ascending, a function of (seed, sequence,
 // calls) alone — `sequence` the sequence's index in the data stream — so that a resumed run draws

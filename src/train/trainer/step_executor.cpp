@@ -43,12 +43,19 @@ class CpuStepExecutor final : public StepExecutor {
     optimizer_ = std::make_unique<optim::Optimizer>(cfg.model, std::move(trained), cfg.optimizer);
   }
 
-  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, std::span<const int64_t> anchors,
-                 std::span<const ServedCall> calls) override {
-    return model_.forward(tokens, engram_ids, nullptr, anchors, calls);
+  std::vector<Losses> forward_backward(std::span<const TrainSequence> batch, float lm_weight, float indexer_weight,
+                                       float dspark_weight) override {
+    std::vector<Losses> losses;
+    for (const TrainSequence& q : batch) {
+      losses.push_back(model_.forward(q.tokens, q.engram_ids, nullptr, q.anchors, q.calls));
+      model_.backward(lm_weight, indexer_weight, dspark_weight);
+    }
+    return losses;
   }
-  void backward(float lm_weight, float indexer_weight, float dspark_weight) override {
-    model_.backward(lm_weight, indexer_weight, dspark_weight);
+  std::vector<Losses> evaluate(std::span<const TrainSequence> batch) override {
+    std::vector<Losses> losses;
+    for (const TrainSequence& q : batch) losses.push_back(model_.forward(q.tokens, q.engram_ids, nullptr, q.anchors, q.calls));
+    return losses;
   }
   void zero_grad() override {
     params_.zero_grad();
@@ -83,13 +90,13 @@ class CudaStepExecutor final : public StepExecutor {
         cfg.model, device_.optimizer_parameters([&](const std::string& name) { return optimized(cfg, name); }), cfg.optimizer);
   }
 
-  Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, std::span<const int64_t> anchors,
-                 std::span<const ServedCall> calls) override {
-    return model_.forward(tokens, engram_ids, nullptr, anchors, calls);
-  }
-  void backward(float lm_weight, float indexer_weight, float dspark_weight) override {
+  std::vector<Losses> forward_backward(std::span<const TrainSequence> batch, float lm_weight, float indexer_weight,
+                                       float dspark_weight) override {
+    std::vector<Losses> losses = model_.forward(batch);
     model_.backward(lm_weight, indexer_weight, dspark_weight);
+    return losses;
   }
+  std::vector<Losses> evaluate(std::span<const TrainSequence> batch) override { return model_.forward(batch); }
   void zero_grad() override {
     device_.zero_grad();
     model_.reset_expert_load();

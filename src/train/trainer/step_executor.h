@@ -25,11 +25,14 @@ class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
 
-  // One sequence's forward (TrainModel::forward's arguments), its backward recorded.
-  virtual Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids, std::span<const int64_t> anchors,
-                         std::span<const ServedCall> calls) = 0;
-  // The last forward's gradient, weighted, added into the parameters' gradients.
-  virtual void backward(float lm_weight, float indexer_weight, float dspark_weight) = 0;
+  // A step's sequences: each one's forward and backward, the gradient of Σ over them of lm_weight ·
+  // L_lm + indexer_weight · L_indexer + dspark_weight · L_dspark added into the parameters'
+  // gradients. The CPU runs them one by one (TrainModel::forward, then backward), the CUDA trainer
+  // as one batch. Returns each sequence's losses.
+  virtual std::vector<Losses> forward_backward(std::span<const TrainSequence> batch, float lm_weight, float indexer_weight,
+                                               float dspark_weight) = 0;
+  // Forwards only (validation): each sequence's losses.
+  virtual std::vector<Losses> evaluate(std::span<const TrainSequence> batch) = 0;
   // Before a step's sequences: the gradients and the expert loads zeroed.
   virtual void zero_grad() = 0;
   // The optimizer's update of every trained parameter, then each gate bias's from the step's loads.

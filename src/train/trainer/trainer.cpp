@@ -135,18 +135,28 @@ struct Trainer::Run {
 
   std::string out(const std::string& name) const { return (fs::path(cfg.out_dir) / name).string(); }
 
-  // A sequence's forward: its L + 1 ids as the model takes them, with the Engram hash ids of its L
-  // inputs; DSpark's draft blocks at `anchors`; served as `calls` (bounded replay; none: exact mode).
-  Losses forward(std::span<const uint32_t> sequence, std::span<const int64_t> anchors = {}, std::span<const ServedCall> calls = {}) {
-    const std::vector<int64_t> tokens(sequence.begin(), sequence.end());
-    std::vector<int64_t> ids;
+  // A sequence as the model takes it (TrainSequence's storage): its L + 1 ids, the Engram hash ids of
+  // its L inputs; DSpark's draft blocks at `anchors`; served as `calls` (bounded replay; none: exact
+  // mode).
+  struct Sequence {
+    std::vector<int64_t> tokens, engram_ids, anchors;
+    std::vector<ServedCall> calls;
+    TrainSequence view() const { return {tokens, engram_ids.empty() ? nullptr : engram_ids.data(), anchors, calls}; }
+  };
+  Sequence sequence(std::span<const uint32_t> ids, std::vector<int64_t> anchors = {}, std::vector<ServedCall> calls = {}) const {
+    Sequence q{std::vector<int64_t>(ids.begin(), ids.end()), {}, std::move(anchors), std::move(calls)};
     if (hasher) {
-      const std::vector<int> inputs(sequence.begin(), sequence.end() - 1);
-      ids.resize(inputs.size() * size_t(hasher->n_layers() * hasher->columns()));
+      const std::vector<int> inputs(ids.begin(), ids.end() - 1);
+      q.engram_ids.resize(inputs.size() * size_t(hasher->n_layers() * hasher->columns()));
       EngramHistory history;  // each sequence from its own start, as a prompt is hashed
-      hasher->hash(inputs, {}, history, ids.data());
+      hasher->hash(inputs, {}, history, q.engram_ids.data());
     }
-    return executor->forward(tokens, ids.empty() ? nullptr : ids.data(), anchors, calls);
+    return q;
+  }
+  static std::vector<TrainSequence> views(const std::vector<Sequence>& batch) {
+    std::vector<TrainSequence> v;
+    for (const Sequence& q : batch) v.push_back(q.view());
+    return v;
   }
 
   // The draft blocks' anchors of the `index`-th sequence of its split (none when DSpark is not trained);
@@ -166,11 +176,15 @@ struct Trainer::Run {
     executor->zero_grad();
     const float share = 1.0f / float(cfg.batch_size);
     StepReport r;
+    std::vector<Sequence> batch;
     for (int64_t b = 0; b < cfg.batch_size; ++b) {
-      const std::vector<ServedCall> served = calls(order.position());
-      const std::vector<int64_t> at = anchors(order.position(), served);
-      const Losses l = forward(order.next(), at, served);
-      executor->backward(share, share * float(cfg.indexer_loss_weight), share * float(cfg.dspark_loss_weight));
+      std::vector<ServedCall> served = calls(order.position());
+      std::vector<int64_t> at = anchors(order.position(), served);
+      batch.push_back(sequence(order.next(), std::move(at), std::move(served)));
+    }
+    const std::vector<Losses> losses = executor->forward_backward(views(batch), share, share * float(cfg.indexer_loss_weight),
+                                                                  share * float(cfg.dspark_loss_weight));
+    for (const Losses& l : losses) {
       r.loss += l.lm;
       r.indexer_loss += l.indexer;
       r.dspark_loss += l.dspark;
@@ -208,10 +222,14 @@ struct Trainer::Run {
     const uint64_t n = std::min<uint64_t>(uint64_t((cfg.validation_tokens + cfg.seq_len - 1) / cfg.seq_len),
                                           file_order.sequences_per_epoch());
     Losses sum;
-    for (uint64_t k = 0; k < n; ++k) {
-      const Losses l = forward(file_order.sequence(k), anchors(k));
-      sum.lm += l.lm;
-      sum.dspark += l.dspark;
+    for (uint64_t k0 = 0; k0 < n; k0 += uint64_t(cfg.batch_size)) {  // a training batch's worth at a time
+      std::vector<Sequence> batch;
+      for (uint64_t k = k0; k < std::min<uint64_t>(n, k0 + uint64_t(cfg.batch_size)); ++k)
+        batch.push_back(sequence(file_order.sequence(k), anchors(k)));
+      for (const Losses& l : executor->evaluate(views(batch))) {
+        sum.lm += l.lm;
+        sum.dspark += l.dspark;
+      }
     }
     sum.lm /= double(n);
     sum.dspark /= double(n);

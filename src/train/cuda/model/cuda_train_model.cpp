@@ -1,7 +1,9 @@
 #include "train/cuda/model/cuda_train_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <span>
 #include <string>
 
 #include "backend/cpu/rope.h"
@@ -113,69 +115,102 @@ class CudaTrainOps {
  public:
   using Tensor = train_cuda::Tensor;
 
+  // A batch of sequences of one length L, their rows one after the other: row s·L + p is sequence
+  // s's input p (until bounded replay cuts rows; the rows that stay keep that order).
   CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, const CudaTrainModel::Constants& constants,
-               const train::TrainOptions& options, train::Tape& tape, std::span<const int64_t> tokens, const int64_t* engram_ids,
-               Trace* trace, std::vector<std::vector<int64_t>>& load, std::span<const train::ServedCall> calls)
-      : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), R_(int64_t(tokens.size()) - 1), L_(R_),
-        engram_ids_(engram_ids), trace_(trace), load_(load), freqs_window_(constants.freqs_window),
-        freqs_compressed_(constants.freqs_compressed) {
+               const train::TrainOptions& options, train::Tape& tape, std::span<const train::TrainSequence> batch, Trace* trace,
+               std::vector<std::vector<int64_t>>& load)
+      : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), B_(int64_t(batch.size())),
+        L_(batch.empty() ? 0 : int64_t(batch[0].tokens.size()) - 1), R_(B_ * L_), trace_(trace), load_(load),
+        freqs_window_(constants.freqs_window), freqs_compressed_(constants.freqs_compressed) {
     refuse_what_is_not_written();
-    if (c_.has_engram() && !engram_ids) fail("CUDA train forward", "Engram hash ids for a model with Engram", "none");
-    if (R_ < 1) fail("CUDA train forward", "a sequence of at least 2 tokens (inputs and their next tokens)", std::to_string(tokens.size()));
-    for (int64_t t : tokens)
-      if (t < 0 || t >= c_.vocab_size) fail("CUDA train forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
-    std::vector<int64_t> positions(static_cast<size_t>(R_));
-    for (int64_t r = 0; r < R_; ++r) positions[size_t(r)] = r;
-    positions_host_ = positions;
-    tokens_host_.assign(tokens.begin(), tokens.end());
-    inputs_ = on_device(std::vector<int64_t>(tokens.begin(), tokens.end() - 1));
-    targets_ = on_device(std::vector<int64_t>(tokens.begin() + 1, tokens.end()));
-    positions_ = on_device(positions);
-    if (!calls.empty()) {
-      train::ReplayRows fate = train::replay_rows(c_, R_, calls);
-      cut_ = std::move(fate.cut);
-      floor_ = std::move(fate.floor);
+    if (B_ < 1) fail("CUDA train forward", "at least one sequence", "none");
+    if (L_ < 1) fail("CUDA train forward", "sequences of at least 2 tokens (inputs and their next tokens)", std::to_string(L_ + 1));
+    std::vector<int64_t> inputs, targets;
+    bool served = false;
+    for (int64_t b = 0; b < B_; ++b) {
+      const train::TrainSequence& q = batch[size_t(b)];
+      if (int64_t(q.tokens.size()) != L_ + 1)
+        fail("CUDA train forward", "the batch's sequences of one length (" + std::to_string(L_ + 1) + " tokens)",
+             std::to_string(q.tokens.size()) + " tokens in sequence " + std::to_string(b));
+      if (c_.has_engram() && !q.engram_ids) fail("CUDA train forward", "Engram hash ids for a model with Engram", "none");
+      for (int64_t t : q.tokens)
+        if (t < 0 || t >= c_.vocab_size) fail("CUDA train forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
+      tokens_host_.emplace_back(q.tokens.begin(), q.tokens.end());
+      engram_ids_.push_back(q.engram_ids);
+      for (int64_t p = 0; p < L_; ++p) {
+        inputs.push_back(q.tokens[size_t(p)]);
+        targets.push_back(q.tokens[size_t(p + 1)]);
+        positions_host_.push_back(p);
+        seq_host_.push_back(b);
+      }
+      served = served || !q.calls.empty();
+    }
+    inputs_ = on_device(inputs);
+    targets_ = on_device(targets);
+    positions_ = on_device(positions_host_);
+    find_segments();
+    losses.assign(size_t(B_), train::Losses{});
+    if (served) {  // each sequence's rows' fates; exact-mode sequences cut nothing, their floors 0
+      cut_.assign(size_t(B_ * L_), 0);
+      floor_.assign(size_t(B_ * L_), 0);
+      for (int64_t b = 0; b < B_; ++b) {
+        if (batch[size_t(b)].calls.empty()) continue;
+        const train::ReplayRows fate = train::replay_rows(c_, L_, batch[size_t(b)].calls);
+        std::copy(fate.cut.begin(), fate.cut.end(), cut_.begin() + b * L_);
+        std::copy(fate.floor.begin(), fate.floor.end(), floor_.begin() + b * L_);
+      }
     }
   }
 
-  // DSpark's drafter (network.h run_drafter) over draft blocks of `target`'s sequence, as
-  // train_ops.h's: block b at anchor a = anchors[b] holds the rows [token a, noise × (γ − 1)] at
+  // DSpark's drafter (network.h run_drafter) over draft blocks of `target`'s sequences, as
+  // train_ops.h's: block b at anchor a of a sequence holds the rows [token a, noise × (γ − 1)] at
   // positions a .. a + γ − 1; row k's Markov head reads the sequence's token a + k and it predicts
-  // token a + k + 1. The target's forward must have run with record_features.
+  // token a + k + 1. The blocks of each sequence (batch[s].anchors) follow each other, the
+  // sequences in order. The target's forward must have run with record_features.
   CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, const train::TrainOptions& options,
-               train::Tape& tape, const CudaTrainOps& target, std::span<const int64_t> anchors, Trace* trace,
+               train::Tape& tape, const CudaTrainOps& target, std::span<const train::TrainSequence> batch, Trace* trace,
                std::vector<std::vector<int64_t>>& load)
-      : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape),
-        R_(int64_t(anchors.size()) * params.config().dspark_block_size), L_(R_), engram_ids_(nullptr), trace_(trace), load_(load),
-        freqs_window_(target.freqs_window_), freqs_compressed_(target.freqs_compressed_), target_(&target),
-        anchors_(anchors.begin(), anchors.end()) {
+      : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), B_(target.B_), L_(target.L_), R_(0),
+        trace_(trace), load_(load), freqs_window_(target.freqs_window_), freqs_compressed_(target.freqs_compressed_),
+        target_(&target) {
     refuse_what_is_not_written();
-    const int64_t G = c_.dspark_block_size, L = target.L_;
+    const int64_t G = c_.dspark_block_size, L = L_;
     if (!c_.has_dspark()) fail("CUDA train forward", "a model with DSpark stages for draft blocks", "none");
     if (!target.features_) fail("CUDA train forward", "the target's context features for draft blocks", "a forward without them");
-    if (R_ == 0) fail("CUDA train forward", "at least one draft anchor", "none");
+    if (int64_t(batch.size()) != B_) fail("CUDA train forward", "the target's " + std::to_string(B_) + " sequences' anchors", std::to_string(batch.size()));
     std::vector<int64_t> inputs, targets, prev;
-    for (int64_t a : anchors_) {
-      if (a < 1 || a > L - G)
-        fail("CUDA train forward", "draft anchors in [1, " + std::to_string(L - G) + "] (a context before, " + std::to_string(G) +
-                                       " targets after)", std::to_string(a));
-      for (int64_t k = 0; k < G; ++k) {
-        if (target.row_at(a + k) < 0)
-          fail("CUDA train forward", "draft blocks on rows the decoder ran (dspark_anchors with the served calls)",
-               "anchor " + std::to_string(a) + ", whose position " + std::to_string(a + k) + " was cut");
-        inputs.push_back(k == 0 ? target.tokens_host_[size_t(a)] : c_.dspark_noise_token_id);
-        positions_host_.push_back(a + k);
-        prev.push_back(target.tokens_host_[size_t(a + k)]);
-        targets.push_back(target.tokens_host_[size_t(a + k + 1)]);
+    for (int64_t b = 0; b < B_; ++b) {
+      const std::vector<int64_t>& tokens = target.tokens_host_[size_t(b)];
+      anchors_.emplace_back(batch[size_t(b)].anchors.begin(), batch[size_t(b)].anchors.end());
+      for (int64_t a : anchors_.back()) {
+        if (a < 1 || a > L - G)
+          fail("CUDA train forward", "draft anchors in [1, " + std::to_string(L - G) + "] (a context before, " + std::to_string(G) +
+                                         " targets after)", std::to_string(a));
+        for (int64_t k = 0; k < G; ++k) {
+          if (target.row_at(b, a + k) < 0)
+            fail("CUDA train forward", "draft blocks on rows the decoder ran (dspark_anchors with the served calls)",
+                 "anchor " + std::to_string(a) + ", whose position " + std::to_string(a + k) + " was cut");
+          inputs.push_back(k == 0 ? tokens[size_t(a)] : c_.dspark_noise_token_id);
+          positions_host_.push_back(a + k);
+          seq_host_.push_back(b);
+          prev.push_back(tokens[size_t(a + k)]);
+          targets.push_back(tokens[size_t(a + k + 1)]);
+        }
       }
     }
+    R_ = int64_t(inputs.size());
+    if (R_ == 0) fail("CUDA train forward", "at least one draft anchor", "none");
     inputs_ = on_device(inputs);
     targets_ = on_device(targets);
     prev_ = on_device(prev);
     positions_ = on_device(positions_host_);
+    find_segments();
+    losses.assign(size_t(B_), train::Losses{});
   }
 
-  train::Losses losses;
+  std::vector<train::Losses> losses;  // each sequence's
+  // The weight of each sequence's losses in the objective the backward differentiates.
   float lm_weight = 1.0f, indexer_weight = 1.0f, dspark_weight = 1.0f;
   // The target records DSpark's context features (record_target) for a drafter to read.
   bool record_features = false;
@@ -255,7 +290,8 @@ class CudaTrainOps {
     const int64_t ehd = c_.engram_head_dim, rows = g.table->shape[0], hc = c_.hc_mult, d = c_.dim;
     std::vector<int64_t> ids(static_cast<size_t>(R_ * cols));
     for (int64_t r = 0; r < R_; ++r)
-      std::copy_n(engram_ids_ + (positions_host_[size_t(r)] * n_engram + e) * cols, cols, ids.data() + r * cols);
+      std::copy_n(engram_ids_[size_t(seq_host_[size_t(r)])] + (positions_host_[size_t(r)] * n_engram + e) * cols, cols,
+                  ids.data() + r * cols);
     Buffer<int64_t> list = on_device(ids);
     Tensor emb = tensor(R_ * cols * ehd);
     gather_rows_forward(dev_.value(*g.table), rows, ehd, list->get(), R_ * cols, emb->v());
@@ -361,22 +397,33 @@ class CudaTrainOps {
     y_ = y;
   }
 
-  // The final collapse with the last FFN's `pre`, the norm, the head and the next-token loss.
+  // The final collapse with the last FFN's `pre`, the norm, the head and each sequence's next-token
+  // loss (the mean over its rows).
   void logits() {
     const int64_t d = c_.dim, V = c_.vocab_size;
     Tensor h = collapse(mix_[size_t(Sub::Ffn)].pre);
     rms_norm(h, d, &p_.norm());
     Buffer<bf16> hb = as_bf16(h->v(), h->size());
     logits_ = buffer<float>(R_ * V);
-    Buffer<float> row_max = buffer<float>(R_), row_sum = buffer<float>(R_), loss = buffer<float>(2);
+    Buffer<float> row_max = buffer<float>(R_), row_sum = buffer<float>(R_), loss = buffer<float>(2 * B_);
     linear_forward(blas_, hb->get(), R_, d, dev_.weight_bf16(p_.head()), V, logits_->get());
-    cross_entropy_forward(logits_->get(), R_, V, targets_->get(), row_max->get(), row_sum->get(), loss->get());
-    losses.lm = double(on_host(loss->get(), 1)[0]);
+    for (int64_t b = 0; b < B_; ++b) {
+      const int64_t r = row_begin_[size_t(b)], n = rows_of(b);
+      cross_entropy_forward(logits_->get() + r * V, n, V, targets_->get() + r, row_max->get() + r, row_sum->get() + r,
+                            loss->get() + 2 * b);
+    }
+    const std::vector<float> sums = on_host(loss->get(), 2 * B_);
+    for (int64_t b = 0; b < B_; ++b) losses[size_t(b)].lm = double(sums[size_t(2 * b)]);
     final_ = h;
-    tape_.record([this, h, hb, z = logits_, row_max, row_sum, loss, R = R_] {
+    tape_.record([this, h, hb, z = logits_, targets = targets_, row_max, row_sum, loss, R = R_, begin = row_begin_] {
       const int64_t d = c_.dim, V = c_.vocab_size;
       Buffer<float> dz = buffer<float>(R * V);
-      cross_entropy_backward(z->get(), R, V, targets_->get(), row_max->get(), row_sum->get(), loss->get(), lm_weight, dz->get());
+      for (int64_t b = 0; b < B_; ++b) {
+        const int64_t r = begin[size_t(b)], n = begin[size_t(b) + 1] - r;
+        if (n > 0)
+          cross_entropy_backward(z->get() + r * V, n, V, targets->get() + r, row_max->get() + r, row_sum->get() + r,
+                               loss->get() + 2 * b, lm_weight, dz->get() + r * V);
+      }
       Buffer<bf16> dzb = as_bf16(dz->get(), R * V);
       linear_backward(blas_, hb->get(), R, d, dev_.weight_bf16(p_.head()), V, dzb->get(), h->g(), dev_.grad(p_.head()));
     });
@@ -395,23 +442,26 @@ class CudaTrainOps {
   // whose backward adds the gradient back), as do the rows' positions and targets.
   void drop_cut() {
     const int64_t hc = c_.hc_mult, d = c_.dim;
-    std::vector<int64_t> kept, positions, targets;  // the current rows that stay, their positions and targets
+    std::vector<int64_t> kept, positions, seqs, targets;  // the current rows that stay, their positions, sequences, targets
     for (int64_t r = 0; r < R_; ++r) {
-      const int64_t t = positions_host_[size_t(r)];
-      if (cut_[size_t(t)]) continue;
+      const int64_t b = seq_host_[size_t(r)], t = positions_host_[size_t(r)];
+      if (cut_[size_t(b * L_ + t)]) continue;
       kept.push_back(r);
       positions.push_back(t);
-      targets.push_back(tokens_host_[size_t(t + 1)]);
+      seqs.push_back(b);
+      targets.push_back(tokens_host_[size_t(b)][size_t(t + 1)]);
     }
     const Buffer<int64_t> rows = on_device(kept);
     X_ = gather(X_, rows, hc * d);
     mix_[size_t(Sub::Ffn)].pre = gather(mix_[size_t(Sub::Ffn)].pre, rows, hc);
     R_ = int64_t(kept.size());
     positions_host_ = std::move(positions);
+    seq_host_ = std::move(seqs);
     positions_ = on_device(positions_host_);
     targets_ = on_device(targets);
-    row_at_.assign(size_t(L_), -1);
-    for (int64_t r = 0; r < R_; ++r) row_at_[size_t(positions_host_[size_t(r)])] = r;
+    row_at_.assign(size_t(B_ * L_), -1);
+    for (int64_t r = 0; r < R_; ++r) row_at_[size_t(seq_host_[size_t(r)] * L_ + positions_host_[size_t(r)])] = r;
+    find_segments();
   }
 
   // Not reached: a trace imposing layer inputs was refused (refuse_what_is_not_written()).
@@ -427,6 +477,7 @@ class CudaTrainOps {
       features_ = std::make_shared<Node>(zeros<float>(R_ * n * d));
       feature_positions_host_ = positions_host_;
       feature_positions_ = positions_;
+      feature_row_begin_ = row_begin_;
     }
     if (int64_t(feature_positions_host_.size()) != R_)
       fail("CUDA train forward", "DSpark target layers that all run on the same rows (none before the decoder start when rows leave there)",
@@ -487,7 +538,7 @@ class CudaTrainOps {
     // softmax on the host as the CPU's), and the rows' shares: position weights exp(−k/γ)
     // normalized over a block, averaged over the blocks (ρ); every row alike for L_conf (κ).
     std::vector<int64_t> target_rows;
-    for (int64_t t : positions_host_) target_rows.push_back(target_->row_at(t));
+    for (int64_t r = 0; r < R_; ++r) target_rows.push_back(target_->row_at(seq_host_[size_t(r)], positions_host_[size_t(r)]));
     const Buffer<int64_t> rows = on_device(target_rows);
     const Buffer<float> hidden = buffer<float>(R_ * d), target_logits = buffer<float>(R_ * V);
     gather_rows_forward(target_->final_->v(), target_->R_, d, rows->get(), R_, hidden->get());
@@ -501,29 +552,46 @@ class CudaTrainOps {
       for (int64_t v = 0; v < V; ++v) sum += (row[v] = std::exp(row[v] - mx));
       for (int64_t v = 0; v < V; ++v) row[v] /= sum;
     }
-    const int64_t blocks = R_ / G;
+    // Each sequence's loss over its blocks: its rows' ρ over its own blocks, its κ 1 / its rows.
     float weight_sum = 0;
     for (int64_t k = 0; k < G; ++k) weight_sum += std::exp(-float(k) / float(G));
     std::vector<float> rho(static_cast<size_t>(R_));
-    for (int64_t r = 0; r < R_; ++r) rho[size_t(r)] = std::exp(-float(r % G) / float(G)) / (weight_sum * float(blocks));
     auto loss = std::make_shared<DraftLoss>();
+    for (int64_t b = 0; b < B_; ++b) {
+      const int64_t r0 = row_begin_[size_t(b)], n = rows_of(b), blocks = n / G;
+      for (int64_t r = r0; r < r0 + n; ++r) rho[size_t(r)] = std::exp(-float((r - r0) % G) / float(G)) / (weight_sum * float(blocks));
+      loss->kappa.push_back(n > 0 ? 1.0f / float(n) : 0.0f);
+    }
     loss->q = on_device(q);
     loss->rho = on_device(rho);
-    loss->kappa = 1.0f / float(R_);
     loss->signs = buffer<int8_t>(R_ * V);
     loss->target = buffer<float>(R_);
     loss->p = buffer<float>(R_ * V);
-    const Buffer<double> parts = buffer<double>(4);
-    dspark_loss_forward(z->v(), loss->q->get(), R_, V, targets_->get(), conf->v(), loss->rho->get(), loss->kappa, loss->labels(),
-                        loss->p->get(), parts->get());
-    const std::vector<double> sums = on_host(parts->get(), 4);
-    const grad::DSparkLossParts parts_of{sums[0], sums[1], sums[2], sums[3]};
-    losses.dspark = parts_of.total(grad::DSparkLossWeights{});
-    losses.dspark_parts = parts_of;
-    tape_.record([this, z, conf, loss, R = R_] {
+    loss->begin = row_begin_;
+    const Buffer<double> parts = zeros<double>(4 * B_);
+    for (int64_t b = 0; b < B_; ++b) {
+      const int64_t r = row_begin_[size_t(b)], n = rows_of(b);
+      if (n > 0)
+        dspark_loss_forward(z->v() + r * V, loss->q->get() + r * V, n, V, targets_->get() + r, conf->v() + r, loss->rho->get() + r,
+                            loss->kappa[size_t(b)], loss->labels(r, V), loss->p->get() + r * V, parts->get() + 4 * b);
+    }
+    const std::vector<double> sums = on_host(parts->get(), 4 * B_);
+    for (int64_t b = 0; b < B_; ++b) {
+      const double* part = sums.data() + 4 * b;
+      const grad::DSparkLossParts parts_of{part[0], part[1], part[2], part[3]};
+      losses[size_t(b)].dspark = parts_of.total(grad::DSparkLossWeights{});
+      losses[size_t(b)].dspark_parts = parts_of;
+    }
+    tape_.record([this, z, conf, loss, targets = targets_] {
       const grad::DSparkLossWeights a;
-      dspark_loss_backward(conf->v(), R, c_.vocab_size, targets_->get(), loss->rho->get(), loss->kappa, loss->labels(),
-                           loss->p->get(), float(a.ce), float(a.tv), float(a.conf), dspark_weight, z->g(), conf->g());
+      const int64_t V = c_.vocab_size;
+      for (int64_t b = 0; b < B_; ++b) {
+        const int64_t r = loss->begin[size_t(b)], n = loss->begin[size_t(b) + 1] - r;
+        if (n > 0)
+          dspark_loss_backward(conf->v() + r, n, V, targets->get() + r, loss->rho->get() + r, loss->kappa[size_t(b)],
+                               loss->labels(r, V), loss->p->get() + r * V, float(a.ce), float(a.tv), float(a.conf), dspark_weight,
+                               z->g() + r * V, conf->g() + r);
+      }
     });
   }
 
@@ -570,30 +638,38 @@ class CudaTrainOps {
     const train::AttentionParams<float>& a = p_.layer(l).attn;
     const int ratio = c_.compress_ratios[size_t(l)];
     const int64_t hd = c_.head_dim, ihd = c_.index_head_dim;
+    if (R_ != B_ * L_) fail("CUDA train forward", "a kv-source over every row (none after the cut)", std::to_string(R_) + " rows");
     Compressed& s = compressed_[l];
     s = Compressed{};
-    s.entries = R_ / ratio;
+    s.entries = L_ / ratio;
+    const int64_t total = B_ * s.entries;
     std::vector<int64_t> positions;
-    for (int64_t g = 0; g < s.entries; ++g) positions.push_back(g * ratio);  // the group's first token
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t g = 0; g < s.entries; ++g) positions.push_back(g * ratio);  // the group's first token
     s.positions = on_device(positions);
     Tensor latent;
     if (ratio == 1) {
       latent = linear(h_, a.compressor_wkv);
     } else {
+      // Each sequence's complete groups (one pooling of all rows where no group straddles two).
       Tensor kv = linear(h_, a.compressor_wkv), score = linear(h_, a.compressor_wgate);
-      latent = tensor(s.entries * hd);
-      compressor_pool_forward(kv->v(), score->v(), R_, hd, ratio, latent->v());
-      tape_.record([this, kv, score, pooled = latent, ratio, hd, R = R_] {
-        if (pooled->has_grad())
-          compressor_pool_backward(kv->v(), score->v(), R, hd, ratio, pooled->v(), pooled->grad->get(), kv->g(), score->g());
+      latent = tensor(total * hd);
+      const int64_t calls = L_ % ratio == 0 ? 1 : B_, rows = R_ / calls, groups = total / calls;
+      for (int64_t i = 0; i < calls; ++i)
+        compressor_pool_forward(kv->v() + i * rows * hd, score->v() + i * rows * hd, rows, hd, ratio, latent->v() + i * groups * hd);
+      tape_.record([kv, score, pooled = latent, ratio, hd, calls, rows, groups] {
+        if (!pooled->has_grad()) return;
+        for (int64_t i = 0; i < calls; ++i)
+          compressor_pool_backward(kv->v() + i * rows * hd, score->v() + i * rows * hd, rows, hd, ratio, pooled->v() + i * groups * hd,
+                                   pooled->grad->get() + i * groups * hd, kv->g() + i * rows * hd, score->g() + i * rows * hd);
       });
     }
     rms_norm(latent, hd, a.compressor_norm);
     Tensor keys = linear(detach(latent), a.indexer_wk);
     rms_norm(keys, ihd, a.indexer_k_norm);
-    rope_at(keys, freqs(l), 1, ihd, s.positions, s.entries, false);
+    rope_at(keys, freqs(l), 1, ihd, s.positions, total, false);
     if (o_.mxfp4_indexer) fake_quantized(keys, FakeQuant::Mxfp4);
-    rope_at(latent, freqs(l), 1, hd, s.positions, s.entries, false);
+    rope_at(latent, freqs(l), 1, hd, s.positions, total, false);
     if (o_.kv_fp4) fake_quantized(latent, FakeQuant::KvFp4);
     s.kv = latent;
     s.keys = keys;
@@ -611,7 +687,7 @@ class CudaTrainOps {
     Indexed& ix = indexed_;
     ix = Indexed{};
     ix.keys = s.keys;
-    ix.n = n;
+    ix.n = B_ * n;
     ix.q = linear(detach(qr), a.indexer_wq_b);
     rope(ix.q, l, heads, ihd, false);
     if (o_.mxfp4_indexer) fake_quantized(ix.q, FakeQuant::Mxfp4);
@@ -620,10 +696,10 @@ class CudaTrainOps {
 
     if (l == c_.candidate_source_layer) candidates_.assign(size_t(R_), {});
     const std::vector<std::vector<int64_t>>* imposed = train::imposed_topk(trace_, l, R_);
-    std::vector<float> all;  // [R, n]: every entry's score
+    std::vector<float> all;  // [R, n]: every entry of the row's sequence, its score
     if (n > 0) {
       std::vector<int64_t> every(static_cast<size_t>(R_ * n));
-      for (int64_t i = 0; i < R_ * n; ++i) every[size_t(i)] = i % n;
+      for (int64_t i = 0; i < R_ * n; ++i) every[size_t(i)] = seq_host_[size_t(i / n)] * n + i % n;
       const Buffer<int64_t> list = on_device(every);
       const Buffer<float> scores = buffer<float>(R_ * n);
       indexer_scores_forward(ix.q->v(), ix.w->v(), ix.keys->v(), list->get(), R_, heads, ihd, n, scores->get());
@@ -653,7 +729,7 @@ class CudaTrainOps {
     const bool compressed = c_.compress_ratios[size_t(l)] > 0;
     const Compressed* s = compressed ? &compressed_.at(c_.kv_source_of(l)) : nullptr;
     const int64_t k = compressed ? int64_t(topk_.empty() ? 0 : topk_[0].size()) : 0;
-    const int64_t window = std::min(L_, W), entries = window + k, n = s ? s->entries : 0;
+    const int64_t window = std::min(L_, W), entries = window + k, per_seq = s ? s->entries : 0, n = B_ * per_seq;
     // The KV table: the window rows, then the compressed entries.
     Tensor table = tensor((R_ + n) * hd);
     copy_into(kv->v(), R_ * hd, table->v());
@@ -665,10 +741,13 @@ class CudaTrainOps {
     // Every position the window keeps runs this layer (the decoder runs [floor, row] whole).
     const bool floored = !floor_.empty() && l >= c_.decoder_start();
     for (int64_t r = 0; r < R_; ++r) {
-      const int64_t t0 = positions_host_[size_t(r)];
-      window_positions(t0, 0, L_, W, floored ? floor_[size_t(t0)] : 0, slots);
-      for (int64_t t : slots) idx.push_back(t == kEmptySlot ? -1 : row_at(t));
-      for (int64_t j = 0; j < k; ++j) idx.push_back(topk_[size_t(r)][size_t(j)] < 0 ? -1 : R_ + topk_[size_t(r)][size_t(j)]);
+      const int64_t b = seq_host_[size_t(r)], t0 = positions_host_[size_t(r)];
+      window_positions(t0, 0, L_, W, floored ? floor_[size_t(b * L_ + t0)] : 0, slots);
+      for (int64_t t : slots) idx.push_back(t == kEmptySlot ? -1 : row_at(b, t));
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t e = topk_[size_t(r)][size_t(j)];
+        idx.push_back(e < 0 ? -1 : R_ + b * per_seq + e);
+      }
     }
     Buffer<int64_t> list = on_device(idx);
     Tensor o = tensor(R_ * H * hd);
@@ -709,9 +788,9 @@ class CudaTrainOps {
   };
   // A kv-source's output: its compressed entries (main KV after RoPE) and index keys.
   struct Compressed {
-    int64_t entries = 0;
+    int64_t entries = 0;        // each sequence's (its complete groups)
     Buffer<int64_t> positions;  // each entry's group's first position
-    Tensor kv, keys;            // [entries, head_dim], [entries, index_head_dim]
+    Tensor kv, keys;            // [B · entries, head_dim], [B · entries, index_head_dim]: sequence by sequence
   };
   // An index source's indexer, for its loss in attend().
   struct Indexed {
@@ -723,8 +802,10 @@ class CudaTrainOps {
   struct DraftLoss {
     Buffer<float> q, rho, target, p;
     Buffer<int8_t> signs;
-    float kappa = 0;
-    DSparkLabels labels() const { return {signs->get(), target->get(), false}; }
+    std::vector<float> kappa;     // each sequence's
+    std::vector<int64_t> begin;   // each sequence's first row (row_begin_)
+    // The labels of the rows from r on.
+    DSparkLabels labels(int64_t r, int64_t vocab) const { return {signs->get() + r * vocab, target->get() + r, false}; }
   };
   struct Gate {
     Buffer<float> logits, scores;  // [R, experts]
@@ -811,25 +892,44 @@ class CudaTrainOps {
   void index_loss(const Buffer<float>& p, int64_t window, int64_t entries) {
     const Indexed ix = indexed_;
     const int64_t heads = c_.index_n_heads, ihd = c_.index_head_dim, k = ix.k;
-    Buffer<float> target = buffer<float>(R_ * k), scores = buffer<float>(R_ * k), loss = buffer<float>(1);
+    Buffer<float> target = buffer<float>(R_ * k), scores = buffer<float>(R_ * k), loss = buffer<float>(B_);
     attention_target(p->get(), R_, c_.n_heads, entries, window, k, target->get());
-    std::vector<int64_t> chosen;
-    for (const std::vector<int64_t>& row : topk_) chosen.insert(chosen.end(), row.begin(), row.end());
+    std::vector<int64_t> chosen;  // into the keys of every sequence
+    for (int64_t r = 0; r < R_; ++r)
+      for (int64_t e : topk_[size_t(r)]) chosen.push_back(e < 0 ? -1 : seq_host_[size_t(r)] * (ix.n / B_) + e);
     Buffer<int64_t> idx = on_device(chosen);
     indexer_scores_forward(ix.q->v(), ix.w->v(), ix.keys->v(), idx->get(), R_, heads, ihd, k, scores->get());
-    index_distillation_loss(scores->get(), target->get(), R_, k, loss->get(), nullptr);
-    losses.indexer += double(on_host(loss->get(), 1)[0]) / double(R_);
-    tape_.record([this, ix, target, idx, scores, loss, R = R_] {
+    // Each sequence's loss, the mean over its rows.
+    for (int64_t b = 0; b < B_; ++b)
+      index_distillation_loss(scores->get() + row_begin_[size_t(b)] * k, target->get() + row_begin_[size_t(b)] * k, rows_of(b), k,
+                              loss->get() + b, nullptr);
+    const std::vector<float> sums = on_host(loss->get(), B_);
+    for (int64_t b = 0; b < B_; ++b)
+      if (rows_of(b) > 0) losses[size_t(b)].indexer += double(sums[size_t(b)]) / double(rows_of(b));
+    tape_.record([this, ix, target, idx, scores, loss, R = R_, begin = row_begin_] {
       const int64_t k = ix.k;
       Buffer<float> dscores = zeros<float>(R * k), weighted = zeros<float>(R * k);
-      index_distillation_loss(scores->get(), target->get(), R, k, loss->get(), dscores->get());
-      add_scaled_into(dscores->get(), R * k, indexer_weight / float(R), weighted->get());
+      for (int64_t b = 0; b < B_; ++b) {
+        const int64_t r = begin[size_t(b)], n = begin[size_t(b) + 1] - r;
+        if (n == 0) continue;
+        index_distillation_loss(scores->get() + r * k, target->get() + r * k, n, k, loss->get() + b, dscores->get() + r * k);
+        add_scaled_into(dscores->get() + r * k, n * k, indexer_weight / float(n), weighted->get() + r * k);
+      }
       indexer_scores_backward(ix.q->v(), ix.w->v(), ix.keys->v(), ix.n, idx->get(), R, c_.index_n_heads, c_.index_head_dim, k,
                               weighted->get(), ix.q->g(), ix.w->g(), ix.keys->g());
     });
   }
 
-  int64_t row_at(int64_t position) const { return row_at_.empty() ? position : row_at_[size_t(position)]; }
+  // The current row of sequence b's position t (−1: cut).
+  int64_t row_at(int64_t b, int64_t t) const { return row_at_.empty() ? b * L_ + t : row_at_[size_t(b * L_ + t)]; }
+
+  // row_begin_ from seq_host_: the rows of each sequence follow each other, in sequence order.
+  void find_segments() {
+    row_begin_.assign(size_t(B_ + 1), 0);
+    for (int64_t b : seq_host_) ++row_begin_[size_t(b + 1)];
+    for (int64_t b = 0; b < B_; ++b) row_begin_[size_t(b + 1)] += row_begin_[size_t(b)];
+  }
+  int64_t rows_of(int64_t b) const { return row_begin_[size_t(b + 1)] - row_begin_[size_t(b)]; }
 
   // The rows `rows` of x (width values each); the backward adds their gradient back.
   Tensor gather(const Tensor& x, const Buffer<int64_t>& rows, int64_t width) {
@@ -878,8 +978,19 @@ class CudaTrainOps {
     copy_into(ctx->v(), L * hd, table->v());
     copy_into(kv->v(), R_ * hd, table->v() + L * hd);
     const int64_t entries = W + G;
-    const Buffer<int64_t> list =
-        on_device(train::draft_attention_lists(anchors_, G, W, target_->floor_, target_->feature_positions_host_, target_->L_));
+    // Each sequence's lists over its own context rows and blocks, moved to their rows in the table.
+    std::vector<int64_t> lists;
+    lists.reserve(size_t(R_ * entries));
+    for (int64_t b = 0; b < B_; ++b) {
+      if (anchors_[size_t(b)].empty()) continue;
+      const int64_t f0 = target_->feature_row_begin_[size_t(b)], nf = target_->feature_row_begin_[size_t(b + 1)] - f0;
+      const std::span<const int64_t> positions(target_->feature_positions_host_.data() + f0, size_t(nf));
+      const std::span<const int64_t> floors =
+          target_->floor_.empty() ? std::span<const int64_t>() : std::span<const int64_t>(target_->floor_.data() + b * L_, size_t(L_));
+      for (int64_t i : train::draft_attention_lists(anchors_[size_t(b)], G, W, floors, positions, L_))
+        lists.push_back(i < 0 ? -1 : i < nf ? f0 + i : L + row_begin_[size_t(b)] + (i - nf));
+    }
+    const Buffer<int64_t> list = on_device(lists);
     const train::AttentionParams<float>& at = p_.layer(l).attn;
     Tensor o = tensor(R_ * H * hd);
     const Buffer<float> p = buffer<float>(R_ * H * entries), sink_p = buffer<float>(R_ * H);
@@ -923,16 +1034,19 @@ class CudaTrainOps {
   Blas& blas_;
   const train::TrainOptions& o_;
   train::Tape& tape_;
-  int64_t R_;        // the rows running: all of the sequence's, until bounded replay cuts some
-  const int64_t L_;  // the sequence's rows
-  const int64_t* engram_ids_;  // host [L, engram layers, columns]
+  const int64_t B_;  // the sequences
+  const int64_t L_;  // each sequence's rows
+  int64_t R_;        // the rows running: all of the sequences', until bounded replay cuts some
+  std::vector<const int64_t*> engram_ids_;  // each sequence's, host [L, engram layers, columns]
   Trace* trace_;
   std::vector<std::vector<int64_t>>& load_;
-  std::vector<int64_t> positions_host_, tokens_host_;
+  // Each running row's position and sequence; each sequence's first row (and the rows' end).
+  std::vector<int64_t> positions_host_, seq_host_, row_begin_;
+  std::vector<std::vector<int64_t>> tokens_host_;  // each sequence's
   Buffer<int64_t> inputs_, targets_, positions_, prev_;  // prev_: the drafter's Markov tokens
-  // Decoder bounded replay, by position (empty in exact mode): cut at the decoder start, the decoder
-  // window floor; the current row of each position after the cut (−1: cut); whether the decoder's
-  // kv-source compressed at the cut.
+  // Decoder bounded replay, by sequence b and position t at b·L + t (empty when no sequence is served
+  // as calls): cut at the decoder start, the decoder window floor; the current row of each after the
+  // cut (−1: cut); whether the decoder's kv-source compressed at the cut.
   std::vector<uint8_t> cut_;
   std::vector<int64_t> floor_, row_at_;
   bool compressed_at_cut_ = false;
@@ -946,10 +1060,10 @@ class CudaTrainOps {
   // DSpark: the target's final hidden and context features [R, targets, dim]; the drafter's target,
   // anchors, main_x and each stage's context KV.
   Tensor final_, features_;
-  std::vector<int64_t> feature_positions_host_;  // the positions of features_' rows
+  std::vector<int64_t> feature_positions_host_, feature_row_begin_;  // features_' rows: positions, each sequence's first
   Buffer<int64_t> feature_positions_;
   const CudaTrainOps* target_ = nullptr;
-  std::vector<int64_t> anchors_;
+  std::vector<std::vector<int64_t>> anchors_;  // each sequence's
   Tensor main_x_;
   std::map<int, Tensor> context_kv_;
 };
@@ -960,26 +1074,32 @@ CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameter
 
 CudaTrainModel::~CudaTrainModel() = default;
 
-train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace,
-                                     std::span<const int64_t> anchors, std::span<const train::ServedCall> calls) {
+std::vector<train::Losses> CudaTrainModel::forward(std::span<const train::TrainSequence> batch, Trace* trace) {
   const Config& c = params_.config();
   tape_.clear();  // the last forward's backward, if never run, reads the op sets replaced here
   drafter_.reset();
   ops_.reset();
-  const bool draft = !anchors.empty();
+  const bool draft = std::any_of(batch.begin(), batch.end(), [](const train::TrainSequence& q) { return !q.anchors.empty(); });
   if (trace) train::prepare_trace(c, *trace, draft);
-  ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, *constants_, options_, tape_, tokens, engram_ids, trace,
-                                        expert_load_, calls);
+  ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, *constants_, options_, tape_, batch, trace, expert_load_);
   ops_->record_features = draft;
   run_network(c, *ops_, trace);
-  train::Losses losses = ops_->losses;
+  std::vector<train::Losses> losses = ops_->losses;
   if (draft) {
-    drafter_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, options_, tape_, *ops_, anchors, trace, expert_load_);
+    drafter_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, options_, tape_, *ops_, batch, trace, expert_load_);
     run_drafter(c, *drafter_);
-    losses.dspark = drafter_->losses.dspark;
-    losses.dspark_parts = drafter_->losses.dspark_parts;
+    for (size_t b = 0; b < losses.size(); ++b) {
+      losses[b].dspark = drafter_->losses[b].dspark;
+      losses[b].dspark_parts = drafter_->losses[b].dspark_parts;
+    }
   }
   return losses;
+}
+
+train::Losses CudaTrainModel::forward(std::span<const int64_t> tokens, const int64_t* engram_ids, Trace* trace,
+                                     std::span<const int64_t> anchors, std::span<const train::ServedCall> calls) {
+  const train::TrainSequence one{tokens, engram_ids, anchors, calls};
+  return forward(std::span<const train::TrainSequence>(&one, 1), trace)[0];
 }
 
 void CudaTrainModel::backward(float lm_weight, float indexer_weight, float dspark_weight) {

@@ -35,12 +35,12 @@ class CudaTrainModel {
   CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options = {});
   ~CudaTrainModel();
 
-  // One sequence: tokens [L + 1], the inputs the first L, each row's target the next; engram_ids
-  // [L, engram layers, hash columns] of the inputs (forward.h's layout; nullptr without Engram), on
-  // the host. Records the
-  // backward. With a trace: records each layer's experts (route_experts) and each index source's
-  // top-k, and imposes its forced_experts and forced_topk (the choices held, as the CPU trainer's
-  // parity tests hold them). Returns L_lm and L_indexer (downloaded).
+  // A batch of sequences of one length L (train_model.h's TrainSequence: tokens [L + 1], the inputs
+  // the first L, each row's target the next; engram_ids [L, engram layers, hash columns] of the
+  // inputs, forward.h's layout, nullptr without Engram, on the host), run as one: their rows one
+  // after the other through every op, each sequence's attention, compressor, indexer and losses
+  // its own. Records the backward. Returns each sequence's L_lm, L_indexer and L_dspark
+  // (downloaded), each as TrainModel<float>::forward gives it for that sequence alone.
   //
   // With anchors (train_model.h's dspark_anchors), DSpark's drafter runs a block at each after the
   // target (its stages' experts recorded and imposed in the trace's layers n_layers ..
@@ -49,13 +49,21 @@ class CudaTrainModel {
   // With served calls (train_model.h's replay_calls), decoder bounded replay as the CPU trainer
   // simulates it: the cut rows leave at the decoder start, the decoder's windows stop at each row's
   // floor, L_lm is the mean over the rows the decoder runs and logits() holds those rows.
+  //
+  // With a trace (its rows the batch's, sequence after sequence; a top-k's entries each sequence's
+  // own): records each layer's experts (route_experts) and each index source's top-k, and imposes
+  // its forced_experts and forced_topk (the choices held, as the CPU trainer's parity tests hold
+  // them).
+  std::vector<train::Losses> forward(std::span<const train::TrainSequence> batch, Trace* trace = nullptr);
+  // A batch of one.
   train::Losses forward(std::span<const int64_t> tokens, const int64_t* engram_ids = nullptr, Trace* trace = nullptr,
                         std::span<const int64_t> anchors = {}, std::span<const train::ServedCall> calls = {});
-  // Adds the gradient of lm_weight · L_lm + indexer_weight · L_indexer + dspark_weight · L_dspark of
-  // the last forward into the device gradients (zeroed by the caller: the sequences of a batch
+  // Adds the gradient of Σ over the last forward's sequences of lm_weight · L_lm + indexer_weight ·
+  // L_indexer + dspark_weight · L_dspark into the device gradients (zeroed by the caller: batches
   // accumulate).
   void backward(float lm_weight = 1.0f, float indexer_weight = 1.0f, float dspark_weight = 1.0f);
-  // The last forward's logits [L, vocab] (with served calls, the rows the decoder ran), downloaded.
+  // The last forward's logits [rows, vocab], sequence by sequence (with served calls, the rows the
+  // decoder ran), downloaded.
   std::vector<float> logits() const;
   // Rows routed to each expert of each layer since the last reset ([layer][expert]), as the CPU's.
   const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }

@@ -8,6 +8,9 @@
 // each with DSpark's drafter on four draft blocks (its stage's experts held too; its loss's labels
 // each trainer's own; under replay, blocks inside the reply).
 //
+// A batch of three sequences (one under replay, one without draft blocks) against the CPU trainer
+// running them one by one.
+//
 // Tolerances: the device's products take bf16 operands (each cast errs by ≤ 2⁻⁹ relative, RMS
 // 2⁻⁸/√3 ≈ 2.3e-3), the CPU's fp32 ones; about 40 casts lie on a path from the embedding to the
 // logits (5 a sub-layer, 8 layers), so the logits differ by ~√40 · 2.3e-3 ≈ 1.4% RMS (NMSE 2e-4) and
@@ -156,6 +159,92 @@ TEST(TrainCudaModel, BoundedReplayMatchesTheCpuTrainer) {
   DSV41_REQUIRE_DEVICE();
   const std::vector<train::ServedCall> calls = {{40, 24}, {12, 0, true}, {12, 52}};
   expect_parity(test::tiny(true), train::TrainOptions{.kv_fp4 = true, .swa_fp8 = true, .mxfp4_indexer = true}, 64, calls);
+}
+
+// The CPU's traces of several sequences as one over their rows in order (the batch's trace).
+Trace concatenated(const std::vector<Trace>& traces) {
+  Trace t;
+  for (const Trace& one : traces) {
+    if (t.route_experts.size() < one.route_experts.size()) t.route_experts.resize(one.route_experts.size());
+    for (size_t l = 0; l < one.route_experts.size(); ++l)
+      t.route_experts[l].insert(t.route_experts[l].end(), one.route_experts[l].begin(), one.route_experts[l].end());
+    for (const auto& [l, rows] : one.topk) t.topk[l].insert(t.topk[l].end(), rows.begin(), rows.end());
+  }
+  return t;
+}
+
+// Three sequences in one batch on the device — one exact with draft blocks, one under bounded
+// replay with its blocks inside the reply, one exact without blocks — against the CPU trainer
+// running them one by one with the same weights (1/3 each): each sequence's losses, the rows'
+// logits and the summed gradients, within expect_parity's bounds.
+TEST(TrainCudaModel, ABatchMatchesTheCpuTrainerSequenceBySequence) {
+  DSV41_REQUIRE_DEVICE();
+  const Config c = test::tiny(true);
+  const train::TrainOptions options{.kv_fp4 = true, .swa_fp8 = true, .mxfp4_indexer = true};
+  const int64_t rows = 64;
+  const std::vector<train::ServedCall> calls = {{40, 24}, {12, 0, true}, {12, 52}};
+  train::Parameters<float> host = test::make_parameters<float>(c);
+  std::vector<test::Sequence> seqs;
+  for (uint32_t seed : {5u, 6u, 7u}) seqs.push_back(test::make_sequence(c, rows, seed));
+  const std::vector<std::vector<int64_t>> anchors = {train::dspark_anchors(c, rows, 4, 1, 0), train::dspark_anchors(c, rows, 4, 1, 1, calls), {}};
+  const std::vector<std::span<const train::ServedCall>> served = {{}, calls, {}};
+  std::vector<train::TrainSequence> batch;
+  for (size_t s = 0; s < seqs.size(); ++s) batch.push_back({seqs[s].tokens, seqs[s].engram_ids.data(), anchors[s], served[s]});
+
+  const float w = 1.0f / 3.0f;
+  train::TrainModel<float> cpu(host, options);
+  host.zero_grad();
+  std::vector<Trace> traces(seqs.size());
+  std::vector<train::Losses> cpu_losses;
+  std::vector<float> cpu_logits;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    cpu_losses.push_back(cpu.forward(seqs[s].tokens, seqs[s].engram_ids.data(), &traces[s], anchors[s], served[s]));
+    cpu.backward(w, w, w);
+    const std::vector<float> z = cpu.logits();
+    cpu_logits.insert(cpu_logits.end(), z.begin(), z.end());
+  }
+  const Trace recorded = concatenated(traces);
+
+  train_cuda::DeviceParameters dev(host);
+  dev.upload();
+  dev.zero_grad();
+  train_cuda::CudaTrainModel model(host, dev, options);
+  Trace held = test::hold(recorded);
+  const std::vector<train::Losses> got = model.forward(batch, &held);
+  model.backward(w, w, w);
+  ASSERT_EQ(got.size(), seqs.size());
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    std::printf("sequence %zu: L_lm CPU %.6f device %.6f; L_indexer %.6g / %.6g; L_dspark %.6f / %.6f\n", s, cpu_losses[s].lm,
+                got[s].lm, cpu_losses[s].indexer, got[s].indexer, cpu_losses[s].dspark, got[s].dspark);
+    EXPECT_NEAR(got[s].lm, cpu_losses[s].lm, 1e-2 * cpu_losses[s].lm) << s;
+    EXPECT_NEAR(got[s].indexer, cpu_losses[s].indexer, 1e-1 * cpu_losses[s].indexer + 1e-6) << s;
+    EXPECT_NEAR(got[s].dspark, cpu_losses[s].dspark, 1e-1 * cpu_losses[s].dspark) << s;
+  }
+  EXPECT_EQ(got[2].dspark, 0.0) << "no blocks, no DSpark loss";
+  EXPECT_EQ(held.route_experts, recorded.route_experts) << "the held experts";
+  EXPECT_EQ(held.topk, recorded.topk) << "the held top-k";
+  const std::vector<float> logits = model.logits();
+  ASSERT_EQ(logits.size(), cpu_logits.size()) << "every sequence's rows the decoder ran";
+  const double e_logits = test::nmse(logits, cpu_logits);
+  std::printf("batch logits NMSE %.3g\n", e_logits);
+  EXPECT_LT(e_logits, 2e-3);
+
+  const std::vector<std::vector<float>> cpu_grads = [&] {
+    std::vector<std::vector<float>> g;
+    for (const train::Param<float>& p : host.all()) g.push_back(p.grad);
+    return g;
+  }();
+  dev.download_grads();
+  size_t i = 0;
+  double worst = 0;
+  for (const train::Param<float>& p : host.all()) {
+    const std::vector<float>& want = cpu_grads[i++];
+    if (std::all_of(want.begin(), want.end(), [](float v) { return v == 0.0f; })) continue;
+    const double e = test::nmse(p.grad, want);
+    worst = std::max(worst, e);
+    EXPECT_LT(e, 1e-2) << p.name;
+  }
+  std::printf("batch gradient NMSE at most %.3g\n", worst);
 }
 
 TEST(TrainCudaModel, WhatIsNotWrittenIsRefusedByName) {
