@@ -2,7 +2,8 @@
 //
 // Forward: one block per row reads the row twice (its maximum, then the sum of exp(z − m); the
 // second pass from L2 for rows up to a few MB), 8·rows·vocab bytes; one block then adds the rows'
-// losses in a fixed order. Backward: one thread per logit, 8 bytes each (z read, dz written). The
+// losses in a fixed order. Backward and the probabilities: one thread per logit, 8 bytes each (z
+// read, dz or p written). The
 // CPU op's operations in its order (--fmad=false), with CUDA's full-precision expf and logf
 // (within 2 units in the last place); the sums' order differs.
 #include "train/cuda/cross_entropy.h"
@@ -64,6 +65,14 @@ __global__ void backward_kernel(const float* logits, int64_t rows, int64_t vocab
   dlogits[e] = e - r * vocab == t ? __fsub_rn(dz, share) : dz;
 }
 
+__global__ void probabilities_kernel(const float* logits, int64_t vocab, const float* row_max, const float* row_sum,
+                                     const int64_t* rows, int64_t n, float* p) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * vocab) return;
+  const int64_t i = e / vocab, r = rows[i];
+  p[e] = __fdiv_rn(expf(__fsub_rn(logits[r * vocab + e - i * vocab], row_max[r])), row_sum[r]);
+}
+
 }  // namespace
 
 void cross_entropy_forward(const float* logits, int64_t rows, int64_t vocab, const int64_t* targets, float* row_max,
@@ -86,6 +95,14 @@ void cross_entropy_backward(const float* logits, int64_t rows, int64_t vocab, co
   backward_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(logits, rows, vocab, targets, row_max, row_sum, loss,
                                                                  dloss, dlogits);
   cuda::check_launch("train_cuda::cross_entropy_backward");
+}
+
+void cross_entropy_probabilities(const float* logits, int64_t vocab, const float* row_max, const float* row_sum,
+                                 const int64_t* rows, int64_t n, float* p, cudaStream_t stream) {
+  const int64_t total = n * vocab;
+  if (total <= 0) return;
+  probabilities_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(logits, vocab, row_max, row_sum, rows, n, p);
+  cuda::check_launch("train_cuda::cross_entropy_probabilities");
 }
 
 }  // namespace dsv41::train_cuda

@@ -25,4 +25,10 @@ void cross_entropy_backward(const float* logits, int64_t rows, int64_t vocab, co
                             const float* row_sum, const float* loss, float dloss, float* dlogits,
                             cudaStream_t stream = nullptr);
 
+// p [n, vocab] (written) = softmax of logits row rows[i] for each i, exp(z − m_r) / s_r from the
+// forward's row_max and row_sum (the backward's probabilities): the distribution a head's logits
+// give, for rows picked out of them (DSpark's loss reads the target's at its blocks' positions).
+void cross_entropy_probabilities(const float* logits, int64_t vocab, const float* row_max, const float* row_sum,
+                                 const int64_t* rows, int64_t n, float* p, cudaStream_t stream = nullptr);
+
 }  // namespace dsv41::train_cuda

@@ -111,6 +111,24 @@ TEST(TrainCudaCrossEntropy, MatchesTheCpuLossOnExactLogits) {
     for (int64_t r = 0; r < c.rows; ++r)
       if (targets[size_t(r)] < 0)
         for (int64_t v = 0; v < c.vocab; ++v) ASSERT_EQ(got.dz[size_t(r * c.vocab + v)], 0.0f) << "row without a target";
+    // The probabilities of rows picked out (backwards, the first twice): the CPU's saved softmax,
+    // within dz's bound.
+    std::vector<int64_t> picked;
+    for (int64_t r = c.rows - 1; r >= 0; --r) picked.push_back(r);
+    picked.push_back(0);
+    DeviceArray<float> row_max(static_cast<size_t>(c.rows)), row_sum(static_cast<size_t>(c.rows)), loss(2),
+        probs(picked.size() * size_t(c.vocab));
+    train_cuda::cross_entropy_forward(dlogits.get(), c.rows, c.vocab, dtargets.get(), row_max.get(), row_sum.get(), loss.get());
+    const DeviceArray<int64_t> dpicked(picked);
+    train_cuda::cross_entropy_probabilities(dlogits.get(), c.vocab, row_max.get(), row_sum.get(), dpicked.get(), int64_t(picked.size()),
+                                            probs.get());
+    std::vector<float> want_p;
+    for (int64_t r : picked)
+      want_p.insert(want_p.end(), saved.probs.begin() + r * c.vocab, saved.probs.begin() + (r + 1) * c.vocab);
+    const double e_p = test::nmse(probs.download(), want_p);
+    std::printf("  probabilities of %zu rows picked: NMSE %.3g\n", picked.size(), e_p);
+    EXPECT_LT(e_p, 1e-9);
+
     const DeviceLoss again = loss_on_device(dlogits, c.rows, c.vocab, dtargets);
     EXPECT_TRUE(std::memcmp(&got.loss, &again.loss, sizeof(float)) == 0 && test::same_bits(got.dz, again.dz))
         << "two runs differ";

@@ -405,7 +405,10 @@ class CudaTrainOps {
     rms_norm(h, d, &p_.norm());
     Buffer<bf16> hb = as_bf16(h->v(), h->size());
     logits_ = buffer<float>(R_ * V);
-    Buffer<float> row_max = buffer<float>(R_), row_sum = buffer<float>(R_), loss = buffer<float>(2 * B_);
+    logit_max_ = buffer<float>(R_);
+    logit_sum_ = buffer<float>(R_);
+    const Buffer<float>& row_max = logit_max_, &row_sum = logit_sum_;
+    Buffer<float> loss = buffer<float>(2 * B_);
     linear_forward(blas_, hb->get(), R_, d, dev_.weight_bf16(p_.head()), V, logits_->get());
     for (int64_t b = 0; b < B_; ++b) {
       const int64_t r = row_begin_[size_t(b)], n = rows_of(b);
@@ -534,35 +537,26 @@ class CudaTrainOps {
                             e->g(), dev_.grad(*w.confidence));
     });
 
-    // The target's distribution at each row's position (its final hidden through the head, then a
-    // softmax on the host as the CPU's), and the rows' shares: position weights exp(−k/γ)
-    // normalized over a block, averaged over the blocks (ρ); every row alike for L_conf (κ).
+    // The target's distribution at each row's position: the softmax of the target's logits there
+    // (its head's product and its loss's row maxima and sums), as the CPU's softmax of the same
+    // product; and the rows' shares: position weights exp(−k/γ) normalized over a block, averaged
+    // over the blocks (ρ); every row alike for L_conf (κ).
     std::vector<int64_t> target_rows;
     for (int64_t r = 0; r < R_; ++r) target_rows.push_back(target_->row_at(seq_host_[size_t(r)], positions_host_[size_t(r)]));
     const Buffer<int64_t> rows = on_device(target_rows);
-    const Buffer<float> hidden = buffer<float>(R_ * d), target_logits = buffer<float>(R_ * V);
-    gather_rows_forward(target_->final_->v(), target_->R_, d, rows->get(), R_, hidden->get());
-    const Buffer<bf16> hidden_b = as_bf16(hidden->get(), R_ * d);
-    linear_forward(blas_, hidden_b->get(), R_, d, dev_.weight_bf16(p_.head()), V, target_logits->get());
-    std::vector<float> q = on_host(target_logits->get(), R_ * V);
-    for (int64_t r = 0; r < R_; ++r) {
-      float* row = q.data() + r * V;
-      const float mx = *std::max_element(row, row + V);
-      float sum = 0;
-      for (int64_t v = 0; v < V; ++v) sum += (row[v] = std::exp(row[v] - mx));
-      for (int64_t v = 0; v < V; ++v) row[v] /= sum;
-    }
+    auto loss = std::make_shared<DraftLoss>();
+    loss->q = buffer<float>(R_ * V);
+    cross_entropy_probabilities(target_->logits_->get(), V, target_->logit_max_->get(), target_->logit_sum_->get(), rows->get(), R_,
+                                loss->q->get());
     // Each sequence's loss over its blocks: its rows' ρ over its own blocks, its κ 1 / its rows.
     float weight_sum = 0;
     for (int64_t k = 0; k < G; ++k) weight_sum += std::exp(-float(k) / float(G));
     std::vector<float> rho(static_cast<size_t>(R_));
-    auto loss = std::make_shared<DraftLoss>();
     for (int64_t b = 0; b < B_; ++b) {
       const int64_t r0 = row_begin_[size_t(b)], n = rows_of(b), blocks = n / G;
       for (int64_t r = r0; r < r0 + n; ++r) rho[size_t(r)] = std::exp(-float((r - r0) % G) / float(G)) / (weight_sum * float(blocks));
       loss->kappa.push_back(n > 0 ? 1.0f / float(n) : 0.0f);
     }
-    loss->q = on_device(q);
     loss->rho = on_device(rho);
     loss->signs = buffer<int8_t>(R_ * V);
     loss->target = buffer<float>(R_);
@@ -1050,7 +1044,8 @@ class CudaTrainOps {
   std::vector<uint8_t> cut_;
   std::vector<int64_t> floor_, row_at_;
   bool compressed_at_cut_ = false;
-  Buffer<float> freqs_window_, freqs_compressed_, logits_;  // the first two the model's Constants
+  Buffer<float> freqs_window_, freqs_compressed_;  // the model's Constants
+  Buffer<float> logits_, logit_max_, logit_sum_;     // the head's [R, vocab] and each row's max and Σ exp(z − max)
   Tensor X_, h_, y_;  // the streams [R, hc, dim]; the sub-layer's input and output [R, dim]
   Mix mix_[2];
   std::map<int, Compressed> compressed_;          // by kv-source layer
