@@ -692,11 +692,19 @@ class CudaTrainOps {
     const std::vector<std::vector<int64_t>>* imposed = train::imposed_topk(trace_, l, R_);
     std::vector<float> all;  // [R, n]: every entry of the row's sequence, its score
     if (n > 0) {
-      std::vector<int64_t> every(static_cast<size_t>(R_ * n));
-      for (int64_t i = 0; i < R_ * n; ++i) every[size_t(i)] = seq_host_[size_t(i / n)] * n + i % n;
+      // Sequence by sequence against its own keys, one list of every entry for the longest.
+      int64_t most = 0;
+      for (int64_t b = 0; b < B_; ++b) most = std::max(most, rows_of(b));
+      std::vector<int64_t> every(static_cast<size_t>(most * n));
+      for (int64_t i = 0; i < most * n; ++i) every[size_t(i)] = i % n;
       const Buffer<int64_t> list = on_device(every);
       const Buffer<float> scores = buffer<float>(R_ * n);
-      indexer_scores_forward(ix.q->v(), ix.w->v(), ix.keys->v(), list->get(), R_, heads, ihd, n, scores->get());
+      for (int64_t b = 0; b < B_; ++b) {
+        const int64_t r = row_begin_[size_t(b)];
+        if (rows_of(b) > 0)
+          indexer_scores_forward(ix.q->v() + r * heads * ihd, ix.w->v() + r * heads, ix.keys->v() + b * n * ihd, list->get(), rows_of(b),
+                                 heads, ihd, n, scores->get() + r * n);
+      }
       all = on_host(scores->get(), R_ * n);
     }
     topk_.assign(size_t(R_), {});
