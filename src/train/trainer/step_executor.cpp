@@ -1,5 +1,7 @@
 #include "train/trainer/step_executor.h"
 
+#include <chrono>
+
 #include "base/error.h"
 #include "train/optim/expert_bias.h"
 #include "train/optim/optimizer.h"
@@ -27,6 +29,9 @@ bool optimized(const TrainConfig& cfg, const std::string& name) {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point from, Clock::time_point to) { return std::chrono::duration<double>(to - from).count(); }
+
 // update(bias, l) for each gate bias: the backbone's layers', and DSpark's stages' when it is trained.
 template <class Update>
 void for_each_gate_bias(const TrainConfig& cfg, Parameters<float>& params, Update update) {
@@ -47,8 +52,12 @@ class CpuStepExecutor final : public StepExecutor {
                                        float dspark_weight) override {
     std::vector<Losses> losses;
     for (const TrainSequence& q : batch) {
+      const Clock::time_point t0 = Clock::now();
       losses.push_back(model_.forward(q.tokens, q.engram_ids, nullptr, q.anchors, q.calls));
+      const Clock::time_point t1 = Clock::now();
       model_.backward(lm_weight, indexer_weight, dspark_weight);
+      times_.forward += seconds(t0, t1);
+      times_.backward += seconds(t1, Clock::now());
     }
     return losses;
   }
@@ -62,10 +71,12 @@ class CpuStepExecutor final : public StepExecutor {
     model_.reset_expert_load();
   }
   void step() override {
+    const Clock::time_point t0 = Clock::now();
     optimizer_->step();
     for_each_gate_bias(cfg_, params_, [&](Param<float>& bias, int l) {
       optim::update_expert_bias(bias.v(), model_.expert_load()[size_t(l)].data(), bias.numel(), float(cfg_.expert_bias_rate));
     });
+    times_.update += seconds(t0, Clock::now());
   }
   int64_t optimizer_steps() const override { return optimizer_->steps(); }
   void save_optimizer(const std::string& path) override { optimizer_->save(path); }
@@ -92,8 +103,14 @@ class CudaStepExecutor final : public StepExecutor {
 
   std::vector<Losses> forward_backward(std::span<const TrainSequence> batch, float lm_weight, float indexer_weight,
                                        float dspark_weight) override {
+    const Clock::time_point t0 = Clock::now();
     std::vector<Losses> losses = model_.forward(batch);
+    cuda::check(cudaDeviceSynchronize(), "train forward");
+    const Clock::time_point t1 = Clock::now();
     model_.backward(lm_weight, indexer_weight, dspark_weight);
+    cuda::check(cudaDeviceSynchronize(), "train backward");
+    times_.forward += seconds(t0, t1);
+    times_.backward += seconds(t1, Clock::now());
     return losses;
   }
   std::vector<Losses> evaluate(std::span<const TrainSequence> batch) override { return model_.forward(batch); }
@@ -103,6 +120,7 @@ class CudaStepExecutor final : public StepExecutor {
   }
   // The gate biases move on the host, from the loads the forward counted there, as the CPU's do.
   void step() override {
+    const Clock::time_point t0 = Clock::now();
     optimizer_->step();
     for_each_gate_bias(cfg_, params_, [&](Param<float>& bias, int l) {
       std::vector<float> b(static_cast<size_t>(bias.numel()));
@@ -111,6 +129,8 @@ class CudaStepExecutor final : public StepExecutor {
       cuda::check(cudaMemcpy(device_.value(bias), b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice), "gate bias");
     });
     device_.cast_weights();
+    cuda::check(cudaDeviceSynchronize(), "train update");
+    times_.update += seconds(t0, Clock::now());
   }
   int64_t optimizer_steps() const override { return optimizer_->steps(); }
   void save_optimizer(const std::string& path) override { optimizer_->save(path); }

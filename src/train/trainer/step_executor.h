@@ -33,6 +33,13 @@ class StepExecutor {
                                                float dspark_weight) = 0;
   // Forwards only (validation): each sequence's losses.
   virtual std::vector<Losses> evaluate(std::span<const TrainSequence> batch) = 0;
+
+  // Where the training steps' time went since the executor was made, in seconds of wall time: the
+  // forwards, the backwards, the updates (each timed to its end on the device).
+  struct Times {
+    double forward = 0, backward = 0, update = 0;
+  };
+  const Times& times() const { return times_; }
   // Before a step's sequences: the gradients and the expert loads zeroed.
   virtual void zero_grad() = 0;
   // The optimizer's update of every trained parameter, then each gate bias's from the step's loads.
@@ -45,6 +52,9 @@ class StepExecutor {
   virtual void to_host() = 0;
   // The host parameters' values as the masters (after they were read from a checkpoint).
   virtual void from_host() = 0;
+
+ protected:
+  Times times_;
 };
 
 // Whether the optimizer updates tensor `name`: what a loss reaches — not the gate biases (moved by

@@ -387,6 +387,7 @@ void Trainer::run(const TrainEvents& events) {
   const double flops_per_token = 6.0 * double(account(c.model).params.active_decode);
   const Clock::time_point start = Clock::now();
   double step_seconds = 0, interval_seconds = 0, interval_loss = 0, interval_indexer = 0, interval_dspark = 0;
+  StepExecutor::Times interval_start = r.executor->times();
   int64_t done = 0, interval_steps = 0;
   while (r.step < c.steps) {
     const Clock::time_point t0 = Clock::now();
@@ -415,6 +416,13 @@ void Trainer::run(const TrainEvents& events) {
       event["tokens_per_s"] = rate;
       event["model_tflops"] = rate * flops_per_token * 1e-12;
       event["elapsed_s"] = elapsed;
+      // Where a step's time went over the interval (validation and checkpoints not counted).
+      const StepExecutor::Times& now = r.executor->times();
+      const double n = double(interval_steps);
+      event["step_parts_s"] = {{"forward", (now.forward - interval_start.forward) / n},
+                               {"backward", (now.backward - interval_start.backward) / n},
+                               {"update", (now.update - interval_start.update) / n}};
+      interval_start = now;
       r.log_event(event);
       char text[200];
       if (c.trains_dspark())

@@ -56,6 +56,7 @@ inline std::vector<json> curve_of(const fs::path& out) {
     e.erase("tokens_per_s");
     e.erase("model_tflops");
     e.erase("elapsed_s");
+    e.erase("step_parts_s");
     curve.push_back(e);
   }
   return curve;
