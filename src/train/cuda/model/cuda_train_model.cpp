@@ -707,7 +707,10 @@ class CudaTrainOps {
       }
       all = on_host(scores->get(), R_ * n);
     }
+    // The rows choose independently (each writes only its own top-k and pool): over the cores, but
+    // for imposed choices, whose checks may throw.
     topk_.assign(size_t(R_), {});
+#pragma omp parallel for schedule(static) if (!imposed && R_ * n >= (int64_t(1) << 16))
     for (int64_t r = 0; r < R_; ++r) {
       const int64_t visible = (positions_host_[size_t(r)] + 1) / ratio;
       topk_[size_t(r)] = train::choose_index_row(c_, l, r, all.data() + r * n, n, visible, k, candidates_, imposed);
