@@ -43,7 +43,7 @@ void add_train(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->default_str("");
   cmd->add_option("--device", args->device,
-                  "Where the steps run: cpu, or cuda (the CUDA trainer: exact mode only so far; docs/training.md)")
+                  "Where the steps run: cpu, or cuda (the CUDA trainer, a step's sequences as one batch; docs/training.md)")
       ->capture_default_str();
   cmd->callback([args] {
     if (args->config.empty() && args->resume.empty()) throw CLI::RequiredError("--config or --resume");
