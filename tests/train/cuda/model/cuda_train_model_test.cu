@@ -48,6 +48,13 @@ Config swa_only_tiny() {
   return c;
 }
 
+// Every host tensor's gradient, in host.all()'s order.
+std::vector<std::vector<float>> grads_of(train::Parameters<float>& host) {
+  std::vector<std::vector<float>> g;
+  for (const train::Param<float>& p : host.all()) g.push_back(p.grad);
+  return g;
+}
+
 struct DeviceRun {
   double loss = 0, indexer = 0, dspark = 0;
   std::vector<float> logits;
@@ -68,11 +75,7 @@ DeviceRun run_on_device(train::Parameters<float>& host, const train::TrainOption
   out.dspark = losses.dspark;
   model.backward();
   out.logits = model.logits();
-  const std::vector<std::vector<float>> saved_grads = [&] {
-    std::vector<std::vector<float>> g;
-    for (const train::Param<float>& p : host.all()) g.push_back(p.grad);
-    return g;
-  }();
+  const std::vector<std::vector<float>> saved_grads = grads_of(host);
   dev.download_grads();
   size_t i = 0;
   for (train::Param<float>& p : host.all()) {
@@ -229,11 +232,7 @@ TEST(TrainCudaModel, ABatchMatchesTheCpuTrainerSequenceBySequence) {
   std::printf("batch logits NMSE %.3g\n", e_logits);
   EXPECT_LT(e_logits, 2e-3);
 
-  const std::vector<std::vector<float>> cpu_grads = [&] {
-    std::vector<std::vector<float>> g;
-    for (const train::Param<float>& p : host.all()) g.push_back(p.grad);
-    return g;
-  }();
+  const std::vector<std::vector<float>> cpu_grads = grads_of(host);
   dev.download_grads();
   size_t i = 0;
   double worst = 0;
