@@ -125,9 +125,12 @@ TEST(TrainCudaCrossEntropy, MatchesTheCpuLossOnExactLogits) {
     std::vector<float> want_p;
     for (int64_t r : picked)
       want_p.insert(want_p.end(), saved.probs.begin() + r * c.vocab, saved.probs.begin() + (r + 1) * c.vocab);
-    const double e_p = test::nmse(probs.download(), want_p);
-    std::printf("  probabilities of %zu rows picked: NMSE %.3g\n", picked.size(), e_p);
-    EXPECT_LT(e_p, 1e-9);
+    // Every p of a row shares its s's error, which an fp32 sum of V positive terms in any order
+    // keeps under (V − 1)·2⁻²⁴ relative (the CPU's is sequential): NMSE ≤ (V·2⁻²⁴)², plus expf's
+    // and the division's last bits.
+    const double e_p = test::nmse(probs.download(), want_p), p_bound = std::pow(double(c.vocab) * 0x1p-24, 2) + 1e-12;
+    std::printf("  probabilities of %zu rows picked: NMSE %.3g (bound %.2g)\n", picked.size(), e_p, p_bound);
+    EXPECT_LT(e_p, p_bound);
 
     const DeviceLoss again = loss_on_device(dlogits, c.rows, c.vocab, dtargets);
     EXPECT_TRUE(std::memcmp(&got.loss, &again.loss, sizeof(float)) == 0 && test::same_bits(got.dz, again.dz))
