@@ -14,17 +14,12 @@ int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 DeviceParameters::DeviceParameters(train::Parameters<float>& host, cudaStream_t stream) : host_(host), stream_(stream) {
   for (const train::Param<float>& p : host_.all()) {
-    Slot s{elements_, -1};
+    slots_.emplace(&p, Slot{elements_, p.shape.size() == 2});
     elements_ += aligned(p.numel());
-    if (p.shape.size() == 2) {
-      s.bf16_offset = bf16_elements_;
-      bf16_elements_ += aligned(p.numel());
-    }
-    slots_.emplace(&p, s);
   }
   values_ = cuda::DeviceBuffer<float>(elements_);
   grads_ = cuda::DeviceBuffer<float>(elements_);
-  bf16_ = cuda::DeviceBuffer<bf16>(bf16_elements_);
+  bf16_ = cuda::DeviceBuffer<bf16>(elements_);
   // The padding stays zero: an arena-wide sum (a gradient norm) sees only the tensors.
   for (const cuda::DeviceBuffer<float>* b : {&values_, &grads_})
     if (b->size() > 0) cuda::check(cudaMemsetAsync(b->get(), 0, size_t(b->bytes()), stream_), "device parameters");
@@ -60,16 +55,13 @@ void DeviceParameters::zero_grad() {
 }
 
 void DeviceParameters::cast_weights() {
-  for (const train::Param<float>& p : host_.all()) {
-    const Slot& s = slot(p);
-    if (s.bf16_offset >= 0) cast_bf16(values_.get() + s.offset, p.numel(), bf16_.get() + s.bf16_offset, stream_);
-  }
+  if (elements_ > 0) cast_bf16(values_.get(), elements_, bf16_.get(), stream_);
 }
 
 const bf16* DeviceParameters::weight_bf16(const train::Param<float>& p) {
   const Slot& s = slot(p);
-  if (s.bf16_offset < 0) fail("device parameters: " + p.name, "a matrix (a bf16 copy)", std::to_string(p.shape.size()) + " dimensions");
-  return bf16_.get() + s.bf16_offset;
+  if (!s.matrix) fail("device parameters: " + p.name, "a matrix (a bf16 copy)", std::to_string(p.shape.size()) + " dimensions");
+  return bf16_.get() + s.offset;
 }
 
 std::vector<dsv41::optim::Parameter> DeviceParameters::optimizer_parameters(const std::function<bool(const std::string&)>& keep) {

@@ -4,7 +4,8 @@
 // arenas, in the host's order, each tensor's start aligned to 64 elements (cuBLASLt's and vector
 // loads' alignment); every matrix (a tensor of rank 2: the linears, experts, embedding, head,
 // Engram table, mHC's fn) also has a bf16 copy, what linear.h's products read, made from the
-// masters by cast_weights after each optimizer step. The host Parameters stays the source of the
+// masters by cast_weights after each optimizer step: a third arena at the masters' offsets, cast
+// whole in one launch (the other tensors' copies, a few thousand elements, are never read). The host Parameters stays the source of the
 // names, shapes and the blocks' binding (LayerParams' pointers): a device array is found by its
 // host tensor.
 #include <cuda_runtime_api.h>
@@ -35,7 +36,7 @@ class DeviceParameters {
   void download_grads();
   // Every gradient set to zero (a step's sequences then accumulate into them).
   void zero_grad();
-  // Every matrix's bf16 copy from its master: round to nearest even, as cast_bf16.
+  // Every matrix's bf16 copy from its master: round to nearest even, as cast_bf16 (one launch).
   void cast_weights();
 
   float* value(const train::Param<float>& p) { return values_.get() + slot(p).offset; }
@@ -52,8 +53,8 @@ class DeviceParameters {
 
  private:
   struct Slot {
-    int64_t offset = 0;       // in the fp32 arenas
-    int64_t bf16_offset = -1;  // in the bf16 arena; −1: not a matrix
+    int64_t offset = 0;  // in every arena
+    bool matrix = false;
   };
   const Slot& slot(const train::Param<float>& p) const;
   // Each tensor's part of `arena` into its host vector `host` (value or grad); waits for the stream.
@@ -62,7 +63,7 @@ class DeviceParameters {
   train::Parameters<float>& host_;
   cudaStream_t stream_;
   std::map<const train::Param<float>*, Slot> slots_;
-  int64_t elements_ = 0, bf16_elements_ = 0;
+  int64_t elements_ = 0;
   cuda::DeviceBuffer<float> values_, grads_;
   cuda::DeviceBuffer<bf16> bf16_;
 };

@@ -34,11 +34,16 @@ void muon_step(Blas& blas, float* W, const float* grad, float* momentum, int64_t
   cuda::DeviceBuffer<float> update(n, stream, true);
   nesterov_momentum(grad, momentum, n, options.momentum, update.get(), stream);
   orthogonalize(blas, update.get(), row_blocks, block_rows, cols, precision, stream);
+  muon_apply(W, update.get(), n, block_rows, cols, lr, options, stream);
+}
+
+void muon_apply(float* W, const float* O, int64_t n, int64_t block_rows, int64_t cols, float lr,
+                const dsv41::optim::MuonOptions& options, cudaStream_t stream) {
   // The CPU's scalars (src/train/optim/muon.cpp), computed the same way.
   const float scale = float(std::sqrt(double(std::max(block_rows, cols)))) * options.update_rms;
   const float decay = 1 - lr * options.weight_decay;
-  apply_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(W, update.get(), n, decay, lr, scale);
-  cuda::check_launch(where);
+  apply_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(W, O, n, decay, lr, scale);
+  cuda::check_launch("train_cuda::optim::muon_apply");
 }
 
 }  // namespace dsv41::train_cuda::optim

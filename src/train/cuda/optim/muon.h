@@ -22,4 +22,9 @@ void muon_step(Blas& blas, float* W, const float* grad, float* momentum, int64_t
                float lr, const dsv41::optim::MuonOptions& options, NsPrecision precision = NsPrecision::Fp32,
                cudaStream_t stream = nullptr);
 
+// The step's last line, for an optimizer that runs Newton–Schulz over many matrices at once
+// (optimizer.cpp): W [n] ← W (1 − η λ) − η O √max(block_rows, cols) γ, O the orthogonalized Ĝ.
+void muon_apply(float* W, const float* O, int64_t n, int64_t block_rows, int64_t cols, float lr,
+                const dsv41::optim::MuonOptions& options, cudaStream_t stream = nullptr);
+
 }  // namespace dsv41::train_cuda::optim

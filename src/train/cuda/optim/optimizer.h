@@ -9,6 +9,12 @@
 // (Muon and Sinkhorn: the momentum; AdamW: m, v), each of the parameter's elements, zero at the
 // start: the layout of the state file's buffers. The gate's bias is not a parameter here either:
 // expert_bias.h moves it by its loads.
+//
+// Muon's Newton–Schulz runs once per batch of same-shape blocks, not once per matrix: the Muon
+// slots are grouped by their blocks' shape (a head-wise matrix is row_blocks blocks), each group's
+// Ĝ written side by side into one scratch array and orthogonalized as one strided batch. The
+// iteration is the same map block by block; the launches a step fall from ~35 per matrix to ~35
+// per shape (the experts of every layer share a handful of shapes).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -43,7 +49,14 @@ class Optimizer {
   void load(const std::string& path);
 
  private:
+  // Muon slots whose blocks are [block_rows, cols], in the table's order; blocks: their sum.
+  struct MuonBatch {
+    int64_t block_rows, cols, blocks = 0;
+    std::vector<size_t> slots;
+  };
+
   std::vector<dsv41::optim::ParamSlot> slots_;
+  std::vector<MuonBatch> muon_batches_;
   dsv41::optim::OptimizerOptions options_;
   cudaStream_t stream_;
   std::vector<std::vector<cuda::DeviceBuffer<float>>> state_;  // state_[i]: slots_[i]'s buffers
