@@ -27,7 +27,7 @@ url="http://$host:$port/v1"
 
 cat <<MSG
 
-main: serving assets/default-model as model "$name": a 4M-parameter model of the V4.1 architecture
+main: serving assets/default-model as model "$name": a 25M-parameter model of the V4.1 architecture
 trained on public-domain English (docs/default-model.md). OpenAI clients:
   Python: OpenAI(base_url="$url", api_key="$key").chat.completions.create(model="$name", messages=[...])
   JS:     new OpenAI({ baseURL: "$url", apiKey: "$key" }).chat.completions.create({ model: "$name", messages: [...] })
