@@ -220,6 +220,26 @@ void linear_backward(Blas& blas, const bf16* x, int64_t M, int64_t K, const bf16
   grouped_backward(blas, true, x, M, 1, K, W, N, dy, dx, dW, stream);
 }
 
+void linear_forward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t K, const void* W, int64_t N, float* y,
+                    cudaStream_t stream) {
+  grouped_forward(blas, operands == Operands::Bf16, x, M, 1, K, W, N, y, stream);
+}
+
+void linear_backward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t K, const void* W, int64_t N,
+                     const void* dy, float* dx, float* dW, cudaStream_t stream) {
+  grouped_backward(blas, operands == Operands::Bf16, x, M, 1, K, W, N, dy, dx, dW, stream);
+}
+
+void linear_grouped_forward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t G, int64_t Kg, const void* W,
+                            int64_t Ng, float* y, cudaStream_t stream) {
+  grouped_forward(blas, operands == Operands::Bf16, x, M, G, Kg, W, Ng, y, stream);
+}
+
+void linear_grouped_backward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t G, int64_t Kg, const void* W,
+                             int64_t Ng, const void* dy, float* dx, float* dW, cudaStream_t stream) {
+  grouped_backward(blas, operands == Operands::Bf16, x, M, G, Kg, W, Ng, dy, dx, dW, stream);
+}
+
 void linear_forward_f32(Blas& blas, const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y,
                         cudaStream_t stream) {
   grouped_forward(blas, false, x, M, 1, K, W, N, y, stream);

@@ -70,6 +70,15 @@ Buffer<bf16> as_bf16(const float* x, int64_t n) {
   return b;
 }
 
+// A product's operand (linear.h's Operands): a bf16 copy of an fp32 array, or the array itself, then
+// kept alive by `keep` for as long as a backward may read it.
+struct Operand {
+  Buffer<bf16> copy;
+  std::shared_ptr<const void> keep;
+  const float* x = nullptr;
+  const void* get() const { return copy ? static_cast<const void*>(copy->get()) : static_cast<const void*>(x); }
+};
+
 // An activation and its gradient (allocated, zero, by the first op that adds to it), as
 // train/model/tape.h's Node.
 struct Node {
@@ -103,11 +112,14 @@ Tensor copy_of(const Tensor& x) {
 }  // namespace
 
 // What every forward's op sets read and no forward changes, made once per model: the RoPE tables'
-// frequencies of SWA-only and compressed layers (forward/model.h rope_table).
+// frequencies of SWA-only and compressed layers (forward/model.h rope_table); the products'
+// operand precision.
 struct CudaTrainModel::Constants {
-  explicit Constants(const Config& c)
-      : freqs_window(on_device(rope_table(c, false).frequencies())), freqs_compressed(on_device(rope_table(c, true).frequencies())) {}
+  Constants(const Config& c, Operands operands)
+      : freqs_window(on_device(rope_table(c, false).frequencies())), freqs_compressed(on_device(rope_table(c, true).frequencies())),
+        operands(operands) {}
   Buffer<float> freqs_window, freqs_compressed;
+  Operands operands;
 };
 
 // network.h's op set on the device: train_ops.h's mirror, served calls (decoder bounded replay) included.
@@ -122,7 +134,7 @@ class CudaTrainOps {
                std::vector<std::vector<int64_t>>& load)
       : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), B_(int64_t(batch.size())),
         L_(batch.empty() ? 0 : int64_t(batch[0].tokens.size()) - 1), R_(B_ * L_), trace_(trace), load_(load),
-        freqs_window_(constants.freqs_window), freqs_compressed_(constants.freqs_compressed) {
+        freqs_window_(constants.freqs_window), freqs_compressed_(constants.freqs_compressed), operands_(constants.operands) {
     refuse_what_is_not_written();
     if (B_ < 1) fail("CUDA train forward", "at least one sequence", "none");
     if (L_ < 1) fail("CUDA train forward", "sequences of at least 2 tokens (inputs and their next tokens)", std::to_string(L_ + 1));
@@ -173,7 +185,7 @@ class CudaTrainOps {
                std::vector<std::vector<int64_t>>& load)
       : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), B_(target.B_), L_(target.L_), R_(0),
         trace_(trace), load_(load), freqs_window_(target.freqs_window_), freqs_compressed_(target.freqs_compressed_),
-        target_(&target) {
+        operands_(target.operands_), target_(&target) {
     refuse_what_is_not_written();
     const int64_t G = c_.dspark_block_size, L = L_;
     if (!c_.has_dspark()) fail("CUDA train forward", "a model with DSpark stages for draft blocks", "none");
@@ -403,13 +415,13 @@ class CudaTrainOps {
     const int64_t d = c_.dim, V = c_.vocab_size;
     Tensor h = collapse(mix_[size_t(Sub::Ffn)].pre);
     rms_norm(h, d, &p_.norm());
-    Buffer<bf16> hb = as_bf16(h->v(), h->size());
+    const Operand hb = operand(h->v(), h->size(), h);
     logits_ = buffer<float>(R_ * V);
     logit_max_ = buffer<float>(R_);
     logit_sum_ = buffer<float>(R_);
     const Buffer<float>& row_max = logit_max_, &row_sum = logit_sum_;
     Buffer<float> loss = buffer<float>(2 * B_);
-    linear_forward(blas_, hb->get(), R_, d, dev_.weight_bf16(p_.head()), V, logits_->get());
+    linear_forward(blas_, operands_, hb.get(), R_, d, weight(p_.head()), V, logits_->get());
     for (int64_t b = 0; b < B_; ++b) {
       const int64_t r = row_begin_[size_t(b)], n = rows_of(b);
       cross_entropy_forward(logits_->get() + r * V, n, V, targets_->get() + r, row_max->get() + r, row_sum->get() + r,
@@ -427,8 +439,8 @@ class CudaTrainOps {
           cross_entropy_backward(z->get() + r * V, n, V, targets->get() + r, row_max->get() + r, row_sum->get() + r,
                                loss->get() + 2 * b, lm_weight, dz->get() + r * V);
       }
-      Buffer<bf16> dzb = as_bf16(dz->get(), R * V);
-      linear_backward(blas_, hb->get(), R, d, dev_.weight_bf16(p_.head()), V, dzb->get(), h->g(), dev_.grad(p_.head()));
+      const Operand dzb = operand(dz->get(), R * V);
+      linear_backward(blas_, operands_, hb.get(), R, d, weight(p_.head()), V, dzb.get(), h->g(), dev_.grad(p_.head()));
     });
   }
 
@@ -503,13 +515,13 @@ class CudaTrainOps {
     Tensor x = collapse(mix_[size_t(Sub::Ffn)].pre);
     Tensor h = x;
     rms_norm(h, d, w.norm);
-    const Buffer<bf16> hb = as_bf16(h->v(), h->size());
+    const Operand hb = operand(h->v(), h->size(), h);
     Tensor u = tensor(R_ * V);
-    linear_forward(blas_, hb->get(), R_, d, dev_.weight_bf16(p_.head()), V, u->v());
+    linear_forward(blas_, operands_, hb.get(), R_, d, weight(p_.head()), V, u->v());
     tape_.record([this, h, hb, u, R = R_] {
       if (!u->has_grad()) return;
-      const Buffer<bf16> dub = as_bf16(u->grad->get(), u->size());
-      linear_backward(blas_, hb->get(), R, c_.dim, dev_.weight_bf16(p_.head()), c_.vocab_size, dub->get(), h->g(), nullptr);
+      const Operand dub = operand(u->grad->get(), u->size());
+      linear_backward(blas_, operands_, hb.get(), R, c_.dim, weight(p_.head()), c_.vocab_size, dub.get(), h->g(), nullptr);
     });
     Tensor e = tensor(R_ * rank);
     gather_rows_forward(dev_.value(*w.markov_embed), V, rank, prev_->get(), R_, e->v());
@@ -518,15 +530,15 @@ class CudaTrainOps {
         gather_rows_backward(e->grad->get(), c_.dspark_markov_rank, prev_->get(), R, c_.vocab_size, dev_.grad(*w.markov_embed));
     });
     // z = u + W2 e.
-    const Buffer<bf16> eb = as_bf16(e->v(), e->size());
+    const Operand eb = operand(e->v(), e->size(), e);
     Tensor z = tensor(R_ * V);
-    linear_forward(blas_, eb->get(), R_, rank, dev_.weight_bf16(*w.markov_head), V, z->v());
+    linear_forward(blas_, operands_, eb.get(), R_, rank, weight(*w.markov_head), V, z->v());
     add_into(u->v(), R_ * V, z->v());
     tape_.record([this, u, e, eb, z, &w, R = R_] {
       if (!z->has_grad()) return;
       add_into(z->grad->get(), z->size(), u->g());
-      const Buffer<bf16> dzb = as_bf16(z->grad->get(), z->size());
-      linear_backward(blas_, eb->get(), R, c_.dspark_markov_rank, dev_.weight_bf16(*w.markov_head), c_.vocab_size, dzb->get(),
+      const Operand dzb = operand(z->grad->get(), z->size());
+      linear_backward(blas_, operands_, eb.get(), R, c_.dspark_markov_rank, weight(*w.markov_head), c_.vocab_size, dzb.get(),
                       e->g(), dev_.grad(*w.markov_head));
     });
     Tensor conf = tensor(R_);
@@ -594,16 +606,26 @@ class CudaTrainOps {
   const train::LayerParams<float>& layer(int l) const { return p_.layer(l); }
   const Tensor& h() const { return h_; }
 
-  // y = x Wᵀ on bf16 operands, rows of W.shape[1] values in, W.shape[0] out.
+  // x [n] as a product's operand: its bf16 copy, or x itself (kept alive by `keep`).
+  Operand operand(const float* x, int64_t n, std::shared_ptr<const void> keep = nullptr) const {
+    if (operands_ == Operands::Fp32) return {nullptr, std::move(keep), x};
+    return {as_bf16(x, n), nullptr, nullptr};
+  }
+  // A weight as a product's operand: its bf16 copy, or its fp32 master.
+  const void* weight(const train::Param<float>& w) {
+    return operands_ == Operands::Fp32 ? static_cast<const void*>(dev_.value(w)) : dev_.weight_bf16(w);
+  }
+
+  // y = x Wᵀ, rows of W.shape[1] values in, W.shape[0] out.
   Tensor linear(const Tensor& x, train::Param<float>* w) {
     const int64_t N = w->shape[0], K = w->shape[1], M = x->size() / K;
-    Buffer<bf16> xb = as_bf16(x->v(), x->size());
+    const Operand xb = operand(x->v(), x->size(), x);
     Tensor y = tensor(M * N);
-    linear_forward(blas_, xb->get(), M, K, dev_.weight_bf16(*w), N, y->v());
+    linear_forward(blas_, operands_, xb.get(), M, K, weight(*w), N, y->v());
     tape_.record([this, x, xb, y, w, M, N, K] {
       if (!y->has_grad()) return;
-      Buffer<bf16> dyb = as_bf16(y->grad->get(), y->size());
-      linear_backward(blas_, xb->get(), M, K, dev_.weight_bf16(*w), N, dyb->get(), x->g(), dev_.grad(*w));
+      const Operand dyb = operand(y->grad->get(), y->size());
+      linear_backward(blas_, operands_, xb.get(), M, K, weight(*w), N, dyb.get(), x->g(), dev_.grad(*w));
     });
     return y;
   }
@@ -774,13 +796,13 @@ class CudaTrainOps {
 
   Tensor linear_grouped(const Tensor& o, train::Param<float>* wo_a) {
     const int64_t G = c_.o_groups, Kg = int64_t(c_.n_heads) * c_.head_dim / G, Ng = c_.o_lora_rank;
-    Buffer<bf16> ob = as_bf16(o->v(), o->size());
+    const Operand ob = operand(o->v(), o->size(), o);
     Tensor y = tensor(R_ * G * Ng);
-    linear_grouped_forward(blas_, ob->get(), R_, G, Kg, dev_.weight_bf16(*wo_a), Ng, y->v());
+    linear_grouped_forward(blas_, operands_, ob.get(), R_, G, Kg, weight(*wo_a), Ng, y->v());
     tape_.record([this, o, ob, y, wo_a, G, Kg, Ng, R = R_] {
       if (!y->has_grad()) return;
-      Buffer<bf16> dyb = as_bf16(y->grad->get(), y->size());
-      linear_grouped_backward(blas_, ob->get(), R, G, Kg, dev_.weight_bf16(*wo_a), Ng, dyb->get(), o->g(), dev_.grad(*wo_a));
+      const Operand dyb = operand(y->grad->get(), y->size());
+      linear_grouped_backward(blas_, operands_, ob.get(), R, G, Kg, weight(*wo_a), Ng, dyb.get(), o->g(), dev_.grad(*wo_a));
     });
     return y;
   }
@@ -817,9 +839,10 @@ class CudaTrainOps {
     Buffer<int32_t> experts;       // [R, k]
     Tensor weights;                // [R, k]
   };
-  // An expert's forward, kept for its backward: its bf16 input, W1 x and W3 x, the activation.
+  // An expert's forward, kept for its backward: its input and activation as products' operands,
+  // W1 x and W3 x.
   struct ExpertRun {
-    Buffer<bf16> xb, hb;
+    Operand xb, hb;
     Buffer<float> g, u;
   };
   struct Routed {
@@ -833,29 +856,29 @@ class CudaTrainOps {
   void expert_forward(const float* x, int64_t n, const train::ExpertParams<float>& w, const float* row_weights, float* y,
                       ExpertRun& s) {
     const int64_t d = c_.dim, inter = c_.moe_inter_dim;
-    s.xb = as_bf16(x, n * d);
+    s.xb = operand(x, n * d);  // x outlives the backward: the caller's tape keeps it
     s.g = buffer<float>(n * inter);
     s.u = buffer<float>(n * inter);
-    linear_forward(blas_, s.xb->get(), n, d, dev_.weight_bf16(*w.w1), inter, s.g->get());
-    linear_forward(blas_, s.xb->get(), n, d, dev_.weight_bf16(*w.w3), inter, s.u->get());
+    linear_forward(blas_, operands_, s.xb.get(), n, d, weight(*w.w1), inter, s.g->get());
+    linear_forward(blas_, operands_, s.xb.get(), n, d, weight(*w.w3), inter, s.u->get());
     Buffer<float> h = buffer<float>(n * inter);
     swiglu_forward(s.g->get(), s.u->get(), n, inter, float(c_.swiglu_limit), row_weights, h->get());
-    s.hb = as_bf16(h->get(), n * inter);
-    linear_forward(blas_, s.hb->get(), n, inter, dev_.weight_bf16(*w.w2), d, y);
+    s.hb = operand(h->get(), n * inter, h);
+    linear_forward(blas_, operands_, s.hb.get(), n, inter, weight(*w.w2), d, y);
   }
 
   // Adds into dx [n, dim], the expert's weight gradients and drow_weights [n] (unless nullptr).
   void expert_backward(int64_t n, const train::ExpertParams<float>& w, const float* row_weights, const ExpertRun& s,
                        const float* dy, float* dx, float* drow_weights) {
     const int64_t d = c_.dim, inter = c_.moe_inter_dim;
-    Buffer<bf16> dyb = as_bf16(dy, n * d);
+    const Operand dyb = operand(dy, n * d);
     Buffer<float> dh = zeros<float>(n * inter), dg = buffer<float>(n * inter), du = buffer<float>(n * inter);
-    linear_backward(blas_, s.hb->get(), n, inter, dev_.weight_bf16(*w.w2), d, dyb->get(), dh->get(), dev_.grad(*w.w2));
+    linear_backward(blas_, operands_, s.hb.get(), n, inter, weight(*w.w2), d, dyb.get(), dh->get(), dev_.grad(*w.w2));
     swiglu_backward(s.g->get(), s.u->get(), n, inter, float(c_.swiglu_limit), row_weights, dh->get(), dg->get(), du->get(),
                     drow_weights);
-    Buffer<bf16> dgb = as_bf16(dg->get(), n * inter), dub = as_bf16(du->get(), n * inter);
-    linear_backward(blas_, s.xb->get(), n, d, dev_.weight_bf16(*w.w1), inter, dgb->get(), dx, dev_.grad(*w.w1));
-    linear_backward(blas_, s.xb->get(), n, d, dev_.weight_bf16(*w.w3), inter, dub->get(), dx, dev_.grad(*w.w3));
+    const Operand dgb = operand(dg->get(), n * inter), dub = operand(du->get(), n * inter);
+    linear_backward(blas_, operands_, s.xb.get(), n, d, weight(*w.w1), inter, dgb.get(), dx, dev_.grad(*w.w1));
+    linear_backward(blas_, operands_, s.xb.get(), n, d, weight(*w.w3), inter, dub.get(), dx, dev_.grad(*w.w3));
   }
 
   // The streams collapsed by `pre`: hc_pre(X, pre).
@@ -1056,6 +1079,7 @@ class CudaTrainOps {
   std::vector<int64_t> floor_, row_at_;
   bool compressed_at_cut_ = false;
   Buffer<float> freqs_window_, freqs_compressed_;  // the model's Constants
+  Operands operands_;                               // the model's Constants
   Buffer<float> logits_, logit_max_, logit_sum_;     // the head's [R, vocab] and each row's max and Σ exp(z − max)
   Tensor X_, h_, y_;  // the streams [R, hc, dim]; the sub-layer's input and output [R, dim]
   Mix mix_[2];
@@ -1074,8 +1098,9 @@ class CudaTrainOps {
   std::map<int, Tensor> context_kv_;
 };
 
-CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options)
-    : params_(params), device_(device), options_(options), constants_(std::make_unique<Constants>(params.config())),
+CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options,
+                               Operands operands)
+    : params_(params), device_(device), options_(options), constants_(std::make_unique<Constants>(params.config(), operands)),
       expert_load_(size_t(params.config().n_total_layers())) {}
 
 CudaTrainModel::~CudaTrainModel() = default;

@@ -13,8 +13,8 @@
 // loss; decoder bounded replay (served calls). Not written: imposed layer inputs (layer-local parity).
 //
 // Products on bf16 operands with fp32 accumulation (linear.h): the masters' bf16 copies and each
-// activation cast as it enters a product, straight-through, as autocast has it; everything else in
-// fp32. The host keeps what it decides: each row's window lists and the MoE's rows per expert (one
+// activation cast as it enters a product, straight-through, as autocast has it (or, Operands::Fp32,
+// on the fp32 values themselves); everything else in fp32. The host keeps what it decides: each row's window lists and the MoE's rows per expert (one
 // download of the gate's choices a layer).
 #include <cstdint>
 #include <memory>
@@ -32,7 +32,9 @@ class CudaTrainOps;
 
 class CudaTrainModel {
  public:
-  CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options = {});
+  // operands: the products' precision (linear.h): Bf16 to train, Fp32 for the parity tests.
+  CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options = {},
+                 Operands operands = Operands::Bf16);
   ~CudaTrainModel();
 
   // A batch of sequences of one length L (train_model.h's TrainSequence: tokens [L + 1], the inputs
