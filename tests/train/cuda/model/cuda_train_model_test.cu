@@ -126,18 +126,25 @@ TrainRun run_on_device(train::Parameters<float>& host, const train::TrainOptions
   return out;
 }
 
-// The fp32 device run against the CPU's: every bound of the header's first paragraph, each
-// tensor's gradient on its own; the ten worst printed.
-void expect_fp32_parity(const TrainRun& cpu, const TrainRun& dev) {
+// Each sequence's losses, printed: L_lm within lm_rel relative, L_indexer within other_rel relative
+// + indexer_abs, L_dspark within other_rel relative.
+void expect_losses(const TrainRun& cpu, const TrainRun& dev, const char* products, double lm_rel, double other_rel,
+                   double indexer_abs) {
   ASSERT_EQ(dev.losses.size(), cpu.losses.size());
   for (size_t s = 0; s < cpu.losses.size(); ++s) {
     const train::Losses &c = cpu.losses[s], &d = dev.losses[s];
-    std::printf("fp32 products, sequence %zu: L_lm CPU %.7f device %.7f; L_indexer %.7g / %.7g; L_dspark %.7f / %.7f\n", s, c.lm,
-                d.lm, c.indexer, d.indexer, c.dspark, d.dspark);
-    EXPECT_NEAR(d.lm, c.lm, 1e-4 * c.lm) << s;
-    EXPECT_NEAR(d.indexer, c.indexer, 1e-4 * c.indexer + 1e-9) << s;
-    EXPECT_NEAR(d.dspark, c.dspark, 1e-4 * c.dspark) << s;
+    std::printf("%s products, sequence %zu: L_lm CPU %.7f device %.7f; L_indexer %.7g / %.7g; L_dspark %.7f / %.7f\n", products, s,
+                c.lm, d.lm, c.indexer, d.indexer, c.dspark, d.dspark);
+    EXPECT_NEAR(d.lm, c.lm, lm_rel * c.lm) << s;
+    EXPECT_NEAR(d.indexer, c.indexer, other_rel * c.indexer + indexer_abs) << s;
+    EXPECT_NEAR(d.dspark, c.dspark, other_rel * c.dspark) << s;
   }
+}
+
+// The fp32 device run against the CPU's: every bound of the header's first paragraph, each
+// tensor's gradient on its own; the ten worst printed.
+void expect_fp32_parity(const TrainRun& cpu, const TrainRun& dev) {
+  expect_losses(cpu, dev, "fp32", 1e-4, 1e-4, 1e-9);
   ASSERT_EQ(dev.logits.size(), cpu.logits.size()) << "the rows the decoder ran";
   const double e_logits = test::nmse(dev.logits, cpu.logits);
   std::printf("fp32 products: logits NMSE %.3g (bound 1e-6)\n", e_logits);
@@ -170,15 +177,7 @@ std::vector<float> whole_gradient(const TrainRun& run) {
 
 // The bf16 device run (training's arithmetic) against the CPU's: the header's second paragraph.
 void expect_bf16_parity(const TrainRun& cpu, const TrainRun& dev) {
-  ASSERT_EQ(dev.losses.size(), cpu.losses.size());
-  for (size_t s = 0; s < cpu.losses.size(); ++s) {
-    const train::Losses &c = cpu.losses[s], &d = dev.losses[s];
-    std::printf("bf16 products, sequence %zu: L_lm CPU %.6f device %.6f; L_indexer %.6g / %.6g; L_dspark %.6f / %.6f\n", s, c.lm,
-                d.lm, c.indexer, d.indexer, c.dspark, d.dspark);
-    EXPECT_NEAR(d.lm, c.lm, 1e-2 * c.lm) << s;
-    EXPECT_NEAR(d.indexer, c.indexer, 1e-1 * c.indexer + 1e-6) << s;
-    EXPECT_NEAR(d.dspark, c.dspark, 1e-1 * c.dspark) << s;
-  }
+  expect_losses(cpu, dev, "bf16", 1e-2, 1e-1, 1e-6);
   ASSERT_EQ(dev.logits.size(), cpu.logits.size()) << "the rows the decoder ran";
   const double e_logits = test::nmse(dev.logits, cpu.logits), e_grad = test::nmse(whole_gradient(dev), whole_gradient(cpu));
   std::printf("bf16 products: logits NMSE %.3g (bound 1e-2), whole gradient NMSE %.3g (bound 5e-2)\n", e_logits, e_grad);
