@@ -161,17 +161,14 @@ void Blas::matmul(const Product& p, cudaStream_t stream) {
      "cublasLtMatmul");
 }
 
-namespace {
-
-// The grouped products of bf16 or fp32 operands (the element type is all that differs).
-void grouped_forward(Blas& blas, bool bf16_operands, const void* x, int64_t M, int64_t G, int64_t Kg, const void* W, int64_t Ng,
-                     float* y, cudaStream_t stream) {
+void linear_grouped_forward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t G, int64_t Kg, const void* W,
+                            int64_t Ng, float* y, cudaStream_t stream) {
   if (M <= 0 || G <= 0 || Ng <= 0) return;
   if (Kg <= 0) {
     cuda::check(cudaMemsetAsync(y, 0, size_t(M * G * Ng) * sizeof(float), stream), "train_cuda::linear_forward");
     return;
   }
-  blas.matmul({.bf16 = bf16_operands, .transpose_a = true, .m = Ng, .n = M, .k = Kg,
+  blas.matmul({.bf16 = operands == Operands::Bf16, .transpose_a = true, .m = Ng, .n = M, .k = Kg,
                .a = W, .lda = Kg, .stride_a = Ng * Kg,
                .b = x, .ldb = G * Kg, .stride_b = Kg,
                .beta = 0.0f,
@@ -179,18 +176,18 @@ void grouped_forward(Blas& blas, bool bf16_operands, const void* x, int64_t M, i
               stream);
 }
 
-void grouped_backward(Blas& blas, bool bf16_operands, const void* x, int64_t M, int64_t G, int64_t Kg, const void* W, int64_t Ng,
-                      const void* dy, float* dx, float* dW, cudaStream_t stream) {
+void linear_grouped_backward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t G, int64_t Kg, const void* W,
+                             int64_t Ng, const void* dy, float* dx, float* dW, cudaStream_t stream) {
   if (M <= 0 || G <= 0 || Kg <= 0 || Ng <= 0) return;
   if (dx)
-    blas.matmul({.bf16 = bf16_operands, .m = Kg, .n = M, .k = Ng,
+    blas.matmul({.bf16 = operands == Operands::Bf16, .m = Kg, .n = M, .k = Ng,
                  .a = W, .lda = Kg, .stride_a = Ng * Kg,
                  .b = dy, .ldb = G * Ng, .stride_b = Ng,
                  .beta = 1.0f,
                  .d = dx, .ldd = G * Kg, .stride_d = Kg, .batch = G},
                 stream);
   if (dW)
-    blas.matmul({.bf16 = bf16_operands, .transpose_b = true, .m = Kg, .n = Ng, .k = M,
+    blas.matmul({.bf16 = operands == Operands::Bf16, .transpose_b = true, .m = Kg, .n = Ng, .k = M,
                  .a = x, .lda = G * Kg, .stride_a = Kg,
                  .b = dy, .ldb = G * Ng, .stride_b = Ng,
                  .beta = 1.0f,
@@ -198,56 +195,15 @@ void grouped_backward(Blas& blas, bool bf16_operands, const void* x, int64_t M, 
                 stream);
 }
 
-}  // namespace
-
-void linear_grouped_forward(Blas& blas, const bf16* x, int64_t M, int64_t G, int64_t Kg, const bf16* W, int64_t Ng, float* y,
-                            cudaStream_t stream) {
-  grouped_forward(blas, true, x, M, G, Kg, W, Ng, y, stream);
-}
-
-void linear_grouped_backward(Blas& blas, const bf16* x, int64_t M, int64_t G, int64_t Kg, const bf16* W, int64_t Ng,
-                             const bf16* dy, float* dx, float* dW, cudaStream_t stream) {
-  grouped_backward(blas, true, x, M, G, Kg, W, Ng, dy, dx, dW, stream);
-}
-
-void linear_forward(Blas& blas, const bf16* x, int64_t M, int64_t K, const bf16* W, int64_t N, float* y,
-                    cudaStream_t stream) {
-  grouped_forward(blas, true, x, M, 1, K, W, N, y, stream);
-}
-
-void linear_backward(Blas& blas, const bf16* x, int64_t M, int64_t K, const bf16* W, int64_t N, const bf16* dy, float* dx,
-                     float* dW, cudaStream_t stream) {
-  grouped_backward(blas, true, x, M, 1, K, W, N, dy, dx, dW, stream);
-}
-
+// The plain products are the grouped ones with one group.
 void linear_forward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t K, const void* W, int64_t N, float* y,
                     cudaStream_t stream) {
-  grouped_forward(blas, operands == Operands::Bf16, x, M, 1, K, W, N, y, stream);
+  linear_grouped_forward(blas, operands, x, M, 1, K, W, N, y, stream);
 }
 
 void linear_backward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t K, const void* W, int64_t N,
                      const void* dy, float* dx, float* dW, cudaStream_t stream) {
-  grouped_backward(blas, operands == Operands::Bf16, x, M, 1, K, W, N, dy, dx, dW, stream);
-}
-
-void linear_grouped_forward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t G, int64_t Kg, const void* W,
-                            int64_t Ng, float* y, cudaStream_t stream) {
-  grouped_forward(blas, operands == Operands::Bf16, x, M, G, Kg, W, Ng, y, stream);
-}
-
-void linear_grouped_backward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t G, int64_t Kg, const void* W,
-                             int64_t Ng, const void* dy, float* dx, float* dW, cudaStream_t stream) {
-  grouped_backward(blas, operands == Operands::Bf16, x, M, G, Kg, W, Ng, dy, dx, dW, stream);
-}
-
-void linear_forward_f32(Blas& blas, const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y,
-                        cudaStream_t stream) {
-  grouped_forward(blas, false, x, M, 1, K, W, N, y, stream);
-}
-
-void linear_backward_f32(Blas& blas, const float* x, int64_t M, int64_t K, const float* W, int64_t N, const float* dy,
-                         float* dx, float* dW, cudaStream_t stream) {
-  grouped_backward(blas, false, x, M, 1, K, W, N, dy, dx, dW, stream);
+  linear_grouped_backward(blas, operands, x, M, 1, K, W, N, dy, dx, dW, stream);
 }
 
 }  // namespace dsv41::train_cuda

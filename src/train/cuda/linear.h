@@ -63,49 +63,31 @@ class Blas {
   Opaque* lt_;
 };
 
+// The products' operand precision. Bf16: the masters' bf16 copies and each activation (and, in the
+// backward, each incoming gradient) cast as it enters a product — the tensor cores, what training
+// runs. Fp32: the fp32 arrays themselves (no cast; fp32 accumulation, no TF32) — for the small
+// products whose outputs feed a normalization or a choice rather than a sum, where bf16's 2⁻⁹ would
+// move them far past the CPU's rounding (the MoE gate; mHC's mixes, mhc.h: (2 + hc)·hc outputs a
+// row, then Sinkhorn), and for every product in the CUDA trainer's parity test (the CPU trainer's
+// arithmetic up to the sums' order). x, W and dy below are arrays of the precision `operands` names.
+enum class Operands { Bf16, Fp32 };
+
 // y [M, N] = x [M, K] · Wᵀ (overwritten). K = 0 gives zeros.
-void linear_forward(Blas& blas, const bf16* x, int64_t M, int64_t K, const bf16* W, int64_t N, float* y,
+void linear_forward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t K, const void* W, int64_t N, float* y,
                     cudaStream_t stream = nullptr);
 
 // dx [M, K] += dy W and dW [N, K] += dyᵀ x; either may be nullptr (not wanted). x, W: the forward's
-// bf16 operands; dy: bf16 of the output's fp32 gradient.
-void linear_backward(Blas& blas, const bf16* x, int64_t M, int64_t K, const bf16* W, int64_t N, const bf16* dy, float* dx,
-                     float* dW, cudaStream_t stream = nullptr);
-
-// The same two products on fp32 operands (no cast; fp32 accumulation, no TF32): for the small
-// products whose outputs feed a normalization or a choice rather than a sum, where bf16's 2⁻⁹ would
-// move them far past the CPU's rounding — mHC's mixes (mhc.h: (2 + hc)·hc outputs a row, then Sinkhorn).
-void linear_forward_f32(Blas& blas, const float* x, int64_t M, int64_t K, const float* W, int64_t N, float* y,
-                        cudaStream_t stream = nullptr);
-void linear_backward_f32(Blas& blas, const float* x, int64_t M, int64_t K, const float* W, int64_t N, const float* dy,
-                         float* dx, float* dW, cudaStream_t stream = nullptr);
-
-// The products' operand precision. Bf16: the masters' bf16 copies and each activation (and, in the
-// backward, each incoming gradient) cast as it enters a product — the tensor cores, what training
-// runs. Fp32: the fp32 arrays themselves (no cast, no TF32) — the CPU trainer's arithmetic up to
-// the sums' order, so that the CUDA trainer's parity test can compare every other op of it with
-// the CPU's to fp32 rounding.
-enum class Operands { Bf16, Fp32 };
-
-// linear_forward / linear_backward with x, W and dy arrays of the precision `operands` names.
-void linear_forward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t K, const void* W, int64_t N, float* y,
-                    cudaStream_t stream = nullptr);
+// operands; dy: the output's gradient (its bf16 copy when Bf16).
 void linear_backward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t K, const void* W, int64_t N,
                      const void* dy, float* dx, float* dW, cudaStream_t stream = nullptr);
 
 // The grouped low-rank output (Attention's wo_a, grad::linear_grouped_*): x [M, G, Kg], group g
 // through W's rows [g·Ng, (g+1)·Ng) (W [G·Ng, Kg]), y [M, G, Ng]: block-diagonal, one strided batch
 // of G products (no gather of a group's columns).
-void linear_grouped_forward(Blas& blas, const bf16* x, int64_t M, int64_t G, int64_t Kg, const bf16* W, int64_t Ng, float* y,
-                            cudaStream_t stream = nullptr);
-
-// dx [M, G, Kg] += dy_g W_g and dW_g [Ng, Kg] += dy_gᵀ x_g per group; either may be nullptr.
-void linear_grouped_backward(Blas& blas, const bf16* x, int64_t M, int64_t G, int64_t Kg, const bf16* W, int64_t Ng,
-                             const bf16* dy, float* dx, float* dW, cudaStream_t stream = nullptr);
-
-// The grouped products with x, W and dy of the precision `operands` names.
 void linear_grouped_forward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t G, int64_t Kg, const void* W,
                             int64_t Ng, float* y, cudaStream_t stream = nullptr);
+
+// dx [M, G, Kg] += dy_g W_g and dW_g [Ng, Kg] += dy_gᵀ x_g per group; either may be nullptr.
 void linear_grouped_backward(Blas& blas, Operands operands, const void* x, int64_t M, int64_t G, int64_t Kg, const void* W,
                              int64_t Ng, const void* dy, float* dx, float* dW, cudaStream_t stream = nullptr);
 

@@ -346,7 +346,7 @@ void hc_mixes_forward(Blas& blas, const float* X, int64_t rows, int64_t d, const
   if (rows <= 0 || d <= 0) return;
   if (o.sinkhorn_iters < 1) fail("train_cuda::hc_mixes_forward", "at least one Sinkhorn iteration", std::to_string(o.sinkhorn_iters));
   const int64_t K = o.hc * d, n_mix = (2 + o.hc) * o.hc;
-  linear_forward_f32(blas, X, rows, K, fn, n_mix, raw, stream);
+  linear_forward(blas, Operands::Fp32, X, rows, K, fn, n_mix, raw, stream);
   inv_rms_kernel<<<unsigned(rows), kThreads, 0, stream>>>(X, K, o.norm_eps, r);
   cuda::check_launch("train_cuda::hc_mixes_forward");
   with_hc(o.hc, "train_cuda::hc_mixes_forward", [&]<int HC>() {
@@ -374,7 +374,7 @@ void hc_mixes_backward(Blas& blas, const float* X, int64_t rows, int64_t d, cons
   cuda::check_launch("train_cuda::hc_mixes_backward");
   inv_rms_backward_kernel<<<elementwise_blocks(rows * K), kThreads, 0, stream>>>(X, rows, K, coef.get(), dX);
   cuda::check_launch("train_cuda::hc_mixes_backward");
-  linear_backward_f32(blas, X, rows, K, fn, n_mix, draw.get(), dX, dfn, stream);
+  linear_backward(blas, Operands::Fp32, X, rows, K, fn, n_mix, draw.get(), dX, dfn, stream);
   column_sum_kernel<<<unsigned(3 + n_mix), kThreads, 0, stream>>>(parts.get(), rows, dscale, dbase);
   cuda::check_launch("train_cuda::hc_mixes_backward");
 }

@@ -138,19 +138,19 @@ ExpertGrads expert_on_device(train_cuda::Blas& blas, int64_t rows, int64_t dim, 
   cast_bf16(w2_32.get(), int64_t(w2.size()), w2b.get());
   cast_bf16(w3_32.get(), int64_t(w3.size()), w3b.get());
   // Forward.
-  train_cuda::linear_forward(blas, xb.get(), rows, dim, w1b.get(), inter, gate.get());
-  train_cuda::linear_forward(blas, xb.get(), rows, dim, w3b.get(), inter, up.get());
+  train_cuda::linear_forward(blas, train_cuda::Operands::Bf16, xb.get(), rows, dim, w1b.get(), inter, gate.get());
+  train_cuda::linear_forward(blas, train_cuda::Operands::Bf16, xb.get(), rows, dim, w3b.get(), inter, up.get());
   train_cuda::swiglu_forward(gate.get(), up.get(), rows, inter, kLimit, rw_d.get(), hidden.get());
   cast_bf16(hidden.get(), nh, hb.get());
-  train_cuda::linear_forward(blas, hb.get(), rows, inter, w2b.get(), dim, y.get());
+  train_cuda::linear_forward(blas, train_cuda::Operands::Bf16, hb.get(), rows, inter, w2b.get(), dim, y.get());
   // Backward.
   cast_bf16(dy32.get(), nx, dyb.get());
-  train_cuda::linear_backward(blas, hb.get(), rows, inter, w2b.get(), dim, dyb.get(), dh.get(), dw2.get());
+  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, hb.get(), rows, inter, w2b.get(), dim, dyb.get(), dh.get(), dw2.get());
   train_cuda::swiglu_backward(gate.get(), up.get(), rows, inter, kLimit, rw_d.get(), dh.get(), dg.get(), du.get(), drw.get());
   cast_bf16(dg.get(), nh, dgb.get());
   cast_bf16(du.get(), nh, dub.get());
-  train_cuda::linear_backward(blas, xb.get(), rows, dim, w1b.get(), inter, dgb.get(), dx.get(), dw1.get());
-  train_cuda::linear_backward(blas, xb.get(), rows, dim, w3b.get(), inter, dub.get(), dx.get(), dw3.get());
+  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, xb.get(), rows, dim, w1b.get(), inter, dgb.get(), dx.get(), dw1.get());
+  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, xb.get(), rows, dim, w3b.get(), inter, dub.get(), dx.get(), dw3.get());
   return {y.download(), dx.download(), dw1.download(), dw2.download(), dw3.download(), drw.download()};
 }
 

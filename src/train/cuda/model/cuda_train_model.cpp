@@ -349,7 +349,7 @@ class CudaTrainOps {
     gate->experts = buffer<int32_t>(R_ * k);
     gate->weights = tensor(R_ * k);
     Tensor x = h_, y = tensor(R_ * d);
-    linear_forward_f32(blas_, x->v(), R_, d, dev_.value(*L.gate), E, gate->logits->get());
+    linear_forward(blas_, Operands::Fp32, x->v(), R_, d, dev_.value(*L.gate), E, gate->logits->get());
     gate_forward(gate->logits->get(), R_, E, dev_.value(*L.gate_bias), gp, forced ? forced->get() : nullptr, gate->scores->get(),
                  gate->experts->get(), gate->weights->v());
     const std::vector<int32_t> experts = on_host(gate->experts->get(), R_ * k);
@@ -404,7 +404,7 @@ class CudaTrainOps {
       }
       Buffer<float> dlogits = buffer<float>(R * E);
       gate_backward(gate->logits->get(), gate->scores->get(), R, E, gate->experts->get(), dweights, gp, dlogits->get());
-      linear_backward_f32(blas_, x->v(), R, d, dev_.value(*L.gate), E, dlogits->get(), x->g(), dev_.grad(*L.gate));
+      linear_backward(blas_, Operands::Fp32, x->v(), R, d, dev_.value(*L.gate), E, dlogits->get(), x->g(), dev_.grad(*L.gate));
     });
     y_ = y;
   }

@@ -14,8 +14,8 @@
 //
 // Products on bf16 operands with fp32 accumulation (linear.h): the masters' bf16 copies and each
 // activation cast as it enters a product, straight-through, as autocast has it (or, Operands::Fp32,
-// on the fp32 values themselves); everything else in fp32. The host keeps what it decides: each row's window lists and the MoE's rows per expert (one
-// download of the gate's choices a layer).
+// on the fp32 values themselves); everything else in fp32. The host keeps what it decides: each
+// row's window lists and the MoE's rows per expert (one download of the gate's choices a layer).
 #include <cstdint>
 #include <memory>
 #include <span>

@@ -5,9 +5,9 @@
 // loads' alignment); every matrix (a tensor of rank 2: the linears, experts, embedding, head,
 // Engram table, mHC's fn) also has a bf16 copy, what linear.h's products read, made from the
 // masters by cast_weights after each optimizer step: a third arena at the masters' offsets, cast
-// whole in one launch (the other tensors' copies, a few thousand elements, are never read). The host Parameters stays the source of the
-// names, shapes and the blocks' binding (LayerParams' pointers): a device array is found by its
-// host tensor.
+// whole in one launch (the other tensors' copies, a few thousand elements, are never read). The
+// host Parameters stays the source of the names, shapes and the blocks' binding (LayerParams'
+// pointers): a device array is found by its host tensor.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

@@ -4,8 +4,9 @@
 // projections (attn.wq_b in 4 heads, the indexer's wq_b in 2), the one key head (attn.wkv, whole),
 // wo_a in 2 groups and a tall expert matrix (Muon), a norm (AdamW with decay), an mHC bias and the
 // attention sink (AdamW without). The two query projections' heads are blocks of one shape (8 × 24),
-// so the optimizer orthogonalizes them as one batch across the two matrices. Gradients are fixed per step and tensor, not functions of the
-// weights, so the two sides' states stay the same bits and only the weights differ.
+// so the optimizer orthogonalizes them as one batch across the two matrices. Gradients are fixed
+// per step and tensor, not functions of the weights, so the two sides' states stay the same bits
+// and only the weights differ.
 //
 // Checks and bounds (the per-update tests argue them: adamw_test, muon_test, sinkhorn_update_test):
 //  * six steps across the warm-up, the peak and the decay: the state files of the two runs are
