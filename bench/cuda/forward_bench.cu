@@ -24,14 +24,10 @@
 //
 //   cuda_forward_bench [--preset bench-1gpu | --model DIR] [--batches 1,8,64]
 //                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
-//                      [--turn 80] [--prompt-batch 64x128] [--plain-launch compare] [--json FILE --commit REV]
-//
-// --plain-launch compare: each decode graph also captured with every kernel launched plainly
-// (no programmatic dependent launch, launch.cuh) and timed first, in the same run: the graph
-// before and after the launches overlap.
+//                      [--turn 80] [--prompt-batch 64x128] [--json FILE --commit REV]
 //
 // --json writes every figure as one object: commit, gpu, decode.<batch>.<context>.{ms_per_step,
-// ms_per_step_plain_launch, graph_nodes, tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms, classes.<class>.{ms, bytes, gb_per_s}}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
+// tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms, classes.<class>.{ms, bytes, gb_per_s}}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
 // exact_ops_ms.<op>, exact_idle_ms, turn_rows, turn_ms, turn_ops_ms.<op>, turn_idle_ms},
 // prompt_batch.{prompts, prompt_tokens, ms, tokens_per_s, ops_ms.<op>, idle_ms}.
 #include <cuda_runtime.h>
@@ -50,7 +46,6 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "base/error.h"
 #include "forward/device/decode_graph.h"
 #include "forward/device/device_forward.h"
@@ -268,7 +263,6 @@ int main(int argc, char** argv) try {
   std::vector<int64_t> batches = {1, 8, 64}, contexts = {4096, 32768, 131072, 1048576}, prefills = {4096, 32768};
   int steps = 8;
   int64_t turn = 0, batch_prompts = 0, batch_prompt_tokens = 0;
-  bool compare_plain = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--preset") preset_name = value;
@@ -280,19 +274,13 @@ int main(int argc, char** argv) try {
     else if (flag == "--json") json_path = value;
     else if (flag == "--commit") commit = value;
     else if (flag == "--turn") turn = int64_t(std::stoll(value));
-    else if (flag == "--plain-launch") {
-      if (value != "compare") fail("cuda_forward_bench", "--plain-launch compare", value);
-      compare_plain = true;
-    }
     else if (flag == "--prompt-batch") {
       const size_t x = value.find('x');
       if (x == std::string::npos) fail("cuda_forward_bench", "--prompt-batch NxP (e.g. 64x128)", value);
       batch_prompts = std::stoll(value.substr(0, x)), batch_prompt_tokens = std::stoll(value.substr(x + 1));
       if (batch_prompts < 1 || batch_prompt_tokens < 1) fail("cuda_forward_bench", "--prompt-batch with N, P >= 1", value);
     } else
-      fail("cuda_forward_bench",
-           "--preset, --model, --batches, --contexts, --prefill, --steps, --turn, --prompt-batch, --plain-launch, --json or --commit",
-           flag);
+      fail("cuda_forward_bench", "--preset, --model, --batches, --contexts, --prefill, --steps, --turn, --prompt-batch, --json or --commit", flag);
   }
   nlohmann::json report = {{"commit", commit}};
   cudaDeviceProp prop{};
@@ -344,7 +332,7 @@ int main(int argc, char** argv) try {
       std::vector<std::unique_ptr<DeviceSequence>> seqs;
       std::vector<DeviceSequence*> ptrs;
       for (int64_t b = 0; b < B; ++b) {
-        seqs.push_back(std::make_unique<DeviceSequence>(c, context + 3 * steps + 12));  // calls, two graphs, op times
+        seqs.push_back(std::make_unique<DeviceSequence>(c, context + 2 * steps + 8));
         synthetic_context(c, *seqs.back(), context, uint64_t(b) * 1000 + 7);
         ptrs.push_back(seqs.back().get());
       }
@@ -377,15 +365,8 @@ int main(int argc, char** argv) try {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
       };
       const double calls_s = timed(0, false);
-      double step_s = calls_s, plain_s = 0;
-      size_t plain_nodes = 0;
+      double step_s = calls_s;
       if (B <= kDecodeGraphRows) {
-        if (compare_plain) {  // the same graph with every kernel launched plainly (launch.cuh), first
-          cuda::programmatic_launch(false);
-          graph = std::make_unique<DecodeGraph>(dm, ptrs);
-          plain_s = timed(steps + 2, true), plain_nodes = graph->nodes();
-          cuda::programmatic_launch(true);
-        }
         graph = std::make_unique<DecodeGraph>(dm, ptrs);
         step_s = timed(steps + 2, true);
       }
@@ -398,13 +379,7 @@ int main(int argc, char** argv) try {
                   100.0 * step_bytes / step_s / copy_bw);
       std::fflush(stdout);
       nlohmann::json& row = report["decode"][std::to_string(B)][std::to_string(context)];
-      row = {{"ms_per_step", step_s * 1e3}, {"tokens_per_s", double(B) / step_s}, {"copy_bw_fraction", step_bytes / step_s / copy_bw},
-             {"graph_nodes", graph ? graph->nodes() : size_t(0)}};
-      if (plain_s > 0) {
-        row["ms_per_step_plain_launch"] = plain_s * 1e3;
-        std::printf("|   (the same graph, kernels launched plainly) | | | %.2f | %zu | %.1f | | | %.1f%% |\n", plain_s * 1e3,
-                    plain_nodes, double(B) / plain_s, 100.0 * step_bytes / plain_s / copy_bw);
-      }
+      row = {{"ms_per_step", step_s * 1e3}, {"tokens_per_s", double(B) / step_s}, {"copy_bw_fraction", step_bytes / step_s / copy_bw}};
       // One more step as a forward_batch call with op times: where a decode step goes.
       OpTimes decode_times;
       times = &decode_times;

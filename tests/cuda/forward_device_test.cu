@@ -22,7 +22,6 @@
 #include "../restore_check.h"
 #include "../same_state.h"
 #include "backend/cpu/sampling.h"
-#include "backend/cuda/launch.cuh"
 #include "base/error.h"
 #include "device_fixture.h"
 #include "device_util.h"
@@ -194,55 +193,6 @@ TEST_P(DeviceForwardFixture, DecodeGraphEqualsUncapturedSteps) {
   std::vector<const int64_t*> bad_ids(3, ids(0));
   EXPECT_THROW(graph.step(bad, c.has_engram() ? bad_ids : std::vector<const int64_t*>{}), Error);
   expect_same_state(c, graphed[0]->download(), before, "after a refused step");
-}
-
-// Programmatic dependent launch (backend/cuda/launch.cuh) lets each kernel start while the one
-// before it still runs; a kernel that read an input before its wait, or wrote before it, would see
-// or leave half-written rows. Prefills of two sequences (one eager call each) and six steps of a
-// decode graph over both, run with every kernel launched plainly and then overlapped, three times
-// over: the same logits and the same state, bit for bit.
-TEST_P(DeviceForwardFixture, OverlappedLaunchesChangeNoBit) {
-  DSV41_REQUIRE_DEVICE();
-  Fixture f(GetParam());
-  const Config& c = f.config();
-  cuda::DeviceModel dm(*f.model);
-  const std::vector<int> tokens = f.tokens(2);
-  const std::vector<int64_t> hashes = f.hashes(2);
-  auto ids = [&](int64_t pos) { return f.ids(hashes, pos); };
-  struct Restore {
-    ~Restore() { cuda::programmatic_launch(true); }
-  } restore;
-  const std::vector<int64_t> lengths = {40, 100};
-  auto run = [&](bool overlapped, std::vector<SequenceState>& states) {
-    cuda::programmatic_launch(overlapped);
-    std::vector<float> logits;
-    std::vector<std::unique_ptr<cuda::DeviceSequence>> seqs;
-    std::vector<cuda::DeviceSequence*> ptrs;
-    for (int64_t n : lengths) {
-      seqs.push_back(std::make_unique<cuda::DeviceSequence>(c, c.max_seq_len));
-      ptrs.push_back(seqs.back().get());
-      const auto l = cuda::forward_batch(dm, {cuda::DeviceItem{ptrs.back(), std::span<const int>(tokens).first(size_t(n)), ids(0)}});
-      logits.insert(logits.end(), l[0].begin(), l[0].end());
-    }
-    cuda::DecodeGraph graph(dm, ptrs);
-    for (int step = 0; step < 6; ++step) {
-      std::vector<int32_t> next;
-      std::vector<const int64_t*> next_ids;
-      for (int64_t n : lengths) next.push_back(tokens[size_t(n + step)]), next_ids.push_back(ids(n + step));
-      for (const auto& l : graph.step(next, c.has_engram() ? next_ids : std::vector<const int64_t*>{}))
-        logits.insert(logits.end(), l.begin(), l.end());
-    }
-    states.clear();
-    for (auto* seq : ptrs) states.push_back(seq->download());
-    return logits;
-  };
-  std::vector<SequenceState> plain_states, states;
-  const std::vector<float> plain = run(false, plain_states);
-  for (int round = 0; round < 3; ++round) {
-    EXPECT_EQ(mismatches(run(true, states), plain), 0u) << "round " << round;
-    for (size_t b = 0; b < lengths.size(); ++b)
-      expect_same_state(c, states[b], plain_states[b], "round " + std::to_string(round) + " sequence " + std::to_string(b));
-  }
 }
 
 // One call through the CPU forward (all logits, its choices recorded) and, with those choices

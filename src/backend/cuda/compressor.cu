@@ -17,7 +17,6 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -37,7 +36,6 @@ __device__ float pool_channel(const float* v, const float* s, int m, int64_t d, 
 }
 
 __global__ void pool_kernel(const float* kv, const float* score, int64_t groups, int m, int d, bool round, float* out) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= groups * d) return;
   const int64_t g = i / d, c = i % d;
@@ -50,7 +48,6 @@ __global__ void pool_kernel(const float* kv, const float* score, int64_t groups,
 __global__ void append_pool_kernel(const float* kv, const float* score, int64_t sequences, float* const* open_kv,
                                    float* const* open_score, const int32_t* open_rows, int m, int d, bool round,
                                    float* out) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= sequences * d) return;
   const int64_t b = i / d, c = i % d;
@@ -86,7 +83,6 @@ struct Listed {
 
 template <typename Codec, typename Dest>
 __global__ void encode_kernel(const float* x, int64_t entries, int d, Dest dest) {
-  enter();
   const int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (e >= entries) return;
   const float* xe = x + e * d;
@@ -112,15 +108,14 @@ void encode(const char* name, const float* x, int64_t entries, int d, Dest dest,
   if (d <= 0 || d % Codec::kBlock != 0)
     fail(name, "a length that is a positive multiple of " + std::to_string(Codec::kBlock), "d = " + std::to_string(d));
   constexpr int kThreads = 256;
-  launch(name, encode_kernel<Codec, Dest>, unsigned((entries * 32 + kThreads - 1) / kThreads), kThreads, 0, stream, x,
-      entries, d, dest);
+  encode_kernel<Codec><<<unsigned((entries * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, entries, d, dest);
+  check_launch(name);
 }
 
 // SWA-FP8: one warp per entry, one lane per 32-value block (e4m3 codes, a power-of-two scale),
 // each entry to its own destination (a ring slot, or a row of a forward call's window buffer).
 // Traffic: d·4 bytes in, bytes(d) out per entry (2 KB → 528 B at d = 512).
 __global__ void swa_fp8_encode_kernel(const float* x, int64_t entries, int d, uint8_t* const* out) {
-  enter();
   const int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (e >= entries) return;
   const float* xe = x + e * d;
@@ -145,8 +140,8 @@ void pool_groups(const float* kv, const float* score, int64_t groups, int m, int
   if (groups <= 0 || d <= 0) return;
   if (m <= 0) fail("cuda::pool_groups", "a positive group size", std::to_string(m));
   const int64_t n = groups * d;
-  launch("cuda::pool_groups", pool_kernel, unsigned((n + 255) / 256), 256, 0, stream, kv, score, groups, m, d, round,
-      out);
+  pool_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(kv, score, groups, m, d, round, out);
+  check_launch("cuda::pool_groups");
 }
 
 void append_pool(const float* kv, const float* score, int64_t sequences, float* const* open_kv, float* const* open_score,
@@ -154,8 +149,9 @@ void append_pool(const float* kv, const float* score, int64_t sequences, float* 
   if (sequences <= 0 || d <= 0) return;
   if (m <= 0) fail("cuda::append_pool", "a positive group size", std::to_string(m));
   const int64_t n = sequences * d;
-  launch("cuda::append_pool", append_pool_kernel, unsigned((n + 255) / 256), 256, 0, stream, kv, score, sequences,
-      open_kv, open_score, open_rows, m, d, round, out);
+  append_pool_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(kv, score, sequences, open_kv, open_score, open_rows,
+                                                                     m, d, round, out);
+  check_launch("cuda::append_pool");
 }
 
 void kv_fp4_encode(const float* x, int64_t entries, int d, uint8_t* out, cudaStream_t stream) {
@@ -179,8 +175,8 @@ void swa_fp8_encode(const float* x, int64_t entries, int d, uint8_t* const* out,
   if (d <= 0 || d % swa_fp8::kBlock != 0)
     fail("cuda::swa_fp8_encode", "a length that is a positive multiple of 32", "d = " + std::to_string(d));
   constexpr int kThreads = 256;
-  launch("cuda::swa_fp8_encode", swa_fp8_encode_kernel, unsigned((entries * 32 + kThreads - 1) / kThreads), kThreads, 0,
-      stream, x, entries, d, out);
+  swa_fp8_encode_kernel<<<unsigned((entries * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, entries, d, out);
+  check_launch("cuda::swa_fp8_encode");
 }
 
 }  // namespace dsv41::cuda

@@ -13,7 +13,6 @@
 #include <cmath>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "numerics/types.h"
 
 namespace dsv41::cuda {
@@ -22,7 +21,6 @@ namespace {
 
 __global__ void gather_kernel(const uint8_t* table, const uint8_t* scales, int64_t hd, const int64_t* ids, int64_t n,
                               float* out) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * hd) return;
   const int64_t id = ids[i / hd], c = i % hd;
@@ -48,7 +46,6 @@ __device__ float3 block_sum3(float3 v) {
 
 __global__ void __launch_bounds__(kGateThreads) gate_kernel(float* X, const float* kv, const float* qk, int hc, int64_t d,
                                                             float eps, float inv_sqrt_d, const uint8_t* shut) {
-  enter();
   const int64_t r = blockIdx.x / hc;
   const int m = blockIdx.x % hc;
   if (shut && shut[r]) return;  // the whole block: before any barrier
@@ -79,16 +76,16 @@ void engram_gather(const uint8_t* table, const uint8_t* scales, int64_t hd, cons
   const int64_t n = rows * cols;
   if (n <= 0) return;
   if (hd <= 0 || hd % 32 != 0) fail("cuda::engram_gather", "hd a positive multiple of 32", std::to_string(hd));
-  launch("cuda::engram_gather", gather_kernel, unsigned((n * hd + 255) / 256), 256, 0, stream, table, scales, hd, ids,
-      n, out);
+  gather_kernel<<<unsigned((n * hd + 255) / 256), 256, 0, stream>>>(table, scales, hd, ids, n, out);
+  check_launch("cuda::engram_gather");
 }
 
 void engram_gate(float* X, const float* kv, const float* qk, int64_t rows, int hc, int64_t d, float eps,
                  cudaStream_t stream, const uint8_t* shut) {
   if (rows <= 0 || hc <= 0) return;
   const float inv_sqrt_d = float(1.0 / std::sqrt(double(d)));
-  launch("cuda::engram_gate", gate_kernel, unsigned(rows * hc), kGateThreads, 0, stream, X, kv, qk, hc, d, eps,
-      inv_sqrt_d, shut);
+  gate_kernel<<<unsigned(rows * hc), kGateThreads, 0, stream>>>(X, kv, qk, hc, d, eps, inv_sqrt_d, shut);
+  check_launch("cuda::engram_gate");
 }
 
 }  // namespace dsv41::cuda

@@ -72,7 +72,6 @@
 #include <type_traits>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rows.h"
@@ -170,7 +169,6 @@ struct RowSource {
 // code·s goes out as bf16 (exact), pairs of consecutive values to consecutive positions.
 __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* __restrict__ x, const RowSource src,
                                                                   int64_t rows, int64_t K, uint16_t* __restrict__ xq) {
-  enter();
   const int64_t per_row = K / 8, items = rows * per_row;
   const int64_t i = int64_t(blockIdx.x) * kQuantThreads + threadIdx.x;
   const bool on = i < items;
@@ -194,8 +192,9 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* _
 void launch_act_quant(const float* x, const RowSource& src, int64_t rows, int64_t K, uint16_t* xq,
                       cudaStream_t stream) {
   const int64_t items = rows * (K / 8);
-  launch("cuda::gemm::act_quant", act_quant_kernel, unsigned((items + kQuantThreads - 1) / kQuantThreads),
-      kQuantThreads, 0, stream, x, src, rows, K, xq);
+  act_quant_kernel<<<unsigned((items + kQuantThreads - 1) / kQuantThreads), kQuantThreads, 0, stream>>>(x, src, rows,
+                                                                                                      K, xq);
+  check_launch("cuda::gemm::act_quant");
 }
 
 // ---- the GEMM ----
@@ -243,9 +242,6 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
   int n0, r0, rows, first = 0;
   const uint8_t* __restrict__ w;
   const uint8_t* __restrict__ wscale;
-  // A dense weight is known before the kernel before has finished: the producer issues the first
-  // stages' weight rows, then waits (launch.cuh). A grouped tile is that kernel's output.
-  if constexpr (kOut != Out::Dense) enter();
   if constexpr (kOut == Out::Dense) {
     const int tiles_m = int((int64_t(a.M) + BN - 1) / BN);  // M < 2^31 (usable): no overflow on the way
     r0 = int(blockIdx.x) % tiles_m * BN, n0 = int(blockIdx.x) / tiles_m * kBM, rows = a.M - r0;
@@ -279,9 +275,15 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
     const int t = tid - 128 * kConsumers;
     const int64_t row_bytes = kFp4 ? K / 2 : K, kblocks = K / 32;
     constexpr int kChunksPerRow = C::kRowBytes / 16, kChunks = kBM * kChunksPerRow / 128;
-    // Stage s's weight rows and scales of k-tile kt, counted on its full barrier when they land.
-    auto weights = [&](int s, int kt) {
+    for (int i = 0; i < KT; ++i) {
+      const int s = i % kStages, kt = kt0 + i;
+      if (i >= kStages) barrier_wait(empty0 + 8 * s, (i / kStages - 1) & 1);
       const uint32_t base = smem0 + uint32_t(s * C::kStage), full = full0 + 8 * s;
+      if (t == 0) {
+        barrier_arrive_expect(full, C::kX);
+        tma_load_2d(base, &xmap, kt * kBK, r0, full);
+        tma_load_2d(base + C::kPanel, &xmap, kt * kBK + 64, r0, full);
+      }
       // Weight rows past N read row N - 1 (their outputs are not stored). fp8 rows' chunk c sits at
       // c ^ (row & 1): the consumers' 32-byte reads of rows g, g+1 then hit distinct banks.
 #pragma unroll
@@ -303,26 +305,11 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
         cp_async4(base + uint32_t(C::kX + C::kW + 4 * t), wscale + n / 32 * kblocks + 4 * kt);
       }
       barrier_arrive_cp_async(full);
-    };
-    const int early = kOut == Out::Dense ? min(KT, kStages) : 0;  // stages whose weights go out first
-    for (int i = 0; i < early; ++i) weights(i, kt0 + i);
-    if (kOut == Out::Dense) enter();
-    for (int i = 0; i < KT; ++i) {
-      const int s = i % kStages, kt = kt0 + i;
-      if (i >= kStages) barrier_wait(empty0 + 8 * s, (i / kStages - 1) & 1);
-      const uint32_t base = smem0 + uint32_t(s * C::kStage), full = full0 + 8 * s;
-      if (t == 0) {
-        barrier_arrive_expect(full, C::kX);
-        tma_load_2d(base, &xmap, kt * kBK, r0, full);
-        tma_load_2d(base + C::kPanel, &xmap, kt * kBK + 64, r0, full);
-      }
-      if (i >= early) weights(s, kt);
     }
     return;
   }
 
   // ---- the consumers ----
-  if constexpr (kOut == Out::Dense) enter();
   if constexpr (C::kPerSm == 1) regs_grow<kConsumerRegs>();
   const int warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int row0 = wg * 64 * MSub + 16 * warp + g;  // this thread's first weight row in the CTA tile
@@ -434,7 +421,8 @@ void launch_gemm(const CUtensorMap& map, const GemmArgs& a, dim3 grid, cudaStrea
     return true;
   }();
   (void)configured;
-  launch("cuda::linear gemm", gemm_kernel<F, BN, MSub, kOut>, grid, kThreads, kBytes, stream, map, a);
+  gemm_kernel<F, BN, MSub, kOut><<<grid, kThreads, kBytes, stream>>>(map, a);
+  check_launch("cuda::linear gemm");
 }
 
 // A tiling's shape: activation rows per CTA (the narrow one as few as `rows` needs) and weight rows.

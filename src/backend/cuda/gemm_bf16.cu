@@ -46,7 +46,6 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rows.h"
 #include "backend/cuda/wgmma.cuh"
@@ -79,7 +78,6 @@ __device__ __forceinline__ uint32_t swizzled(int r, int c) { return uint32_t(r *
 __global__ void __launch_bounds__(kThreads, 2)
     gemm_kernel(const __nv_bfloat16* __restrict__ x, int lda, int M, int N, int K, const __nv_bfloat16* __restrict__ w,
                 float* __restrict__ y, int ldy, bool round, int splits, int per) {
-  enter();
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t smem0 = smem_addr(smem);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
@@ -182,7 +180,6 @@ constexpr int kWgSmemBytes = kWgStages * kWgStage + 2 * kWgStages * 8 + 1024;  /
 __global__ void __launch_bounds__(kWgThreads, 1)
     wg_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, int M, int N, int K,
               float* __restrict__ y, int ldy, bool round) {
-  enter();
   using namespace hopper;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t smem0 = (smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte alignment
@@ -290,8 +287,8 @@ void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y
     const CUtensorMap xmap = hopper::bf16_tile_map(xb, M, lda, kWgBM, "cuda::linear bf16 gemm");
     const CUtensorMap wmap = hopper::bf16_tile_map(w.data, w.rows, K, kWgBN, "cuda::linear bf16 gemm");
     const dim3 grid(unsigned((N + kWgBN - 1) / kWgBN), unsigned((M + kWgBM - 1) / kWgBM), unsigned(groups));
-    launch("cuda::linear bf16 gemm (warpgroups)", wg_kernel, grid, kWgThreads, kWgSmemBytes, stream, xmap, wmap, int(M),
-        int(N), int(K), y, int(w.rows), round);
+    wg_kernel<<<grid, kWgThreads, kWgSmemBytes, stream>>>(xmap, wmap, int(M), int(N), int(K), y, int(w.rows), round);
+    check_launch("cuda::linear bf16 gemm (warpgroups)");
     check(cudaFreeAsync(xb, stream), "cuda::linear bf16 gemm");
     return;
   }
@@ -302,8 +299,10 @@ void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y
     check(cudaMallocAsync(reinterpret_cast<void**>(&out), size_t(split.splits * M * w.rows) * 4, stream),
           "cuda::linear bf16 gemm");
   const dim3 grid(unsigned(tiles_n), unsigned(tiles_m), unsigned(groups * split.splits));
-  launch("cuda::linear bf16 gemm", gemm_kernel, grid, kThreads, kSmemBytes, stream, xb, int(lda), int(M), int(N),
-      int(K), reinterpret_cast<const __nv_bfloat16*>(w.data), out, int(w.rows), round, split.splits, split.per);
+  gemm_kernel<<<grid, kThreads, kSmemBytes, stream>>>(xb, int(lda), int(M), int(N), int(K),
+                                                      reinterpret_cast<const __nv_bfloat16*>(w.data), out, int(w.rows),
+                                                      round, split.splits, split.per);
+  check_launch("cuda::linear bf16 gemm");
   if (split.splits > 1) {
     sum_splits(out, split.splits, M * w.rows, y, round, stream);
     check(cudaFreeAsync(out, stream), "cuda::linear bf16 gemm");

@@ -45,7 +45,6 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -120,7 +119,6 @@ template <int HD>
 __global__ void __launch_bounds__(kKeysPerBlock) score_kernel(const float* q, const float* w, int heads,
                                                               Keys cache, Count entries, int64_t stride,
                                                               const int64_t* visible, float* scores) {
-  enter();
   constexpr int kKeyBytes = int(mxfp4::bytes(HD));  // 17, 34, 68
   constexpr int kWords = HD / 4;                    // int8 words of a vector
   constexpr int kBlocks = HD / mxfp4::kBlock;
@@ -243,7 +241,6 @@ template <int HT>
 __global__ void __launch_bounds__(kMmaThreads, HT <= 2 ? 4 : 1)
     score_mma_kernel(const float* q, const float* w, Keys cache, Count entries, int64_t stride,
                      const int64_t* visible, float* scores) {
-  enter();
   constexpr int HD = 128, kHeads = 16 * HT, kWords = HD / 4, kBlocks = HD / mxfp4::kBlock;
   constexpr int kKeyBytes = int(mxfp4::bytes(HD));  // 68: keys start on a word
   __shared__ __align__(16) uint32_t qcodes[kHeads][kWords];
@@ -477,7 +474,6 @@ __device__ Threshold select_threshold(const float* s, int64_t n, int64_t k) {
 // Grid rows, 1024 threads: row r's top positions. Scores at r·stride, positions at r·k.
 __global__ void __launch_bounds__(kSelectThreads) top_kernel(const float* scores, Count entries, int64_t stride, int k,
                                                              int32_t* positions) {
-  enter();
   const int64_t n = entries.get(blockIdx.x);
   const float* s = scores + blockIdx.x * stride;
   int32_t* out = positions + int64_t(blockIdx.x) * k;
@@ -494,7 +490,6 @@ __global__ void __launch_bounds__(kSelectThreads) candidate_kernel(const float* 
                                                                    const int64_t* compress_len, int topk_blocks,
                                                                    int block_size, float* block_scores,
                                                                    uint8_t* chosen, int64_t blocks_stride, uint8_t* mask) {
-  enter();
   const int64_t r = blockIdx.x, n = entries.get(r), blocks = (n + block_size - 1) / block_size;
   if (n <= 0) return;
   const float* s = scores + r * stride;
@@ -582,7 +577,6 @@ __device__ __forceinline__ void block_add(long long v, unsigned long long* total
 // Reads: the slice once (pass 0 of candidates: its scores once).
 template <bool kMake>
 __global__ void __launch_bounds__(kPassThreads) pass_kernel(SelectRows m, int shift) {
-  enter();
   __shared__ uint32_t hist[256], low_or[256], low_nor[256];
   __shared__ Digit chosen;
   __shared__ bool last;
@@ -715,7 +709,6 @@ __device__ Slice emit_slice(const SelectRows& m, int64_t r, int64_t count, int64
 
 // Grid (G, rows), kPassThreads: row r's top positions from its slices; block 0 writes the -1 tail.
 __global__ void __launch_bounds__(kPassThreads) top_emit_kernel(SelectRows m, int k, int32_t* positions) {
-  enter();
   const int64_t r = blockIdx.y, count = m.count(m.entries.get(r)), take = k < count ? k : count;
   int32_t* out = positions + r * k;
   if (blockIdx.x == 0)
@@ -729,7 +722,6 @@ __global__ void __launch_bounds__(kPassThreads) top_emit_kernel(SelectRows m, in
 // slice's mask bytes once, coalesced.
 __global__ void __launch_bounds__(kPassThreads) candidate_emit_kernel(SelectRows m, uint8_t* chosen, uint8_t* mask,
                                                                       int64_t mask_stride) {
-  enter();
   const int64_t r = blockIdx.y, n = m.entries.get(r), count = m.count(n), take = m.k < count ? m.k : count;
   uint8_t* ch = chosen + r * m.values_stride;
   const Slice sl = emit_slice(m, r, count, take, [&](int64_t b, int64_t) { ch[b] = 1; });
@@ -759,8 +751,7 @@ void mma_launch(const float* q, const float* w, int64_t rows, Keys keys, Count e
   }();
   const int64_t tiles = (n_max + kMmaKeysPerBlock - 1) / kMmaKeysPerBlock;
   const dim3 grid{unsigned(std::min(tiles, std::max<int64_t>(1, per_sm * sms / rows))), unsigned(rows)};
-  launch("cuda::index_scores", score_mma_kernel<HT>, grid, kMmaThreads, 0, stream, q, w, keys, entries, stride, visible,
-      scores);
+  score_mma_kernel<HT><<<grid, kMmaThreads, 0, stream>>>(q, w, keys, entries, stride, visible, scores);
 }
 
 // n_max: the most entries a row can have (n itself when on the host). capped: the dp4a kernel gets
@@ -786,19 +777,18 @@ void score_launch(const float* q, const float* w, int64_t rows, int heads, int h
       case 2: mma_launch<2>(q, w, rows, keys, entries, stride, n_max, visible, scores, sms, stream); break;
       default: mma_launch<3>(q, w, rows, keys, entries, stride, n_max, visible, scores, sms, stream);
     }
+    check_launch("cuda::index_scores");
     return;
   }
   const int64_t tiles = (n_max + kKeysPerBlock - 1) / kKeysPerBlock;
   const dim3 grid{unsigned(capped ? std::min(tiles, cap) : tiles), unsigned(rows)};
   switch (hd) {
-    case 32: launch("cuda::index_scores", score_kernel<32>, grid, kKeysPerBlock, 0, stream, q, w, heads, keys, entries,
-        stride, visible, scores); break;
-    case 64: launch("cuda::index_scores", score_kernel<64>, grid, kKeysPerBlock, 0, stream, q, w, heads, keys, entries,
-        stride, visible, scores); break;
-    case 128: launch("cuda::index_scores", score_kernel<128>, grid, kKeysPerBlock, 0, stream, q, w, heads, keys,
-        entries, stride, visible, scores); break;
+    case 32: score_kernel<32><<<grid, kKeysPerBlock, 0, stream>>>(q, w, heads, keys, entries, stride, visible, scores); break;
+    case 64: score_kernel<64><<<grid, kKeysPerBlock, 0, stream>>>(q, w, heads, keys, entries, stride, visible, scores); break;
+    case 128: score_kernel<128><<<grid, kKeysPerBlock, 0, stream>>>(q, w, heads, keys, entries, stride, visible, scores); break;
     default: fail("cuda::index_scores", "index head dim 32, 64 or 128", std::to_string(hd));
   }
+  check_launch("cuda::index_scores");
 }
 
 // Blocks per row of the many-block select for rows × n_max scores; 1: the single-block kernels.
@@ -832,8 +822,9 @@ uint8_t* select_scratch(int64_t rows, int g, size_t zeroed, size_t extra, Select
 template <bool kMake>
 void select_passes(const SelectRows& m, int64_t rows, int g, cudaStream_t stream, const char* op) {
   const dim3 grid{unsigned(g), unsigned(rows)};
-  launch(op, pass_kernel<kMake>, grid, kPassThreads, 0, stream, m, 24);
-  for (int shift = 16; shift >= 0; shift -= 8) launch(op, pass_kernel<false>, grid, kPassThreads, 0, stream, m, shift);
+  pass_kernel<kMake><<<grid, kPassThreads, 0, stream>>>(m, 24);
+  for (int shift = 16; shift >= 0; shift -= 8) pass_kernel<false><<<grid, kPassThreads, 0, stream>>>(m, shift);
+  check_launch(op);
 }
 
 void top_launch(const float* scores, int64_t rows, Count entries, int64_t stride, int64_t n_max, int k,
@@ -842,7 +833,8 @@ void top_launch(const float* scores, int64_t rows, Count entries, int64_t stride
   if (n_max >= (int64_t(1) << 31)) fail(op, "fewer than 2^31 positions", std::to_string(n_max));
   const int g = select_blocks(rows, n_max);
   if (g == 1) {
-    launch(op, top_kernel, unsigned(rows), kSelectThreads, 0, stream, scores, entries, stride, k, positions);
+    top_kernel<<<unsigned(rows), kSelectThreads, 0, stream>>>(scores, entries, stride, k, positions);
+    check_launch(op);
     return;
   }
   SelectRows m{};
@@ -850,7 +842,8 @@ void top_launch(const float* scores, int64_t rows, Count entries, int64_t stride
   uint8_t *zeroed = nullptr, *extra = nullptr;
   uint8_t* scratch = select_scratch(rows, g, 0, 0, m, &zeroed, &extra, stream, op);
   select_passes<false>(m, rows, g, stream, op);
-  launch(op, top_emit_kernel, dim3(unsigned(g), unsigned(rows)), kPassThreads, 0, stream, m, k, positions);
+  top_emit_kernel<<<dim3(unsigned(g), unsigned(rows)), kPassThreads, 0, stream>>>(m, k, positions);
+  check_launch(op);
   check(cudaFreeAsync(scratch, stream), op);
 }
 
@@ -865,8 +858,10 @@ void candidate_launch(const float* scores, int64_t rows, Count entries, int64_t 
     keep_scratch_pool();
     uint8_t* scratch = nullptr;
     check(cudaMallocAsync(reinterpret_cast<void**>(&scratch), values + size_t(rows * blocks), stream), op);
-    launch(op, candidate_kernel, unsigned(rows), kSelectThreads, 0, stream, scores, entries, stride, compress_len,
-        topk_blocks, block_size, reinterpret_cast<float*>(scratch), scratch + values, blocks, mask);
+    candidate_kernel<<<unsigned(rows), kSelectThreads, 0, stream>>>(scores, entries, stride, compress_len, topk_blocks,
+                                                                   block_size, reinterpret_cast<float*>(scratch),
+                                                                   scratch + values, blocks, mask);
+    check_launch(op);
     check(cudaFreeAsync(scratch, stream), op);
     return;
   }
@@ -878,8 +873,8 @@ void candidate_launch(const float* scores, int64_t rows, Count entries, int64_t 
   m.made = reinterpret_cast<float*>(extra);
   m.values = m.made;
   select_passes<true>(m, rows, g, stream, op);
-  launch(op, candidate_emit_kernel, dim3(unsigned(g), unsigned(rows)), kPassThreads, 0, stream, m, chosen, mask,
-      stride);
+  candidate_emit_kernel<<<dim3(unsigned(g), unsigned(rows)), kPassThreads, 0, stream>>>(m, chosen, mask, stride);
+  check_launch(op);
   check(cudaFreeAsync(scratch, stream), op);
 }
 

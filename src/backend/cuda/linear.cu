@@ -30,7 +30,6 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemm_bf16.cuh"
@@ -109,11 +108,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict_
   const int t = threadIdx.x % T;
   const int64_t n0 = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / T * R;
   const int64_t chunks = K / E;
-  if (threadIdx.x == 0) {  // the block's rows (contiguous) stream to L2 while the kernel before runs
-    const int64_t first = int64_t(blockIdx.x) * kRowsPerBlock, rows = min(int64_t(kRowsPerBlock), N - first);
-    prefetch_l2(w + first * chunks * 16, rows * chunks * 16);
-  }
-  enter();
   x += (n0 < N ? n0 : 0) / group_rows * K;  // group_rows is even, so the R = 2 rows share a group
   const uint4* wrow[R];
 #pragma unroll
@@ -345,11 +339,6 @@ __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restric
       }
     }
   };
-  if (int64_t(blockIdx.x) >= row_groups) return enter();  // no rows: only the launch contract (launch.cuh)
-  if (threadIdx.x == 0) {  // the first row group's rows (contiguous) stream to L2 while the kernel before runs
-    const int64_t first = int64_t(blockIdx.x) * kGroups * R, rows = min(int64_t(kGroups * R), N - first);
-    prefetch_l2(w + first * row_chunks * 16, rows * row_chunks * 16);
-  }
   for (int64_t g = blockIdx.x; g < row_groups; g += gridDim.x) {
     const bool first = g == int64_t(blockIdx.x);
     n0 = (g * kGroups + threadIdx.x / L) * R;
@@ -368,8 +357,7 @@ __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restric
       const int kn = int(K - k0 < slice ? K - k0 : slice), C = kn / E;
       const int64_t c0 = k0 / E;
       fetch(c0, lane, C, wv, ws);  // the first step's loads go out before the block waits on x
-      if (first && k0 == 0) enter();  // ... and before the kernel before has finished writing it
-      if (first || slice < K) {       // block-uniform: the barriers below are whole
+      if (first || slice < K) {    // block-uniform: the barriers below are whole
         if (!first || k0 > 0) __syncthreads();  // every lane is done with the previous slice's x
         quantize_slice<F>(x + k0, K, M, kn, xs);
         __syncthreads();
@@ -410,8 +398,8 @@ void qlaunch(const float* x, int M, int64_t N, int64_t K, const Weight& w, float
   const int64_t row_groups = (N + rows_per_block - 1) / rows_per_block;
   static const int resident = resident_blocks(qgemv_kernel<F, MT, L, R>, kQThreads, kQSmemBytes, "cuda::linear");
   const unsigned grid = unsigned(slice < K ? row_groups : std::min<int64_t>(row_groups, resident));
-  launch("cuda::linear", qgemv_kernel<F, MT, L, R>, grid, kQThreads, size_t(MT) * slice * 4, stream, x, M, N, K, slice,
-      w.data, w.scale, y);
+  qgemv_kernel<F, MT, L, R><<<grid, kQThreads, size_t(MT) * slice * 4, stream>>>(x, M, N, K, slice, w.data, w.scale, y);
+  check_launch("cuda::linear");
 }
 
 template <WeightFormat F, int MT>
@@ -460,15 +448,12 @@ void launch_rows(const float* x, int64_t ldx, int64_t group_rows, int64_t N, int
     return unsigned((N + rows_per_block - 1) / rows_per_block);
   };
   switch (warps) {
-    case 1: launch("cuda::linear", gemv_kernel<F, MT, 32>, grid(32), kThreads, 0, stream, x, ldx, group_rows, N, K,
-        w.data, w.scale, y, round); break;
-    case 2: launch("cuda::linear", gemv_kernel<F, MT, 64>, grid(64), kThreads, 0, stream, x, ldx, group_rows, N, K,
-        w.data, w.scale, y, round); break;
-    case 4: launch("cuda::linear", gemv_kernel<F, MT, 128>, grid(128), kThreads, 0, stream, x, ldx, group_rows, N, K,
-        w.data, w.scale, y, round); break;
-    default: launch("cuda::linear", gemv_kernel<F, MT, 256>, grid(256), kThreads, 0, stream, x, ldx, group_rows, N, K,
-        w.data, w.scale, y, round); break;
+    case 1: gemv_kernel<F, MT, 32><<<grid(32), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
+    case 2: gemv_kernel<F, MT, 64><<<grid(64), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
+    case 4: gemv_kernel<F, MT, 128><<<grid(128), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
+    default: gemv_kernel<F, MT, 256><<<grid(256), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
   }
+  check_launch("cuda::linear");
 }
 
 template <WeightFormat F>

@@ -30,7 +30,6 @@
 
 #include "backend/cpu/sinkhorn.h"
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "numerics/types.h"
 
 namespace dsv41::cuda {
@@ -90,7 +89,6 @@ __device__ void block_sums(const float (&acc)[N], float* out) {
 
 template <int HC>
 __global__ void __launch_bounds__(kThreads) mix_partials(const float* X, int64_t n, const float* fn, float* partials) {
-  enter();
   constexpr int n_mix = (2 + HC) * HC;
   const int64_t row = blockIdx.x, slice = blockIdx.y;
   const float* x = X + row * n;
@@ -138,7 +136,6 @@ __device__ void sinkhorn_warp(const float* m, const float* scale, const float* b
 __global__ void mix_finish(const float* partials, int64_t rows, int slices, int64_t n, int hc, const float* scale,
                            const float* base, float norm_eps, int iters, float hc_eps, float* pre, float* post,
                            float* comb) {
-  enter();
   __shared__ float comb_s[kMixWarps][kMaxHc * kMaxHc];
   const int64_t row = int64_t(blockIdx.x) * kMixWarps + threadIdx.x / 32;
   if (row >= rows) return;  // whole warps leave
@@ -157,7 +154,6 @@ __global__ void mix_finish(const float* partials, int64_t rows, int slices, int6
 // second half (mhc.h mhc_coefficients).
 __global__ void coefficients_kernel(const float* mixes, int64_t rows, int hc, const float* scale, const float* base,
                                     int iters, float hc_eps, float* pre, float* post, float* comb) {
-  enter();
   __shared__ float comb_s[kMixWarps][kMaxHc * kMaxHc];
   const int64_t row = int64_t(blockIdx.x) * kMixWarps + threadIdx.x / 32;
   if (row >= rows) return;  // whole warps leave
@@ -169,7 +165,6 @@ __global__ void coefficients_kernel(const float* mixes, int64_t rows, int hc, co
 }
 
 __global__ void hc_pre_kernel(const float* X, const float* pre, int64_t rows, int hc, int64_t d, float* y) {
-  enter();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * d) return;
   const int64_t r = id / d, k = id % d;
@@ -181,7 +176,6 @@ __global__ void hc_pre_kernel(const float* X, const float* pre, int64_t rows, in
 
 __global__ void hc_post_kernel(const float* f, const float* X, const float* post, const float* comb, int64_t rows,
                                int hc, int64_t d, float* out) {
-  enter();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * hc * d) return;
   const int64_t k = id % d, j = id / d % hc, r = id / d / hc;
@@ -323,7 +317,6 @@ __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int 
 // sums and counts itself in at the row's arrival counter; the row's last block finishes it.
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a) {
-  enter();
   const int64_t row = blockIdx.y, k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);
@@ -348,7 +341,6 @@ __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a
 // sums are those of mega_mhc_kernel, bit for bit; mega_finish_kernel ends the rows.
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs a, int64_t rows) {
-  enter();
   const int64_t k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);
@@ -375,7 +367,6 @@ __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs 
 
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_finish_kernel(const MegaArgs a, int slices) {
-  enter();
   mega_finish_row(a, blockIdx.x, slices, HC);
 }
 
@@ -414,14 +405,17 @@ void mega_mhc_rows(const float* f, const float* X, const float* post, const floa
                         stream),
         "cuda::mega_mhc");
   if (rows < kMegaFusedRows) {
-    const auto kernel = for_hc(hc, [](auto HC) { return &mega_mhc_kernel<decltype(HC)::value>; });
-    launch("cuda::mega_mhc", kernel, dim3(unsigned(slices), unsigned(rows)), kMegaThreads, 0, stream, a);
+    for_hc(hc, [](auto HC) { return &mega_mhc_kernel<decltype(HC)::value>; })<<<dim3(unsigned(slices), unsigned(rows)),
+                                                                                 kMegaThreads, 0, stream>>>(a);
+    check_launch("cuda::mega_mhc");
   } else {
     const dim3 grid(unsigned(slices), unsigned((rows + kMegaRowsPerBlock - 1) / kMegaRowsPerBlock));
     const auto rows_kernel = for_hc(hc, [](auto HC) { return &mega_rows_kernel<decltype(HC)::value>; });
-    launch("cuda::mega_mhc rows", rows_kernel, grid, kMegaThreads, 0, stream, a, rows);
-    const auto finish_kernel = for_hc(hc, [](auto HC) { return &mega_finish_kernel<decltype(HC)::value>; });
-    launch("cuda::mega_mhc finish", finish_kernel, unsigned(rows), kMegaThreads, 0, stream, a, slices);
+    rows_kernel<<<grid, kMegaThreads, 0, stream>>>(a, rows);
+    check_launch("cuda::mega_mhc rows");
+    for_hc(hc, [](auto HC) { return &mega_finish_kernel<decltype(HC)::value>; })<<<unsigned(rows), kMegaThreads, 0,
+                                                                                      stream>>>(a, slices);
+    check_launch("cuda::mega_mhc finish");
   }
   check(cudaFreeAsync(a.partials, stream), "cuda::mega_mhc");
 }
@@ -432,9 +426,10 @@ void mhc_coefficients(const float* m, int64_t rows, int hc, const HcWeights& w, 
   if (hc < 1 || hc > kMaxHc) fail("cuda::mhc_coefficients", "hc_mult from 1 to 4", std::to_string(hc));
   if (w.base.format != WeightFormat::F32 || w.scale.format != WeightFormat::F32)
     fail("cuda::mhc_coefficients", "F32 hc_base and hc_scale", "another format");
-  launch("cuda::mhc_coefficients", coefficients_kernel, unsigned((rows + kMixWarps - 1) / kMixWarps), 32 * kMixWarps, 0,
-      stream, m, rows, hc, reinterpret_cast<const float*>(w.scale.data), reinterpret_cast<const float*>(w.base.data),
+  coefficients_kernel<<<unsigned((rows + kMixWarps - 1) / kMixWarps), 32 * kMixWarps, 0, stream>>>(
+      m, rows, hc, reinterpret_cast<const float*>(w.scale.data), reinterpret_cast<const float*>(w.base.data),
       sinkhorn_iters, hc_eps, pre, post, comb);
+  check_launch("cuda::mhc_coefficients");
 }
 
 void mega_mhc(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
@@ -464,24 +459,27 @@ void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& 
   check(cudaMallocAsync(reinterpret_cast<void**>(&partials), size_t(rows * slices * kSums) * sizeof(float), stream),
         "cuda::hc_mixes");
   const auto partials_kernel = for_hc(hc, [](auto HC) { return &mix_partials<decltype(HC)::value>; });
-  launch("cuda::hc_mixes partials", partials_kernel, dim3(unsigned(rows), unsigned(slices)), kThreads, 0, stream, X, n,
-      reinterpret_cast<const float*>(w.fn.data), partials);
-  launch("cuda::hc_mixes finish", mix_finish, unsigned((rows + kMixWarps - 1) / kMixWarps), 32 * kMixWarps, 0, stream,
+  partials_kernel<<<dim3(unsigned(rows), unsigned(slices)), kThreads, 0, stream>>>(
+      X, n, reinterpret_cast<const float*>(w.fn.data), partials);
+  check_launch("cuda::hc_mixes partials");
+  mix_finish<<<unsigned((rows + kMixWarps - 1) / kMixWarps), 32 * kMixWarps, 0, stream>>>(
       partials, rows, slices, n, hc, reinterpret_cast<const float*>(w.scale.data),
       reinterpret_cast<const float*>(w.base.data), norm_eps, sinkhorn_iters, hc_eps, pre, post, comb);
+  check_launch("cuda::hc_mixes finish");
   check(cudaFreeAsync(partials, stream), "cuda::hc_mixes");
 }
 
 void hc_pre(const float* X, const float* pre, int64_t rows, int hc, int64_t d, float* y, cudaStream_t stream) {
   if (rows * d <= 0) return;
-  launch("cuda::hc_pre", hc_pre_kernel, blocks_for(rows * d), kThreads, 0, stream, X, pre, rows, hc, d, y);
+  hc_pre_kernel<<<blocks_for(rows * d), kThreads, 0, stream>>>(X, pre, rows, hc, d, y);
+  check_launch("cuda::hc_pre");
 }
 
 void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t rows, int hc, int64_t d,
              float* out, cudaStream_t stream) {
   if (rows * d <= 0) return;
-  launch("cuda::hc_post", hc_post_kernel, blocks_for(rows * hc * d), kThreads, 0, stream, f, X, post, comb, rows, hc, d,
-      out);
+  hc_post_kernel<<<blocks_for(rows * hc * d), kThreads, 0, stream>>>(f, X, post, comb, rows, hc, d, out);
+  check_launch("cuda::hc_post");
 }
 
 }  // namespace dsv41::cuda

@@ -47,7 +47,6 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/linear.h"
@@ -71,7 +70,6 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
                                                               bool sigmoid, float gate_temp, bool norm, float route_scale,
                                                               const int32_t* forced, int32_t* experts, float* weights,
                                                               const float* bias_vl, const uint8_t* image_rows) {
-  enter();
   extern __shared__ float smem[];
   float* scores = smem;
   float* biased = smem + E;
@@ -154,7 +152,6 @@ __global__ void __launch_bounds__(kBucketThreads) bucket_kernel(const int32_t* _
                                                                 int tile, int32_t* __restrict__ list,
                                                                 int4* __restrict__ tiles, int* __restrict__ tile_count,
                                                                 int32_t* __restrict__ slot) {
-  enter();
   extern __shared__ int counts[];  // [E]: the count, then the next free list position
   __shared__ int warp_entries[kBucketThreads / 32], warp_tiles[kBucketThreads / 32];
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
@@ -400,10 +397,6 @@ struct GroupedArgs {
 // blocks (≤ 128 registers): asked for one, ptxas takes 138 and batch-8 MoE ran 1.7× slower.
 template <WeightFormat F, int MT, int L, bool kUp>
 __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(const GroupedArgs a) {
-  // The routed tiles and experts come from the kernels before; a fixed weight (the shared expert)
-  // is known at once, so its first loads go out before the wait (launch.cuh).
-  const bool fixed = !a.tiles && !a.table;
-  if (!fixed) enter();
   using Fmt = GFormat<F>;
   constexpr int E = Fmt::kElems;
   constexpr int U = MT == 1 ? 4 : 2;
@@ -479,7 +472,6 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   const int first_C = int((a.K < slice ? a.K : slice) / E);
   select(blockIdx.y);
   fetch(0, lane, first_C);
-  if (fixed) enter();
   if (int(threadIdx.x) < M) {
     const int m = int(threadIdx.x);
     const int64_t pos = first + m, entry = a.tiles ? a.list[pos] : pos;
@@ -552,7 +544,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const int32_t*
                                                                   const uint16_t* __restrict__ ye,
                                                                   const uint16_t* __restrict__ ys, int64_t dim,
                                                                   float* __restrict__ y) {
-  enter();
   __shared__ int order[kMaxTopk];
   __shared__ int valid;
   const int64_t r = blockIdx.x;
@@ -598,7 +589,8 @@ void launch_grouped_l(const GroupedArgs& a, int64_t tiles, cudaStream_t stream) 
   if (per_tile > 65535) fail("cuda::moe", "a grid within CUDA's limits", std::to_string(a.N) + " outputs");
   const dim3 grid{unsigned(tiles), unsigned(per_tile)};
   const size_t smem = size_t(MT * a.K * 4 < kGSmemBytes ? MT * a.K * 4 : kGSmemBytes);
-  launch("cuda::moe grouped", grouped_kernel<F, MT, L, kUp>, grid, kGThreads, smem, stream, a);
+  grouped_kernel<F, MT, L, kUp><<<grid, kGThreads, smem, stream>>>(a);
+  check_launch("cuda::moe grouped");
 }
 
 template <WeightFormat F, int MT, bool kUp>
@@ -643,7 +635,6 @@ void check_expert_weight(const Weight& w, int64_t rows, int64_t cols, const char
 // h = bf16(weight · silu(min(g, L)) · clamp(u, -L, L)) in place of g, the CPU op's expressions.
 __global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t inter, float limit,
                               const float* row_weights) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * inter) return;
   g[i] = swiglu(g[i], u[i], limit, row_weights ? row_weights + i / inter : nullptr);
@@ -654,7 +645,6 @@ __global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t in
 // them), one thread per (list position, column).
 __global__ void slot_swiglu_kernel(float* g, const float* u, const gemm::Tiles tiles, int64_t inter, float limit,
                                    const float* weights) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tiles.entries * inter) return;
   const int64_t j = i / inter, slot = tiles.slot[j];
@@ -685,9 +675,10 @@ void route_from_logits(const float* logits, int64_t rows, int n_experts, const f
     fail("cuda::route", "1 to 4096 experts", std::to_string(n_experts));
   if (opt.topk <= 0 || opt.topk > kMaxTopk || opt.topk > n_experts)
     fail("cuda::route", "top-k in [1, min(32, experts)]", std::to_string(opt.topk));
-  launch("cuda::route", route_kernel, unsigned(rows), kRouteThreads, size_t(2 * n_experts) * sizeof(float), stream,
+  route_kernel<<<unsigned(rows), kRouteThreads, size_t(2 * n_experts) * sizeof(float), stream>>>(
       logits, n_experts, bias, opt.topk, opt.score_func == "sigmoid", opt.gate_temp, opt.norm_topk_prob,
       opt.route_scale, forced, experts, weights, bias_vl, image_rows);
+  check_launch("cuda::route");
 }
 
 void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
@@ -717,8 +708,8 @@ void expert_ffn(const float* x, int64_t rows, const Weight& w1, const Weight& w2
   check(cudaMallocAsync(reinterpret_cast<void**>(&u), size_t(n) * sizeof(float), stream), "cuda::expert_ffn");
   linear(x, rows, w1, g, stream);
   linear(x, rows, w3, u, stream);
-  launch("cuda::expert_ffn swiglu", swiglu_kernel, unsigned((n + 255) / 256), 256, 0, stream, g, u, rows, inter, limit,
-      row_weights);
+  swiglu_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(g, u, rows, inter, limit, row_weights);
+  check_launch("cuda::expert_ffn swiglu");
   linear(g, rows, w2, y, stream);
   check(cudaFreeAsync(g, stream), "cuda::expert_ffn");
   check(cudaFreeAsync(u, stream), "cuda::expert_ffn");
@@ -834,8 +825,9 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   linear_f32(x, rows, gate, logits, stream);
   route_from_logits(logits, rows, E, reinterpret_cast<const float*>(bias.data), opt, experts, weights, stream, forced, vl,
                     image_rows);
-  launch("cuda::moe bucket", bucket_kernel, 1, kBucketThreads, size_t(E) * sizeof(int), stream, experts, int(n), E,
-      tile, list, tiles, tile_count, slot);
+  bucket_kernel<<<1, kBucketThreads, size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, list, tiles,
+                                                                         tile_count, slot);
+  check_launch("cuda::moe bucket");
 
   const auto* table = static_cast<const ExpertPointers*>(routed.device());
   float* h = reinterpret_cast<float*>(scratch + at_h);  // GEMV: [entries, inter]; tensor cores: g, then h [slots, inter]
@@ -857,8 +849,8 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
     gemm::act_quant_slots(x, dim, t, k, xq, stream);
     gemm::grouped_up(xq, t, table, routed.w1().format, tiling, dim, inter, h, u, stream);
     const int64_t hn = n * inter;
-    launch("cuda::moe swiglu", slot_swiglu_kernel, unsigned((hn + 255) / 256), 256, 0, stream, h, u, t, inter, limit,
-        weights);
+    slot_swiglu_kernel<<<unsigned((hn + 255) / 256), 256, 0, stream>>>(h, u, t, inter, limit, weights);
+    check_launch("cuda::moe swiglu");
     gemm::act_quant_slots(h, inter, t, 0, xq, stream);
     gemm::grouped_down(xq, t, table, routed.w2().format, tiling, inter, dim, ye, stream);
   } else {
@@ -870,7 +862,8 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
 
   shared_branch.join();
   const dim3 combine_grid{unsigned(rows), unsigned((dim / 2 + kCombineThreads - 1) / kCombineThreads)};
-  launch("cuda::moe combine", combine_kernel, combine_grid, kCombineThreads, 0, stream, experts, k, E, ye, ys, dim, y);
+  combine_kernel<<<combine_grid, kCombineThreads, 0, stream>>>(experts, k, E, ye, ys, dim, y);
+  check_launch("cuda::moe combine");
   check(cudaFreeAsync(scratch, stream), "cuda::moe");
 }
 

@@ -4,7 +4,6 @@
 #include "backend/cuda/norm.h"
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "numerics/types.h"
 
 namespace dsv41::cuda {
@@ -21,7 +20,6 @@ __device__ inline float weight_at(const uint8_t* w, WeightFormat f, int64_t i) {
 
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, int64_t dim, const uint8_t* w,
                                                             WeightFormat f, float eps, float* y) {
-  enter();
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float sum = 0;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum = fmaf(xr[i], xr[i], sum);
@@ -43,8 +41,9 @@ void rms_norm(const float* x, int64_t rows, int64_t dim, const Weight* weight, f
   if (rows <= 0) return;
   if (weight && weight->format != WeightFormat::F32 && weight->format != WeightFormat::BF16)
     fail("cuda::rms_norm", "an F32 or BF16 norm weight", "a quantized one");
-  launch("cuda::rms_norm", rms_norm_kernel, unsigned(rows), kThreads, 0, stream, x, dim,
-      weight ? weight->data : nullptr, weight ? weight->format : WeightFormat::F32, eps, y);
+  rms_norm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, dim, weight ? weight->data : nullptr,
+                                                          weight ? weight->format : WeightFormat::F32, eps, y);
+  check_launch("cuda::rms_norm");
 }
 
 }  // namespace dsv41::cuda

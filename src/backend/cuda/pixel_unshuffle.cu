@@ -4,7 +4,6 @@
 // copy). Traffic: the output written once, x read once (each patch feeds one token), the table's
 // r² entries of a token once per channel, from cache.
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/vision.h"
 
 namespace dsv41::cuda {
@@ -12,7 +11,6 @@ namespace dsv41::cuda {
 namespace {
 
 __global__ void unshuffle_kernel(const float* x, int64_t dim, const int32_t* sources, int64_t tokens, int rr, float* out) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * dim * rr) return;
   const int64_t q = i % rr, c = i / rr % dim, t = i / rr / dim;
@@ -26,8 +24,8 @@ void pixel_unshuffle(const float* x, int64_t dim, const int32_t* sources, int64_
                      cudaStream_t stream) {
   const int64_t n = tokens * dim * r * r;
   if (n <= 0) return;
-  launch("cuda::pixel_unshuffle", unshuffle_kernel, unsigned((n + 255) / 256), 256, 0, stream, x, dim, sources, tokens,
-      r * r, out);
+  unshuffle_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(x, dim, sources, tokens, r * r, out);
+  check_launch("cuda::pixel_unshuffle");
 }
 
 }  // namespace dsv41::cuda

@@ -4,7 +4,6 @@
 #include "backend/cuda/rope.h"
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "numerics/types.h"
 
 namespace dsv41::cuda {
@@ -13,7 +12,6 @@ namespace {
 
 __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t row_stride, int64_t head_stride, int half,
                             const int64_t* positions, const float* freqs, bool inverse) {
-  enter();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * heads * half) return;
   const int i = int(id % half);
@@ -32,8 +30,9 @@ void rope(float* x, int64_t rows, int heads, int64_t row_stride, int64_t head_st
           const float* freqs, bool inverse, cudaStream_t stream) {
   const int64_t n = rows * heads * (dim / 2);
   if (n <= 0) return;
-  launch("cuda::rope", rope_kernel, unsigned((n + 255) / 256), 256, 0, stream, x, rows, heads, row_stride, head_stride,
-      dim / 2, positions, freqs, inverse);
+  rope_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(x, rows, heads, row_stride, head_stride, dim / 2, positions,
+                                                             freqs, inverse);
+  check_launch("cuda::rope");
 }
 
 }  // namespace dsv41::cuda

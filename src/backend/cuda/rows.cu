@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "base/error.h"
 #include "numerics/types.h"
 
@@ -20,7 +19,6 @@ unsigned blocks(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
 template <bool Bf16>
 __global__ void embed_kernel(const uint8_t* table, const int32_t* tokens, int64_t rows, int hc, int64_t d, float* X) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * hc * d) return;
   const int64_t r = i / (hc * d), c = i % d;
@@ -29,7 +27,6 @@ __global__ void embed_kernel(const uint8_t* table, const int32_t* tokens, int64_
 }
 
 __global__ void span_kernel(const float* embeddings, const int32_t* rows, int64_t n, int hc, int64_t d, float* X) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * hc * d) return;
   const int64_t e = i / (hc * d), m = i / d % hc, c = i % d;
@@ -37,14 +34,12 @@ __global__ void span_kernel(const float* embeddings, const int32_t* rows, int64_
 }
 
 __global__ void gather_kernel(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n * width) dst[i] = src[int64_t(index[i / width]) * width + i % width];
 }
 
 __global__ void stream_mean_kernel(const float* __restrict__ X, int64_t rows, int hc, int64_t d, float* __restrict__ out,
                                    int64_t stride) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * d) return;
   const int64_t r = i / d, k = i % d;
@@ -54,14 +49,12 @@ __global__ void stream_mean_kernel(const float* __restrict__ X, int64_t rows, in
 }
 
 __global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, uint16_t* __restrict__ out) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = bf16_from_float(x[i]);
 }
 
 __global__ void sum_splits_kernel(const float* __restrict__ partial, int splits, int64_t n, float* __restrict__ y,
                                   bool round) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float v = 0.0f;
@@ -70,25 +63,21 @@ __global__ void sum_splits_kernel(const float* __restrict__ partial, int splits,
 }
 
 __global__ void scale_round_kernel(float* x, int64_t n, float s) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = round_bf16(x[i] * s);
 }
 
 __global__ void mask_kernel(float* scores, const uint8_t* mask, int64_t n) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n && !mask[i]) scores[i] = -INFINITY;
 }
 
 __global__ void add_rows_kernel(float* y, int64_t stride, const float* x, int64_t rows, int64_t n) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < rows * n) y[(i / n) * stride + i % n] += x[i];
 }
 
 __global__ void finish_topk_kernel(const int32_t* chosen, int64_t rows, int k, const int64_t* visible, int K, int32_t* out) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * K) return;
   const int64_t r = i / K, j = i % K;
@@ -100,31 +89,34 @@ __global__ void finish_topk_kernel(const int32_t* chosen, int64_t rows, int k, c
 
 void embed_rows(const Weight& embed, const int32_t* tokens, int64_t rows, int hc, int64_t d, float* X, cudaStream_t stream) {
   if (rows <= 0) return;
-  if (embed.format == WeightFormat::BF16) launch("cuda::embed_rows", embed_kernel<true>, blocks(rows * hc * d),
-      kThreads, 0, stream, embed.data, tokens, rows, hc, d, X);
-  else if (embed.format == WeightFormat::F32) launch("cuda::embed_rows", embed_kernel<false>, blocks(rows * hc * d),
-      kThreads, 0, stream, embed.data, tokens, rows, hc, d, X);
+  if (embed.format == WeightFormat::BF16) embed_kernel<true><<<blocks(rows * hc * d), kThreads, 0, stream>>>(embed.data, tokens, rows, hc, d, X);
+  else if (embed.format == WeightFormat::F32) embed_kernel<false><<<blocks(rows * hc * d), kThreads, 0, stream>>>(embed.data, tokens, rows, hc, d, X);
   else fail("cuda::embed_rows", "a BF16 or F32 embedding", "a quantized one");
+  check_launch("cuda::embed_rows");
 }
 
 void embed_span_rows(const float* embeddings, const int32_t* rows, int64_t n, int hc, int64_t d, float* X, cudaStream_t stream) {
   if (n <= 0) return;
-  launch("cuda::embed_span_rows", span_kernel, blocks(n * hc * d), kThreads, 0, stream, embeddings, rows, n, hc, d, X);
+  span_kernel<<<blocks(n * hc * d), kThreads, 0, stream>>>(embeddings, rows, n, hc, d, X);
+  check_launch("cuda::embed_span_rows");
 }
 
 void stream_mean(const float* X, int64_t rows, int hc, int64_t d, float* out, int64_t stride, cudaStream_t stream) {
   if (rows <= 0) return;
-  launch("cuda::stream_mean", stream_mean_kernel, blocks(rows * d), kThreads, 0, stream, X, rows, hc, d, out, stride);
+  stream_mean_kernel<<<blocks(rows * d), kThreads, 0, stream>>>(X, rows, hc, d, out, stride);
+  check_launch("cuda::stream_mean");
 }
 
 void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t width, float* dst, cudaStream_t stream) {
   if (n <= 0) return;
-  launch("cuda::gather_rows", gather_kernel, blocks(n * width), kThreads, 0, stream, src, index, n, width, dst);
+  gather_kernel<<<blocks(n * width), kThreads, 0, stream>>>(src, index, n, width, dst);
+  check_launch("cuda::gather_rows");
 }
 
 void to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
   if (n <= 0) return;
-  launch("cuda::to_bf16", to_bf16_kernel, blocks(n), kThreads, 0, stream, x, n, out);
+  to_bf16_kernel<<<blocks(n), kThreads, 0, stream>>>(x, n, out);
+  check_launch("cuda::to_bf16");
 }
 
 SplitK split_k(int64_t tiles, int64_t steps, int64_t min_per) {
@@ -136,28 +128,32 @@ SplitK split_k(int64_t tiles, int64_t steps, int64_t min_per) {
 
 void sum_splits(const float* partial, int splits, int64_t n, float* y, bool round, cudaStream_t stream) {
   if (n <= 0) return;
-  launch("cuda::sum_splits", sum_splits_kernel, blocks(n), kThreads, 0, stream, partial, splits, n, y, round);
+  sum_splits_kernel<<<blocks(n), kThreads, 0, stream>>>(partial, splits, n, y, round);
+  check_launch("cuda::sum_splits");
 }
 
 void scale_round(float* x, int64_t n, float s, cudaStream_t stream) {
   if (n <= 0) return;
-  launch("cuda::scale_round", scale_round_kernel, blocks(n), kThreads, 0, stream, x, n, s);
+  scale_round_kernel<<<blocks(n), kThreads, 0, stream>>>(x, n, s);
+  check_launch("cuda::scale_round");
 }
 
 void mask_scores(float* scores, const uint8_t* mask, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  launch("cuda::mask_scores", mask_kernel, blocks(n), kThreads, 0, stream, scores, mask, n);
+  mask_kernel<<<blocks(n), kThreads, 0, stream>>>(scores, mask, n);
+  check_launch("cuda::mask_scores");
 }
 
 void add_rows(float* y, int64_t stride, const float* x, int64_t rows, int64_t n, cudaStream_t stream) {
   if (rows <= 0 || n <= 0) return;
-  launch("cuda::add_rows", add_rows_kernel, blocks(rows * n), kThreads, 0, stream, y, stride, x, rows, n);
+  add_rows_kernel<<<blocks(rows * n), kThreads, 0, stream>>>(y, stride, x, rows, n);
+  check_launch("cuda::add_rows");
 }
 
 void finish_topk(const int32_t* chosen, int64_t rows, int k, const int64_t* visible, int K, int32_t* out, cudaStream_t stream) {
   if (rows <= 0 || K <= 0) return;
-  launch("cuda::finish_topk", finish_topk_kernel, blocks(rows * K), kThreads, 0, stream, chosen, rows, k, visible, K,
-      out);
+  finish_topk_kernel<<<blocks(rows * K), kThreads, 0, stream>>>(chosen, rows, k, visible, K, out);
+  check_launch("cuda::finish_topk");
 }
 
 }  // namespace dsv41::cuda

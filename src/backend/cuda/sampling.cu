@@ -16,7 +16,6 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/device_buffer.h"
 #include "base/error.h"
 
@@ -63,7 +62,6 @@ struct EditAt {
   LogitEdit e;
 };
 __global__ void __launch_bounds__(kThreads) edit_logits(float* logits, const EditAt* edits, int64_t n) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
   logits[edits[i].at] = edited(logits[edits[i].at], edits[i].e);
@@ -74,14 +72,12 @@ struct MaskRow {
   int64_t row, vocab, offset;
 };
 __global__ void __launch_bounds__(kThreads) mask_logits(float* logits, int64_t stride, const MaskRow* rows, const uint32_t* words) {
-  enter();
   const MaskRow r = rows[blockIdx.y];
   for (int64_t t = blockIdx.x * int64_t(kThreads) + threadIdx.x; t < r.vocab; t += int64_t(gridDim.x) * kThreads)
     if (!((words[r.offset + t / 32] >> (t % 32)) & 1u)) logits[r.row * stride + t] = -INFINITY;
 }
 
 __global__ void __launch_bounds__(kThreads) argmax_rows(const float* logits, int64_t stride, const Row* rows, Chosen* out) {
-  enter();
   const Row r = rows[blockIdx.x];
   const float* x = logits + r.row * stride;
   Best best{-INFINITY, int(r.vocab)};
@@ -93,7 +89,6 @@ __global__ void __launch_bounds__(kThreads) argmax_rows(const float* logits, int
 }
 
 __global__ void fill_ids(int32_t* ids, int64_t stride, const Row* rows) {
-  enter();
   const Row r = rows[blockIdx.y];
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < r.vocab; i += int64_t(gridDim.x) * blockDim.x)
     ids[r.row * stride + i] = int32_t(i);
@@ -101,7 +96,6 @@ __global__ void fill_ids(int32_t* ids, int64_t stride, const Row* rows) {
 
 // Over the sorted candidates `key` (descending) and their ids.
 __global__ void __launch_bounds__(kThreads) choose_sorted(const float* keys, const int32_t* ids, int64_t stride, const Row* rows, Chosen* out) {
-  enter();
   const Row r = rows[blockIdx.x];
   const float* k = keys + r.row * stride;
   const int32_t* id = ids + r.row * stride;
@@ -217,8 +211,8 @@ std::vector<TokenChoice> choose(float* logits, int64_t stride, std::span<const i
   if (!edits.empty()) {
     DeviceBuffer<EditAt> edits_d = scratch_from(edits, stream);
     const int blocks = int((edits.size() + kThreads - 1) / kThreads);
-    launch("cuda::choose edits", edit_logits, blocks, kThreads, 0, stream, logits, edits_d.get(),
-        int64_t(edits.size()));
+    edit_logits<<<blocks, kThreads, 0, stream>>>(logits, edits_d.get(), int64_t(edits.size()));
+    check(cudaGetLastError(), "cuda::choose edits");
   }
   std::vector<MaskRow> masked;
   std::vector<uint32_t> words;
@@ -232,13 +226,14 @@ std::vector<TokenChoice> choose(float* logits, int64_t stride, std::span<const i
   if (!masked.empty()) {
     DeviceBuffer<MaskRow> masked_d = scratch_from(masked, stream);
     DeviceBuffer<uint32_t> words_d = scratch_from(words, stream);
-    launch("cuda::choose mask", mask_logits, dim3(64, unsigned(masked.size())), kThreads, 0, stream, logits, stride,
-        masked_d.get(), words_d.get());
+    mask_logits<<<dim3(64, unsigned(masked.size())), kThreads, 0, stream>>>(logits, stride, masked_d.get(), words_d.get());
+    check(cudaGetLastError(), "cuda::choose mask");
   }
   DeviceBuffer<Row> rows_d = scratch_from(host, stream);
   DeviceBuffer<Chosen> out = scratch<Chosen>(n, stream);
   if (!sort) {
-    launch("cuda::choose argmax", argmax_rows, n, kThreads, 0, stream, logits, stride, rows_d.get(), out.get());
+    argmax_rows<<<n, kThreads, 0, stream>>>(logits, stride, rows_d.get(), out.get());
+    check(cudaGetLastError(), "cuda::choose argmax");
   } else {
     // The sort's segments are the requests' rows, in place in buffers as long as the logits up to
     // the last of them.
@@ -251,7 +246,8 @@ std::vector<TokenChoice> choose(float* logits, int64_t stride, std::span<const i
     DeviceBuffer<int64_t> begin_d = scratch_from(begin, stream), end_d = scratch_from(end, stream);
     DeviceBuffer<int32_t> ids = scratch<int32_t>(items, stream), sorted_ids = scratch<int32_t>(items, stream);
     DeviceBuffer<float> keys = scratch<float>(items, stream);
-    launch("cuda::choose ids", fill_ids, dim3(64, unsigned(n)), 256, 0, stream, ids.get(), stride, rows_d.get());
+    fill_ids<<<dim3(64, unsigned(n)), 256, 0, stream>>>(ids.get(), stride, rows_d.get());
+    check(cudaGetLastError(), "cuda::choose ids");
     size_t bytes = 0;
     check(cub::DeviceSegmentedRadixSort::SortPairsDescending(nullptr, bytes, logits, keys.get(), ids.get(), sorted_ids.get(), items, n,
                                                              begin_d.get(), end_d.get(), 0, 32, stream),
@@ -260,8 +256,8 @@ std::vector<TokenChoice> choose(float* logits, int64_t stride, std::span<const i
     check(cub::DeviceSegmentedRadixSort::SortPairsDescending(temp.get(), bytes, logits, keys.get(), ids.get(), sorted_ids.get(), items, n,
                                                              begin_d.get(), end_d.get(), 0, 32, stream),
           "cuda::choose sort");
-    launch("cuda::choose", choose_sorted, n, kThreads, 0, stream, keys.get(), sorted_ids.get(), stride, rows_d.get(),
-        out.get());
+    choose_sorted<<<n, kThreads, 0, stream>>>(keys.get(), sorted_ids.get(), stride, rows_d.get(), out.get());
+    check(cudaGetLastError(), "cuda::choose");
   }
   const std::vector<Chosen> chosen = out.download(stream);
   std::vector<TokenChoice> result(static_cast<size_t>(n));

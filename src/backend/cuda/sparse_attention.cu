@@ -41,7 +41,6 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -307,7 +306,6 @@ struct Smem {
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) attention_kernel(SparseAttentionBatch batch, const float* q,
                                                              const float* sink, float scale, float* out) {
-  enter();
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   Smem<D, G>& sm = *reinterpret_cast<Smem<D, G>*>(smem_bytes);
   const int64_t b = blockIdx.x;
@@ -385,7 +383,6 @@ struct ScoreSmem {
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) split_scores_kernel(SparseAttentionBatch batch, const float* q, float scale,
                                                                 float* scores, float* tile_maxima) {
-  enter();
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   ScoreSmem<D, G>& sm = *reinterpret_cast<ScoreSmem<D, G>*>(smem_bytes);
   const int64_t b = blockIdx.x;
@@ -425,7 +422,6 @@ template <int D, int G>
 __global__ void __launch_bounds__(kThreads) split_pv_kernel(SparseAttentionBatch batch, const float* scores,
                                                             const float* tile_maxima, float* block, float2* stats,
                                                             float* last_max) {
-  enter();
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   PvSmem<D, G>& sm = *reinterpret_cast<PvSmem<D, G>*>(smem_bytes);
   const int64_t b = blockIdx.x;
@@ -480,7 +476,6 @@ template <int D>
 __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const float* block, const float2* stats,
                                                                         const float* last_max, const float* sink,
                                                                         int64_t rows, int H, int T, float* out) {
-  enter();
   constexpr int kQuads = D / 4;
   const int64_t i = int64_t(blockIdx.x) * kCombineThreads + threadIdx.x;
   if (i >= rows * kQuads) return;
@@ -538,7 +533,6 @@ __device__ __forceinline__ uint32_t chunk_address(const uint16_t* base, int widt
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttentionBatch batch, const float* q,
                                                                      const float* sink, float scale, float* out) {
-  enter();
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   MmaSmem<D>& sm = *reinterpret_cast<MmaSmem<D>*>(smem_bytes);
   const int64_t b = blockIdx.x;
@@ -706,7 +700,6 @@ __device__ __forceinline__ void stage_tile(const SparseAttentionBatch& batch, co
 template <int D>
 __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAttentionBatch batch, const float* q,
                                                                          const float* sink, float scale, float* out) {
-  enter();
   static_assert(D == 512, "two warpgroups of 256 channels each");
   using namespace hopper;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
@@ -855,13 +848,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAt
 // ---- host ---------------------------------------------------------------------------------------
 
 template <int D, int G>
-void launch_one_pass(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
-                     cudaStream_t stream) {
+void launch(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
+            cudaStream_t stream) {
   const size_t smem = sizeof(Smem<D, G>);
   check(cudaFuncSetAttribute(attention_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
         "cuda::sparse_attention");
-  launch("cuda::sparse_attention", attention_kernel<D, G>, dim3(unsigned(batch.tokens), unsigned(batch.heads / G)),
-      kThreads, smem, stream, batch, q, sink, scale, out);
+  attention_kernel<D, G><<<dim3(unsigned(batch.tokens), unsigned(batch.heads / G)), kThreads, smem, stream>>>(
+      batch, q, sink, scale, out);
+  check_launch("cuda::sparse_attention");
 }
 
 // The split path: three launches on `stream` over scratch from cudaMallocAsync, freed on the
@@ -889,16 +883,16 @@ void launch_split(const SparseAttentionBatch& batch, const float* q, const float
   const size_t score_smem = sizeof(ScoreSmem<D, G>), pv_smem = sizeof(PvSmem<D, G>);
   check(cudaFuncSetAttribute(split_scores_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(score_smem)),
         "cuda::sparse_attention");
-  launch("cuda::sparse_attention scores", split_scores_kernel<D, G>, grid, kThreads, score_smem, stream, batch, q,
-      scale, scores, tile_maxima);
+  split_scores_kernel<D, G><<<grid, kThreads, score_smem, stream>>>(batch, q, scale, scores, tile_maxima);
+  check_launch("cuda::sparse_attention scores");
   check(cudaFuncSetAttribute(split_pv_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pv_smem)),
         "cuda::sparse_attention");
-  launch("cuda::sparse_attention P·V", split_pv_kernel<D, G>, grid, kThreads, pv_smem, stream, batch, scores,
-      tile_maxima, block, stats, last_max);
+  split_pv_kernel<D, G><<<grid, kThreads, pv_smem, stream>>>(batch, scores, tile_maxima, block, stats, last_max);
+  check_launch("cuda::sparse_attention P·V");
   const int64_t threads = rows * (D / 4);
-  launch("cuda::sparse_attention combine", split_combine_kernel<D>,
-      unsigned((threads + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0, stream, block, stats, last_max,
-      sink, rows, H, T, out);
+  split_combine_kernel<D><<<unsigned((threads + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0, stream>>>(
+      block, stats, last_max, sink, rows, H, T, out);
+  check_launch("cuda::sparse_attention combine");
   check(cudaFreeAsync(scratch, stream), "cuda::sparse_attention");
 }
 
@@ -912,9 +906,9 @@ void launch_mma(const SparseAttentionBatch& batch, const float* q, const float* 
     return true;
   }();
   (void)configured;
-  launch("cuda::sparse_attention", mma_attention_kernel<D>,
-      dim3(unsigned(batch.tokens), unsigned(batch.heads / kMmaHeads)), kThreads, smem, stream, batch, q, sink, scale,
-      out);
+  mma_attention_kernel<D><<<dim3(unsigned(batch.tokens), unsigned(batch.heads / kMmaHeads)), kThreads, smem, stream>>>(
+      batch, q, sink, scale, out);
+  check_launch("cuda::sparse_attention");
 }
 
 template <int D>
@@ -927,9 +921,9 @@ void launch_wgmma(const SparseAttentionBatch& batch, const float* q, const float
     return true;
   }();
   (void)configured;
-  launch("cuda::sparse_attention", wgmma_attention_kernel<D>,
-      dim3(unsigned(batch.tokens), unsigned(batch.heads / kWgHeads)), kWgThreads, smem, stream, batch, q, sink, scale,
-      out);
+  wgmma_attention_kernel<D><<<dim3(unsigned(batch.tokens), unsigned(batch.heads / kWgHeads)), kWgThreads, smem,
+                              stream>>>(batch, q, sink, scale, out);
+  check_launch("cuda::sparse_attention");
 }
 
 template <int D>
@@ -985,10 +979,10 @@ void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* 
     return launch_split<D, 1>(batch, q, sink, scale, out, stream);
   }
   switch (G) {
-    case 8: return launch_one_pass<D, 8>(batch, q, sink, scale, out, stream);
-    case 4: return launch_one_pass<D, 4>(batch, q, sink, scale, out, stream);
-    case 2: return launch_one_pass<D, 2>(batch, q, sink, scale, out, stream);
-    default: return launch_one_pass<D, 1>(batch, q, sink, scale, out, stream);
+    case 8: return launch<D, 8>(batch, q, sink, scale, out, stream);
+    case 4: return launch<D, 4>(batch, q, sink, scale, out, stream);
+    case 2: return launch<D, 2>(batch, q, sink, scale, out, stream);
+    default: return launch<D, 1>(batch, q, sink, scale, out, stream);
   }
 }
 

@@ -8,7 +8,6 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/linear.h"
 #include "base/error.h"
 #include "numerics/types.h"
@@ -24,7 +23,6 @@ unsigned blocks(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 // y[m, n] = bf16(y[m, n] + bias[n]); bias as bf16 bits or fp32.
 template <bool kBf16>
 __global__ void bias_round_kernel(float* y, int64_t M, int64_t N, const void* bias) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= M * N) return;
   float b = 0.0f;
@@ -33,13 +31,11 @@ __global__ void bias_round_kernel(float* y, int64_t M, int64_t N, const void* bi
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = round_bf16(__fadd_rn(x[i], y[i]));
 }
 
 __global__ void silu_mul_kernel(const float* gu, int64_t M, int64_t inter, float* out) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= M * inter) return;
   const int64_t m = i / inter, j = i % inter;
@@ -49,7 +45,6 @@ __global__ void silu_mul_kernel(const float* gu, int64_t M, int64_t inter, float
 }
 
 __global__ void gelu_kernel(float* x, int64_t n) {
-  enter();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float v = x[i];
@@ -66,24 +61,27 @@ void linear_bias(const float* x, int64_t M, const Weight& w, const Weight* bias,
          std::to_string(bias->rows * bias->cols) + " values");
   linear_f32(x, M, w, y, stream);
   const void* b = bias ? bias->data : nullptr;
-  if (bias && bias->format == WeightFormat::F32) launch("cuda::linear_bias", bias_round_kernel<false>,
-      blocks(M * w.rows), kThreads, 0, stream, y, M, w.rows, b);
-  else launch("cuda::linear_bias", bias_round_kernel<true>, blocks(M * w.rows), kThreads, 0, stream, y, M, w.rows, b);
+  if (bias && bias->format == WeightFormat::F32) bias_round_kernel<false><<<blocks(M * w.rows), kThreads, 0, stream>>>(y, M, w.rows, b);
+  else bias_round_kernel<true><<<blocks(M * w.rows), kThreads, 0, stream>>>(y, M, w.rows, b);
+  check_launch("cuda::linear_bias");
 }
 
 void add_bf16(float* x, const float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  launch("cuda::add_bf16", add_kernel, blocks(n), kThreads, 0, stream, x, y, n);
+  add_kernel<<<blocks(n), kThreads, 0, stream>>>(x, y, n);
+  check_launch("cuda::add_bf16");
 }
 
 void silu_mul(const float* gu, int64_t M, int64_t inter, float* out, cudaStream_t stream) {
   if (M * inter <= 0) return;
-  launch("cuda::silu_mul", silu_mul_kernel, blocks(M * inter), kThreads, 0, stream, gu, M, inter, out);
+  silu_mul_kernel<<<blocks(M * inter), kThreads, 0, stream>>>(gu, M, inter, out);
+  check_launch("cuda::silu_mul");
 }
 
 void gelu(float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  launch("cuda::gelu", gelu_kernel, blocks(n), kThreads, 0, stream, x, n);
+  gelu_kernel<<<blocks(n), kThreads, 0, stream>>>(x, n);
+  check_launch("cuda::gelu");
 }
 
 }  // namespace dsv41::cuda

@@ -23,7 +23,6 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/vision.h"
 #include "base/error.h"
 #include "numerics/types.h"
@@ -47,7 +46,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 __global__ void __launch_bounds__(kWarps * 32) vision_attention_kernel(const float* qkv, int64_t n, int heads, int hd,
                                                                        float scale, float* o) {
-  enter();
   __shared__ float q_s[kQueries][kMaxHeadDim];
   __shared__ float k_s[kKeys][kMaxHeadDim + 1];
   __shared__ float v_s[kKeys][kMaxHeadDim];
@@ -119,8 +117,8 @@ void vision_attention(const float* qkv, int64_t n, int heads, int head_dim, floa
   if (n <= 0) return;
   const float scale = 1.0f / std::sqrt(float(head_dim));  // the CPU op's
   const dim3 grid(unsigned((n + kQueries - 1) / kQueries), unsigned(heads));
-  launch("cuda::vision_attention", vision_attention_kernel, grid, kWarps * 32, 0, stream, qkv, n, heads, head_dim,
-      scale, o);
+  vision_attention_kernel<<<grid, kWarps * 32, 0, stream>>>(qkv, n, heads, head_dim, scale, o);
+  check_launch("cuda::vision_attention");
 }
 
 }  // namespace dsv41::cuda

@@ -5,7 +5,6 @@
 // qkv's bytes), the places (8 bytes a row) and the frequencies from cache. The angle and the
 // rotation are VisionRope::apply's operations in its order, with CUDA's full-precision cosf/sinf.
 #include "backend/cuda/check.h"
-#include "backend/cuda/launch.cuh"
 #include "backend/cuda/vision.h"
 #include "base/error.h"
 #include "numerics/types.h"
@@ -19,7 +18,6 @@ namespace {
 // One thread per (row, q or k, head, pair): half = head_dim / 2 pairs a head.
 __global__ void vision_rope_kernel(float* qkv, int64_t rows, int heads, int head_dim, const int32_t* places,
                                    const float* freqs) {
-  enter();
   const int half = head_dim / 2, quarter = head_dim / 4;
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * 2 * heads * half) return;
@@ -44,8 +42,8 @@ void vision_rope(float* qkv, int64_t rows, int heads, int head_dim, const int32_
     fail("cuda::vision_rope", "a head dimension that is a positive multiple of 4", std::to_string(head_dim));
   const int64_t n = rows * 2 * heads * (head_dim / 2);
   if (n <= 0) return;
-  launch("cuda::vision_rope", vision_rope_kernel, unsigned((n + 255) / 256), 256, 0, stream, qkv, rows, heads, head_dim,
-      places, freqs);
+  vision_rope_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(qkv, rows, heads, head_dim, places, freqs);
+  check_launch("cuda::vision_rope");
 }
 
 }  // namespace dsv41::cuda
