@@ -27,7 +27,7 @@
 //                      [--turn 80] [--prompt-batch 64x128] [--json FILE --commit REV]
 //
 // --json writes every figure as one object: commit, gpu, decode.<batch>.<context>.{ms_per_step,
-// tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms, classes.<class>.{ms, bytes, gb_per_s}}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
+// graph_nodes, tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms, classes.<class>.{ms, bytes, gb_per_s}}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
 // exact_ops_ms.<op>, exact_idle_ms, turn_rows, turn_ms, turn_ops_ms.<op>, turn_idle_ms},
 // prompt_batch.{prompts, prompt_tokens, ms, tokens_per_s, ops_ms.<op>, idle_ms}.
 #include <cuda_runtime.h>
@@ -379,7 +379,8 @@ int main(int argc, char** argv) try {
                   100.0 * step_bytes / step_s / copy_bw);
       std::fflush(stdout);
       nlohmann::json& row = report["decode"][std::to_string(B)][std::to_string(context)];
-      row = {{"ms_per_step", step_s * 1e3}, {"tokens_per_s", double(B) / step_s}, {"copy_bw_fraction", step_bytes / step_s / copy_bw}};
+      row = {{"ms_per_step", step_s * 1e3}, {"tokens_per_s", double(B) / step_s}, {"copy_bw_fraction", step_bytes / step_s / copy_bw},
+             {"graph_nodes", graph ? graph->nodes() : size_t(0)}};
       // One more step as a forward_batch call with op times: where a decode step goes.
       OpTimes decode_times;
       times = &decode_times;
