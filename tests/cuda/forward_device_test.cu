@@ -223,17 +223,22 @@ Bound forced_apart(const Fixture& f, int prompt) {
   return apart(base);
 }
 
-// log p(next) of each logits row against the token that follows it, in double.
+// log p(next) of each logits row against the token that follows it (the sampler's score()).
 std::vector<double> next_token_logprobs(const std::vector<float>& logits, int64_t V, std::span<const int> next) {
   std::vector<double> out;
-  for (size_t r = 0; r < next.size(); ++r) {
-    const float* row = logits.data() + int64_t(r) * V;
-    const double top = *std::max_element(row, row + V);
-    double sum = 0;
-    for (int64_t i = 0; i < V; ++i) sum += std::exp(double(row[i]) - top);
-    out.push_back(double(row[next[r]]) - top - std::log(sum));
-  }
+  for (size_t r = 0; r < next.size(); ++r) out.push_back(score(logits.data() + int64_t(r) * V, V, next[r], 0).logprob);
   return out;
+}
+
+// Two runs' next-token log-probabilities: the mean of their differences and the largest one.
+struct Delta {
+  double mean = 0, max = 0;
+};
+Delta delta(const std::vector<double>& a, const std::vector<double>& b) {
+  Delta d;
+  for (size_t r = 0; r < a.size(); ++r)
+    d.mean += (a[r] - b[r]) / double(a.size()), d.max = std::max(d.max, std::fabs(a[r] - b[r]));
+  return d;
 }
 
 // The embedded default (assets/default-model: dim 384, 8 heads, hc 4, the whole schedule, trained;
@@ -316,29 +321,15 @@ TEST(DefaultModelOnTheDevice, MatchesTheCpuWithinItsOwnSummationSpread) {
   const int64_t rows = int64_t(runs[0].size()) / V;
   ASSERT_EQ(int64_t(device.size()), rows * V);
   const std::span<const int> next = std::span<const int>(tokens).subspan(size_t(P + 1 + steps - rows), size_t(rows));
-  const std::vector<double> ref = next_token_logprobs(runs[0], V, next);
-  struct Delta {
-    double mean = 0, max = 0;
-  };
-  auto delta = [&](const std::vector<float>& logits) {
-    const std::vector<double> lp = next_token_logprobs(logits, V, next);
-    Delta d;
-    for (size_t r = 0; r < lp.size(); ++r)
-      d.mean += (lp[r] - ref[r]) / double(lp.size()), d.max = std::max(d.max, std::fabs(lp[r] - ref[r]));
-    return d;
-  };
+  std::vector<std::vector<double>> lp;
+  for (const std::vector<float>& run : runs) lp.push_back(next_token_logprobs(run, V, next));
   Delta spread_lp;  // over every pair of the CPU's runs
-  for (int i = 0; i < kVariants; ++i) {
-    const std::vector<double> a = next_token_logprobs(runs[size_t(i)], V, next);
-    for (int j = i + 1; j < kVariants; ++j) {
-      const std::vector<double> b = next_token_logprobs(runs[size_t(j)], V, next);
-      double mean = 0;
-      for (size_t r = 0; r < a.size(); ++r)
-        mean += (a[r] - b[r]) / double(a.size()), spread_lp.max = std::max(spread_lp.max, std::fabs(a[r] - b[r]));
-      spread_lp.mean = std::max(spread_lp.mean, std::fabs(mean));
+  for (size_t i = 0; i < lp.size(); ++i)
+    for (size_t j = i + 1; j < lp.size(); ++j) {
+      const Delta d = delta(lp[i], lp[j]);
+      spread_lp.mean = std::max(spread_lp.mean, std::fabs(d.mean)), spread_lp.max = std::max(spread_lp.max, d.max);
     }
-  }
-  const Delta ours = delta(device);
+  const Delta ours = delta(next_token_logprobs(device, V, next), lp[0]);
   const LogitStats spread_logits = spread(runs, V), st = compare_logits(device, runs[0], V);
   std::printf("default model, %lld rows: CPU orders' spread: mean Δ log p %.3g, max |Δ log p| %.3g, logits |Δ| mean %.3g "
               "p99 %.3g max %.3g; device - CPU: mean Δ log p %.3g, max |Δ log p| %.3g, logits |Δ| mean %.3g p99 %.3g "

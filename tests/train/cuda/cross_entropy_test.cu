@@ -171,11 +171,13 @@ TEST(TrainCudaCrossEntropy, HeadOnBf16ProductsWithinTheCastsBound) {
       DeviceArray<int64_t> dtargets(targets);
       train_cuda::cast_bf16(h32.get(), int64_t(h.size()), hb.get());
       train_cuda::cast_bf16(W32.get(), int64_t(W.size()), Wb.get());
-      train_cuda::linear_forward(blas, train_cuda::Operands::Bf16, hb.get(), c.rows, c.d, Wb.get(), c.vocab, logits.get());
+      train_cuda::linear_forward(blas, train_cuda::Operands::Bf16, hb.get(), c.rows, c.d, Wb.get(), c.vocab,
+                                 logits.get());
       DeviceLoss l = loss_on_device(logits, c.rows, c.vocab, dtargets);
       DeviceArray<float> dz(l.dz);
       train_cuda::cast_bf16(dz.get(), int64_t(z.size()), dzb.get());
-      train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, hb.get(), c.rows, c.d, Wb.get(), c.vocab, dzb.get(), dh.get(), dW.get());
+      train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, hb.get(), c.rows, c.d, Wb.get(), c.vocab, dzb.get(),
+                                  dh.get(), dW.get());
       return std::make_tuple(l.loss, dh.download(), dW.download());
     };
     const auto [loss, dh, dW] = run();

@@ -57,7 +57,8 @@ Results on_device(train_cuda::Blas& blas, const Shape& s, const std::vector<floa
   EXPECT_EQ(Wb.download(), test::bf16_bits(W)) << "cast_bf16";
   y.poison();
   train_cuda::linear_forward(blas, train_cuda::Operands::Bf16, xb.get(), s.M, s.K, Wb.get(), s.N, y.get());
-  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, xb.get(), s.M, s.K, Wb.get(), s.N, dyb.get(), dx.get(), dW.get());
+  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, xb.get(), s.M, s.K, Wb.get(), s.N, dyb.get(), dx.get(),
+                              dW.get());
   return {y.download(), dx.download(), dW.download()};
 }
 
@@ -134,8 +135,10 @@ Results grouped_on_device(train_cuda::Blas& blas, const GroupShape& s, const std
   train_cuda::cast_bf16(W32.get(), int64_t(W.size()), Wb.get());
   train_cuda::cast_bf16(dy32.get(), int64_t(dy.size()), dyb.get());
   y.poison();
-  train_cuda::linear_grouped_forward(blas, train_cuda::Operands::Bf16, xb.get(), s.M, s.G, s.Kg, Wb.get(), s.Ng, y.get());
-  train_cuda::linear_grouped_backward(blas, train_cuda::Operands::Bf16, xb.get(), s.M, s.G, s.Kg, Wb.get(), s.Ng, dyb.get(), dx.get(), dW.get());
+  train_cuda::linear_grouped_forward(blas, train_cuda::Operands::Bf16, xb.get(), s.M, s.G, s.Kg, Wb.get(), s.Ng,
+                                     y.get());
+  train_cuda::linear_grouped_backward(blas, train_cuda::Operands::Bf16, xb.get(), s.M, s.G, s.Kg, Wb.get(), s.Ng,
+                                      dyb.get(), dx.get(), dW.get());
   return {y.download(), dx.download(), dW.download()};
 }
 

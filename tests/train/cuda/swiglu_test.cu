@@ -145,12 +145,15 @@ ExpertGrads expert_on_device(train_cuda::Blas& blas, int64_t rows, int64_t dim, 
   train_cuda::linear_forward(blas, train_cuda::Operands::Bf16, hb.get(), rows, inter, w2b.get(), dim, y.get());
   // Backward.
   cast_bf16(dy32.get(), nx, dyb.get());
-  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, hb.get(), rows, inter, w2b.get(), dim, dyb.get(), dh.get(), dw2.get());
+  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, hb.get(), rows, inter, w2b.get(), dim, dyb.get(),
+                              dh.get(), dw2.get());
   train_cuda::swiglu_backward(gate.get(), up.get(), rows, inter, kLimit, rw_d.get(), dh.get(), dg.get(), du.get(), drw.get());
   cast_bf16(dg.get(), nh, dgb.get());
   cast_bf16(du.get(), nh, dub.get());
-  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, xb.get(), rows, dim, w1b.get(), inter, dgb.get(), dx.get(), dw1.get());
-  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, xb.get(), rows, dim, w3b.get(), inter, dub.get(), dx.get(), dw3.get());
+  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, xb.get(), rows, dim, w1b.get(), inter, dgb.get(),
+                              dx.get(), dw1.get());
+  train_cuda::linear_backward(blas, train_cuda::Operands::Bf16, xb.get(), rows, dim, w3b.get(), inter, dub.get(),
+                              dx.get(), dw3.get());
   return {y.download(), dx.download(), dw1.download(), dw2.download(), dw3.download(), drw.download()};
 }
 
