@@ -293,9 +293,11 @@ inline void expect_short_prompt_exact(const Fixture& f, const Logits& ours, cons
 }
 
 // With variants > 1 (the CPU forward), each summation variant is run and checked, and the bound is
-// at least their spread.
-inline void expect_mode(const Fixture& f, const std::string& mode, std::vector<int> prompts, int variants = 1) {
-  std::vector<std::vector<float>> ours(static_cast<size_t>(variants));
+// at least their spread. `also`: another forward of the same function in other orders (the whole
+// model beside its ranks, whose cut sums are one more order), whose variants join the spread.
+inline void expect_mode(const Fixture& f, const std::string& mode, std::vector<int> prompts, int variants = 1,
+                        const Fixture* also = nullptr) {
+  std::vector<std::vector<float>> ours(static_cast<size_t>(variants)), others(also ? size_t(variants) : 0);
   std::vector<float> ref;
   Bound base;
   base.free = mode == "free";
@@ -306,6 +308,10 @@ inline void expect_mode(const Fixture& f, const std::string& mode, std::vector<i
       Logits l = f.run(prompt, mode != "free");
       ours[size_t(v)].insert(ours[size_t(v)].end(), l.prefill.begin(), l.prefill.end());
       ours[size_t(v)].insert(ours[size_t(v)].end(), l.decode.begin(), l.decode.end());
+      if (!also) continue;
+      Logits o = also->run(prompt, mode != "free");
+      others[size_t(v)].insert(others[size_t(v)].end(), o.prefill.begin(), o.prefill.end());
+      others[size_t(v)].insert(others[size_t(v)].end(), o.decode.begin(), o.decode.end());
     }
     for (const char* part : {"prefill", "decode"}) {
       std::vector<float> r = f.ex.floats(p + part + ".logits");
@@ -317,9 +323,11 @@ inline void expect_mode(const Fixture& f, const std::string& mode, std::vector<i
   for (int prompt : prompts) prompt_names += " prompt" + std::to_string(prompt);
   const int64_t V = f.config().vocab_size;
   if (variants > 1) {
-    const LogitStats s = spread(ours, V);
-    std::printf("%s %s%s: spread over %d summation variants: max %.6f mean %.6f p99 %.6f argmax %.4f\n", f.name.c_str(),
-                mode.c_str(), prompt_names.c_str(), variants, s.max, s.mean, s.p99, s.argmax_agree);
+    std::vector<std::vector<float>> orders = ours;
+    orders.insert(orders.end(), others.begin(), others.end());
+    const LogitStats s = spread(orders, V);
+    std::printf("%s %s%s: spread over %zu summation orders: max %.6f mean %.6f p99 %.6f argmax %.4f\n", f.name.c_str(),
+                mode.c_str(), prompt_names.c_str(), orders.size(), s.max, s.mean, s.p99, s.argmax_agree);
     base.widen(s);
   }
   for (int v = 0; v < variants; ++v)

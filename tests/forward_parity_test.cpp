@@ -7,6 +7,7 @@
 // spread (forward_fixture.h, kVariants); the variants are the CPU's GEMM orders, so the CUDA
 // executor runs once, in its own kernels' order, under the same baseline figures.
 #include <cctype>
+#include <optional>
 
 #include "engine/executors.h"
 #include "forward_fixture.h"
@@ -16,16 +17,28 @@ using namespace dsv41::test;
 
 namespace {
 
-using Param = std::tuple<std::string, std::string>;  // executor ("cpu", "cuda"), fixture
+// Executor ("cpu", "cpu_2ranks": the CPU executor over the model cut in two as model.py's
+// world_size 2 cuts it, "cuda"), fixture.
+using Param = std::tuple<std::string, std::string>;
 
 class ForwardParity : public testing::TestWithParam<Param> {
  protected:
-  Device device() const { return parse_device(std::get<0>(GetParam())); }
+  std::string executor() const { return std::get<0>(GetParam()); }
+  Device device() const { return parse_device(executor() == "cpu_2ranks" ? "cpu" : executor()); }
+  int ranks() const { return executor() == "cpu_2ranks" ? 2 : 1; }
   bool cpu() const { return device() == Device::Cpu; }
   int variants() const { return cpu() ? kVariants : 1; }
   Fixture fixture() const {
     const Device d = device();
-    return Fixture(std::get<1>(GetParam()), executor_sequences([d](const Model& model) { return make_executor(model, d); }));
+    const int n = ranks();
+    return Fixture(std::get<1>(GetParam()),
+                   executor_sequences([d, n](const Model& model) { return make_executor(model, d, std::nullopt, n); }));
+  }
+  // The ranks' cut sums are one more summation order of the whole model's: the bound is at least
+  // the spread over both forwards' orders.
+  std::optional<Fixture> orders_also() const {
+    if (ranks() == 1) return std::nullopt;
+    return Fixture(std::get<1>(GetParam()));
   }
 };
 
@@ -64,14 +77,17 @@ TEST_P(ForwardParity, ShortPromptEndToEnd) {
 // forced_topk_routing figures (or the summation variants' spread, if wider).
 TEST_P(ForwardParity, ForcedChoices) {
   Fixture f = fixture();
-  for (int prompt = 0; prompt < 3; ++prompt) expect_mode(f, "forced_topk_routing", {prompt}, variants());
+  std::optional<Fixture> whole = orders_also();
+  for (int prompt = 0; prompt < 3; ++prompt)
+    expect_mode(f, "forced_topk_routing", {prompt}, variants(), whole ? &*whole : nullptr);
 }
 
 // Free: our own choices, all prompts pooled (a single near-tie flip in 8 decode rows moves one
 // prompt's figures arbitrarily; the near-tie test below accounts for every flip).
 TEST_P(ForwardParity, FreeChoices) {
   Fixture f = fixture();
-  expect_mode(f, "free", {0, 1, 2}, variants());
+  std::optional<Fixture> whole = orders_also();
+  expect_mode(f, "free", {0, 1, 2}, variants(), whole ? &*whole : nullptr);
 }
 
 // Under forcing, every forward call sees the reference's own inputs up to rounding noise; where our
@@ -89,7 +105,7 @@ TEST_P(ForwardParity, OwnChoicesDifferOnlyAtNearTies) {
 }
 
 std::vector<std::string> executors() {
-  std::vector<std::string> d = {"cpu"};
+  std::vector<std::string> d = {"cpu", "cpu_2ranks"};
 #ifdef DSV41_HAVE_CUDA
   d.push_back("cuda");
 #endif

@@ -1,6 +1,7 @@
 #include "engine/executors.h"
 
 #include "base/error.h"
+#include "forward/ranked_executor.h"
 #ifdef DSV41_HAVE_CUDA
 #include "forward/device/cuda_executor.h"
 #endif
@@ -28,12 +29,15 @@ void check_device(Device device) {
   if (device == Device::Cuda && !cuda_available(&why)) fail("--device cuda", "a CUDA device", why);
 }
 
-std::unique_ptr<Executor> make_executor(const Model& model, Device device, std::optional<uint64_t> random_weights) {
+std::unique_ptr<Executor> make_executor(const Model& model, Device device, std::optional<uint64_t> random_weights, int ranks) {
   check_device(device);
+  if (ranks < 1) fail("--ranks", "at least 1", std::to_string(ranks));
   if (device == Device::Cpu || (device == Device::Auto && !cuda_available())) {
     if (random_weights) fail("--random-weights", "the CUDA executor (the CPU one computes with the checkpoint's values)", "the CPU");
+    if (ranks > 1) return std::make_unique<RankedCpuExecutor>(model, ranks);
     return std::make_unique<CpuExecutor>(model);
   }
+  if (ranks > 1) fail("--ranks", "1 on the CUDA executor (a model over several GPUs is issue 24's)", std::to_string(ranks));
 #ifdef DSV41_HAVE_CUDA
   return cuda::make_executor(model, random_weights);
 #else

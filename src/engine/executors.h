@@ -23,7 +23,10 @@ void check_device(Device device);
 // The executor for `device` over `model` (which must outlive it). Device::Cuda without a usable
 // GPU is a dsv41::Error naming what is missing; Device::Auto then takes the CPU. `random_weights`
 // (a seed): random values made on the device instead of the checkpoint's (CUDA only; benchmarks
-// over a layout checkpoint, `dsv41 init-random --layout-only`).
-std::unique_ptr<Executor> make_executor(const Model& model, Device device, std::optional<uint64_t> random_weights = std::nullopt);
+// over a layout checkpoint, `dsv41 init-random --layout-only`). `ranks` > 1: the model cut over
+// that many ranks (model/partition.h) as model.py's world_size cuts it, on the CPU
+// (forward/ranked_executor.h); on CUDA, several GPUs are issue 24's.
+std::unique_ptr<Executor> make_executor(const Model& model, Device device, std::optional<uint64_t> random_weights = std::nullopt,
+                                        int ranks = 1);
 
 }  // namespace dsv41

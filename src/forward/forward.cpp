@@ -13,6 +13,7 @@
 #include "backend/cpu/sparse_attention.h"
 #include "base/error.h"
 #include "forward/call_plan.h"
+#include "forward/comm.h"
 #include "forward/dspark.h"
 #include "forward/network.h"
 #include "forward/window.h"
@@ -40,10 +41,17 @@ struct Pass {
   bool draft;                                    // a DSpark draft block: the stages' attention
   std::vector<std::vector<int64_t>> topk;        // [row] compressed entries attended, -1 = none
   std::vector<std::vector<uint8_t>> candidates;  // [row] mask over compressed entries
+  Comm* comm = nullptr;                          // a rank's collectives (ForwardOptions::comm)
 
   int64_t pos(int64_t row) const { return start + row; }
   bool in_span(int64_t row) const { return spans && spans[row]; }
   float eps() const { return float(c.norm_eps); }
+  const Partition& part() const { return model.partition(); }
+  int heads() const { return c.n_heads / part().world; }  // the query heads this rank computes
+  // model.py's dist.all_reduce: the ranks' x summed (nothing on a whole model).
+  void all_reduce(Rows& x) const {
+    if (comm) comm->all_reduce_sum(x);
+  }
 };
 
 Rows linear_rows(const Rows& x, int64_t rows, const Weight& w) {
@@ -127,6 +135,7 @@ void index(Pass& p, int l, const Rows& x, const Rows& qr) {
   const RopeTable& rope = p.model.rope(l);
   const int ratio = c.compress_ratios[size_t(l)];
   const int heads = c.index_n_heads, ihd = c.index_head_dim, rd = c.rope_head_dim;
+  const int local = heads / p.part().world;  // this rank's heads: its part of the score of each entry
   const CompressedCache& cache = p.state.compressed.at(c.kv_source_of(l));
   const int64_t n = p.plan.compressors.at(c.kv_source_of(l)).entries_after();  // every entry this call can see
   const bool candidate_source = l == c.candidate_source_layer;
@@ -140,30 +149,40 @@ void index(Pass& p, int l, const Rows& x, const Rows& qr) {
 
   p.topk.assign(size_t(p.rows), {});
   if (candidate_source) p.candidates.assign(size_t(p.rows), {});
-  Rows scores(static_cast<size_t>(n));
-  for (int64_t r = 0; r < p.rows; ++r) {
-    float* qh = q.data() + r * heads * ihd;
-    for (int h = 0; h < heads; ++h) {
-      rope.apply(qh + h * ihd + ihd - rd, p.pos(r));
-      mxfp4::quantize_dequantize(qh + h * ihd, ihd);
+  // The rows' scores a chunk at a time (16 MB of them), summed over the ranks' heads before any
+  // row chooses (model.py: dist.all_reduce(index_score)).
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(n, 1));
+  Rows scores;
+  for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
+    const int64_t r1 = std::min(p.rows, r0 + chunk);
+    scores.resize(size_t((r1 - r0) * n));
+    for (int64_t r = r0; r < r1; ++r) {
+      float* qh = q.data() + r * local * ihd;
+      for (int h = 0; h < local; ++h) {
+        rope.apply(qh + h * ihd + ihd - rd, p.pos(r));
+        mxfp4::quantize_dequantize(qh + h * ihd, ihd);
+      }
+      float* wr = w.data() + r * local;
+      for (int h = 0; h < local; ++h) wr[h] = round_bf16(wr[h] * weight_scale);
+      index_scores(qh, wr, local, ihd, keys.data(), n, scores.data() + (r - r0) * n);
     }
-    float* wr = w.data() + r * heads;
-    for (int h = 0; h < heads; ++h) wr[h] = round_bf16(wr[h] * weight_scale);
-
-    const int64_t visible = (p.pos(r) + 1) / ratio;
-    index_scores(qh, wr, heads, ihd, keys.data(), n, scores.data());
-    for (int64_t t = visible; t < n; ++t) scores[t] = -INFINITY;
-    if (candidate_source) {
-      p.candidates[r] = candidate_mask(scores.data(), n, visible, c.candidate_topk_blocks, c.candidate_block_size);
-    } else if (uses_candidates) {
-      for (int64_t t = 0; t < n; ++t)
-        if (!p.candidates[r][t]) scores[t] = -INFINITY;
+    p.all_reduce(scores);
+    for (int64_t r = r0; r < r1; ++r) {
+      float* row = scores.data() + (r - r0) * n;
+      const int64_t visible = (p.pos(r) + 1) / ratio;
+      for (int64_t t = visible; t < n; ++t) row[t] = -INFINITY;
+      if (candidate_source) {
+        p.candidates[r] = candidate_mask(row, n, visible, c.candidate_topk_blocks, c.candidate_block_size);
+      } else if (uses_candidates) {
+        for (int64_t t = 0; t < n; ++t)
+          if (!p.candidates[r][t]) row[t] = -INFINITY;
+      }
+      std::vector<int64_t> chosen = top_positions(row, n, std::min<int64_t>(c.index_topk, n));
+      for (int64_t& t : chosen)
+        if (t >= visible) t = -1;  // not yet visible to this query: an empty slot (sorted last)
+      if (p.trace && p.trace->forced_topk && p.trace->forced_topk->count(l)) chosen = p.trace->forced_topk->at(l).at(r);
+      p.topk[r] = std::move(chosen);
     }
-    std::vector<int64_t> chosen = top_positions(scores.data(), n, std::min<int64_t>(c.index_topk, n));
-    for (int64_t& t : chosen)
-      if (t >= visible) t = -1;  // not yet visible to this query: an empty slot (sorted last)
-    if (p.trace && p.trace->forced_topk && p.trace->forced_topk->count(l)) chosen = p.trace->forced_topk->at(l).at(r);
-    p.topk[r] = std::move(chosen);
   }
   if (p.trace) p.trace->topk[l] = p.topk;
 }
@@ -175,7 +194,7 @@ void index(Pass& p, int l, const Rows& x, const Rows& qr) {
 Rows attend(Pass& p, int l, const Rows& q, const Rows& kv) {
   const Config& c = p.c;
   const AttentionWeights& a = p.model.layer(l).attn;
-  const int64_t H = c.n_heads, hd = c.head_dim, W = c.window_size, R = p.rows;
+  const int64_t H = p.heads(), hd = c.head_dim, W = c.window_size, R = p.rows;
   const int ratio = c.compress_ratios[size_t(l)];
   const std::vector<uint8_t>& ring = p.state.window[size_t(l)];
   const size_t slot_bytes = swa_fp8::bytes(int(hd));
@@ -231,7 +250,7 @@ Rows attend(Pass& p, int l, const Rows& q, const Rows& kv) {
 // block, both ways.
 Rows attend_draft(Pass& p, int l, const Rows& q, const Rows& kv) {
   const Config& c = p.c;
-  const int64_t H = c.n_heads, hd = c.head_dim, W = c.window_size, R = p.rows;
+  const int64_t H = p.heads(), hd = c.head_dim, W = c.window_size, R = p.rows;
   const std::vector<uint8_t>& ring = p.state.window[size_t(l)];
   std::vector<int64_t> slots;
   draft_window_slots(p.start, W, p.state.decoder_window_floor, slots);
@@ -249,9 +268,10 @@ Rows attend_draft(Pass& p, int l, const Rows& q, const Rows& kv) {
   return o;
 }
 
-// Grouped low-rank output: group g's heads (o [rows, G, in_g]) through wo_a's rows [g·r, (g+1)·r).
+// Grouped low-rank output: group g's heads (o [rows, G, in_g]) through wo_a's rows [g·r, (g+1)·r)
+// (a rank's groups: its heads').
 Rows linear_grouped(const Pass& p, const Rows& o, const Weight& wo_a) {
-  const int64_t G = p.c.o_groups, olr = p.c.o_lora_rank, in_g = p.c.n_heads * p.c.head_dim / G, R = p.rows;
+  const int64_t G = p.c.o_groups / p.part().world, olr = p.c.o_lora_rank, in_g = p.c.n_heads * p.c.head_dim / G, R = p.rows;
   Rows og(size_t(R * in_g)), yg(size_t(R * olr)), ya(size_t(R * G * olr));
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t r = 0; r < R; ++r) std::copy_n(o.data() + r * G * in_g + g * in_g, in_g, og.data() + r * in_g);
@@ -292,11 +312,13 @@ void moe(Pass& p, int l, const Rows& x, Rows& out) {
           p.trace->forced_experts->at(static_cast<size_t>(l)).data(), bias_vl, vl_rows);
   }
 
-  // Each expert runs on the rows routed to it; outputs are added in expert order, in fp32.
+  // Each expert runs on the rows routed to it; outputs are added in expert order, in fp32 (a
+  // rank: its own experts', then the ranks' sums added, as model.py's dist.all_reduce(y)).
   Rows y(size_t(R * d), 0.0f), xe, ye, we;
   std::vector<int64_t> rows_of;
   const float limit = float(c.swiglu_limit);
-  for (int e = 0; e < int(L.experts.size()); ++e) {
+  const int64_t E = int64_t(L.experts.size()), first = p.part().first(E);
+  for (int e = int(first); e < int(first + p.part().count(E)); ++e) {
     rows_of.clear();
     we.clear();
     for (int64_t r = 0; r < R; ++r)
@@ -315,6 +337,7 @@ void moe(Pass& p, int l, const Rows& x, Rows& out) {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < d; ++j) y[rows_of[i] * d + j] += ye[i * d + j];
   }
+  p.all_reduce(y);
   ye.resize(size_t(R * d));
   expert_ffn(x.data(), R, L.shared.w1, L.shared.w2, L.shared.w3, limit, nullptr, ye.data());
   out.resize(size_t(R * d));
@@ -329,9 +352,15 @@ void engram(Pass& p, int l, const int64_t* ids, Rows& X) {
   const int n_engram = int(c.engram_layer_ids.size()), cols = c.engram_hash_columns();
   const int e = c.engram_index(l);
   const int64_t hd = c.engram_head_dim, d = c.dim, hc = c.hc_mult, R = p.rows;
-  Rows emb(size_t(R * cols * hd));
+  // A rank holds rows [table_first, + table_rows): the others' ids read zeros, and the ranks' rows
+  // added give each id its one row (model.py ParallelEngramEmbedding).
+  Rows emb(size_t(R * cols * hd), 0.0f);
   for (int64_t r = 0; r < R; ++r)
-    engram_gather(g.table, g.table_scale, hd, ids + (r * n_engram + e) * cols, cols, emb.data() + r * cols * hd);
+    for (int j = 0; j < cols; ++j) {
+      const int64_t id = ids[(r * n_engram + e) * cols + j] - g.table_first;
+      if (id >= 0 && id < g.table_rows) engram_gather(g.table, g.table_scale, hd, &id, 1, emb.data() + (r * cols + j) * hd);
+    }
+  p.all_reduce(emb);
   Rows kv = linear_rows(emb, R, g.wkv);
   // A row of an image span keeps its streams: the reference shuts its gate (h + 0 · value).
   for (int64_t r = 0; r < R; ++r)
@@ -350,16 +379,22 @@ class CpuOps {
   void embed() {
     const int64_t d = c_.dim, hc = c_.hc_mult, R = p_.rows;
     X_.resize(size_t(R * hc * d));
-    Rows emb(static_cast<size_t>(d));
     for (int64_t r = 0; r < R; ++r) {
       const int t = tokens_[size_t(r)];
       if (t < 0 || t >= c_.vocab_size) fail("forward", "token ids in [0, " + std::to_string(c_.vocab_size) + ")", std::to_string(t));
+    }
+    // A rank holds its part of the vocabulary: the ranks' rows added give each token its one row
+    // (model.py ParallelEmbedding).
+    const int64_t v0 = p_.part().first(c_.vocab_size), vn = p_.part().count(c_.vocab_size);
+    Rows emb(size_t(R * d), 0.0f);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t t = tokens_[size_t(r)] - v0;
+      if (!p_.in_span(r) && t >= 0 && t < vn) model_.embed().row(t, emb.data() + r * d);
+    }
+    p_.all_reduce(emb);
+    for (int64_t r = 0; r < R; ++r) {
       // merge_image_embeddings: an image span's row takes its aligner row or delimiter instead.
-      const float* row = p_.in_span(r) ? p_.spans[r] : nullptr;
-      if (!row) {
-        model_.embed().row(t, emb.data());
-        row = emb.data();
-      }
+      const float* row = p_.in_span(r) ? p_.spans[r] : emb.data() + r * d;
       for (int64_t m = 0; m < hc; ++m) std::copy_n(row, d, X_.data() + (r * hc + m) * d);
     }
     for (Mix& m : mix_) m = Mix{Rows(size_t(R * hc)), Rows(size_t(R * hc)), Rows(size_t(R * hc * hc))};
@@ -408,6 +443,7 @@ class CpuOps {
   using Tensor = Rows;
   const LayerWeights& layer(int l) const { return model_.layer(l); }
   const Rows& h() const { return h_; }
+  int heads() const { return p_.heads(); }
   Rows linear(const Rows& x, const Weight& w) const { return linear_rows(x, p_.rows, w); }
   void rms_norm(Rows& x, int64_t cols, const Weight& w) const { dsv41::rms_norm(x.data(), p_.rows, cols, &w, p_.eps(), x.data()); }
   void rope(Rows& x, int l, int heads, int64_t head_dim, bool inverse) const {
@@ -436,7 +472,13 @@ class CpuOps {
       swa_fp8::encode(kv.data() + r * hd, int(hd), ring.data() + (p_.pos(r) % W) * swa_fp8::bytes(int(hd)));
   }
   Rows linear_grouped(const Rows& o, const Weight& wo_a) const { return dsv41::linear_grouped(p_, o, wo_a); }
-  void output(Rows y) { y_ = std::move(y); }
+  // wo_b over the rank's columns, the ranks' fp32 sums added, then rounded (a whole model: linear()).
+  void output(const Rows& x, const Weight& wo_b) {
+    y_.resize(size_t(p_.rows * wo_b.rows));
+    linear_unrounded(x.data(), p_.rows, wo_b, y_.data());
+    p_.all_reduce(y_);
+    for (float& v : y_) v = round_bf16(v);
+  }
 
   void compress_cut(int l) { dsv41::compress(p_, l, h_); }
 
@@ -495,8 +537,18 @@ class CpuOps {
     for (int64_t r = first; r < first + n; ++r)
       hc_pre(X_.data() + r * hc * d, ffn().pre.data() + r * hc, int(hc), d, last.data() + (r - first) * d);
     dsv41::rms_norm(last.data(), n, d, &model_.norm(), p_.eps(), last.data());
-    logits_.resize(size_t(n * c_.vocab_size));
-    linear_f32(last.data(), n, model_.head(), logits_.data());
+    head(last, n);
+  }
+  // The fp32 head; a rank's part of the vocabulary, gathered (model.py ParallelHead).
+  void head(const Rows& x, int64_t n) {
+    const int64_t V = c_.vocab_size, part = model_.head().rows;
+    logits_.resize(size_t(n * V));
+    if (!p_.comm) return linear_f32(x.data(), n, model_.head(), logits_.data());
+    Rows mine(size_t(n * part)), all(size_t(n * V));
+    linear_f32(x.data(), n, model_.head(), mine.data());
+    p_.comm->all_gather(mine, all);  // [rank][row][part]
+    for (int64_t k = 0; k < V / part; ++k)
+      for (int64_t r = 0; r < n; ++r) std::copy_n(all.data() + (k * n + r) * part, part, logits_.data() + r * V + k * part);
   }
   Rows take_logits() { return std::move(logits_); }
 
@@ -509,8 +561,7 @@ class CpuOps {
     for (int64_t r = 0; r < R; ++r) hc_pre(X_.data() + r * hc * d, ffn().pre.data() + r * hc, int(hc), d, folded_.data() + r * d);
     Rows normed(size_t(R * d));
     dsv41::rms_norm(folded_.data(), R, d, &model_.dspark().norm, p_.eps(), normed.data());
-    logits_.resize(size_t(R * c_.vocab_size));
-    linear_f32(normed.data(), R, model_.head(), logits_.data());
+    head(normed, R);
   }
   Rows take_folded() { return std::move(folded_); }
 
@@ -543,7 +594,12 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
   const ItemPlan plan = plan_item(c, state, R, options);
   if (options.span_embeddings && !model.has_vision())
     fail("forward", "a model with a vision tower for rows of an image span", "a text-only model (" + c.source + ")");
+  const Partition& part = model.partition();
+  if (!part.whole() && (!options.comm || options.comm->world() != part.world || options.comm->rank() != part.rank))
+    fail("forward", "the collectives of rank " + std::to_string(part.rank) + " of " + std::to_string(part.world) + " for a rank's part of the model",
+         options.comm ? "rank " + std::to_string(options.comm->rank()) + " of " + std::to_string(options.comm->world()) : "none");
   Pass p{model, c, state, plan, state.length, R, options.trace, options.span_embeddings, options.dspark_hidden, false, {}, {}};
+  if (!part.whole()) p.comm = options.comm;
   if (p.hidden) p.hidden->clear();
   if (p.trace) {
     p.trace->block_out.assign(size_t(c.n_layers), {});
@@ -600,6 +656,7 @@ std::vector<int> draft_block_tokens(const Config& c, int64_t length, int anchor)
 
 Draft dspark_draft(const Model& model, SequenceState& state, int anchor, const DraftChoice& choose) {
   const Config& c = model.config();
+  if (!model.partition().whole()) fail("dspark_draft", "a whole model (DSpark does not run on a rank's part yet)", "rank " + std::to_string(model.partition().rank));
   std::vector<int> block = draft_block_tokens(c, state.length, anchor);
   const int64_t G = c.dspark_block_size, V = c.vocab_size, d = c.dim, rank = c.dspark_markov_rank;
   ItemPlan plan;

@@ -14,6 +14,8 @@
 
 namespace dsv41 {
 
+class Comm;  // forward/comm.h
+
 // What a test may observe of one forward call, and the discrete choices it may impose (the
 // fixtures' recorded indexer top-k and experts), so that the arithmetic can be compared with the
 // reference's without near-tie flips cascading.
@@ -72,6 +74,10 @@ struct ForwardOptions {
   // each target layer averaged over the hc streams (bf16 values), [rows, targets, dim] with the
   // targets in layer order (model.py Transformer.forward's main_hidden). The CPU and CUDA executors'.
   std::vector<float>* dspark_hidden = nullptr;
+
+  // A rank's part of a model (Model::partition, model/partition.h): the collectives it meets the
+  // other ranks at, each rank running the same call. Unused on a whole model.
+  Comm* comm = nullptr;
 
   // The first position the decoder layers run on: default mode's replay runs the encoder alone
   // below H.

@@ -28,20 +28,37 @@ Weight Model::get_linear(const std::string& name) const {
   return weight_of(w, ckpt_.find(name + ".scale"));
 }
 
-// A table row's tensor into its field: a Weight over the mapped bytes (with its scales), or the
-// bytes themselves (the Engram table and its scales, read in place).
+Weight Model::cut(const Weight& w, Shard shard) {
+  const Partition& p = partition_;
+  if (p.whole()) return w;
+  const int64_t n = w.rows == 1 && !w.quantized() ? w.cols : w.rows;
+  if (shard == Shard::OutRows) return slice_rows(w, p.first(n), p.count(n));
+  if (shard == Shard::InCols) {
+    owned_.emplace_back();
+    return slice_cols(w, p.first(w.cols), p.count(w.cols), owned_.back());
+  }
+  return w;
+}
+
+// A table row's tensor into its field, the partition's part of it: a Weight over the mapped bytes
+// (with its scales), or the bytes themselves (the Engram table and its scales, read in place). A
+// routed expert another rank owns stays unbound.
 template <class Field>
-void Model::bind(const BlockTensor& t, Field& field) const {
-  if constexpr (std::is_same_v<Field, Weight>)
-    field = t.kind == BlockTensor::Kind::Plain ? get(t.name) : get_linear(t.name);
-  else
-    field = ckpt_.get(t.name).data;
+void Model::bind(const BlockTensor& t, Field& field, int layer) {
+  if (t.shard == Shard::Expert && !partition_.owns_expert(t.expert, config_.routed_experts(layer))) return;
+  if constexpr (std::is_same_v<Field, Weight>) {
+    field = cut(t.kind == BlockTensor::Kind::Plain ? get(t.name) : get_linear(t.name), t.shard);
+  } else {
+    const TensorView& v = ckpt_.get(t.name);
+    const int64_t first = t.shard == Shard::TableRows ? partition_.first(v.shape.at(0), Shard::TableRows) : 0;
+    field = v.data + first * v.shape.at(1) * int64_t(dtype_size(v.dtype));
+  }
 }
 
 void Model::bind_layer(LayerWeights& l, const std::string& prefix, int id) {
   const Config& c = config_;
   l.id = id;
-  for_each_block_tensor(c, prefix, id, [&](const BlockTensor& t, auto& field) { bind(t, field); }, l);
+  for_each_block_tensor(c, prefix, id, [&](const BlockTensor& t, auto& field) { bind(t, field, id); }, l);
 
   // wo_a is multiplied in bf16 (convert.py dequantizes it): an fp8 one is dequantized here once.
   Weight& wo_a = l.attn.wo_a;
@@ -62,6 +79,9 @@ void Model::bind_layer(LayerWeights& l, const std::string& prefix, int id) {
   // Engram's query and key weights enter its score only as their product.
   if (l.engram) {
     EngramWeights& g = *l.engram;
+    const int64_t rows = c.engram_num_embeddings[size_t(c.engram_index(id))];
+    g.table_first = partition_.first(rows, Shard::TableRows);
+    g.table_rows = partition_.count(rows, Shard::TableRows);
     g.qk.resize(size_t(c.hc_mult) * c.dim);
     std::vector<float> qr(size_t(c.dim)), kr(size_t(c.dim));
     for (int m = 0; m < c.hc_mult; ++m) {
@@ -72,21 +92,23 @@ void Model::bind_layer(LayerWeights& l, const std::string& prefix, int id) {
   }
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir) {
+std::unique_ptr<Model> Model::load(const std::string& dir, const Partition& partition) {
   Config config = load_config(dir);
+  check_partition(config, partition);
   Checkpoint ckpt = Checkpoint::open(dir);
   check_weights(config, ckpt);
   std::unique_ptr<Model> m(new Model(std::move(config), std::move(ckpt)));
-  m->embed_ = m->get("embed.weight");
+  m->partition_ = partition;
+  m->embed_ = m->cut(m->get("embed.weight"), Shard::OutRows);
   m->norm_ = m->get("norm.weight");
-  m->head_ = m->get("head.weight");
+  m->head_ = m->cut(m->get("head.weight"), Shard::OutRows);
   const Config& c = m->config_;
   const int stages = c.has_dspark() ? c.n_mtp_layers : 0;
   m->layers_.resize(size_t(c.n_layers + stages));
   for (int i = 0; i < c.n_layers; ++i) m->bind_layer(m->layers_[size_t(i)], "layers." + std::to_string(i) + ".", i);
   for (int j = 0; j < stages; ++j) {
     m->bind_layer(m->layers_[size_t(c.n_layers + j)], "mtp." + std::to_string(j) + ".", c.n_layers + j);
-    for_each_dspark_tensor(c, j, [&](const BlockTensor& t, Weight& field) { m->bind(t, field); }, m->dspark_);
+    for_each_dspark_tensor(c, j, [&](const BlockTensor& t, Weight& field) { m->bind(t, field, c.n_layers + j); }, m->dspark_);
   }
   if (c.has_vision()) {
     m->vision_ = bind_vision_weights(c, m->ckpt_);

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/gate.h"
 #include "model/layer_weights.h"
+#include "model/partition.h"
 #include "model/vision_weights.h"
 #include "model/weight.h"
 
@@ -23,10 +24,14 @@ RopeTable rope_table(const Config& config, bool compressed);
 
 class Model {
  public:
-  // Opens DIR (config.json + safetensors), checks every tensor against the config, binds views.
-  static std::unique_ptr<Model> load(const std::string& dir);
+  // Opens DIR (config.json + safetensors), checks every tensor against the config, binds views:
+  // of the whole model, or of one rank's part of it (partition.h; check_partition first). A
+  // rank's routed experts outside its own are left unbound.
+  static std::unique_ptr<Model> load(const std::string& dir, const Partition& partition = {});
 
   const Config& config() const { return config_; }
+  const std::string& dir() const { return ckpt_.dir(); }
+  const Partition& partition() const { return partition_; }
   const Weight& embed() const { return embed_; }
   const Weight& norm() const { return norm_; }
   const Weight& head() const { return head_; }
@@ -48,19 +53,21 @@ class Model {
   Model(Config config, Checkpoint ckpt);
   Weight get(const std::string& name) const;
   Weight get_linear(const std::string& name) const;
+  Weight cut(const Weight& w, Shard shard);  // the partition's slice
   template <class Field>
-  void bind(const BlockTensor& t, Field& field) const;
+  void bind(const BlockTensor& t, Field& field, int layer);
   void bind_layer(LayerWeights& l, const std::string& prefix, int id);
 
   Config config_;
   Checkpoint ckpt_;
+  Partition partition_;
   Weight embed_, norm_, head_;
   std::vector<LayerWeights> layers_;  // the backbone's, then DSpark's stages
   DSparkWeights dspark_;
   VisionWeights vision_;
   ImageDelimiters delimiters_;
   RopeTable rope_window_, rope_compressed_;
-  std::vector<std::vector<uint8_t>> owned_;  // wo_a dequantized to bf16, as convert.py does
+  std::vector<std::vector<uint8_t>> owned_;  // wo_a dequantized to bf16, as convert.py does; a rank's column slices
 };
 
 }  // namespace dsv41

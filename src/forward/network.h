@@ -36,16 +36,19 @@ enum class Sub { Attention, Ffn };
 // [rows, ...]) and the ops on them; what reads a sequence's own KV is its own (the executors'
 // backend-specific attention): the window entries of the call and the ring, the compressor, the
 // indexer, and sparse attention over both kinds of entries.
+//   heads()                 the query heads this op set computes: n_heads, or a rank's part of
+//                           them (model/partition.h), whose weights hold only those heads' rows
 //   linear(x, w), rms_norm(x, cols, w), rope(x, l, heads, head_dim, inverse)   per row, at its position
 //   window_entries(l, kv)   this call's SWA-FP8 window entries, from kv (its values become theirs)
 //   compress(l), index(l, qr)   CSA2: a kv-source's new entries; an index source's top-k per row
 //   attend(l, q, kv)        o: each row over its window and the compressed entries chosen, with the sink
 //   keep_window(l, kv)      the ring keeps the call's last W entries
-//   linear_grouped(o, wo_a), output(y)
+//   linear_grouped(o, wo_a) the grouped low-rank output of the heads' groups
+//   output(x, wo_b)         y = wo_b(x): on a rank, over its columns, summed over the ranks, then rounded
 template <class Ops>
 void attention(const Config& c, Ops& ops, int l) {
   const auto& a = ops.layer(l).attn;  // AttentionWeights, or the trainer's parameters of the same fields
-  const int H = c.n_heads;
+  const int H = ops.heads();
   const int64_t hd = c.head_dim;
   // The query through its low-rank path, RoPE'd on each head's last rope_head_dim values.
   typename Ops::Tensor qr = ops.linear(ops.h(), a.wq_a);
@@ -65,7 +68,7 @@ void attention(const Config& c, Ops& ops, int l) {
   ops.rope(o, l, H, hd, /*inverse=*/true);
   ops.keep_window(l, kv);
   // Grouped low-rank output: wo_a per head group, then wo_b.
-  ops.output(ops.linear(ops.linear_grouped(o, a.wo_a), a.wo_b));
+  ops.output(ops.linear_grouped(o, a.wo_a), a.wo_b);
 }
 
 // A block's two sub-layers, its input ready (single-pass mHC: the attention reads the streams with

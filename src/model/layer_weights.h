@@ -14,6 +14,7 @@
 
 #include "model/config.h"
 #include "model/dtype.h"
+#include "model/partition.h"
 #include "model/weight.h"
 #include "model/weights.h"
 
@@ -34,6 +35,7 @@ struct AttentionWeights {
 struct EngramWeights {
   const uint8_t* table = nullptr;        // [rows, head_dim] e4m3
   const uint8_t* table_scale = nullptr;  // [rows, head_dim / 32] ue8m0
+  int64_t table_first = 0, table_rows = 0;  // the rows held: all, or a rank's part (partition.h)
   Weight wkv;
   Weight q_weight, k_weight;             // [hc, dim] bf16
   std::vector<float> qk;                 // q_weight ⊙ k_weight [hc, dim], fp32 (made by the binding)
@@ -72,6 +74,8 @@ struct BlockTensor {
   WeightRole role = WeightRole::Dense;
   std::optional<Precision> compute;  // unset: the stored format's
   WeightGroup group = WeightGroup::Backbone;
+  Shard shard = Shard::Whole;       // how model.py cuts it over ranks (partition.h)
+  int expert = -1;                  // a routed expert's index (Shard::Expert)
 };
 
 namespace block_tensor {
@@ -115,6 +119,11 @@ void for_each_block_tensor(const Config& c, const std::string& p, int id, F&& f,
                     WeightGroup group = WeightGroup::Backbone) {
     return BlockTensor{K::Linear, name, DType::BF16, {out, in}, WeightRole::Dense, compute, group};
   };
+  auto cut = [](BlockTensor t, Shard shard) {
+    t.shard = shard;
+    return t;
+  };
+  using S = Shard;
 
   f(norm(p + "attn_norm", dim), layers.attn_norm...);
   f(norm(p + "ffn_norm", dim), layers.ffn_norm...);
@@ -127,16 +136,17 @@ void for_each_block_tensor(const Config& c, const std::string& p, int id, F&& f,
 
   // Attention.
   const std::string a = p + "attn.";
-  f(f32(a + "attn_sink", {c.n_heads}), layers.attn.attn_sink...);
+  f(cut(f32(a + "attn_sink", {c.n_heads}), S::OutRows), layers.attn.attn_sink...);
   f(linear(a + "wq_a", c.q_lora_rank, dim), layers.attn.wq_a...);
   f(norm(a + "q_norm", c.q_lora_rank), layers.attn.q_norm...);
-  f(linear(a + "wq_b", int64_t(c.n_heads) * hd, c.q_lora_rank), layers.attn.wq_b...);
+  f(cut(linear(a + "wq_b", int64_t(c.n_heads) * hd, c.q_lora_rank), S::OutRows), layers.attn.wq_b...);
   f(linear(a + "wkv", hd, dim), layers.attn.wkv...);
   f(norm(a + "kv_norm", hd), layers.attn.kv_norm...);
   // wo_a is block-diagonal over groups; the reference dequantizes it and multiplies in bf16.
-  f(linear(a + "wo_a", int64_t(c.o_groups) * c.o_lora_rank, int64_t(c.n_heads) * hd / c.o_groups, Precision::BF16),
+  f(cut(linear(a + "wo_a", int64_t(c.o_groups) * c.o_lora_rank, int64_t(c.n_heads) * hd / c.o_groups, Precision::BF16),
+        S::OutRows),
     layers.attn.wo_a...);
-  f(linear(a + "wo_b", dim, int64_t(c.o_groups) * c.o_lora_rank), layers.attn.wo_b...);
+  f(cut(linear(a + "wo_b", dim, int64_t(c.o_groups) * c.o_lora_rank), S::InCols), layers.attn.wo_b...);
   if (c.is_kv_source(id)) {
     // Stored bf16; at ratio > 1 the reference pools in fp32, so it multiplies in fp32 there.
     const bool pooled = c.compress_ratios[size_t(id)] > 1;
@@ -148,8 +158,10 @@ void for_each_block_tensor(const Config& c, const std::string& p, int id, F&& f,
     f(norm(a + "compressor.norm", hd), layers.attn.compressor_norm...);
   }
   if (c.is_index_source(id)) {
-    f(linear(a + "indexer.wq_b", int64_t(c.index_n_heads) * c.index_head_dim, c.q_lora_rank), layers.attn.indexer_wq_b...);
-    f(plain(a + "indexer.weights_proj.weight", DType::BF16, {c.index_n_heads, dim}), layers.attn.indexer_weights_proj...);
+    f(cut(linear(a + "indexer.wq_b", int64_t(c.index_n_heads) * c.index_head_dim, c.q_lora_rank), S::OutRows),
+      layers.attn.indexer_wq_b...);
+    f(cut(plain(a + "indexer.weights_proj.weight", DType::BF16, {c.index_n_heads, dim}), S::OutRows),
+      layers.attn.indexer_weights_proj...);
     if (c.is_kv_source(id)) {
       f(plain(a + "indexer.wk.weight", DType::BF16, {c.index_head_dim, hd}), layers.attn.indexer_wk...);
       f(norm(a + "indexer.k_norm", c.index_head_dim), layers.attn.indexer_k_norm...);
@@ -167,7 +179,7 @@ void for_each_block_tensor(const Config& c, const std::string& p, int id, F&& f,
     const std::string ep = m + "experts." + std::to_string(e) + ".";
     auto routed = [&](const char* w, int64_t out, int64_t in) {
       return BlockTensor{K::ExpertLinear, ep + w, DType::BF16, {out, in}, WeightRole::RoutedExpert, std::nullopt,
-                         WeightGroup::Backbone};
+                         WeightGroup::Backbone, S::Expert, e};
     };
     f(routed("w1", inter, dim), expert(layers, e).w1...);
     f(routed("w2", dim, inter), expert(layers, e).w2...);
@@ -183,9 +195,9 @@ void for_each_block_tensor(const Config& c, const std::string& p, int id, F&& f,
     const std::string g = p + "engram.";
     const int64_t rows = c.engram_num_embeddings[size_t(engram_index)], ehd = c.engram_head_dim;
     const WeightGroup E = WeightGroup::Engram;
-    f(plain(g + "embed.weight", DType::F8_E4M3, {rows, ehd}, WeightRole::Lookup, Precision::FP8, E),
+    f(cut(plain(g + "embed.weight", DType::F8_E4M3, {rows, ehd}, WeightRole::Lookup, Precision::FP8, E), S::TableRows),
       engram(layers).table...);
-    f(plain(g + "embed.scale", DType::F8_E8M0, {rows, ehd / 32}, WeightRole::Scale, Precision::BF16, E),
+    f(cut(plain(g + "embed.scale", DType::F8_E8M0, {rows, ehd / 32}, WeightRole::Scale, Precision::BF16, E), S::TableRows),
       engram(layers).table_scale...);
     f(linear(g + "wkv", int64_t(c.dim) * (c.hc_mult + 1), int64_t(c.engram_hash_columns()) * ehd, std::nullopt, E),
       engram(layers).wkv...);
@@ -215,9 +227,11 @@ void for_each_dspark_tensor(const Config& c, int j, F&& f, D&... heads) {
   if (j == c.n_mtp_layers - 1) {
     const int64_t V = c.vocab_size, r = c.dspark_markov_rank;
     f(norm(p + "norm"), heads.norm...);
-    f(BlockTensor{K::Plain, p + "markov_head.embed.weight", DType::BF16, {V, r}, WeightRole::Lookup, Precision::BF16, G},
+    f(BlockTensor{K::Plain, p + "markov_head.embed.weight", DType::BF16, {V, r}, WeightRole::Lookup, Precision::BF16, G,
+                  Shard::OutRows},
       heads.markov_embed...);
-    f(BlockTensor{K::Plain, p + "markov_head.head.weight", DType::BF16, {V, r}, WeightRole::Head, Precision::FP32, G},
+    f(BlockTensor{K::Plain, p + "markov_head.head.weight", DType::BF16, {V, r}, WeightRole::Head, Precision::FP32, G,
+                  Shard::OutRows},
       heads.markov_head...);
     f(BlockTensor{K::Plain, p + "confidence_head.proj.weight", DType::BF16, {1, c.dim + r}, WeightRole::Dense,
                   Precision::FP32, G},

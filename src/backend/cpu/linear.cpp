@@ -67,7 +67,7 @@ void quantized_row(const Weight& w, int64_t n, float* values, float* scales) {
   }
 }
 
-void quantized_linear(const float* x, int64_t M, const Weight& w, float* y) {
+void quantized_linear(const float* x, int64_t M, const Weight& w, float* y, bool round) {
   const int64_t N = w.rows, K = w.cols, blocks = K / kBlock;
   if (K % kBlock != 0) fail("linear", "K a multiple of 32 for a quantized weight", std::to_string(K));
   // act_quant: e4m3 values times their power-of-two block scale. Keeping the product (exact) lets
@@ -87,7 +87,7 @@ void quantized_linear(const float* x, int64_t M, const Weight& w, float* y) {
         const float* a = xq.data() + m * K;
         float acc = 0;
         for (int64_t b = 0; b < blocks; ++b) acc += dot32(a + b * kBlock, values.data() + b * kBlock) * scales[b];
-        y[m * N + n] = round_bf16(acc);
+        y[m * N + n] = round ? round_bf16(acc) : acc;
       }
     }
   }
@@ -120,9 +120,14 @@ void float_linear(const float* x, int64_t M, const Weight& w, float* y) {
 }  // namespace
 
 void linear(const float* x, int64_t M, const Weight& w, float* y) {
-  if (w.quantized()) return quantized_linear(x, M, w, y);
+  if (w.quantized()) return quantized_linear(x, M, w, y, true);
   float_linear(x, M, w, y);
   for (int64_t i = 0; i < M * w.rows; ++i) y[i] = round_bf16(y[i]);
+}
+
+void linear_unrounded(const float* x, int64_t M, const Weight& w, float* y) {
+  if (w.quantized()) return quantized_linear(x, M, w, y, false);
+  float_linear(x, M, w, y);
 }
 
 void linear_f32(const float* x, int64_t M, const Weight& w, float* y) { float_linear(x, M, w, y); }

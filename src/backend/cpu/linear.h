@@ -15,6 +15,12 @@ namespace dsv41 {
 // The output is rounded to bf16, the activations' dtype. x must hold bf16 values.
 void linear(const float* x, int64_t M, const Weight& w, float* y);
 
+// linear()'s fp32 sums before their rounding to bf16: a rank's part of a row-parallel product
+// (model/partition.h), its K a slice of the whole at a multiple of 32, so that act_quant's blocks
+// are the whole product's; the ranks' parts added and then rounded are linear() of the whole, its
+// terms summed in another order.
+void linear_unrounded(const float* x, int64_t M, const Weight& w, float* y);
+
 // y[M, N] = x[M, K] · Wᵀ in fp32 with no rounding (F.linear on fp32 tensors): the compressor at
 // ratio > 1, the MoE gate, the LM head, mHC's hc_fn.
 void linear_f32(const float* x, int64_t M, const Weight& w, float* y);

@@ -231,7 +231,8 @@ class Call {
   Floats attend(int l, const Floats& q, const Floats& kv);
   void keep_window(int l, const Floats& kv);
   Floats linear_grouped(const Floats& o, const Weight& wo_a);
-  void output(Floats y) { y_ = std::move(y); }
+  int heads() const { return c_.n_heads; }
+  void output(const Floats& x, const Weight& wo_b) { y_ = linear(x, wo_b); }
   void compress_cut(int ds);
   void drop_cut();
   void impose_input(int l);

@@ -807,7 +807,11 @@ class CudaTrainOps {
     return y;
   }
 
-  void output(Tensor y) { y_ = std::move(y); }
+  int heads() const { return c_.n_heads; }
+  template <class W>
+  void output(const Tensor& x, W w) {
+    y_ = linear(x, w);
+  }
 
  private:
   struct Mix {
