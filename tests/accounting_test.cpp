@@ -2,8 +2,14 @@
 // against the report's figures for the released model.
 #include <gtest/gtest.h>
 
+#include <type_traits>
+
+#include "fixture.h"
+#include "forward/model.h"
 #include "model/accounting.h"
 #include "model/config.h"
+#include "model/layer_weights.h"
+#include "model/weights.h"
 
 using namespace dsv41;
 
@@ -80,4 +86,67 @@ TEST(Accounting, AttentionWorkOfSlidingWindowLayersStopsGrowingAtTheWindow) {
   EXPECT_LT(layer_flops(c, 0, 2, 0), layer_flops(c, 0, 2, c.window_size - 1));
   // A Full layer keeps growing: its indexer scores every compressed entry.
   EXPECT_LT(layer_flops(c, 2, 3, c.window_size), layer_flops(c, 2, 3, 10 * c.window_size));
+}
+
+// What a rank holds, two ways: the weights map's shards (rank_weight_bytes) and the bytes its
+// Model binds when loaded as that rank (Model::load's slicing), walked field by field. The bf16
+// fixture, whose wo_a the loader keeps as stored (an fp8 one is widened to bf16 once loaded).
+TEST(Accounting, ARanksWeightBytesAreWhatItsModelBinds) {
+  const std::string dir = test::fixture_dir("v41-tiny-bf16");
+  for (int world : {1, 2}) {
+    int64_t all = 0;
+    for (int rank = 0; rank < world; ++rank) {
+      const auto m = Model::load(dir, {rank, world});
+      const Config& c = m->config();
+      int64_t bound = 0;
+      auto add = [&](const Weight& w) {
+        if (w.data) bound += w.data_bytes() + w.scale_bytes();
+      };
+      add(m->embed());
+      add(m->norm());
+      add(m->head());
+      for (int l = 0; l < c.n_total_layers(); ++l) {
+        const LayerWeights& L = m->layer(l);
+        const std::string prefix = l < c.n_layers ? "layers." + std::to_string(l) + "." : "mtp." + std::to_string(l - c.n_layers) + ".";
+        for_each_block_tensor(
+            c, prefix, l,
+            [&](const BlockTensor& t, const auto& field) {
+              if constexpr (std::is_same_v<std::decay_t<decltype(field)>, Weight>) add(field);
+              else bound += L.engram->table_rows * t.shape[1] * int64_t(dtype_size(t.dtype));  // the table and its scales
+            },
+            L);
+      }
+      for (int j = 0; j < c.n_mtp_layers; ++j) for_each_dspark_tensor(c, j, [&](const BlockTensor&, const Weight& w) { add(w); }, m->dspark());
+      const WeightBytes b = rank_weight_bytes(c, {rank, world});
+      EXPECT_EQ(b.total(), bound) << "rank " << rank << " of " << world;
+      all += b.total();
+    }
+    // The cut tensors once over the ranks, the whole ones on each: at world 2 the ranks together
+    // hold more than the model by exactly its whole tensors.
+    const Config c = load_config(dir);
+    int64_t whole = 0, replicated = 0;
+    for (const TensorSpec& t : expected_tensors(c)) {
+      whole += t.nbytes();
+      if (t.shard == Shard::Whole) replicated += t.nbytes();
+    }
+    EXPECT_EQ(all, whole + (world - 1) * replicated) << world;
+  }
+}
+
+// The released model over 8 ranks: each holds 1/8 of the routed experts and of the cut attention
+// tensors, the Engram tables' rows in eighths, and the rest whole (docs/parallel.md's figures).
+TEST(Accounting, TheReleasedModelPerRank) {
+  const Config c = preset("deepseek-v4.1-flash");
+  const WeightBytes one = rank_weight_bytes(c, {0, 1}), eighth = rank_weight_bytes(c, {0, 8});
+  // Engram by hand: each table's ceil(rows / 8) rows of e4m3 values and ue8m0 scales per 32, and
+  // whole on every rank each layer's fp8 wkv (32 × 32 scale blocks) and bf16 q and k weights.
+  int64_t engram = 0;
+  const int64_t hd = c.engram_head_dim, out = int64_t(c.dim) * (c.hc_mult + 1), in = int64_t(c.engram_hash_columns()) * hd;
+  for (int64_t rows : c.engram_num_embeddings)
+    engram += (rows + 7) / 8 * (hd + hd / 32) + out * in + ((out + 31) / 32) * ((in + 31) / 32) + 2 * 2 * int64_t(c.hc_mult) * c.dim;
+  EXPECT_EQ(eighth.engram, engram);
+  EXPECT_LT(eighth.engram, one.engram / 7);
+  EXPECT_LT(eighth.backbone, one.backbone / 7);
+  EXPECT_GT(eighth.backbone, one.backbone / 8);
+  EXPECT_EQ(rank_weight_bytes(c, {7, 8}).backbone, eighth.backbone);
 }

@@ -37,6 +37,24 @@ TEST(Cli, InspectJsonOfTheReleasedModel) {
   EXPECT_TRUE(j["prefill_flops"].contains("default_over_exact"));
 }
 
+// --ranks N: what each rank holds of the model cut as model.py cuts it (docs/parallel.md); a world
+// that does not divide the heads is refused by name.
+TEST(Cli, InspectPerRank) {
+  Outcome r = run_dsv41("inspect --preset deepseek-v4.1-flash --json --ranks 8");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json j = json::parse(r.output)["ranks"];
+  EXPECT_EQ(j["world"], 8);
+  ASSERT_EQ(j["weight_bytes"].size(), 8u);
+  const int64_t total = j["weight_bytes"][0]["total"];
+  EXPECT_GT(total, 50'000'000'000);  // of ~510 GB: an eighth of the experts and tables, the rest whole
+  EXPECT_LT(total, 80'000'000'000);
+  Outcome text = run_dsv41("inspect --preset deepseek-v4.1-flash --ranks 8");
+  EXPECT_NE(text.output.find("per rank    8 ranks (model.py's cut): rank 0 holds backbone"), std::string::npos) << text.output;
+  Outcome bad = run_dsv41("inspect --preset deepseek-v4.1-flash --ranks 3");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("expected n_heads divisible by the world size, found 64"), std::string::npos) << bad.output;
+}
+
 TEST(Cli, InitRandomThenInspectTheCheckpoint) {
   dsv41::test::TempDir dir("cli_test");
   Outcome w = run_dsv41("init-random --preset tiny --out " + dir.string() + " --seed 3 --quantized");

@@ -1,7 +1,8 @@
-// dsv41 inspect (--preset P | --model DIR) [--json] [--prompt-tokens N]
+// dsv41 inspect (--preset P | --model DIR) [--json] [--prompt-tokens N] [--ranks N]
 //
 // The model's accounting (docs/accounting.md): parameters, active parameters per token, KV bytes,
-// and precision-weighted FLOPs. With --model, the checkpoint's tensors are also checked against
+// and precision-weighted FLOPs; with --ranks, the weights' bytes each rank holds when the model is
+// cut over N ranks as model.py cuts it (docs/parallel.md). With --model, the checkpoint's tensors are also checked against
 // the config, so a missing or mis-shaped weight is reported here rather than at load time.
 #include <fmt/core.h>
 
@@ -12,6 +13,7 @@
 #include "cli/commands.h"
 #include "model/accounting.h"
 #include "model/checkpoint.h"
+#include "model/partition.h"
 #include "model/weights.h"
 
 namespace dsv41::cli {
@@ -117,6 +119,7 @@ void add_inspect(CLI::App& app) {
     std::string preset, model;
     bool json = false;
     int64_t prompt_tokens = 32768;
+    int ranks = 0;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("inspect", "Parameters, KV bytes and FLOPs of a model (docs/accounting.md)");
@@ -126,6 +129,8 @@ void add_inspect(CLI::App& app) {
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->add_option("--prompt-tokens", args->prompt_tokens, "Prompt length N for the prefill FLOPs")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--ranks", args->ranks, "Also the weights' bytes each of N ranks holds (model.py's cut; docs/parallel.md)")
+      ->check(CLI::Range(1, 4096));
   cmd->callback([args] {
     if (args->preset.empty() && args->model.empty()) fail("inspect", "--preset P or --model DIR", "neither");
     Config config = args->model.empty() ? preset(args->preset) : load_config(args->model);
@@ -139,15 +144,34 @@ void add_inspect(CLI::App& app) {
       checkpoint_tensors = ckpt.size();
     }
     Accounting a = account(config, args->prompt_tokens);
+    // Every rank of model.py's cut holds as much as rank 0 but for the Engram tables' last rows
+    // (ceil(rows / N) a rank): the largest rank is rank 0.
+    std::vector<WeightBytes> ranks;
+    if (args->ranks > 0) {
+      check_partition(config, {0, args->ranks});
+      for (int r = 0; r < args->ranks; ++r) ranks.push_back(rank_weight_bytes(config, {r, args->ranks}));
+    }
     if (args->json) {
       json j = to_json(config, a);
       if (checkpoint_bytes >= 0) j["checkpoint"] = {{"tensors", checkpoint_tensors}, {"bytes", checkpoint_bytes}};
+      if (!ranks.empty()) {
+        json per = json::array();
+        for (const WeightBytes& b : ranks)
+          per.push_back({{"backbone", b.backbone}, {"engram", b.engram}, {"dspark", b.dspark}, {"vision", b.vision}, {"total", b.total()}});
+        j["ranks"] = {{"world", args->ranks}, {"weight_bytes", per}};
+      }
       fmt::print("{}\n", j.dump(2));
     } else {
       print_text(config, a);
       if (checkpoint_bytes >= 0)
         fmt::print("checkpoint  {} tensors, {}, every one as the config expects\n", checkpoint_tensors,
                    human(double(checkpoint_bytes), "B"));
+      if (!ranks.empty()) {
+        const WeightBytes& b = ranks.front();
+        fmt::print("per rank    {} ranks (model.py's cut): rank 0 holds backbone {}  engram {}  dspark {}  vision {}  total {}\n",
+                   args->ranks, human(double(b.backbone), "B"), human(double(b.engram), "B"), human(double(b.dspark), "B"),
+                   human(double(b.vision), "B"), human(double(b.total()), "B"));
+      }
     }
   });
 }

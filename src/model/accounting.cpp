@@ -90,6 +90,20 @@ double layer_flops(const Config& c, int first, int last, int64_t pos, int64_t wi
   return layers_flops(c, weight_costs(c), first, last, pos, window_start);
 }
 
+WeightBytes rank_weight_bytes(const Config& c, const Partition& p) {
+  WeightBytes b;
+  for (const TensorSpec& t : expected_tensors(c)) {
+    const int64_t n = t.rank_bytes(c, p);
+    switch (t.group) {
+      case WeightGroup::Backbone: b.backbone += n; break;
+      case WeightGroup::Engram: b.engram += n; break;
+      case WeightGroup::DSpark: b.dspark += n; break;
+      case WeightGroup::Vision: b.vision += n; break;
+    }
+  }
+  return b;
+}
+
 Accounting account(const Config& c, int64_t prompt_tokens) {
   Accounting a;
   for (const TensorSpec& t : expected_tensors(c)) {

@@ -37,6 +37,17 @@ int64_t TensorSpec::nbytes() const {
   return n;
 }
 
+int64_t TensorSpec::rank_bytes(const Config& c, const Partition& p) const {
+  switch (shard) {
+    case Shard::Whole: return nbytes();
+    case Shard::OutRows:
+    case Shard::InCols: return nbytes() / p.world;  // check_partition: the world divides the cut dimension
+    case Shard::Expert: return p.owns_expert(expert, c.routed_experts(layer)) ? nbytes() : 0;
+    case Shard::TableRows: return p.count(shape[0], Shard::TableRows) * (nbytes() / shape[0]);
+  }
+  return nbytes();
+}
+
 namespace {
 
 constexpr int kBlock = 32;  // fp8 weights: 32x32 ue8m0 blocks; fp4 experts: ue8m0 per 32 along K
@@ -49,13 +60,15 @@ class MapBuilder {
 
   WeightGroup group = WeightGroup::Backbone;
   int layer = -1;
+  Shard shard = Shard::Whole;  // of the tensors being added
+  int expert = -1;
 
   // A plain tensor kept in the given dtype (norm weights, biases, hc_* and the like).
   void plain(const std::string& name, DType dtype, std::vector<int64_t> shape, WeightRole role = WeightRole::Dense,
              Precision compute = Precision::BF16) {
     int64_t params = 1;
     for (int64_t d : shape) params *= d;
-    out.push_back({name, dtype, std::move(shape), group, role, compute, layer, params});
+    out.push_back({name, dtype, std::move(shape), group, role, compute, layer, params, shard, expert});
   }
 
   // A Linear in the checkpoint's default format: fp8 with 32x32 scales, or bf16.
@@ -90,14 +103,19 @@ class MapBuilder {
   // DSpark's mtp blocks); its Engram tensors count as Engram.
   void add(const BlockTensor& t, WeightGroup block) {
     group = t.group == WeightGroup::Engram ? WeightGroup::Engram : block;
+    shard = t.shard;
+    expert = t.expert;
     const int64_t out_f = t.shape[0], in_f = t.shape.size() > 1 ? t.shape[1] : 1;
     switch (t.kind) {
-      case BlockTensor::Kind::Linear: return linear(t.name, out_f, in_f, t.role, t.compute);
-      case BlockTensor::Kind::ExpertLinear: return expert_linear(t.name, out_f, in_f);
+      case BlockTensor::Kind::Linear: linear(t.name, out_f, in_f, t.role, t.compute); break;
+      case BlockTensor::Kind::ExpertLinear: expert_linear(t.name, out_f, in_f); break;
       case BlockTensor::Kind::Plain:
-        if (t.role == WeightRole::Scale) return scale(t.name, t.shape);
-        return plain(t.name, t.dtype, t.shape, t.role, t.compute.value_or(Precision::BF16));
+        if (t.role == WeightRole::Scale) scale(t.name, t.shape);
+        else plain(t.name, t.dtype, t.shape, t.role, t.compute.value_or(Precision::BF16));
+        break;
     }
+    shard = Shard::Whole;
+    expert = -1;
   }
 
   std::vector<TensorSpec> out;
@@ -114,10 +132,14 @@ void add_vision(MapBuilder& m, const Config& c) {
 
 std::vector<TensorSpec> expected_tensors(const Config& c) {
   MapBuilder m(c);
+  m.shard = Shard::OutRows;  // the vocabulary, cut over ranks
   m.plain("embed.weight", DType::BF16, {c.vocab_size, c.dim}, WeightRole::Lookup);
+  m.shard = Shard::Whole;
   m.norm("norm", c.dim);
   // Stored bf16, multiplied in fp32 by the reference so that logits come out in fp32.
+  m.shard = Shard::OutRows;
   m.plain("head.weight", DType::BF16, {c.vocab_size, c.dim}, WeightRole::Head, Precision::FP32);
+  m.shard = Shard::Whole;
 
   for (int i = 0; i < c.n_layers; ++i) {
     m.layer = i;

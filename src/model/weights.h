@@ -8,6 +8,7 @@
 
 #include "model/config.h"
 #include "model/dtype.h"
+#include "model/partition.h"
 
 namespace dsv41 {
 
@@ -41,7 +42,11 @@ struct TensorSpec {
   Precision compute;  // the precision its products are computed in
   int layer;          // the block it belongs to (mtp.j is layer n_layers + j), -1 outside blocks
   int64_t params;     // logical elements (an fp4 byte holds two); 0 for scales
+  Shard shard = Shard::Whole;  // how a rank holds it (partition.h); a scale as its weight
+  int expert = -1;             // a routed expert's index
   int64_t nbytes() const;
+  // The bytes rank p.rank of p.world holds of it (partition.h's cut).
+  int64_t rank_bytes(const Config& config, const Partition& p) const;
 };
 
 // All tensors of the checkpoint, in a stable order (globals, then layers, then mtp, then vision).
