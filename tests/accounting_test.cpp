@@ -117,7 +117,7 @@ TEST(Accounting, ARanksWeightBytesAreWhatItsModelBinds) {
             L);
       }
       for (int j = 0; j < c.n_mtp_layers; ++j) for_each_dspark_tensor(c, j, [&](const BlockTensor&, const Weight& w) { add(w); }, m->dspark());
-      const WeightBytes b = rank_weight_bytes(c, {rank, world});
+      const RankBytes b = rank_weight_bytes(c, {rank, world});
       EXPECT_EQ(b.total(), bound) << "rank " << rank << " of " << world;
       all += b.total();
     }
@@ -137,7 +137,7 @@ TEST(Accounting, ARanksWeightBytesAreWhatItsModelBinds) {
 // tensors, the Engram tables' rows in eighths, and the rest whole (docs/parallel.md's figures).
 TEST(Accounting, TheReleasedModelPerRank) {
   const Config c = preset("deepseek-v4.1-flash");
-  const WeightBytes one = rank_weight_bytes(c, {0, 1}), eighth = rank_weight_bytes(c, {0, 8});
+  const RankBytes one = rank_weight_bytes(c, {0, 1}), eighth = rank_weight_bytes(c, {0, 8});
   // Engram by hand: each table's ceil(rows / 8) rows of e4m3 values and ue8m0 scales per 32, and
   // whole on every rank each layer's fp8 wkv (32 × 32 scale blocks) and bf16 q and k weights.
   int64_t engram = 0;

@@ -208,4 +208,27 @@ TEST(RankedCpuExecutor, ABatchIsItsItemsAlone) {
   EXPECT_EQ(ranks->forward_batch({BatchItem{copy.get(), next}}).front(), ranks->forward_batch({BatchItem{s1.get(), next}}).front());
 }
 
+// Calls from two threads at once (a scheduler's and a session's) take turns at the ranks'
+// collectives: each gets what it gets alone.
+TEST(RankedCpuExecutor, CallsFromTwoThreadsGetWhatTheyGetAlone) {
+  const auto model = Model::load(fixture_dir("v41-tiny"));
+  const auto ranks = make_executor(*model, Device::Cpu, std::nullopt, 2);
+  const std::vector<int> a = {3, 1, 4, 1, 5, 9, 2, 6}, b = {2, 7, 1, 8};
+  const std::vector<int64_t> ids_a(a.size() * 2 * model->config().engram_hash_columns(), 0),
+      ids_b(b.size() * 2 * model->config().engram_hash_columns(), 0);
+  auto alone = [&](const std::vector<int>& t, const std::vector<int64_t>& ids) {
+    auto s = ranks->new_sequence();
+    return ranks->forward_batch({BatchItem{s.get(), t, ids.data()}}).front();
+  };
+  const std::vector<float> want_a = alone(a, ids_a), want_b = alone(b, ids_b);
+  for (int round = 0; round < 4; ++round) {
+    std::vector<float> got_b;
+    std::thread other([&] { got_b = alone(b, ids_b); });
+    const std::vector<float> got_a = alone(a, ids_a);
+    other.join();
+    EXPECT_EQ(got_a, want_a) << "round " << round;
+    EXPECT_EQ(got_b, want_b) << "round " << round;
+  }
+}
+
 }  // namespace

@@ -24,6 +24,7 @@ class RunningServer {
   explicit RunningServer(ServerOptions options) {
     if (options.model_dir.empty()) options.model_dir = fixture_dir("v41-tiny");
     options.device = test_device();
+    options.ranks = test_ranks();
     options.port = 0;
     options.on_listening = [this](int port) { port_.store(port); };
     server_ = std::make_unique<Server>(options);

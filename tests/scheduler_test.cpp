@@ -39,7 +39,7 @@ Outcome collect(Generation& g) {
 
 struct SchedulerTest : ::testing::Test {
   std::unique_ptr<Model> model = Model::load(fixture_dir("v41-tiny"));
-  std::unique_ptr<Executor> owned = make_executor(*model, test::test_device());
+  std::unique_ptr<Executor> owned = test::test_executor(*model);
   Executor& executor = *owned;
   Tokenizer tokenizer = Tokenizer::from_file(fixture_dir("v41-tiny") + "/tokenizer.json");
   std::vector<int> text;

@@ -94,6 +94,7 @@ TEST(Server, HealthIsUnavailableWhileLoading) {
   ServerOptions options;
   options.model_dir = test::fixture_dir("v41-tiny");
   options.device = test::test_device();
+  options.ranks = test::test_ranks();
   options.port = 0;
   options.on_listening = [&](int port) { listening.set_value(port); };
   options.before_load = [released] { released.wait(); };
@@ -379,6 +380,7 @@ TEST(Server, ASecondServerOnTheSamePortIsRefused) {
   ServerOptions options;
   options.model_dir = test::fixture_dir("v41-tiny");
   options.device = test::test_device();
+  options.ranks = test::test_ranks();
   options.host = "127.0.0.1";
   options.port = first.port();
   Server second(options);

@@ -198,7 +198,7 @@ TEST(Speculative, GreedyEqualsPlainGreedyOnTheTestDevice) {
     const Config& c = t.model.config();
     const int n = 20, G = c.dspark_block_size;
     const int64_t V = c.vocab_size, P = int64_t(t.prompt.size());
-    std::unique_ptr<Executor> executor = make_executor(t.model, test::test_device());
+    std::unique_ptr<Executor> executor = test::test_executor(t.model);
     const std::string what = c.source + " on " + executor->name();
     // Plain greedy decoding, and the row that chose each token after the first.
     std::vector<int> want;
@@ -317,7 +317,7 @@ SchedulerStats serve_mixed_batch(std::optional<StepRate> rate, std::optional<Ste
   auto model = Model::load(test::fixture_dir("v41-tiny"));
   Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
   const Config& c = model->config();
-  std::unique_ptr<Executor> device = make_executor(*model, test::test_device());
+  std::unique_ptr<Executor> device = test::test_executor(*model);
   Executor& executor = *device;
   auto alone = [&](const std::vector<int>& prompt, int n) {
     Session s(executor, &tokenizer, Mode::Default);
@@ -548,7 +548,7 @@ TEST(Speculative, AVerificationPassChoosesEveryRow) {
   c.engram_num_embeddings.clear();
   write_random_checkpoint(c, dir.string(), {});
   auto model = Model::load(dir.string());
-  std::unique_ptr<Executor> executor = make_executor(*model, test::test_device());
+  std::unique_ptr<Executor> executor = test::test_executor(*model);
   const std::vector<int> prompt = random_tokens(c, 40, 3), pass = random_tokens(c, 6, 4);
   std::unique_ptr<Sequence> chosen = executor->new_sequence(), twin = executor->new_sequence();
   executor->forward_batch({BatchItem{chosen.get(), prompt}, BatchItem{twin.get(), prompt}});

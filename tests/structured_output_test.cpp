@@ -44,7 +44,7 @@ const char* const kSchemas[] = {
 
 struct StructuredOutput : ::testing::Test {
   std::unique_ptr<Model> model = Model::load(test::fixture_dir("v41-tiny"));
-  std::unique_ptr<Executor> executor = make_executor(*model, test::test_device());
+  std::unique_ptr<Executor> executor = test::test_executor(*model);
   Tokenizer tokenizer = Tokenizer::from_file(test::fixture_dir("v41-tiny") + "/tokenizer.json");
   std::vector<int> stop = chat_stop_token_ids(tokenizer);
   int64_t vocab = sampling_vocab(model->config(), &tokenizer);

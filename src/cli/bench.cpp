@@ -137,6 +137,7 @@ void add_bench(CLI::App& app) {
     uint64_t seed = 1;
     bool as_json = false;
     Device device = Device::Auto;
+    int ranks = 1;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = bench->add_subcommand("cache", "Time to first token and work per KV-cache scenario, default vs exact mode");
@@ -147,12 +148,12 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--reply-tokens", args->reply_tokens, "Tokens generated for the first turn")->check(CLI::Range(0, 1 << 16));
   cmd->add_option("--seed", args->seed, "Seed of the random checkpoint and the random prompts");
   cmd->add_flag("--json", args->as_json, "Print one JSON object");
-  add_device_flag(*cmd, args->device);
+  add_device_flag(*cmd, args->device, &args->ranks);
   cmd->callback([args] {
     const BenchCheckpoint checkpoint("cache", args->model, args->preset, args->seed, args->as_json);
     const std::string& dir = checkpoint.dir();
     const fs::path& scratch = checkpoint.scratch();
-    ModelDir m = load_model_dir(dir, args->device);
+    ModelDir m = load_model_dir(dir, args->device, std::nullopt, args->ranks);
     const Config& c = m.model->config();
 
     // Prompts of random ids above the tokenizer's specials (0..2 in DeepSeek's layout).

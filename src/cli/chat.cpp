@@ -117,6 +117,7 @@ void add_chat(CLI::App& app) {
     std::string model, system;
     bool thinking = false, exact = false, as_json = false;
     Device device = Device::Auto;
+    int ranks = 1;
     int max_tokens = 256;
     bool ignore_eos = false;
     SamplingParams sampling;
@@ -132,10 +133,10 @@ void add_chat(CLI::App& app) {
   cmd->add_flag("--ignore-eos", args->ignore_eos, "The end-of-sequence token does not end a reply (replies of --max-tokens)");
   add_sampling_flags(*cmd, args->sampling);
   add_cache_flags(*cmd, args->cache);
-  add_device_flag(*cmd, args->device);
+  add_device_flag(*cmd, args->device, &args->ranks);
   cmd->add_flag("--json", args->as_json, "Print one JSON object per turn instead of the reply text");
   cmd->callback([args] {
-    ModelDir m = load_model_dir(args->model, args->device);
+    ModelDir m = load_model_dir(args->model, args->device, std::nullopt, args->ranks);
     if (!m.tokenizer) fail(args->model, "a tokenizer.json (chat renders text)", "none");
     const Tokenizer& tokenizer = *m.tokenizer;
     const Config& c = m.model->config();

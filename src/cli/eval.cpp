@@ -60,6 +60,7 @@ void add_eval(CLI::App& app) {
     int passkey_trials = 5;
     uint64_t seed = 1;
     Device device = Device::Auto;
+    int ranks = 1;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("eval", "Measure a model: served validation loss, passkey retrieval, DSpark acceptance");
@@ -82,7 +83,7 @@ void add_eval(CLI::App& app) {
   cmd->add_option("--dspark-tokens", args->dspark_tokens, "Tokens DSpark decodes after each prompt")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seed", args->seed, "Seed of the passkey keys and depths");
   cmd->add_flag("--json", args->as_json, "Print one JSON object (docs/eval.md)");
-  add_device_flag(*cmd, args->device);
+  add_device_flag(*cmd, args->device, &args->ranks);
   cmd->callback([args] {
     if (args->seq_len < 1) fail("--seq-len", "at least 1 token", std::to_string(args->seq_len));
     if (args->tokens < args->seq_len + 1)
@@ -98,7 +99,7 @@ void add_eval(CLI::App& app) {
     if (args->kv_fp8 && args->device == Device::Cuda)
       fail("--kv-fp8", "the CPU executor (--device cpu or auto)", "--device cuda (its KV is KV-FP4 only)");
 
-    ModelDir m = load_model_dir(args->model, args->kv_fp8 ? Device::Cpu : args->device);
+    ModelDir m = load_model_dir(args->model, args->kv_fp8 ? Device::Cpu : args->device, std::nullopt, args->ranks);
     const Config& c = m.model->config();
     if (!m.tokenizer) fail(args->model, "a tokenizer.json (the data's tokenizer)", "none");
     const Tokenizer& tokenizer = *m.tokenizer;

@@ -28,11 +28,17 @@ void add_cache_flags(CLI::App& cmd, CacheFlags& f) {
       ->check(CLI::PositiveNumber);
 }
 
-void add_device_flag(CLI::App& cmd, Device& device) {
+void add_device_flag(CLI::App& cmd, Device& device, int* ranks) {
   cmd.add_option("--device", device, "Where the model runs: auto (CUDA when built with it and a GPU is present), cpu, cuda")
       ->transform(CLI::CheckedTransformer(std::map<std::string, Device>{{"auto", Device::Auto}, {"cpu", Device::Cpu}, {"cuda", Device::Cuda}},
                                           CLI::ignore_case))
       ->default_str("auto");
+  if (ranks)
+    cmd.add_option("--ranks", *ranks,
+                   "Cut the model over N ranks as DeepSeek's model.py does at world_size N (docs/parallel.md): on the CPU, N "
+                   "threads each holding its part (several GPUs: not yet)")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
 }
 
 void add_sampling_flags(CLI::App& cmd, SamplingParams& p) {

@@ -24,7 +24,8 @@ struct CacheFlags {
 
 void add_cache_flags(CLI::App& cmd, CacheFlags& flags);
 // --device auto|cpu|cuda into `device` (engine/executors.h).
-void add_device_flag(CLI::App& cmd, Device& device);
+// With `ranks`, also --ranks N: the model cut over N ranks (docs/parallel.md).
+void add_device_flag(CLI::App& cmd, Device& device, int* ranks = nullptr);
 void add_sampling_flags(CLI::App& cmd, SamplingParams& params);
 
 // A comma-separated list of integers in [lo, hi] ("1,8"), the value of `flag`; refused by name

@@ -59,6 +59,7 @@ void add_generate(CLI::App& app) {
     std::vector<std::string> images;
     bool exact = false, as_json = false;
     Device device = Device::Auto;
+    int ranks = 1;
     int max_tokens = 128;
     SamplingParams sampling;
     std::string speculative = "auto";
@@ -78,7 +79,7 @@ void add_generate(CLI::App& app) {
                 "decoder bounded replay, the decoder on the prompt's last window only)");
   cmd->add_option("--max-tokens", args->max_tokens, "Most tokens to generate")->check(CLI::Range(1, 1 << 20));
   add_sampling_flags(*cmd, args->sampling);
-  add_device_flag(*cmd, args->device);
+  add_device_flag(*cmd, args->device, &args->ranks);
   cmd->add_option("--speculative", args->speculative,
                   "dspark: DSpark speculative decoding (CPU or CUDA executor, a checkpoint with DSpark stages); off; "
                   "auto: dspark where the checkpoint has DSpark stages and the model runs on CUDA, else off")
@@ -87,7 +88,7 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--json", args->as_json, "Print one JSON object: prompt_ids, generated_ids, text, timing (and the drafts)");
   cmd->callback([args] {
     if (args->prompt.empty() && args->ids.empty()) fail("generate", "--prompt TEXT or --ids 1,2,3", "neither");
-    ModelDir m = load_model_dir(args->model, args->device);
+    ModelDir m = load_model_dir(args->model, args->device, std::nullopt, args->ranks);
     const Config& c = m.model->config();
     const std::optional<Tokenizer>& tokenizer = m.tokenizer;
     if (!args->prompt.empty() && !tokenizer) fail(args->model, "a tokenizer.json to encode --prompt", "none (use --ids)");

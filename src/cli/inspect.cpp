@@ -146,7 +146,7 @@ void add_inspect(CLI::App& app) {
     Accounting a = account(config, args->prompt_tokens);
     // Every rank of model.py's cut holds as much as rank 0 but for the Engram tables' last rows
     // (ceil(rows / N) a rank): the largest rank is rank 0.
-    std::vector<WeightBytes> ranks;
+    std::vector<RankBytes> ranks;
     if (args->ranks > 0) {
       check_partition(config, {0, args->ranks});
       for (int r = 0; r < args->ranks; ++r) ranks.push_back(rank_weight_bytes(config, {r, args->ranks}));
@@ -156,7 +156,7 @@ void add_inspect(CLI::App& app) {
       if (checkpoint_bytes >= 0) j["checkpoint"] = {{"tensors", checkpoint_tensors}, {"bytes", checkpoint_bytes}};
       if (!ranks.empty()) {
         json per = json::array();
-        for (const WeightBytes& b : ranks)
+        for (const RankBytes& b : ranks)
           per.push_back({{"backbone", b.backbone}, {"engram", b.engram}, {"dspark", b.dspark}, {"vision", b.vision}, {"total", b.total()}});
         j["ranks"] = {{"world", args->ranks}, {"weight_bytes", per}};
       }
@@ -167,7 +167,7 @@ void add_inspect(CLI::App& app) {
         fmt::print("checkpoint  {} tensors, {}, every one as the config expects\n", checkpoint_tensors,
                    human(double(checkpoint_bytes), "B"));
       if (!ranks.empty()) {
-        const WeightBytes& b = ranks.front();
+        const RankBytes& b = ranks.front();
         fmt::print("per rank    {} ranks (model.py's cut): rank 0 holds backbone {}  engram {}  dspark {}  vision {}  total {}\n",
                    args->ranks, human(double(b.backbone), "B"), human(double(b.engram), "B"), human(double(b.dspark), "B"),
                    human(double(b.vision), "B"), human(double(b.total()), "B"));

@@ -10,7 +10,7 @@
 
 namespace dsv41::cli {
 
-ModelDir load_model_dir(const std::string& dir, Device device, std::optional<uint64_t> random_weights) {
+ModelDir load_model_dir(const std::string& dir, Device device, std::optional<uint64_t> random_weights, int ranks) {
   ModelDir m;
   m.dir = dir;
   check_device(device);
@@ -20,7 +20,7 @@ ModelDir load_model_dir(const std::string& dir, Device device, std::optional<uin
   progress.update("loading " + dir + ": the checkpoint", 0, 3);
   m.model = Model::load(dir);
   progress.update("loading " + dir + ": the weights to the executor", 1, 3);
-  m.executor = make_executor(*m.model, device, random_weights);
+  m.executor = make_executor(*m.model, device, random_weights, ranks);
   progress.update("loading " + dir + ": the tokenizer", 2, 3);
   if (std::filesystem::exists(dir + "/tokenizer.json")) {
     m.tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");

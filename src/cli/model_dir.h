@@ -25,8 +25,9 @@ struct ModelDir {
 
 // `random_weights` (a seed): the CUDA executor fills the weights on the device (make_executor),
 // for a checkpoint that holds only the tensor layout.
+// `ranks`: the model cut over that many ranks (make_executor).
 ModelDir load_model_dir(const std::string& dir, Device device = Device::Auto,
-                        std::optional<uint64_t> random_weights = std::nullopt);
+                        std::optional<uint64_t> random_weights = std::nullopt, int ranks = 1);
 
 // The checkpoint a benchmark runs: `model` when given, else a random quantized checkpoint of
 // `preset` (seeded) written into a scratch directory of the process, which this object removes;

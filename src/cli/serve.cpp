@@ -58,7 +58,7 @@ void add_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->default_str("");
   add_cache_flags(*cmd, args->cache);
-  add_device_flag(*cmd, o.device);
+  add_device_flag(*cmd, o.device, &o.ranks);
   cmd->add_option("--speculative", args->speculative,
                   "dspark: DSpark speculative decoding for requests without logprobs (a checkpoint with DSpark stages); off; "
                   "auto: dspark where the checkpoint has DSpark stages and the model runs on CUDA, else off")

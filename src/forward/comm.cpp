@@ -16,8 +16,9 @@ class LocalGroup::Rank final : public Comm {
   // Publish, meet, read everyone's (in rank order) into a scratch row, meet again (no rank
   // rewrites its buffer while another still reads it), then write.
   void all_reduce_sum(std::span<float> x) override {
-    group_.shared_[size_t(rank_)] = x.data();
+    group_.publish(rank_, x.data(), x.size());
     group_.arrive_and_wait();
+    group_.check_sizes("all_reduce_sum");
     sum_.assign(group_.shared_[0], group_.shared_[0] + x.size());
     for (int r = 1; r < group_.world_; ++r) {
       const float* other = group_.shared_[size_t(r)];
@@ -31,8 +32,9 @@ class LocalGroup::Rank final : public Comm {
     if (whole.size() != part.size() * size_t(group_.world_))
       fail("all_gather", std::to_string(group_.world_) + " parts of " + std::to_string(part.size()) + " values",
            std::to_string(whole.size()) + " values");
-    group_.shared_[size_t(rank_)] = part.data();
+    group_.publish(rank_, part.data(), part.size());
     group_.arrive_and_wait();
+    group_.check_sizes("all_gather");
     for (int r = 0; r < group_.world_; ++r) std::copy_n(group_.shared_[size_t(r)], part.size(), whole.begin() + r * part.size());
     group_.arrive_and_wait();
   }
@@ -43,7 +45,7 @@ class LocalGroup::Rank final : public Comm {
   std::vector<float> sum_;
 };
 
-LocalGroup::LocalGroup(int world) : world_(world), shared_(size_t(world), nullptr) {
+LocalGroup::LocalGroup(int world) : world_(world), shared_(size_t(world), nullptr), sizes_(size_t(world), 0) {
   if (world < 1) fail("a group of ranks", "at least one rank", std::to_string(world));
   for (int r = 0; r < world; ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
 }
@@ -65,6 +67,20 @@ void LocalGroup::arrive_and_wait() {
   }
   arrived_.wait(lock, [&] { return generation_ != generation || aborted_; });
   if (generation_ == generation) broken();
+}
+
+void LocalGroup::publish(int rank, const float* data, size_t size) {
+  shared_[size_t(rank)] = data;
+  sizes_[size_t(rank)] = size;
+}
+
+// Ranks that disagree on a collective's size have left the same call: every rank throws (each
+// sees the same sizes), none reads past another's buffer.
+void LocalGroup::check_sizes(const char* collective) const {
+  for (int r = 1; r < world_; ++r)
+    if (sizes_[size_t(r)] != sizes_[0])
+      fail(std::string(collective) + " of " + std::to_string(world_) + " ranks", "the same size on every rank",
+           std::to_string(sizes_[0]) + " values on rank 0, " + std::to_string(sizes_[size_t(r)]) + " on rank " + std::to_string(r));
 }
 
 void LocalGroup::abort() {

@@ -40,10 +40,13 @@ class LocalGroup {
   friend class Rank;
   // Every rank arrives before any leaves; dsv41::Error once the group is aborted.
   void arrive_and_wait();
+  void publish(int rank, const float* data, size_t size);
+  void check_sizes(const char* collective) const;
 
   int world_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<const float*> shared_;  // each rank's buffer, published for the collective in flight
+  std::vector<size_t> sizes_;         // and its size
   std::mutex mutex_;
   std::condition_variable arrived_;
   int waiting_ = 0;

@@ -271,7 +271,8 @@ Rows attend_draft(Pass& p, int l, const Rows& q, const Rows& kv) {
 // Grouped low-rank output: group g's heads (o [rows, G, in_g]) through wo_a's rows [g·r, (g+1)·r)
 // (a rank's groups: its heads').
 Rows linear_grouped(const Pass& p, const Rows& o, const Weight& wo_a) {
-  const int64_t G = p.c.o_groups / p.part().world, olr = p.c.o_lora_rank, in_g = p.c.n_heads * p.c.head_dim / G, R = p.rows;
+  const int64_t G = p.c.o_groups / p.part().world, olr = p.c.o_lora_rank, in_g = p.c.n_heads * p.c.head_dim / p.c.o_groups,
+                R = p.rows;
   Rows og(size_t(R * in_g)), yg(size_t(R * olr)), ya(size_t(R * G * olr));
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t r = 0; r < R; ++r) std::copy_n(o.data() + r * G * in_g + g * in_g, in_g, og.data() + r * in_g);

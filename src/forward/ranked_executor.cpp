@@ -48,6 +48,7 @@ std::unique_ptr<Sequence> RankedCpuExecutor::new_sequence() {
 }
 
 std::vector<std::vector<float>> RankedCpuExecutor::forward_batch(const std::vector<BatchItem>& batch) {
+  const std::lock_guard<std::mutex> serial(calls_);
   const size_t world = ranks_.size();
   for (const BatchItem& item : batch) {
     if (!dynamic_cast<RankedSequence*>(item.sequence)) fail(name() + " executor", "sequences of this executor", "another executor's");

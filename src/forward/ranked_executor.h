@@ -8,6 +8,7 @@
 // model's up to the order of the sums cut over ranks (wo_b, the indexer's heads, the experts:
 // docs/parallel.md).
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ class RankedCpuExecutor final : public Executor {
   std::vector<std::unique_ptr<Model>> parts_;
   std::vector<std::unique_ptr<CpuExecutor>> ranks_;
   LocalGroup group_;
+  std::mutex calls_;  // one call at a time meets at the group's collectives (others wait their turn)
 };
 
 }  // namespace dsv41

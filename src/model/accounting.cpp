@@ -90,8 +90,8 @@ double layer_flops(const Config& c, int first, int last, int64_t pos, int64_t wi
   return layers_flops(c, weight_costs(c), first, last, pos, window_start);
 }
 
-WeightBytes rank_weight_bytes(const Config& c, const Partition& p) {
-  WeightBytes b;
+RankBytes rank_weight_bytes(const Config& c, const Partition& p) {
+  RankBytes b;
   for (const TensorSpec& t : expected_tensors(c)) {
     const int64_t n = t.rank_bytes(c, p);
     switch (t.group) {

@@ -48,11 +48,11 @@ struct Accounting {
 // The weights' bytes one rank holds (model/partition.h: model.py's cut over `world` ranks; the
 // whole model for world 1), by group: what each GPU of a several-GPU run must hold
 // (docs/parallel.md). check_partition first.
-struct WeightBytes {
+struct RankBytes {
   int64_t backbone = 0, engram = 0, dspark = 0, vision = 0;
   int64_t total() const { return backbone + engram + dspark + vision; }
 };
-WeightBytes rank_weight_bytes(const Config& config, const Partition& partition);
+RankBytes rank_weight_bytes(const Config& config, const Partition& partition);
 
 // The contexts the decode FLOPs are reported at.
 std::vector<int64_t> decode_contexts();

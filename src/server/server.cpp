@@ -276,7 +276,7 @@ void Server::State::load() {
   step("the checkpoint", 0);
   model = Model::load(dir);
   step("the weights to the executor", 1);
-  executor = make_executor(*model, options.device, options.random_weights);
+  executor = make_executor(*model, options.device, options.random_weights, options.ranks);
   step("the tokenizer", 2);
   if (!std::filesystem::exists(dir + "/tokenizer.json")) fail(dir, "a tokenizer.json (the server speaks text)", "none");
   tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");

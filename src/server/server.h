@@ -29,6 +29,7 @@ struct ServerOptions {
   // on). Off for a model that never learned the reasoning section, as the embedded default.
   bool thinking = true;
   Device device = Device::Auto;  // where the model runs
+  int ranks = 1;                 // the model cut over that many ranks (docs/parallel.md)
   std::optional<uint64_t> random_weights;  // a seed: random weights on the device (make_executor)
   KvCacheOptions cache;    // fingerprint and mode are filled in from the checkpoint
   SchedulerOptions scheduler;
