@@ -124,6 +124,22 @@ TEST(Cli, GenerateReproducesTheReferenceGreedyContinuation) {
   EXPECT_TRUE(j["timing"].contains("decode_tokens_per_second"));
 }
 
+// The same continuation with the model cut over two ranks (docs/parallel.md: the whole model's up
+// to summation order; the fixture's README lists no near-tie in these steps); three ranks do not
+// divide its four heads, and speculation is the whole model's.
+TEST(Cli, GenerateOverTwoRanksReproducesTheReferenceGreedyContinuation) {
+  const std::string model = std::string(DSV41_TEST_DATA) + "/fixtures/v41-tiny";
+  Outcome r = run_dsv41("generate --model " + model + " --ids 0,476,506,265,84 --max-tokens 9 --ranks 2 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(json::parse(r.output)["generated_ids"], json({188, 160, 537, 96, 110, 69, 296, 149, 142}));
+  Outcome three = run_dsv41("generate --model " + model + " --ids 0,476 --max-tokens 2 --ranks 3");
+  EXPECT_NE(three.status, 0);
+  EXPECT_NE(three.output.find("expected n_heads divisible by the world size, found 4"), std::string::npos) << three.output;
+  Outcome spec = run_dsv41("generate --model " + model + " --ids 0,476 --max-tokens 2 --ranks 2 --speculative dspark");
+  EXPECT_NE(spec.status, 0);
+  EXPECT_NE(spec.output.find("cpu:2"), std::string::npos) << spec.output;
+}
+
 // The same continuation with DSpark's drafts verified by the target (greedy speculation emits
 // plain greedy decoding's tokens), each draft listed: its anchor's position, the anchor and the γ
 // drafts, how many were accepted.
