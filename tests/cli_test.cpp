@@ -125,8 +125,8 @@ TEST(Cli, GenerateReproducesTheReferenceGreedyContinuation) {
 }
 
 // The same continuation with the model cut over two ranks (docs/parallel.md: the whole model's up
-// to summation order; the fixture's README lists no near-tie in these steps); three ranks do not
-// divide its four heads, and speculation is the whole model's.
+// to summation order; the fixture's README lists no near-tie in these steps), also with DSpark's
+// drafts; three ranks do not divide its four heads.
 TEST(Cli, GenerateOverTwoRanksReproducesTheReferenceGreedyContinuation) {
   const std::string model = std::string(DSV41_TEST_DATA) + "/fixtures/v41-tiny";
   Outcome r = run_dsv41("generate --model " + model + " --ids 0,476,506,265,84 --max-tokens 9 --ranks 2 --json");
@@ -135,9 +135,10 @@ TEST(Cli, GenerateOverTwoRanksReproducesTheReferenceGreedyContinuation) {
   Outcome three = run_dsv41("generate --model " + model + " --ids 0,476 --max-tokens 2 --ranks 3");
   EXPECT_NE(three.status, 0);
   EXPECT_NE(three.output.find("expected n_heads divisible by the world size, found 4"), std::string::npos) << three.output;
-  Outcome spec = run_dsv41("generate --model " + model + " --ids 0,476 --max-tokens 2 --ranks 2 --speculative dspark");
-  EXPECT_NE(spec.status, 0);
-  EXPECT_NE(spec.output.find("cpu:2"), std::string::npos) << spec.output;
+  Outcome spec = run_dsv41("generate --model " + model + " --ids 0,476,506,265,84 --max-tokens 9 --ranks 2 --speculative dspark --json");
+  ASSERT_EQ(spec.status, 0) << spec.output;
+  EXPECT_EQ(json::parse(spec.output)["generated_ids"], json({188, 160, 537, 96, 110, 69, 296, 149, 142}));
+  EXPECT_FALSE(json::parse(spec.output)["drafts"].empty());
 }
 
 // The same continuation with DSpark's drafts verified by the target (greedy speculation emits

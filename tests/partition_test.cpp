@@ -11,7 +11,9 @@
 #include "engine/executors.h"
 #include "error_of.h"
 #include "fixture.h"
+#include "forward_fixture.h"
 #include "forward/comm.h"
+#include "forward/dspark.h"
 #include "forward/model.h"
 #include "model/partition.h"
 #include "ops_util.h"
@@ -206,6 +208,52 @@ TEST(RankedCpuExecutor, ABatchIsItsItemsAlone) {
   copy->assign(s1->host());
   const std::vector<int> next = {2};
   EXPECT_EQ(ranks->forward_batch({BatchItem{copy.get(), next}}).front(), ranks->forward_batch({BatchItem{s1.get(), next}}).front());
+}
+
+// DSpark over two ranks: the drafts of the whole model up to summation order — its logits within
+// the spread of the whole model's own summation orders (kVariants of them), the same greedy tokens
+// on v41-tiny's prompt — with the caller's choice called once a token, on rank 0 alone.
+TEST(RankedCpuExecutor, DraftsAreTheWholeModelsAndChooseOnce) {
+  const auto model = Model::load(fixture_dir("v41-tiny"));
+  const Config& c = model->config();
+  const auto whole = make_executor(*model, Device::Cpu), ranks = make_executor(*model, Device::Cpu, std::nullopt, 2);
+  ASSERT_TRUE(ranks->speculates());
+  const std::vector<int> prompt = {0, 476, 506, 265, 84};
+  const std::vector<int64_t> ids(prompt.size() * c.engram_layer_ids.size() * c.engram_hash_columns(), 0);
+  int calls = 0;
+  const DraftChoice counted = [&](std::span<const float> logits) {
+    ++calls;
+    return draft_argmax(logits);
+  };
+  auto draft = [&](Executor& e) {
+    auto s = e.new_sequence();
+    BatchItem item{s.get(), prompt, ids.data()};
+    item.drafter_context = true;
+    e.forward_batch({item});
+    calls = 0;
+    Draft d = std::move(e.dspark_drafts({DraftRequest{s.get(), 188, &counted}}).front());
+    EXPECT_EQ(calls, c.dspark_block_size) << e.name();
+    return d;
+  };
+  auto apart = [](const Draft& a, const Draft& b) {
+    double worst = 0;
+    for (size_t i = 0; i < a.logits.size(); ++i) worst = std::max(worst, double(std::fabs(a.logits[i] - b.logits[i])));
+    return worst;
+  };
+  std::vector<Draft> orders;
+  for (int v = 0; v < kVariants; ++v) {
+    VariantScope scope(v);
+    orders.push_back(draft(*whole));
+  }
+  double spread = 0;
+  for (const Draft& a : orders)
+    for (const Draft& b : orders) spread = std::max(spread, apart(a, b));
+  const Draft cut = draft(*ranks);
+  ASSERT_EQ(cut.logits.size(), orders[0].logits.size());
+  EXPECT_EQ(cut.tokens, orders[0].tokens);
+  EXPECT_LE(apart(cut, orders[0]), std::max(kHeadroom * spread, 1e-5));
+  std::printf("draft logits: two ranks against the whole model %.3g, the whole model's orders apart %.3g\n", apart(cut, orders[0]),
+              spread);
 }
 
 // Calls from two threads at once (a scheduler's and a session's) take turns at the ranks'

@@ -22,6 +22,8 @@
 
 namespace dsv41 {
 
+class Comm;  // forward/comm.h
+
 // The drafter's context KV for rows at positions first_pos, first_pos + 1, ... from their context
 // features [rows, targets, dim] (ForwardOptions::dspark_hidden of the target's call): the last W
 // rows' entries into each stage's window (model.py forward_spec at start_pos 0, and the main_kv
@@ -46,7 +48,9 @@ std::vector<int> draft_block_tokens(const Config& c, int64_t length, int anchor)
 
 // The draft after the state's last token (position state.length - 1, ingested), `anchor` the
 // token the target chose for position state.length. Reads the state's drafter windows; changes
-// nothing in it.
-Draft dspark_draft(const Model& model, SequenceState& state, int anchor, const DraftChoice& choose = draft_argmax);
+// nothing in it. A rank's part of a model (model/partition.h) drafts with the other ranks at its
+// collectives `comm`; rank 0 chooses each token (`choose` is called there only) and hands it out.
+Draft dspark_draft(const Model& model, SequenceState& state, int anchor, const DraftChoice& choose = draft_argmax,
+                   Comm* comm = nullptr);
 
 }  // namespace dsv41

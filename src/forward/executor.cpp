@@ -108,7 +108,7 @@ void CpuExecutor::dspark_ingest(Sequence& s, int64_t first_pos, std::span<const 
 std::vector<Draft> CpuExecutor::dspark_drafts(const std::vector<DraftRequest>& requests) {
   std::vector<Draft> drafts;
   for (const DraftRequest& r : requests)
-    drafts.push_back(dsv41::dspark_draft(model_, cpu_state(*r.sequence), r.anchor, r.choose ? *r.choose : DraftChoice(draft_argmax)));
+    drafts.push_back(dsv41::dspark_draft(model_, cpu_state(*r.sequence), r.anchor, r.choose ? *r.choose : DraftChoice(draft_argmax), comm_));
   return drafts;
 }
 SequenceMark CpuExecutor::mark(Sequence& s, int64_t rows) { return dsv41::mark(cpu_state(s), model_.config(), rows); }
@@ -124,6 +124,7 @@ std::vector<std::vector<float>> CpuExecutor::forward_batch(const std::vector<Bat
   for (const BatchItem& item : batch) {
     SequenceState& state = static_cast<CpuSequence*>(item.sequence)->state();
     ForwardOptions options = item.options;
+    if (comm_) options.comm = comm_;
     std::vector<float> context;
     if (item.drafter_context) options.dspark_hidden = &context;
     logits.push_back(forward(model_, state, item.tokens, item.engram_ids, options));

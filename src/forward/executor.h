@@ -109,10 +109,12 @@ void check_sample(const BatchItem& item, int64_t vocab_size);
 
 // The reference: forward() in host memory, the items one after another. Its sequences keep their
 // compressed main KV in `global_kv` (KV-FP4, the release's; SWA-FP8 for `dsv41 eval --kv-fp8`,
-// whose sequences the KV tiers refuse: they store KV-FP4).
+// whose sequences the KV tiers refuse: they store KV-FP4). Over a rank's part of a model
+// (model/partition.h), `comm` is its rank's collectives (forward/ranked_executor.h runs the ranks).
 class CpuExecutor final : public Executor {
  public:
-  explicit CpuExecutor(const Model& model, GlobalKvFormat global_kv = GlobalKvFormat::Fp4) : model_(model), global_kv_(global_kv) {}
+  explicit CpuExecutor(const Model& model, GlobalKvFormat global_kv = GlobalKvFormat::Fp4, Comm* comm = nullptr)
+      : model_(model), global_kv_(global_kv), comm_(comm) {}
   const Model& model() const override { return model_; }
   std::string name() const override { return "cpu"; }
   std::unique_ptr<Sequence> new_sequence() override;
@@ -128,6 +130,7 @@ class CpuExecutor final : public Executor {
  private:
   const Model& model_;
   GlobalKvFormat global_kv_;
+  Comm* comm_;
 };
 
 }  // namespace dsv41

@@ -655,32 +655,47 @@ std::vector<int> draft_block_tokens(const Config& c, int64_t length, int anchor)
   return block;
 }
 
-Draft dspark_draft(const Model& model, SequenceState& state, int anchor, const DraftChoice& choose) {
+Draft dspark_draft(const Model& model, SequenceState& state, int anchor, const DraftChoice& choose, Comm* comm) {
   const Config& c = model.config();
-  if (!model.partition().whole()) fail("dspark_draft", "a whole model (DSpark does not run on a rank's part yet)", "rank " + std::to_string(model.partition().rank));
+  const Partition& part = model.partition();
+  if (!part.whole() && (!comm || comm->world() != part.world || comm->rank() != part.rank))
+    fail("dspark_draft", "the collectives of rank " + std::to_string(part.rank) + " of " + std::to_string(part.world) + " for a rank's part of the model",
+         comm ? "rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->world()) : "none");
+  if (part.whole()) comm = nullptr;
   std::vector<int> block = draft_block_tokens(c, state.length, anchor);
   const int64_t G = c.dspark_block_size, V = c.vocab_size, d = c.dim, rank = c.dspark_markov_rank;
   ItemPlan plan;
   plan.start = state.length;
   plan.rows = G;
   Pass p{model, c, state, plan, state.length, G, nullptr, nullptr, nullptr, true, {}, {}};
+  p.comm = comm;
   CpuOps ops(p, block, nullptr);
   run_drafter(c, ops);
 
   // Position by position: the Markov bias of the token before, W2 · W1[token] (fp32 over the bf16
-  // embedding), added to the base logits; the next token chosen from the sum.
+  // embedding), added to the base logits; the next token chosen from the sum. On a rank, W1 and W2
+  // hold its vocabulary rows: the embedding row is the ranks' sum (one holds it), the bias their
+  // parts gathered; the token is rank 0's choice, handed to the others as a sum with their zeros.
   Draft out;
   out.logits = ops.take_logits();
   out.tokens = {anchor};
   const DSparkWeights& w = model.dspark();
-  Rows embeds(size_t(G * rank)), bias(static_cast<size_t>(V));
+  const int64_t v0 = part.first(V), vn = part.count(V);
+  Rows embeds(size_t(G * rank), 0.0f), bias(static_cast<size_t>(V)), mine(static_cast<size_t>(vn));
   for (int64_t i = 0; i < G; ++i) {
-    float* e = embeds.data() + i * rank;
-    w.markov_embed.row(out.tokens[size_t(i)], e);
-    linear_f32(e, 1, w.markov_head, bias.data());
+    Rows e(static_cast<size_t>(rank), 0.0f);
+    const int64_t t = out.tokens[size_t(i)] - v0;
+    if (t >= 0 && t < vn) w.markov_embed.row(t, e.data());
+    p.all_reduce(e);
+    std::copy(e.begin(), e.end(), embeds.begin() + i * rank);
+    linear_f32(e.data(), 1, w.markov_head, mine.data());
+    if (comm) comm->all_gather(mine, bias);
+    else bias = mine;
     float* row = out.logits.data() + i * V;
     for (int64_t v = 0; v < V; ++v) row[v] += bias[size_t(v)];
-    out.tokens.push_back(choose(std::span<const float>(row, size_t(V))));
+    Rows chosen = {part.rank == 0 ? float(choose(std::span<const float>(row, size_t(V)))) : 0.0f};  // ids < 2^24: exact
+    p.all_reduce(chosen);
+    out.tokens.push_back(int(chosen[0]));
   }
   // Confidence logits: [x_i ; W1[token before]] through the confidence head, fp32.
   const Rows x = ops.take_folded();

@@ -35,7 +35,7 @@ class RankedSequence final : public Sequence {
 RankedCpuExecutor::RankedCpuExecutor(const Model& model, int ranks) : model_(model), group_(ranks) {
   for (int r = 0; r < ranks; ++r) {
     parts_.push_back(Model::load(model.dir(), Partition{r, ranks}));
-    ranks_.push_back(std::make_unique<CpuExecutor>(*parts_.back()));
+    ranks_.push_back(std::make_unique<CpuExecutor>(*parts_.back(), GlobalKvFormat::Fp4, &group_.comm(r)));
   }
 }
 
@@ -47,42 +47,15 @@ std::unique_ptr<Sequence> RankedCpuExecutor::new_sequence() {
   return std::make_unique<RankedSequence>(std::move(copies));
 }
 
-std::vector<std::vector<float>> RankedCpuExecutor::forward_batch(const std::vector<BatchItem>& batch) {
+// Runs f(r) for every rank, rank 0 on this thread, one call at a time. A rank that fails releases
+// the others (LocalGroup::abort); the first failure is the cause, rethrown here.
+void RankedCpuExecutor::on_ranks(const std::function<void(size_t rank)>& f) {
   const std::lock_guard<std::mutex> serial(calls_);
-  const size_t world = ranks_.size();
-  for (const BatchItem& item : batch) {
-    if (!dynamic_cast<RankedSequence*>(item.sequence)) fail(name() + " executor", "sequences of this executor", "another executor's");
-    if (item.drafter_context)
-      fail(name() + " executor", "calls without DSpark's context (speculation runs on a whole model)", "an item with drafter_context");
-  }
-  // Rank r's batch: its copies of the sequences, its collectives. What a call hands out (the
-  // trace, the choices) is rank 0's; the others record into copies that carry the same imposed
-  // choices, and return logits that are dropped.
-  std::vector<std::vector<BatchItem>> batches(world, batch);
-  std::vector<std::vector<Trace>> traces(world);
-  std::vector<std::vector<TokenChoice>> choices(world);
-  for (size_t r = 0; r < world; ++r) {
-    traces[r].resize(batch.size());
-    for (size_t i = 0; i < batch.size(); ++i) {
-      BatchItem& item = batches[r][i];
-      item.sequence = static_cast<RankedSequence*>(item.sequence)->on(r);
-      item.options.comm = &group_.comm(int(r));
-      if (r == 0) continue;
-      if (item.options.trace) {
-        traces[r][i] = *item.options.trace;
-        item.options.trace = &traces[r][i];
-      }
-      item.sample = nullptr;
-      item.choice = nullptr;
-    }
-  }
-  // A rank that fails releases the others (LocalGroup::abort); the first failure is the cause.
-  std::vector<std::vector<std::vector<float>>> logits(world);
   std::exception_ptr failed;
   std::mutex failing;
   auto run = [&](size_t r) {
     try {
-      logits[r] = ranks_[r]->forward_batch(batches[r]);
+      f(r);
     } catch (...) {
       {
         std::lock_guard<std::mutex> lock(failing);
@@ -92,12 +65,76 @@ std::vector<std::vector<float>> RankedCpuExecutor::forward_batch(const std::vect
     }
   };
   std::vector<std::thread> threads;
-  for (size_t r = 1; r < world; ++r) threads.emplace_back(run, r);
+  for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back(run, r);
   run(0);
   for (std::thread& t : threads) t.join();
   group_.reset();
   if (failed) std::rethrow_exception(failed);
+}
+
+namespace {
+
+RankedSequence& ranked(const Executor& e, Sequence& s) {
+  auto* r = dynamic_cast<RankedSequence*>(&s);
+  if (!r) fail(e.name() + " executor", "sequences of this executor", "another executor's");
+  return *r;
+}
+
+}  // namespace
+
+std::vector<std::vector<float>> RankedCpuExecutor::forward_batch(const std::vector<BatchItem>& batch) {
+  const size_t world = ranks_.size();
+  for (const BatchItem& item : batch) ranked(*this, *item.sequence);
+  // Rank r's batch: its copies of the sequences. What a call hands out (the
+  // trace, the choices) is rank 0's; the others record into copies that carry the same imposed
+  // choices, and return logits that are dropped.
+  std::vector<std::vector<BatchItem>> batches(world, batch);
+  std::vector<std::vector<Trace>> traces(world);
+  for (size_t r = 0; r < world; ++r) {
+    traces[r].resize(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      BatchItem& item = batches[r][i];
+      item.sequence = static_cast<RankedSequence*>(item.sequence)->on(r);
+      if (r == 0) continue;
+      if (item.options.trace) {
+        traces[r][i] = *item.options.trace;
+        item.options.trace = &traces[r][i];
+      }
+      item.sample = nullptr;
+      item.choice = nullptr;
+    }
+  }
+  std::vector<std::vector<std::vector<float>>> logits(world);
+  on_ranks([&](size_t r) { logits[r] = ranks_[r]->forward_batch(batches[r]); });
   return std::move(logits[0]);
+}
+
+// The drafter's context and its rewinds touch each rank's own copy only (its weights are whole).
+void RankedCpuExecutor::dspark_ingest(Sequence& s, int64_t first_pos, std::span<const float> hidden, int64_t rows) {
+  RankedSequence& seq = ranked(*this, s);
+  for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->dspark_ingest(*seq.on(r), first_pos, hidden, rows);
+}
+
+SequenceMark RankedCpuExecutor::mark(Sequence& s, int64_t rows) { return ranks_[0]->mark(*ranked(*this, s).on(0), rows); }
+
+void RankedCpuExecutor::rewind(Sequence& s, const SequenceMark& mark) {
+  RankedSequence& seq = ranked(*this, s);
+  for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->rewind(*seq.on(r), mark);  // the copies are the same: so are their marks
+}
+
+// Each rank drafts every request in order, meeting the others at the drafter's collectives; rank 0
+// chooses the tokens (the caller's choice, called once a token) and returns the drafts.
+std::vector<Draft> RankedCpuExecutor::dspark_drafts(const std::vector<DraftRequest>& requests) {
+  for (const DraftRequest& q : requests) ranked(*this, *q.sequence);
+  std::vector<std::vector<DraftRequest>> mine(ranks_.size(), requests);
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    for (DraftRequest& q : mine[r]) {
+      q.sequence = static_cast<RankedSequence*>(q.sequence)->on(r);
+      if (r > 0) q.choose = nullptr;  // never called there: rank 0 chooses
+    }
+  std::vector<std::vector<Draft>> drafts(ranks_.size());
+  on_ranks([&](size_t r) { drafts[r] = ranks_[r]->dspark_drafts(mine[r]); });
+  return std::move(drafts[0]);
 }
 
 std::vector<std::vector<float>> RankedCpuExecutor::encode_images(const std::vector<VisionImage>& images) {

@@ -7,6 +7,7 @@
 // held to (issue 24), and it tests the partition itself on any machine. Its results are the whole
 // model's up to the order of the sums cut over ranks (wo_b, the indexer's heads, the experts:
 // docs/parallel.md).
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,10 +28,17 @@ class RankedCpuExecutor final : public Executor {
   std::string name() const override { return "cpu:" + std::to_string(ranks_.size()); }
   std::unique_ptr<Sequence> new_sequence() override;
   std::vector<std::vector<float>> forward_batch(const std::vector<BatchItem>& batch) override;
+  bool speculates() const override { return true; }
+  void dspark_ingest(Sequence& sequence, int64_t first_pos, std::span<const float> hidden, int64_t rows) override;
+  std::vector<Draft> dspark_drafts(const std::vector<DraftRequest>& requests) override;
+  SequenceMark mark(Sequence& sequence, int64_t rows) override;
+  void rewind(Sequence& sequence, const SequenceMark& mark) override;
   bool takes_images() const override { return model_.has_vision(); }
   std::vector<std::vector<float>> encode_images(const std::vector<VisionImage>& images) override;
 
  private:
+  void on_ranks(const std::function<void(size_t rank)>& f);
+
   const Model& model_;
   std::vector<std::unique_ptr<Model>> parts_;
   std::vector<std::unique_ptr<CpuExecutor>> ranks_;
