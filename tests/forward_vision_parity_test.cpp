@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "backend/cpu/pixel_unshuffle.h"
@@ -250,14 +251,23 @@ TEST(VisionParity, TheSessionFeedsTheReferencesInputs) {
 // One suite for every executor (as forward_parity_test): tests/CMakeLists.txt registers the CPU
 // executor's instance everywhere and the CUDA executor's, label gpu, where a GPU is. The CPU runs
 // each check under the summation variants, its bound at least their spread; CUDA runs once, in its
-// own kernels' order, under the same baseline figures.
+// own kernels' order, under the same baseline figures. cpu2ranks: the CPU executor over the
+// model cut in two (docs/parallel.md), its bound at least the spread over its orders and the whole
+// model's.
 class VisionExecutorParity : public testing::TestWithParam<std::string> {
  protected:
-  Device device() const { return parse_device(GetParam().substr(0, GetParam().find('_'))); }
+  bool cut() const { return GetParam() == "cpu2ranks_executor"; }
+  Device device() const { return cut() ? Device::Cpu : parse_device(GetParam().substr(0, GetParam().find('_'))); }
   int variants() const { return device() == Device::Cpu ? test::kVariants : 1; }
   VisionFixture fixture() const {
     const Device d = device();
-    return VisionFixture(test::executor_sequences([d](const Model& model) { return make_executor(model, d); }));
+    const int ranks = cut() ? 2 : 1;
+    return VisionFixture(
+        test::executor_sequences([d, ranks](const Model& model) { return make_executor(model, d, std::nullopt, ranks); }));
+  }
+  std::optional<VisionFixture> whole() const {
+    if (!cut()) return std::nullopt;
+    return VisionFixture();
   }
 };
 
@@ -265,14 +275,17 @@ class VisionExecutorParity : public testing::TestWithParam<std::string> {
 // prompt within the baseline's forced_topk_routing figures (or the summation variants' spread).
 TEST_P(VisionExecutorParity, ForcedChoices) {
   const VisionFixture f = fixture();
-  for (int prompt = 0; prompt < kPrompts; ++prompt) test::expect_mode(f, "forced_topk_routing", {prompt}, variants());
+  const std::optional<VisionFixture> also = whole();
+  for (int prompt = 0; prompt < kPrompts; ++prompt)
+    test::expect_mode(f, "forced_topk_routing", {prompt}, variants(), also ? &*also : nullptr);
 }
 
 // Free: our own choices, both prompts pooled, within the baseline's free figures; every argmax
 // (greedy token) that differs from the reference's on a row whose margin is a near-tie.
 TEST_P(VisionExecutorParity, FreeChoices) {
   const VisionFixture f = fixture();
-  test::expect_mode(f, "free", {0, 1}, variants());
+  const std::optional<VisionFixture> also = whole();
+  test::expect_mode(f, "free", {0, 1}, variants(), also ? &*also : nullptr);
 }
 
 // The experts of image rows. Under forcing every call sees the reference's inputs up to rounding;
@@ -320,7 +333,7 @@ TEST_P(VisionExecutorParity, ImageRowsRouteWithBiasVl) {
 }
 
 std::vector<std::string> executors() {
-  std::vector<std::string> e = {"cpu_executor"};
+  std::vector<std::string> e = {"cpu_executor", "cpu2ranks_executor"};
 #ifdef DSV41_HAVE_CUDA
   e.push_back("cuda_executor");
 #endif
