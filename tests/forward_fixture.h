@@ -294,7 +294,9 @@ inline void expect_short_prompt_exact(const Fixture& f, const Logits& ours, cons
 
 // With variants > 1 (the CPU forward), each summation variant is run and checked, and the bound is
 // at least their spread. `also`: another forward of the same function in other orders (the whole
-// model beside its ranks, whose cut sums are one more order), whose variants join the spread.
+// model beside its ranks, whose cut sums are one more order): first each of ours must be within
+// `also`'s own spread of `also`'s run in the same variant — so that ours is shown to part from it
+// as its orders part from each other, not by more — and then its variants join the spread.
 inline void expect_mode(const Fixture& f, const std::string& mode, std::vector<int> prompts, int variants = 1,
                         const Fixture* also = nullptr) {
   std::vector<std::vector<float>> ours(static_cast<size_t>(variants)), others(also ? size_t(variants) : 0);
@@ -322,6 +324,15 @@ inline void expect_mode(const Fixture& f, const std::string& mode, std::vector<i
   std::string prompt_names;
   for (int prompt : prompts) prompt_names += " prompt" + std::to_string(prompt);
   const int64_t V = f.config().vocab_size;
+  if (also && variants > 1) {
+    Bound own;
+    own.free = base.free;
+    own.argmax_agree = 1;
+    own.widen(spread(others, V));
+    for (int v = 0; v < variants; ++v)
+      expect_close(f.name + " " + mode + prompt_names + " variant " + std::to_string(v) + " against the whole model's", ours[size_t(v)],
+                   others[size_t(v)], V, own);
+  }
   if (variants > 1) {
     std::vector<std::vector<float>> orders = ours;
     orders.insert(orders.end(), others.begin(), others.end());

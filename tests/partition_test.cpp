@@ -25,11 +25,33 @@ namespace {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// Engram hash ids for `rows` rows, scattered over each layer's whole table (so that every rank's
+// rows are read, not rank 0's alone).
+std::vector<int64_t> scattered_ids(const Config& c, size_t rows) {
+  const size_t layers = c.engram_layer_ids.size(), cols = size_t(c.engram_hash_columns());
+  std::vector<int64_t> ids(rows * layers * cols);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t j = 0; j < layers; ++j)
+      for (size_t k = 0; k < cols; ++k)
+        ids[(r * layers + j) * cols + k] = int64_t((2654435761u * (r + 1) + 97 * j + 7919 * k) % uint64_t(c.engram_num_embeddings[j]));
+  return ids;
+}
+
 // Every element of a slice is the whole weight's at the shifted index, in every stored format; the
 // expected values are the codecs' dequantization of the whole matrix (OwnedWeight::values).
 TEST(Partition, SlicesEveryFormatAtItsScaleBlocks) {
   const int rows = 96, cols = 128;
   const std::vector<float> w = bf16_normal(size_t(rows * cols), 0.5, 7);
+  // An fp8 weight whose rows and columns end inside a scale block (scales [3, 4] for 80 × 100):
+  // the cut reads them at the rounded-up stride.
+  const std::vector<float> odd = bf16_normal(size_t(80 * 100), 0.5, 9);
+  const OwnedWeight fp8 = make_weight(WeightFormat::FP8, odd, 80, 100);
+  std::vector<uint8_t> kept;
+  const Weight tail_rows = slice_rows(fp8.view(), 32, 32), tail_cols = slice_cols(fp8.view(), 64, 32, kept);
+  for (int64_t i = 0; i < 32; ++i)
+    for (int64_t j = 0; j < 100; ++j) ASSERT_EQ(tail_rows.at(i, j), float(fp8.at(i + 32, j))) << i << "," << j;
+  for (int64_t i = 0; i < 80; ++i)
+    for (int64_t j = 0; j < 32; ++j) ASSERT_EQ(tail_cols.at(i, j), float(fp8.at(i, j + 64))) << i << "," << j;
   for (WeightFormat f : {WeightFormat::F32, WeightFormat::BF16, WeightFormat::FP8, WeightFormat::FP4}) {
     const OwnedWeight whole = make_weight(f, w, rows, cols);
     const Weight r = slice_rows(whole.view(), 32, 64);
@@ -219,7 +241,7 @@ TEST(RankedCpuExecutor, DraftsAreTheWholeModelsAndChooseOnce) {
   const auto whole = make_executor(*model, Device::Cpu), ranks = make_executor(*model, Device::Cpu, std::nullopt, 2);
   ASSERT_TRUE(ranks->speculates());
   const std::vector<int> prompt = {0, 476, 506, 265, 84};
-  const std::vector<int64_t> ids(prompt.size() * c.engram_layer_ids.size() * c.engram_hash_columns(), 0);
+  const std::vector<int64_t> ids = scattered_ids(c, prompt.size());
   int calls = 0;
   const DraftChoice counted = [&](std::span<const float> logits) {
     ++calls;
@@ -262,8 +284,7 @@ TEST(RankedCpuExecutor, CallsFromTwoThreadsGetWhatTheyGetAlone) {
   const auto model = Model::load(fixture_dir("v41-tiny"));
   const auto ranks = make_executor(*model, Device::Cpu, std::nullopt, 2);
   const std::vector<int> a = {3, 1, 4, 1, 5, 9, 2, 6}, b = {2, 7, 1, 8};
-  const std::vector<int64_t> ids_a(a.size() * 2 * model->config().engram_hash_columns(), 0),
-      ids_b(b.size() * 2 * model->config().engram_hash_columns(), 0);
+  const std::vector<int64_t> ids_a = scattered_ids(model->config(), a.size()), ids_b = scattered_ids(model->config(), b.size());
   auto alone = [&](const std::vector<int>& t, const std::vector<int64_t>& ids) {
     auto s = ranks->new_sequence();
     return ranks->forward_batch({BatchItem{s.get(), t, ids.data()}}).front();

@@ -98,6 +98,8 @@ void add_eval(CLI::App& app) {
         args->passkey.empty() ? std::vector<int>{} : parse_int_list(args->passkey, "--passkey", "prompt lengths in tokens", 1, 1 << 30);
     if (args->kv_fp8 && args->device == Device::Cuda)
       fail("--kv-fp8", "the CPU executor (--device cpu or auto)", "--device cuda (its KV is KV-FP4 only)");
+    if (args->kv_fp8 && args->ranks > 1)
+      fail("--kv-fp8", "a whole model (--ranks 1): the ranks' KV is KV-FP4 only", "--ranks " + std::to_string(args->ranks));
 
     ModelDir m = load_model_dir(args->model, args->kv_fp8 ? Device::Cpu : args->device, std::nullopt, args->ranks);
     const Config& c = m.model->config();

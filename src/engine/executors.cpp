@@ -32,7 +32,8 @@ void check_device(Device device) {
 std::unique_ptr<Executor> make_executor(const Model& model, Device device, std::optional<uint64_t> random_weights, int ranks) {
   check_device(device);
   if (ranks < 1) fail("--ranks", "at least 1", std::to_string(ranks));
-  if (device == Device::Cpu || (device == Device::Auto && !cuda_available())) {
+  // A cut model runs on the CPU's ranks (several GPUs are issue 24's): auto takes them there.
+  if (device == Device::Cpu || (device == Device::Auto && (!cuda_available() || ranks > 1))) {
     if (random_weights) fail("--random-weights", "the CUDA executor (the CPU one computes with the checkpoint's values)", "the CPU");
     if (ranks > 1) return std::make_unique<RankedCpuExecutor>(model, ranks);
     return std::make_unique<CpuExecutor>(model);

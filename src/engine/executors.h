@@ -25,7 +25,7 @@ void check_device(Device device);
 // (a seed): random values made on the device instead of the checkpoint's (CUDA only; benchmarks
 // over a layout checkpoint, `dsv41 init-random --layout-only`). `ranks` > 1: the model cut over
 // that many ranks (model/partition.h) as model.py's world_size cuts it, on the CPU
-// (forward/ranked_executor.h); on CUDA, several GPUs are issue 24's.
+// (forward/ranked_executor.h), which Device::Auto then takes; on CUDA, several GPUs are issue 24's.
 std::unique_ptr<Executor> make_executor(const Model& model, Device device, std::optional<uint64_t> random_weights = std::nullopt,
                                         int ranks = 1);
 

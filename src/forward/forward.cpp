@@ -150,7 +150,7 @@ void index(Pass& p, int l, const Rows& x, const Rows& qr) {
   p.topk.assign(size_t(p.rows), {});
   if (candidate_source) p.candidates.assign(size_t(p.rows), {});
   // The rows' scores a chunk at a time (16 MB of them), summed over the ranks' heads before any
-  // row chooses (model.py: dist.all_reduce(index_score)).
+  // row chooses (model.py: dist.all_reduce(index_score)), then rounded as the whole model's are.
   const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(n, 1));
   Rows scores;
   for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
@@ -164,9 +164,12 @@ void index(Pass& p, int l, const Rows& x, const Rows& qr) {
       }
       float* wr = w.data() + r * local;
       for (int h = 0; h < local; ++h) wr[h] = round_bf16(wr[h] * weight_scale);
-      index_scores(qh, wr, local, ihd, keys.data(), n, scores.data() + (r - r0) * n);
+      index_scores(qh, wr, local, ihd, keys.data(), n, scores.data() + (r - r0) * n, /*round_sum=*/!p.comm);
     }
-    p.all_reduce(scores);
+    if (p.comm) {
+      p.all_reduce(scores);
+      for (float& s : scores) s = round_bf16(s);
+    }
     for (int64_t r = r0; r < r1; ++r) {
       float* row = scores.data() + (r - r0) * n;
       const int64_t visible = (p.pos(r) + 1) / ratio;

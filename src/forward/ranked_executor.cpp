@@ -85,13 +85,15 @@ RankedSequence& ranked(const Executor& e, Sequence& s) {
 std::vector<std::vector<float>> RankedCpuExecutor::forward_batch(const std::vector<BatchItem>& batch) {
   const size_t world = ranks_.size();
   for (const BatchItem& item : batch) ranked(*this, *item.sequence);
-  // Rank r's batch: its copies of the sequences. What a call hands out (the
-  // trace, the choices) is rank 0's; the others record into copies that carry the same imposed
+  // Rank r's batch: its copies of the sequences. What a call hands out (the trace, the choices, the
+  // DSpark features) is rank 0's; the others record into copies that carry the same imposed
   // choices, and return logits that are dropped.
   std::vector<std::vector<BatchItem>> batches(world, batch);
   std::vector<std::vector<Trace>> traces(world);
+  std::vector<std::vector<std::vector<float>>> hidden(world);
   for (size_t r = 0; r < world; ++r) {
     traces[r].resize(batch.size());
+    hidden[r].resize(batch.size());
     for (size_t i = 0; i < batch.size(); ++i) {
       BatchItem& item = batches[r][i];
       item.sequence = static_cast<RankedSequence*>(item.sequence)->on(r);
@@ -100,6 +102,7 @@ std::vector<std::vector<float>> RankedCpuExecutor::forward_batch(const std::vect
         traces[r][i] = *item.options.trace;
         item.options.trace = &traces[r][i];
       }
+      if (item.options.dspark_hidden) item.options.dspark_hidden = &hidden[r][i];
       item.sample = nullptr;
       item.choice = nullptr;
     }

@@ -8,7 +8,7 @@
 
 namespace dsv41 {
 
-void index_scores(const float* q, const float* w, int heads, int hd, const float* keys, int64_t n, float* scores) {
+void index_scores(const float* q, const float* w, int heads, int hd, const float* keys, int64_t n, float* scores, bool round_sum) {
 #pragma omp parallel for schedule(static) if (n * heads * hd >= (int64_t(1) << 18))
   for (int64_t t = 0; t < n; ++t) {
     const float* k = keys + t * hd;
@@ -18,7 +18,7 @@ void index_scores(const float* q, const float* w, int heads, int hd, const float
       for (int c = 0; c < hd; ++c) dot += q[h * hd + c] * k[c];
       sum += round_bf16(std::max(round_bf16(dot), 0.0f) * w[h]);
     }
-    scores[t] = round_bf16(sum);
+    scores[t] = round_sum ? round_bf16(sum) : sum;
   }
 }
 

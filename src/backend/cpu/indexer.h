@@ -8,7 +8,10 @@ namespace dsv41 {
 
 // I_t = bf16(Σ_h bf16(relu(bf16(q_h · k_t)) · w_h)) for t < n: q [heads, hd], keys [n, hd] and
 // w [heads] hold bf16 values; each rounding is one the reference makes on its bf16 tensors.
-void index_scores(const float* q, const float* w, int heads, int hd, const float* keys, int64_t n, float* scores);
+// round_sum = false leaves the fp32 sum over these heads unrounded: a rank's part of the score
+// (model/partition.h), the ranks' parts added and then rounded.
+void index_scores(const float* q, const float* w, int heads, int hd, const float* keys, int64_t n, float* scores,
+                  bool round_sum = true);
 
 // The k highest-scoring positions of scores[0, n), returned in ascending position order. Equal
 // scores (the reference leaves their order to torch.topk) go to the lower position.
