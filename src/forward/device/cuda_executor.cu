@@ -272,6 +272,11 @@ bool device_available(std::string* why) {
 }
 
 std::unique_ptr<Executor> make_executor(const Model& model, std::optional<uint64_t> random_seed) {
+  // The device op set computes a whole model: a rank's part (its heads, experts and vocabulary
+  // rows only) would run as if it were one. Several GPUs: issue 24, docs/parallel.md.
+  if (!model.partition().whole())
+    fail("--device cuda", "a whole model (a model cut over ranks runs on the CPU executor)",
+         "rank " + std::to_string(model.partition().rank) + " of " + std::to_string(model.partition().world));
   std::string why;
   if (!device_available(&why)) fail("--device cuda", "a CUDA device", why);
   return std::make_unique<CudaExecutor>(model, random_seed);
