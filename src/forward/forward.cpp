@@ -54,6 +54,17 @@ struct Pass {
   }
 };
 
+// The collectives a call on `model` meets the other ranks at: none on a whole model; on a rank's
+// part, `comm`, which must be that rank's (dsv41::Error naming what `where` was given otherwise).
+Comm* rank_comm(const Model& model, Comm* comm, const char* where) {
+  const Partition& part = model.partition();
+  if (part.whole()) return nullptr;
+  if (!comm || comm->world() != part.world || comm->rank() != part.rank)
+    fail(where, "the collectives of rank " + std::to_string(part.rank) + " of " + std::to_string(part.world) + " for a rank's part of the model",
+         comm ? "rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->world()) : "none");
+  return comm;
+}
+
 Rows linear_rows(const Rows& x, int64_t rows, const Weight& w) {
   Rows y(size_t(rows * w.rows));
   linear(x.data(), rows, w, y.data());
@@ -598,12 +609,8 @@ std::vector<float> forward(const Model& model, SequenceState& state, std::span<c
   const ItemPlan plan = plan_item(c, state, R, options);
   if (options.span_embeddings && !model.has_vision())
     fail("forward", "a model with a vision tower for rows of an image span", "a text-only model (" + c.source + ")");
-  const Partition& part = model.partition();
-  if (!part.whole() && (!options.comm || options.comm->world() != part.world || options.comm->rank() != part.rank))
-    fail("forward", "the collectives of rank " + std::to_string(part.rank) + " of " + std::to_string(part.world) + " for a rank's part of the model",
-         options.comm ? "rank " + std::to_string(options.comm->rank()) + " of " + std::to_string(options.comm->world()) : "none");
   Pass p{model, c, state, plan, state.length, R, options.trace, options.span_embeddings, options.dspark_hidden, false, {}, {}};
-  if (!part.whole()) p.comm = options.comm;
+  p.comm = rank_comm(model, options.comm, "forward");
   if (p.hidden) p.hidden->clear();
   if (p.trace) {
     p.trace->block_out.assign(size_t(c.n_layers), {});
@@ -661,10 +668,7 @@ std::vector<int> draft_block_tokens(const Config& c, int64_t length, int anchor)
 Draft dspark_draft(const Model& model, SequenceState& state, int anchor, const DraftChoice& choose, Comm* comm) {
   const Config& c = model.config();
   const Partition& part = model.partition();
-  if (!part.whole() && (!comm || comm->world() != part.world || comm->rank() != part.rank))
-    fail("dspark_draft", "the collectives of rank " + std::to_string(part.rank) + " of " + std::to_string(part.world) + " for a rank's part of the model",
-         comm ? "rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->world()) : "none");
-  if (part.whole()) comm = nullptr;
+  comm = rank_comm(model, comm, "dspark_draft");
   std::vector<int> block = draft_block_tokens(c, state.length, anchor);
   const int64_t G = c.dspark_block_size, V = c.vocab_size, d = c.dim, rank = c.dspark_markov_rank;
   ItemPlan plan;

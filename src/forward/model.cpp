@@ -31,8 +31,7 @@ Weight Model::get_linear(const std::string& name) const {
 Weight Model::cut(const Weight& w, Shard shard) {
   const Partition& p = partition_;
   if (p.whole()) return w;
-  const int64_t n = w.rows == 1 && !w.quantized() ? w.cols : w.rows;
-  if (shard == Shard::OutRows) return slice_rows(w, p.first(n), p.count(n));
+  if (shard == Shard::OutRows) return slice_rows(w, p.first(cut_rows(w)), p.count(cut_rows(w)));
   if (shard == Shard::InCols) {
     owned_.emplace_back();
     return slice_cols(w, p.first(w.cols), p.count(w.cols), owned_.back());

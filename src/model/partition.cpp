@@ -39,11 +39,14 @@ void check_cut(const char* what, int64_t first, int64_t count, int64_t block) {
 
 }  // namespace
 
+int64_t cut_rows(const Weight& w) { return w.rows == 1 && !w.quantized() ? w.cols : w.rows; }
+
 Weight slice_rows(const Weight& w, int64_t first, int64_t count) {
-  if (first < 0 || count < 0 || first + count > (w.rows == 1 ? w.cols : w.rows))
-    fail("a weight's rows", "a slice inside its " + std::to_string(w.rows) + " rows", "[" + std::to_string(first) + ", +" + std::to_string(count) + ")");
+  const int64_t n = cut_rows(w);
+  if (first < 0 || count < 0 || first + count > n)
+    fail("a weight's rows", "a slice inside its " + std::to_string(n) + " rows", "[" + std::to_string(first) + ", +" + std::to_string(count) + ")");
   Weight s = w;
-  if (w.rows == 1 && !w.quantized()) {  // a 1-D tensor: its elements
+  if (n != w.rows) {  // a 1-D tensor: its elements
     s.cols = count;
     s.data = w.data + first * element_bytes(w.format);
     return s;

@@ -41,6 +41,9 @@ struct Partition {
 // heads, output groups, every layer's routed experts, the vocabulary) or a rank outside [0, world).
 void check_partition(const Config& config, const Partition& partition);
 
+// The length a row cut runs along: a matrix's rows, a 1-D tensor's elements (an attention sink).
+int64_t cut_rows(const Weight& w);
+
 // The rank's slice of a weight. Rows: a view (an fp8 weight's rows cut at its 32-row scale
 // blocks). Columns: a copy into `owned` (an fp8 or fp4 weight's columns cut at its 32-column
 // scale blocks), which must outlive the view. dsv41::Error for a cut that splits a scale block.
