@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -199,11 +200,17 @@ std::vector<float> activations(int64_t M, int64_t K, uint64_t seed) {
   return x;
 }
 
-// A weight quantized from normal values (stddev 0.05), as the checkpoint's.
-test::OwnedWeight gemm_weight(WeightFormat format, int N, int K, uint64_t seed) {
+// A weight quantized from normal values (stddev 0.05), as the checkpoint's; where big(n, k), times
+// 2^21 (block scales past what the GEMM folds into its widening: its rare path).
+test::OwnedWeight gemm_weight(WeightFormat format, int N, int K, uint64_t seed,
+                              const std::function<bool(int, int)>& big = nullptr) {
   FastRng rng{seed};
   std::vector<float> v(size_t(N) * K);
   for (float& e : v) e = 0.05f * rng.normal();
+  if (big)
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k)
+        if (big(n, k)) v[size_t(n) * K + k] *= 0x1p21f;
   test::OwnedWeight o;
   o.format = format, o.rows = N, o.cols = K;
   if (format == WeightFormat::FP8) {
@@ -329,6 +336,51 @@ TEST(CudaGemm, MatchesCpuAtPrefillShapes) {
                   test::format_name(s.format), s.name, static_cast<long long>(M), r.nmse, r.differing, r.max_units);
       EXPECT_TRUE(r.all_written) << s.name << " M " << M;
       EXPECT_LT(r.nmse, kGemmNmse) << test::format_name(s.format) << " " << s.name << " M " << M;
+    }
+  }
+}
+
+// Block scales of 2 and more, too large to fold into the widening's power of two (gemm.cu Rows):
+// the k-tiles of a warpgroup that holds one take the rare path, two multiplies, and every product
+// stays exact, so the bound is the GEMM's (kGemmNmse), checked apart for the outputs of rows with
+// large blocks and of the others (whose k-tiles share the rare path with them). Large blocks (×2^21:
+// fp4 scales ~2^16, fp8 ~2^10): fp8 whole 32 × 32 tiles, rows 96..127 of each 128 at every other
+// k-tile (the narrow tiling's second warpgroup takes the rare path, its first the folded one); fp4
+// single 32-blocks of a third of the rows, every third k-tile. A folded scale applied where it
+// overflows gives infinities; a rare path that skips its first multiply gives outputs 2^-126 or
+// 2^-120 too small (NMSE ~1).
+TEST(CudaGemm, LargeBlockScalesMatchCpu) {
+  DSV41_REQUIRE_DEVICE();
+  uint64_t seed = 800;
+  for (WeightFormat f : {WeightFormat::FP8, WeightFormat::FP4}) {
+    const bool fp8 = f == WeightFormat::FP8;
+    auto big = [fp8](int n, int k) { return fp8 ? n % 128 >= 96 && k / 128 % 2 == 0 : n % 3 == 0 && k / 128 % 3 == 1 && k % 128 < 32; };
+    const int N = 320, K = 1024;
+    const test::OwnedWeight w = gemm_weight(f, N, K, seed += 13, big);
+    DeviceArray<uint8_t> ddata(w.data), dscale(w.scale);
+    Weight dw = w.view();
+    dw.data = ddata.get(), dw.scale = dscale.get();
+    for (int64_t M : {int64_t(2), int64_t(40), int64_t(300)}) {
+      const std::vector<float> x = activations(M, K, seed += 13);
+      DeviceArray<float> dx(x), dy(size_t(M * N));
+      dy.poison();
+      cuda::gemm::linear(dx.get(), M, dw, dy.get(), nullptr);
+      const std::vector<float> y = dy.download();
+      std::vector<float> want(y.size());
+      linear(x.data(), M, w.view(), want.data());
+      std::vector<float> got_big, want_big, got_small, want_small;
+      for (int64_t m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+          const bool large = fp8 ? n % 128 >= 96 : n % 3 == 0;
+          (large ? got_big : got_small).push_back(y[size_t(m * N + n)]);
+          (large ? want_big : want_small).push_back(want[size_t(m * N + n)]);
+        }
+      const double eb = test::nmse(got_big, want_big), es = test::nmse(got_small, want_small);
+      std::printf("gemm %-4s large block scales M %3lld  NMSE %.3g (rows with them), %.3g (the others)\n",
+                  test::format_name(f), static_cast<long long>(M), eb, es);
+      EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return std::isfinite(v); })) << "M " << M;
+      EXPECT_LT(eb, kGemmNmse) << test::format_name(f) << " M " << M;
+      EXPECT_LT(es, kGemmNmse) << test::format_name(f) << " M " << M;
     }
   }
 }

@@ -164,6 +164,49 @@ __device__ __forceinline__ void e2m1x4_to_bf16(uint32_t w, uint32_t& lo, uint32_
   hi = __byte_perm(low, high, 0x7362u) | (__byte_perm(w, up, b1 << 12 | (4 + b1) << 4) & 0x80008000u);
 }
 
+// ---- bf16 by moving bits (the GEMM's widening) ----
+//
+// A code's magnitude bits placed in a bf16's exponent and mantissa fields make the bf16 the code's
+// value times a fixed power of two, exactly, subnormals included: e4m3's seven (eeee.mmm) at bits
+// 10..4 give value · 2^-120 (bias 7 against 127), e2m1's three (ee.m) at bits 8..6 value · 2^-126
+// (bias 1; the subnormal 0.5 becomes bf16's subnormal 2^-127). The sign comes from prmt's
+// sign-replication mode, which fills a half's high byte with the copied byte's top bit: one prmt,
+// one shift and one mask per two values, where the conversions through f16 and f32 take four.
+// kE4m3Bits / kE2m1Bits are those powers of two's inverses as bf16x2.
+inline constexpr uint32_t kE4m3Bits = 0x7B807B80u;  // 2^120
+inline constexpr uint32_t kE2m1Bits = 0x7E807E80u;  // 2^126
+
+// Bytes I and J of w (each with its sign replicated over the byte above it): the halves' pieces.
+template <int I, int J>
+__device__ __forceinline__ uint32_t prmt_signed(uint32_t w) {
+  constexpr uint32_t selector = I | (8 | I) << 4 | J << 8 | (8 | J) << 12;
+  uint32_t d;
+  asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(d) : "r"(w), "n"(selector));
+  return d;
+}
+
+// The e4m3 codes in bytes I, J of w as bf16 · 2^-120 (byte I in the low half).
+template <int I, int J>
+__device__ __forceinline__ uint32_t e4m3x2_bits(uint32_t w) {
+  return (prmt_signed<I, J>(w) << 4) & 0x87F087F0u;
+}
+
+// The e2m1 codes in the high nibbles of bytes I, J of w as bf16 · 2^-126 (byte I's in the low
+// half); the low nibbles are those of w << 4.
+template <int I, int J>
+__device__ __forceinline__ uint32_t e2m1x2_bits(uint32_t w) {
+  return (prmt_signed<I, J>(w) << 2) & 0x81C081C0u;
+}
+
+// The ue8m0 scale 2^(e-127) times 2^120 (e4m3) or 2^126 (e2m1) as bf16x2, for scales below 2 (e <
+// 128; from e2m1's e = 129 the product is past bf16's largest power of two, and a caller tells
+// e ≥ 128 by its top bit: it multiplies by kE4m3Bits / kE2m1Bits first, then by pow2_bf16x2(e)).
+template <bool kE2m1>
+__device__ __forceinline__ uint32_t folded_scale_bf16x2(uint32_t e) {
+  const uint32_t h = (e + (kE2m1 ? 126u : 120u)) << 7;
+  return h | h << 16;
+}
+
 // Two e4m3 codes (the low byte first) as two bf16, exactly (e4m3 → f16 → f32 → bf16).
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16(uint32_t codes) {
   uint32_t halves;

@@ -18,11 +18,13 @@
 // [64 weight rows, N activation rows] in registers. A's fragment for a k16 step: thread (g, t)
 // gives rows g and g+8 of its warp's 16 at columns 2t, 2t+1, 2t+8, 2t+9. The k-tile's 128
 // positions are permuted (gemm.cuh value_offset, the same order in x's rows) so that those four
-// are consecutive values of 32-block t of the row: a thread reads its rows' whole block t (16 bytes
-// of e2m1, 32 of e4m3) once per k-tile, with one scale per row, and widens 4 values per row per
-// step. e2m1 → bf16 goes through a byte table (__byte_perm: 2 for the magnitudes' two bytes, 1 to
-// pair them, 1 for the signs per two values), e4m3 → bf16 through the hardware's e4m3 → f16 → f32 →
-// bf16 conversions; then one bf16 multiply by the row's 2^e per two values (exact).
+// are values 4j..4j+3 of 32-block t of the row, paired as (4j, 4j+2) and (4j+1, 4j+3): a thread
+// reads its rows' whole block t (16 bytes of e2m1, 32 of e4m3) once per k-tile, with one scale per
+// row, and widens 4 values per row per step. Each fragment register's two values are the codes at
+// the same place in two bytes, so one prmt (sign-replicating), one shift and one mask make them
+// bf16 by moving bits (dequant.cuh: the value times 2^-120 for e4m3, 2^-126 for e2m1), and one
+// bf16 multiply by the row's 2^e with that power folded in gives w_q·s, exactly: 2 instructions a
+// value, where conversions through f16 and f32 (e4m3) or a byte table (e2m1) took 2.5 and 3.5.
 //
 // The CTA: 3 warpgroups. The producer (one, 56 registers a thread) fills a ring of stages, each
 // one k-tile of 128: the activation rows by the tensor copy engine (two boxes of [BN rows, 64],
@@ -120,23 +122,35 @@ struct Cta {
 // ---- widening the weights ----
 
 // A thread's weights of one k-tile: rows g and g+8 of each of its MSub sub-tiles, 32-block t.
+// Widened by moving bits (dequant.cuh): each code becomes its value times 2^-120 (e4m3) or 2^-126
+// (e2m1), and one bf16 multiply by the row's scale with that power of two folded in gives w_q·s.
+// A k-tile whose warpgroup holds a scale of 2 or more (kRare: never in a trained checkpoint, whose
+// scales are near 2^-8) multiplies by the power of two first, then by 2^(e-127).
 template <bool kFp4, int MSub>
 struct Rows {
   static constexpr int kWords = kFp4 ? 4 : 8;  // 16 bytes of e2m1 or 32 of e4m3
   uint32_t w[MSub][2][kWords];
-  uint32_t scale[MSub][2];  // 2^e as bf16x2
+  uint32_t scale[MSub][2];  // bf16x2: folded_scale_bf16x2(e), or pow2_bf16x2(e) when kRare
 
-  // The A fragment of k16 step j for sub-tile s (gemm.cuh value_offset: values 4j..4j+3 of block t).
-  template <int J>
+  // The A fragment of k16 step J for sub-tile s (gemm.cuh value_offset: values 4J, 4J+2 at
+  // columns 2t, 2t+1 and 4J+1, 4J+3 at 2t+8, 2t+9, of block t). fp8: word J's bytes 0, 2 and 1, 3.
+  // fp4: word J/2's bytes 2(J%2) and 2(J%2)+1, their low nibbles then their high ones.
+  template <int J, bool kRare>
   __device__ __forceinline__ void fragment(int s, uint32_t (&a)[4]) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t lo, hi;
       if constexpr (kFp4) {
-        e2m1x4_to_bf16<J % 2>(w[s][h][J / 2], lo, hi);
+        constexpr int b = 2 * (J % 2);
+        lo = e2m1x2_bits<b, b + 1>(w[s][h][J / 2] << 4);
+        hi = e2m1x2_bits<b, b + 1>(w[s][h][J / 2]);
       } else {
-        lo = e4m3x2_to_bf16(w[s][h][J]);
-        hi = e4m3x2_to_bf16(w[s][h][J] >> 16);
+        lo = e4m3x2_bits<0, 2>(w[s][h][J]);
+        hi = e4m3x2_bits<1, 3>(w[s][h][J]);
+      }
+      if constexpr (kRare) {
+        constexpr uint32_t unbias = kFp4 ? kE2m1Bits : kE4m3Bits;
+        lo = mul_bf16x2(lo, unbias), hi = mul_bf16x2(hi, unbias);
       }
       a[h] = mul_bf16x2(lo, scale[s][h]);      // a0 (row g), a1 (row g+8): columns 2t, 2t+1
       a[2 + h] = mul_bf16x2(hi, scale[s][h]);  // a2, a3: columns 2t+8, 2t+9
@@ -166,7 +180,7 @@ struct RowSource {
 // One thread: 8 consecutive values x[src, 8q..8q+7] for row m; the 4 threads of a 32-block are 4
 // consecutive lanes. The scale is swa_fp8::block_scale of the block's amax, x/s is rounded to e4m3
 // by the hardware (saturating), as qgemv's quantize_slice and the CPU's act_quant_fp8; the value
-// code·s goes out as bf16 (exact), pairs of consecutive values to consecutive positions.
+// code·s goes out as bf16 (exact), value_offset's pairs of consecutive positions in one store.
 __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* __restrict__ x, const RowSource src,
                                                                   int64_t rows, int64_t K, uint16_t* __restrict__ xq) {
   const int64_t per_row = K / 8, items = rows * per_row;
@@ -181,12 +195,15 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* _
   if (!live) return;
   const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
   const int64_t k0 = 8 * q8;
+  uint32_t b[8];
 #pragma unroll
   for (int e = 0; e < 8; e += 2) {
     const float2 r = e4m3_round2(v[e] * inv, v[e + 1] * inv);
-    const uint32_t pair = uint32_t(bf16_from_float(r.x * scale)) | uint32_t(bf16_from_float(r.y * scale)) << 16;
-    *reinterpret_cast<uint32_t*>(xq + value_offset(to, k0 + e, K)) = pair;  // k0 + e even: two consecutive slots
+    b[e] = bf16_from_float(r.x * scale), b[e + 1] = bf16_from_float(r.y * scale);
   }
+  // Values e and e + 2 (e % 4 < 2) sit in two consecutive slots.
+#pragma unroll
+  for (int e : {0, 1, 4, 5}) *reinterpret_cast<uint32_t*>(xq + value_offset(to, k0 + e, K)) = b[e] | b[e + 2] << 16;
 }
 
 void launch_act_quant(const float* x, const RowSource& src, int64_t rows, int64_t K, uint16_t* xq,
@@ -334,6 +351,21 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
     barrier_wait(full0 + 8 * stage, (kt / kStages) & 1);
     const uint32_t base = smem0 + uint32_t(stage * C::kStage);
     const uint64_t b0 = kmajor_sw128(base);
+    // Whether any row of this warpgroup has a scale of 2 or more (e ≥ 128, too large to fold) in
+    // this k-tile: each warp reads all of the warpgroup's scale bytes (fp4: 4 a row, 8·MSub a
+    // lane; fp8: 4 per 32 rows, the same 8·MSub in every lane), so every warp finds the same
+    // answer and the branch below, whose steps hold the warpgroup's MMAs, is taken alike by all
+    // of its threads.
+    const uint32_t scales = base + uint32_t(C::kX + C::kW + (kFp4 ? 4 * 64 * MSub * wg + 8 * MSub * lane : 8 * MSub * wg));
+    uint32_t high;
+    if constexpr (MSub == 1) {
+      const uint2 v = lds64(scales);
+      high = v.x | v.y;
+    } else {
+      const uint4 v = lds128(scales);
+      high = v.x | v.y | v.z | v.w;
+    }
+    const bool rare = __any_sync(0xFFFFFFFFu, (high & 0x80808080u) != 0);
 #pragma unroll
     for (int s = 0; s < MSub; ++s)
 #pragma unroll
@@ -352,17 +384,17 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
           r.w[s][h][4] = v1.x, r.w[s][h][5] = v1.y, r.w[s][h][6] = v1.z, r.w[s][h][7] = v1.w;
           e = lds8(base + uint32_t(C::kX + C::kW + 4 * (row / 32) + t));
         }
-        r.scale[s][h] = pow2_bf16x2(e);
+        r.scale[s][h] = rare ? pow2_bf16x2(e) : folded_scale_bf16x2<kFp4>(e);
       }
     // Step J: wait until at most kBuffers - 1 MMA groups are in flight, so that the fragment
     // registers of step J - kBuffers are free; at step kBuffers - 1, every MMA of the previous
     // k-tile has completed and its stage goes back to the producer.
-    auto step = [&](auto J) {
+    auto step = [&](auto J, auto kRare) {
       constexpr int j = decltype(J)::value, buffer = j % kBuffers;
       if (kt > 0 || j > 0) mma_wait<kBuffers - 1>();
       if (j == kBuffers - 1) barrier_arrive_if(empty0 + 8 * ((kt + kStages - 1) % kStages), kt > 0);
 #pragma unroll
-      for (int s = 0; s < MSub; ++s) r.template fragment<j>(s, frag[buffer][s]);
+      for (int s = 0; s < MSub; ++s) r.template fragment<j, decltype(kRare)::value>(s, frag[buffer][s]);
       // The stage's descriptor plus the step's offset in its 16-byte units (shared memory ends
       // below 256 KB: the 14-bit address field never carries into the next one).
       const uint64_t b = b0 + uint64_t(((j / 4) * C::kPanel + (j % 4) * 32) >> 4);
@@ -371,14 +403,18 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
       for (int s = 0; s < MSub; ++s) mma_rs<BN>(acc[s], frag[buffer][s], b);
       mma_commit();
     };
-    step(std::integral_constant<int, 0>{});
-    step(std::integral_constant<int, 1>{});
-    step(std::integral_constant<int, 2>{});
-    step(std::integral_constant<int, 3>{});
-    step(std::integral_constant<int, 4>{});
-    step(std::integral_constant<int, 5>{});
-    step(std::integral_constant<int, 6>{});
-    step(std::integral_constant<int, 7>{});
+    auto steps = [&](auto kRare) {
+      step(std::integral_constant<int, 0>{}, kRare);
+      step(std::integral_constant<int, 1>{}, kRare);
+      step(std::integral_constant<int, 2>{}, kRare);
+      step(std::integral_constant<int, 3>{}, kRare);
+      step(std::integral_constant<int, 4>{}, kRare);
+      step(std::integral_constant<int, 5>{}, kRare);
+      step(std::integral_constant<int, 6>{}, kRare);
+      step(std::integral_constant<int, 7>{}, kRare);
+    };
+    if (rare) steps(std::true_type{});
+    else steps(std::false_type{});
   }
   mma_wait<0>();
 #pragma unroll

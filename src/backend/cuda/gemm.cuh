@@ -102,12 +102,13 @@ void grouped_down(const uint16_t* xq, const Tiles& tiles, const ExpertPointers* 
 
 // Where act_quant puts x[m, k]'s value in xq ([M, K] row-major, the 128 values of each k-tile
 // permuted): position 16j + c of a k-tile holds the value the MMA's k16 step j takes at column
-// c, which is value 4j + 2(c / 8) + c % 2 of 32-block (c % 8) / 2. So the A fragment a thread
-// gives step j (columns 2t, 2t+1, 2t+8, 2t+9) is 4 consecutive values of block t of its weight
-// row: each thread reads whole 32-blocks of the weights, with one scale (gemm.cu says why).
+// c, which is value 4j + 2(c % 2) + c / 8 of 32-block (c % 8) / 2. So the A fragment a thread
+// gives step j (columns 2t, 2t+1, 2t+8, 2t+9) is values 4j, 4j+2, 4j+1, 4j+3 of block t of its
+// weight row: each thread reads whole 32-blocks of the weights, with one scale, and each of its
+// fragment registers pairs the codes of two bytes in the same place (gemm.cu says why).
 DSV41_HD inline int64_t value_offset(int64_t m, int64_t k, int64_t K) {
   const int i = int(k & 31), block = int(k & 127) / 32;
-  const int position = 16 * (i / 4) + 8 * (i % 4 / 2) + 2 * block + i % 2;
+  const int position = 16 * (i / 4) + 8 * (i % 2) + 2 * block + i % 4 / 2;
   return m * K + (k & ~int64_t(127)) + position;
 }
 
