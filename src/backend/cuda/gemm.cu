@@ -341,8 +341,9 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
 #pragma unroll
   for (int s = 0; s < MSub; ++s) keep(acc[s]);
   // A fragments in flight: the narrow tile's MMAs are short, so four keep the tensor cores fed while
-  // the next steps' weights are widened; the wide tile's accumulators leave registers for two.
-  constexpr int kBuffers = MSub == 1 ? 4 : 2;
+  // the next steps' weights are widened; the wide tile's accumulators leave registers for two, and
+  // so do the 48-row tile's within two CTAs an SM (with four, ptxas serialised its MMAs: C7512).
+  constexpr int kBuffers = MSub == 1 && BN != 48 ? 4 : 2;
   uint32_t frag[kBuffers][MSub][4];
   Rows<kFp4, MSub> r;
 
@@ -395,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
     // for two MMAs a sub-tile). Before a group, at most kBuffers / kGroup - 1 groups may still be
     // in flight, so the fragment registers of step J - kBuffers are free; at step kBuffers - kGroup
     // every MMA of the previous k-tile has completed and its stage goes back to the producer.
-    constexpr int kGroup = MSub == 1 ? 2 : 1;
+    constexpr int kGroup = kBuffers == 4 ? 2 : 1;
     auto widen = [&](auto J, auto kRare) {
       constexpr int j = decltype(J)::value;
 #pragma unroll
