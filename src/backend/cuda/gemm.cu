@@ -64,8 +64,9 @@
 // weight is not). ptxas gives the kernel 168 registers a thread whatever setmaxnreg grants the
 // consumers, so the wide fp8 forms spill 8 (dense) to 88 (grouped) bytes and the wide form keeps
 // two fragment buffers. At decode (cuda::moe, 16 experts × 64 rows, Nsight Compute) the narrow
-// form is issue-bound: ~5 instructions a weight value in the main loop (the widening ~3), 0.66
-// issued per cycle per scheduler, 36% of DRAM bandwidth.
+// form is bound by its consumers: the producer waits on free stages, ~40 instructions a wgmma (8
+// weight values a thread), 16 of them widening since the bit moves (eb51091: 3-5% faster for fp4,
+// 1-2% for fp8) and the rest per-step bookkeeping (descriptor, wait, fence, commit, branches).
 
 #include "backend/cuda/gemm.cuh"
 
