@@ -138,10 +138,11 @@ DSV41_HD inline float e2m1_to_float(uint8_t nibble) {
 
 // ---- ue8m0: an unsigned power of two, 2^(e-127); 255 = NaN; no zero -----------------------------
 
+// The fp32 exponent field is the code, but for 0 (2^-127, an fp32 subnormal) and 255 (NaN); as
+// selects, not branches: the GEMV kernels decode a scale per 16 or 32 weight codes.
 DSV41_HD inline float e8m0_to_float(uint8_t e) {
-  if (e == 255) return float_from_bits(0x7FC00000u);
-  if (e == 0) return float_from_bits(0x00400000u);  // 2^-127 is an fp32 subnormal
-  return float_from_bits(uint32_t(e) << 23);
+  const uint32_t bits = uint32_t(e) << 23;
+  return float_from_bits(e == 0 ? 0x00400000u : e == 255 ? 0x7FC00000u : bits);
 }
 
 // `p` must be a power of two in [2^-127, 2^127]. Its fp32 exponent field is then the ue8m0 code,

@@ -59,14 +59,14 @@
 // Measured on the H200 (1c934af, docs/benchmarks.md): expert w1 at M = 4096, the kernel alone
 // 129 µs (535 TFLOP/s, Nsight Compute; tensor pipe ~56% busy), with act_quant 163 µs (423
 // TFLOP/s) against cuBLASLt's bf16 GEMM 108 µs (638 TFLOP/s) on bf16 operands it need not widen;
-// wq_b 409 and wo_b 498 TFLOP/s (cuBLASLt 558, 640). The narrow tiling is issue-bound on the
-// widening (~0.4 µs per k-tile per CTA, 0.54 instructions per cycle per scheduler): ~20 GB/s of
-// weights per SM, so decode needs most SMs busy (the MoE's grouped launches are; a lone small
-// weight is not). ptxas gives the kernel 168 registers a thread whatever setmaxnreg grants the
+// wq_b 409 and wo_b 498 TFLOP/s (cuBLASLt 558, 640). The narrow tiling is issue-bound (~0.4 µs
+// per k-tile per CTA, 0.54 instructions per cycle per scheduler): ~20 GB/s of weights per SM, so
+// decode needs most SMs busy (the MoE's grouped launches are; a lone small weight is not). ptxas gives the kernel 168 registers a thread whatever setmaxnreg grants the
 // consumers, so the wide fp8 forms spill 8 (dense) to 88 (grouped) bytes and the wide form keeps
 // two fragment buffers. At decode (cuda::moe, 16 experts × 64 rows, Nsight Compute) the narrow
-// form is issue-bound: ~5 instructions a weight value in the main loop (the widening ~3), 0.66
-// issued per cycle per scheduler, 36% of DRAM bandwidth.
+// form is bound by its consumers: the producer waits on free stages, ~40 instructions a wgmma (8
+// weight values a thread), 16 of them widening since the bit moves (eb51091: 3-5% faster for fp4,
+// 1-2% for fp8) and the rest per-step bookkeeping (descriptor, wait, fence, commit, branches).
 
 #include "backend/cuda/gemm.cuh"
 
