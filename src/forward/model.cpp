@@ -31,7 +31,10 @@ Weight Model::get_linear(const std::string& name) const {
 Weight Model::cut(const Weight& w, Shard shard) {
   const Partition& p = partition_;
   if (p.whole()) return w;
-  if (shard == Shard::OutRows) return slice_rows(w, p.first(cut_rows(w)), p.count(cut_rows(w)));
+  if (shard == Shard::OutRows) {
+    const int64_t n = cut_rows(w);
+    return slice_rows(w, p.first(n), p.count(n));
+  }
   if (shard == Shard::InCols) {
     owned_.emplace_back();
     return slice_cols(w, p.first(w.cols), p.count(w.cols), owned_.back());

@@ -354,7 +354,9 @@ TEST(CudaGemm, LargeBlockScalesMatchCpu) {
   uint64_t seed = 800;
   for (WeightFormat f : {WeightFormat::FP8, WeightFormat::FP4}) {
     const bool fp8 = f == WeightFormat::FP8;
-    auto big = [fp8](int n, int k) { return fp8 ? n % 128 >= 96 && k / 128 % 2 == 0 : n % 3 == 0 && k / 128 % 3 == 1 && k % 128 < 32; };
+    auto big = [fp8](int n, int k) {
+      return fp8 ? n % 128 >= 96 && k / 128 % 2 == 0 : n % 3 == 0 && k / 128 % 3 == 1 && k % 128 < 32;
+    };
     const int N = 320, K = 1024;
     const test::OwnedWeight w = gemm_weight(f, N, K, seed += 13, big);
     DeviceArray<uint8_t> ddata(w.data), dscale(w.scale);

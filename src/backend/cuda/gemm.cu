@@ -61,9 +61,9 @@
 // TFLOP/s) against cuBLASLt's bf16 GEMM 108 µs (638 TFLOP/s) on bf16 operands it need not widen;
 // wq_b 409 and wo_b 498 TFLOP/s (cuBLASLt 558, 640). The narrow tiling is issue-bound (~0.4 µs
 // per k-tile per CTA, 0.54 instructions per cycle per scheduler): ~20 GB/s of weights per SM, so
-// decode needs most SMs busy (the MoE's grouped launches are; a lone small weight is not). ptxas gives the kernel 168 registers a thread whatever setmaxnreg grants the
-// consumers, so the wide fp8 forms spill 8 (dense) to 88 (grouped) bytes and the wide form keeps
-// two fragment buffers. At decode (cuda::moe, 16 experts × 64 rows, Nsight Compute) the narrow
+// decode needs most SMs busy (the MoE's grouped launches are; a lone small weight is not). ptxas
+// gives the kernel 168 registers a thread whatever setmaxnreg grants the consumers, so the wide
+// fp8 forms spill 8 (dense) to 88 (grouped) bytes and the wide form keeps two fragment buffers. At decode (cuda::moe, 16 experts × 64 rows, Nsight Compute) the narrow
 // form is bound by its consumers: the producer waits on free stages, ~40 instructions a wgmma (8
 // weight values a thread), 16 of them widening since the bit moves (eb51091: 3-5% faster for fp4,
 // 1-2% for fp8) and the rest per-step bookkeeping (descriptor, wait, fence, commit, branches).
@@ -362,7 +362,8 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
     // lane; fp8: 4 per 32 rows, the same 8·MSub in every lane), so every warp finds the same
     // answer and the branch below, whose steps hold the warpgroup's MMAs, is taken alike by all
     // of its threads.
-    const uint32_t scales = base + uint32_t(C::kX + C::kW + (kFp4 ? 4 * 64 * MSub * wg + 8 * MSub * lane : 8 * MSub * wg));
+    const int wg_scales = kFp4 ? 4 * 64 * MSub * wg + 8 * MSub * lane : 8 * MSub * wg;  // this lane's bytes of them
+    const uint32_t scales = base + uint32_t(C::kX + C::kW + wg_scales);
     uint32_t high;
     if constexpr (MSub == 1) {
       const uint2 v = lds64(scales);
