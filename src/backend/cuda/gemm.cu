@@ -33,8 +33,9 @@
 // consumers (224 registers) each own 64·MSub weight rows: per k-tile they read their rows' codes
 // and scales from the stage into registers, then for each of the 8 k16 steps widen the A
 // fragments (in 2 or 4 buffers: a step's registers are rewritten only once the MMA that last read
-// them completed) and issue MSub MMAs; a stage goes back to the producer once all of its MMAs have
-// completed, a few steps into the next k-tile.
+// them completed) and issue MSub MMAs, one commit group per step (wide) or per two steps (narrow:
+// its short MMAs leave the wait, fence and commit a large share of the issue slots); a stage goes
+// back to the producer once all of its MMAs have completed, a few steps into the next k-tile.
 //
 // Tilings (gemm.cuh): wide, MSub = 2 and BN = 128 (256 weight rows × 128 activation rows, 4 fp4
 // or 3 fp8 stages of 48-64 KB); narrow, MSub = 1 and BN = 16, 32, 48 or 64, up to 12 stages so that
@@ -340,17 +341,22 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
 #pragma unroll
   for (int s = 0; s < MSub; ++s) keep(acc[s]);
   // A fragments in flight: the narrow tile's MMAs are short, so four keep the tensor cores fed while
-  // the next steps' weights are widened; the wide tile's accumulators leave registers for two.
-  constexpr int kBuffers = MSub == 1 ? 4 : 2;
+  // the next steps' weights are widened; the wide tile's accumulators leave registers for two, and
+  // so do the 48-row tile's within two CTAs an SM (with four, ptxas serialised its MMAs: C7512).
+  constexpr int kBuffers = MSub == 1 && BN != 48 ? 4 : 2;
   uint32_t frag[kBuffers][MSub][4];
   Rows<kFp4, MSub> r;
 
+  int stage = 0, phase = 0;  // kt's stage of the ring and the parity of its use
 #pragma unroll 1
   for (int kt = 0; kt < KT; ++kt) {
-    const int stage = kt % kStages;
-    barrier_wait(full0 + 8 * stage, (kt / kStages) & 1);
+    barrier_wait(full0 + 8 * stage, phase);
     const uint32_t base = smem0 + uint32_t(stage * C::kStage);
+    const int release = stage == 0 ? kStages - 1 : stage - 1;  // the previous k-tile's stage
+    // The stage's descriptor: its high word is a constant; steps add their offset to the low word
+    // (shared memory ends below 256 KB: the 14-bit address field never carries out).
     const uint64_t b0 = kmajor_sw128(base);
+    const uint32_t b0_lo = uint32_t(b0), b0_hi = uint32_t(b0 >> 32);
     // Whether any row of this warpgroup has a scale of 2 or more (e ≥ 128, too large to fold) in
     // this k-tile: each warp reads all of the warpgroup's scale bytes (fp4: 4 a row, 8·MSub a
     // lane; fp8: 4 per 32 rows, the same 8·MSub in every lane), so every warp finds the same
@@ -387,35 +393,48 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
         }
         r.scale[s][h] = rare ? pow2_bf16x2(e) : folded_scale_bf16x2<kFp4>(e);
       }
-    // Step J: wait until at most kBuffers - 1 MMA groups are in flight, so that the fragment
-    // registers of step J - kBuffers are free; at step kBuffers - 1, every MMA of the previous
-    // k-tile has completed and its stage goes back to the producer.
-    auto step = [&](auto J, auto kRare) {
-      constexpr int j = decltype(J)::value, buffer = j % kBuffers;
-      if (kt > 0 || j > 0) mma_wait<kBuffers - 1>();
-      if (j == kBuffers - 1) barrier_arrive_if(empty0 + 8 * ((kt + kStages - 1) % kStages), kt > 0);
+    // The 8 k16 steps in commit groups of kGroup (the narrow tile two: one wait, fence and commit
+    // for two MMAs a sub-tile). Before a group, at most kBuffers / kGroup - 1 groups may still be
+    // in flight, so the fragment registers of step J - kBuffers are free; at step kBuffers - kGroup
+    // every MMA of the previous k-tile has completed and its stage goes back to the producer.
+    constexpr int kGroup = kBuffers == 4 ? 2 : 1;
+    auto widen = [&](auto J, auto kRare) {
+      constexpr int j = decltype(J)::value;
 #pragma unroll
-      for (int s = 0; s < MSub; ++s) r.template fragment<j, decltype(kRare)::value>(s, frag[buffer][s]);
-      // The stage's descriptor plus the step's offset in its 16-byte units (shared memory ends
-      // below 256 KB: the 14-bit address field never carries into the next one).
-      const uint64_t b = b0 + uint64_t(((j / 4) * C::kPanel + (j % 4) * 32) >> 4);
+      for (int s = 0; s < MSub; ++s) r.template fragment<j, decltype(kRare)::value>(s, frag[j % kBuffers][s]);
+    };
+    auto issue = [&](auto J) {
+      constexpr int j = decltype(J)::value;
+      const uint32_t lo = b0_lo + uint32_t(((j / 4) * C::kPanel + (j % 4) * 32) >> 4);  // the step's 16-byte offset
+#pragma unroll
+      for (int s = 0; s < MSub; ++s) mma_rs<BN>(acc[s], frag[j % kBuffers][s], uint64_t(b0_hi) << 32 | lo);
+    };
+    auto group = [&](auto G, auto kRare) {
+      constexpr int j = decltype(G)::value * kGroup;
+      if (kt > 0 || j > 0) mma_wait<kBuffers / kGroup - 1>();
+      if (j == kBuffers - kGroup) barrier_arrive_if(empty0 + 8 * release, kt > 0);
+      widen(std::integral_constant<int, j>{}, kRare);
+      if constexpr (kGroup == 2) widen(std::integral_constant<int, j + 1>{}, kRare);
       mma_fence();
-#pragma unroll
-      for (int s = 0; s < MSub; ++s) mma_rs<BN>(acc[s], frag[buffer][s], b);
+      issue(std::integral_constant<int, j>{});
+      if constexpr (kGroup == 2) issue(std::integral_constant<int, j + 1>{});
       mma_commit();
     };
     auto steps = [&](auto kRare) {
-      step(std::integral_constant<int, 0>{}, kRare);
-      step(std::integral_constant<int, 1>{}, kRare);
-      step(std::integral_constant<int, 2>{}, kRare);
-      step(std::integral_constant<int, 3>{}, kRare);
-      step(std::integral_constant<int, 4>{}, kRare);
-      step(std::integral_constant<int, 5>{}, kRare);
-      step(std::integral_constant<int, 6>{}, kRare);
-      step(std::integral_constant<int, 7>{}, kRare);
+      group(std::integral_constant<int, 0>{}, kRare);
+      group(std::integral_constant<int, 1>{}, kRare);
+      group(std::integral_constant<int, 2>{}, kRare);
+      group(std::integral_constant<int, 3>{}, kRare);
+      if constexpr (kGroup == 1) {
+        group(std::integral_constant<int, 4>{}, kRare);
+        group(std::integral_constant<int, 5>{}, kRare);
+        group(std::integral_constant<int, 6>{}, kRare);
+        group(std::integral_constant<int, 7>{}, kRare);
+      }
     };
     if (rare) steps(std::true_type{});
     else steps(std::false_type{});
+    if (++stage == kStages) stage = 0, phase ^= 1;
   }
   mma_wait<0>();
 #pragma unroll
