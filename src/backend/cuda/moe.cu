@@ -13,12 +13,12 @@
 // bytes + scales ≈ 18.4 MB per V4.1 expert at fp4) and 2 × rows × 2304 × 4 for the hidden values.
 //
 // The sub-layer (moe()): forward.cpp's moe() with the routing kept on the device, at any row
-// count. Kernels, in order (8 launches for a decode step, plus one gate pass per further 8 rows):
+// count. Kernels, in order (7 launches for a decode step, plus one gate pass per further 8 rows):
 //   gate      cuda::linear_f32 → logits [rows, E]
 //   route     route_kernel → experts, weights [rows, k] (or the forced experts, weighted)
 //   bucket    bucket_kernel → each expert's entries (entry = row·k + slot) in ascending entry
 //             order, cut into tiles of ≤ 8 (GEMV) or ≤ 128 (tensor cores) entries of one expert,
-//             and the tile count
+//             and the tile count (one unforced row: route_kernel writes its k one-entry tiles)
 //   up        GEMV: grouped_kernel<up> over (tile, slice of inter): h = the SwiGLU of w1, w3 →
 //             h [entry]. Tensor cores: gemm::act_quant_slots of x by entry, gemm::grouped_up →
 //             g, u [slot], slot_swiglu_kernel → h [slot]
@@ -66,10 +66,18 @@ constexpr int kMaxTopk = 32;
 // a beats b: higher biased score, or equal and the lower index.
 __device__ __forceinline__ bool beats(float va, int a, float vb, int b) { return va > vb || (va == vb && a < b); }
 
+// One decode row's tiles, written by route_kernel in bucket_kernel's place (null: none).
+struct RowTiles {
+  int32_t* list;
+  int4* tiles;
+  int* tile_count;
+};
+
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, const float* bias, int k,
                                                               bool sigmoid, float gate_temp, bool norm, float route_scale,
                                                               const int32_t* forced, int32_t* experts, float* weights,
-                                                              const float* bias_vl, const uint8_t* image_rows) {
+                                                              const float* bias_vl, const uint8_t* image_rows,
+                                                              const RowTiles one) {
   extern __shared__ float smem[];
   float* scores = smem;
   float* biased = smem + E;
@@ -123,6 +131,17 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
       if (norm && k > 1) w /= sum + 1e-20f;  // as the CPU op (not norm_eps: as in training)
       experts[r * k + j] = order[j];
       weights[r * k + j] = w * route_scale;
+    }
+    // A lone unforced row's k experts are distinct: bucket_kernel would make one tile of one entry
+    // per expert, in ascending expert order. Written here, that launch is saved at decode.
+    if (one.tiles) {
+      for (int j = 0; j < k; ++j) {
+        int rank = 0;
+        for (int i = 0; i < k; ++i) rank += order[i] < order[j];
+        one.list[rank] = j;
+        one.tiles[rank] = make_int4(order[j], rank, 1, 0);
+      }
+      *one.tile_count = k;
     }
   }
 }
@@ -676,12 +695,9 @@ const float* vision_bias(const Weight* bias_vl, const uint8_t* image_rows, int64
   return reinterpret_cast<const float*>(bias_vl->data);
 }
 
-}  // namespace
-
-void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
-                       int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced, const float* bias_vl,
-                       const uint8_t* image_rows) {
-  if (rows <= 0) return;
+void launch_route(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
+                  int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced, const float* bias_vl,
+                  const uint8_t* image_rows, const RowTiles& one) {
   if (!bias_vl != !image_rows) fail("cuda::route", "bias_vl and image rows together", bias_vl ? "bias_vl alone" : "image rows alone");
   if (opt.score_func != "sqrtsoftplus" && opt.score_func != "sigmoid")
     fail("cuda::route", "score_func sqrtsoftplus or sigmoid", opt.score_func);
@@ -691,8 +707,17 @@ void route_from_logits(const float* logits, int64_t rows, int n_experts, const f
     fail("cuda::route", "top-k in [1, min(32, experts)]", std::to_string(opt.topk));
   route_kernel<<<unsigned(rows), kRouteThreads, size_t(2 * n_experts) * sizeof(float), stream>>>(
       logits, n_experts, bias, opt.topk, opt.score_func == "sigmoid", opt.gate_temp, opt.norm_topk_prob,
-      opt.route_scale, forced, experts, weights, bias_vl, image_rows);
+      opt.route_scale, forced, experts, weights, bias_vl, image_rows, one);
   check_launch("cuda::route");
+}
+
+}  // namespace
+
+void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
+                       int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced, const float* bias_vl,
+                       const uint8_t* image_rows) {
+  if (rows <= 0) return;
+  launch_route(logits, rows, n_experts, bias, opt, experts, weights, stream, forced, bias_vl, image_rows, {});
 }
 
 void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
@@ -837,11 +862,15 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   }
 
   linear_f32(x, rows, gate, logits, stream);
-  route_from_logits(logits, rows, E, reinterpret_cast<const float*>(bias.data), opt, experts, weights, stream, forced, vl,
-                    image_rows);
-  bucket_kernel<<<1, kBucketThreads, size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, list, tiles,
-                                                                         tile_count, slot);
-  check_launch("cuda::moe bucket");
+  const float* b = reinterpret_cast<const float*>(bias.data);
+  if (tile == 1) {  // one row, unforced: the route writes its tiles
+    launch_route(logits, rows, E, b, opt, experts, weights, stream, forced, vl, image_rows, {list, tiles, tile_count});
+  } else {
+    route_from_logits(logits, rows, E, b, opt, experts, weights, stream, forced, vl, image_rows);
+    bucket_kernel<<<1, kBucketThreads, size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, list, tiles,
+                                                                           tile_count, slot);
+    check_launch("cuda::moe bucket");
+  }
 
   const auto* table = static_cast<const ExpertPointers*>(routed.device());
   float* h = reinterpret_cast<float*>(scratch + at_h);  // GEMV: [entries, inter]; tensor cores: g, then h [slots, inter]
