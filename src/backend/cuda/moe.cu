@@ -21,9 +21,10 @@
 //             and the tile count (one unforced row: route_kernel writes its k one-entry tiles)
 //   up        GEMV: grouped_kernel<up> over (tile, slice of inter): h = the SwiGLU of w1, w3 →
 //             h [entry]. Tensor cores: gemm::act_quant_slots of x by entry, gemm::grouped_up →
-//             g, u [slot], slot_swiglu_kernel → h [slot]
+//             g, u [slot]
 //   down      GEMV: grouped_kernel<down> over (tile, slice of dim): ye [entry] = w2 h (bf16).
-//             Tensor cores: act_quant_slots of h, gemm::grouped_down → ye [entry]
+//             Tensor cores: gemm::act_quant_swiglu_slots (h of g, u, act-quantized in one pass),
+//             gemm::grouped_down → ye [entry]
 //   shared    on a side stream beside all of the above (side_stream.h), from the start: at one
 //             row the GEMV kernels over the shared expert (no routing); from 2 rows expert_ffn
 //             (cuda::linear's GEMMs), then to bf16
@@ -52,6 +53,7 @@
 #include "backend/cuda/linear.h"
 #include "backend/cuda/rows.h"
 #include "backend/cuda/side_stream.h"
+#include "backend/cuda/swiglu.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -368,18 +370,6 @@ __device__ __forceinline__ void chunk_fma(const uint4 (&wv)[2], const float (&ws
       if (m < M) acc[r][m] = fmaf(p[r][m], ws[r], acc[r][m]);
 }
 
-// The CPU expert's hidden value from the bf16 outputs g = w1 x, u = w3 x (forward.cpp through
-// backend/cpu/moe.cpp, its expressions and order): bf16(weight · silu(min(g, L)) · clamp(u, -L, L)).
-__device__ __forceinline__ float swiglu(float g, float u, float limit, const float* weight) {
-  if (limit > 0) {
-    u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp
-    g = limit < g ? limit : g;                         // std::min
-  }
-  float h = g / (1.0f + expf(-g)) * u;
-  if (weight) h = *weight * h;
-  return round_bf16(h);
-}
-
 // What one grouped_kernel launch works on. Routed: tile t of bucket_kernel's (exit when t ≥
 // *tile_count), its entries at list[first ...], weights table[expert]. Dense (tiles == nullptr,
 // the shared expert): tile t = rows t·MT .. of dense_rows, entry = row, weights `fixed`.
@@ -673,19 +663,6 @@ __global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t in
   g[i] = swiglu(g[i], u[i], limit, row_weights ? row_weights + i / inter : nullptr);
 }
 
-// The tensor-core path's hidden values: h = swiglu(g, u) with the entry's routing weight, in place
-// of g, over the live slots of `tiles` (g, u [slots, inter] in slot order, as grouped_up wrote
-// them), one thread per (list position, column).
-__global__ void slot_swiglu_kernel(float* g, const float* u, const gemm::Tiles tiles, int64_t inter, float limit,
-                                   const float* weights) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= tiles.entries * inter) return;
-  const int64_t j = i / inter, slot = tiles.slot[j];
-  if (slot < 0) return;
-  const int64_t at = slot * inter + i % inter;
-  g[at] = swiglu(g[at], u[at], limit, weights + tiles.list[j]);
-}
-
 // bias_vl's values for rows of image spans (null when there are none), checked as the bias is.
 const float* vision_bias(const Weight* bias_vl, const uint8_t* image_rows, int64_t experts, const char* where) {
   if (!image_rows) return nullptr;
@@ -873,9 +850,9 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   }
 
   const auto* table = static_cast<const ExpertPointers*>(routed.device());
-  float* h = reinterpret_cast<float*>(scratch + at_h);  // GEMV: [entries, inter]; tensor cores: g, then h [slots, inter]
+  float* h = reinterpret_cast<float*>(scratch + at_h);  // GEMV: [entries, inter]; tensor cores: g [slots, inter]
   if (tensor) {
-    // x per entry in slot order → g (in h), u → h in place of g → ye at the entries' rows.
+    // x per entry in slot order → g (in h), u → their SwiGLU act-quantized → ye at the entries' rows.
     // A tile holds one expert's entries: at most one per token, or k when the routing is forced.
     gemm::Tiles t{tiles, tile_count, max_tiles, list, slot, n, std::min<int64_t>(gemm::kTileRows, forced ? n : rows)};
     // Routed, an expert's row count is about binomial (rows, k/E): its mean and two deviations
@@ -891,10 +868,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
     uint16_t* xq = reinterpret_cast<uint16_t*>(scratch + at_xq);
     gemm::act_quant_slots(x, dim, t, k, xq, stream);
     gemm::grouped_up(xq, t, table, routed.w1().format, tiling, dim, inter, h, u, stream);
-    const int64_t hn = n * inter;
-    slot_swiglu_kernel<<<unsigned((hn + 255) / 256), 256, 0, stream>>>(h, u, t, inter, limit, weights);
-    check_launch("cuda::moe swiglu");
-    gemm::act_quant_slots(h, inter, t, 0, xq, stream);
+    gemm::act_quant_swiglu_slots(h, u, inter, t, limit, weights, xq, stream);
     gemm::grouped_down(xq, t, table, routed.w2().format, tiling, inter, dim, ye, stream);
   } else {
     GroupedArgs up{tiles, tile_count, list, 0, k, x, dim, inter, table, {}, weights, limit, h, nullptr};
