@@ -303,9 +303,8 @@ __device__ __forceinline__ void chunk_fma(const uint4 (&wv)[R], const float (&ws
 // that slice), one slice whenever M·K·4 fits in 48 KB (always at M = 1 for K ≤ 12288).
 // Row groups: block b takes groups b, b + gridDim.x, ... of kQThreads / L · R rows. With one
 // slice the grid is what the GPU holds at once and each block quantizes x once for all its row
-// groups; its warps then stream independently (no barrier between row groups, and a lane's last
-// step of one group fetches the first of its next), so at one row the SMs keep loads in flight
-// instead of paying a block's start, x and barrier, or a memory latency, per ~16 rows.
+// groups; its warps then stream independently (no barrier between row groups), so at one row
+// the SMs keep loads in flight instead of paying a block's start, x and barrier per ~16 rows.
 // With several slices every block has one row group (x is re-quantized per slice).
 template <WeightFormat F, int MT, int L, int R>
 __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restrict__ x, int M, int64_t N, int64_t K,
@@ -320,46 +319,34 @@ __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restric
   const int64_t row_chunks = K / E, blocks = K / kBlock, row_groups = (N + kGroups * R - 1) / (kGroups * R);
   uint4 wv[U][R], nv[U][R];  // this step's chunks, the next step's (in flight during this one's math)
   float ws[U][R], ns[U][R];
-  // The lane's R weight rows in row group g.
-  struct Rows {
-    int64_t n0;
-    const uint4* w[R];
-    bool live[R];
-  };
-  auto rows_of = [&](int64_t g) {
-    Rows q;
-    q.n0 = (g * kGroups + threadIdx.x / L) * R;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      q.live[r] = q.n0 + r < N;
-      q.w[r] = reinterpret_cast<const uint4*>(w) + (q.live[r] ? q.n0 + r : 0) * row_chunks;
-    }
-    return q;
-  };
-  // The U·R chunks of the lane's step from chunk c0 + c of rows q on (zeros past C or N).
-  auto fetch = [&](const Rows& q, int64_t c0, int c, int C, uint4 (&wv)[U][R], float (&ws)[U][R]) {
+  const uint4* wrow[R];
+  bool live[R];
+  int64_t n0 = 0;
+  // The U·R chunks of the lane's step from chunk c0 + c of its rows on (zeros past C or N).
+  auto fetch = [&](int64_t c0, int c, int C, uint4 (&wv)[U][R], float (&ws)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int cu = c + u * L;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const bool ok = cu < C && q.live[r];
-        wv[u][r] = ok ? load_stream(q.w[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
+        const bool ok = cu < C && live[r];
+        wv[u][r] = ok ? load_stream(wrow[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
         // The weight block of chunk c0 + cu: fp8 one scale per 32 rows × 32 columns, fp4 one per
         // row × 32 columns (= one chunk).
-        const int64_t s = F == WeightFormat::FP8 ? (q.n0 / kBlock) * blocks + (c0 + cu) * E / kBlock
-                                                 : (q.n0 + r) * blocks + c0 + cu;
+        const int64_t s = F == WeightFormat::FP8 ? (n0 / kBlock) * blocks + (c0 + cu) * E / kBlock
+                                                 : (n0 + r) * blocks + c0 + cu;
         ws[u][r] = ok ? e8m0_to_float(__ldg(scale + s)) * Fmt::kUnscale : 0.0f;
       }
     }
   };
-  // At one row with one slice the lane's last step of a row group fetches the first step of its
-  // next one, so that its loads stay in flight across the group's sums and writes (`ahead`: wv
-  // holds it). More rows keep the registers (two R = 2 blocks an SM) for their sums.
-  Rows cur = rows_of(blockIdx.x), next = cur;
-  bool ahead = false;
   for (int64_t g = blockIdx.x; g < row_groups; g += gridDim.x) {
-    const bool first = g == int64_t(blockIdx.x), more = MT == 1 && slice == K && g + gridDim.x < row_groups;
+    const bool first = g == int64_t(blockIdx.x);
+    n0 = (g * kGroups + threadIdx.x / L) * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      live[r] = n0 + r < N;
+      wrow[r] = reinterpret_cast<const uint4*>(w) + (live[r] ? n0 + r : 0) * row_chunks;
+    }
     float acc[R][MT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -369,18 +356,14 @@ __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restric
     for (int64_t k0 = 0; k0 < K; k0 += slice) {
       const int kn = int(K - k0 < slice ? K - k0 : slice), C = kn / E;
       const int64_t c0 = k0 / E;
-      if (!ahead) fetch(cur, c0, lane, C, wv, ws);  // the first step's loads go out before the block waits on x
-      ahead = false;
+      fetch(c0, lane, C, wv, ws);  // the first step's loads go out before the block waits on x
       if (first || slice < K) {    // block-uniform: the barriers below are whole
         if (!first || k0 > 0) __syncthreads();  // every lane is done with the previous slice's x
         quantize_slice<F>(x + k0, K, M, kn, xs);
         __syncthreads();
       }
       for (int c = lane; c < C; c += L * U) {
-        const bool inner = c + L * U < C;
-        ahead = !inner && more;
-        if (ahead) next = rows_of(g + gridDim.x);
-        fetch(inner ? cur : next, inner ? c0 : 0, inner ? c + L * U : lane, inner || ahead ? C : 0, nv, ns);
+        fetch(c0, c + L * U, C, nv, ns);
 #pragma unroll
         for (int u = 0; u < U; ++u)
           if (c + u * L < C) chunk_fma<F, MT, R>(wv[u], ws[u], xs, C, c + u * L, M, acc);
@@ -401,9 +384,8 @@ __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restric
 #pragma unroll
     for (int e = 0; e < R * MT; ++e) {
       const int r = e / MT, m = e % MT;
-      if (lane == e % L && m < M && cur.live[r]) y[m * N + cur.n0 + r] = round_bf16(acc[r][m]);
+      if (lane == e % L && m < M && live[r]) y[m * N + n0 + r] = round_bf16(acc[r][m]);
     }
-    cur = ahead ? next : rows_of(g + gridDim.x);
   }
 }
 

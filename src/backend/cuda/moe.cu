@@ -408,7 +408,7 @@ template <WeightFormat F, int MT, int L, bool kUp>
 __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(const GroupedArgs a) {
   using Fmt = GFormat<F>;
   constexpr int E = Fmt::kElems;
-  constexpr int U = MT == 1 ? 2 : 1;  // chunks per row and step: U·2 loads in flight, twice over
+  constexpr int U = MT == 1 ? 4 : 2;
   constexpr int kGroups = kGThreads / L;
   extern __shared__ float4 xs[];
   __shared__ const float* rowp[MT];
@@ -429,6 +429,7 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   const int64_t row_chunks = a.K / E, blocks = a.K / 32;
   constexpr int kPerBlock = kGroups * (kUp ? 1 : 2);  // output features per block and row group
   const int64_t row_groups = (a.N + kPerBlock - 1) / kPerBlock;
+  int64_t n[2];
   const uint8_t* base[2];
   const uint8_t* scale[2];
   if constexpr (kUp) {
@@ -436,57 +437,50 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   } else {
     base[0] = base[1] = ep.data[1], scale[0] = scale[1] = ep.scale[1];
   }
-  // The group's two weight rows in row group g: up, output g·kGroups + group of both w1 and w3;
+  bool live[2];
+  const uint4* wrow[2];
+  // The group's weight rows in row group g: up, output g·kGroups + group of both w1 and w3;
   // down, outputs 2(g·kGroups + group) and the next of w2.
-  struct Rows {
-    int64_t n[2];
-    const uint4* w[2];
-    bool live[2];
-  };
-  auto rows_of = [&](int64_t g) {
-    Rows q;
-    if constexpr (kUp) q.n[0] = q.n[1] = g * kGroups + group;
-    else q.n[0] = (g * kGroups + group) * 2, q.n[1] = q.n[0] + 1;
+  auto select = [&](int64_t g) {
+    if constexpr (kUp) n[0] = n[1] = g * kGroups + group;
+    else n[0] = (g * kGroups + group) * 2, n[1] = n[0] + 1;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      q.live[r] = q.n[r] < a.N;
-      q.w[r] = reinterpret_cast<const uint4*>(base[r]) + (q.live[r] ? q.n[r] : 0) * row_chunks;
+      live[r] = n[r] < a.N;
+      wrow[r] = reinterpret_cast<const uint4*>(base[r]) + (live[r] ? n[r] : 0) * row_chunks;
     }
-    return q;
   };
 
   // The slice: as much of K as M rows of fp32 fit in the shared memory, whole group steps.
   const int64_t step = int64_t(L) * E, fit = int64_t(kGSmemBytes / 4 / M) / step * step;
   const int64_t slice = a.K < fit ? a.K : fit;
-  uint4 wv[U][2], nv[U][2];  // this step's chunks, the next step's (in flight during this one's math)
-  float ws[U][2], ns[U][2];
+  uint4 wv[U][2];
+  float ws[U][2];
   float acc[2][MT];
-  // The U·2 chunks of rows q's step from global chunk c0 + c on (zeros past C or N).
-  auto fetch = [&](const Rows& q, int64_t c0, int c, int C, uint4 (&wv)[U][2], float (&ws)[U][2]) {
+  // The U·2 chunks of one step of the lane, from global chunk c0 + c on (zeros past C or N).
+  auto fetch = [&](int64_t c0, int c, int C) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int cu = c + u * L;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const bool ok = cu < C && q.live[r];
-        wv[u][r] = ok ? load_stream(q.w[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
+        const bool ok = cu < C && live[r];
+        wv[u][r] = ok ? load_stream(wrow[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
         if constexpr (F == WeightFormat::BF16) {
           ws[u][r] = 1.0f;
         } else {
           // fp8: one scale per 32 rows × 32 columns; fp4: one per row × 32 columns (= a chunk).
-          const int64_t s = F == WeightFormat::FP8 ? (q.n[r] / 32) * blocks + (c0 + cu) * E / 32 : q.n[r] * blocks + c0 + cu;
+          const int64_t s = F == WeightFormat::FP8 ? (n[r] / 32) * blocks + (c0 + cu) * E / 32 : n[r] * blocks + c0 + cu;
           ws[u][r] = ok ? e8m0_to_float(__ldg(scale[r] + s)) * Fmt::kUnscale : 0.0f;
         }
       }
     }
   };
   // The first step's weight loads go out before anything else the block waits for (its rows'
-  // entries, x, the quantization). With one slice a lane's last step of a row group fetches the
-  // first of its next one (`ahead`: wv holds it), so that its loads stay in flight across the
-  // group's sums and writes.
-  Rows cur = rows_of(blockIdx.y), next = cur;
-  fetch(cur, 0, lane, int((a.K < slice ? a.K : slice) / E), wv, ws);
-  bool ahead = true;
+  // entries, x, the quantization): at decode they are all of the lane's loads.
+  const int first_C = int((a.K < slice ? a.K : slice) / E);
+  select(blockIdx.y);
+  fetch(0, lane, first_C);
   if (int(threadIdx.x) < M) {
     const int m = int(threadIdx.x);
     const int64_t pos = first + m, entry = a.tiles ? a.list[pos] : pos;
@@ -503,7 +497,8 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   // Row groups blockIdx.y, + gridDim.y, ...: with one slice x is quantized once for all of them
   // and the warps stream on without a barrier; with several slices the grid gives each block one.
   for (int64_t g = blockIdx.y; g < row_groups; g += gridDim.y) {
-    const bool first_group = g == int64_t(blockIdx.y), more = slice == a.K && g + gridDim.y < row_groups;
+    const bool first_group = g == int64_t(blockIdx.y);
+    if (!first_group) select(g), fetch(0, lane, first_C);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -511,25 +506,17 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
     for (int64_t k0 = 0; k0 < a.K; k0 += slice) {
       const int kn = int(a.K - k0 < slice ? a.K - k0 : slice), C = kn / E;
       const int64_t c0 = k0 / E;
-      if (!ahead) fetch(cur, c0, lane, C, wv, ws);
-      ahead = false;
       if (first_group || slice < a.K) {  // block-uniform: the barriers below are whole
+        if (k0 > 0) fetch(c0, lane, C);  // the slice's first step in flight while its x is quantized
         if (k0 > 0 || !first_group) __syncthreads();  // every lane is done with the previous slice's x
         load_slice<F>(rowp, k0, M, kn, xs);
         __syncthreads();
       }
       for (int c = lane; c < C; c += L * U) {
-        const bool inner = c + L * U < C;
-        ahead = !inner && more;
-        if (ahead) next = rows_of(g + gridDim.y);
-        fetch(inner ? cur : next, inner ? c0 : 0, inner ? c + L * U : lane, inner || ahead ? C : 0, nv, ns);
+        if (c != lane) fetch(c0, c, C);
 #pragma unroll
         for (int u = 0; u < U; ++u)
           if (c + u * L < C) chunk_fma<F, MT>(wv[u], ws[u], xs, C, c + u * L, M, acc);
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) wv[u][r] = nv[u][r], ws[u][r] = ns[u][r];
       }
     }
 
@@ -544,17 +531,16 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
     if constexpr (kUp) {
 #pragma unroll
       for (int m = 0; m < MT; ++m)
-        if (m < M && lane == m % L && cur.live[0])
-          a.h[outrow[m] * a.N + cur.n[0]] =
+        if (m < M && lane == m % L && live[0])
+          a.h[outrow[m] * a.N + n[0]] =
               swiglu(round_bf16(acc[0][m]), round_bf16(acc[1][m]), a.limit, a.weights ? &roww[m] : nullptr);
     } else {
 #pragma unroll
       for (int e = 0; e < 2 * MT; ++e) {
         const int r = e / MT, m = e % MT;
-        if (m < M && lane == e % L && cur.live[r]) a.ye[outrow[m] * a.N + cur.n[r]] = bf16_from_float(acc[r][m]);
+        if (m < M && lane == e % L && live[r]) a.ye[outrow[m] * a.N + n[r]] = bf16_from_float(acc[r][m]);
       }
     }
-    cur = ahead ? next : rows_of(g + gridDim.y);
   }
 }
 
