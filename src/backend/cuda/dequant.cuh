@@ -112,10 +112,18 @@ struct QFormat<WeightFormat::FP4> {
   }
 };
 
-// The activation quantization's view of x (act_quant_fp8 per 32): each lane holds the 8
-// consecutive values at x8 (zeros where !live), four neighbouring lanes one 32-value block; returns
-// the block's amax. Every lane of the warp must call it (the amax is shuffled among the four).
-__device__ __forceinline__ float load8_block_amax(const float* x8, bool live, float v[8]) {
+// The activation quantization's view of x (act_quant_fp8 per 32): each lane holds 8 consecutive
+// values (zeros where not live), four neighbouring lanes one 32-value block; block_amax8 returns
+// the block's amax, load8_block_amax loads the lane's values from x8 first. Every lane of the
+// warp must call them (the amax is shuffled among the four).
+__device__ __forceinline__ float block_amax8(const float (&v)[8]) {
+  float amax = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  return fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+}
+__device__ __forceinline__ float load8_block_amax(const float* x8, bool live, float (&v)[8]) {
 #pragma unroll
   for (int e = 0; e < 8; ++e) v[e] = 0;
   if (live) {
@@ -123,11 +131,7 @@ __device__ __forceinline__ float load8_block_amax(const float* x8, bool live, fl
     const float4 b = *reinterpret_cast<const float4*>(x8 + 4);
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   }
-  float amax = 0;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-  return fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  return block_amax8(v);
 }
 
 // ---- straight to bf16 (the tensor cores' operands) ----

@@ -78,6 +78,7 @@
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rows.h"
+#include "backend/cuda/swiglu.cuh"
 #include "backend/cuda/wgmma.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
@@ -162,9 +163,10 @@ struct Rows {
 // ---- act_quant ----
 
 // Where act_quant's row m comes from and goes: x row m to xq row m (dense, slot == nullptr), or,
-// m a list position of cuda::moe's entries, its entry's token row (k > 0) or x's own slot row (k =
-// 0) to its slot; from = -1 past the live entries.
+// m a list position of cuda::moe's entries, its entry's token row to its slot; from = -1 past the
+// live entries.
 struct RowSource {
+  const float* x = nullptr;
   const int32_t* slot = nullptr;
   const int32_t* list = nullptr;
   int k = 0;
@@ -174,16 +176,44 @@ struct RowSource {
       return;
     }
     to = slot[m];
-    from = to < 0 ? -1 : k > 0 ? list[m] / k : to;
+    from = to < 0 ? -1 : list[m] / k;
+  }
+  __device__ void load8(int64_t, int64_t from, int64_t k0, int64_t K, float (&v)[8]) const {
+    const float4 a = *reinterpret_cast<const float4*>(x + from * K + k0);
+    const float4 b = *reinterpret_cast<const float4*>(x + from * K + k0 + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   }
 };
 
-// One thread: 8 consecutive values x[src, 8q..8q+7] for row m; the 4 threads of a 32-block are 4
-// consecutive lanes. The scale is swa_fp8::block_scale of the block's amax, x/s is rounded to e4m3
-// by the hardware (saturating), as qgemv's quantize_slice and the CPU's act_quant_fp8; the value
-// code·s goes out as bf16 (exact), value_offset's pairs of consecutive positions in one store.
-__global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* __restrict__ x, const RowSource src,
-                                                                  int64_t rows, int64_t K, uint16_t* __restrict__ xq) {
+// The hidden values of cuda::moe's entries, formed as they are read: list position m's slot row of
+// g and u (the up GEMM's outputs) through the SwiGLU with its entry's routing weight.
+struct SwigluSource {
+  const float *g, *u;
+  const int32_t *slot, *list;
+  const float* weights;
+  float limit;
+  __device__ void row(int64_t m, int64_t& from, int64_t& to) const { from = to = slot[m]; }
+  __device__ void load8(int64_t m, int64_t from, int64_t k0, int64_t K, float (&v)[8]) const {
+    const float* gr = g + from * K + k0;
+    const float* ur = u + from * K + k0;
+    const float* w = weights + list[m];
+#pragma unroll
+    for (int e = 0; e < 8; e += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(gr + e), b = *reinterpret_cast<const float4*>(ur + e);
+      v[e] = swiglu(a.x, b.x, limit, w), v[e + 1] = swiglu(a.y, b.y, limit, w);
+      v[e + 2] = swiglu(a.z, b.z, limit, w), v[e + 3] = swiglu(a.w, b.w, limit, w);
+    }
+  }
+};
+
+// One thread: 8 consecutive values of row m from its source (positions 8q..8q+7); the 4 threads of
+// a 32-block are 4 consecutive lanes. The scale is swa_fp8::block_scale of the block's amax, x/s is
+// rounded to e4m3 by the hardware (saturating), as qgemv's quantize_slice and the CPU's
+// act_quant_fp8; the value code·s goes out as bf16 (exact), value_offset's pairs of consecutive
+// positions in one store. Traffic: the source's bytes once (x: K·4 a row; g, u: 2·K·4), K·2 out.
+template <class Source>
+__global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const Source src, int64_t rows, int64_t K,
+                                                                  uint16_t* __restrict__ xq) {
   const int64_t per_row = K / 8, items = rows * per_row;
   const int64_t i = int64_t(blockIdx.x) * kQuantThreads + threadIdx.x;
   const bool on = i < items;
@@ -191,8 +221,9 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* _
   int64_t from = -1, to = 0;
   if (on) src.row(m, from, to);
   const bool live = from >= 0;
-  float v[8];
-  const float amax = load8_block_amax(x + (live ? from : 0) * K + 8 * q8, live, v);
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (live) src.load8(m, from, 8 * q8, K, v);
+  const float amax = block_amax8(v);
   if (!live) return;
   const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
   const int64_t k0 = 8 * q8;
@@ -207,11 +238,11 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const float* _
   for (int e : {0, 1, 4, 5}) *reinterpret_cast<uint32_t*>(xq + value_offset(to, k0 + e, K)) = b[e] | b[e + 2] << 16;
 }
 
-void launch_act_quant(const float* x, const RowSource& src, int64_t rows, int64_t K, uint16_t* xq,
-                      cudaStream_t stream) {
+template <class Source>
+void launch_act_quant(const Source& src, int64_t rows, int64_t K, uint16_t* xq, cudaStream_t stream) {
   const int64_t items = rows * (K / 8);
-  act_quant_kernel<<<unsigned((items + kQuantThreads - 1) / kQuantThreads), kQuantThreads, 0, stream>>>(x, src, rows,
-                                                                                                      K, xq);
+  act_quant_kernel<<<unsigned((items + kQuantThreads - 1) / kQuantThreads), kQuantThreads, 0, stream>>>(src, rows, K,
+                                                                                                      xq);
   check_launch("cuda::gemm::act_quant");
 }
 
@@ -543,7 +574,9 @@ bool usable(int64_t M, const Weight& w) {
 void act_quant(const float* x, int64_t M, int64_t K, uint16_t* xq, cudaStream_t stream) {
   if (M <= 0) return;
   if (K % kTileK != 0) fail("cuda::gemm::act_quant", "K a multiple of 128", "K = " + std::to_string(K));
-  launch_act_quant(x, RowSource{}, M, K, xq, stream);
+  RowSource src;
+  src.x = x;
+  launch_act_quant(src, M, K, xq, stream);
 }
 
 Tiling dense_tiling(int64_t M, int64_t N) {
@@ -592,9 +625,17 @@ bool grouped_usable(WeightFormat up, WeightFormat down, int64_t dim, int64_t int
 
 void act_quant_slots(const float* x, int64_t K, const Tiles& tiles, int k, uint16_t* xq, cudaStream_t stream) {
   if (K % kTileK != 0) fail("cuda::gemm::act_quant_slots", "K a multiple of 128", "K = " + std::to_string(K));
+  if (k <= 0) fail("cuda::gemm::act_quant_slots", "top-k of at least 1", "k = " + std::to_string(k));
   RowSource src;
-  src.slot = tiles.slot, src.list = tiles.list, src.k = k;
-  launch_act_quant(x, src, tiles.entries, K, xq, stream);
+  src.x = x, src.slot = tiles.slot, src.list = tiles.list, src.k = k;
+  launch_act_quant(src, tiles.entries, K, xq, stream);
+}
+
+void act_quant_swiglu_slots(const float* g, const float* u, int64_t inter, const Tiles& tiles, float limit,
+                            const float* weights, uint16_t* xq, cudaStream_t stream) {
+  if (inter % kTileK != 0)
+    fail("cuda::gemm::act_quant_swiglu_slots", "inter a multiple of 128", "inter = " + std::to_string(inter));
+  launch_act_quant(SwigluSource{g, u, tiles.slot, tiles.list, weights, limit}, tiles.entries, inter, xq, stream);
 }
 
 void grouped_up(const uint16_t* xq, const Tiles& tiles, const ExpertPointers* table, WeightFormat format,

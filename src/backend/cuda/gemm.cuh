@@ -82,19 +82,24 @@ inline Tiling grouped_tiling(int64_t entries, int64_t experts) {
 // [dim, inter], dim and inter multiples of kTileK, slot offsets within 32 bits.
 bool grouped_usable(WeightFormat up, WeightFormat down, int64_t dim, int64_t inter, int64_t max_tiles);
 
-// act_quant of the slot rows: list position j's slot from x[list[j] / k] (k > 0: x holds one row
-// per token, the layer's input) or from x's own slot row (k = 0: x in slot order, the hidden
-// values). Padding slots are not written (each output column of the GEMM reads its own row alone,
-// and padding columns are not stored). xq: slots·K bf16 in value_offset's order.
+// act_quant of the slot rows: list position j's slot from x[list[j] / k] (x holds one row per
+// token, the layer's input; k the top-k). Padding slots are not written (each output column of the
+// GEMM reads its own row alone, and padding columns are not stored). xq: slots·K bf16 in
+// value_offset's order.
 void act_quant_slots(const float* x, int64_t K, const Tiles& tiles, int k, uint16_t* xq, cudaStream_t stream);
+
+// act_quant_slots of the hidden values h = swiglu(g, u) (swiglu.cuh) with list position j's
+// routing weight weights[list[j]], formed as g and u [slots, inter] are read: h is never stored.
+void act_quant_swiglu_slots(const float* g, const float* u, int64_t inter, const Tiles& tiles, float limit,
+                            const float* weights, uint16_t* xq, cudaStream_t stream);
 
 // g, u [slots, inter] (bf16 values) = A · w1ᵀ, A · w3ᵀ of each tile's expert, A = act_quant_slots
 // of the input (dim features).
 void grouped_up(const uint16_t* xq, const Tiles& tiles, const ExpertPointers* table, WeightFormat format,
                 Tiling tiling, int64_t dim, int64_t inter, float* g, float* u, cudaStream_t stream);
 
-// ye[list[first + i], dim] (bf16 bits) = A · w2ᵀ of each tile's expert, A = act_quant_slots of the
-// hidden values (inter features).
+// ye[list[first + i], dim] (bf16 bits) = A · w2ᵀ of each tile's expert, A = act_quant_swiglu_slots
+// of the up GEMM's outputs (inter features).
 void grouped_down(const uint16_t* xq, const Tiles& tiles, const ExpertPointers* table, WeightFormat format,
                   Tiling tiling, int64_t inter, int64_t dim, uint16_t* ye, cudaStream_t stream);
 

@@ -13,17 +13,18 @@
 // bytes + scales ≈ 18.4 MB per V4.1 expert at fp4) and 2 × rows × 2304 × 4 for the hidden values.
 //
 // The sub-layer (moe()): forward.cpp's moe() with the routing kept on the device, at any row
-// count. Kernels, in order (8 launches for a decode step, plus one gate pass per further 8 rows):
+// count. Kernels, in order (7 launches for a decode step, plus one gate pass per further 8 rows):
 //   gate      cuda::linear_f32 → logits [rows, E]
 //   route     route_kernel → experts, weights [rows, k] (or the forced experts, weighted)
 //   bucket    bucket_kernel → each expert's entries (entry = row·k + slot) in ascending entry
 //             order, cut into tiles of ≤ 8 (GEMV) or ≤ 128 (tensor cores) entries of one expert,
-//             and the tile count
+//             and the tile count (one unforced row: route_kernel writes its k one-entry tiles)
 //   up        GEMV: grouped_kernel<up> over (tile, slice of inter): h = the SwiGLU of w1, w3 →
 //             h [entry]. Tensor cores: gemm::act_quant_slots of x by entry, gemm::grouped_up →
-//             g, u [slot], slot_swiglu_kernel → h [slot]
+//             g, u [slot]
 //   down      GEMV: grouped_kernel<down> over (tile, slice of dim): ye [entry] = w2 h (bf16).
-//             Tensor cores: act_quant_slots of h, gemm::grouped_down → ye [entry]
+//             Tensor cores: gemm::act_quant_swiglu_slots (h of g, u, act-quantized in one pass),
+//             gemm::grouped_down → ye [entry]
 //   shared    on a side stream beside all of the above (side_stream.h), from the start: at one
 //             row the GEMV kernels over the shared expert (no routing); from 2 rows expert_ffn
 //             (cuda::linear's GEMMs), then to bf16
@@ -52,6 +53,7 @@
 #include "backend/cuda/linear.h"
 #include "backend/cuda/rows.h"
 #include "backend/cuda/side_stream.h"
+#include "backend/cuda/swiglu.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -66,10 +68,18 @@ constexpr int kMaxTopk = 32;
 // a beats b: higher biased score, or equal and the lower index.
 __device__ __forceinline__ bool beats(float va, int a, float vb, int b) { return va > vb || (va == vb && a < b); }
 
+// One decode row's tiles, written by route_kernel in bucket_kernel's place (null: none).
+struct RowTiles {
+  int32_t* list;
+  int4* tiles;
+  int* tile_count;
+};
+
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int E, const float* bias, int k,
                                                               bool sigmoid, float gate_temp, bool norm, float route_scale,
                                                               const int32_t* forced, int32_t* experts, float* weights,
-                                                              const float* bias_vl, const uint8_t* image_rows) {
+                                                              const float* bias_vl, const uint8_t* image_rows,
+                                                              const RowTiles one) {
   extern __shared__ float smem[];
   float* scores = smem;
   float* biased = smem + E;
@@ -123,6 +133,17 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
       if (norm && k > 1) w /= sum + 1e-20f;  // as the CPU op (not norm_eps: as in training)
       experts[r * k + j] = order[j];
       weights[r * k + j] = w * route_scale;
+    }
+    // A lone unforced row's k experts are distinct: bucket_kernel would make one tile of one entry
+    // per expert, in ascending expert order. Written here, that launch is saved at decode.
+    if (one.tiles) {
+      for (int j = 0; j < k; ++j) {
+        int rank = 0;
+        for (int i = 0; i < k; ++i) rank += order[i] < order[j];
+        one.list[rank] = j;
+        one.tiles[rank] = make_int4(order[j], rank, 1, 0);
+      }
+      *one.tile_count = k;
     }
   }
 }
@@ -347,18 +368,6 @@ __device__ __forceinline__ void chunk_fma(const uint4 (&wv)[2], const float (&ws
 #pragma unroll
     for (int m = 0; m < MT; ++m)
       if (m < M) acc[r][m] = fmaf(p[r][m], ws[r], acc[r][m]);
-}
-
-// The CPU expert's hidden value from the bf16 outputs g = w1 x, u = w3 x (forward.cpp through
-// backend/cpu/moe.cpp, its expressions and order): bf16(weight · silu(min(g, L)) · clamp(u, -L, L)).
-__device__ __forceinline__ float swiglu(float g, float u, float limit, const float* weight) {
-  if (limit > 0) {
-    u = u < -limit ? -limit : (limit < u ? limit : u);  // std::clamp
-    g = limit < g ? limit : g;                         // std::min
-  }
-  float h = g / (1.0f + expf(-g)) * u;
-  if (weight) h = *weight * h;
-  return round_bf16(h);
 }
 
 // What one grouped_kernel launch works on. Routed: tile t of bucket_kernel's (exit when t ≥
@@ -640,19 +649,6 @@ __global__ void swiglu_kernel(float* g, const float* u, int64_t rows, int64_t in
   g[i] = swiglu(g[i], u[i], limit, row_weights ? row_weights + i / inter : nullptr);
 }
 
-// The tensor-core path's hidden values: h = swiglu(g, u) with the entry's routing weight, in place
-// of g, over the live slots of `tiles` (g, u [slots, inter] in slot order, as grouped_up wrote
-// them), one thread per (list position, column).
-__global__ void slot_swiglu_kernel(float* g, const float* u, const gemm::Tiles tiles, int64_t inter, float limit,
-                                   const float* weights) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= tiles.entries * inter) return;
-  const int64_t j = i / inter, slot = tiles.slot[j];
-  if (slot < 0) return;
-  const int64_t at = slot * inter + i % inter;
-  g[at] = swiglu(g[at], u[at], limit, weights + tiles.list[j]);
-}
-
 // bias_vl's values for rows of image spans (null when there are none), checked as the bias is.
 const float* vision_bias(const Weight* bias_vl, const uint8_t* image_rows, int64_t experts, const char* where) {
   if (!image_rows) return nullptr;
@@ -662,12 +658,9 @@ const float* vision_bias(const Weight* bias_vl, const uint8_t* image_rows, int64
   return reinterpret_cast<const float*>(bias_vl->data);
 }
 
-}  // namespace
-
-void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
-                       int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced, const float* bias_vl,
-                       const uint8_t* image_rows) {
-  if (rows <= 0) return;
+void launch_route(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
+                  int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced, const float* bias_vl,
+                  const uint8_t* image_rows, const RowTiles& one) {
   if (!bias_vl != !image_rows) fail("cuda::route", "bias_vl and image rows together", bias_vl ? "bias_vl alone" : "image rows alone");
   if (opt.score_func != "sqrtsoftplus" && opt.score_func != "sigmoid")
     fail("cuda::route", "score_func sqrtsoftplus or sigmoid", opt.score_func);
@@ -677,8 +670,17 @@ void route_from_logits(const float* logits, int64_t rows, int n_experts, const f
     fail("cuda::route", "top-k in [1, min(32, experts)]", std::to_string(opt.topk));
   route_kernel<<<unsigned(rows), kRouteThreads, size_t(2 * n_experts) * sizeof(float), stream>>>(
       logits, n_experts, bias, opt.topk, opt.score_func == "sigmoid", opt.gate_temp, opt.norm_topk_prob,
-      opt.route_scale, forced, experts, weights, bias_vl, image_rows);
+      opt.route_scale, forced, experts, weights, bias_vl, image_rows, one);
   check_launch("cuda::route");
+}
+
+}  // namespace
+
+void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
+                       int32_t* experts, float* weights, cudaStream_t stream, const int32_t* forced, const float* bias_vl,
+                       const uint8_t* image_rows) {
+  if (rows <= 0) return;
+  launch_route(logits, rows, n_experts, bias, opt, experts, weights, stream, forced, bias_vl, image_rows, {});
 }
 
 void route(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
@@ -823,16 +825,20 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
   }
 
   linear_f32(x, rows, gate, logits, stream);
-  route_from_logits(logits, rows, E, reinterpret_cast<const float*>(bias.data), opt, experts, weights, stream, forced, vl,
-                    image_rows);
-  bucket_kernel<<<1, kBucketThreads, size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, list, tiles,
-                                                                         tile_count, slot);
-  check_launch("cuda::moe bucket");
+  const float* b = reinterpret_cast<const float*>(bias.data);
+  if (tile == 1) {  // one row, unforced: the route writes its tiles
+    launch_route(logits, rows, E, b, opt, experts, weights, stream, forced, vl, image_rows, {list, tiles, tile_count});
+  } else {
+    route_from_logits(logits, rows, E, b, opt, experts, weights, stream, forced, vl, image_rows);
+    bucket_kernel<<<1, kBucketThreads, size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, list, tiles,
+                                                                           tile_count, slot);
+    check_launch("cuda::moe bucket");
+  }
 
   const auto* table = static_cast<const ExpertPointers*>(routed.device());
-  float* h = reinterpret_cast<float*>(scratch + at_h);  // GEMV: [entries, inter]; tensor cores: g, then h [slots, inter]
+  float* h = reinterpret_cast<float*>(scratch + at_h);  // GEMV: [entries, inter]; tensor cores: g [slots, inter]
   if (tensor) {
-    // x per entry in slot order → g (in h), u → h in place of g → ye at the entries' rows.
+    // x per entry in slot order → g (in h), u → their SwiGLU act-quantized → ye at the entries' rows.
     // A tile holds one expert's entries: at most one per token, or k when the routing is forced.
     gemm::Tiles t{tiles, tile_count, max_tiles, list, slot, n, std::min<int64_t>(gemm::kTileRows, forced ? n : rows)};
     // Routed, an expert's row count is about binomial (rows, k/E): its mean and two deviations
@@ -848,10 +854,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
     uint16_t* xq = reinterpret_cast<uint16_t*>(scratch + at_xq);
     gemm::act_quant_slots(x, dim, t, k, xq, stream);
     gemm::grouped_up(xq, t, table, routed.w1().format, tiling, dim, inter, h, u, stream);
-    const int64_t hn = n * inter;
-    slot_swiglu_kernel<<<unsigned((hn + 255) / 256), 256, 0, stream>>>(h, u, t, inter, limit, weights);
-    check_launch("cuda::moe swiglu");
-    gemm::act_quant_slots(h, inter, t, 0, xq, stream);
+    gemm::act_quant_swiglu_slots(h, u, inter, t, limit, weights, xq, stream);
     gemm::grouped_down(xq, t, table, routed.w2().format, tiling, inter, dim, ye, stream);
   } else {
     GroupedArgs up{tiles, tile_count, list, 0, k, x, dim, inter, table, {}, weights, limit, h, nullptr};
