@@ -19,4 +19,7 @@ fi
 # The fuzz targets (fuzz/, ASan + UBSan, their own clang build) for a bounded time each: ~2.5
 # minutes of fuzzing in all. First, so that ctest's summary closes the output.
 scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
-ctest --test-dir build --output-on-failure -j "$(nproc)" "${exclude[@]}"
+# ctest runs as many tests at once as there are cores, and each test's OpenMP uses every core:
+# threads that spin after their parallel regions (OpenMP's default) burn the cores the other tests
+# run on. Sleeping at once instead, the suite took 300 s, not 434, on 2 cores (docs/benchmarks.md).
+OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} ctest --test-dir build --output-on-failure -j "$(nproc)" "${exclude[@]}"
