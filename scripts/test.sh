@@ -16,8 +16,8 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "test.sh: no GPU here: the ${gpu_tests} test(s) labelled gpu are built but not run"
   exclude=(-LE gpu)
 fi
-# The fuzz targets (fuzz/, ASan + UBSan, their own clang build) for a bounded time each: ~2.5
-# minutes of fuzzing in all. First, so that ctest's summary closes the output.
+# The fuzz targets (fuzz/, ASan + UBSan, their own clang build) for a bounded time each, one a
+# core: ~1.5 minutes of fuzzing on two cores. First, so that ctest's summary closes the output.
 scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 # ctest runs as many tests at once as there are cores, and each test's OpenMP uses every core:
 # threads that spin after their parallel regions (OpenMP's default) burn the cores the other tests
