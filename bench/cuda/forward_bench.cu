@@ -13,7 +13,8 @@
 // as a forward_batch call per step (its logits copied to the host, as that call returns them) and
 // replaying a DecodeGraph (decode_graph.h) whose logits stay on the device, where the server
 // samples them (a batch of 64 rows' 129K logits is 33 MB: copying them out and into per-row
-// vectors cost ~20 ms a step); tokens/s and the bandwidth are the graph's. One more decode step
+// vectors cost ~20 ms a step); tokens/s and the bandwidth are the graph's, and one more replay
+// runs inside the NVTX range "decode step" for Nsight Compute. One more decode step
 // per row, and each prompt length's exact prefill a third time, run with op times (op_times.h):
 // the device time per op, and the GPU's idle time between ops; the decode step's ops also by kernel
 // class (dense projections, MoE, sparse attention, indexer, mHC, other) beside the bytes the model
@@ -31,6 +32,7 @@
 // exact_ops_ms.<op>, exact_idle_ms, turn_rows, turn_ms, turn_ops_ms.<op>, turn_idle_ms},
 // prompt_batch.{prompts, prompt_tokens, ms, tokens_per_s, ops_ms.<op>, idle_ms}.
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <chrono>
@@ -336,7 +338,7 @@ int main(int argc, char** argv) try {
         synthetic_context(c, *seqs.back(), context, uint64_t(b) * 1000 + 7);
         ptrs.push_back(seqs.back().get());
       }
-      const Inputs in = random_inputs(c, B * (2 * steps + 5), uint64_t(context + B));
+      const Inputs in = random_inputs(c, B * (2 * steps + 6), uint64_t(context + B));
       const int64_t per = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
       std::unique_ptr<DecodeGraph> graph;
       OpTimes* times = nullptr;  // set for the one step that keeps op times
@@ -369,6 +371,11 @@ int main(int argc, char** argv) try {
       if (B <= kDecodeGraphRows) {
         graph = std::make_unique<DecodeGraph>(dm, ptrs);
         step_s = timed(steps + 2, true);
+        // One more replay inside an NVTX range, for a profiler to take one whole step and nothing
+        // else: ncu --nvtx --nvtx-include "decode step/" --graph-profiling node (docs/cuda.md).
+        nvtxRangePushA("decode step");
+        step(2 * steps + 4, true);
+        nvtxRangePop();
       }
       const double experts = double(E) * (1.0 - std::pow(1.0 - double(k) / E, double(B)));
       const double expert_bytes = moe_layers * experts * wb.expert;
@@ -384,7 +391,7 @@ int main(int argc, char** argv) try {
       // One more step as a forward_batch call with op times: where a decode step goes.
       OpTimes decode_times;
       times = &decode_times;
-      step(2 * steps + 4, false);
+      step(2 * steps + 5, false);
       check(cudaDeviceSynchronize(), "decode");
       decode_breakdown.push_back({B, context, op_table(decode_times, row["ops_ms"], row["idle_ms"]),
                                   class_table(decode_times, c, wb, expert_bytes, B, context, copy_bw, row["classes"])});
