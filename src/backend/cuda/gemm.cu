@@ -33,9 +33,10 @@
 // consumers (224 registers) each own 64·MSub weight rows: per k-tile they read their rows' codes
 // and scales from the stage into registers, then for each of the 8 k16 steps widen the A
 // fragments (in 2 or 4 buffers: a step's registers are rewritten only once the MMA that last read
-// them completed) and issue MSub MMAs, one commit group per step (wide) or per two steps (narrow:
-// its short MMAs leave the wait, fence and commit a large share of the issue slots); a stage goes
-// back to the producer once all of its MMAs have completed, a few steps into the next k-tile.
+// them completed) and issue MSub MMAs, one commit group per step with 2 buffers or per two steps
+// with 4 (the narrow tiles: their short MMAs leave the wait, fence and commit a large share of the
+// issue slots); a stage goes back to the producer once all of its MMAs have completed, a few steps
+// into the next k-tile.
 //
 // Tilings (gemm.cuh): wide, MSub = 2 and BN = 128 (256 weight rows × 128 activation rows, 4 fp4
 // or 3 fp8 stages of 48-64 KB); narrow, MSub = 1 and BN = 16, 32, 48 or 64, up to 12 stages so that
@@ -63,10 +64,12 @@
 // per k-tile per CTA, 0.54 instructions per cycle per scheduler): ~20 GB/s of weights per SM, so
 // decode needs most SMs busy (the MoE's grouped launches are; a lone small weight is not). ptxas
 // gives the kernel 168 registers a thread whatever setmaxnreg grants the consumers, so the wide
-// fp8 forms spill 8 (dense) to 88 (grouped) bytes and the wide form keeps two fragment buffers. At decode (cuda::moe, 16 experts × 64 rows, Nsight Compute) the narrow
-// form is bound by its consumers: the producer waits on free stages, ~40 instructions a wgmma (8
-// weight values a thread), 16 of them widening since the bit moves (eb51091: 3-5% faster for fp4,
-// 1-2% for fp8) and the rest per-step bookkeeping (descriptor, wait, fence, commit, branches).
+// fp8 forms spill 8 (dense) to 88 (grouped) bytes and the wide form keeps two fragment buffers.
+// At decode (cuda::moe, 16 experts × 64 rows, Nsight Compute) the narrow form is bound by its
+// consumers: the producer waits on free stages, ~40 instructions a wgmma (8 weight values a
+// thread), 16 of them widening since the bit moves (eb51091: 3-5% faster for fp4, 1-2% for fp8)
+// and the rest per-step bookkeeping (descriptor, wait, fence, commit, branches; commit groups of
+// two steps took 0.3–2.5% off, docs/benchmarks.md).
 
 #include "backend/cuda/gemm.cuh"
 
