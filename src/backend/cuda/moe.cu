@@ -395,7 +395,8 @@ struct GroupedArgs {
 // down: ye[entry, n .. n + 1] = bf16(w2[n .. n + 1]·hq). Otherwise linear.cu's qgemv: x gathered
 // by entry and act-quantized per slice into shared memory (K in slices of ≤ 46 KB of fp32 for the
 // tile's M rows), the weight streamed in 16-byte loads, U·2 in flight per lane, decoded in
-// registers, never through shared memory; the group's partials summed by shuffles.
+// registers, never through shared memory (the next step's loads issued before this step's math);
+// the group's partials summed by shuffles.
 // Grid: (the most tiles the entries can make, row groups of 256 / L · (kUp ? 1 : 2) outputs, or
 // fewer when one slice holds x: then a block loops over row groups, as qgemv). Traffic per tile:
 // its expert's weight rows once (the whole expert over the grid's y: 2 × inter × dim for up, dim ×
@@ -408,7 +409,7 @@ template <WeightFormat F, int MT, int L, bool kUp>
 __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(const GroupedArgs a) {
   using Fmt = GFormat<F>;
   constexpr int E = Fmt::kElems;
-  constexpr int U = MT == 1 ? 4 : 2;
+  constexpr int U = MT == 1 ? 2 : 1;  // chunks per row and step: U·2 loads in flight, twice over
   constexpr int kGroups = kGThreads / L;
   extern __shared__ float4 xs[];
   __shared__ const float* rowp[MT];
@@ -454,11 +455,11 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   // The slice: as much of K as M rows of fp32 fit in the shared memory, whole group steps.
   const int64_t step = int64_t(L) * E, fit = int64_t(kGSmemBytes / 4 / M) / step * step;
   const int64_t slice = a.K < fit ? a.K : fit;
-  uint4 wv[U][2];
-  float ws[U][2];
+  uint4 wv[U][2], nv[U][2];  // this step's chunks, the next step's (in flight during this one's math)
+  float ws[U][2], ns[U][2];
   float acc[2][MT];
   // The U·2 chunks of one step of the lane, from global chunk c0 + c on (zeros past C or N).
-  auto fetch = [&](int64_t c0, int c, int C) {
+  auto fetch = [&](int64_t c0, int c, int C, uint4 (&wv)[U][2], float (&ws)[U][2]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int cu = c + u * L;
@@ -480,7 +481,7 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   // entries, x, the quantization): at decode they are all of the lane's loads.
   const int first_C = int((a.K < slice ? a.K : slice) / E);
   select(blockIdx.y);
-  fetch(0, lane, first_C);
+  fetch(0, lane, first_C, wv, ws);
   if (int(threadIdx.x) < M) {
     const int m = int(threadIdx.x);
     const int64_t pos = first + m, entry = a.tiles ? a.list[pos] : pos;
@@ -498,7 +499,7 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   // and the warps stream on without a barrier; with several slices the grid gives each block one.
   for (int64_t g = blockIdx.y; g < row_groups; g += gridDim.y) {
     const bool first_group = g == int64_t(blockIdx.y);
-    if (!first_group) select(g), fetch(0, lane, first_C);
+    if (!first_group) select(g), fetch(0, lane, first_C, wv, ws);
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -507,16 +508,20 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
       const int kn = int(a.K - k0 < slice ? a.K - k0 : slice), C = kn / E;
       const int64_t c0 = k0 / E;
       if (first_group || slice < a.K) {  // block-uniform: the barriers below are whole
-        if (k0 > 0) fetch(c0, lane, C);  // the slice's first step in flight while its x is quantized
+        if (k0 > 0) fetch(c0, lane, C, wv, ws);  // the slice's first step in flight while its x is quantized
         if (k0 > 0 || !first_group) __syncthreads();  // every lane is done with the previous slice's x
         load_slice<F>(rowp, k0, M, kn, xs);
         __syncthreads();
       }
       for (int c = lane; c < C; c += L * U) {
-        if (c != lane) fetch(c0, c, C);
+        fetch(c0, c + L * U, C, nv, ns);
 #pragma unroll
         for (int u = 0; u < U; ++u)
           if (c + u * L < C) chunk_fma<F, MT>(wv[u], ws[u], xs, C, c + u * L, M, acc);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) wv[u][r] = nv[u][r], ws[u][r] = ns[u][r];
       }
     }
 
