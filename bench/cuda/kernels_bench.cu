@@ -29,6 +29,7 @@
 #include "backend/cuda/linear.h"
 #include "backend/cuda/mhc.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/sparse_attention.h"
 #include "numerics/codecs.h"
 
@@ -592,7 +593,68 @@ void BM_Moe(benchmark::State& state) {
   cudaFree(gate), cudaFree(x), cudaFree(bias), cudaFree(y), cudaFree(weights), cudaFree(experts);
 }
 
+// ---- the graph's floor: a chain of dependent kernels ----------------------------------------------
+// A decode step is a graph of ~1,100 dependent kernels at batch 1 (Nsight Compute); this measures
+// what each link costs beyond its own work. Each link reads the previous link's one float and
+// `bytes` of a 512 MB weight region (rotating, so from HBM), then writes its sum: the shape of a
+// GEMV at one row. mode 0: plain launches; 1: a cudaMallocAsync / cudaFreeAsync of scratch around
+// each link, as ops take their scratch (mem-alloc and mem-free nodes between the kernels); 2:
+// programmatic dependent launch (PDL), each link waiting for the previous one (griddepcontrol.wait)
+// before anything; 3: PDL with the link's weight loads issued before the wait; 4: as 3, and each
+// link releases the next at its start (release_dependents). us_per_call: the
+// replay's time per link. The floor a decode step pays is links × (us_per_call at 0 bytes).
+template <bool kLoadsFirst, bool kRelease>
+__global__ void __launch_bounds__(256) chain_kernel(const float4* w, size_t n4, const float* prev, float* next) {
+  if (kRelease) cuda::release_dependents();
+  float4 v[4] = {};
+  const size_t stride = size_t(gridDim.x) * blockDim.x, first = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (kLoadsFirst)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (first + j * stride < n4) v[j] = __ldg(w + first + j * stride);
+  cuda::wait_for_inputs();
+  float acc = prev[0];
+  for (size_t i = first + (kLoadsFirst ? 4 * stride : 0); i < n4; i += stride) {
+    const float4 x = __ldg(w + i);
+    acc += x.x + x.y + x.z + x.w;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) acc += v[j].x + v[j].y + v[j].z + v[j].w;
+  if (acc == 12345.0f) next[blockIdx.x] = acc;  // rarely true: keeps the loads, writes almost nothing
+  if (threadIdx.x == 0 && blockIdx.x == 0) next[0] = prev[0] + 1.0f;
+}
+
+void BM_GraphChain(benchmark::State& state) {
+  const int mode = int(state.range(0));
+  const size_t bytes = size_t(state.range(1)) << 10, region = kRotateBytes;
+  float4* w = static_cast<float4*>(device_random(region, 3));
+  float* links = nullptr;
+  check(cudaMalloc(&links, 2 * 1024 * sizeof(float)), "alloc");
+  check(cudaMemset(links, 0, 2 * 1024 * sizeof(float)), "zero");
+  const int sms = cuda::multiprocessors("bench"), calls = 512;
+  const size_t per_link = std::max<size_t>(bytes / 16, 1), links_in_region = region / 16 / per_link;
+  time_graph(state, double(bytes), calls, [&](int i, cudaStream_t stream) {
+    const float4* wi = w + (size_t(i) % links_in_region) * per_link;
+    const float* prev = links + (i % 2) * 1024;
+    float* next = links + (1 - i % 2) * 1024;
+    const size_t n4 = bytes / 16;
+    void* scratch = nullptr;
+    if (mode == 1) check(cudaMallocAsync(&scratch, 4096, stream), "alloc");
+    if (mode < 2) chain_kernel<false, false><<<sms, 256, 0, stream>>>(wi, n4, prev, next);
+    else if (mode == 2) cuda::launch_early("chain", chain_kernel<false, false>, sms, 256, 0, stream, wi, n4, prev, next);
+    else if (mode == 3) cuda::launch_early("chain", chain_kernel<true, false>, sms, 256, 0, stream, wi, n4, prev, next);
+    else cuda::launch_early("chain", chain_kernel<true, true>, sms, 256, 0, stream, wi, n4, prev, next);
+    check(cudaGetLastError(), "chain");
+    if (mode == 1) check(cudaFreeAsync(scratch, stream), "free");
+  });
+  const char* names[] = {"plain", "scratch alloc and free", "PDL", "PDL, weights before the wait",
+                         "PDL, weights before the wait, the next link released at the start"};
+  state.SetLabel(names[mode]);
+  cudaFree(w), cudaFree(links);
+}
+
 BENCHMARK(BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(BM_GraphChain)->ArgsProduct({{0, 1, 2, 3, 4}, {0, 256, 4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_Linear)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1}})
     ->UseManualTime()

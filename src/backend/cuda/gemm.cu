@@ -79,6 +79,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rows.h"
 #include "backend/cuda/swiglu.cuh"
@@ -217,6 +218,7 @@ struct SwigluSource {
 template <class Source>
 __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const Source src, int64_t rows, int64_t K,
                                                                   uint16_t* __restrict__ xq) {
+  wait_for_inputs();
   const int64_t per_row = K / 8, items = rows * per_row;
   const int64_t i = int64_t(blockIdx.x) * kQuantThreads + threadIdx.x;
   const bool on = i < items;
@@ -244,9 +246,8 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const Source s
 template <class Source>
 void launch_act_quant(const Source& src, int64_t rows, int64_t K, uint16_t* xq, cudaStream_t stream) {
   const int64_t items = rows * (K / 8);
-  act_quant_kernel<<<unsigned((items + kQuantThreads - 1) / kQuantThreads), kQuantThreads, 0, stream>>>(src, rows, K,
-                                                                                                      xq);
-  check_launch("cuda::gemm::act_quant");
+  launch_early("cuda::gemm::act_quant", act_quant_kernel<Source>, unsigned((items + kQuantThreads - 1) / kQuantThreads),
+               kQuantThreads, 0, stream, src, rows, K, xq);
 }
 
 // ---- the GEMM ----
@@ -288,6 +289,7 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
   // This CTA's k-tiles: kt0 .. kt0 + KT (the grouped forms take the whole of K).
   const int kt0 = kOut == Out::Dense ? int(blockIdx.y) * a.per : 0;
   const int KT = kOut == Out::Dense ? min(K / kBK - kt0, a.per) : K / kBK;
+  wait_for_inputs();
 
   // The CTA's tile: weight rows n0 .., activation rows r0 .. r0 + rows (of the map; fewer than BN
   // valid at the end).
@@ -511,8 +513,7 @@ void launch_gemm(const CUtensorMap& map, const GemmArgs& a, dim3 grid, cudaStrea
     return true;
   }();
   (void)configured;
-  gemm_kernel<F, BN, MSub, kOut><<<grid, kThreads, kBytes, stream>>>(map, a);
-  check_launch("cuda::linear gemm");
+  launch_early("cuda::linear gemm", gemm_kernel<F, BN, MSub, kOut>, grid, kThreads, kBytes, stream, map, a);
 }
 
 // A tiling's shape: activation rows per CTA (the narrow one as few as `rows` needs) and weight rows.

@@ -33,6 +33,7 @@
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemm_bf16.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -100,6 +101,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict_
                                                        int64_t N, int64_t K, const uint8_t* __restrict__ w,
                                                        const uint8_t* __restrict__ scale, float* __restrict__ y,
                                                        bool round) {
+  wait_for_inputs();
   using Fmt = Format<F>;
   constexpr int E = Fmt::kElems;
   constexpr bool kQuantized = F == WeightFormat::FP8 || F == WeightFormat::FP4;
@@ -356,7 +358,8 @@ __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restric
     for (int64_t k0 = 0; k0 < K; k0 += slice) {
       const int kn = int(K - k0 < slice ? K - k0 : slice), C = kn / E;
       const int64_t c0 = k0 / E;
-      fetch(c0, lane, C, wv, ws);  // the first step's loads go out before the block waits on x
+      fetch(c0, lane, C, wv, ws);  // the first step's loads go out before the block waits on x,
+      wait_for_inputs();           // and, launched early, before the kernel before it ends
       if (first || slice < K) {    // block-uniform: the barriers below are whole
         if (!first || k0 > 0) __syncthreads();  // every lane is done with the previous slice's x
         quantize_slice<F>(x + k0, K, M, kn, xs);
@@ -398,8 +401,8 @@ void qlaunch(const float* x, int M, int64_t N, int64_t K, const Weight& w, float
   const int64_t row_groups = (N + rows_per_block - 1) / rows_per_block;
   static const int resident = resident_blocks(qgemv_kernel<F, MT, L, R>, kQThreads, kQSmemBytes, "cuda::linear");
   const unsigned grid = unsigned(slice < K ? row_groups : std::min<int64_t>(row_groups, resident));
-  qgemv_kernel<F, MT, L, R><<<grid, kQThreads, size_t(MT) * slice * 4, stream>>>(x, M, N, K, slice, w.data, w.scale, y);
-  check_launch("cuda::linear");
+  launch_early("cuda::linear", qgemv_kernel<F, MT, L, R>, grid, kQThreads, size_t(MT) * slice * 4, stream, x, M, N, K,
+               slice, w.data, w.scale, y);
 }
 
 template <WeightFormat F, int MT>
@@ -447,13 +450,15 @@ void launch_rows(const float* x, int64_t ldx, int64_t group_rows, int64_t N, int
     const int64_t rows_per_block = kThreads / T * kRows;
     return unsigned((N + rows_per_block - 1) / rows_per_block);
   };
+  const auto run = [&](auto kernel, int T) {
+    launch_early("cuda::linear", kernel, grid(T), kThreads, 0, stream, x, ldx, group_rows, N, K, w.data, w.scale, y, round);
+  };
   switch (warps) {
-    case 1: gemv_kernel<F, MT, 32><<<grid(32), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
-    case 2: gemv_kernel<F, MT, 64><<<grid(64), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
-    case 4: gemv_kernel<F, MT, 128><<<grid(128), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
-    default: gemv_kernel<F, MT, 256><<<grid(256), kThreads, 0, stream>>>(x, ldx, group_rows, N, K, w.data, w.scale, y, round); break;
+    case 1: run(gemv_kernel<F, MT, 32>, 32); break;
+    case 2: run(gemv_kernel<F, MT, 64>, 64); break;
+    case 4: run(gemv_kernel<F, MT, 128>, 128); break;
+    default: run(gemv_kernel<F, MT, 256>, 256); break;
   }
-  check_launch("cuda::linear");
 }
 
 template <WeightFormat F>

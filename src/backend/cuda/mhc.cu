@@ -30,6 +30,7 @@
 
 #include "backend/cpu/sinkhorn.h"
 #include "backend/cuda/check.h"
+#include "backend/cuda/pdl.cuh"
 #include "numerics/types.h"
 
 namespace dsv41::cuda {
@@ -155,6 +156,7 @@ __global__ void mix_finish(const float* partials, int64_t rows, int slices, int6
 __global__ void coefficients_kernel(const float* mixes, int64_t rows, int hc, const float* scale, const float* base,
                                     int iters, float hc_eps, float* pre, float* post, float* comb) {
   __shared__ float comb_s[kMixWarps][kMaxHc * kMaxHc];
+  wait_for_inputs();
   const int64_t row = int64_t(blockIdx.x) * kMixWarps + threadIdx.x / 32;
   if (row >= rows) return;  // whole warps leave
   const int n_mix = (2 + hc) * hc;
@@ -319,7 +321,8 @@ template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a) {
   const int64_t row = blockIdx.y, k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
   float fnk[(2 + HC) * HC][HC];
-  load_fn_column<HC>(a.fn, a.d, k, fnk);
+  load_fn_column<HC>(a.fn, a.d, k, fnk);  // a weight: read while the kernel before this one ends
+  wait_for_inputs();
   float acc[kMegaSums];
   mega_column<HC>(a, row, k, fnk, acc);
   block_sums<kMegaSums, kMegaThreads>(acc, a.partials + (row * gridDim.x + blockIdx.x) * kMegaSums);
@@ -344,6 +347,7 @@ __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs 
   const int64_t k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);
+  wait_for_inputs();
   const int64_t first = int64_t(blockIdx.y) * kMegaRowsPerBlock;
   const int n = int(rows - first < kMegaRowsPerBlock ? rows - first : kMegaRowsPerBlock);
   // Each row's warp totals wait here, and the warps' sums (block_sums' order) are taken once for all
@@ -367,6 +371,7 @@ __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs 
 
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_finish_kernel(const MegaArgs a, int slices) {
+  wait_for_inputs();
   mega_finish_row(a, blockIdx.x, slices, HC);
 }
 
@@ -405,17 +410,14 @@ void mega_mhc_rows(const float* f, const float* X, const float* post, const floa
                         stream),
         "cuda::mega_mhc");
   if (rows < kMegaFusedRows) {
-    for_hc(hc, [](auto HC) { return &mega_mhc_kernel<decltype(HC)::value>; })<<<dim3(unsigned(slices), unsigned(rows)),
-                                                                                 kMegaThreads, 0, stream>>>(a);
-    check_launch("cuda::mega_mhc");
+    launch_early("cuda::mega_mhc", for_hc(hc, [](auto HC) { return &mega_mhc_kernel<decltype(HC)::value>; }),
+                 dim3(unsigned(slices), unsigned(rows)), kMegaThreads, 0, stream, a);
   } else {
     const dim3 grid(unsigned(slices), unsigned((rows + kMegaRowsPerBlock - 1) / kMegaRowsPerBlock));
-    const auto rows_kernel = for_hc(hc, [](auto HC) { return &mega_rows_kernel<decltype(HC)::value>; });
-    rows_kernel<<<grid, kMegaThreads, 0, stream>>>(a, rows);
-    check_launch("cuda::mega_mhc rows");
-    for_hc(hc, [](auto HC) { return &mega_finish_kernel<decltype(HC)::value>; })<<<unsigned(rows), kMegaThreads, 0,
-                                                                                      stream>>>(a, slices);
-    check_launch("cuda::mega_mhc finish");
+    launch_early("cuda::mega_mhc rows", for_hc(hc, [](auto HC) { return &mega_rows_kernel<decltype(HC)::value>; }), grid,
+                 kMegaThreads, 0, stream, a, rows);
+    launch_early("cuda::mega_mhc finish", for_hc(hc, [](auto HC) { return &mega_finish_kernel<decltype(HC)::value>; }),
+                 unsigned(rows), kMegaThreads, 0, stream, a, slices);
   }
   check(cudaFreeAsync(a.partials, stream), "cuda::mega_mhc");
 }
@@ -426,10 +428,9 @@ void mhc_coefficients(const float* m, int64_t rows, int hc, const HcWeights& w, 
   if (hc < 1 || hc > kMaxHc) fail("cuda::mhc_coefficients", "hc_mult from 1 to 4", std::to_string(hc));
   if (w.base.format != WeightFormat::F32 || w.scale.format != WeightFormat::F32)
     fail("cuda::mhc_coefficients", "F32 hc_base and hc_scale", "another format");
-  coefficients_kernel<<<unsigned((rows + kMixWarps - 1) / kMixWarps), 32 * kMixWarps, 0, stream>>>(
-      m, rows, hc, reinterpret_cast<const float*>(w.scale.data), reinterpret_cast<const float*>(w.base.data),
-      sinkhorn_iters, hc_eps, pre, post, comb);
-  check_launch("cuda::mhc_coefficients");
+  launch_early("cuda::mhc_coefficients", coefficients_kernel, unsigned((rows + kMixWarps - 1) / kMixWarps),
+               32 * kMixWarps, 0, stream, m, rows, hc, reinterpret_cast<const float*>(w.scale.data),
+               reinterpret_cast<const float*>(w.base.data), sinkhorn_iters, hc_eps, pre, post, comb);
 }
 
 void mega_mhc(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,

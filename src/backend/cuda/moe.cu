@@ -51,6 +51,7 @@
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rows.h"
 #include "backend/cuda/side_stream.h"
 #include "backend/cuda/swiglu.cuh"
@@ -86,6 +87,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   __shared__ float warp_value[kRouteThreads / 32];
   __shared__ int warp_index[kRouteThreads / 32];
   __shared__ int order[kMaxTopk];
+  wait_for_inputs();
   const int64_t r = blockIdx.x;
   const float* row_bias = image_rows && image_rows[r] ? bias_vl : bias;  // an image span's row: bias_vl
   for (int e = threadIdx.x; e < E; e += kRouteThreads) {
@@ -417,6 +419,7 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   __shared__ float roww[MT];
 
   int expert = 0, first, M;
+  wait_for_inputs();
   if (a.tiles) {
     if (int(blockIdx.x) >= *a.tile_count) return;
     const int4 t = a.tiles[blockIdx.x];
@@ -560,6 +563,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const int32_t*
                                                                   float* __restrict__ y) {
   __shared__ int order[kMaxTopk];
   __shared__ int valid;
+  wait_for_inputs();
   const int64_t r = blockIdx.x;
   if (int(threadIdx.x) < k) {
     const int j = int(threadIdx.x), e = experts[r * k + j];
@@ -603,8 +607,7 @@ void launch_grouped_l(const GroupedArgs& a, int64_t tiles, cudaStream_t stream) 
   if (per_tile > 65535) fail("cuda::moe", "a grid within CUDA's limits", std::to_string(a.N) + " outputs");
   const dim3 grid{unsigned(tiles), unsigned(per_tile)};
   const size_t smem = size_t(MT * a.K * 4 < kGSmemBytes ? MT * a.K * 4 : kGSmemBytes);
-  grouped_kernel<F, MT, L, kUp><<<grid, kGThreads, smem, stream>>>(a);
-  check_launch("cuda::moe grouped");
+  launch_early("cuda::moe grouped", grouped_kernel<F, MT, L, kUp>, grid, kGThreads, smem, stream, a);
 }
 
 template <WeightFormat F, int MT, bool kUp>
@@ -673,10 +676,9 @@ void launch_route(const float* logits, int64_t rows, int n_experts, const float*
     fail("cuda::route", "1 to 4096 experts", std::to_string(n_experts));
   if (opt.topk <= 0 || opt.topk > kMaxTopk || opt.topk > n_experts)
     fail("cuda::route", "top-k in [1, min(32, experts)]", std::to_string(opt.topk));
-  route_kernel<<<unsigned(rows), kRouteThreads, size_t(2 * n_experts) * sizeof(float), stream>>>(
-      logits, n_experts, bias, opt.topk, opt.score_func == "sigmoid", opt.gate_temp, opt.norm_topk_prob,
-      opt.route_scale, forced, experts, weights, bias_vl, image_rows, one);
-  check_launch("cuda::route");
+  launch_early("cuda::route", route_kernel, unsigned(rows), kRouteThreads, size_t(2 * n_experts) * sizeof(float), stream,
+               logits, n_experts, bias, opt.topk, opt.score_func == "sigmoid", opt.gate_temp, opt.norm_topk_prob,
+               opt.route_scale, forced, experts, weights, bias_vl, image_rows, one);
 }
 
 }  // namespace
@@ -870,8 +872,7 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
 
   shared_branch.join();
   const dim3 combine_grid{unsigned(rows), unsigned((dim / 2 + kCombineThreads - 1) / kCombineThreads)};
-  combine_kernel<<<combine_grid, kCombineThreads, 0, stream>>>(experts, k, E, ye, ys, dim, y);
-  check_launch("cuda::moe combine");
+  launch_early("cuda::moe combine", combine_kernel, combine_grid, kCombineThreads, 0, stream, experts, k, E, ye, ys, dim, y);
   check(cudaFreeAsync(scratch, stream), "cuda::moe");
 }
 

@@ -4,6 +4,7 @@
 #include "backend/cuda/norm.h"
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/pdl.cuh"
 #include "numerics/types.h"
 
 namespace dsv41::cuda {
@@ -20,6 +21,7 @@ __device__ inline float weight_at(const uint8_t* w, WeightFormat f, int64_t i) {
 
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, int64_t dim, const uint8_t* w,
                                                             WeightFormat f, float eps, float* y) {
+  wait_for_inputs();
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float sum = 0;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum = fmaf(xr[i], xr[i], sum);
@@ -41,9 +43,8 @@ void rms_norm(const float* x, int64_t rows, int64_t dim, const Weight* weight, f
   if (rows <= 0) return;
   if (weight && weight->format != WeightFormat::F32 && weight->format != WeightFormat::BF16)
     fail("cuda::rms_norm", "an F32 or BF16 norm weight", "a quantized one");
-  rms_norm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, dim, weight ? weight->data : nullptr,
-                                                          weight ? weight->format : WeightFormat::F32, eps, y);
-  check_launch("cuda::rms_norm");
+  launch_early("cuda::rms_norm", rms_norm_kernel, unsigned(rows), kThreads, 0, stream, x, dim,
+               weight ? weight->data : nullptr, weight ? weight->format : WeightFormat::F32, eps, y);
 }
 
 }  // namespace dsv41::cuda

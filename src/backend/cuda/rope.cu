@@ -4,6 +4,7 @@
 #include "backend/cuda/rope.h"
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/pdl.cuh"
 #include "numerics/types.h"
 
 namespace dsv41::cuda {
@@ -12,6 +13,7 @@ namespace {
 
 __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t row_stride, int64_t head_stride, int half,
                             const int64_t* positions, const float* freqs, bool inverse) {
+  wait_for_inputs();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * heads * half) return;
   const int i = int(id % half);
@@ -30,9 +32,8 @@ void rope(float* x, int64_t rows, int heads, int64_t row_stride, int64_t head_st
           const float* freqs, bool inverse, cudaStream_t stream) {
   const int64_t n = rows * heads * (dim / 2);
   if (n <= 0) return;
-  rope_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(x, rows, heads, row_stride, head_stride, dim / 2, positions,
-                                                             freqs, inverse);
-  check_launch("cuda::rope");
+  launch_early("cuda::rope", rope_kernel, unsigned((n + 255) / 256), 256, 0, stream, x, rows, heads, row_stride,
+               head_stride, dim / 2, positions, freqs, inverse);
 }
 
 }  // namespace dsv41::cuda

@@ -42,6 +42,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/wgmma.cuh"
 #include "numerics/codecs.h"
@@ -385,6 +386,7 @@ __global__ void __launch_bounds__(kThreads) split_scores_kernel(SparseAttentionB
                                                                 float* scores, float* tile_maxima) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   ScoreSmem<D, G>& sm = *reinterpret_cast<ScoreSmem<D, G>*>(smem_bytes);
+  wait_for_inputs();
   const int64_t b = blockIdx.x;
   const int h0 = blockIdx.y * G, t = blockIdx.z, T = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -424,6 +426,7 @@ __global__ void __launch_bounds__(kThreads) split_pv_kernel(SparseAttentionBatch
                                                             float* last_max) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   PvSmem<D, G>& sm = *reinterpret_cast<PvSmem<D, G>*>(smem_bytes);
+  wait_for_inputs();
   const int64_t b = blockIdx.x;
   const int h0 = blockIdx.y * G, t = blockIdx.z, T = gridDim.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -477,6 +480,7 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const fl
                                                                         const float* last_max, const float* sink,
                                                                         int64_t rows, int H, int T, float* out) {
   constexpr int kQuads = D / 4;
+  wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * kCombineThreads + threadIdx.x;
   if (i >= rows * kQuads) return;
   const int64_t r = i / kQuads;
@@ -883,16 +887,16 @@ void launch_split(const SparseAttentionBatch& batch, const float* q, const float
   const size_t score_smem = sizeof(ScoreSmem<D, G>), pv_smem = sizeof(PvSmem<D, G>);
   check(cudaFuncSetAttribute(split_scores_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(score_smem)),
         "cuda::sparse_attention");
-  split_scores_kernel<D, G><<<grid, kThreads, score_smem, stream>>>(batch, q, scale, scores, tile_maxima);
-  check_launch("cuda::sparse_attention scores");
+  launch_early("cuda::sparse_attention scores", split_scores_kernel<D, G>, grid, kThreads, score_smem, stream, batch, q,
+               scale, scores, tile_maxima);
   check(cudaFuncSetAttribute(split_pv_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pv_smem)),
         "cuda::sparse_attention");
-  split_pv_kernel<D, G><<<grid, kThreads, pv_smem, stream>>>(batch, scores, tile_maxima, block, stats, last_max);
-  check_launch("cuda::sparse_attention P·V");
+  launch_early("cuda::sparse_attention P·V", split_pv_kernel<D, G>, grid, kThreads, pv_smem, stream, batch, scores,
+               tile_maxima, block, stats, last_max);
   const int64_t threads = rows * (D / 4);
-  split_combine_kernel<D><<<unsigned((threads + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0, stream>>>(
-      block, stats, last_max, sink, rows, H, T, out);
-  check_launch("cuda::sparse_attention combine");
+  launch_early("cuda::sparse_attention combine", split_combine_kernel<D>,
+               unsigned((threads + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0, stream, block, stats,
+               last_max, sink, rows, H, T, out);
   check(cudaFreeAsync(scratch, stream), "cuda::sparse_attention");
 }
 
