@@ -218,7 +218,6 @@ struct SwigluSource {
 template <class Source>
 __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const Source src, int64_t rows, int64_t K,
                                                                   uint16_t* __restrict__ xq) {
-  release_dependents();
   wait_for_inputs();
   const int64_t per_row = K / 8, items = rows * per_row;
   const int64_t i = int64_t(blockIdx.x) * kQuantThreads + threadIdx.x;
@@ -290,7 +289,6 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
   // This CTA's k-tiles: kt0 .. kt0 + KT (the grouped forms take the whole of K).
   const int kt0 = kOut == Out::Dense ? int(blockIdx.y) * a.per : 0;
   const int KT = kOut == Out::Dense ? min(K / kBK - kt0, a.per) : K / kBK;
-  release_dependents();
   wait_for_inputs();
 
   // The CTA's tile: weight rows n0 .., activation rows r0 .. r0 + rows (of the map; fewer than BN

@@ -101,7 +101,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict_
                                                        int64_t N, int64_t K, const uint8_t* __restrict__ w,
                                                        const uint8_t* __restrict__ scale, float* __restrict__ y,
                                                        bool round) {
-  release_dependents();
   wait_for_inputs();
   using Fmt = Format<F>;
   constexpr int E = Fmt::kElems;
@@ -313,7 +312,6 @@ template <WeightFormat F, int MT, int L, int R>
 __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restrict__ x, int M, int64_t N, int64_t K,
                                                          int slice, const uint8_t* __restrict__ w,
                                                          const uint8_t* __restrict__ scale, float* __restrict__ y) {
-  release_dependents();
   using Fmt = QFormat<F>;
   constexpr int E = Fmt::kElems;
   constexpr int U = MT <= 2 ? 4 : 1;  // chunks per row and step: U·R loads in flight, twice over

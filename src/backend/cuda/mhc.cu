@@ -156,7 +156,6 @@ __global__ void mix_finish(const float* partials, int64_t rows, int slices, int6
 __global__ void coefficients_kernel(const float* mixes, int64_t rows, int hc, const float* scale, const float* base,
                                     int iters, float hc_eps, float* pre, float* post, float* comb) {
   __shared__ float comb_s[kMixWarps][kMaxHc * kMaxHc];
-  release_dependents();
   wait_for_inputs();
   const int64_t row = int64_t(blockIdx.x) * kMixWarps + threadIdx.x / 32;
   if (row >= rows) return;  // whole warps leave
@@ -321,7 +320,6 @@ __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int 
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a) {
   const int64_t row = blockIdx.y, k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
-  release_dependents();
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);  // a weight: read while the kernel before this one ends
   wait_for_inputs();
@@ -347,7 +345,6 @@ __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs a, int64_t rows) {
   const int64_t k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
-  release_dependents();
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);
   wait_for_inputs();
@@ -374,7 +371,6 @@ __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs 
 
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_finish_kernel(const MegaArgs a, int slices) {
-  release_dependents();
   wait_for_inputs();
   mega_finish_row(a, blockIdx.x, slices, HC);
 }

@@ -87,7 +87,6 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   __shared__ float warp_value[kRouteThreads / 32];
   __shared__ int warp_index[kRouteThreads / 32];
   __shared__ int order[kMaxTopk];
-  release_dependents();
   wait_for_inputs();
   const int64_t r = blockIdx.x;
   const float* row_bias = image_rows && image_rows[r] ? bias_vl : bias;  // an image span's row: bias_vl
@@ -420,7 +419,6 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   __shared__ float roww[MT];
 
   int expert = 0, first, M;
-  release_dependents();
   wait_for_inputs();
   if (a.tiles) {
     if (int(blockIdx.x) >= *a.tile_count) return;
@@ -565,7 +563,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const int32_t*
                                                                   float* __restrict__ y) {
   __shared__ int order[kMaxTopk];
   __shared__ int valid;
-  release_dependents();
   wait_for_inputs();
   const int64_t r = blockIdx.x;
   if (int(threadIdx.x) < k) {

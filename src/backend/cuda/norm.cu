@@ -21,7 +21,6 @@ __device__ inline float weight_at(const uint8_t* w, WeightFormat f, int64_t i) {
 
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, int64_t dim, const uint8_t* w,
                                                             WeightFormat f, float eps, float* y) {
-  release_dependents();
   wait_for_inputs();
   const float* xr = x + int64_t(blockIdx.x) * dim;
   float sum = 0;

@@ -6,12 +6,12 @@
 // kernel writes and before it writes anything; the wait returns once the kernel ahead has completed
 // and its writes are visible (and that kernel, having waited in turn, implies its own
 // predecessors'). So what it reads before the wait must not be written by the kernel just ahead of
-// it: weights and other constants only. The kernels that take part also call release_dependents()
-// first, so that the next one may start as soon as this one's last blocks are resident, not when
-// they end; where it starts never changes what it reads after its wait. Under stream capture the
-// pair becomes a programmatic edge of the graph. BM_GraphChain (bench/cuda/kernels_bench.cu)
-// measures a link on an H100: 1.36 → 0.90 µs for an empty kernel, 5.14 → 3.66 µs for one reading
-// 4 MB of weights with its first loads before the wait (docs/benchmarks.md).
+// it: weights and other constants only. Under stream capture the pair becomes a programmatic edge
+// of the graph. BM_GraphChain (bench/cuda/kernels_bench.cu) measures a link on an H100: 1.36 → 1.00
+// µs for an empty kernel, 5.14 → 4.25 µs for one reading 4 MB of weights with its first loads
+// before the wait. The forward's kernels do not call release_dependents: in the chain it saves
+// more (0.90, 3.66 µs), but in the decode step the next kernel's waiting blocks held the SMs that
+// grids sized to the resident blocks count on (batch 1 12.84 → 13.27 ms; docs/benchmarks.md).
 #include <cuda_runtime.h>
 
 #include <utility>

@@ -13,7 +13,6 @@ namespace {
 
 __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t row_stride, int64_t head_stride, int half,
                             const int64_t* positions, const float* freqs, bool inverse) {
-  release_dependents();
   wait_for_inputs();
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * heads * half) return;

@@ -386,7 +386,6 @@ __global__ void __launch_bounds__(kThreads) split_scores_kernel(SparseAttentionB
                                                                 float* scores, float* tile_maxima) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   ScoreSmem<D, G>& sm = *reinterpret_cast<ScoreSmem<D, G>*>(smem_bytes);
-  release_dependents();
   wait_for_inputs();
   const int64_t b = blockIdx.x;
   const int h0 = blockIdx.y * G, t = blockIdx.z, T = gridDim.z;
@@ -427,7 +426,6 @@ __global__ void __launch_bounds__(kThreads) split_pv_kernel(SparseAttentionBatch
                                                             float* last_max) {
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   PvSmem<D, G>& sm = *reinterpret_cast<PvSmem<D, G>*>(smem_bytes);
-  release_dependents();
   wait_for_inputs();
   const int64_t b = blockIdx.x;
   const int h0 = blockIdx.y * G, t = blockIdx.z, T = gridDim.z;
@@ -482,7 +480,6 @@ __global__ void __launch_bounds__(kCombineThreads) split_combine_kernel(const fl
                                                                         const float* last_max, const float* sink,
                                                                         int64_t rows, int H, int T, float* out) {
   constexpr int kQuads = D / 4;
-  release_dependents();
   wait_for_inputs();
   const int64_t i = int64_t(blockIdx.x) * kCombineThreads + threadIdx.x;
   if (i >= rows * kQuads) return;
