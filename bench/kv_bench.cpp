@@ -4,6 +4,9 @@
 //                    executor: find_blocks over the prefix (host cache), find_tail, restore_sequence
 //   BM_StoreTurn     what Session::save does after a turn of 80 new tokens: store_blocks (the new
 //                    blocks only) and store_tail (the SWA snapshot at the end)
+//   BM_LookupDiskHit what Session::plan does on a hit in the persistent store after a restart (the
+//                    host cache and the SWA pool empty, the files in the OS page cache): find_blocks
+//                    reads every block from disk, then restore_sequence (the tail is replayed)
 //   BM_StorePrompt   a cold prompt's blocks into the host cache and a persistent store (a temporary
 //                    directory): the time store_blocks holds the caller (the engine's loop), and
 //                    the writer thread's time to have them on disk (flush), as "disk_ms"
@@ -102,6 +105,47 @@ void BM_StoreTurn(benchmark::State& state) {
   state.counters["KV MB"] = double(after.kv_bytes()) / 1e6;
 }
 BENCHMARK(BM_StoreTurn)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
+
+// A store directory holding `tokens`' blocks of `s`, written and flushed by a cache since gone.
+std::filesystem::path written_store(const Config& c, std::span<const int> tokens, const SequenceState& s) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kv_bench_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  KvCacheOptions o = options();
+  o.store_dir = dir.string();
+  KvCache cache(c, o);
+  cache.store_blocks(tokens, view_of(s), 0);
+  cache.flush();
+  return dir;
+}
+
+void BM_LookupDiskHit(benchmark::State& state) {
+  const Config c = preset("bench-1gpu");
+  const int64_t n = state.range(0);
+  const std::vector<int> tokens = random_tokens(n + 80, 1);
+  const SequenceState s = random_state(c, n, 2);
+  const std::filesystem::path dir = written_store(c, std::span(tokens).first(size_t(n)), s);
+  int64_t found = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    KvCacheOptions o = options();
+    o.store_dir = dir.string();
+    auto cache = std::make_unique<KvCache>(c, o);  // a restarted engine: its scan is not the lookup's
+    state.ResumeTiming();
+    const int B = cache->block_tokens();
+    BlockRun run = cache->find_blocks(tokens, (int64_t(tokens.size()) - 1) / B);
+    SequenceState restored = restore_sequence(c, run.payloads(run.blocks.size()), B, nullptr);
+    found = run.tokens(B);
+    benchmark::DoNotOptimize(restored.length);
+    state.PauseTiming();
+    cache.reset();
+    state.ResumeTiming();
+  }
+  if (found != n) state.SkipWithError("the lookup did not find every block");
+  std::filesystem::remove_all(dir);
+  state.counters["KV MB"] = double(s.kv_bytes()) / 1e6;
+  state.SetBytesProcessed(int64_t(state.iterations()) * s.kv_bytes());
+}
+BENCHMARK(BM_LookupDiskHit)->Arg(32768)->Unit(benchmark::kMillisecond);
 
 void BM_StorePrompt(benchmark::State& state) {
   const Config c = preset("bench-1gpu");

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "base/error.h"
 #include "engine/session.h"
 #include "fixture.h"
 #include "forward/window.h"
+#include "kv/block_key.h"
 #include "kv/sequence_blocks.h"
 #include "model/engram_compress.h"
 #include "test_util.h"
@@ -272,6 +275,53 @@ TEST_F(PrefixCacheTest, DiskThenHostAfterRestart) {
   EXPECT_EQ(use.disk_blocks, 0);
   EXPECT_EQ(cache.stats().counters.disk_tokens, 192);
   EXPECT_EQ(cache.stats().counters.host_tokens, 256);
+}
+
+// After a restart the store's blocks are read over the host's cores: the run holds them in order,
+// each as stored, and ends at the first block that fails its read (block 2, one byte of its file
+// flipped), those before it served and the damaged file dropped.
+TEST_F(PrefixCacheTest, DiskRunIsInOrderAndEndsAtADamagedBlock) {
+  TempDir dir("prefix_cache");
+  KvCacheOptions o = options(Mode::Default);
+  o.store_dir = dir.string();
+  const std::vector<int> prompt = first(300);
+  std::vector<std::vector<uint8_t>> stored;
+  std::vector<BlockKey> keys;
+  {
+    KvCache cache(c, o);
+    Session a(*model, &tokenizer);
+    a.prefill_prompt(prompt, &cache);
+    cache.flush();
+    const BlockRun run = cache.find_blocks(prompt, 4);
+    for (const auto& block : run.blocks) stored.push_back(block->payload);
+    keys = run.keys;
+  }
+  ASSERT_EQ(stored.size(), 4u);
+  {
+    KvCache cache(c, o);
+    const BlockRun run = cache.find_blocks(prompt, 4);
+    ASSERT_EQ(run.blocks.size(), 4u);
+    for (size_t b = 0; b < 4; ++b) {
+      EXPECT_TRUE(run.from_disk[b]) << b;
+      EXPECT_EQ(run.keys[b], keys[b]) << b;
+      EXPECT_EQ(run.blocks[b]->payload, stored[b]) << b;
+    }
+  }
+  std::filesystem::path damaged;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path()))
+    if (entry.path().filename().string().starts_with(to_hex(keys[2]))) damaged = entry.path();
+  ASSERT_FALSE(damaged.empty());
+  std::string bytes = read_text(damaged.string());
+  bytes[bytes.size() / 2] = char(bytes[bytes.size() / 2] ^ 0x10);
+  std::ofstream(damaged, std::ios::binary | std::ios::trunc) << bytes;
+
+  KvCache cache(c, o);
+  const BlockRun run = cache.find_blocks(prompt, 4);
+  ASSERT_EQ(run.blocks.size(), 2u);
+  for (size_t b = 0; b < 2; ++b) EXPECT_EQ(run.blocks[b]->payload, stored[b]) << b;
+  EXPECT_EQ(cache.stats().store->dropped_files, 1u);
+  EXPECT_FALSE(std::filesystem::exists(damaged));
+  EXPECT_EQ(cache.find_blocks(prompt, 4).blocks.size(), 2u);  // now from the host cache, as far
 }
 
 // Replays of several requests run as one batch, with the same results as one by one.

@@ -1,6 +1,7 @@
 #include "kv/kv_cache.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "kv/sequence_blocks.h"
 
@@ -64,25 +65,50 @@ void KvCache::flush() {
 BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks, std::span<const ImageSpanKey> images) {
   const int B = block_tokens();
   const int64_t n = std::min<int64_t>(max_blocks, int64_t(tokens.size()) / B);
-  BlockRun run;
-  // Keys are chained: each one is made only when the run got that far.
+  const auto block_of = [&](int64_t b) { return tokens.subspan(size_t(b * B), size_t(B)); };
+  // Each block from the host cache, else the store if it holds the key; the walk ends at the first
+  // block in neither. Keys are chained: each one is made only when the walk got that far.
+  struct Found {
+    BlockKey key;
+    std::shared_ptr<const HostBlock> host;  // null: to be read from the store
+  };
+  std::vector<Found> found;
   for (int64_t b = 0; b < n; ++b) {
-    const std::span<const int> block = tokens.subspan(size_t(b * B), size_t(B));
-    const BlockKey key = keys_.next(b == 0 ? keys_.salt() : run.keys.back(), block, b * B, images);
-    if (auto hit = host_.get(key, block)) {
-      run.blocks.push_back(std::move(hit));
-      run.from_disk.push_back(false);
-      run.keys.push_back(key);
-      continue;
+    const BlockKey key = keys_.next(b == 0 ? keys_.salt() : found.back().key, block_of(b), b * B, images);
+    if (auto hit = host_.get(key, block_of(b))) found.push_back({key, std::move(hit)});
+    else if (store_ && store_->contains(key)) found.push_back({key, nullptr});
+    else break;
+  }
+  // The store's blocks are read over the host's cores: a block file's read and checksum are most of
+  // a hit after a restart (kv_bench BM_LookupDiskHit), and the store is thread-safe. A block that
+  // fails its read (damaged, evicted meanwhile, another prompt's under a colliding key) ends the
+  // run there; those after it were read for nothing, which only damage makes happen.
+  std::vector<std::optional<std::vector<uint8_t>>> payloads(found.size());
+  std::vector<std::exception_ptr> errors(found.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (found[i].host) continue;
+    try {
+      payloads[i] = store_->get(found[i].key, block_of(int64_t(i)));
+    } catch (...) {
+      errors[i] = std::current_exception();
     }
-    if (!store_) break;
-    std::optional<std::vector<uint8_t>> payload = store_->get(key, block);
-    if (!payload) break;
-    auto found = std::make_shared<const HostBlock>(HostBlock{key, std::vector<int>(block.begin(), block.end()), std::move(*payload)});
-    host_.put(found);
-    run.blocks.push_back(std::move(found));
-    run.from_disk.push_back(true);
-    run.keys.push_back(key);
+  }
+  BlockRun run;
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (errors[i]) std::rethrow_exception(errors[i]);
+    std::shared_ptr<const HostBlock> block = std::move(found[i].host);
+    const bool from_disk = !block;
+    if (from_disk) {
+      if (!payloads[i]) break;
+      const std::span<const int> tokens_i = block_of(int64_t(i));
+      block = std::make_shared<const HostBlock>(
+          HostBlock{found[i].key, std::vector<int>(tokens_i.begin(), tokens_i.end()), std::move(*payloads[i])});
+      host_.put(block);
+    }
+    run.blocks.push_back(std::move(block));
+    run.from_disk.push_back(from_disk);
+    run.keys.push_back(found[i].key);
   }
   return run;
 }
