@@ -85,7 +85,8 @@ BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks, s
   // run there; those after it were read for nothing, which only damage makes happen.
   std::vector<std::optional<std::vector<uint8_t>>> payloads(found.size());
   std::vector<std::exception_ptr> errors(found.size());
-#pragma omp parallel for schedule(dynamic, 1)
+  const auto reads = std::count_if(found.begin(), found.end(), [](const Found& f) { return !f.host; });
+#pragma omp parallel for schedule(dynamic, 1) if (reads > 1)
   for (size_t i = 0; i < found.size(); ++i) {
     if (found[i].host) continue;
     try {
