@@ -69,7 +69,7 @@ class Browser {
   }
   send(method, params = {}, sessionId = this.session) {
     const id = this.nextId++;
-    this.proc.stdio[3].write(JSON.stringify({ id, method, params, sessionId }) + '\0');
+    this.proc.stdio[3].write(JSON.stringify({ id, method, params, ...(sessionId ? { sessionId } : {}) }) + '\0');
     return new Promise((resolve, reject) => this.pending.set(id, { resolve, reject, method }));
   }
   async open(url) {
@@ -105,10 +105,14 @@ class Browser {
     for (const type of ['keyDown', 'keyUp'])
       await this.send('Input.dispatchKeyEvent', { type, key: 'Backspace', code: 'Backspace', windowsVirtualKeyCode: 8 });
   }
+  // Browser.close ends every Chromium process: a SIGTERM to the browser alone left its children
+  // writing to the profile's cache while it was being removed (rmdir: ENOTEMPTY, a failed run after
+  // the test had passed). The kill is for a browser that does not answer; the removal retries.
   async close() {
+    await Promise.race([this.send('Browser.close', {}, null).catch(() => {}), new Promise((r) => setTimeout(r, 3000))]);
     this.proc.kill();
     await this.exited;
-    fs.rmSync(this.profile, { recursive: true, force: true });
+    fs.rmSync(this.profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
   }
 }
 
