@@ -109,7 +109,7 @@ class Browser {
   // writing to the profile's cache while it was being removed (rmdir: ENOTEMPTY, a failed run after
   // the test had passed). The kill is for a browser that does not answer; the removal retries.
   async close() {
-    await Promise.race([this.send('Browser.close', {}, null).catch(() => {}), new Promise((r) => setTimeout(r, 3000))]);
+    await Promise.race([this.send('Browser.close', {}, null).catch(() => {}), new Promise((r) => setTimeout(r, 3000).unref())]);
     this.proc.kill();
     await this.exited;
     fs.rmSync(this.profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
