@@ -51,7 +51,7 @@ void add_serve(CLI::App& app) {
       ->default_str("text");
   cmd->add_option("--max-running", o.scheduler.max_running, "Sequences in one batch")->check(CLI::Range(1, 4096));
   cmd->add_option("--max-queued", o.scheduler.max_queued, "Requests waiting to join; more get 503")->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--step-tokens", o.step_tokens, "Prompt tokens per step (chunked prefill budget; default: CUDA 8192, CPU 256)")
+  cmd->add_option("--step-tokens", o.scheduler.step_tokens, "Prompt tokens per step (chunked prefill budget; default: CUDA 8192, CPU 256)")
       ->check(CLI::Range(1, 1 << 24))
       ->default_str("");
   cmd->add_option("--kv-budget-gb", o.kv_budget_gb,

@@ -18,6 +18,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The options with the executor's defaults where they say 0 (the prompt tokens of a step).
+SchedulerOptions with_executor_defaults(SchedulerOptions options, const Executor& executor) {
+  if (options.step_tokens == 0) options.step_tokens = executor.default_step_tokens();
+  return options;
+}
+
 }  // namespace
 
 uint64_t choice_seed(uint64_t seed, int choice) {
@@ -59,10 +65,10 @@ Scheduler::Scheduler(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
       mode_(mode),
       vocab_(sampling_vocab(executor.model().config(), tokenizer)),
       hasher_(engram_hasher(executor.model().config(), tokenizer)),
-      cache_(cache), options_(options), seeds_(std::random_device{}()) {
-  if (options.max_running < 1 || options.max_queued < 0 || options.step_tokens < 1 || options.max_idle < 0 ||
+      cache_(cache), options_(with_executor_defaults(options, executor)), seeds_(std::random_device{}()) {
+  if (options.max_running < 1 || options.max_queued < 0 || options.step_tokens < 0 || options.max_idle < 0 ||
       options.kv_budget_bytes < 0)
-    fail("scheduler", "max_running >= 1, max_queued >= 0, step_tokens >= 1, max_idle >= 0, kv_budget_bytes >= 0",
+    fail("scheduler", "max_running >= 1, max_queued >= 0, step_tokens >= 0, max_idle >= 0, kv_budget_bytes >= 0",
          std::to_string(options.max_running) + ", " + std::to_string(options.max_queued) + ", " +
              std::to_string(options.step_tokens) + ", " + std::to_string(options.max_idle) + ", " +
              std::to_string(options.kv_budget_bytes));

@@ -116,7 +116,9 @@ class Generation {
 struct SchedulerOptions {
   int max_running = 8;        // sequences in one batch
   int max_queued = 64;        // requests waiting to join; more are refused
-  int64_t step_tokens = 256;  // prompt tokens per step, over all prefilling sequences
+  // Prompt tokens per step, over all prefilling sequences; 0: the executor's default
+  // (Executor::default_step_tokens: CUDA 8192, CPU 256).
+  int64_t step_tokens = 0;
   int max_idle = 8;           // finished sequences kept on the device for a continuation
   // How long one stays: it holds SWA state, so by default as long as the SWA pool keeps it.
   int64_t idle_ttl_ms = 5 * 60 * 1000;

@@ -76,7 +76,7 @@ class Executor {
   // The KV bytes its sequences may hold together unless told otherwise (SchedulerOptions::
   // kv_budget_bytes); 0: no limit of its own.
   virtual int64_t default_kv_budget() const { return 0; }
-  // The prompt tokens a step takes unless told otherwise (SchedulerOptions::step_tokens): what a
+  // The prompt tokens a Scheduler's step takes unless told otherwise (SchedulerOptions::step_tokens): what a
   // step of this executor's runs in a time decoding sequences can wait (the CPU's 256 rows).
   virtual int64_t default_step_tokens() const { return 256; }
   // Advances each item's sequence by its tokens under its options; returns each one's logits as

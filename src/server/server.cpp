@@ -296,7 +296,6 @@ void Server::State::load() {
   if (options.speculative_auto) scheduler_options.speculative = model->config().has_dspark() && executor->name() == "cuda";
   scheduler_options.idle_ttl_ms = cache_options.swa.ttl_ms;
   scheduler_options.kv_budget_bytes = options.kv_budget_gb < 0 ? executor->default_kv_budget() : int64_t(options.kv_budget_gb * 1e9);
-  scheduler_options.step_tokens = options.step_tokens > 0 ? options.step_tokens : executor->default_step_tokens();
   kv_budget = scheduler_options.kv_budget_bytes;
   scheduler = std::make_unique<Scheduler>(*executor, &*tokenizer, options.mode, cache.get(), scheduler_options);
   step("ready", kSteps);

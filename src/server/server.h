@@ -32,13 +32,12 @@ struct ServerOptions {
   int ranks = 1;                 // the model cut over that many ranks (docs/parallel.md)
   std::optional<uint64_t> random_weights;  // a seed: random weights on the device (make_executor)
   KvCacheOptions cache;    // fingerprint and mode are filled in from the checkpoint
-  SchedulerOptions scheduler;  // its kv_budget_bytes and step_tokens come from the two fields below
+  SchedulerOptions scheduler;  // its kv_budget_bytes comes from kv_budget_gb below
   // `--speculative auto`: scheduler.speculative decided once the model is loaded — DSpark where the
   // checkpoint has its stages and the model runs on CUDA (a speculating step there costs about a
   // plain one when nothing is drafted: docs/benchmarks.md); on the CPU, off.
   bool speculative_auto = false;
   double kv_budget_gb = -1;  // the sequences' KV budget; -1: the executor's default; 0: none
-  int64_t step_tokens = 0;   // prompt tokens a step takes (chunked prefill); 0: the executor's default
   // A stream silent this long (a long prefill, a slow step) gets a ": keep-alive" comment, a
   // non-streamed reply a space: a byte that costs the client nothing, to learn if it is still there.
   int heartbeat_ms = 1000;
