@@ -106,9 +106,14 @@ void BM_StoreTurn(benchmark::State& state) {
 }
 BENCHMARK(BM_StoreTurn)->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond);
 
-// A store directory holding `tokens`' blocks of `s`, written and flushed by a cache since gone.
+// This process's store directory, in the temporary directory.
+std::filesystem::path store_dir() {
+  return std::filesystem::temp_directory_path() / ("kv_bench_" + std::to_string(::getpid()));
+}
+
+// The store directory holding `tokens`' blocks of `s`, written and flushed by a cache since gone.
 std::filesystem::path written_store(const Config& c, std::span<const int> tokens, const SequenceState& s) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kv_bench_" + std::to_string(::getpid()));
+  const std::filesystem::path dir = store_dir();
   std::filesystem::remove_all(dir);
   KvCacheOptions o = options();
   o.store_dir = dir.string();
@@ -152,7 +157,7 @@ void BM_StorePrompt(benchmark::State& state) {
   const int64_t n = state.range(0);
   const std::vector<int> tokens = random_tokens(n, 1);
   const SequenceState s = random_state(c, n, 2);
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kv_bench_" + std::to_string(::getpid()));
+  const std::filesystem::path dir = store_dir();
   double disk_ms = 0;
   for (auto _ : state) {
     state.PauseTiming();
