@@ -294,8 +294,9 @@ __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int 
     a.m[row * n_mix + threadIdx.x] = totals[threadIdx.x] * inv;
   }
   // The row's h needs only Σ h²: kBatch loads in flight per thread (one at a time, d / 128 L2 round
-  // trips in a row were most of the call at one row).
-  constexpr int kBatch = 16;
+  // trips in a row were most of the call at one row); 20: V4.1's d = 5120 in two round trips, not
+  // three, at the kernel's 128 registers (40, one round trip, took 144: a block fewer an SM).
+  constexpr int kBatch = 20;
   const float inv_h = 1.0f / sqrtf(totals[kMaxMix + 1] / float(d) + a.eps);  // rms_norm's, as norm.cu
   constexpr int64_t stride = kMegaThreads;
   float* hr = a.h + row * d;
