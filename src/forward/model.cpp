@@ -64,6 +64,7 @@ void Model::bind_layer(LayerWeights& l, const std::string& prefix, int id) {
 
   // wo_a is multiplied in bf16 (convert.py dequantizes it): an fp8 one is dequantized here once.
   Weight& wo_a = l.attn.wo_a;
+  if (wo_a.format == WeightFormat::FP8) l.attn.wo_a_fp8 = wo_a;
   if (wo_a.quantized()) {
     std::vector<uint8_t> bf16(size_t(wo_a.rows * wo_a.cols * 2));
     std::vector<float> row(size_t(wo_a.cols));

@@ -26,6 +26,10 @@ struct ExpertWeights {
 
 struct AttentionWeights {
   Weight wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink;
+  // wo_a as the checkpoint stores it, when that is fp8 (32 × 32 block scales): wo_a is then its
+  // bf16 dequantization (convert.py's), which the CPU multiplies; the device reads these codes,
+  // half the bytes, and widens them to the same bf16 values as it loads them.
+  Weight wo_a_fp8;
   // kv-source layers: the compressor (wgate only at ratio > 1)
   Weight compressor_wkv, compressor_wgate, compressor_norm;
   // index-source layers: the indexer query; kv-sources also own the index-key projection

@@ -153,6 +153,54 @@ TEST(CudaLinear, GroupedProductIsEachGroupsLinear) {
     }
 }
 
+// wo_a on the device (linear_grouped_widened): an fp8 weight read as its codes and multiplied as
+// its bf16 values gives, from M = 2, the bits linear_grouped gives over those bf16 values (the same
+// tensor-core products and sums: mma.sync below gemm_bf16::kWgRows, the warpgroup MMA from it), and
+// at every M the CPU's grouped product within the GEMM's bound. The shapes: wo_a's at decode and
+// prefill sizes (scaled down), groups of 96 rows (a 128-row tile's last warp past the group's end),
+// one group.
+TEST(CudaLinear, GroupedWidenedIsTheBf16Weights) {
+  DSV41_REQUIRE_DEVICE();
+  uint32_t seed = 1500;
+  struct Case {
+    int M, groups, r, K;
+  };
+  for (const Case c : {Case{1, 8, 256, 1024}, Case{2, 8, 256, 1024}, Case{8, 4, 64, 256}, Case{64, 3, 96, 128},
+                       Case{80, 8, 128, 512}, Case{300, 8, 128, 512}, Case{5, 1, 32, 64}}) {
+    const int N = c.groups * c.r;
+    const std::vector<float> x = test::bf16_normal(size_t(c.M) * c.groups * c.K, 1.0, seed += 7);
+    const std::vector<float> wv = test::bf16_normal(size_t(N) * c.K, 0.05, seed + 1);
+    const test::OwnedWeight w8 = test::make_weight(WeightFormat::FP8, wv, N, c.K);
+    const test::OwnedWeight w16 = test::make_weight(WeightFormat::BF16, w8.values, N, c.K);  // exact: ≤ 4 significant bits
+    ASSERT_EQ(w16.values, w8.values);
+    DeviceArray<float> dx(x), dy(size_t(c.M) * N), dref(size_t(c.M) * N);
+    DeviceArray<uint8_t> d8(w8.data), dscale(w8.scale), d16(w16.data);
+    Weight dw8 = w8.view(), dw16 = w16.view();
+    dw8.data = d8.get(), dw8.scale = dscale.get(), dw16.data = d16.get();
+    dy.poison();
+    cuda::linear_grouped_widened(dx.get(), c.M, c.groups, dw8, dy.get());
+    cuda::linear_grouped(dx.get(), c.M, c.groups, dw16, dref.get());
+    const std::vector<float> got = dy.download(), ref = dref.download();
+    std::vector<float> want(got.size());
+    for (int g = 0; g < c.groups; ++g) {
+      Weight wg = w16.view();
+      wg.rows = c.r;
+      wg.data += g * wg.data_bytes();
+      std::vector<float> xg(size_t(c.M) * c.K), yg(size_t(c.M) * c.r);
+      for (int m = 0; m < c.M; ++m) std::copy_n(x.begin() + (size_t(m) * c.groups + g) * c.K, c.K, xg.begin() + size_t(m) * c.K);
+      linear(xg.data(), c.M, wg, yg.data());
+      for (int m = 0; m < c.M; ++m) std::copy_n(yg.begin() + size_t(m) * c.r, c.r, want.begin() + size_t(m) * N + g * c.r);
+    }
+    const double e = test::nmse(got, want);
+    std::printf("linear_grouped_widened %d×%d groups of %d×%d NMSE %.3g\n", c.M, c.groups, c.r, c.K, e);
+    EXPECT_LT(e, 1e-7) << "M=" << c.M;
+    if (c.M >= 2) EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)), 0) << "M=" << c.M;
+  }
+  const uint8_t bytes[1] = {};  // never read: the shape is refused first
+  const Weight odd{WeightFormat::FP8, 64, 96, bytes, bytes};  // K not a multiple of 64
+  EXPECT_THROW(cuda::linear_grouped_widened(nullptr, 1, 2, odd, nullptr), Error);
+}
+
 TEST(CudaLinear, RefusesKNotAMultipleOf32ForQuantizedWeights) {
   DSV41_REQUIRE_DEVICE();
   const Weight w{WeightFormat::FP8, 32, 48, nullptr, nullptr};

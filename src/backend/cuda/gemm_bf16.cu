@@ -1,7 +1,8 @@
 // The GEMM over bf16 weights: y[M, N] = x[M, K] · Wᵀ on the tensor cores through bf16 mma.sync
 // (m16n8k16, fp32 accumulation) or, for prefill, the warpgroup MMA (wgmma), for wo_a (grouped),
 // the compressor's projections and the indexer's bf16 weights, which the gemv (linear.cu)
-// otherwise reads once per 8 rows.
+// otherwise reads once per 8 rows; and over fp8 codes multiplied as their bf16 values (wo_a on the
+// device, linear_fp8), widened as they are loaded.
 //
 // Two steps.
 //
@@ -46,6 +47,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/dequant.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rows.h"
 #include "backend/cuda/wgmma.cuh"
@@ -71,22 +73,35 @@ static_assert(kBM == kBN, "one tile size for both operands");
 // The byte offset of chunk c (16 bytes) of row r within a tile.
 __device__ __forceinline__ uint32_t swizzled(int r, int c) { return uint32_t(r * kRowBytes + ((c ^ (r & 7)) << 4)); }
 
+// kFp8: w holds e4m3 codes with a ue8m0 scale per 32 × 32 block (wscale, K/32 a row of blocks),
+// multiplied as their bf16 values (wo_a, whose checkpoint stores it so and whose reference
+// dequantizes it): a stage takes a tile's codes, 64 bytes a row (rows padded to kFp8Row bytes,
+// so that the fragment loads below fall into distinct banks), and each B fragment is widened from
+// them, code · scale, exact in bf16 (dequant.cuh). The fragments then hold the bits ldmatrix reads
+// from the bf16 weight, so the products and sums are the bf16 weight's, from half its bytes.
+constexpr int kFp8Row = kBK + 16;
+static_assert(kBN * kFp8Row <= kTileBytes, "a stage's codes fit in its W tile");
+
 // Grid (N tile, M tile, group · splits + split). x [M, lda] bf16, group g's columns from g·K; w
 // [groups·N, K], group g's rows from g·N; y [M, ldy], group g's columns from g·N. Split s of K
 // (more than one: split_k, rows.h) takes the columns s·per·kBK .. of its group's K and writes its
 // fp32 sums unrounded to y + s·M·ldy (a partial of the same layout; sum_splits finishes them).
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 2)
-    gemm_kernel(const __nv_bfloat16* __restrict__ x, int lda, int M, int N, int K, const __nv_bfloat16* __restrict__ w,
-                float* __restrict__ y, int ldy, bool round, int splits, int per) {
+    gemm_kernel(const __nv_bfloat16* __restrict__ x, int lda, int M, int N, int K, const uint8_t* __restrict__ w,
+                const uint8_t* __restrict__ wscale, float* __restrict__ y, int ldy, bool round, int splits, int per) {
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t smem0 = smem_addr(smem);
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int wm = warp / 4, wn = warp % 4, g = lane / 4, t = lane % 4;
   const int n0 = int(blockIdx.x) * kBN, m0 = int(blockIdx.y) * kBM, group = int(blockIdx.z) / splits,
             split = int(blockIdx.z) % splits;
-  const int ldw = K, k0 = split * per * kBK;
+  const int ldw = K, k0 = split * per * kBK, kblocks = K / 32;
+  constexpr int kWBytes = kFp8 ? 1 : 2;  // a weight element's
   x += int64_t(group) * K + k0;
-  w += int64_t(group) * N * K + k0;
+  w += (int64_t(group) * N * K + k0) * kWBytes;
+  // fp8: the scale row of this warp's 32 weight rows (one block: n0 and N are multiples of 32).
+  if (kFp8) wscale += int64_t(group * N + min(n0 + wn * 32, N - 32)) / 32 * kblocks;
   y += int64_t(group) * N + int64_t(split) * M * ldy;
   if (splits > 1) K = min(K - k0, per * kBK), round = false;
   const int KT = (K + kBK - 1) / kBK;
@@ -101,7 +116,16 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int r = row0 + 32 * q;
       const bool a_ok = m0 + r < M && k < K, b_ok = n0 + r < N && k < K;
       cp_async16(base + swizzled(r, chunk), a_ok ? x + int64_t(m0 + r) * lda + k : x, a_ok);
-      cp_async16(base + kTileBytes + swizzled(r, chunk), b_ok ? w + int64_t(n0 + r) * ldw + k : w, b_ok);
+      if (!kFp8) cp_async16(base + kTileBytes + swizzled(r, chunk), b_ok ? w + (int64_t(n0 + r) * ldw + k) * 2 : w, b_ok);
+    }
+    if (kFp8) {
+      // The codes: 4 chunks of 16 a row, two a thread (K is a multiple of kBK here).
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int r = tid / 4 + 64 * q, c = tid % 4, kc = kt * kBK + 16 * c;
+        const bool ok = n0 + r < N && kc < K;
+        cp_async16(base + kTileBytes + uint32_t(r * kFp8Row + 16 * c), ok ? w + int64_t(n0 + r) * ldw + kc : w, ok);
+      }
     }
   };
 
@@ -126,11 +150,22 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int mt = 0; mt < 4; ++mt) ldmatrix_x4(a[mt], a_base + swizzled(wm * 64 + mt * 16 + lane % 16, 2 * kk + lane / 16));
       // B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) of a pair of n8 tiles.
       uint32_t b[4][2];
+      if constexpr (kFp8) {
+        // The fragment of n8 tile nt: row g's codes at k 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1).
+        const uint32_t s = pow2_bf16x2(__ldg(wscale + (k0 + kt * kBK + kk * 16) / 32));
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        uint32_t r[4];
-        ldmatrix_x4(r, b_base + swizzled(wn * 32 + np * 16 + lane / 16 * 8 + lane % 8, 2 * kk + lane / 8 % 2));
-        b[2 * np][0] = r[0], b[2 * np][1] = r[1], b[2 * np + 1][0] = r[2], b[2 * np + 1][1] = r[3];
+        for (int nt = 0; nt < 4; ++nt) {
+          const uint32_t at = b_base + uint32_t((wn * 32 + nt * 8 + g) * kFp8Row + kk * 16 + 2 * t);
+          b[nt][0] = mul_bf16x2(e4m3x2_to_bf16(lds16(at)), s);
+          b[nt][1] = mul_bf16x2(e4m3x2_to_bf16(lds16(at + 8)), s);
+        }
+      } else {
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t r[4];
+          ldmatrix_x4(r, b_base + swizzled(wn * 32 + np * 16 + lane / 16 * 8 + lane % 8, 2 * kk + lane / 8 % 2));
+          b[2 * np][0] = r[0], b[2 * np][1] = r[1], b[2 * np + 1][0] = r[2], b[2 * np + 1][1] = r[3];
+        }
       }
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
@@ -253,6 +288,49 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
 }
 
+// An fp8 weight's bf16 values (linear_fp8 at prefill sizes, for the warpgroup form): codes [rows,
+// K] and their 32 × 32 block scales → out [rows, K], 8 values a thread, exact (dequant.cuh).
+// Traffic rows·K·3 bytes.
+__global__ void widen_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale, int64_t rows, int64_t K,
+                             uint16_t* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * K / 8) return;
+  const int64_t r = i * 8 / K, k = i * 8 % K;
+  const uint2 codes = *reinterpret_cast<const uint2*>(w + i * 8);
+  const uint32_t s = pow2_bf16x2(scale[r / 32 * (K / 32) + k / 32]);
+  *reinterpret_cast<uint4*>(out + i * 8) =
+      make_uint4(mul_bf16x2(e4m3x2_to_bf16(codes.x), s), mul_bf16x2(e4m3x2_to_bf16(codes.x >> 16), s),
+                 mul_bf16x2(e4m3x2_to_bf16(codes.y), s), mul_bf16x2(e4m3x2_to_bf16(codes.y >> 16), s));
+}
+
+// The mma.sync form over xb (x as bf16, [M, groups·K]): one pass over the weight, split over K
+// when its tiles would leave most SMs idle.
+template <bool kFp8>
+void mma_product(const __nv_bfloat16* xb, int64_t M, int64_t groups, const Weight& w, float* y, bool round,
+                 cudaStream_t stream) {
+  static const bool configured = [] {
+    check(cudaFuncSetAttribute(gemm_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+          "cuda::linear bf16 gemm");
+    return true;
+  }();
+  (void)configured;
+  const int64_t K = w.cols, lda = groups * K, N = w.rows / groups;
+  const int64_t tiles_n = (N + kBN - 1) / kBN, tiles_m = (M + kBM - 1) / kBM;
+  const SplitK split = split_k(tiles_n * tiles_m * groups, (K + kBK - 1) / kBK, kMinSplitSteps);
+  float* out = y;
+  if (split.splits > 1)
+    check(cudaMallocAsync(reinterpret_cast<void**>(&out), size_t(split.splits * M * w.rows) * 4, stream),
+          "cuda::linear bf16 gemm");
+  const dim3 grid(unsigned(tiles_n), unsigned(tiles_m), unsigned(groups * split.splits));
+  gemm_kernel<kFp8><<<grid, kThreads, kSmemBytes, stream>>>(xb, int(lda), int(M), int(N), int(K), w.data, w.scale, out,
+                                                            int(w.rows), round, split.splits, split.per);
+  check_launch("cuda::linear bf16 gemm");
+  if (split.splits > 1) {
+    sum_splits(out, split.splits, M * w.rows, y, round, stream);
+    check(cudaFreeAsync(out, stream), "cuda::linear bf16 gemm");
+  }
+}
+
 }  // namespace
 
 bool usable(int64_t M, const Weight& w, int64_t groups) {
@@ -267,11 +345,6 @@ void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y
     fail("cuda::linear bf16 gemm", "a bf16 weight, M >= " + std::to_string(kMinRows) + ", K % 8 == 0, rows in whole groups",
          std::to_string(M) + " rows over " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " in " +
              std::to_string(groups) + " groups");
-  static const bool configured = [] {
-    check(cudaFuncSetAttribute(gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes), "cuda::linear bf16 gemm");
-    return true;
-  }();
-  (void)configured;
   const int64_t K = w.cols, lda = groups * K, N = w.rows / groups, values = M * lda;
   keep_scratch_pool();
   __nv_bfloat16* xb = nullptr;
@@ -289,25 +362,40 @@ void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y
     const dim3 grid(unsigned((N + kWgBN - 1) / kWgBN), unsigned((M + kWgBM - 1) / kWgBM), unsigned(groups));
     wg_kernel<<<grid, kWgThreads, kWgSmemBytes, stream>>>(xmap, wmap, int(M), int(N), int(K), y, int(w.rows), round);
     check_launch("cuda::linear bf16 gemm (warpgroups)");
-    check(cudaFreeAsync(xb, stream), "cuda::linear bf16 gemm");
-    return;
-  }
-  const int64_t tiles_n = (N + kBN - 1) / kBN, tiles_m = (M + kBM - 1) / kBM;
-  const SplitK split = split_k(tiles_n * tiles_m * groups, (K + kBK - 1) / kBK, kMinSplitSteps);
-  float* out = y;
-  if (split.splits > 1)
-    check(cudaMallocAsync(reinterpret_cast<void**>(&out), size_t(split.splits * M * w.rows) * 4, stream),
-          "cuda::linear bf16 gemm");
-  const dim3 grid(unsigned(tiles_n), unsigned(tiles_m), unsigned(groups * split.splits));
-  gemm_kernel<<<grid, kThreads, kSmemBytes, stream>>>(xb, int(lda), int(M), int(N), int(K),
-                                                      reinterpret_cast<const __nv_bfloat16*>(w.data), out, int(w.rows),
-                                                      round, split.splits, split.per);
-  check_launch("cuda::linear bf16 gemm");
-  if (split.splits > 1) {
-    sum_splits(out, split.splits, M * w.rows, y, round, stream);
-    check(cudaFreeAsync(out, stream), "cuda::linear bf16 gemm");
+  } else {
+    mma_product<false>(xb, M, groups, w, y, round, stream);
   }
   check(cudaFreeAsync(xb, stream), "cuda::linear bf16 gemm");
+}
+
+void linear_fp8(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream) {
+  const int64_t limit = int64_t(1) << 31;
+  if (w.format != WeightFormat::FP8 || !w.data || !w.scale || groups <= 0 || w.rows % groups != 0 ||
+      (w.rows / groups) % 32 != 0 || w.cols <= 0 || w.cols % kBK != 0 || M <= 0 || M >= limit ||
+      groups * w.cols >= limit || w.rows >= limit || groups >= 65536)
+    fail("cuda::linear_fp8", "an fp8 weight with scales, groups of whole 32-row blocks, K a multiple of 64",
+         std::to_string(w.rows) + "x" + std::to_string(w.cols) + " in " + std::to_string(groups) + " groups at " +
+             std::to_string(M) + " rows");
+  keep_scratch_pool();
+  if (M >= kWgRows) {
+    // Prefill: the weight's bf16 values once (w.rows · K · 3 bytes moved, against the GEMM's
+    // tensor-core time), then the bf16 product.
+    uint16_t* wb = nullptr;
+    check(cudaMallocAsync(reinterpret_cast<void**>(&wb), size_t(w.rows * w.cols) * 2, stream), "cuda::linear_fp8");
+    const int64_t items = w.rows * w.cols / 8;
+    widen_kernel<<<unsigned((items + 255) / 256), 256, 0, stream>>>(w.data, w.scale, w.rows, w.cols, wb);
+    check_launch("cuda::linear_fp8 widen");
+    linear(x, M, groups, Weight{WeightFormat::BF16, w.rows, w.cols, reinterpret_cast<const uint8_t*>(wb), nullptr}, y,
+           round, stream);
+    check(cudaFreeAsync(wb, stream), "cuda::linear_fp8");
+    return;
+  }
+  const int64_t values = M * groups * w.cols;
+  __nv_bfloat16* xb = nullptr;
+  check(cudaMallocAsync(reinterpret_cast<void**>(&xb), size_t(values) * sizeof(__nv_bfloat16), stream), "cuda::linear_fp8");
+  to_bf16(x, values, reinterpret_cast<uint16_t*>(xb), stream);
+  mma_product<true>(xb, M, groups, w, y, round, stream);
+  check(cudaFreeAsync(xb, stream), "cuda::linear_fp8");
 }
 
 }  // namespace dsv41::cuda::gemm_bf16

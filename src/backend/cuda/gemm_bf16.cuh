@@ -29,4 +29,11 @@ bool usable(int64_t M, const Weight& w, int64_t groups = 1);
 // cudaMallocAsync on `stream`.
 void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream);
 
+// The same product over w stored as e4m3 codes with 32 × 32 block scales and multiplied as their
+// bf16 values (code · scale, exact), at any M ≥ 1: below kWgRows the mma.sync form widens the codes
+// as it loads them (half the bytes of the bf16 weight, the same bits as linear() over that weight
+// at M ≥ kMinRows); from kWgRows the bf16 values once into scratch, then linear(). Groups of whole
+// 32-row blocks, K a multiple of 64.
+void linear_fp8(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream);
+
 }  // namespace dsv41::cuda::gemm_bf16

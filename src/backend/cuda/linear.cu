@@ -518,6 +518,10 @@ void linear_f32(const float* x, int64_t M, const Weight& w, float* y, cudaStream
   dispatch(x, M, w, y, false, stream);
 }
 
+void linear_grouped_widened(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, cudaStream_t stream) {
+  gemm_bf16::linear_fp8(x, M, groups, w, y, true, stream);
+}
+
 void linear_grouped(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, cudaStream_t stream) {
   if (groups <= 0 || w.rows % groups != 0)
     fail("cuda::linear_grouped", "a weight whose rows split into the groups evenly",

@@ -938,11 +938,13 @@ void Call::rope(Floats& x, int l, int heads, int64_t head_dim, bool inverse) {
 }
 
 // Grouped low-rank output: group g's heads (o [T, G, in_g]) through wo_a's rows [g·r, (g+1)·r),
-// into ya [T, G, r].
+// into ya [T, G, r]. An fp8 wo_a on the device is the checkpoint's codes of the bf16 weight the
+// model multiplies (DeviceModel), widened as they are read.
 Floats Call::linear_grouped(const Floats& o, const Weight& wo_a) {
   const auto span = timed("linear wo_a (grouped)");
   Floats ya = scratch<float>(T_ * c_.o_groups * c_.o_lora_rank, stream_);
-  cuda::linear_grouped(o.get(), T_, c_.o_groups, wo_a, ya.get(), stream_);
+  if (wo_a.format == WeightFormat::FP8) cuda::linear_grouped_widened(o.get(), T_, c_.o_groups, wo_a, ya.get(), stream_);
+  else cuda::linear_grouped(o.get(), T_, c_.o_groups, wo_a, ya.get(), stream_);
   return ya;
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // A loaded model's weights in device memory, bound as the host Model binds them (forward/model.h):
 // the same LayerWeights with device pointers, each tensor in its checkpoint format (fp8 and fp4
-// stay quantized; wo_a is the bf16 copy the host Model made, as convert.py does). Built from the
+// stay quantized, wo_a too: the codes of the bf16 weight the host Model made of them, as convert.py
+// does, which the device widens as it reads them, half the bytes). Built from the
 // checkpoint's bytes, or — for benchmarks at sizes no test checkpoint has — from random values
 // written on the device over a model whose file holds only the tensor layout (sparse_checkpoint.h).
 #include <cstdint>
