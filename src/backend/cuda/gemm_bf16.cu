@@ -368,11 +368,14 @@ void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y
   check(cudaFreeAsync(xb, stream), "cuda::linear bf16 gemm");
 }
 
-void linear_fp8(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream) {
+bool usable_fp8(const Weight& w, int64_t groups) {
   const int64_t limit = int64_t(1) << 31;
-  if (w.format != WeightFormat::FP8 || !w.data || !w.scale || groups <= 0 || w.rows % groups != 0 ||
-      (w.rows / groups) % 32 != 0 || w.cols <= 0 || w.cols % kBK != 0 || M <= 0 || M >= limit ||
-      groups * w.cols >= limit || w.rows >= limit || groups >= 65536)
+  return w.format == WeightFormat::FP8 && w.data && w.scale && groups > 0 && groups < 65536 && w.rows % groups == 0 &&
+         (w.rows / groups) % 32 == 0 && w.cols > 0 && w.cols % kBK == 0 && groups * w.cols < limit && w.rows < limit;
+}
+
+void linear_fp8(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream) {
+  if (!usable_fp8(w, groups) || M <= 0 || M >= (int64_t(1) << 31))
     fail("cuda::linear_fp8", "an fp8 weight with scales, groups of whole 32-row blocks, K a multiple of 64",
          std::to_string(w.rows) + "x" + std::to_string(w.cols) + " in " + std::to_string(groups) + " groups at " +
              std::to_string(M) + " rows");

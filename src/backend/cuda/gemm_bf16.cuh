@@ -33,7 +33,8 @@ void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y
 // bf16 values (code · scale, exact), at any M ≥ 1: below kWgRows the mma.sync form widens the codes
 // as it loads them (half the bytes of the bf16 weight, the same bits as linear() over that weight
 // at M ≥ kMinRows); from kWgRows the bf16 values once into scratch, then linear(). Groups of whole
-// 32-row blocks, K a multiple of 64.
+// 32-row blocks, K a multiple of 64 (usable_fp8).
+bool usable_fp8(const Weight& w, int64_t groups);
 void linear_fp8(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream);
 
 }  // namespace dsv41::cuda::gemm_bf16

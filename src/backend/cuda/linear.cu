@@ -522,6 +522,8 @@ void linear_grouped_widened(const float* x, int64_t M, int64_t groups, const Wei
   gemm_bf16::linear_fp8(x, M, groups, w, y, true, stream);
 }
 
+bool widened_usable(const Weight& w, int64_t groups) { return gemm_bf16::usable_fp8(w, groups); }
+
 void linear_grouped(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, cudaStream_t stream) {
   if (groups <= 0 || w.rows % groups != 0)
     fail("cuda::linear_grouped", "a weight whose rows split into the groups evenly",

@@ -32,5 +32,8 @@ void linear_grouped(const float* x, int64_t M, int64_t groups, const Weight& w, 
 // weight takes the gemv instead).
 void linear_grouped_widened(const float* x, int64_t M, int64_t groups, const Weight& w, float* y,
                             cudaStream_t stream = nullptr);
+// Whether linear_grouped_widened takes w in `groups` groups: fp8 with its scales, groups of whole
+// 32-row blocks, K a multiple of 64.
+bool widened_usable(const Weight& w, int64_t groups);
 
 }  // namespace dsv41::cuda

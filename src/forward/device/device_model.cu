@@ -15,6 +15,7 @@
 
 #include "backend/cpu/vision_rope.h"
 #include "backend/cuda/check.h"
+#include "backend/cuda/linear.h"
 #include "base/error.h"
 #include "forward/vision_layout.h"
 #include "numerics/codecs.h"
@@ -93,8 +94,10 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
         c, prefix, i,
         [&](const BlockTensor& t, const auto& from, auto& to) {
           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(from)>, Weight>)
-            // wo_a as the checkpoint's fp8 codes where it has them, not the host's bf16 copy.
-            to = place(&from == &h.attn.wo_a && h.attn.wo_a_fp8.data ? h.attn.wo_a_fp8 : from, random_fill(t));
+            // wo_a as the checkpoint's fp8 codes where it has them in a shape the widening GEMM
+            // takes, not the host's bf16 copy of them.
+            to = place(&from == &h.attn.wo_a && cuda::widened_usable(h.attn.wo_a_fp8, c.o_groups) ? h.attn.wo_a_fp8 : from,
+                       random_fill(t));
           else  // the Engram table and its scales: unit-variance rows (cols 1)
             to = place_bytes(from, tensor_bytes(t), Fill::Matrix, WeightFormat::FP8, 1, t.role == WeightRole::Scale);
         },
