@@ -973,6 +973,36 @@ void gemm_bf16_bench(benchmark::State& state, Bf16Peer peer) {
   cudaFree(w[0]), cudaFree(w[1]), cudaFree(xb), cudaFree(x), cudaFree(y);
 }
 
+// wo_a (8 groups of 1024 × 4096) at `rows` rows read as the bf16 weight (linear_grouped: the gemv
+// at one row, mma.sync from two, the warpgroup MMA from 256) or as the checkpoint's fp8 codes
+// widened as they load (linear_grouped_widened: the same bits from half the bytes), in a CUDA graph
+// of 8 calls over 4 copies of the weight (more than L2 holds). Bytes: the weight as read, x, y.
+void BM_WoA(benchmark::State& state) {
+  const int M = int(state.range(0)), groups = 8, r = 1024, K = 4096, N = groups * r;
+  const bool fp8 = state.range(1) == 1;
+  float *x = nullptr, *y = nullptr;
+  check(cudaMalloc(&x, size_t(M) * groups * K * 4), "alloc"), check(cudaMalloc(&y, size_t(M) * N * 4), "alloc");
+  fill_activations<<<1024, 256>>>(x, size_t(M) * groups * K, 11);
+  check(cudaGetLastError(), "fill"), check(cudaDeviceSynchronize(), "fill");
+  constexpr int kCopies = 4;
+  const size_t data = fp8 ? size_t(N) * K : size_t(N) * K * 2, scales = fp8 ? size_t(N / 32) * (K / 32) : 0;
+  std::vector<void*> w, sc;
+  for (int c = 0; c < kCopies; ++c) {
+    w.push_back(fp8 ? device_codes(data, 60 + c, 0xB7, 0) : device_codes(data, 60 + c, 0xBF, 0));
+    sc.push_back(fp8 ? device_codes(scales, 70 + c, 0x3, 122) : nullptr);
+  }
+  const double bytes = double(data + scales) + 4.0 * M * groups * K + 4.0 * M * N;
+  time_graph(state, bytes, 2 * kCopies, [&](int i, cudaStream_t stream) {
+    const Weight wt{fp8 ? WeightFormat::FP8 : WeightFormat::BF16, N, K, static_cast<const uint8_t*>(w[size_t(i % kCopies)]),
+                    static_cast<const uint8_t*>(sc[size_t(i % kCopies)])};
+    if (fp8) cuda::linear_grouped_widened(x, M, groups, wt, y, stream);
+    else cuda::linear_grouped(x, M, groups, wt, y, stream);
+  });
+  state.SetLabel(fp8 ? "fp8 codes, widened" : "bf16 weight");
+  for (int c = 0; c < kCopies; ++c) cudaFree(w[size_t(c)]), cudaFree(sc[size_t(c)]);
+  cudaFree(x), cudaFree(y);
+}
+
 void BM_GemmBf16(benchmark::State& state) { gemm_bf16_bench(state, Bf16Peer::Ours); }
 void BM_GemmBf16CublasLt(benchmark::State& state) { gemm_bf16_bench(state, Bf16Peer::CublasLt); }
 void BM_GemmBf16GemvPasses(benchmark::State& state) { gemm_bf16_bench(state, Bf16Peer::GemvPasses); }
@@ -1007,6 +1037,7 @@ BENCHMARK(BM_GemmCublasLtFp8)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.2);
+BENCHMARK(BM_WoA)->ArgsProduct({{1, 2, 8, 64, 80, 512}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_GemmBf16)->ArgsProduct({{0, 1}, {512, 4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_GemmBf16CublasLt)->ArgsProduct({{0, 1}, {512, 4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_GemmBf16GemvPasses)->ArgsProduct({{0, 1}, {4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05);
