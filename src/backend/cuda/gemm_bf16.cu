@@ -48,6 +48,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/rows.h"
 #include "backend/cuda/wgmma.cuh"
@@ -303,6 +304,79 @@ __global__ void widen_kernel(const uint8_t* __restrict__ w, const uint8_t* __res
                  mul_bf16x2(e4m3x2_to_bf16(codes.y), s), mul_bf16x2(e4m3x2_to_bf16(codes.y >> 16), s));
 }
 
+// ---- the swapped form (linear_fp8 at M ≤ kSwapRows: wo_a at decode) ----
+//
+// The weight's rows are the MMA's 16 rows and x's ≤ 8 rows its 8 columns (yᵀ = W · xᵀ), so no
+// tensor-core row is padding and the codes go global → registers with no staging: a CTA of 8
+// warps owns 32 weight rows (one scale block's), each warp every 8th k-step of 64 columns. In a
+// step thread (g, q) (lane 4g + q) loads 16 codes of rows g, g + 8, g + 16, g + 24 at columns
+// 16q .. 16q + 15 and x row g's same 16 values: word J of its codes fills its A slots of the k16
+// MMA J (bytes 0, 2 at columns 2q, 2q + 1; bytes 1, 3 at 2q + 8, 2q + 9), and the B slots take the
+// x values at the same columns, so each MMA sums the right products in a permuted k order. The
+// codes widen by moving bits and one bf16 multiply by the folded scale (dequant.cuh), exactly the
+// bf16 weight's values. The 8 warps' sums meet in shared memory, added in warp order.
+// Traffic: the codes once (wo_a: 33.6 MB) + scales + x from L2 (≤ 8 · groups · K · 4 bytes).
+constexpr int kSwapWarps = 8, kSwapRowsPerCta = 32, kSwapStep = 64;
+
+__global__ void __launch_bounds__(kSwapWarps * 32, 2)
+    swapped_kernel(const float* __restrict__ x, int M, int64_t ldx, int64_t group_rows, int64_t N, int64_t K,
+                   const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale, float* __restrict__ y, bool round) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
+  const int64_t n0 = int64_t(blockIdx.x) * kSwapRowsPerCta;
+  const uint8_t* wr = w + (n0 + g) * K + 16 * q;
+  const uint8_t* sr = scale + n0 / 32 * (K / 32);
+  const float* xr = x + g * ldx + n0 / group_rows * K + 16 * q;
+  const bool has_x = g < M;
+  float d[2][4] = {};
+  wait_for_inputs();
+#pragma unroll 2
+  for (int64_t k = int64_t(warp) * kSwapStep; k < K; k += kSwapWarps * kSwapStep) {
+    uint4 c[4];  // rows g, g + 8, g + 16, g + 24
+#pragma unroll
+    for (int r = 0; r < 4; ++r) c[r] = __ldg(reinterpret_cast<const uint4*>(wr + 8 * r * K + k));
+    uint32_t b0[4] = {}, b1[4] = {};
+    if (has_x) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 v = __ldg(reinterpret_cast<const float4*>(xr + k) + j);  // bf16 values: the top halves exact
+        b0[j] = __byte_perm(__float_as_uint(v.x), __float_as_uint(v.z), 0x7632);
+        b1[j] = __byte_perm(__float_as_uint(v.y), __float_as_uint(v.w), 0x7632);
+      }
+    }
+    const uint32_t e = sr[(k + 16 * q) / 32];
+    const bool rare = e >= 128;  // a scale of 2 or more (never in a trained checkpoint): gemm.cu's Rows
+    const uint32_t s2 = rare ? pow2_bf16x2(e) : folded_scale_bf16x2<false>(e);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        uint32_t a[4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t word = j == 0 ? c[2 * t + h].x : j == 1 ? c[2 * t + h].y : j == 2 ? c[2 * t + h].z : c[2 * t + h].w;
+          uint32_t lo = e4m3x2_bits<0, 2>(word), hi = e4m3x2_bits<1, 3>(word);
+          if (rare) lo = mul_bf16x2(lo, kE4m3Bits), hi = mul_bf16x2(hi, kE4m3Bits);
+          a[h] = mul_bf16x2(lo, s2), a[2 + h] = mul_bf16x2(hi, s2);
+        }
+        mma_bf16(d[t], a, b0[j], b1[j]);
+      }
+    }
+  }
+  // d[t]: rows 16t + g (0, 1) and 16t + g + 8 (2, 3) of the CTA's, x rows 2q and 2q + 1.
+  __shared__ float sums[kSwapWarps][kSwapRowsPerCta][8];
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sums[warp][16 * t + g + 8 * (i / 2)][2 * q + i % 2] = d[t][i];
+  __syncthreads();
+  const int row = threadIdx.x / 8, m = threadIdx.x % 8;
+  if (m >= M) return;
+  float sum = 0;
+#pragma unroll
+  for (int v = 0; v < kSwapWarps; ++v) sum += sums[v][row][m];
+  y[m * N + n0 + row] = round ? round_bf16(sum) : sum;
+}
+
 // The mma.sync form over xb (x as bf16, [M, groups·K]): one pass over the weight, split over K
 // when its tiles would leave most SMs idle.
 template <bool kFp8>
@@ -379,6 +453,11 @@ void linear_fp8(const float* x, int64_t M, int64_t groups, const Weight& w, floa
     fail("cuda::linear_fp8", "an fp8 weight with scales, groups of whole 32-row blocks, K a multiple of 64",
          std::to_string(w.rows) + "x" + std::to_string(w.cols) + " in " + std::to_string(groups) + " groups at " +
              std::to_string(M) + " rows");
+  if (M <= kSwapRows) {
+    launch_early("cuda::linear_fp8", swapped_kernel, unsigned(w.rows / kSwapRowsPerCta), kSwapWarps * 32, 0, stream, x,
+                 int(M), groups * w.cols, w.rows / groups, w.rows, w.cols, w.data, w.scale, y, round);
+    return;
+  }
   keep_scratch_pool();
   if (M >= kWgRows) {
     // Prefill: the weight's bf16 values once (w.rows · K · 3 bytes moved, against the GEMM's

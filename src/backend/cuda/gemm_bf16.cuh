@@ -30,10 +30,12 @@ bool usable(int64_t M, const Weight& w, int64_t groups = 1);
 void linear(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream);
 
 // The same product over w stored as e4m3 codes with 32 × 32 block scales and multiplied as their
-// bf16 values (code · scale, exact), at any M ≥ 1: below kWgRows the mma.sync form widens the codes
-// as it loads them (half the bytes of the bf16 weight, the same bits as linear() over that weight
-// at M ≥ kMinRows); from kWgRows the bf16 values once into scratch, then linear(). Groups of whole
-// 32-row blocks, K a multiple of 64 (usable_fp8).
+// bf16 values (code · scale, exact), at any M ≥ 1, reading the codes (half the bytes of the bf16
+// weight): up to kSwapRows rows the swapped form (the weight's rows the MMA's rows, x's its
+// columns; its sums in another order than linear()'s); above, the mma.sync form widening the codes
+// as it loads them, the same bits as linear() over the bf16 weight; from kWgRows the bf16 values
+// once into scratch, then linear(). Groups of whole 32-row blocks, K a multiple of 64 (usable_fp8).
+inline constexpr int64_t kSwapRows = 8;
 bool usable_fp8(const Weight& w, int64_t groups);
 void linear_fp8(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool round, cudaStream_t stream);
 
