@@ -82,7 +82,8 @@ struct SchedulerTest : ::testing::Test {
 // Five requests in one batch, joining and leaving at different steps, each get exactly the
 // greedy tokens they get alone (whole prompts per step: the budget covers them).
 TEST_F(SchedulerTest, BatchedRequestsGetWhatTheyGetAlone) {
-  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{8, 16, 4096, 0});
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr,
+                      SchedulerOptions{.max_running = 8, .max_queued = 16, .step_tokens = 4096, .max_idle = 0});
   const std::vector<std::pair<std::vector<int>, int>> work = {
       {slice(0, 40), 6}, {slice(40, 7), 3}, {slice(100, 90), 9}, {slice(7, 1), 4}, {slice(200, 30), 1}};
   std::vector<std::shared_ptr<Generation>> gens;
@@ -101,7 +102,8 @@ TEST_F(SchedulerTest, BatchedRequestsGetWhatTheyGetAlone) {
 
 // Under a small per-step budget prompts run in chunks across steps, and every request completes.
 TEST_F(SchedulerTest, ChunkedPrefillUnderATokenBudget) {
-  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{4, 16, 24, 0});
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr,
+                      SchedulerOptions{.max_running = 4, .max_queued = 16, .step_tokens = 24, .max_idle = 0});
   std::vector<std::shared_ptr<Generation>> gens;
   for (int i = 0; i < 4; ++i) gens.push_back(scheduler.submit(request(slice(size_t(i) * 50, 50 + size_t(i) * 10), 3)));
   for (auto& g : gens) {
@@ -120,7 +122,8 @@ TEST_F(SchedulerTest, ChunkedPrefillUnderATokenBudget) {
 TEST_F(SchedulerTest, OnlyTheLastChunkOfAPromptIsSampled) {
   const std::vector<int> prompt = slice(0, 50);
   for (Mode mode : {Mode::Default, Mode::Exact}) {
-    Scheduler scheduler(executor, &tokenizer, mode, nullptr, SchedulerOptions{1, 4, 24, 0});
+    Scheduler scheduler(executor, &tokenizer, mode, nullptr,
+                        SchedulerOptions{.max_running = 1, .max_queued = 4, .step_tokens = 24, .max_idle = 0});
     const Outcome o = collect(*scheduler.submit(request(prompt, 3)));
     EXPECT_EQ(scheduler.stats().prefill_tokens, 50);
 
@@ -160,7 +163,8 @@ TEST_F(SchedulerTest, CancelFreesTheSequence) {
 }
 
 TEST_F(SchedulerTest, TheQueueIsBounded) {
-  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{1, 1, 256, 0});
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr,
+                      SchedulerOptions{.max_running = 1, .max_queued = 1, .step_tokens = 256, .max_idle = 0});
   auto first = scheduler.submit(request(slice(0, 10), 3000));  // busy for seconds, even on a fast machine
   ASSERT_EQ(first->next().kind, GenerationEvent::Kind::Prefilled);  // running: the queue is empty again
   auto second = scheduler.submit(request(slice(0, 10), 2));
@@ -265,7 +269,7 @@ void SchedulerTest::kv_budget_run(Mode mode, bool tiers) {
   const Accounting::Kv kv = account(model->config(), 1).kv;
   auto bytes = [&](int64_t tokens) { return kv.swa_bytes_per_sequence + int64_t(std::ceil(kv.global_bytes_per_token * double(tokens))); };
   const int prompt = 40, n = 24;
-  SchedulerOptions o{8, 16, 4096, 0};
+  SchedulerOptions o{.max_running = 8, .max_queued = 16, .step_tokens = 4096, .max_idle = 0};
   o.kv_budget_bytes = 2 * bytes(prompt + 1) + (bytes(prompt + n) - bytes(prompt + 1)) / 2;
   ASSERT_GT(3 * bytes(prompt + 1), o.kv_budget_bytes);  // a third does not fit even at its prompt
   Scheduler scheduler(executor, &tokenizer, mode, tiers ? &cache : nullptr, o);
@@ -279,13 +283,15 @@ void SchedulerTest::kv_budget_run(Mode mode, bool tiers) {
   const SchedulerStats st = scheduler.stats();
   EXPECT_GE(st.preempted, 2);
   EXPECT_LE(st.kv_bytes, o.kv_budget_bytes);
-  if (tiers) EXPECT_GT(cache.stats().counters.swa_tokens, 0);  // the continuations came from their SWA tails
+  if (tiers) {
+    EXPECT_GT(cache.stats().counters.swa_tokens, 0);  // the continuations came from their SWA tails
+  }
 }
 
 // A prompt that cannot fit the budget even alone fails at once, saying so; the next one runs.
 TEST_F(SchedulerTest, APromptBeyondTheKvBudgetFailsAlone) {
   const Accounting::Kv kv = account(model->config(), 1).kv;
-  SchedulerOptions o{8, 16, 4096, 0};
+  SchedulerOptions o{.max_running = 8, .max_queued = 16, .step_tokens = 4096, .max_idle = 0};
   o.kv_budget_bytes = kv.swa_bytes_per_sequence + int64_t(kv.global_bytes_per_token * 30);
   Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, o);
   std::shared_ptr<Generation> g = scheduler.submit(request(slice(0, 100), 3));
@@ -375,7 +381,8 @@ TEST_F(SchedulerTest, AForkedSessionContinuesAsTheOriginal) {
 // own Finished; one Prefilled for the request.
 TEST_F(SchedulerTest, ChoicesShareThePromptAndGreedyChoicesAgree) {
   const std::vector<int> prompt = slice(0, 50);
-  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{4, 16, 24, 0});
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr,
+                      SchedulerOptions{.max_running = 4, .max_queued = 16, .step_tokens = 24, .max_idle = 0});
   GenerationRequest r = request(prompt, 5);
   r.n = 3;
   const Choices c = collect_choices(*scheduler.submit(r));
@@ -431,7 +438,8 @@ TEST_F(SchedulerTest, SampledChoicesHaveSeedsOfTheirOwn) {
 TEST_F(SchedulerTest, ChoicesEndAloneAndTakeBatchSlots) {
   const std::vector<int> prompt = slice(0, 30);
   const std::vector<int> expected = alone(prompt, 6);
-  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{3, 16, 256, 0});
+  Scheduler scheduler(executor, &tokenizer, Mode::Default, nullptr,
+                      SchedulerOptions{.max_running = 3, .max_queued = 16, .step_tokens = 256, .max_idle = 0});
   GenerationRequest r = request(prompt, 6);
   r.n = 4;
   EXPECT_THROW(scheduler.submit(r), Error);
@@ -516,7 +524,8 @@ TEST_F(SchedulerTest, PromptLogprobsAreTheReferencesLogSoftmax) {
   const int64_t V = model->config().vocab_size, vocab = sampling_vocab(model->config(), &tokenizer);
   for (Mode mode : {Mode::Default, Mode::Exact}) {
     SCOPED_TRACE(mode_name(mode));
-    Scheduler scheduler(executor, &tokenizer, mode, nullptr, SchedulerOptions{4, 16, 2, 0});
+    Scheduler scheduler(executor, &tokenizer, mode, nullptr,
+                        SchedulerOptions{.max_running = 4, .max_queued = 16, .step_tokens = 2, .max_idle = 0});
     GenerationRequest r = request(std::vector<int>(ids.begin(), ids.end()), 2);
     r.prompt_logprobs = 3;
     const std::vector<TokenChoice> scores = prompt_scores(*scheduler.submit(r));
@@ -559,7 +568,8 @@ TEST_F(SchedulerTest, PromptLogprobsRunTheDecoderOnEveryRow) {
   for (Mode mode : {Mode::Default, Mode::Exact}) {
     SCOPED_TRACE(mode_name(mode));
     KvCache cache(c, cache_options(mode));
-    Scheduler scheduler(executor, &tokenizer, mode, &cache, SchedulerOptions{4, 16, 4096, 8});
+    Scheduler scheduler(executor, &tokenizer, mode, &cache,
+                        SchedulerOptions{.max_running = 4, .max_queued = 16, .step_tokens = 4096, .max_idle = 8});
     GenerationRequest r = request(prompt, 4);
     r.prompt_logprobs = 0;
     r.n = 2;

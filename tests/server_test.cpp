@@ -807,7 +807,9 @@ TEST(Server, EchoWithLogprobsScoresThePrompt) {
   EXPECT_TRUE(lp["top_logprobs"][0].is_null()) << lp;
   int64_t offset = 0;
   for (size_t p = 0; p < ids.size() + 3; ++p) {
-    if (p < ids.size()) EXPECT_EQ(lp["tokens"][p], tokenizer.decode(std::vector<int>{int(ids[p])})) << p;
+    if (p < ids.size()) {
+      EXPECT_EQ(lp["tokens"][p], tokenizer.decode(std::vector<int>{int(ids[p])})) << p;
+    }
     EXPECT_EQ(lp["text_offset"][p], offset) << p;
     offset += code_points(lp["tokens"][p].get<std::string>());
     if (p == 0) continue;
@@ -836,7 +838,9 @@ TEST(Server, EchoWithLogprobsScoresThePrompt) {
     const json c = json::parse(line.substr(6))["choices"][0];
     streamed_text += c["text"].get<std::string>();
     if (c["logprobs"].is_null()) continue;
-    if (first) EXPECT_EQ(c["logprobs"]["tokens"].size(), ids.size()) << "the echo's chunk: " << c;
+    if (first) {
+      EXPECT_EQ(c["logprobs"]["tokens"].size(), ids.size()) << "the echo's chunk: " << c;
+    }
     first = false;
     for (const json& t : c["logprobs"]["tokens"]) tokens.push_back(t);
     for (const json& o : c["logprobs"]["text_offset"]) offsets.push_back(o);

@@ -149,8 +149,9 @@ TEST(Speculative, GreedyEqualsPlainGreedy) {
       EXPECT_EQ(std::vector<int>(got.begin(), got.begin() + n), std::vector<int>(want.begin(), want.begin() + n)) << how;
       plain(t, n, state.length, &reference);
       expect_same_state(c, state, reference, how);
-      if (good >= 0)
+      if (good >= 0) {
         for (int a : accepted) EXPECT_EQ(a, good) << how;
+      }
     }
   }
 }
@@ -242,7 +243,9 @@ TEST(Speculative, GreedyEqualsPlainGreedyOnTheTestDevice) {
         break;
       }
       std::printf("%s: the deciding rows part from plain decoding's by at most %g\n", how.c_str(), largest);
-      if (executor->name() == "cpu") EXPECT_EQ(largest, 0.0) << how << ": the CPU's rows do not depend on the call's rows";
+      if (executor->name() == "cpu") {
+        EXPECT_EQ(largest, 0.0) << how << ": the CPU's rows do not depend on the call's rows";
+      }
     }
   }
 }

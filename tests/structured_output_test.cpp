@@ -49,7 +49,8 @@ struct StructuredOutput : ::testing::Test {
   std::vector<int> stop = chat_stop_token_ids(tokenizer);
   int64_t vocab = sampling_vocab(model->config(), &tokenizer);
   grammar::GrammarCache cache{grammar::Vocabulary::from_tokenizer(tokenizer, vocab, stop)};
-  Scheduler scheduler{*executor, &tokenizer, Mode::Default, nullptr, SchedulerOptions{8, 64, 4096, 0}};
+  Scheduler scheduler{*executor, &tokenizer, Mode::Default, nullptr,
+                      SchedulerOptions{.max_running = 8, .max_queued = 64, .step_tokens = 4096, .max_idle = 0}};
 
   // The request as a client sends it, with thinking off or on.
   ChatRequest parse(ojson body, bool thinking) {
@@ -143,13 +144,17 @@ TEST_F(StructuredOutput, ARequiredToolCallIsAValidCallOfAListedFunction) {
     const ParsedReply reply = parse_reply(tokenizer.decode(tokens), false);
     ASSERT_FALSE(reply.tool_calls.empty()) << reply.content;
     EXPECT_EQ(reply.content, "");
-    if (!run.parallel) EXPECT_EQ(reply.tool_calls.size(), 1u);
+    if (!run.parallel) {
+      EXPECT_EQ(reply.tool_calls.size(), 1u);
+    }
     for (const ParsedToolCall& call : reply.tool_calls) {
       const ojson* function = nullptr;
       for (const ojson& t : tools)
         if (t["function"]["name"] == call.name) function = &t["function"];
       ASSERT_NE(function, nullptr) << call.name;
-      if (run.choice.is_object()) EXPECT_EQ(call.name, "search");
+      if (run.choice.is_object()) {
+        EXPECT_EQ(call.name, "search");
+      }
       const ojson args = ojson::parse(call.arguments);
       EXPECT_EQ(test::schema_violation(args, (*function)["parameters"], (*function)["parameters"]), "") << call.arguments;
     }

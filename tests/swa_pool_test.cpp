@@ -23,7 +23,7 @@ SwaSnapshot snapshot(uint8_t n, size_t bytes = 100) { return SwaSnapshot{std::ve
 
 struct PoolTest : ::testing::Test {
   ManualClock clock{1'000'000};
-  SwaPool make(int64_t budget) { return SwaPool(SwaPoolOptions{budget, kTtl, &clock}); }
+  SwaPool make(int64_t budget) { return SwaPool(SwaPoolOptions{.budget_bytes = budget, .ttl_ms = kTtl, .clock = &clock}); }
 };
 
 }  // namespace
@@ -32,9 +32,9 @@ TEST(SwaPoolDefaults, TenPercentOfRamAndFiveMinutes) {
   const SwaPool pool;
   EXPECT_EQ(pool.budget_bytes(), host_ram_bytes() / 10);
   EXPECT_EQ(pool.ttl_ms(), 5 * 60 * 1000);
-  EXPECT_THROW(SwaPool(SwaPoolOptions{0, kTtl}), Error);
-  EXPECT_THROW(SwaPool(SwaPoolOptions{100, 0}), Error);
-  EXPECT_THROW(SwaPool(SwaPoolOptions{100, kTtl, nullptr}), Error);
+  EXPECT_THROW(SwaPool(SwaPoolOptions{.budget_bytes = 0, .ttl_ms = kTtl}), Error);
+  EXPECT_THROW(SwaPool(SwaPoolOptions{.budget_bytes = 100, .ttl_ms = 0}), Error);
+  EXPECT_THROW(SwaPool(SwaPoolOptions{.budget_bytes = 100, .ttl_ms = kTtl, .clock = nullptr}), Error);
 }
 
 TEST_F(PoolTest, HitBeforeTtlMissAfter) {

@@ -55,7 +55,9 @@ TEST(WeightsMap, CountsLogicalParametersOfPackedFp4) {
       EXPECT_EQ(s.params, s.shape[0] * s.shape[1] * 2) << s.name;  // two e2m1 per byte
       EXPECT_EQ(s.compute, Precision::FP8);  // fp8 activations x fp4 weights: the fp8 rate
     }
-    if (s.role == WeightRole::Scale) EXPECT_EQ(s.params, 0) << s.name;
+    if (s.role == WeightRole::Scale) {
+      EXPECT_EQ(s.params, 0) << s.name;
+    }
   }
 }
 

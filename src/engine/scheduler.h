@@ -139,8 +139,8 @@ struct SchedulerOptions {
   // passes per second by sequences (the batch's plain decoding), and drafting calls per second by
   // the sequences drafting together; each measured on the executor at construction
   // (measure_step_rate, measure_plain_rate, measure_draft_rate) when speculating without one.
-  std::optional<StepRate> step_rate, plain_rate, draft_rate;
-  DraftingPolicy drafting;  // how a sequence's survival is estimated before it drafts
+  std::optional<StepRate> step_rate{}, plain_rate{}, draft_rate{};
+  DraftingPolicy drafting{};  // how a sequence's survival is estimated before it drafts
 };
 
 // Speculative decoding's counters (SchedulerOptions::speculative).

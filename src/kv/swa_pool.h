@@ -64,7 +64,7 @@ struct SwaPoolOptions {
   const Clock* clock = &SystemClock::instance();       // tests inject a ManualClock (in-process only)
   // Where the tails live: empty for this process's memory (SwaPool), or memcached servers,
   // "memcached://host:port,host:port" (MemcachedSwaPool).
-  std::string url;
+  std::string url{};
 };
 
 // What the engine asks of the SWA pool, wherever its tails live.

@@ -352,7 +352,9 @@ TEST(DSparkTrainer, TrainingRaisesTheDraftersAcceptance) {
       const Param<float>& q = initial->parameters().at(p.name);
       const bool same = p.value == q.value;
       if (p.name.starts_with("mtp.")) {
-        if (!p.name.ends_with("gate.bias")) EXPECT_FALSE(same) << p.name << ": not trained";
+        if (!p.name.ends_with("gate.bias")) {
+          EXPECT_FALSE(same) << p.name << ": not trained";
+        }
       } else {
         EXPECT_TRUE(same) << p.name << ": DSpark's training moved a backbone weight";
       }
@@ -361,7 +363,9 @@ TEST(DSparkTrainer, TrainingRaisesTheDraftersAcceptance) {
     for (const json& e : log_of(with.path()))
       if (e["event"] == "train") dspark.push_back(e.at("dspark_loss").get<double>());
     for (const json& e : log_of(without.path()))
-      if (e["event"] == "train") EXPECT_FALSE(e.contains("dspark_loss")) << "an untrained DSpark's loss logged";
+      if (e["event"] == "train") {
+        EXPECT_FALSE(e.contains("dspark_loss")) << "an untrained DSpark's loss logged";
+      }
     ASSERT_EQ(dspark.size(), size_t(kSteps));
     const Served s((with / "latest").string());
     const double loss_trained = validation_dspark_loss(trained->parameters(), s, uint64_t(seed)),

@@ -84,8 +84,11 @@ TEST(Trainer, ResumeReproducesTheRunBitForBit) {
   for (const json& e : curve)
     if (e["event"] == "train") dspark.insert(e.at("dspark_loss").get<double>());
   EXPECT_EQ(dspark.size(), 4u) << "a DSpark curve that moves";
-  for (const json& e : curve)
-    if (e["event"] == "validation") EXPECT_GT(e.at("validation_dspark_loss").get<double>(), 0) << e.dump();
+  for (const json& e : curve) {
+    if (e["event"] == "validation") {
+      EXPECT_GT(e.at("validation_dspark_loss").get<double>(), 0) << e.dump();
+    }
+  }
   for (const test::TempDir* run : {&extended, &stopped}) {
     const std::vector<json> resumed = curve_of(run->path());
     ASSERT_EQ(resumed.size(), curve.size()) << run->string();
