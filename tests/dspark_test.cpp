@@ -109,7 +109,9 @@ TEST(DSpark, ShortPromptDraftsAreTheReferences) {
           EXPECT_NEAR(d.confidence[size_t(i)], conf[k * G + i], 2e-4) << what << " step " << k << " position " << i;
         }
       }
-      if (f.config().quantized()) EXPECT_GE(compared, 8 * G / 2) << what << ": rows whose logits agree";
+      if (f.config().quantized()) {
+        EXPECT_GE(compared, 8 * G / 2) << what << ": rows whose logits agree";
+      }
     }
   }
 }

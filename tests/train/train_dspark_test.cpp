@@ -155,7 +155,9 @@ TEST(TrainDSpark, Anchors) {
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_GE(a[i], 1);
     EXPECT_LE(a[i], 64 - G);
-    if (i > 0) EXPECT_LT(a[i - 1], a[i]);
+    if (i > 0) {
+      EXPECT_LT(a[i - 1], a[i]);
+    }
   }
   EXPECT_EQ(train::dspark_anchors(c, 64, 8, 1, 5), a);
   EXPECT_NE(train::dspark_anchors(c, 64, 8, 1, 6), a);
