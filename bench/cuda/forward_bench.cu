@@ -48,7 +48,6 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/linear.h"
 #include "base/error.h"
 #include "forward/device/decode_graph.h"
 #include "forward/device/device_forward.h"
@@ -149,7 +148,7 @@ WeightBytes weight_bytes(const Model& m) {
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = m.layer(l);
     const AttentionWeights& a = L.attn;
-    const Weight& wo_a = cuda::widened_usable(a.wo_a_fp8, c.o_groups) ? a.wo_a_fp8 : a.wo_a;  // as DeviceModel places it
+    const Weight& wo_a = DeviceModel::placed_wo_a(a, c.o_groups);
     for (const Weight* w : {&L.attn_norm, &L.ffn_norm, &a.wq_a, &a.q_norm, &a.wq_b, &a.wkv, &a.kv_norm, &wo_a, &a.wo_b,
                             &a.compressor_wkv, &a.compressor_wgate, &a.compressor_norm, &a.indexer_wq_b,
                             &a.indexer_weights_proj, &a.indexer_wk, &a.indexer_k_norm})

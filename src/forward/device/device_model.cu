@@ -68,6 +68,10 @@ __global__ void fill_kernel(uint8_t* out, int64_t bytes, uint64_t key, WeightFor
 
 }  // namespace
 
+const Weight& DeviceModel::placed_wo_a(const AttentionWeights& a, int64_t o_groups) {
+  return cuda::widened_usable(a.wo_a_fp8, o_groups) ? a.wo_a_fp8 : a.wo_a;
+}
+
 DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : model_(model), values_(values), seed_(seed) {
   const Config& c = model.config();
   // The shapes the attention and indexer kernels are built for, refused here rather than mid-call.
@@ -94,10 +98,7 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
         c, prefix, i,
         [&](const BlockTensor& t, const auto& from, auto& to) {
           if constexpr (std::is_same_v<std::remove_cvref_t<decltype(from)>, Weight>)
-            // wo_a as the checkpoint's fp8 codes where it has them in a shape the widening GEMM
-            // takes, not the host's bf16 copy of them.
-            to = place(&from == &h.attn.wo_a && cuda::widened_usable(h.attn.wo_a_fp8, c.o_groups) ? h.attn.wo_a_fp8 : from,
-                       random_fill(t));
+            to = place(&from == &h.attn.wo_a ? placed_wo_a(h.attn, c.o_groups) : from, random_fill(t));
           else  // the Engram table and its scales: unit-variance rows (cols 1)
             to = place_bytes(from, tensor_bytes(t), Fill::Matrix, WeightFormat::FP8, 1, t.role == WeightRole::Scale);
         },

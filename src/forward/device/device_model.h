@@ -42,6 +42,9 @@ class DeviceModel {
   const VisionWeights& vision() const { return vision_; }
   const float* vision_rope_freqs() const { return vision_freqs_; }
   int64_t bytes() const { return bytes_; }
+  // The host tensor the device holds for a layer's wo_a: the checkpoint's fp8 codes where it has
+  // them in a shape cuda::linear_grouped_widened takes, else the host's bf16 copy.
+  static const Weight& placed_wo_a(const AttentionWeights& a, int64_t o_groups);
 
  private:
   // What a tensor holds in a random model: scaled random values, ones (norms, mHC's scales), zeros
