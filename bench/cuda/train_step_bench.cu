@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cuda/check.h"
 #include "model/config.h"
 #include "train/cuda/model/cuda_train_model.h"
 #include "train/cuda/model/device_parameters.h"
@@ -68,10 +69,10 @@ void BM_TrainStep(benchmark::State& state) {
     dev.zero_grad();
     const auto t0 = clock::now();
     model.forward(batch);
-    cudaDeviceSynchronize();
+    cuda::check(cudaDeviceSynchronize(), "forward");
     const auto t1 = clock::now();
     model.backward();
-    cudaDeviceSynchronize();
+    cuda::check(cudaDeviceSynchronize(), "backward");
     const auto t2 = clock::now();
     *forward_s = std::chrono::duration<double>(t1 - t0).count();
     *backward_s = std::chrono::duration<double>(t2 - t1).count();
