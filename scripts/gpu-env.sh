@@ -7,7 +7,7 @@
 # holds them; this unpacks them into the prefix (never into /) and points the environment at it:
 #   .gpu/debs/*.deb      Debian 12 packages of those libraries (and OpenSSL, zlib and Brotli, whose
 #                        headers and .pc files cpp-httplib's need), pkg-config and xz
-#   .gpu/node.xz         the dev machine's /usr/bin/node (needs only glibc and libstdc++)
+#   .gpu/node.xz         the dev machine's /usr/bin/node (needs only glibc and libstdc++); optional
 #   .gpu/openai.tar.xz   tests/e2e/node_modules (the openai client), without types and source maps
 # Idempotent: once unpacked, a second run only sets the variables again.
 
@@ -47,6 +47,12 @@ gpu_env() {
   done
   export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$p/usr/share/pkgconfig:$sys
 
+  # node and the openai client only where packed (gpu-pack.sh NODE=0 leaves them out: the serving
+  # benchmark and the C++ tests need neither, and the tree's copy to the GPU machine is limited).
+  if [ ! -f "$repo/.gpu/node.xz" ]; then
+    echo "gpu-env: libraries and pkg-config from $p; no node in .gpu (the openai client tests cannot run)"
+    return 0
+  fi
   if [ ! -x "$p/bin/node" ]; then
     xz -dc "$repo/.gpu/node.xz" > "$p/bin/node.part" && chmod +x "$p/bin/node.part" &&
       mv "$p/bin/node.part" "$p/bin/node" || return 1

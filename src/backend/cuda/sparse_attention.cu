@@ -27,9 +27,9 @@
 // its sums and its P·V, and writes them; a third runs the online softmax's rescaling recurrence
 // over the tiles' sums in tile order, which is all that is sequential in it.
 //
-// Calls of many tokens take the tensor cores: one block per (token, 32 heads) with mma.sync
-// [mma_attention_kernel], or, from a block per SM, one per (token, 64 heads) with wgmma
-// [wgmma_attention_kernel]; both below, with the softmax steps above.
+// Calls of 8 tokens or more take the tensor cores: one block per (token, 64 heads) with wgmma
+// [wgmma_attention_kernel], or, where the heads are not a multiple of 64, one per (token, 32 heads)
+// with mma.sync [mma_attention_kernel]; both below, with the softmax steps above.
 //
 // Traffic per token: (W·528 + K·288) bytes for dim 512 from memory (once; the other blocks that
 // decode the tile re-read it from L2), 2·H·dim·4 for q and out. V4.1 decode: 128·528 + 512·288 =
@@ -639,9 +639,9 @@ __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttent
       }
 }
 
-// ---- one block per token on the warpgroup MMA (prefill) ----------------------------------------
+// ---- one block per token on the warpgroup MMA (decode batches, prefill) -------------------------
 //
-// [wgmma_attention_kernel] For calls of many tokens (prefill chunks): one block per (token, 64
+// [wgmma_attention_kernel] For calls of 8 tokens or more (decode batches, prefill chunks): one block per (token, 64
 // heads), two warpgroups. A tile's entries are gathered two tiles ahead by cp.async, as stored,
 // into a staging ring, so the memory's latency runs beside the MMAs of the tiles before; each tile
 // is then decoded from the staging into bf16 and taken through the CPU op's steps:
@@ -949,9 +949,9 @@ void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* 
   // wait. The split path has ⌈E/64⌉ times the blocks (80 for V4.1 at batch 1: 64·10 / 8) and
   // walks no tile sequence, at the price of a second decode of each tile and three launches.
   bool split = batch.tokens * (H / G) < blocks_wanted;
-  // The tensor cores from 8 tokens on at V4.1's 64 heads, at D = 512 (BM_SparseAttention on the
-  // H200: 103 µs against 179 µs split at 8 tokens, 104 against 222 at 16, 106 against 723 for the
-  // head groups at 64).
+  // mma.sync from 16 blocks of 32 heads at D = 512 (BM_SparseAttention on the H200: 103 µs against
+  // 179 µs split at 8 tokens, 104 against 222 at 16, 106 against 723 for the head groups at 64):
+  // heads not a multiple of 64, since the warpgroup kernel below takes those from 8 tokens.
   bool mma = D == 512 && H % kMmaHeads == 0 && batch.tokens * (H / kMmaHeads) >= 16;
   // The warpgroup kernel from 8 blocks (8 tokens at 64 heads), though its blocks fill the SMs only
   // from 132: it stages each tile's entries by cp.async two tiles ahead, so its blocks' latency is

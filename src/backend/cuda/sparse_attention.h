@@ -15,8 +15,8 @@ enum class SparseAttentionPath {
   automatic,
   head_groups,  // one block per (token, group of heads) walks the token's tiles in sequence
   split_tiles,  // three kernels, parallel over the tiles (small batches)
-  tensor_cores,  // one block per (token, 32 heads), S and P·V as bf16 mma (many tokens; D = 512)
-  warpgroups,    // one block per (token, 64 heads), wgmma with the decode beside it (prefill; D = 512)
+  tensor_cores,  // one block per (token, 32 heads), S and P·V as bf16 mma (D = 512, heads not a multiple of 64)
+  warpgroups,    // one block per (token, 64 heads), wgmma with the decode beside it (8 tokens and more; D = 512)
 };
 
 struct SparseAttentionBatch {
