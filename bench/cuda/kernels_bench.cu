@@ -262,6 +262,7 @@ const char* path_name(cuda::SparseAttentionPath path) {
     case cuda::SparseAttentionPath::head_groups: return "head groups";
     case cuda::SparseAttentionPath::split_tiles: return "split tiles";
     case cuda::SparseAttentionPath::tensor_cores: return "tensor cores";
+    case cuda::SparseAttentionPath::split_tensor_cores: return "split tensor cores";
     default: return "warpgroups";
   }
 }
@@ -668,18 +669,27 @@ BENCHMARK(BM_LinearGraph)
 BENCHMARK(BM_MegaMhc)->ArgsProduct({{1, 8, 64, 4096}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_SparseAttention)
     ->Args({1, 0})
+    ->Args({1, 5})
+    ->Args({2, 0})
+    ->Args({2, 5})
+    ->Args({4, 0})
+    ->Args({4, 5})
     ->Args({8, 0})
     ->Args({8, 3})
     ->Args({8, 4})
+    ->Args({8, 5})
     ->Args({16, 0})
     ->Args({16, 3})
     ->Args({16, 4})
+    ->Args({16, 5})
     ->Args({32, 1})
     ->Args({32, 3})
     ->Args({32, 4})
+    ->Args({32, 5})
     ->Args({64, 1})
     ->Args({64, 3})
     ->Args({64, 4})
+    ->Args({64, 5})
     ->Args({128, 1})
     ->Args({128, 3})
     ->Args({128, 4})

@@ -56,7 +56,7 @@ struct Case {
 // The CPU op's output and both GPU paths' for one case.
 struct Outputs {
   // tensor_cores, warpgroups: empty where the shape has no such path
-  std::vector<float> want, head_groups, split_tiles, tensor_cores, warpgroups;
+  std::vector<float> want, head_groups, split_tiles, tensor_cores, warpgroups, split_tensor_cores;
 };
 
 Outputs run(const Case& c, uint32_t seed) {
@@ -134,7 +134,8 @@ Outputs run(const Case& c, uint32_t seed) {
   const bool mma = c.D == 512 && c.H % 32 == 0, wgmma = c.D == 512 && c.H % 64 == 0;
   return {want, gpu(cuda::SparseAttentionPath::head_groups), gpu(cuda::SparseAttentionPath::split_tiles),
           mma ? gpu(cuda::SparseAttentionPath::tensor_cores) : std::vector<float>{},
-          wgmma ? gpu(cuda::SparseAttentionPath::warpgroups) : std::vector<float>{}};
+          wgmma ? gpu(cuda::SparseAttentionPath::warpgroups) : std::vector<float>{},
+          mma ? gpu(cuda::SparseAttentionPath::split_tensor_cores) : std::vector<float>{}};
 }
 
 // Both paths against the CPU op, and against each other bit for bit.
@@ -153,6 +154,11 @@ void check_case(const Case& c, uint32_t seed) {
     const double e_mma = test::nmse(o.tensor_cores, o.want);
     std::printf("  tensor cores NMSE %.3g\n", e_mma);
     EXPECT_LT(e_mma, 1e-7) << "tensor cores B=" << c.B << " W=" << c.W << " K=" << c.K;
+  }
+  if (!o.split_tensor_cores.empty()) {
+    const double e_split_mma = test::nmse(o.split_tensor_cores, o.want);
+    std::printf("  split tensor cores NMSE %.3g\n", e_split_mma);
+    EXPECT_LT(e_split_mma, 1e-7) << "split tensor cores B=" << c.B << " W=" << c.W << " K=" << c.K;
   }
   if (!o.warpgroups.empty()) {
     const double e_wg = test::nmse(o.warpgroups, o.want);

@@ -408,6 +408,20 @@ __global__ void __launch_bounds__(kThreads) split_scores_kernel(SparseAttentionB
   }
 }
 
+// A head's running maximum before and after tile t: fmaxf(previous, tile maximum) over tiles 0 .. t
+// in order, as attention_kernel does, from `maxima` (the head's row of the tiles' maxima), in every
+// lane of the warp; it loads 32 maxima at a time and broadcasts them one by one.
+__device__ __forceinline__ void running_maxima(const float* maxima, int t, int lane, float& previous, float& running) {
+  previous = running = kInitialMax;
+  for (int u0 = 0; u0 <= t; u0 += 32) {
+    const float m = u0 + lane <= t ? maxima[u0 + lane] : 0.0f;
+    for (int u = u0; u <= t && u < u0 + 32; ++u) {
+      previous = running;
+      running = fmaxf(previous, __shfl_sync(0xFFFFFFFFu, m, u - u0));
+    }
+  }
+}
+
 // Kernel 2 of 3. Grid (token b, head group of G heads, tile t), after kernel 1: per head, the
 // running maximum before and after tile t (attention_kernel's recurrence over the maxima of
 // tiles 0 .. t), the tile's probabilities and block_sum (step 3); decodes tile t again and forms
@@ -435,16 +449,8 @@ __global__ void __launch_bounds__(kThreads) split_pv_kernel(SparseAttentionBatch
   decode_tile<D>(batch, b, batch.rings[b], batch.K > 0 ? batch.caches[b] : nullptr, e0, n, sm.tile);
   for (int g = warp; g < G; g += kWarps) {
     const int64_t r = b * H + h0 + g;
-    // running = fmaxf(previous, tile maximum) over tiles 0 .. t in order, as attention_kernel
-    // does; the warp loads 32 maxima at a time and broadcasts them one by one.
-    float previous = kInitialMax, running = kInitialMax;
-    for (int u0 = 0; u0 <= t; u0 += 32) {
-      const float m = u0 + lane <= t ? tile_maxima[r * T + u0 + lane] : 0.0f;
-      for (int u = u0; u <= t && u < u0 + 32; ++u) {
-        previous = running;
-        running = fmaxf(previous, __shfl_sync(0xFFFFFFFFu, m, u - u0));
-      }
-    }
+    float previous, running;
+    running_maxima(tile_maxima + r * T, t, lane, previous, running);
     const float* row = scores + r * E + e0;
     const float s0 = lane < n ? row[lane] : -INFINITY, s1 = lane + 32 < n ? row[lane + 32] : -INFINITY;
     float p0, p1;
@@ -534,6 +540,79 @@ __device__ __forceinline__ uint32_t chunk_address(const uint16_t* base, int widt
   return ptx::smem_addr(base + r * width + channel_at(8 * c, r & 7));
 }
 
+// q [32, D] of heads h0 .. of token b as bf16 (exact: q holds bf16 values), swizzled as the tile's rows.
+template <int D>
+__device__ __forceinline__ void load_q_bf16(const float* q, int64_t b, int H, int h0, uint16_t (&sq)[kMmaHeads][D]) {
+  for (int i = threadIdx.x; i < kMmaHeads * D / 4; i += kThreads) {
+    const int h = i / (D / 4), c = i % (D / 4) * 4;
+    const float4 v = __ldg(reinterpret_cast<const float4*>(q + (b * H + h0 + h) * D + c));
+    *reinterpret_cast<uint2*>(&sq[h][channel_at(c, h & 7)]) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
+  }
+}
+
+// Rows n .. 63 of a decoded tile take part in the products (with p = 0): zeros, not stale bytes.
+template <int D>
+__device__ __forceinline__ void zero_tail(Tile<D>& tile, int n) {
+  for (int i = threadIdx.x; i < (kTile - n) * D / 8; i += kThreads)
+    *reinterpret_cast<uint4*>(&tile.row[n + i / (D / 8)][i % (D / 8) * 8]) = make_uint4(0, 0, 0, 0);
+}
+
+// S = Q·tileᵀ·scale into s, -infinity for an empty slot or past n. Warp w: heads 16·(w/4) .. + 15
+// (one m16 tile), entries 16·(w%4) .. + 15 (two n8 tiles).
+template <int D>
+__device__ __forceinline__ void mma_scores(const Tile<D>& tile, const uint16_t (&q)[kMmaHeads][D], float scale, int n,
+                                           float (&s)[kMmaHeads][kTile + 1]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int hm = 16 * (warp / 4), en = 16 * (warp % 4);
+  float acc[2][4] = {};
+#pragma unroll 8
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4], r[4];
+    ptx::ldmatrix_x4(a, chunk_address(&q[0][0], D, hm + lane % 16, 2 * kk + lane / 16));
+    ptx::ldmatrix_x4(r, chunk_address(&tile.row[0][0], D, en + lane / 16 * 8 + lane % 8, 2 * kk + lane / 8 % 2));
+    ptx::mma_bf16(acc[0], a, r[0], r[1]);
+    ptx::mma_bf16(acc[1], a, r[2], r[3]);
+  }
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = hm + g + 8 * (e / 2), j = en + 8 * nt + 2 * t + e % 2;
+      s[h][j] = tile.valid[j] && j < n ? acc[nt][e] * scale : -INFINITY;
+    }
+}
+
+// O += P·tile: warp w, channels 64w .. 64w + 63 (8 n8 tiles) of the 32 heads (two m16 tiles); p the
+// bf16 probabilities [32 heads][64 entries], each row's 8 chunks swizzled.
+template <int D>
+__device__ __forceinline__ void mma_pv(const Tile<D>& tile, const uint16_t (&p)[kMmaHeads][kTile], float (&o)[2][8][4]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (64 * warp >= D) return;
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    uint32_t a[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) ptx::ldmatrix_x4(a[mt], chunk_address(&p[0][0], kTile, 16 * mt + lane % 16, 2 * kk + lane / 16));
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      // Matrices (entries 16kk + 0-7 | 8-15) × (channel chunks 8w + 2np | 8w + 2np + 1), transposed.
+      uint32_t r[4];
+      ptx::ldmatrix_x4_trans(r, chunk_address(&tile.row[0][0], D, 16 * kk + lane / 8 % 2 * 8 + lane % 8, 8 * warp + 2 * np + lane / 16));
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        ptx::mma_bf16(o[mt][2 * np], a[mt], r[0], r[1]);
+        ptx::mma_bf16(o[mt][2 * np + 1], a[mt], r[2], r[3]);
+      }
+    }
+  }
+}
+
+// Head h's probabilities p0, p1 (entries lane, lane + 32) as bf16 into its swizzled row of p.
+__device__ __forceinline__ void store_p(uint16_t* row, int h, int lane, float p0, float p1) {
+  row[channel_at(lane, h & 7)] = uint16_t(float_bits(p0) >> 16);  // exact: p0 is bf16
+  row[channel_at(lane + 32, h & 7)] = uint16_t(float_bits(p1) >> 16);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttentionBatch batch, const float* q,
                                                                      const float* sink, float scale, float* out) {
@@ -544,12 +623,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttent
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int H = batch.heads, E = batch.W + batch.K;
 
-  // q [32, D] as bf16 (exact: q holds bf16 values), swizzled.
-  for (int i = threadIdx.x; i < kMmaHeads * D / 4; i += kThreads) {
-    const int h = i / (D / 4), c = i % (D / 4) * 4;
-    const float4 v = __ldg(reinterpret_cast<const float4*>(q + (b * H + h0 + h) * D + c));
-    *reinterpret_cast<uint2*>(&sm.q[h][channel_at(c, h & 7)]) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
-  }
+  load_q_bf16<D>(q, b, H, h0, sm.q);
   if (threadIdx.x < kMmaHeads) sm.running_max[threadIdx.x] = kInitialMax, sm.sum_exp[threadIdx.x] = 0;
   float o[2][8][4] = {};  // [m16 tile][n8 tile of this warp's 64 channels][fragment]
   const uint8_t* ring = batch.rings[b];
@@ -558,31 +632,9 @@ __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttent
   for (int e0 = 0; e0 < E; e0 += kTile) {
     const int n = E - e0 < kTile ? E - e0 : kTile;
     decode_tile<D, true>(batch, b, ring, cache, e0, n, sm.tile);
-    // Rows past the tile's end take part in the products (with p = 0): zeros, not stale bytes.
-    for (int i = threadIdx.x; i < (kTile - n) * D / 8; i += kThreads)
-      *reinterpret_cast<uint4*>(&sm.tile.row[n + i / (D / 8)][i % (D / 8) * 8]) = make_uint4(0, 0, 0, 0);
+    zero_tail<D>(sm.tile, n);
     __syncthreads();
-
-    // S: warp w, heads 16·(w/4) .. + 15 (one m16 tile), entries 16·(w%4) .. + 15 (two n8 tiles).
-    {
-      const int hm = 16 * (warp / 4), en = 16 * (warp % 4);
-      float acc[2][4] = {};
-#pragma unroll 8
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4], r[4];
-        ptx::ldmatrix_x4(a, chunk_address(&sm.q[0][0], D, hm + lane % 16, 2 * kk + lane / 16));
-        ptx::ldmatrix_x4(r, chunk_address(&sm.tile.row[0][0], D, en + lane / 16 * 8 + lane % 8, 2 * kk + lane / 8 % 2));
-        ptx::mma_bf16(acc[0], a, r[0], r[1]);
-        ptx::mma_bf16(acc[1], a, r[2], r[3]);
-      }
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = hm + g + 8 * (e / 2), j = en + 8 * nt + 2 * t + e % 2;
-          sm.s[h][j] = sm.tile.valid[j] && j < n ? acc[nt][e] * scale : -INFINITY;
-        }
-    }
+    mma_scores<D>(sm.tile, sm.q, scale, n, sm.s);
     __syncthreads();
 
     // The softmax step, one warp per head (attention_kernel's), P as bf16 into its swizzled rows.
@@ -590,37 +642,19 @@ __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttent
       const float s0 = sm.s[h][lane], s1 = sm.s[h][lane + 32];
       float p0, p1;
       softmax_step(s0, s1, sm.running_max[h], sm.sum_exp[h], sm.rescale[h], p0, p1);
-      sm.p[h][channel_at(lane, h & 7)] = uint16_t(float_bits(p0) >> 16);  // exact: p0 is bf16
-      sm.p[h][channel_at(lane + 32, h & 7)] = uint16_t(float_bits(p1) >> 16);
+      store_p(sm.p[h], h, lane, p0, p1);
     }
     __syncthreads();
 
-    // P·V: warp w, channels 64w .. 64w + 63 (8 n8 tiles) of the 32 heads (two m16 tiles).
-    if (64 * warp < D) {
+    // O rescaled to the new maximum, then the tile's P·V added to it.
+    if (64 * warp < D)
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         const float r0 = sm.rescale[16 * mt + g], r1 = sm.rescale[16 * mt + g + 8];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) o[mt][nt][0] *= r0, o[mt][nt][1] *= r0, o[mt][nt][2] *= r1, o[mt][nt][3] *= r1;
       }
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        uint32_t a[2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) ptx::ldmatrix_x4(a[mt], chunk_address(&sm.p[0][0], kTile, 16 * mt + lane % 16, 2 * kk + lane / 16));
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          // Matrices (entries 16kk + 0-7 | 8-15) × (channel chunks 8w + 2np | 8w + 2np + 1), transposed.
-          uint32_t r[4];
-          ptx::ldmatrix_x4_trans(r, chunk_address(&sm.tile.row[0][0], D, 16 * kk + lane / 8 % 2 * 8 + lane % 8, 8 * warp + 2 * np + lane / 16));
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            ptx::mma_bf16(o[mt][2 * np], a[mt], r[0], r[1]);
-            ptx::mma_bf16(o[mt][2 * np + 1], a[mt], r[2], r[3]);
-          }
-        }
-      }
-    }
+    mma_pv<D>(sm.tile, sm.p, o);
     __syncthreads();  // the tile, S and P are rewritten by the next tile
   }
 
@@ -636,6 +670,102 @@ __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttent
         for (int nt = 0; nt < 8; ++nt)
           *reinterpret_cast<float2*>(row + 8 * nt) =
               make_float2(round_bf16(o[mt][nt][2 * half] / denominator), round_bf16(o[mt][nt][2 * half + 1] / denominator));
+      }
+}
+
+// ---- split over tiles on the tensor cores --------------------------------------------------------
+//
+// [split_mma_scores_kernel, split_mma_pv_kernel] The split path's kernels 1 and 2 with the
+// tensor-core kernel's products: a block per (token, 32 heads, tile), so a small decode batch
+// (which gives the one-block kernels a block per token and head group, each walking its 10 tiles in
+// sequence) spreads over T times the blocks. They write the split path's scratch (scores, the
+// tiles' maxima, each tile's block of P·V sums and its (rescale, block_sum)), and
+// split_combine_kernel ends the call. Rounding as mma_attention_kernel's, except that a tile's P·V
+// is summed from zero and added to the rescaled accumulator by the combine, where the one-block
+// kernel accumulates it onto the rescaled O inside the MMA. Shared memory: the tile and Q (105 KB
+// with S, two blocks an SM) for the scores, the tile and P (68 KB, three) for P·V.
+template <int D>
+struct SplitMmaScoreSmem {
+  Tile<D> tile;
+  alignas(16) uint16_t q[kMmaHeads][D];
+  float s[kMmaHeads][kTile + 1];
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2) split_mma_scores_kernel(SparseAttentionBatch batch, const float* q,
+                                                                        float scale, float* scores, float* tile_maxima) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  SplitMmaScoreSmem<D>& sm = *reinterpret_cast<SplitMmaScoreSmem<D>*>(smem_bytes);
+  wait_for_inputs();
+  const int64_t b = blockIdx.x;
+  const int h0 = blockIdx.y * kMmaHeads, t = blockIdx.z, T = gridDim.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int H = batch.heads, E = batch.W + batch.K, e0 = t * kTile, n = E - e0 < kTile ? E - e0 : kTile;
+
+  load_q_bf16<D>(q, b, H, h0, sm.q);
+  decode_tile<D, true>(batch, b, batch.rings[b], batch.K > 0 ? batch.caches[b] : nullptr, e0, n, sm.tile);
+  zero_tail<D>(sm.tile, n);
+  __syncthreads();
+  mma_scores<D>(sm.tile, sm.q, scale, n, sm.s);
+  __syncthreads();
+  for (int h = warp; h < kMmaHeads; h += kWarps) {
+    const int64_t r = b * H + h0 + h;
+    const float s0 = sm.s[h][lane], s1 = sm.s[h][lane + 32];
+    float* row = scores + r * E + e0;
+    if (lane < n) row[lane] = s0;
+    if (lane + 32 < n) row[lane + 32] = s1;
+    const float m = tile_max(s0, s1);
+    if (lane == 0) tile_maxima[r * T + t] = m;
+  }
+}
+
+template <int D>
+struct SplitMmaPvSmem {
+  Tile<D> tile;
+  alignas(16) uint16_t p[kMmaHeads][kTile];
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2) split_mma_pv_kernel(SparseAttentionBatch batch, const float* scores,
+                                                                    const float* tile_maxima, float* block, float2* stats,
+                                                                    float* last_max) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  SplitMmaPvSmem<D>& sm = *reinterpret_cast<SplitMmaPvSmem<D>*>(smem_bytes);
+  wait_for_inputs();
+  const int64_t b = blockIdx.x;
+  const int h0 = blockIdx.y * kMmaHeads, t = blockIdx.z, T = gridDim.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
+  const int H = batch.heads, E = batch.W + batch.K, e0 = t * kTile, n = E - e0 < kTile ? E - e0 : kTile;
+
+  decode_tile<D, true>(batch, b, batch.rings[b], batch.K > 0 ? batch.caches[b] : nullptr, e0, n, sm.tile);
+  zero_tail<D>(sm.tile, n);
+  for (int h = warp; h < kMmaHeads; h += kWarps) {
+    const int64_t r = b * H + h0 + h;
+    float previous, running;
+    running_maxima(tile_maxima + r * T, t, lane, previous, running);
+    const float* row = scores + r * E + e0;
+    const float s0 = lane < n ? row[lane] : -INFINITY, s1 = lane + 32 < n ? row[lane + 32] : -INFINITY;
+    float p0, p1;
+    const float block_sum = tile_probabilities(s0, s1, running, p0, p1);
+    store_p(sm.p[h], h, lane, p0, p1);
+    if (lane == 0) {
+      stats[r * T + t] = make_float2(expf(previous - running), block_sum);
+      if (t == T - 1) last_max[r] = running;
+    }
+  }
+  __syncthreads();
+  float o[2][8][4] = {};
+  mma_pv<D>(sm.tile, sm.p, o);
+  if (64 * warp < D)
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int h = 16 * mt + g + 8 * half;
+        float* out = block + ((b * H + h0 + h) * T + t) * D + 64 * warp + 2 * q4;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<float2*>(out + 8 * nt) = make_float2(o[mt][nt][2 * half], o[mt][nt][2 * half + 1]);
       }
 }
 
@@ -862,11 +992,18 @@ void launch(const SparseAttentionBatch& batch, const float* q, const float* sink
   check_launch("cuda::sparse_attention");
 }
 
-// The split path: three launches on `stream` over scratch from cudaMallocAsync, freed on the
-// stream after them (no host synchronization, so a CUDA graph can capture the call).
-template <int D, int G>
-void launch_split(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
-                  cudaStream_t stream) {
+// The split path's scratch, from cudaMallocAsync on the stream (no host synchronization, so a CUDA
+// graph can capture the call): each tile's block of P·V sums [R, T, D] and (rescale, block_sum)
+// [R, T], the scores [R, E], the tiles' maxima [R, T] and each row's last maximum [R], R = tokens · H.
+struct SplitScratch {
+  int T;
+  int64_t rows;
+  float* block;  // at the allocation's start (aligned for any type): kernel 3 loads float4
+  float2* stats;
+  float *scores, *tile_maxima, *last_max;
+};
+
+SplitScratch split_scratch(const SparseAttentionBatch& batch, int D, cudaStream_t stream) {
   const int H = batch.heads, E = batch.W + batch.K, T = (E + kTile - 1) / kTile;
   if (T > 65535) fail("cuda::sparse_attention", "at most 65535 tiles (gridDim.z)", std::to_string(T));
   const int64_t rows = batch.tokens * H;
@@ -877,27 +1014,62 @@ void launch_split(const SparseAttentionBatch& batch, const float* q, const float
   check(cudaMallocAsync(reinterpret_cast<void**>(&scratch),
                         (block_floats + stat_floats + score_floats + max_floats + size_t(rows)) * sizeof(float), stream),
         "cuda::sparse_attention");
-  float* block = scratch;  // at the allocation's start (aligned for any type): kernel 3 loads float4
-  float2* stats = reinterpret_cast<float2*>(block + block_floats);  // block_floats is even (D is)
-  float* scores = block + block_floats + stat_floats;
-  float* tile_maxima = scores + score_floats;
-  float* last_max = tile_maxima + max_floats;
+  SplitScratch x{T, rows, scratch, nullptr, nullptr, nullptr, nullptr};
+  x.stats = reinterpret_cast<float2*>(x.block + block_floats);  // block_floats is even (D is)
+  x.scores = x.block + block_floats + stat_floats;
+  x.tile_maxima = x.scores + score_floats;
+  x.last_max = x.tile_maxima + max_floats;
+  return x;
+}
 
-  const dim3 grid(unsigned(batch.tokens), unsigned(H / G), unsigned(T));
+// Kernel 3 over the scratch, then the scratch freed on the stream.
+template <int D>
+void split_combine(const SplitScratch& x, int H, const float* sink, float* out, cudaStream_t stream) {
+  const int64_t threads = x.rows * (D / 4);
+  launch_early("cuda::sparse_attention combine", split_combine_kernel<D>,
+               unsigned((threads + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0, stream, x.block, x.stats,
+               x.last_max, sink, x.rows, H, x.T, out);
+  check(cudaFreeAsync(x.block, stream), "cuda::sparse_attention");
+}
+
+// The split path on the CUDA cores: three launches on `stream`.
+template <int D, int G>
+void launch_split(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
+                  cudaStream_t stream) {
+  const SplitScratch x = split_scratch(batch, D, stream);
+  const dim3 grid(unsigned(batch.tokens), unsigned(batch.heads / G), unsigned(x.T));
   const size_t score_smem = sizeof(ScoreSmem<D, G>), pv_smem = sizeof(PvSmem<D, G>);
   check(cudaFuncSetAttribute(split_scores_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(score_smem)),
         "cuda::sparse_attention");
   launch_early("cuda::sparse_attention scores", split_scores_kernel<D, G>, grid, kThreads, score_smem, stream, batch, q,
-               scale, scores, tile_maxima);
+               scale, x.scores, x.tile_maxima);
   check(cudaFuncSetAttribute(split_pv_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pv_smem)),
         "cuda::sparse_attention");
-  launch_early("cuda::sparse_attention P·V", split_pv_kernel<D, G>, grid, kThreads, pv_smem, stream, batch, scores,
-               tile_maxima, block, stats, last_max);
-  const int64_t threads = rows * (D / 4);
-  launch_early("cuda::sparse_attention combine", split_combine_kernel<D>,
-               unsigned((threads + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0, stream, block, stats,
-               last_max, sink, rows, H, T, out);
-  check(cudaFreeAsync(scratch, stream), "cuda::sparse_attention");
+  launch_early("cuda::sparse_attention P·V", split_pv_kernel<D, G>, grid, kThreads, pv_smem, stream, batch, x.scores,
+               x.tile_maxima, x.block, x.stats, x.last_max);
+  split_combine<D>(x, batch.heads, sink, out, stream);
+}
+
+// The split path on the tensor cores: the same scratch and combine, 32 heads a block.
+template <int D>
+void launch_split_mma(const SparseAttentionBatch& batch, const float* q, const float* sink, float scale, float* out,
+                      cudaStream_t stream) {
+  const SplitScratch x = split_scratch(batch, D, stream);
+  const dim3 grid(unsigned(batch.tokens), unsigned(batch.heads / kMmaHeads), unsigned(x.T));
+  const size_t score_smem = sizeof(SplitMmaScoreSmem<D>), pv_smem = sizeof(SplitMmaPvSmem<D>);
+  static const bool configured = [score_smem, pv_smem] {
+    check(cudaFuncSetAttribute(split_mma_scores_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(score_smem)),
+          "cuda::sparse_attention");
+    check(cudaFuncSetAttribute(split_mma_pv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pv_smem)),
+          "cuda::sparse_attention");
+    return true;
+  }();
+  (void)configured;
+  launch_early("cuda::sparse_attention scores", split_mma_scores_kernel<D>, grid, kThreads, score_smem, stream, batch, q,
+               scale, x.scores, x.tile_maxima);
+  launch_early("cuda::sparse_attention P·V", split_mma_pv_kernel<D>, grid, kThreads, pv_smem, stream, batch, x.scores,
+               x.tile_maxima, x.block, x.stats, x.last_max);
+  split_combine<D>(x, batch.heads, sink, out, stream);
 }
 
 template <int D>
@@ -958,10 +1130,19 @@ void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* 
   // below the 32-head mma.sync blocks' even at a fraction of the SMs (BM_SparseAttention on an H100,
   // µs a call, mma.sync / warpgroups: 8 tokens 97.2 / 71.4, 32 98.7 / 72.1, 64 102 / 74.9, 128 130 / 81.2).
   bool wgmma = D == 512 && H % kWgHeads == 0 && batch.tokens * (H / kWgHeads) >= 8;
+  bool split_mma = false;
   if (batch.path != SparseAttentionPath::automatic) {
     split = batch.path == SparseAttentionPath::split_tiles;
+    split_mma = batch.path == SparseAttentionPath::split_tensor_cores;
     mma = batch.path == SparseAttentionPath::tensor_cores;
     wgmma = batch.path == SparseAttentionPath::warpgroups;
+  }
+  if (split_mma) {
+    if constexpr (D == 512) {
+      if (H % kMmaHeads == 0) return launch_split_mma<D>(batch, q, sink, scale, out, stream);
+    }
+    fail("cuda::sparse_attention", "D = 512 and heads a multiple of 32 for the split tensor-core path",
+         "D = " + std::to_string(D) + ", " + std::to_string(H) + " heads");
   }
   if (wgmma) {
     if constexpr (D == 512) {
