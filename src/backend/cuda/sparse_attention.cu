@@ -422,6 +422,23 @@ __device__ __forceinline__ void running_maxima(const float* maxima, int t, int l
   }
 }
 
+// Kernel 2's step 3 for row r (a token's head) at tile t, in every lane of its warp: the running
+// maximum over the tiles' maxima, the tile's probabilities p0, p1 of entries lane and lane + 32 (0
+// past n), and by lane 0 the tile's (rescale, block_sum) and, at the last tile, the row's maximum.
+__device__ __forceinline__ void split_probabilities(const float* scores, const float* tile_maxima, int64_t r, int E,
+                                                    int T, int t, int n, int lane, float2* stats, float* last_max,
+                                                    float& p0, float& p1) {
+  float previous, running;
+  running_maxima(tile_maxima + r * T, t, lane, previous, running);
+  const float* row = scores + r * E + int64_t(t) * kTile;
+  const float s0 = lane < n ? row[lane] : -INFINITY, s1 = lane + 32 < n ? row[lane + 32] : -INFINITY;
+  const float block_sum = tile_probabilities(s0, s1, running, p0, p1);
+  if (lane == 0) {
+    stats[r * T + t] = make_float2(expf(previous - running), block_sum);
+    if (t == T - 1) last_max[r] = running;
+  }
+}
+
 // Kernel 2 of 3. Grid (token b, head group of G heads, tile t), after kernel 1: per head, the
 // running maximum before and after tile t (attention_kernel's recurrence over the maxima of
 // tiles 0 .. t), the tile's probabilities and block_sum (step 3); decodes tile t again and forms
@@ -449,18 +466,10 @@ __global__ void __launch_bounds__(kThreads) split_pv_kernel(SparseAttentionBatch
   decode_tile<D>(batch, b, batch.rings[b], batch.K > 0 ? batch.caches[b] : nullptr, e0, n, sm.tile);
   for (int g = warp; g < G; g += kWarps) {
     const int64_t r = b * H + h0 + g;
-    float previous, running;
-    running_maxima(tile_maxima + r * T, t, lane, previous, running);
-    const float* row = scores + r * E + e0;
-    const float s0 = lane < n ? row[lane] : -INFINITY, s1 = lane + 32 < n ? row[lane + 32] : -INFINITY;
     float p0, p1;
-    const float block_sum = tile_probabilities(s0, s1, running, p0, p1);
+    split_probabilities(scores, tile_maxima, r, E, T, t, n, lane, stats, last_max, p0, p1);
     if (lane < n) sm.p[g][lane] = p0;
     if (lane + 32 < n) sm.p[g][lane + 32] = p1;
-    if (lane == 0) {
-      stats[r * T + t] = make_float2(expf(previous - running), block_sum);
-      if (t == T - 1) last_max[r] = running;
-    }
   }
   __syncthreads();
   const int pair = threadIdx.x;  // channels 2·pair, 2·pair + 1
@@ -607,6 +616,20 @@ __device__ __forceinline__ void mma_pv(const Tile<D>& tile, const uint16_t (&p)[
   }
 }
 
+// Each pair of the thread's accumulators in mma_pv's o as f(head h, channel c, o[h][c], o[h][c + 1]):
+// rows g and g + 8 of each m16 tile, channels 64w + 8nt + 2·(lane % 4) of each n8 tile.
+template <int D, class F>
+__device__ __forceinline__ void for_o_pairs(const float (&o)[2][8][4], F f) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  if (64 * warp >= D) return;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) f(16 * mt + g + 8 * half, 64 * warp + 8 * nt + 2 * t, o[mt][nt][2 * half], o[mt][nt][2 * half + 1]);
+}
+
 // Head h's probabilities p0, p1 (entries lane, lane + 32) as bf16 into its swizzled row of p.
 __device__ __forceinline__ void store_p(uint16_t* row, int h, int lane, float p0, float p1) {
   row[channel_at(lane, h & 7)] = uint16_t(float_bits(p0) >> 16);  // exact: p0 is bf16
@@ -620,7 +643,7 @@ __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttent
   MmaSmem<D>& sm = *reinterpret_cast<MmaSmem<D>*>(smem_bytes);
   const int64_t b = blockIdx.x;
   const int h0 = blockIdx.y * kMmaHeads;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
   const int H = batch.heads, E = batch.W + batch.K;
 
   load_q_bf16<D>(q, b, H, h0, sm.q);
@@ -658,19 +681,11 @@ __global__ void __launch_bounds__(kThreads, 2) mma_attention_kernel(SparseAttent
     __syncthreads();  // the tile, S and P are rewritten by the next tile
   }
 
-  if (64 * warp < D)
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int h = 16 * mt + g + 8 * half;
-        const float denominator = sm.sum_exp[h] + expf(sink[h0 + h] - sm.running_max[h]);
-        float* row = out + (b * H + h0 + h) * D + 64 * warp + 2 * t;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<float2*>(row + 8 * nt) =
-              make_float2(round_bf16(o[mt][nt][2 * half] / denominator), round_bf16(o[mt][nt][2 * half + 1] / denominator));
-      }
+  for_o_pairs<D>(o, [&](int h, int c, float v0, float v1) {
+    const float denominator = sm.sum_exp[h] + expf(sink[h0 + h] - sm.running_max[h]);
+    *reinterpret_cast<float2*>(out + (b * H + h0 + h) * D + c) =
+        make_float2(round_bf16(v0 / denominator), round_bf16(v1 / denominator));
+  });
 }
 
 // ---- split over tiles on the tensor cores --------------------------------------------------------
@@ -734,39 +749,23 @@ __global__ void __launch_bounds__(kThreads, 2) split_mma_pv_kernel(SparseAttenti
   wait_for_inputs();
   const int64_t b = blockIdx.x;
   const int h0 = blockIdx.y * kMmaHeads, t = blockIdx.z, T = gridDim.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int H = batch.heads, E = batch.W + batch.K, e0 = t * kTile, n = E - e0 < kTile ? E - e0 : kTile;
 
   decode_tile<D, true>(batch, b, batch.rings[b], batch.K > 0 ? batch.caches[b] : nullptr, e0, n, sm.tile);
   zero_tail<D>(sm.tile, n);
   for (int h = warp; h < kMmaHeads; h += kWarps) {
     const int64_t r = b * H + h0 + h;
-    float previous, running;
-    running_maxima(tile_maxima + r * T, t, lane, previous, running);
-    const float* row = scores + r * E + e0;
-    const float s0 = lane < n ? row[lane] : -INFINITY, s1 = lane + 32 < n ? row[lane + 32] : -INFINITY;
     float p0, p1;
-    const float block_sum = tile_probabilities(s0, s1, running, p0, p1);
+    split_probabilities(scores, tile_maxima, r, E, T, t, n, lane, stats, last_max, p0, p1);
     store_p(sm.p[h], h, lane, p0, p1);
-    if (lane == 0) {
-      stats[r * T + t] = make_float2(expf(previous - running), block_sum);
-      if (t == T - 1) last_max[r] = running;
-    }
   }
   __syncthreads();
   float o[2][8][4] = {};
   mma_pv<D>(sm.tile, sm.p, o);
-  if (64 * warp < D)
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int h = 16 * mt + g + 8 * half;
-        float* out = block + ((b * H + h0 + h) * T + t) * D + 64 * warp + 2 * q4;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<float2*>(out + 8 * nt) = make_float2(o[mt][nt][2 * half], o[mt][nt][2 * half + 1]);
-      }
+  for_o_pairs<D>(o, [&](int h, int c, float v0, float v1) {
+    *reinterpret_cast<float2*>(block + ((b * H + h0 + h) * T + t) * D + c) = make_float2(v0, v1);
+  });
 }
 
 // ---- one block per token on the warpgroup MMA (decode batches, prefill) -------------------------
