@@ -27,9 +27,11 @@
 // its sums and its P·V, and writes them; a third runs the online softmax's rescaling recurrence
 // over the tiles' sums in tile order, which is all that is sequential in it.
 //
-// Calls of 8 tokens or more take the tensor cores: one block per (token, 64 heads) with wgmma
-// [wgmma_attention_kernel], or, where the heads are not a multiple of 64, one per (token, 32 heads)
-// with mma.sync [mma_attention_kernel]; both below, with the softmax steps above.
+// At D = 512 the tensor cores compute the products: a split over tiles with mma.sync while its
+// blocks (token, 32 heads, tile) fit in three waves [split_mma_*, V4.1 decode: up to 19 tokens],
+// then one block per (token, 64 heads) with wgmma [wgmma_attention_kernel], or, where the heads
+// are not a multiple of 64, one per (token, 32 heads) with mma.sync [mma_attention_kernel]; all
+// below, with the softmax steps above.
 //
 // Traffic per token: (W·528 + K·288) bytes for dim 512 from memory (once; the other blocks that
 // decode the tile re-read it from L2), 2·H·dim·4 for q and out. V4.1 decode: 128·528 + 512·288 =
@@ -1115,7 +1117,7 @@ void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* 
       break;
     }
   // Split over tiles where even one head per block leaves fewer than two blocks per
-  // multiprocessor (V4.1's 64 heads: up to 4 tokens on the H200's 132): such a block walks its
+  // multiprocessor (at shapes the tensor-core paths below do not take): such a block walks its
   // tiles in sequence, waiting on each tile's loads, and the GPU has too few blocks to fill the
   // wait. The split path has ⌈E/64⌉ times the blocks (80 for V4.1 at batch 1: 64·10 / 8) and
   // walks no tile sequence, at the price of a second decode of each tile and three launches.
@@ -1129,7 +1131,13 @@ void launch_dim(const SparseAttentionBatch& batch, const float* q, const float* 
   // below the 32-head mma.sync blocks' even at a fraction of the SMs (BM_SparseAttention on an H100,
   // µs a call, mma.sync / warpgroups: 8 tokens 97.2 / 71.4, 32 98.7 / 72.1, 64 102 / 74.9, 128 130 / 81.2).
   bool wgmma = D == 512 && H % kWgHeads == 0 && batch.tokens * (H / kWgHeads) >= 8;
-  bool split_mma = false;
+  // Split over the tiles on the tensor cores below the warpgroup kernel's time: while its blocks
+  // (token, 32 heads, tile) fit in three waves (BM_SparseAttention on an H100 at 10 tiles, µs,
+  // split tensor cores / automatic before: 1 token 30.0 / 34.1, 2 28.0 / 43.4, 4 28.4 / 63.5;
+  // against the warpgroups: 8 35.8 / 72.5, 16 58.4 / 72.5, 32 96.2 / 73.1).
+  const int64_t tiles = (batch.W + batch.K + kTile - 1) / kTile;
+  bool split_mma = D == 512 && H % kMmaHeads == 0 &&
+                   batch.tokens * (H / kMmaHeads) * tiles <= 3 * int64_t(multiprocessors("cuda::sparse_attention"));
   if (batch.path != SparseAttentionPath::automatic) {
     split = batch.path == SparseAttentionPath::split_tiles;
     split_mma = batch.path == SparseAttentionPath::split_tensor_cores;

@@ -17,7 +17,7 @@ enum class SparseAttentionPath {
   split_tiles,  // three kernels, parallel over the tiles (small batches)
   tensor_cores,  // one block per (token, 32 heads), S and P·V as bf16 mma (D = 512, heads not a multiple of 64)
   warpgroups,    // one block per (token, 64 heads), wgmma with the decode beside it (8 tokens and more; D = 512)
-  split_tensor_cores,  // split over the tiles with tensor_cores' products, 32 heads a block (D = 512)
+  split_tensor_cores,  // split over the tiles with tensor_cores' products, 32 heads a block (small batches; D = 512)
 };
 
 struct SparseAttentionBatch {
