@@ -22,10 +22,12 @@
 // sequence (an agent's next turn on its cached prefix: the compute of an SWA hit's TTFT), timed,
 // then once more with op times. --prompt-batch NxP: N fresh sequences of P prompt tokens each in
 // one default-mode call (the prefill of `bench serve`'s c64 load: 64x128), timed, then with op times.
+// --kernel-trace: after each batch's timed graph steps, as many more under CUPTI (kernel_trace.h):
+// each kernel's device time and the GPU's idle time before it, per step, as the graph runs them.
 //
 //   cuda_forward_bench [--preset bench-1gpu | --model DIR] [--batches 1,8,64]
 //                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
-//                      [--turn 80] [--prompt-batch 64x128] [--json FILE --commit REV]
+//                      [--turn 80] [--prompt-batch 64x128] [--kernel-trace] [--json FILE --commit REV]
 //
 // --json writes every figure as one object: commit, gpu, decode.<batch>.<context>.{ms_per_step,
 // graph_nodes, tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms, classes.<class>.{ms, bytes, gb_per_s}}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
@@ -54,6 +56,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/op_times.h"
+#include "kernel_trace.h"
 #include "model/accounting.h"
 #include "model/layout_checkpoint.h"
 #include "numerics/codecs.h"
@@ -266,8 +269,17 @@ int main(int argc, char** argv) try {
   std::vector<int64_t> batches = {1, 8, 64}, contexts = {4096, 32768, 131072, 1048576}, prefills = {4096, 32768};
   int steps = 8;
   int64_t turn = 0, batch_prompts = 0, batch_prompt_tokens = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  bool kernel_trace = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--kernel-trace") {
+      if (!bench::KernelTrace::available())
+        fail("cuda_forward_bench", "a build with CUPTI for --kernel-trace", "CUDA::cupti not found at configure time");
+      kernel_trace = true;
+      continue;
+    }
+    if (i + 1 == argc) fail("cuda_forward_bench", "a value after " + flag, "the end of the arguments");
+    const std::string value = argv[++i];
     if (flag == "--preset") preset_name = value;
     else if (flag == "--model") model_dir = value;
     else if (flag == "--batches") batches = numbers(value);
@@ -283,7 +295,7 @@ int main(int argc, char** argv) try {
       batch_prompts = std::stoll(value.substr(0, x)), batch_prompt_tokens = std::stoll(value.substr(x + 1));
       if (batch_prompts < 1 || batch_prompt_tokens < 1) fail("cuda_forward_bench", "--prompt-batch with N, P >= 1", value);
     } else
-      fail("cuda_forward_bench", "--preset, --model, --batches, --contexts, --prefill, --steps, --turn, --prompt-batch, --json or --commit", flag);
+      fail("cuda_forward_bench", "--preset, --model, --batches, --contexts, --prefill, --steps, --turn, --prompt-batch, --kernel-trace, --json or --commit", flag);
   }
   nlohmann::json report = {{"commit", commit}};
   cudaDeviceProp prop{};
@@ -313,7 +325,7 @@ int main(int argc, char** argv) try {
 
   struct DecodeBreakdown {
     int64_t batch, context;
-    std::string table, classes;
+    std::string table, classes, trace;
   };
   std::vector<DecodeBreakdown> decode_breakdown;
   std::printf("\n| batch | context | ms / step, calls | ms / step, graph | graph nodes | tokens/s | bytes / token | achieved GB/s | of copy BW |\n");
@@ -323,7 +335,7 @@ int main(int argc, char** argv) try {
       size_t free_bytes = 0, total = 0;
       cudaMemGetInfo(&free_bytes, &total);
       const double need = double(B) * (c.n_layers * 1.0 * c.window_size * swa_fp8::bytes(c.head_dim) +
-                                       account(c, 1).kv.global_bytes_per_token * double(context + steps + 4)) * 1.05 + 4e9;
+                                       account(c, 1).kv.global_bytes_per_token * double(context + 3 * steps + 8)) * 1.05 + 4e9;
       if (need > double(free_bytes)) {
         std::printf("| %lld | %lld | (needs %.0f GB, %.0f free) | | | | |\n", (long long)B, (long long)context, need / 1e9,
                     double(free_bytes) / 1e9);
@@ -335,7 +347,7 @@ int main(int argc, char** argv) try {
       std::vector<std::unique_ptr<DeviceSequence>> seqs;
       std::vector<DeviceSequence*> ptrs;
       for (int64_t b = 0; b < B; ++b) {
-        seqs.push_back(std::make_unique<DeviceSequence>(c, context + 2 * steps + 8));
+        seqs.push_back(std::make_unique<DeviceSequence>(c, context + 3 * steps + 8));  // + the traced steps
         synthetic_context(c, *seqs.back(), context, uint64_t(b) * 1000 + 7);
         ptrs.push_back(seqs.back().get());
       }
@@ -378,6 +390,14 @@ int main(int argc, char** argv) try {
         step(2 * steps + 4, true);
         nvtxRangePop();
       }
+      std::string trace;
+      if (kernel_trace && graph) {
+        bench::KernelTrace tracer;
+        tracer.start();
+        for (int s = 0; s < steps; ++s) step(s, true);
+        tracer.stop();
+        trace = tracer.table(steps);
+      }
       const double experts = double(E) * (1.0 - std::pow(1.0 - double(k) / E, double(B)));
       const double expert_bytes = moe_layers * experts * wb.expert;
       const double step_bytes = wb.dense() + expert_bytes + double(B) * kv_bytes_per_token(c, context).total();
@@ -395,7 +415,8 @@ int main(int argc, char** argv) try {
       step(2 * steps + 5, false);
       check(cudaDeviceSynchronize(), "decode");
       decode_breakdown.push_back({B, context, op_table(decode_times, row["ops_ms"], row["idle_ms"]),
-                                  class_table(decode_times, c, wb, expert_bytes, B, context, copy_bw, row["classes"])});
+                                  class_table(decode_times, c, wb, expert_bytes, B, context, copy_bw, row["classes"]),
+                                  trace});
     }
 
   std::printf("\n| prompt | mode | seconds | tokens/s | weight TFLOP/s | default / exact |\n| ---: | --- | ---: | ---: | ---: | ---: |\n");
@@ -451,10 +472,13 @@ int main(int argc, char** argv) try {
     }
   }
   // Where the time goes: each op's device time, largest first.
-  for (const auto& [B, context, table, classes] : decode_breakdown)
+  for (const auto& [B, context, table, classes, trace] : decode_breakdown) {
     std::printf("\nDecode step, batch %lld at %lld context, device time per op (one forward_batch call):\n\n%s\n"
                 "The same step by kernel class, against the bytes the model says each must move:\n\n%s",
                 (long long)B, (long long)context, table.c_str(), classes.c_str());
+    if (!trace.empty())
+      std::printf("\nThe same step as the decode graph runs it, by kernel (CUPTI), per step:\n\n%s", trace.c_str());
+  }
   for (const auto& [P, times] : breakdowns) {
     nlohmann::json& row = report["prefill"][std::to_string(P)];
     std::printf("\nExact prefill of %lld tokens, device time per op:\n\n%s", (long long)P,
