@@ -49,10 +49,12 @@ Buffer<T> zeros(int64_t n) {
   return b;
 }
 
+// The host's values on the device, staged through the model's page-locked ring (the call returns
+// before the copy has run).
 template <class T>
-Buffer<T> on_device(const std::vector<T>& host) {
+Buffer<T> on_device(PinnedUploads& uploads, const std::vector<T>& host) {
   Buffer<T> b = buffer<T>(int64_t(host.size()));
-  b->upload(host);
+  uploads.copy(b->get(), host);
   return b;
 }
 
@@ -115,9 +117,9 @@ Tensor copy_of(const Tensor& x) {
 // frequencies of SWA-only and compressed layers (forward/model.h rope_table); the products'
 // operand precision.
 struct CudaTrainModel::Constants {
-  Constants(const Config& c, Operands operands)
-      : freqs_window(on_device(rope_table(c, false).frequencies())), freqs_compressed(on_device(rope_table(c, true).frequencies())),
-        operands(operands) {}
+  Constants(const Config& c, Operands operands, PinnedUploads& uploads)
+      : freqs_window(on_device(uploads, rope_table(c, false).frequencies())),
+        freqs_compressed(on_device(uploads, rope_table(c, true).frequencies())), operands(operands) {}
   Buffer<float> freqs_window, freqs_compressed;
   Operands operands;
 };
@@ -129,12 +131,12 @@ class CudaTrainOps {
 
   // A batch of sequences of one length L, their rows one after the other: row s·L + p is sequence
   // s's input p (until bounded replay cuts rows; the rows that stay keep that order).
-  CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, const CudaTrainModel::Constants& constants,
-               const train::TrainOptions& options, train::Tape& tape, std::span<const train::TrainSequence> batch, Trace* trace,
-               std::vector<std::vector<int64_t>>& load)
-      : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), B_(int64_t(batch.size())),
-        L_(batch.empty() ? 0 : int64_t(batch[0].tokens.size()) - 1), R_(B_ * L_), trace_(trace), load_(load),
-        freqs_window_(constants.freqs_window), freqs_compressed_(constants.freqs_compressed), operands_(constants.operands) {
+  CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, PinnedUploads& uploads,
+               const CudaTrainModel::Constants& constants, const train::TrainOptions& options, train::Tape& tape,
+               std::span<const train::TrainSequence> batch, Trace* trace, std::vector<std::vector<int64_t>>& load)
+      : c_(params.config()), p_(params), dev_(dev), blas_(blas), uploads_(uploads), o_(options), tape_(tape),
+        B_(int64_t(batch.size())), L_(batch.empty() ? 0 : int64_t(batch[0].tokens.size()) - 1), R_(B_ * L_), trace_(trace),
+        load_(load), freqs_window_(constants.freqs_window), freqs_compressed_(constants.freqs_compressed), operands_(constants.operands) {
     refuse_what_is_not_written();
     if (B_ < 1) fail("CUDA train forward", "at least one sequence", "none");
     if (L_ < 1) fail("CUDA train forward", "sequences of at least 2 tokens (inputs and their next tokens)", std::to_string(L_ + 1));
@@ -158,9 +160,9 @@ class CudaTrainOps {
       }
       served = served || !q.calls.empty();
     }
-    inputs_ = on_device(inputs);
-    targets_ = on_device(targets);
-    positions_ = on_device(positions_host_);
+    inputs_ = on_device(uploads_, inputs);
+    targets_ = on_device(uploads_, targets);
+    positions_ = on_device(uploads_, positions_host_);
     find_segments();
     losses.assign(size_t(B_), train::Losses{});
     if (served) {  // each sequence's rows' fates; exact-mode sequences cut nothing, their floors 0
@@ -180,12 +182,12 @@ class CudaTrainOps {
   // positions a .. a + γ − 1; row k's Markov head reads the sequence's token a + k and it predicts
   // token a + k + 1. The blocks of each sequence (batch[s].anchors) follow each other, the
   // sequences in order. The target's forward must have run with record_features.
-  CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, const train::TrainOptions& options,
-               train::Tape& tape, const CudaTrainOps& target, std::span<const train::TrainSequence> batch, Trace* trace,
-               std::vector<std::vector<int64_t>>& load)
-      : c_(params.config()), p_(params), dev_(dev), blas_(blas), o_(options), tape_(tape), B_(target.B_), L_(target.L_), R_(0),
-        trace_(trace), load_(load), freqs_window_(target.freqs_window_), freqs_compressed_(target.freqs_compressed_),
-        operands_(target.operands_), target_(&target) {
+  CudaTrainOps(train::Parameters<float>& params, DeviceParameters& dev, Blas& blas, PinnedUploads& uploads,
+               const train::TrainOptions& options, train::Tape& tape, const CudaTrainOps& target,
+               std::span<const train::TrainSequence> batch, Trace* trace, std::vector<std::vector<int64_t>>& load)
+      : c_(params.config()), p_(params), dev_(dev), blas_(blas), uploads_(uploads), o_(options), tape_(tape), B_(target.B_),
+        L_(target.L_), R_(0), trace_(trace), load_(load), freqs_window_(target.freqs_window_),
+        freqs_compressed_(target.freqs_compressed_), operands_(target.operands_), target_(&target) {
     refuse_what_is_not_written();
     const int64_t G = c_.dspark_block_size, L = L_;
     if (!c_.has_dspark()) fail("CUDA train forward", "a model with DSpark stages for draft blocks", "none");
@@ -213,10 +215,10 @@ class CudaTrainOps {
     }
     R_ = int64_t(inputs.size());
     if (R_ == 0) fail("CUDA train forward", "at least one draft anchor", "none");
-    inputs_ = on_device(inputs);
-    targets_ = on_device(targets);
-    prev_ = on_device(prev);
-    positions_ = on_device(positions_host_);
+    inputs_ = on_device(uploads_, inputs);
+    targets_ = on_device(uploads_, targets);
+    prev_ = on_device(uploads_, prev);
+    positions_ = on_device(uploads_, positions_host_);
     find_segments();
     losses.assign(size_t(B_), train::Losses{});
   }
@@ -249,8 +251,7 @@ class CudaTrainOps {
     // The first attention input's `pre`: the one-hot e0 (a constant).
     std::vector<float> e0(size_t(R_ * hc), 0.0f);
     for (int64_t r = 0; r < R_; ++r) e0[size_t(r * hc)] = 1.0f;
-    mix_[size_t(Sub::Ffn)].pre = tensor(R_ * hc);
-    mix_[size_t(Sub::Ffn)].pre->value->upload(e0);
+    mix_[size_t(Sub::Ffn)].pre = std::make_shared<Node>(on_device(uploads_, e0));
   }
 
   void mix(int l, Sub s) {
@@ -304,7 +305,7 @@ class CudaTrainOps {
     for (int64_t r = 0; r < R_; ++r)
       std::copy_n(engram_ids_[size_t(seq_host_[size_t(r)])] + (positions_host_[size_t(r)] * n_engram + e) * cols, cols,
                   ids.data() + r * cols);
-    Buffer<int64_t> list = on_device(ids);
+    Buffer<int64_t> list = on_device(uploads_, ids);
     Tensor emb = tensor(R_ * cols * ehd);
     gather_rows_forward(dev_.value(*g.table), rows, ehd, list->get(), R_ * cols, emb->v());
     tape_.record([this, emb, list, cols, &g, R = R_] {
@@ -339,7 +340,7 @@ class CudaTrainOps {
       if (int64_t(f.size()) != R_ * k)
         fail("CUDA train forward", "imposed experts of layer " + std::to_string(l) + " for " + std::to_string(R_) + " rows",
              std::to_string(f.size()) + " experts");
-      forced = on_device(f);
+      forced = on_device(uploads_, f);
     }
     // The gate: its product in fp32 (a bf16 product would move its choices near ties), its choices
     // downloaded to group the rows by expert on the host.
@@ -379,8 +380,8 @@ class CudaTrainOps {
       Routed& re = routed->emplace_back();
       re.expert = e;
       re.n = int64_t(rows_of[size_t(e)].size());
-      re.rows = on_device(rows_of[size_t(e)]);
-      re.slots = on_device(slot_of[size_t(e)]);
+      re.rows = on_device(uploads_, rows_of[size_t(e)]);
+      re.slots = on_device(uploads_, slot_of[size_t(e)]);
       re.x = buffer<float>(re.n * d);
       re.weight = buffer<float>(re.n);
       gather_rows_forward(x->v(), R_, d, re.rows->get(), re.n, re.x->get());
@@ -466,14 +467,14 @@ class CudaTrainOps {
       seqs.push_back(b);
       targets.push_back(tokens_host_[size_t(b)][size_t(t + 1)]);
     }
-    const Buffer<int64_t> rows = on_device(kept);
+    const Buffer<int64_t> rows = on_device(uploads_, kept);
     X_ = gather(X_, rows, hc * d);
     mix_[size_t(Sub::Ffn)].pre = gather(mix_[size_t(Sub::Ffn)].pre, rows, hc);
     R_ = int64_t(kept.size());
     positions_host_ = std::move(positions);
     seq_host_ = std::move(seqs);
-    positions_ = on_device(positions_host_);
-    targets_ = on_device(targets);
+    positions_ = on_device(uploads_, positions_host_);
+    targets_ = on_device(uploads_, targets);
     row_at_.assign(size_t(B_ * L_), -1);
     for (int64_t r = 0; r < R_; ++r) row_at_[size_t(seq_host_[size_t(r)] * L_ + positions_host_[size_t(r)])] = r;
     find_segments();
@@ -497,7 +498,8 @@ class CudaTrainOps {
     if (int64_t(feature_positions_host_.size()) != R_)
       fail("CUDA train forward", "DSpark target layers that all run on the same rows (none before the decoder start when rows leave there)",
            "layer " + std::to_string(l) + " on " + std::to_string(R_) + " rows");
-    const Buffer<float> mean = buffer<float>(R_ * d), weights = on_device(std::vector<float>(size_t(R_ * hc), 1.0f / float(hc)));
+    const Buffer<float> mean = buffer<float>(R_ * d);
+    const Buffer<float> weights = on_device(uploads_, std::vector<float>(size_t(R_ * hc), 1.0f / float(hc)));
     hc_pre_forward(X_->v(), weights->get(), R_, int(hc), d, mean->get());
     if (R_ > 0)
       cuda::check(cudaMemcpy2DAsync(features_->v() + t * d, size_t(n * d) * sizeof(float), mean->get(), size_t(d) * sizeof(float),
@@ -555,7 +557,7 @@ class CudaTrainOps {
     // over the blocks (ρ); every row alike for L_conf (κ).
     std::vector<int64_t> target_rows;
     for (int64_t r = 0; r < R_; ++r) target_rows.push_back(target_->row_at(seq_host_[size_t(r)], positions_host_[size_t(r)]));
-    const Buffer<int64_t> rows = on_device(target_rows);
+    const Buffer<int64_t> rows = on_device(uploads_, target_rows);
     auto loss = std::make_shared<DraftLoss>();
     loss->q = buffer<float>(R_ * V);
     cross_entropy_probabilities(target_->logits_->get(), V, target_->logit_max_->get(), target_->logit_sum_->get(), rows->get(), R_,
@@ -569,7 +571,7 @@ class CudaTrainOps {
       for (int64_t r = r0; r < r0 + n; ++r) rho[size_t(r)] = std::exp(-float((r - r0) % G) / float(G)) / (weight_sum * float(blocks));
       loss->kappa.push_back(n > 0 ? 1.0f / float(n) : 0.0f);
     }
-    loss->rho = on_device(rho);
+    loss->rho = on_device(uploads_, rho);
     loss->signs = buffer<int8_t>(R_ * V);
     loss->target = buffer<float>(R_);
     loss->p = buffer<float>(R_ * V);
@@ -662,7 +664,7 @@ class CudaTrainOps {
     std::vector<int64_t> positions;
     for (int64_t b = 0; b < B_; ++b)
       for (int64_t g = 0; g < s.entries; ++g) positions.push_back(g * ratio);  // the group's first token
-    s.positions = on_device(positions);
+    s.positions = on_device(uploads_, positions);
     Tensor latent;
     if (ratio == 1) {
       latent = linear(h_, a.compressor_wkv);
@@ -719,7 +721,7 @@ class CudaTrainOps {
       for (int64_t b = 0; b < B_; ++b) most = std::max(most, rows_of(b));
       std::vector<int64_t> every(static_cast<size_t>(most * n));
       for (int64_t i = 0; i < most * n; ++i) every[size_t(i)] = i % n;
-      const Buffer<int64_t> list = on_device(every);
+      const Buffer<int64_t> list = on_device(uploads_, every);
       const Buffer<float> scores = buffer<float>(R_ * n);
       for (int64_t b = 0; b < B_; ++b) {
         const int64_t r = row_begin_[size_t(b)];
@@ -776,7 +778,7 @@ class CudaTrainOps {
         idx.push_back(e < 0 ? -1 : R_ + b * per_seq + e);
       }
     }
-    Buffer<int64_t> list = on_device(idx);
+    Buffer<int64_t> list = on_device(uploads_, idx);
     Tensor o = tensor(R_ * H * hd);
     Buffer<float> p = buffer<float>(R_ * H * entries), sink_p = buffer<float>(R_ * H);
     const float scale_qk = float(std::pow(double(hd), -0.5));
@@ -929,7 +931,7 @@ class CudaTrainOps {
     std::vector<int64_t> chosen;  // into the keys of every sequence
     for (int64_t r = 0; r < R_; ++r)
       for (int64_t e : topk_[size_t(r)]) chosen.push_back(e < 0 ? -1 : seq_host_[size_t(r)] * (ix.n / B_) + e);
-    Buffer<int64_t> idx = on_device(chosen);
+    Buffer<int64_t> idx = on_device(uploads_, chosen);
     indexer_scores_forward(ix.q->v(), ix.w->v(), ix.keys->v(), idx->get(), R_, heads, ihd, k, scores->get());
     // Each sequence's loss, the mean over its rows.
     for (int64_t b = 0; b < B_; ++b)
@@ -1022,7 +1024,7 @@ class CudaTrainOps {
       for (int64_t i : train::draft_attention_lists(anchors_[size_t(b)], G, W, floors, positions, L_))
         lists.push_back(i < 0 ? -1 : i < nf ? f0 + i : L + row_begin_[size_t(b)] + (i - nf));
     }
-    const Buffer<int64_t> list = on_device(lists);
+    const Buffer<int64_t> list = on_device(uploads_, lists);
     const train::AttentionParams<float>& at = p_.layer(l).attn;
     Tensor o = tensor(R_ * H * hd);
     const Buffer<float> p = buffer<float>(R_ * H * entries), sink_p = buffer<float>(R_ * H);
@@ -1064,6 +1066,7 @@ class CudaTrainOps {
   train::Parameters<float>& p_;
   DeviceParameters& dev_;
   Blas& blas_;
+  PinnedUploads& uploads_;  // the model's: every upload of its forwards
   const train::TrainOptions& o_;
   train::Tape& tape_;
   const int64_t B_;  // the sequences
@@ -1104,7 +1107,8 @@ class CudaTrainOps {
 
 CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options,
                                Operands operands)
-    : params_(params), device_(device), options_(options), constants_(std::make_unique<Constants>(params.config(), operands)),
+    : params_(params), device_(device), options_(options),
+      constants_(std::make_unique<Constants>(params.config(), operands, uploads_)),
       expert_load_(size_t(params.config().n_total_layers())) {}
 
 CudaTrainModel::~CudaTrainModel() = default;
@@ -1116,12 +1120,14 @@ std::vector<train::Losses> CudaTrainModel::forward(std::span<const train::TrainS
   ops_.reset();
   const bool draft = std::any_of(batch.begin(), batch.end(), [](const train::TrainSequence& q) { return !q.anchors.empty(); });
   if (trace) train::prepare_trace(c, *trace, draft);
-  ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, *constants_, options_, tape_, batch, trace, expert_load_);
+  ops_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, uploads_, *constants_, options_, tape_, batch, trace,
+                                        expert_load_);
   ops_->record_features = draft;
   run_network(c, *ops_, trace);
   std::vector<train::Losses> losses = ops_->losses;
   if (draft) {
-    drafter_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, options_, tape_, *ops_, batch, trace, expert_load_);
+    drafter_ = std::make_unique<CudaTrainOps>(params_, device_, blas_, uploads_, options_, tape_, *ops_, batch, trace,
+                                              expert_load_);
     run_drafter(c, *drafter_);
     for (size_t b = 0; b < losses.size(); ++b) {
       losses[b].dspark = drafter_->losses[b].dspark;

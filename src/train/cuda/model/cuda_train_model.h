@@ -16,6 +16,8 @@
 // activation cast as it enters a product, straight-through, as autocast has it (or, Operands::Fp32,
 // on the fp32 values themselves); everything else in fp32. The host keeps what it decides: each
 // row's window lists and the MoE's rows per expert (one download of the gate's choices a layer).
+// Its uploads go through a page-locked ring (pinned_uploads.h): they return at once, and the host
+// runs ahead of the device from one download to the next.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -23,6 +25,7 @@
 
 #include "forward/forward.h"
 #include "train/cuda/model/device_parameters.h"
+#include "train/cuda/pinned_uploads.h"
 #include "train/model/tape.h"
 #include "train/model/train_model.h"
 
@@ -79,6 +82,7 @@ class CudaTrainModel {
   train::TrainOptions options_;
   train::Tape tape_;
   Blas blas_;
+  PinnedUploads uploads_;  // before constants_, which it uploads
   std::unique_ptr<Constants> constants_;
   std::unique_ptr<CudaTrainOps> ops_, drafter_;
   std::vector<std::vector<int64_t>> expert_load_;
