@@ -23,7 +23,8 @@
 // then once more with op times. --prompt-batch NxP: N fresh sequences of P prompt tokens each in
 // one default-mode call (the prefill of `bench serve`'s c64 load: 64x128), timed, then with op times.
 // --kernel-trace: after each batch's timed graph steps, as many more under CUPTI (kernel_trace.h):
-// each kernel's device time and the GPU's idle time before it, per step, as the graph runs them.
+// each kernel's device time and the GPU's idle time before it, per step, as the graph runs them;
+// and each exact prefill a fourth time, traced the same way.
 //
 //   cuda_forward_bench [--preset bench-1gpu | --model DIR] [--batches 1,8,64]
 //                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
@@ -422,22 +423,30 @@ int main(int argc, char** argv) try {
   std::printf("\n| prompt | mode | seconds | tokens/s | weight TFLOP/s | default / exact |\n| ---: | --- | ---: | ---: | ---: | ---: |\n");
   const Accounting acc = account(c, 1);
   std::vector<std::pair<int64_t, std::unique_ptr<OpTimes>>> breakdowns, turn_breakdowns;
+  std::vector<std::pair<int64_t, std::string>> prefill_traces;
   std::string turn_rows;
   for (int64_t P : prefills) {
     double exact_s = 0;
-    // Exact, default, then exact again with op times.
-    for (int run = 0; run < 3; ++run) {
+    // Exact, default, then exact again with op times, and once more traced (--kernel-trace).
+    for (int run = 0; run < (kernel_trace ? 4 : 3); ++run) {
       const bool exact = run != 1;
       DeviceSequence seq(c, P + 2 * turn + 1);
       const Inputs in = random_inputs(c, P, uint64_t(P));
       DeviceItem item{&seq, in.tokens, c.has_engram() ? in.engram.data() : nullptr};
       if (!exact) item.options.decoder_from = P - std::min<int64_t>(c.window_size, P);
       std::unique_ptr<OpTimes> times = run == 2 ? std::make_unique<OpTimes>() : nullptr;
+      bench::KernelTrace tracer;
       check(cudaDeviceSynchronize(), "prefill");
+      if (run == 3) tracer.start();
       const auto start = std::chrono::steady_clock::now();
       forward_batch(dm, {item}, nullptr, times.get());
       check(cudaDeviceSynchronize(), "prefill");
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (run == 3) {
+        tracer.stop();
+        prefill_traces.emplace_back(P, tracer.table(1));
+        continue;
+      }
       if (times) {
         breakdowns.emplace_back(P, std::move(times));
         continue;
@@ -484,6 +493,8 @@ int main(int argc, char** argv) try {
     std::printf("\nExact prefill of %lld tokens, device time per op:\n\n%s", (long long)P,
                 op_table(*times, row["exact_ops_ms"], row["exact_idle_ms"]).c_str());
   }
+  for (const auto& [P, trace] : prefill_traces)
+    std::printf("\nExact prefill of %lld tokens by kernel (CUPTI, no op times):\n\n%s", (long long)P, trace.c_str());
   if (!turn_rows.empty())
     std::printf("\nA turn after a default-mode prefill (one call on the same sequence):\n\n| prompt | turn tokens | ms |\n"
                 "| ---: | ---: | ---: |\n%s",
