@@ -6,7 +6,8 @@
 // block per sorted position, of which the first of each run of equal keys adds the run's gradient
 // rows, in increasing position, into its table row: dout read once, each touched table row read
 // and written once. No two blocks write one row, and no atomics: the same bits at every run, and
-// the CPU's order of additions.
+// the CPU's order of additions. Distinct ids need no sort: one block per id adds its gradient row
+// into its table row, the one addition the sorted scatter makes there.
 #include "train/cuda/embedding.h"
 
 #include <cub/cub.cuh>
@@ -52,6 +53,14 @@ __global__ void __launch_bounds__(kThreads) scatter_kernel(const float* dout, in
   }
 }
 
+__global__ void __launch_bounds__(kThreads) scatter_distinct_kernel(const float* dout, int64_t dim, const int64_t* ids,
+                                                                    int64_t rows, float* dtable) {
+  const int64_t i = blockIdx.x, id = ids[i];
+  if (id < 0 || id >= rows) return;
+  float* row = dtable + id * dim;
+  for (int64_t k = threadIdx.x; k < dim; k += kThreads) row[k] = __fadd_rn(row[k], dout[i * dim + k]);
+}
+
 }  // namespace
 
 void gather_rows_forward(const float* table, int64_t rows, int64_t dim, const int64_t* ids, int64_t n, float* out,
@@ -81,6 +90,14 @@ void gather_rows_backward(const float* dout, int64_t dim, const int64_t* ids, in
               "train_cuda::gather_rows_backward sort");
   scatter_kernel<<<unsigned(n), kThreads, 0, stream>>>(dout, dim, sorted_keys.get(), sorted.get(), n, rows, dtable);
   cuda::check_launch("train_cuda::gather_rows_backward");
+}
+
+void gather_rows_backward_distinct(const float* dout, int64_t dim, const int64_t* ids, int64_t n, int64_t rows, float* dtable,
+                                   cudaStream_t stream) {
+  if (n <= 0 || dim <= 0) return;
+  if (n > INT32_MAX) fail("train_cuda::gather_rows_backward_distinct", "at most 2^31 - 1 ids", std::to_string(n));
+  scatter_distinct_kernel<<<unsigned(n), kThreads, 0, stream>>>(dout, dim, ids, rows, dtable);
+  cuda::check_launch("train_cuda::gather_rows_backward_distinct");
 }
 
 }  // namespace dsv41::train_cuda

@@ -19,4 +19,10 @@ void gather_rows_forward(const float* table, int64_t rows, int64_t dim, const in
 void gather_rows_backward(const float* dout, int64_t dim, const int64_t* ids, int64_t n, int64_t rows, float* dtable,
                           cudaStream_t stream = nullptr);
 
+// The same for ids that are distinct (an expert's rows; a repeated id is a race): each table row
+// gets at most one gradient row, so no sort orders them — one block per id adds its row. For
+// distinct ids the sorted scatter's bits: one rounding per value.
+void gather_rows_backward_distinct(const float* dout, int64_t dim, const int64_t* ids, int64_t n, int64_t rows, float* dtable,
+                                   cudaStream_t stream = nullptr);
+
 }  // namespace dsv41::train_cuda

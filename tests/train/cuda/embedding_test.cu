@@ -4,11 +4,14 @@
 //
 // Tolerance: none. The gather copies; the scatter adds each row's gradients into it in increasing
 // position, the CPU's order, with one rounding per addition as the CPU's loop: bit for bit. Ids
-// outside [0, rows) give NaN rows forward and add nothing backward. Two runs: the same bits.
+// outside [0, rows) give NaN rows forward and add nothing backward. Two runs: the same bits. The
+// scatter of distinct ids without a sort: the sorted scatter's bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -54,6 +57,39 @@ TEST(TrainCudaEmbedding, GatherAndScatterAddAreTheCpusBits) {
                   run, differ, got.size());
       EXPECT_EQ(differ, 0u) << "scatter-add, " << c.rows << "x" << c.dim;
     }
+  }
+}
+
+// Distinct ids (an expert's rows: increasing, with gaps; and a shuffled subset with ids outside
+// the table): the scatter without a sort gives the sorted scatter's bits, and the CPU's.
+TEST(TrainCudaEmbedding, DistinctIdsScatterAsTheSortedScatter) {
+  DSV41_REQUIRE_DEVICE();
+  const int64_t rows = 4096, dim = 384;
+  std::mt19937 rng(21);
+  std::vector<int64_t> increasing, shuffled(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    if (rng() % 3 == 0) increasing.push_back(r);
+  std::iota(shuffled.begin(), shuffled.end(), 0);
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  shuffled.resize(1000);
+  shuffled[10] = -1;
+  shuffled[500] = rows;
+  uint32_t seed = 30;
+  for (const std::vector<int64_t>& ids : {increasing, shuffled}) {
+    const int64_t n = int64_t(ids.size());
+    const std::vector<float> dout = test::normal(size_t(n * dim), 1.0, seed++);
+    const std::vector<float> dtable0 = test::normal(size_t(rows * dim), 1.0, seed++);
+    std::vector<float> want = dtable0;
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[size_t(i)] >= 0 && ids[size_t(i)] < rows)
+        grad::gather_rows_backward<float>(dout.data() + i * dim, dim, &ids[size_t(i)], 1, want.data());
+    DeviceArray<float> ddout(dout), sorted(dtable0), distinct(dtable0);
+    DeviceArray<int64_t> dids(ids);
+    train_cuda::gather_rows_backward(ddout.get(), dim, dids.get(), n, rows, sorted.get());
+    train_cuda::gather_rows_backward_distinct(ddout.get(), dim, dids.get(), n, rows, distinct.get());
+    const std::vector<float> got = distinct.download();
+    EXPECT_TRUE(test::same_bits(got, sorted.download())) << n << " ids";
+    EXPECT_TRUE(test::same_bits(got, want)) << n << " ids";
   }
 }
 

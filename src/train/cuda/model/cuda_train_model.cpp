@@ -135,8 +135,9 @@ class CudaTrainOps {
                const CudaTrainModel::Constants& constants, const train::TrainOptions& options, train::Tape& tape,
                std::span<const train::TrainSequence> batch, Trace* trace, std::vector<std::vector<int64_t>>& load)
       : c_(params.config()), p_(params), dev_(dev), blas_(blas), uploads_(uploads), o_(options), tape_(tape),
-        B_(int64_t(batch.size())), L_(batch.empty() ? 0 : int64_t(batch[0].tokens.size()) - 1), R_(B_ * L_), trace_(trace),
-        load_(load), freqs_window_(constants.freqs_window), freqs_compressed_(constants.freqs_compressed), operands_(constants.operands) {
+        B_(int64_t(batch.size())), L_(batch.empty() ? 0 : int64_t(batch[0].tokens.size()) - 1), R_(B_ * L_),
+        trace_(trace), load_(load), freqs_window_(constants.freqs_window), freqs_compressed_(constants.freqs_compressed),
+        operands_(constants.operands) {
     refuse_what_is_not_written();
     if (B_ < 1) fail("CUDA train forward", "at least one sequence", "none");
     if (L_ < 1) fail("CUDA train forward", "sequences of at least 2 tokens (inputs and their next tokens)", std::to_string(L_ + 1));
@@ -366,6 +367,11 @@ class CudaTrainOps {
       for (int j = 0; j < k; ++j) {
         const int32_t e = experts[size_t(r * k + j)];
         if (e < 0 || e >= E) fail("CUDA train forward", "experts in [0, " + std::to_string(E) + ")", std::to_string(e));
+        // The rows in increasing order, so a repeat is the last one: an expert's rows are distinct,
+        // as their scatter back needs (the gate's top-k is; an imposed choice is checked).
+        if (!rows_of[size_t(e)].empty() && rows_of[size_t(e)].back() == r)
+          fail("CUDA train forward", "distinct experts in each row",
+               "expert " + std::to_string(e) + " twice in row " + std::to_string(r));
         rows_of[size_t(e)].push_back(r);
         slot_of[size_t(e)].push_back(r * k + j);  // the row's slot in weights [R, k]
       }
@@ -388,7 +394,7 @@ class CudaTrainOps {
       gather_rows_forward(gate->weights->v(), R_ * k, 1, re.slots->get(), re.n, re.weight->get());
       Buffer<float> ye = buffer<float>(re.n * d);
       expert_forward(re.x->get(), re.n, L.experts[size_t(e)], re.weight->get(), ye->get(), re.run);
-      gather_rows_backward(ye->get(), d, re.rows->get(), re.n, R_, y->v());  // y[rows] += ye
+      gather_rows_backward_distinct(ye->get(), d, re.rows->get(), re.n, R_, y->v());  // y[rows] += ye
     }
     tape_.record([this, l, x, y, gate, gp, shared, routed, R = R_] {
       if (!y->has_grad()) return;
@@ -400,8 +406,8 @@ class CudaTrainOps {
         Buffer<float> dye = buffer<float>(re.n * d), dxe = zeros<float>(re.n * d), drw = zeros<float>(re.n);
         gather_rows_forward(y->grad->get(), R, d, re.rows->get(), re.n, dye->get());
         expert_backward(re.n, L.experts[size_t(re.expert)], re.weight->get(), re.run, dye->get(), dxe->get(), drw->get());
-        gather_rows_backward(dxe->get(), d, re.rows->get(), re.n, R, x->g());
-        gather_rows_backward(drw->get(), 1, re.slots->get(), re.n, R * k, dweights);
+        gather_rows_backward_distinct(dxe->get(), d, re.rows->get(), re.n, R, x->g());
+        gather_rows_backward_distinct(drw->get(), 1, re.slots->get(), re.n, R * k, dweights);
       }
       Buffer<float> dlogits = buffer<float>(R * E);
       gate_backward(gate->logits->get(), gate->scores->get(), R, E, gate->experts->get(), dweights, gp, dlogits->get());
