@@ -36,6 +36,8 @@ class PinnedUploads {
     copy(static_cast<void*>(device), host.data(), host.size() * sizeof(T));
   }
 
+  cudaStream_t stream() const { return stream_; }
+
  private:
   struct Chunk {
     uint8_t* data = nullptr;

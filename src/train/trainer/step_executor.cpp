@@ -1,6 +1,7 @@
 #include "train/trainer/step_executor.h"
 
 #include <chrono>
+#include <string>
 
 #include "base/error.h"
 #include "train/optim/expert_bias.h"
@@ -11,7 +12,9 @@
 #include "backend/cuda/check.h"
 #include "train/cuda/model/cuda_train_model.h"
 #include "train/cuda/model/device_parameters.h"
+#include "train/cuda/optim/expert_bias.h"
 #include "train/cuda/optim/optimizer.h"
+#include "train/cuda/pinned_uploads.h"
 #endif
 
 namespace dsv41::train {
@@ -95,7 +98,7 @@ class CpuStepExecutor final : public StepExecutor {
 class CudaStepExecutor final : public StepExecutor {
  public:
   CudaStepExecutor(Parameters<float>& params, const TrainConfig& cfg)
-      : params_(params), cfg_(cfg), device_(params), model_(params, device_, cfg.qat) {
+      : params_(params), cfg_(cfg), device_(params), model_(params, device_, cfg.qat), uploads_(device_.stream()) {
     device_.upload();
     optimizer_ = std::make_unique<train_cuda::optim::Optimizer>(
         cfg.model, device_.optimizer_parameters([&](const std::string& name) { return optimized(cfg, name); }), cfg.optimizer);
@@ -118,15 +121,17 @@ class CudaStepExecutor final : public StepExecutor {
     device_.zero_grad();
     model_.reset_expert_load();
   }
-  // The gate biases move on the host, from the loads the forward counted there, as the CPU's do.
+  // The gate biases move on the device, by the CPU's update (the same bits), from the loads the
+  // forward counted on the host: one upload of each layer's loads, no download.
   void step() override {
     const Clock::time_point t0 = Clock::now();
     optimizer_->step();
     for_each_gate_bias(cfg_, params_, [&](Param<float>& bias, int l) {
-      std::vector<float> b(static_cast<size_t>(bias.numel()));
-      cuda::check(cudaMemcpy(b.data(), device_.value(bias), b.size() * sizeof(float), cudaMemcpyDeviceToHost), "gate bias");
-      optim::update_expert_bias(b.data(), model_.expert_load()[size_t(l)].data(), bias.numel(), float(cfg_.expert_bias_rate));
-      cuda::check(cudaMemcpy(device_.value(bias), b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice), "gate bias");
+      const std::vector<int64_t>& load = model_.expert_load()[size_t(l)];
+      if (int64_t(load.size()) != bias.numel())
+        fail("CUDA train step", "the loads of layer " + std::to_string(l) + "'s " + std::to_string(bias.numel()) + " experts",
+             std::to_string(load.size()) + " loads");
+      train_cuda::optim::update_expert_bias_by_host_loads(device_.value(bias), load, float(cfg_.expert_bias_rate), uploads_);
     });
     device_.cast_weights();
     cuda::check(cudaDeviceSynchronize(), "train update");
@@ -143,6 +148,7 @@ class CudaStepExecutor final : public StepExecutor {
   const TrainConfig& cfg_;
   train_cuda::DeviceParameters device_;
   train_cuda::CudaTrainModel model_;
+  train_cuda::PinnedUploads uploads_;  // the gate biases' loads
   std::unique_ptr<train_cuda::optim::Optimizer> optimizer_;
 };
 #endif

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/device_buffer.h"
 #include "base/error.h"
 
 namespace dsv41::train_cuda::optim {
@@ -53,6 +54,13 @@ void update_expert_bias(float* bias, const int64_t* loads, int64_t n_experts, fl
   if (n_experts <= 0) return;
   bias_kernel<<<1, kBiasThreads, 0, stream>>>(bias, loads, n_experts, rate);
   cuda::check_launch("train_cuda::optim::update_expert_bias");
+}
+
+void update_expert_bias_by_host_loads(float* bias, std::span<const int64_t> loads, float rate, PinnedUploads& uploads) {
+  if (loads.empty()) return;
+  const cuda::DeviceBuffer<int64_t> device = cuda::scratch<int64_t>(int64_t(loads.size()), uploads.stream());
+  uploads.copy(device.get(), loads.data(), loads.size_bytes());
+  update_expert_bias(bias, device.get(), int64_t(loads.size()), rate, uploads.stream());
 }
 
 }  // namespace dsv41::train_cuda::optim

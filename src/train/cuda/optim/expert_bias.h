@@ -5,6 +5,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
+
+#include "train/cuda/pinned_uploads.h"
 
 namespace dsv41::train_cuda::optim {
 
@@ -16,5 +19,10 @@ void expert_loads(const int32_t* experts, int64_t rows, int topk, int64_t n_expe
 
 // bias [n_experts] ← bias + rate · sign(mean(loads) − loads), loads [n_experts] (device arrays).
 void update_expert_bias(float* bias, const int64_t* loads, int64_t n_experts, float rate, cudaStream_t stream = nullptr);
+
+// The same update from loads counted on the host (loads [n_experts]: the CUDA trainer's forward
+// counts them where it groups the rows by expert): the loads copied to the device through
+// `uploads`, which returns at once, then the update, both on the uploads' stream.
+void update_expert_bias_by_host_loads(float* bias, std::span<const int64_t> loads, float rate, PinnedUploads& uploads);
 
 }  // namespace dsv41::train_cuda::optim

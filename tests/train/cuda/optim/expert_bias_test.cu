@@ -2,9 +2,12 @@
 // src/train/optim/expert_bias.h: the same counts and the same bias bits (integers, and one fp32
 // add per expert of ±rate or 0, the same on both). The loads of 4096 rows × top-6 of 384 experts
 // skewed toward the low ids, with ids outside the table counted apart (the CPU refuses them); the
-// bias update on those loads and on constructed ones with experts exactly at the mean (left alone).
+// bias update on those loads and on constructed ones with experts exactly at the mean (left alone);
+// the CUDA trainer's update from loads counted on the host, layer after layer, step after step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -78,6 +81,35 @@ TEST(CudaOptimExpertBias, AnExpertAtTheMeanKeepsItsBias) {
       EXPECT_EQ(bias[0], before[0]);
     }
   }
+}
+
+// The CUDA trainer's update (its step executor's): each layer's loads counted on the host, copied
+// through the page-locked ring, the update on the device; four layers of 384, 64, 7 and 1 experts
+// (one with every load at the mean) over three steps, the host's loads rewritten after each call
+// and nothing waited for in between: the CPU's bias bits.
+TEST(CudaOptimExpertBias, HostLoadsMoveTheBiasesAsTheCpusUpdate) {
+  DSV41_REQUIRE_DEVICE();
+  const std::vector<int64_t> experts = {384, 64, 7, 1};
+  std::vector<std::vector<float>> biases;
+  std::vector<std::unique_ptr<DeviceArray<float>>> d_biases;
+  for (size_t l = 0; l < experts.size(); ++l) {
+    biases.push_back(test::normal(size_t(experts[l]), 0.01, uint32_t(20 + l)));
+    d_biases.push_back(std::make_unique<DeviceArray<float>>(biases.back()));
+  }
+  train_cuda::PinnedUploads uploads;
+  std::mt19937 rng(21);
+  std::vector<int64_t> loads;
+  for (int step = 0; step < 3; ++step)
+    for (size_t l = 0; l < experts.size(); ++l) {
+      loads.assign(size_t(experts[l]), 6);
+      if (l != 1)
+        for (int64_t& c : loads) c = int64_t(rng() % 200);
+      optim::update_expert_bias(biases[l].data(), loads.data(), experts[l], optim::kExpertBiasRate);
+      train_cuda::optim::update_expert_bias_by_host_loads(d_biases[l]->get(), loads, optim::kExpertBiasRate, uploads);
+      std::fill(loads.begin(), loads.end(), -1);
+    }
+  for (size_t l = 0; l < experts.size(); ++l)
+    EXPECT_TRUE(test::same_bits(d_biases[l]->download(), biases[l])) << experts[l] << " experts";
 }
 
 }  // namespace
