@@ -1,7 +1,6 @@
 #include "train/trainer/step_executor.h"
 
 #include <chrono>
-#include <string>
 
 #include "base/error.h"
 #include "train/optim/expert_bias.h"
@@ -127,11 +126,8 @@ class CudaStepExecutor final : public StepExecutor {
     const Clock::time_point t0 = Clock::now();
     optimizer_->step();
     for_each_gate_bias(cfg_, params_, [&](Param<float>& bias, int l) {
-      const std::vector<int64_t>& load = model_.expert_load()[size_t(l)];
-      if (int64_t(load.size()) != bias.numel())
-        fail("CUDA train step", "the loads of layer " + std::to_string(l) + "'s " + std::to_string(bias.numel()) + " experts",
-             std::to_string(load.size()) + " loads");
-      train_cuda::optim::update_expert_bias_by_host_loads(device_.value(bias), load, float(cfg_.expert_bias_rate), uploads_);
+      train_cuda::optim::update_expert_bias_by_host_loads(device_.value(bias), model_.expert_load()[size_t(l)],
+                                                          float(cfg_.expert_bias_rate), uploads_);
     });
     device_.cast_weights();
     cuda::check(cudaDeviceSynchronize(), "train update");

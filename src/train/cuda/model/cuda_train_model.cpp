@@ -375,7 +375,6 @@ class CudaTrainOps {
         rows_of[size_t(e)].push_back(r);
         slot_of[size_t(e)].push_back(r * k + j);  // the row's slot in weights [R, k]
       }
-    load_[size_t(l)].resize(size_t(E));
     // The shared expert on every row writes y; each routed expert adds its rows' outputs, in expert order.
     auto shared = std::make_shared<ExpertRun>();
     expert_forward(x->v(), R_, L.shared, nullptr, y->v(), *shared);
@@ -1114,8 +1113,9 @@ class CudaTrainOps {
 CudaTrainModel::CudaTrainModel(train::Parameters<float>& params, DeviceParameters& device, train::TrainOptions options,
                                Operands operands)
     : params_(params), device_(device), options_(options),
-      constants_(std::make_unique<Constants>(params.config(), operands, uploads_)),
-      expert_load_(size_t(params.config().n_total_layers())) {}
+      constants_(std::make_unique<Constants>(params.config(), operands, uploads_)) {
+  reset_expert_load();
+}
 
 CudaTrainModel::~CudaTrainModel() = default;
 
@@ -1163,8 +1163,12 @@ std::vector<float> CudaTrainModel::logits() const {
   return on_host(z->get(), z->size());
 }
 
+// Every layer's experts, as the CPU's: a layer whose MoE did not run (a drafter not run) has loads
+// of 0, which leave its bias where it is.
 void CudaTrainModel::reset_expert_load() {
-  for (std::vector<int64_t>& l : expert_load_) std::fill(l.begin(), l.end(), 0);
+  const Config& c = params_.config();
+  expert_load_.assign(size_t(params_.blocks()), {});
+  for (int l = 0; l < params_.blocks(); ++l) expert_load_[size_t(l)].assign(size_t(c.routed_experts(l)), 0);
 }
 
 }  // namespace dsv41::train_cuda
