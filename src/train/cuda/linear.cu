@@ -101,7 +101,7 @@ void describe(Descriptors& desc, const Blas::Product& p, int64_t n, int64_t k) {
 using Alignments = std::array<uint32_t, 4>;
 
 // cuBLASLt's first choice for the described product (within the workspace, for operands of these
-// alignments), or none (none found, or no heuristic for the configuration: NOT_SUPPORTED).
+// alignments), or none.
 std::optional<cublasLtMatmulAlgo_t> heuristic(cublasLtHandle_t handle, const Descriptors& desc, const Alignments& align) {
   cublasLtMatmulPreference_t pref;
   lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -118,7 +118,6 @@ std::optional<cublasLtMatmulAlgo_t> heuristic(cublasLtHandle_t handle, const Des
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulAlgoGetHeuristic(handle, desc.op, desc.a, desc.b, desc.c_layout(), desc.d, pref, 1, &result, &count);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return std::nullopt;
   lt(status, "cublasLtMatmulAlgoGetHeuristic");
   if (count == 0) return std::nullopt;
   return result.algo;
