@@ -10,8 +10,6 @@
 //   y  = x Wᵀ  : yᵀ [N, M]  = (W as [K, N])ᵀ · (x as [K, M])
 //   dx = dy W  : dxᵀ [K, M] = (W as [K, N]) · (dy as [N, M])
 //   dW = dyᵀ x : dWᵀ [K, N] = (x as [K, M]) · (dy as [N, M])ᵀ
-// In each, the row count M is a column count of every stored matrix that has it (n of y and dx, k of
-// dW): the extent Blas's size classes round.
 // The grouped form is the same three products for each group g as one strided batch: x_g is x's
 // columns g·Kg … (leading dimension G·Kg, the next group Kg further), W_g W's rows g·Ng … (the next
 // Ng·Kg further), y_g and dy_g y's and dy's columns g·Ng … (leading dimension G·Ng, the next Ng
@@ -23,7 +21,6 @@
 #include <algorithm>
 #include <array>
 #include <map>
-#include <optional>
 #include <string>
 
 #include "backend/cuda/check.h"
@@ -53,6 +50,18 @@ uint32_t alignment(const void* p, int64_t stride_bytes) {
 // cuBLAS's recommended workspace on Hopper.
 constexpr size_t kWorkspace = size_t(32) << 20;
 
+// The descriptors of one call, destroyed with it (creating them is a few host microseconds). c is
+// null when C is D (D's layout serves both).
+struct Descriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  ~Descriptors() {
+    for (cublasLtMatrixLayout_t l : {a, b, c, d})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
 // A column-major [rows, cols] layout with leading dimension ld, and a batch of `batch` such matrices
 // `stride` elements apart.
 void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
@@ -66,79 +75,6 @@ void make_layout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int64_t ro
      "cublasLtMatrixLayoutSetAttribute");
 }
 
-// The descriptors of one product, destroyed with it (creating them is a few host microseconds). c
-// is null when C is D (D's layout serves both).
-struct Descriptors {
-  Descriptors() = default;
-  Descriptors(const Descriptors&) = delete;
-  Descriptors& operator=(const Descriptors&) = delete;
-  ~Descriptors() {
-    for (cublasLtMatrixLayout_t l : {a, b, c, d})
-      if (l) cublasLtMatrixLayoutDestroy(l);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-  cublasLtMatrixLayout_t c_layout() const { return c ? c : d; }
-
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
-};
-
-// desc ← product p's descriptors with n and k as given (p's own, or its size class's).
-void describe(Descriptors& desc, const Blas::Product& p, int64_t n, int64_t k) {
-  lt(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  const cublasOperation_t op_a = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "cublasLtMatmulDescSetAttribute");
-  lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "cublasLtMatmulDescSetAttribute");
-  // Stored shapes (column-major): A is op(A) [m, k] or its transpose, B likewise.
-  const cudaDataType_t operands = p.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  make_layout(&desc.a, operands, p.transpose_a ? k : p.m, p.transpose_a ? p.m : k, p.lda, p.batch, p.stride_a);
-  make_layout(&desc.b, operands, p.transpose_b ? n : k, p.transpose_b ? k : n, p.ldb, p.batch, p.stride_b);
-  make_layout(&desc.d, CUDA_R_32F, p.m, n, p.ldd, p.batch, p.stride_d);
-  if (p.c) make_layout(&desc.c, CUDA_R_32F, p.m, n, p.ldc, p.batch, p.stride_c);
-}
-
-// The minimum alignments in bytes of A, B, C and D the chosen algorithm may rely on.
-using Alignments = std::array<uint32_t, 4>;
-
-// cuBLASLt's first choice for the described product (within the workspace, for operands of these
-// alignments), or none.
-std::optional<cublasLtMatmulAlgo_t> heuristic(cublasLtHandle_t handle, const Descriptors& desc, const Alignments& align) {
-  cublasLtMatmulPreference_t pref;
-  lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-  const size_t ws = kWorkspace;
-  cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  const cublasLtMatmulPreferenceAttributes_t attributes[] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (size_t i = 0; i < align.size(); ++i)
-    if (status == CUBLAS_STATUS_SUCCESS)
-      status = cublasLtMatmulPreferenceSetAttribute(pref, attributes[i], &align[i], sizeof(align[i]));
-  cublasLtMatmulHeuristicResult_t result{};
-  int count = 0;
-  if (status == CUBLAS_STATUS_SUCCESS)
-    status = cublasLtMatmulAlgoGetHeuristic(handle, desc.op, desc.a, desc.b, desc.c_layout(), desc.d, pref, 1, &result, &count);
-  cublasLtMatmulPreferenceDestroy(pref);
-  lt(status, "cublasLtMatmulAlgoGetHeuristic");
-  if (count == 0) return std::nullopt;
-  return result.algo;
-}
-
-// Whether cuBLASLt runs `algo` on the described product within the workspace.
-bool runs(cublasLtHandle_t handle, const Descriptors& desc, const cublasLtMatmulAlgo_t& algo) {
-  cublasLtMatmulHeuristicResult_t result{};
-  return cublasLtMatmulAlgoCheck(handle, desc.op, desc.a, desc.b, desc.c_layout(), desc.d, &algo, &result) ==
-             CUBLAS_STATUS_SUCCESS &&
-         result.workspaceSize <= kWorkspace;
-}
-
-// The size class of a product's free extent: rounded up to a multiple of 64. The algorithm is chosen
-// per class, so that the MoE's products, whose row count changes with every expert and step, ask
-// the heuristic once per class rather than once per count. 64: the model's widths are multiples
-// of it (each its own class: their products run what the heuristic chooses for their exact shape),
-// and a class no wider than the smallest tile keeps the tile count, and so the heuristic's
-// choice, close to the exact shape's.
-int64_t size_class(int64_t extent) { return (extent + 63) / 64 * 64; }
-
 }  // namespace
 
 void cast_bf16(const float* x, int64_t n, bf16* y, cudaStream_t stream) {
@@ -148,14 +84,10 @@ void cast_bf16(const float* x, int64_t n, bf16* y, cudaStream_t stream) {
 }
 
 struct Blas::Opaque {
-  using Key = std::array<int64_t, 21>;  // a product's description and its operands' alignments
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  // A size class's description → the heuristic's algorithm for it (none: it had none).
-  std::map<Key, std::optional<cublasLtMatmulAlgo_t>> classes;
-  // An exact description → the algorithm it runs: its class's where cuBLASLt runs that on the exact
-  // shape, else the heuristic's for the exact shape.
-  std::map<Key, cublasLtMatmulAlgo_t> algos;
+  // (the product's description, its operands' alignments) → the algorithm.
+  std::map<std::array<int64_t, 21>, cublasLtMatmulAlgo_t> algos;
 };
 
 Blas::Blas() : lt_(new Opaque) {
@@ -178,46 +110,54 @@ void Blas::matmul(const Product& p, cudaStream_t stream) {
   const float* c = in_place ? p.d : p.c;
   const int64_t ldc = in_place ? p.ldd : p.ldc, stride_c = in_place ? p.stride_d : p.stride_c;
 
+  Descriptors desc;
+  lt(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasOperation_t op_a = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "cublasLtMatmulDescSetAttribute");
+  lt(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), "cublasLtMatmulDescSetAttribute");
+  // Stored shapes (column-major): A is op(A) [m, k] or its transpose, B likewise.
+  const cudaDataType_t operands = p.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  make_layout(&desc.a, operands, p.transpose_a ? p.k : p.m, p.transpose_a ? p.m : p.k, p.lda, p.batch, p.stride_a);
+  make_layout(&desc.b, operands, p.transpose_b ? p.n : p.k, p.transpose_b ? p.k : p.n, p.ldb, p.batch, p.stride_b);
+  make_layout(&desc.d, CUDA_R_32F, p.m, p.n, p.ldd, p.batch, p.stride_d);
+  if (!in_place) make_layout(&desc.c, CUDA_R_32F, p.m, p.n, p.ldc, p.batch, p.stride_c);
+  const cublasLtMatrixLayout_t c_layout = in_place ? desc.d : desc.c;
+
   const bool batched = p.batch > 1;
   const int64_t operand_bytes = p.bf16 ? 2 : 4;
-  const Alignments align = {alignment(p.a, batched ? p.stride_a * operand_bytes : 0),
-                            alignment(p.b, batched ? p.stride_b * operand_bytes : 0), alignment(c, batched ? stride_c * 4 : 0),
-                            alignment(p.d, batched ? p.stride_d * 4 : 0)};
-  // The size class rounds n and k where every stored matrix that has them holds them as a column
-  // count (m is D's row count; n is B's when B is transposed; k is A's when A is transposed and
-  // B's when B is not). A leading dimension bounds only a row count, so the class's layouts are
-  // valid ones, and the strides between a batch's matrices do not depend on the rounded extents.
-  const bool n_free = !p.transpose_b, k_free = !p.transpose_a && p.transpose_b;
-  const int64_t class_n = n_free ? size_class(p.n) : p.n, class_k = k_free ? size_class(p.k) : p.k;
-  auto key = [&](int64_t n, int64_t k) {
-    return Opaque::Key{p.bf16,     p.transpose_a, p.transpose_b, p.m,        n,          k,        p.lda,
-                       p.ldb,      ldc,           p.ldd,         p.stride_a, p.stride_b, stride_c, p.stride_d,
-                       p.batch,    p.beta != 0,   align[0],      align[1],   align[2],   align[3], c == p.d};
-  };
-
-  Descriptors desc;
-  describe(desc, p, p.n, p.k);
-  auto found = lt_->algos.find(key(p.n, p.k));
+  const uint32_t align_a = alignment(p.a, batched ? p.stride_a * operand_bytes : 0);
+  const uint32_t align_b = alignment(p.b, batched ? p.stride_b * operand_bytes : 0);
+  const uint32_t align_c = alignment(c, batched ? stride_c * 4 : 0), align_d = alignment(p.d, batched ? p.stride_d * 4 : 0);
+  const std::array<int64_t, 21> key = {p.bf16,     p.transpose_a, p.transpose_b, p.m,        p.n,       p.k,     p.lda,
+                                       p.ldb,      ldc,           p.ldd,         p.stride_a, p.stride_b, stride_c, p.stride_d,
+                                       p.batch,    p.beta != 0,   align_a,       align_b,    align_c,   align_d, c == p.d};
+  auto found = lt_->algos.find(key);
   if (found == lt_->algos.end()) {
-    std::optional<cublasLtMatmulAlgo_t> chosen;
-    if (class_n != p.n || class_k != p.k) {
-      auto cls = lt_->classes.find(key(class_n, class_k));
-      if (cls == lt_->classes.end()) {
-        Descriptors class_desc;
-        describe(class_desc, p, class_n, class_k);
-        cls = lt_->classes.emplace(key(class_n, class_k), heuristic(lt_->handle, class_desc, align)).first;
-      }
-      if (cls->second && runs(lt_->handle, desc, *cls->second)) chosen = cls->second;
-    }
-    if (!chosen) chosen = heuristic(lt_->handle, desc, align);
-    if (!chosen)
+    cublasLtMatmulPreference_t pref;
+    lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    const size_t ws = kWorkspace;
+    cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+    for (const auto& [attribute, value] : aligns)
+      if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value));
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulAlgoGetHeuristic(lt_->handle, desc.op, desc.a, desc.b, c_layout, desc.d, pref, 1, &result, &count);
+    cublasLtMatmulPreferenceDestroy(pref);
+    lt(status, "cublasLtMatmulAlgoGetHeuristic");
+    if (count == 0)
       fail(where, "a cuBLASLt algorithm for the product",
            "none for m " + std::to_string(p.m) + ", n " + std::to_string(p.n) + ", k " + std::to_string(p.k) + ", batch " +
                std::to_string(p.batch));
-    found = lt_->algos.emplace(key(p.n, p.k), *chosen).first;
+    found = lt_->algos.emplace(key, result.algo).first;
   }
-  lt(cublasLtMatmul(lt_->handle, desc.op, &p.alpha, p.a, desc.a, p.b, desc.b, &p.beta, c, desc.c_layout(), p.d, desc.d,
-                    &found->second, lt_->workspace, kWorkspace, stream),
+  lt(cublasLtMatmul(lt_->handle, desc.op, &p.alpha, p.a, desc.a, p.b, desc.b, &p.beta, c, c_layout, p.d, desc.d, &found->second,
+                    lt_->workspace, kWorkspace, stream),
      "cublasLtMatmul");
 }
 

@@ -28,11 +28,7 @@ void cast_bf16(const float* x, int64_t n, bf16* y, cudaStream_t stream = nullptr
 // D = α · op(A) · op(B) + β · C. One algorithm per product description (shape, leading dimensions,
 // strides, batch, operand alignment), chosen once: a product gives the same bits at every call
 // (cuBLAS's reproducibility guarantee for cublasLtMatmul with a workspace of the caller's, on one
-// GPU model and toolkit). The heuristic is asked per size class — n and k, where they are column
-// counts only (the rows of a row-major product), rounded up to a multiple of 64 — and a shape runs
-// its class's algorithm where cuBLASLt accepts it for that shape (cublasLtMatmulAlgoCheck, once per
-// shape), else the heuristic's for the shape itself: a function of the shape alone, so every run
-// chooses alike. Not thread-safe; calls on one stream at a time.
+// GPU model and toolkit). Not thread-safe; calls on one stream at a time.
 class Blas {
  public:
   // Column-major D [m, n] = alpha · op(A) · op(B) + beta · C, op(A) [m, k], op(B) [k, n], m, n, k ≥ 1,

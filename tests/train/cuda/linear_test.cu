@@ -19,13 +19,11 @@
 //    expectation; each output averages many terms or many outputs are averaged). Asserted from
 //    below too: NMSE > 1e-7, so the products really are on bf16 values.
 //  * cast_bf16 gives the host's round-to-nearest-even bits exactly.
-//  * Run twice on the same inputs, every result is the same bits; so is a row count run after
-//    others of its size class.
+//  * Run twice on the same inputs, every result is the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
-#include <utility>
 #include <vector>
 
 #include "train/cuda/linear.h"
@@ -122,31 +120,6 @@ TEST(TrainCudaLinear, Fp32OperandsWithinTheCastsBound) {
     }
     expect_same_bits(got, on_device(blas, s, x, W, dy, dx0, dW0), s);
   }
-}
-
-// The algorithm is chosen per size class of the row count (a multiple of 64; linear.h), from the
-// class alone: 100 rows give the same bits on a fresh Blas and on one that ran 70 and 128 rows (the
-// same class) first, and stay within the CPU's bound.
-TEST(TrainCudaLinear, ARowCountRunsTheSameAlgorithmWhateverRanBefore) {
-  DSV41_REQUIRE_DEVICE();
-  const int64_t K = 1024, N = 512;
-  auto run = [&](train_cuda::Blas& blas, int64_t M, Results* want) {
-    const Shape s{M, K, N};
-    const std::vector<float> x = test::rounded_bf16(test::normal(size_t(M * K), 1.0, 300));
-    const std::vector<float> W = test::rounded_bf16(test::normal(size_t(N * K), 1.0 / std::sqrt(double(K)), 301));
-    const std::vector<float> dy = test::rounded_bf16(test::normal(size_t(M * N), 1.0, 302));
-    const std::vector<float> dx0(x.size(), 0.0f), dW0(W.size(), 0.0f);
-    if (want) *want = on_cpu(s, x, W, dy, dx0, dW0);
-    return on_device(blas, s, x, W, dy, dx0, dW0);
-  };
-  train_cuda::Blas fresh, used;
-  Results want;
-  const Results first = run(fresh, 100, &want);
-  run(used, 70, nullptr);
-  run(used, 128, nullptr);
-  expect_same_bits(first, run(used, 100, nullptr), Shape{100, K, N});
-  for (const auto& [got, ref] : {std::pair{&first.y, &want.y}, std::pair{&first.dx, &want.dx}, std::pair{&first.dW, &want.dW}})
-    EXPECT_LT(test::nmse(*got, *ref), 1e-7);
 }
 
 // The grouped form: x [M, G, Kg], W [G·Ng, Kg], y [M, G, Ng], as one strided batch on the device.
