@@ -30,7 +30,7 @@
 //                      [--contexts 4096,32768,131072,1048576] [--prefill 4096,32768] [--steps 8]
 //                      [--turn 80] [--prompt-batch 64x128] [--kernel-trace] [--json FILE --commit REV]
 //
-// --json writes every figure as one object: commit, gpu, decode.<batch>.<context>.{ms_per_step,
+// --json writes every figure as one object: commit, gpu, decode.<batch>.<context>.{ms_per_step, host_launch_us,
 // graph_nodes, tokens_per_s, copy_bw_fraction, ops_ms.<op>, idle_ms, classes.<class>.{ms, bytes, gb_per_s}}, prefill.<prompt>.{exact_tokens_per_s, default_tokens_per_s,
 // exact_ops_ms.<op>, exact_idle_ms, turn_rows, turn_ms, turn_ops_ms.<op>, turn_idle_ms},
 // prompt_batch.{prompts, prompt_tokens, ms, tokens_per_s, ops_ms.<op>, idle_ms}.
@@ -329,8 +329,8 @@ int main(int argc, char** argv) try {
     std::string table, classes, trace;
   };
   std::vector<DecodeBreakdown> decode_breakdown;
-  std::printf("\n| batch | context | ms / step, calls | ms / step, graph | graph nodes | tokens/s | bytes / token | achieved GB/s | of copy BW |\n");
-  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  std::printf("\n| batch | context | ms / step, calls | ms / step, graph | graph nodes | host µs to launch | tokens/s | bytes / token | achieved GB/s | of copy BW |\n");
+  std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int64_t context : contexts)
     for (int64_t B : batches) {
       size_t free_bytes = 0, total = 0;
@@ -356,6 +356,7 @@ int main(int argc, char** argv) try {
       const int64_t per = int64_t(c.engram_layer_ids.size()) * c.engram_hash_columns();
       std::unique_ptr<DecodeGraph> graph;
       OpTimes* times = nullptr;  // set for the one step that keeps op times
+      double launch_s = 0;       // the host's time in DecodeGraph::launch (plan, plan copy, launch) over the timed steps
       auto step = [&](int s, bool graphed) {
         std::vector<DeviceItem> items;
         std::vector<int32_t> tokens;
@@ -368,7 +369,9 @@ int main(int argc, char** argv) try {
           if (id) ids.push_back(id);
         }
         if (graphed) {
+          const auto t0 = std::chrono::steady_clock::now();
           graph->launch(tokens, ids);
+          launch_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           check(cudaStreamSynchronize(graph->stream()), "decode graph");
         } else {
           forward_batch(dm, items, nullptr, times);
@@ -376,15 +379,17 @@ int main(int argc, char** argv) try {
       };
       auto timed = [&](int first, bool graphed) {
         step(first, graphed), step(first + 1, graphed);
+        launch_s = 0;
         const auto start = std::chrono::steady_clock::now();
         for (int s = first + 2; s < first + 2 + steps; ++s) step(s, graphed);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps;
       };
       const double calls_s = timed(0, false);
-      double step_s = calls_s;
+      double step_s = calls_s, launch_us = 0;
       if (B <= kDecodeGraphRows) {
         graph = std::make_unique<DecodeGraph>(dm, ptrs);
         step_s = timed(steps + 2, true);
+        launch_us = launch_s / steps * 1e6;
         // One more replay inside an NVTX range, for a profiler to take one whole step and nothing
         // else: ncu --nvtx --nvtx-include "decode step/" --graph-profiling node (docs/cuda.md).
         nvtxRangePushA("decode step");
@@ -402,14 +407,14 @@ int main(int argc, char** argv) try {
       const double experts = double(E) * (1.0 - std::pow(1.0 - double(k) / E, double(B)));
       const double expert_bytes = moe_layers * experts * wb.expert;
       const double step_bytes = wb.dense() + expert_bytes + double(B) * kv_bytes_per_token(c, context).total();
-      std::printf("| %lld | %lld | %.2f | %.2f | %zu | %.1f | %.2f GB | %.0f | %.1f%% |\n", (long long)B, (long long)context, calls_s * 1e3,
-                  step_s * 1e3, graph ? graph->nodes() : size_t(0),
+      std::printf("| %lld | %lld | %.2f | %.2f | %zu | %.0f | %.1f | %.2f GB | %.0f | %.1f%% |\n", (long long)B, (long long)context,
+                  calls_s * 1e3, step_s * 1e3, graph ? graph->nodes() : size_t(0), launch_us,
                   double(B) / step_s, step_bytes / double(B) / 1e9, step_bytes / step_s / 1e9,
                   100.0 * step_bytes / step_s / copy_bw);
       std::fflush(stdout);
       nlohmann::json& row = report["decode"][std::to_string(B)][std::to_string(context)];
       row = {{"ms_per_step", step_s * 1e3}, {"tokens_per_s", double(B) / step_s}, {"copy_bw_fraction", step_bytes / step_s / copy_bw},
-             {"graph_nodes", graph ? graph->nodes() : size_t(0)}};
+             {"graph_nodes", graph ? graph->nodes() : size_t(0)}, {"host_launch_us", launch_us}};
       // One more step as a forward_batch call with op times: where a decode step goes.
       OpTimes decode_times;
       times = &decode_times;

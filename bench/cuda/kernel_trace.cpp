@@ -111,7 +111,7 @@ std::string KernelTrace::table(int steps) const {
   std::sort(rs.begin(), rs.end(), [](const Record& a, const Record& b) { return a.start < b.start; });
   struct Row {
     int64_t launches = 0;
-    double ns = 0, idle_before_ns = 0;
+    double ns = 0, idle_before_ns = 0, extends_ns = 0;
   };
   std::map<std::string, Row> rows;
   std::map<std::string, std::string> shorts;
@@ -125,18 +125,22 @@ std::string KernelTrace::table(int steps) const {
     row.ns += double(r.end - r.start);
     sum += double(r.end - r.start);
     if (r.start > latest_end) row.idle_before_ns += double(r.start - latest_end);
-    if (r.end > latest_end) busy += double(r.end - std::max(r.start, latest_end)), latest_end = r.end;
+    if (r.end > latest_end) {
+      const double extends = double(r.end - std::max(r.start, latest_end));
+      row.extends_ns += extends, busy += extends, latest_end = r.end;
+    }
   }
   const double span = double(latest_end - rs.front().start);
   std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.extends_ns > b.second.extends_ns; });
   std::string out =
-      "| kernel | launches | µs | µs a launch | GPU idle before, µs |\n| --- | ---: | ---: | ---: | ---: |\n";
+      "| kernel | launches | µs | µs a launch | µs past the kernels before it | GPU idle before, µs |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: |\n";
   char line[512];
   for (const auto& [name, row] : sorted) {
-    std::snprintf(line, sizeof line, "| `%s` | %.1f | %.1f | %.2f | %.1f |\n", name.substr(0, 90).c_str(),
+    std::snprintf(line, sizeof line, "| `%s` | %.1f | %.1f | %.2f | %.1f | %.1f |\n", name.substr(0, 90).c_str(),
                   double(row.launches) / steps, row.ns / 1e3 / steps, row.ns / 1e3 / double(row.launches),
-                  row.idle_before_ns / 1e3 / steps);
+                  row.extends_ns / 1e3 / steps, row.idle_before_ns / 1e3 / steps);
     out += line;
   }
   std::snprintf(line, sizeof line,

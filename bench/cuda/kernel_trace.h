@@ -6,9 +6,12 @@
 //
 // Between start() and stop() every kernel the process runs is recorded (CONCURRENT_KERNEL
 // activity: kernels keep their overlap); table(steps) folds the records into one row per kernel
-// name, per step: launches, device time, and the GPU's idle time just before the kernel's start
-// (no kernel running since the latest end before it) — the dependency and launch gaps the step
-// pays, charged to the kernel that waited.
+// name, per step: launches; device time (start to end: a kernel launched early by programmatic
+// dependent launch counts its wait for the kernel before it); the time it extends the step past
+// every kernel that started before it — the timeline's union split among the kernels, so that a
+// kernel beside others on a side stream, or waiting inside its predecessor, counts only what it
+// adds; and the GPU's idle time just before its start (no kernel running since the latest end
+// before it): the dependency and launch gaps the step pays, charged to the kernel that waited.
 #include <cstdint>
 #include <string>
 
