@@ -13,17 +13,21 @@
 
 namespace dsv41::train_cuda {
 
+// A batch of sequences, each its own loss: sequence s holds the rows begin[s] .. begin[s + 1] − 1
+// (begin [sequences + 1], device, ascending from 0 to rows) and its L and n are over those rows.
+
 // logits [rows, vocab], targets [rows] (in [0, vocab) or −1; any other value makes the loss NaN),
 // device pointers. Writes row_max and row_sum [rows] (m_r, s_r: what the backward reads) and
-// loss [2]: L (0 when no row counts) and n as a float. Deterministic: fixed-tree sums.
-void cross_entropy_forward(const float* logits, int64_t rows, int64_t vocab, const int64_t* targets, float* row_max,
-                           float* row_sum, float* loss, cudaStream_t stream = nullptr);
+// loss [2 · sequences]: sequence s's L (0 when none of its rows counts) at 2s and its n as a float
+// at 2s + 1. Deterministic: fixed-tree sums, each sequence's the same whatever the batch around it.
+void cross_entropy_forward(const float* logits, int64_t rows, int64_t vocab, const int64_t* targets, const int64_t* begin,
+                           int64_t sequences, float* row_max, float* row_sum, float* loss, cudaStream_t stream = nullptr);
 
-// dlogits [rows, vocab] = dL/dz with dL = dloss (1 when L is the objective); written, and may be
-// logits itself (in place).
-void cross_entropy_backward(const float* logits, int64_t rows, int64_t vocab, const int64_t* targets, const float* row_max,
-                            const float* row_sum, const float* loss, float dloss, float* dlogits,
-                            cudaStream_t stream = nullptr);
+// dlogits [rows, vocab] = dL/dz with dL = dloss for every sequence's L; written, and may be logits
+// itself (in place).
+void cross_entropy_backward(const float* logits, int64_t rows, int64_t vocab, const int64_t* targets, const int64_t* begin,
+                            int64_t sequences, const float* row_max, const float* row_sum, const float* loss, float dloss,
+                            float* dlogits, cudaStream_t stream = nullptr);
 
 // p [n, vocab] (written) = softmax of logits row rows[i] for each i, exp(z − m_r) / s_r from the
 // forward's row_max and row_sum (the backward's probabilities): the distribution a head's logits

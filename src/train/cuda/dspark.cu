@@ -1,9 +1,9 @@
 // DSpark's heads and loss (dspark.h). The confidence head: one
 // thread per row (forward: its d + rank products in the CPU's order) and, backward, one thread per
 // value of dx/de and one per column of dw (its rows in order): the CPU's bits. The loss: one block
-// per row over the vocabulary, as the cross-entropy (max, Σ exp, p written, ‖p − q‖₁ and the held
-// signs' sum as block trees), the rows' parts then added in row order in double by one thread;
-// backward one block per row (Σ p g as a tree). Traffic per row: z, q read and p written forward
+// per row of the whole batch over the vocabulary, as the cross-entropy (max, Σ exp, p written,
+// ‖p − q‖₁ and the held signs' sum as block trees), each sequence's rows' parts then added in row
+// order in double by one thread per sequence; backward one block per row (Σ p g as a tree). Traffic per row: z, q read and p written forward
 // (12 bytes per logit), p and the signs read and dz read and written backward (13).
 #include "train/cuda/dspark.h"
 
@@ -49,8 +49,8 @@ __global__ void confidence_dw_kernel(const float* x, const float* e, int64_t row
 
 // Per row: p, the signs (unless held), c* (unless held) and the row's four parts [rows, 4].
 __global__ void __launch_bounds__(kThreads) loss_row_kernel(const float* z, const float* q, int64_t vocab, const int64_t* next,
-                                                            const float* c, const float* rho, float kappa, DSparkLabels labels,
-                                                            float* p, float* row_parts) {
+                                                            const float* c, const float* rho, const float* kappa,
+                                                            DSparkLabels labels, float* p, float* row_parts) {
   __shared__ float scratch[kThreads / 32];
   const int64_t i = blockIdx.x;
   const float *zi = z + i * vocab, *qi = q + i * vocab;
@@ -80,19 +80,21 @@ __global__ void __launch_bounds__(kThreads) loss_row_kernel(const float* z, cons
   float* parts = row_parts + i * 4;
   parts[0] = __fmul_rn(rho[i], __fsub_rn(__fadd_rn(mx, logf(sum)), zi[next[i]]));
   parts[1] = __fmul_rn(rho[i], l1_held);
-  parts[2] = __fmul_rn(kappa, __fsub_rn(softplus, __fmul_rn(target, c[i])));
-  parts[3] = __fmul_rn(kappa, target);
+  parts[2] = __fmul_rn(kappa[i], __fsub_rn(softplus, __fmul_rn(target, c[i])));
+  parts[3] = __fmul_rn(kappa[i], target);
 }
 
-__global__ void loss_total_kernel(const float* row_parts, int64_t rows, double* parts) {
+// parts[4s .. 4s + 3]: sequence s's rows' parts added in row order: one thread per sequence.
+__global__ void loss_total_kernel(const float* row_parts, const int64_t* begin, double* parts) {
+  const int64_t s = blockIdx.x;
   double sums[4] = {0, 0, 0, 0};
-  for (int64_t i = 0; i < rows; ++i)
+  for (int64_t i = begin[s]; i < begin[s + 1]; ++i)
     for (int k = 0; k < 4; ++k) sums[k] = __dadd_rn(sums[k], double(row_parts[i * 4 + k]));
-  for (int k = 0; k < 4; ++k) parts[k] = sums[k];
+  for (int k = 0; k < 4; ++k) parts[4 * s + k] = sums[k];
 }
 
 __global__ void __launch_bounds__(kThreads) loss_backward_kernel(const float* c, int64_t vocab, const int64_t* next,
-                                                                 const float* rho, float kappa, DSparkLabels labels,
+                                                                 const float* rho, const float* kappa, DSparkLabels labels,
                                                                  const float* p, float alpha_ce, float alpha_tv,
                                                                  float alpha_conf, float dloss, float* dz, float* dc) {
   __shared__ float scratch[kThreads / 32];
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__(kThreads) loss_backward_kernel(const float* c,
   if (threadIdx.x != 0) return;
   dzi[next[i]] = __fsub_rn(dzi[next[i]], ce);
   const float sigma = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-c[i])));
-  dc[i] = __fadd_rn(dc[i], __fmul_rn(__fmul_rn(__fmul_rn(dloss, alpha_conf), kappa), __fsub_rn(sigma, labels.target[i])));
+  dc[i] = __fadd_rn(dc[i], __fmul_rn(__fmul_rn(__fmul_rn(dloss, alpha_conf), kappa[i]), __fsub_rn(sigma, labels.target[i])));
 }
 
 unsigned blocks_of(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
@@ -141,20 +143,19 @@ void confidence_backward(const float* x, const float* e, int64_t rows, int64_t d
 }
 
 void dspark_loss_forward(const float* z, const float* q, int64_t rows, int64_t vocab, const int64_t* next, const float* c,
-                         const float* rho, float kappa, const DSparkLabels& labels, float* p, double* parts,
-                         cudaStream_t stream) {
-  if (rows <= 0) {
-    cuda::check(cudaMemsetAsync(parts, 0, 4 * sizeof(double), stream), "train_cuda::dspark_loss_forward");
-    return;
-  }
+                         const float* rho, const float* kappa, const int64_t* begin, int64_t sequences,
+                         const DSparkLabels& labels, float* p, double* parts, cudaStream_t stream) {
+  if (sequences <= 0) return;
   cuda::DeviceBuffer<float> row_parts = cuda::scratch<float>(rows * 4, stream);
-  loss_row_kernel<<<unsigned(rows), kThreads, 0, stream>>>(z, q, vocab, next, c, rho, kappa, labels, p, row_parts.get());
-  cuda::check_launch("train_cuda::dspark_loss_forward");
-  loss_total_kernel<<<1, 1, 0, stream>>>(row_parts.get(), rows, parts);
+  if (rows > 0) {
+    loss_row_kernel<<<unsigned(rows), kThreads, 0, stream>>>(z, q, vocab, next, c, rho, kappa, labels, p, row_parts.get());
+    cuda::check_launch("train_cuda::dspark_loss_forward");
+  }
+  loss_total_kernel<<<unsigned(sequences), 1, 0, stream>>>(row_parts.get(), begin, parts);
   cuda::check_launch("train_cuda::dspark_loss_forward");
 }
 
-void dspark_loss_backward(const float* c, int64_t rows, int64_t vocab, const int64_t* next, const float* rho, float kappa,
+void dspark_loss_backward(const float* c, int64_t rows, int64_t vocab, const int64_t* next, const float* rho, const float* kappa,
                           const DSparkLabels& labels, const float* p, float alpha_ce, float alpha_tv, float alpha_conf,
                           float dloss, float* dz, float* dc, cudaStream_t stream) {
   if (rows <= 0) return;

@@ -33,15 +33,18 @@ struct DSparkLabels {
   bool held;
 };
 
-// z, q [rows, vocab]; next [rows] (int64, in [0, vocab)); c, rho [rows]; kappa. Writes p [rows,
-// vocab] (softmax(z)) and parts [4]: Σ ρ·ce, Σ ρ·tv, Σ κ·BCE, Σ κ·c*, each summed over the rows
-// in row order in double, as grad::DSparkLossParts.
+// The loss of a batch of sequences: z, q [rows, vocab]; next [rows] (int64, in [0, vocab)); c, rho
+// and κ [rows] (each row its sequence's κ); sequence s holds the rows begin[s] .. begin[s + 1] − 1
+// (begin [sequences + 1], device, ascending from 0 to rows). Writes p [rows, vocab] (softmax(z))
+// and parts [4 · sequences]: sequence s's Σ ρ·ce, Σ ρ·tv, Σ κ·BCE, Σ κ·c* at 4s .. 4s + 3, each
+// summed over its rows in row order in double, as grad::DSparkLossParts.
 void dspark_loss_forward(const float* z, const float* q, int64_t rows, int64_t vocab, const int64_t* next, const float* c,
-                         const float* rho, float kappa, const DSparkLabels& labels, float* p, double* parts,
-                         cudaStream_t stream = nullptr);
+                         const float* rho, const float* kappa, const int64_t* begin, int64_t sequences,
+                         const DSparkLabels& labels, float* p, double* parts, cudaStream_t stream = nullptr);
 
-// dz [rows, vocab] += ∂L/∂z, dc [rows] += ∂L/∂c, L = dloss · (α_ce ce + α_tv tv + α_conf conf).
-void dspark_loss_backward(const float* c, int64_t rows, int64_t vocab, const int64_t* next, const float* rho, float kappa,
+// dz [rows, vocab] += ∂L/∂z, dc [rows] += ∂L/∂c, L = dloss · (α_ce ce + α_tv tv + α_conf conf)
+// summed over the sequences (each row's terms are its own: no sequence's sum enters).
+void dspark_loss_backward(const float* c, int64_t rows, int64_t vocab, const int64_t* next, const float* rho, const float* kappa,
                           const DSparkLabels& labels, const float* p, float alpha_ce, float alpha_tv, float alpha_conf,
                           float dloss, float* dz, float* dc, cudaStream_t stream = nullptr);
 

@@ -7,7 +7,8 @@
 // Backward: one block per (row, head): the dots again, dw and dq over the entries in order; then
 // the keys' gradient as the sparse attention's dkv: the listed ids sorted stably with their
 // (row, slot), one block per key, rows in order and heads in order. Target: one block per row.
-// Loss: one thread per row, then one thread adds the rows' losses in order.
+// Loss: one thread per row of the whole batch, then one thread per sequence adds its rows' losses
+// in order; its backward: one thread per row.
 #include "train/cuda/indexer.h"
 
 #include <cub/cub.cuh>
@@ -17,6 +18,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/device_buffer.h"
 #include "base/error.h"
+#include "train/cuda/reduce.cuh"
 
 namespace dsv41::train_cuda {
 
@@ -131,8 +133,10 @@ __global__ void __launch_bounds__(kThreads) target_kernel(const float* p, int64_
   for (int64_t j = threadIdx.x; j < k; j += kThreads) target[r * k + j] = sum > 0.0f ? __fdiv_rn(mass[j], sum) : 0.0f;
 }
 
-__global__ void loss_rows_kernel(const float* scores, const float* target, int64_t rows, int64_t k, float* row_loss,
-                                 float* dscores) {
+// Row r's KL(target ‖ softmax(scores)) into row_loss[r] (forward), or (backward, row_loss nullptr)
+// dscores[r] += (dloss / n_s) · (softmax − target) with s its sequence.
+__global__ void loss_rows_kernel(const float* scores, const float* target, int64_t rows, int64_t k, const int64_t* begin,
+                                 int64_t sequences, float dloss, float* row_loss, float* dscores) {
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const float *s = scores + r * k, *p = target + r * k;
@@ -144,19 +148,26 @@ __global__ void loss_rows_kernel(const float* scores, const float* target, int64
     for (int64_t j = 0; j < k; ++j)
       if (s[j] > -INFINITY) z = __fadd_rn(z, expf(__fsub_rn(s[j], mx)));
     const float log_z = __fadd_rn(logf(z), mx);
-    for (int64_t j = 0; j < k; ++j) {
-      if (s[j] == -INFINITY) continue;
-      if (p[j] > 0.0f) loss = __fadd_rn(loss, __fmul_rn(p[j], __fsub_rn(logf(p[j]), __fsub_rn(s[j], log_z))));
-      if (dscores) dscores[r * k + j] = __fadd_rn(dscores[r * k + j], __fsub_rn(expf(__fsub_rn(s[j], log_z)), p[j]));
+    if (row_loss) {
+      for (int64_t j = 0; j < k; ++j)
+        if (s[j] != -INFINITY && p[j] > 0.0f) loss = __fadd_rn(loss, __fmul_rn(p[j], __fsub_rn(logf(p[j]), __fsub_rn(s[j], log_z))));
+    } else {
+      const int64_t seq = segment_of(begin, sequences, r);
+      const float scale = __fdiv_rn(dloss, float(begin[seq + 1] - begin[seq]));
+      for (int64_t j = 0; j < k; ++j)
+        if (s[j] != -INFINITY)
+          dscores[r * k + j] = __fadd_rn(dscores[r * k + j], __fmul_rn(scale, __fsub_rn(expf(__fsub_rn(s[j], log_z)), p[j])));
     }
   }
-  row_loss[r] = loss;
+  if (row_loss) row_loss[r] = loss;
 }
 
-__global__ void loss_total_kernel(const float* row_loss, int64_t rows, float* loss) {
+// loss[s] = sequence s's rows' losses added in row order: one thread per sequence.
+__global__ void loss_total_kernel(const float* row_loss, const int64_t* begin, float* loss) {
+  const int64_t s = blockIdx.x;
   float total = 0;
-  for (int64_t r = 0; r < rows; ++r) total = __fadd_rn(total, row_loss[r]);
-  *loss = total;
+  for (int64_t r = begin[s]; r < begin[s + 1]; ++r) total = __fadd_rn(total, row_loss[r]);
+  loss[s] = total;
 }
 
 size_t shared_bytes(int64_t k, const char* where) {
@@ -213,17 +224,25 @@ void attention_target(const float* p, int64_t rows, int64_t heads, int64_t entri
   cuda::check_launch("train_cuda::attention_target");
 }
 
-void index_distillation_loss(const float* scores, const float* target, int64_t rows, int64_t k, float* loss, float* dscores,
-                             cudaStream_t stream) {
-  if (rows <= 0) {
-    cuda::check(cudaMemsetAsync(loss, 0, sizeof(float), stream), "train_cuda::index_distillation_loss");
-    return;
-  }
+void index_distillation_loss(const float* scores, const float* target, int64_t rows, int64_t k, const int64_t* begin,
+                             int64_t sequences, float* loss, cudaStream_t stream) {
+  if (sequences <= 0) return;
   cuda::DeviceBuffer<float> row_loss = cuda::scratch<float>(rows, stream);
-  loss_rows_kernel<<<unsigned((rows + 127) / 128), 128, 0, stream>>>(scores, target, rows, k, row_loss.get(), dscores);
+  if (rows > 0) {
+    loss_rows_kernel<<<unsigned((rows + 127) / 128), 128, 0, stream>>>(scores, target, rows, k, begin, sequences, 0.0f,
+                                                                        row_loss.get(), nullptr);
+    cuda::check_launch("train_cuda::index_distillation_loss");
+  }
+  loss_total_kernel<<<unsigned(sequences), 1, 0, stream>>>(row_loss.get(), begin, loss);
   cuda::check_launch("train_cuda::index_distillation_loss");
-  loss_total_kernel<<<1, 1, 0, stream>>>(row_loss.get(), rows, loss);
-  cuda::check_launch("train_cuda::index_distillation_loss");
+}
+
+void index_distillation_backward(const float* scores, const float* target, int64_t rows, int64_t k, const int64_t* begin,
+                                 int64_t sequences, float dloss, float* dscores, cudaStream_t stream) {
+  if (rows <= 0) return;
+  loss_rows_kernel<<<unsigned((rows + 127) / 128), 128, 0, stream>>>(scores, target, rows, k, begin, sequences, dloss, nullptr,
+                                                                      dscores);
+  cuda::check_launch("train_cuda::index_distillation_backward");
 }
 
 }  // namespace dsv41::train_cuda

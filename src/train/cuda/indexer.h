@@ -31,10 +31,19 @@ void indexer_scores_backward(const float* q, const float* w, const float* keys, 
 void attention_target(const float* p, int64_t rows, int64_t heads, int64_t entries, int64_t first, int64_t k, float* target,
                       cudaStream_t stream = nullptr);
 
-// loss [1] (written) = Σ_rows KL(target ‖ softmax(scores)) over the non-empty slots; dscores
-// [rows, k] (nullptr: the loss only) gets dL = 1 times its gradient, added. Rows' losses added in
-// row order by one thread (deterministic).
-void index_distillation_loss(const float* scores, const float* target, int64_t rows, int64_t k, float* loss, float* dscores,
-                             cudaStream_t stream = nullptr);
+// The distillation loss of a batch of sequences: sequence s holds the rows begin[s] .. begin[s + 1]
+// − 1 of scores and target [rows, k] (begin [sequences + 1], device, ascending from 0 to rows),
+// n_s of them.
+
+// loss [sequences] (written): loss[s] = Σ over sequence s's rows of KL(target ‖ softmax(scores))
+// over the non-empty slots, its rows' losses added in row order by one thread (deterministic).
+void index_distillation_loss(const float* scores, const float* target, int64_t rows, int64_t k, const int64_t* begin,
+                             int64_t sequences, float* loss, cudaStream_t stream = nullptr);
+
+// dscores [rows, k] += the gradient of Σ_s (dloss / n_s) · loss[s] (each sequence's mean over its
+// rows, weighted by dloss): a row of sequence s adds (dloss / n_s) · (softmax(scores) − target) at
+// its non-empty slots, each a product of that factor rounded before the addition.
+void index_distillation_backward(const float* scores, const float* target, int64_t rows, int64_t k, const int64_t* begin,
+                                 int64_t sequences, float dloss, float* dscores, cudaStream_t stream = nullptr);
 
 }  // namespace dsv41::train_cuda

@@ -3,8 +3,11 @@
 // xor shuffles, then the warps' results in warp order. The order depends only on the block size and
 // the thread that holds each value, so a sum gives the same bits at every run (no atomics). Sums in
 // float (the op set's kernels) or double (the optimizers' norms: Newton–Schulz's ‖Ĝ‖_F, the
-// Sinkhorn update's row norms, whose CPU versions sum in double).
+// Sinkhorn update's row norms, whose CPU versions sum in double). And the segment a row of a batch
+// falls in, for the losses batched over sequences.
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace dsv41::train_cuda {
 
@@ -35,6 +38,21 @@ __device__ inline float block_max(float v, float* scratch) {
   for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, scratch[w]);
   __syncthreads();
   return m;
+}
+
+// The segment s whose rows begin[s] .. begin[s + 1] − 1 hold `row`: begin [segments + 1] ascending
+// from begin[0] ≤ row < begin[segments]. A binary search keeping begin[lo] ≤ row < begin[hi]; it
+// ends on a segment that holds the row, so never on an empty one.
+__device__ inline int64_t segment_of(const int64_t* begin, int64_t segments, int64_t row) {
+  int64_t lo = 0, hi = segments;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (begin[mid] <= row)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
 }
 
 }  // namespace dsv41::train_cuda

@@ -19,7 +19,8 @@
 // stds for one row; the mean over rows is tighter). dz moves by p·(Δz − E_p Δz), ≈ 2.3u relative at
 // rms(z) ≈ 2, and dh, dW add the casts of dz and of W or h: NMSE ≈ 6u²; bound 16u² = 2.4e-4.
 //
-// Two runs give the same bits.
+// Two runs give the same bits, and a batch of sequences of uneven lengths gives each sequence the
+// bits it gets alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -58,13 +59,16 @@ struct DeviceLoss {
   std::vector<float> dz;
 };
 
+// The rows as one sequence.
 DeviceLoss loss_on_device(const DeviceArray<float>& logits, int64_t rows, int64_t vocab, const DeviceArray<int64_t>& targets) {
   DeviceArray<float> row_max(static_cast<size_t>(rows)), row_sum(static_cast<size_t>(rows)), loss(2),
       dz(static_cast<size_t>(rows * vocab));
+  const DeviceArray<int64_t> begin(test::row_begins({rows}));
   dz.poison();
-  train_cuda::cross_entropy_forward(logits.get(), rows, vocab, targets.get(), row_max.get(), row_sum.get(), loss.get());
-  train_cuda::cross_entropy_backward(logits.get(), rows, vocab, targets.get(), row_max.get(), row_sum.get(), loss.get(), 1.0f,
-                                     dz.get());
+  train_cuda::cross_entropy_forward(logits.get(), rows, vocab, targets.get(), begin.get(), 1, row_max.get(), row_sum.get(),
+                                    loss.get());
+  train_cuda::cross_entropy_backward(logits.get(), rows, vocab, targets.get(), begin.get(), 1, row_max.get(), row_sum.get(),
+                                     loss.get(), 1.0f, dz.get());
   const std::vector<float> l = loss.download();
   return {l[0], l[1], dz.download()};
 }
@@ -121,7 +125,9 @@ TEST(TrainCudaCrossEntropy, MatchesTheCpuLossOnExactLogits) {
     picked.push_back(0);
     DeviceArray<float> row_max(static_cast<size_t>(c.rows)), row_sum(static_cast<size_t>(c.rows)), loss(2),
         probs(picked.size() * size_t(c.vocab));
-    train_cuda::cross_entropy_forward(dlogits.get(), c.rows, c.vocab, dtargets.get(), row_max.get(), row_sum.get(), loss.get());
+    const DeviceArray<int64_t> begin(test::row_begins({c.rows}));
+    train_cuda::cross_entropy_forward(dlogits.get(), c.rows, c.vocab, dtargets.get(), begin.get(), 1, row_max.get(), row_sum.get(),
+                                      loss.get());
     const DeviceArray<int64_t> dpicked(picked);
     train_cuda::cross_entropy_probabilities(dlogits.get(), c.vocab, row_max.get(), row_sum.get(), dpicked.get(), int64_t(picked.size()),
                                             probs.get());
@@ -190,6 +196,50 @@ TEST(TrainCudaCrossEntropy, HeadOnBf16ProductsWithinTheCastsBound) {
     const auto [loss2, dh2, dW2] = run();
     EXPECT_TRUE(std::memcmp(&loss, &loss2, sizeof(float)) == 0 && test::same_bits(dh, dh2) && test::same_bits(dW, dW2))
         << "two runs differ";
+  }
+}
+
+// One set of launches for a batch of sequences of uneven lengths (one empty, one past the total's
+// 512 threads, rows without a target): each sequence's row maxima and sums, loss, count and dz the
+// bits of the launches on that sequence alone.
+TEST(TrainCudaCrossEntropy, BatchedAsEachSequenceAlone) {
+  DSV41_REQUIRE_DEVICE();
+  const std::vector<int64_t> lengths = {5, 0, 17, 1, 600, 3};
+  const std::vector<int64_t> begins = test::row_begins(lengths);
+  const int64_t vocab = 3001, rows = begins.back(), sequences = int64_t(lengths.size());
+  const float dloss = 0.7f;
+  const std::vector<float> logits = test::normal(size_t(rows * vocab), 3.0, 7);
+  std::vector<int64_t> targets = random_targets(rows, vocab, 8, false);
+  for (int64_t r = 2; r < rows; r += 7) targets[size_t(r)] = -1;
+  const DeviceArray<float> dlogits(logits);
+  const DeviceArray<int64_t> dtargets(targets), begin(begins);
+
+  DeviceArray<float> row_max(static_cast<size_t>(rows)), row_sum(static_cast<size_t>(rows)), loss(size_t(2 * sequences)),
+      dz(logits.size());
+  dz.poison();
+  train_cuda::cross_entropy_forward(dlogits.get(), rows, vocab, dtargets.get(), begin.get(), sequences, row_max.get(),
+                                    row_sum.get(), loss.get());
+  train_cuda::cross_entropy_backward(dlogits.get(), rows, vocab, dtargets.get(), begin.get(), sequences, row_max.get(),
+                                     row_sum.get(), loss.get(), dloss, dz.get());
+  const std::vector<float> got_max = row_max.download(), got_sum = row_sum.download(), got_loss = loss.download(),
+                           got_dz = dz.download();
+
+  for (int64_t s = 0; s < sequences; ++s) {
+    const int64_t r = begins[size_t(s)], n = lengths[size_t(s)];
+    DeviceArray<float> m(static_cast<size_t>(n)), sum(static_cast<size_t>(n)), l(2), g(size_t(n * vocab));
+    const DeviceArray<int64_t> alone(test::row_begins({n}));
+    l.poison();
+    train_cuda::cross_entropy_forward(dlogits.get() + r * vocab, n, vocab, dtargets.get() + r, alone.get(), 1, m.get(), sum.get(),
+                                      l.get());
+    train_cuda::cross_entropy_backward(dlogits.get() + r * vocab, n, vocab, dtargets.get() + r, alone.get(), 1, m.get(), sum.get(),
+                                       l.get(), dloss, g.get());
+    auto slice = [](const std::vector<float>& v, int64_t first, int64_t count) {
+      return std::vector<float>(v.begin() + first, v.begin() + first + count);
+    };
+    EXPECT_TRUE(test::same_bits(slice(got_max, r, n), m.download())) << "row maxima of sequence " << s;
+    EXPECT_TRUE(test::same_bits(slice(got_sum, r, n), sum.download())) << "row sums of sequence " << s;
+    EXPECT_TRUE(test::same_bits(slice(got_loss, 2 * s, 2), l.download())) << "loss and count of sequence " << s;
+    EXPECT_TRUE(test::same_bits(slice(got_dz, r * vocab, n * vocab), g.download())) << "dz of sequence " << s;
   }
 }
 

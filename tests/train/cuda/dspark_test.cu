@@ -12,7 +12,8 @@
 //    of a sum off by ~4e-6 relative, one rounding of m + log s at |z|'s scale), tv within 1e-4 Σρ,
 //    conf within 1e-5 Σκ (1 + |c|) (log1pf, expf last bits), accept exact (the same held c*, the
 //    same double sums); dz and dc NMSE 1e-10 (p's last bits; they start from non-zero values).
-// Two runs: the same bits.
+// Two runs: the same bits. And the loss batched over sequences of uneven lengths: each sequence's
+// p, labels, parts and gradients the bits of its rows alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -97,15 +98,15 @@ TEST(TrainCudaDspark, LossMatchesTheCpu) {
     grad::dspark_loss_backward<float>(c.data(), rows, vocab, next.data(), rho.data(), kappa, labels, saved, a, 1.0f, dz.data(),
                                       dc.data());
 
-    DeviceArray<float> dzin(z), dq(q), dcin(c), drho(rho);
-    DeviceArray<int64_t> dnext(next);
+    DeviceArray<float> dzin(z), dq(q), dcin(c), drho(rho), dkappa(std::vector<float>(size_t(rows), kappa));
+    DeviceArray<int64_t> dnext(next), begin(test::row_begins({rows}));
     // The device's own labels.
     {
       DeviceArray<int8_t> signs(static_cast<size_t>(rows * vocab));
       DeviceArray<float> target(static_cast<size_t>(rows)), p(z.size());
       DeviceArray<double> parts(4);
-      train_cuda::dspark_loss_forward(dzin.get(), dq.get(), rows, vocab, dnext.get(), dcin.get(), drho.get(), kappa,
-                                      {signs.get(), target.get(), false}, p.get(), parts.get());
+      train_cuda::dspark_loss_forward(dzin.get(), dq.get(), rows, vocab, dnext.get(), dcin.get(), drho.get(), dkappa.get(),
+                                      begin.get(), 1, {signs.get(), target.get(), false}, p.get(), parts.get());
       const std::vector<float> got_p = p.download(), got_target = target.download();
       const std::vector<int8_t> got_signs = signs.download();
       const double ep = test::nmse(got_p, saved.p);
@@ -128,9 +129,9 @@ TEST(TrainCudaDspark, LossMatchesTheCpu) {
       DeviceArray<float> p(z.size()), gz(dz0), gc(dc0);
       DeviceArray<double> parts(4);
       const train_cuda::DSparkLabels held{signs.get(), target.get(), true};
-      train_cuda::dspark_loss_forward(dzin.get(), dq.get(), rows, vocab, dnext.get(), dcin.get(), drho.get(), kappa, held, p.get(),
-                                      parts.get());
-      train_cuda::dspark_loss_backward(dcin.get(), rows, vocab, dnext.get(), drho.get(), kappa, held, p.get(), float(a.ce),
+      train_cuda::dspark_loss_forward(dzin.get(), dq.get(), rows, vocab, dnext.get(), dcin.get(), drho.get(), dkappa.get(),
+                                      begin.get(), 1, held, p.get(), parts.get());
+      train_cuda::dspark_loss_backward(dcin.get(), rows, vocab, dnext.get(), drho.get(), dkappa.get(), held, p.get(), float(a.ce),
                                        float(a.tv), float(a.conf), 1.0f, gz.get(), gc.get());
       parts_out = parts.download(), dz_out = gz.download(), dc_out = gc.download();
     };
@@ -153,6 +154,69 @@ TEST(TrainCudaDspark, LossMatchesTheCpu) {
     std::vector<float> dz2, dc2;
     run(parts2, dz2, dc2);
     EXPECT_TRUE(parts == parts2 && test::same_bits(got_dz, dz2) && test::same_bits(got_dc, dc2)) << "two runs differ";
+  }
+}
+
+// One set of launches for a batch of sequences of uneven lengths (one empty; each its own κ = 1 /
+// its rows), the labels written by the forward: each sequence's p, signs, c*, parts and its rows'
+// dz and dc (from non-zero values) the bits of the launches on that sequence alone.
+TEST(TrainCudaDspark, LossBatchedAsEachSequenceAlone) {
+  DSV41_REQUIRE_DEVICE();
+  const std::vector<int64_t> lengths = {4, 0, 9, 1, 12};
+  const std::vector<int64_t> begins = test::row_begins(lengths);
+  const int64_t vocab = 1000, rows = begins.back(), sequences = int64_t(lengths.size());
+  const grad::DSparkLossWeights a;
+  const float dloss = 0.6f;
+  const std::vector<float> z = test::normal(size_t(rows * vocab), 2.0, 31), q = random_distribution(rows, vocab, 32);
+  const std::vector<float> c = test::normal(size_t(rows), 2.0, 33);
+  const std::vector<float> dz0 = test::normal(z.size(), 0.01, 34), dc0 = test::normal(size_t(rows), 0.1, 35);
+  std::vector<float> rho(static_cast<size_t>(rows)), kappa;
+  std::vector<int64_t> next(static_cast<size_t>(rows));
+  std::mt19937 rng(36);
+  for (int64_t i = 0; i < rows; ++i) rho[size_t(i)] = 0.1f + 0.9f * float(rng() % 1000) / 1000.0f, next[size_t(i)] = int64_t(rng() % uint64_t(vocab));
+  for (const int64_t n : lengths)
+    for (int64_t i = 0; i < n; ++i) kappa.push_back(1.0f / float(n));
+  const DeviceArray<float> dz_in(z), dq(q), dc_in(c), drho(rho), dkappa(kappa);
+  const DeviceArray<int64_t> dnext(next);
+
+  struct Loss {
+    std::vector<float> p, target, dz, dc;
+    std::vector<int8_t> signs;
+    std::vector<double> parts;
+  };
+  // The loss of the rows first .. first + n − 1 as the sequences `begin` delimits.
+  auto run = [&](int64_t first, int64_t n, const std::vector<int64_t>& begin) {
+    const int64_t seqs = int64_t(begin.size()) - 1;
+    DeviceArray<float> p(size_t(n * vocab)), target(static_cast<size_t>(n));
+    DeviceArray<float> gz(std::vector<float>(dz0.begin() + first * vocab, dz0.begin() + (first + n) * vocab));
+    DeviceArray<float> gc(std::vector<float>(dc0.begin() + first, dc0.begin() + first + n));
+    DeviceArray<int8_t> signs(size_t(n * vocab));
+    DeviceArray<double> parts(size_t(4 * seqs));
+    const DeviceArray<int64_t> dbegin(begin);
+    const train_cuda::DSparkLabels labels{signs.get(), target.get(), false};
+    parts.poison();
+    train_cuda::dspark_loss_forward(dz_in.get() + first * vocab, dq.get() + first * vocab, n, vocab, dnext.get() + first,
+                                    dc_in.get() + first, drho.get() + first, dkappa.get() + first, dbegin.get(), seqs, labels,
+                                    p.get(), parts.get());
+    train_cuda::dspark_loss_backward(dc_in.get() + first, n, vocab, dnext.get() + first, drho.get() + first, dkappa.get() + first,
+                                     labels, p.get(), float(a.ce), float(a.tv), float(a.conf), dloss,
+                                     gz.get(), gc.get());
+    return Loss{p.download(), target.download(), gz.download(), gc.download(), signs.download(), parts.download()};
+  };
+  const Loss batch = run(0, rows, begins);
+  for (int64_t s = 0; s < sequences; ++s) {
+    const int64_t r = begins[size_t(s)], n = lengths[size_t(s)];
+    const Loss alone = run(r, n, test::row_begins({n}));
+    auto rows_of = [&](const std::vector<float>& v, int64_t width) {
+      return std::vector<float>(v.begin() + r * width, v.begin() + (r + n) * width);
+    };
+    EXPECT_TRUE(test::same_bits(rows_of(batch.p, vocab), alone.p)) << "p of sequence " << s;
+    EXPECT_TRUE(std::equal(batch.signs.begin() + r * vocab, batch.signs.begin() + (r + n) * vocab, alone.signs.begin()))
+        << "signs of sequence " << s;
+    EXPECT_TRUE(test::same_bits(rows_of(batch.target, 1), alone.target)) << "c* of sequence " << s;
+    EXPECT_EQ(std::memcmp(batch.parts.data() + 4 * s, alone.parts.data(), 4 * sizeof(double)), 0) << "parts of sequence " << s;
+    EXPECT_TRUE(test::same_bits(rows_of(batch.dz, vocab), alone.dz)) << "dz of sequence " << s;
+    EXPECT_TRUE(test::same_bits(rows_of(batch.dc, 1), alone.dc)) << "dc of sequence " << s;
   }
 }
 

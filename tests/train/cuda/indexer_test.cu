@@ -9,8 +9,11 @@
 // 2 units of 2⁻²⁴, the C library's within 1): a row's loss moves by at most 2⁻²² (2 log k +
 // max|s|) from them and by k·2⁻²⁴ of its Σ|terms| ≤ 10 + 2 max|s| from the sums' rounding, and the
 // rows' total by rows·2⁻²⁴ |L|: bound Σ_rows 1e-5 (10 + 2 max|s|) + rows·2⁻²⁴ |L|. dscores: the
-// softmax within a few 1e-7 relative, NMSE bound 1e-10 (it starts from non-zero values). Two runs:
-// the same bits.
+// softmax within a few 1e-7 relative, NMSE bound 1e-10 (it starts from non-zero values; the rows as
+// one sequence with dloss = rows, so its factor dloss / rows is 1). Two runs: the same bits. And the
+// loss batched over sequences of uneven lengths: each sequence's loss and gradient the bits of its
+// rows alone, and the gradient the bits of dloss / n times the unweighted one (as the trainer once
+// scaled each sequence's).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include <random>
 #include <vector>
 
+#include "train/cuda/elementwise.h"
 #include "train/cuda/indexer.h"
 #include "train/grad/indexer.h"
 #include "train_device.h"
@@ -79,12 +83,14 @@ TEST(TrainCudaIndexer, ScoresTargetAndLossMatchTheCpu) {
     };
     auto run = [&] {
       DeviceArray<float> s(ns), gq(dq0), gw(dw0), gk(dkeys0), t(ns), gs(dsc0), l(1);
+      const DeviceArray<int64_t> begin(test::row_begins({c.rows}));
       s.poison(), t.poison();
       train_cuda::indexer_scores_forward(dq_in.get(), dw_in.get(), dkeys_in.get(), didx.get(), c.rows, c.heads, c.d, c.k, s.get());
       train_cuda::indexer_scores_backward(dq_in.get(), dw_in.get(), dkeys_in.get(), c.n, didx.get(), c.rows, c.heads, c.d, c.k,
                                           ddsc.get(), gq.get(), gw.get(), gk.get());
       train_cuda::attention_target(dp.get(), c.rows, c.heads, entries, kWindow, c.k, t.get());
-      train_cuda::index_distillation_loss(s.get(), t.get(), c.rows, c.k, l.get(), gs.get());
+      train_cuda::index_distillation_loss(s.get(), t.get(), c.rows, c.k, begin.get(), 1, l.get());
+      train_cuda::index_distillation_backward(s.get(), t.get(), c.rows, c.k, begin.get(), 1, float(c.rows), gs.get());
       return Got{s.download(), gq.download(), gw.download(), gk.download(), t.download(), gs.download(), l.download()[0]};
     };
     const Got got = run();
@@ -102,6 +108,55 @@ TEST(TrainCudaIndexer, ScoresTargetAndLossMatchTheCpu) {
     EXPECT_TRUE(test::same_bits(got.dsc, again.dsc) && std::memcmp(&got.loss, &again.loss, sizeof(float)) == 0 &&
                 test::same_bits(got.dkeys, again.dkeys))
         << "two runs differ";
+  }
+}
+
+// One set of launches for a batch of sequences of uneven lengths (one empty, one past a block of
+// 128 rows; empty slots, a row with no target mass): each sequence's loss and each row's gradient
+// the bits of the launches on that sequence alone, and the gradient, into zeros, the bits of
+// dloss / n (rounded once) times the unweighted gradient (add_scaled_into).
+TEST(TrainCudaIndexer, DistillationLossBatchedAsEachSequenceAlone) {
+  DSV41_REQUIRE_DEVICE();
+  const std::vector<int64_t> lengths = {3, 0, 40, 1, 150, 7};
+  const std::vector<int64_t> begins = test::row_begins(lengths);
+  const int64_t k = 16, rows = begins.back(), sequences = int64_t(lengths.size());
+  const float dloss = 0.3f;
+  std::vector<float> scores = test::normal(size_t(rows * k), 2.0, 21), target = test::normal(size_t(rows * k), 1.0, 22);
+  std::mt19937 rng(23);
+  for (int64_t r = 0; r < rows; ++r) {
+    float mass = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      float& p = target[size_t(r * k + j)];
+      p = r == 5 || rng() % 5 == 0 ? 0.0f : std::fabs(p);
+      if (rng() % 8 == 0) scores[size_t(r * k + j)] = -INFINITY;
+      mass += p;
+    }
+    for (int64_t j = 0; j < k && mass > 0; ++j) target[size_t(r * k + j)] /= mass;
+  }
+  const DeviceArray<float> dscores_in(scores), dtarget(target);
+  const DeviceArray<int64_t> begin(begins);
+
+  DeviceArray<float> loss(static_cast<size_t>(sequences)), g(std::vector<float>(scores.size(), 0.0f));
+  train_cuda::index_distillation_loss(dscores_in.get(), dtarget.get(), rows, k, begin.get(), sequences, loss.get());
+  train_cuda::index_distillation_backward(dscores_in.get(), dtarget.get(), rows, k, begin.get(), sequences, dloss, g.get());
+  const std::vector<float> got_loss = loss.download(), got_g = g.download();
+
+  for (int64_t s = 0; s < sequences; ++s) {
+    const int64_t r = begins[size_t(s)], n = lengths[size_t(s)];
+    const std::vector<float> none(size_t(n * k), 0.0f);
+    DeviceArray<float> l(1), alone_g(none), unweighted(none), scaled(none);
+    const DeviceArray<int64_t> alone(test::row_begins({n}));
+    l.poison();
+    const float *sc = dscores_in.get() + r * k, *tg = dtarget.get() + r * k;
+    train_cuda::index_distillation_loss(sc, tg, n, k, alone.get(), 1, l.get());
+    train_cuda::index_distillation_backward(sc, tg, n, k, alone.get(), 1, dloss, alone_g.get());
+    train_cuda::index_distillation_backward(sc, tg, n, k, alone.get(), 1, float(n), unweighted.get());
+    if (n > 0) train_cuda::add_scaled_into(unweighted.get(), n * k, dloss / float(n), scaled.get());
+    const std::vector<float> want_g = alone_g.download();
+    EXPECT_TRUE(test::same_bits({got_loss[size_t(s)]}, l.download())) << "loss of sequence " << s;
+    EXPECT_TRUE(test::same_bits(std::vector<float>(got_g.begin() + r * k, got_g.begin() + (r + n) * k), want_g))
+        << "dscores of sequence " << s;
+    EXPECT_TRUE(test::same_bits(want_g, scaled.download())) << "dscores of sequence " << s << " against the scaled gradient";
   }
 }
 

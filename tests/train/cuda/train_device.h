@@ -1,6 +1,6 @@
 #pragma once
 // Helpers of the CUDA trainer's op tests (tests/train/cuda): fp32 random inputs, their bf16 bits,
-// bit-for-bit comparison; the device arrays, NMSE and the GPU check are tests/cuda's.
+// bit-for-bit comparison, a batch's row ranges; the device arrays, NMSE and the GPU check are tests/cuda's.
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -38,6 +38,14 @@ inline std::vector<uint16_t> bf16_bits(const std::vector<float>& x) {
 
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Each sequence's first row and the rows' end, from the sequences' row counts: the `begin` of a
+// loss batched over sequences.
+inline std::vector<int64_t> row_begins(const std::vector<int64_t>& rows) {
+  std::vector<int64_t> begin(1, 0);
+  for (int64_t n : rows) begin.push_back(begin.back() + n);
+  return begin;
 }
 
 }  // namespace dsv41::test

@@ -428,23 +428,16 @@ class CudaTrainOps {
     const Buffer<float>& row_max = logit_max_, &row_sum = logit_sum_;
     Buffer<float> loss = buffer<float>(2 * B_);
     linear_forward(blas_, operands_, hb.get(), R_, d, weight(p_.head()), V, logits_->get());
-    for (int64_t b = 0; b < B_; ++b) {
-      const int64_t r = row_begin_[size_t(b)], n = rows_of(b);
-      cross_entropy_forward(logits_->get() + r * V, n, V, targets_->get() + r, row_max->get() + r, row_sum->get() + r,
-                            loss->get() + 2 * b);
-    }
+    cross_entropy_forward(logits_->get(), R_, V, targets_->get(), row_begin_device_->get(), B_, row_max->get(), row_sum->get(),
+                          loss->get());
     const std::vector<float> sums = on_host(loss->get(), 2 * B_);
     for (int64_t b = 0; b < B_; ++b) losses[size_t(b)].lm = double(sums[size_t(2 * b)]);
     final_ = h;
-    tape_.record([this, h, hb, z = logits_, targets = targets_, row_max, row_sum, loss, R = R_, begin = row_begin_] {
+    tape_.record([this, h, hb, z = logits_, targets = targets_, row_max, row_sum, loss, R = R_, begin = row_begin_device_] {
       const int64_t d = c_.dim, V = c_.vocab_size;
       Buffer<float> dz = buffer<float>(R * V);
-      for (int64_t b = 0; b < B_; ++b) {
-        const int64_t r = begin[size_t(b)], n = begin[size_t(b) + 1] - r;
-        if (n > 0)
-          cross_entropy_backward(z->get() + r * V, n, V, targets->get() + r, row_max->get() + r, row_sum->get() + r,
-                               loss->get() + 2 * b, lm_weight, dz->get() + r * V);
-      }
+      cross_entropy_backward(z->get(), R, V, targets->get(), begin->get(), B_, row_max->get(), row_sum->get(), loss->get(),
+                             lm_weight, dz->get());
       const Operand dzb = operand(dz->get(), R * V);
       linear_backward(blas_, operands_, hb.get(), R, d, weight(p_.head()), V, dzb.get(), h->g(), dev_.grad(p_.head()));
     });
@@ -570,24 +563,22 @@ class CudaTrainOps {
     // Each sequence's loss over its blocks: its rows' ρ over its own blocks, its κ 1 / its rows.
     float weight_sum = 0;
     for (int64_t k = 0; k < G; ++k) weight_sum += std::exp(-float(k) / float(G));
-    std::vector<float> rho(static_cast<size_t>(R_));
+    std::vector<float> rho(static_cast<size_t>(R_)), kappa(static_cast<size_t>(R_));
     for (int64_t b = 0; b < B_; ++b) {
       const int64_t r0 = row_begin_[size_t(b)], n = rows_of(b), blocks = n / G;
-      for (int64_t r = r0; r < r0 + n; ++r) rho[size_t(r)] = std::exp(-float((r - r0) % G) / float(G)) / (weight_sum * float(blocks));
-      loss->kappa.push_back(n > 0 ? 1.0f / float(n) : 0.0f);
+      for (int64_t r = r0; r < r0 + n; ++r) {
+        rho[size_t(r)] = std::exp(-float((r - r0) % G) / float(G)) / (weight_sum * float(blocks));
+        kappa[size_t(r)] = 1.0f / float(n);
+      }
     }
     loss->rho = on_device(uploads_, rho);
+    loss->kappa = on_device(uploads_, kappa);
     loss->signs = buffer<int8_t>(R_ * V);
     loss->target = buffer<float>(R_);
     loss->p = buffer<float>(R_ * V);
-    loss->begin = row_begin_;
-    const Buffer<double> parts = zeros<double>(4 * B_);
-    for (int64_t b = 0; b < B_; ++b) {
-      const int64_t r = row_begin_[size_t(b)], n = rows_of(b);
-      if (n > 0)
-        dspark_loss_forward(z->v() + r * V, loss->q->get() + r * V, n, V, targets_->get() + r, conf->v() + r, loss->rho->get() + r,
-                            loss->kappa[size_t(b)], loss->labels(r, V), loss->p->get() + r * V, parts->get() + 4 * b);
-    }
+    const Buffer<double> parts = buffer<double>(4 * B_);
+    dspark_loss_forward(z->v(), loss->q->get(), R_, V, targets_->get(), conf->v(), loss->rho->get(), loss->kappa->get(),
+                        row_begin_device_->get(), B_, loss->labels(), loss->p->get(), parts->get());
     const std::vector<double> sums = on_host(parts->get(), 4 * B_);
     for (int64_t b = 0; b < B_; ++b) {
       const double* part = sums.data() + 4 * b;
@@ -595,16 +586,10 @@ class CudaTrainOps {
       losses[size_t(b)].dspark = parts_of.total(grad::DSparkLossWeights{});
       losses[size_t(b)].dspark_parts = parts_of;
     }
-    tape_.record([this, z, conf, loss, targets = targets_] {
+    tape_.record([this, z, conf, loss, targets = targets_, R = R_] {
       const grad::DSparkLossWeights a;
-      const int64_t V = c_.vocab_size;
-      for (int64_t b = 0; b < B_; ++b) {
-        const int64_t r = loss->begin[size_t(b)], n = loss->begin[size_t(b) + 1] - r;
-        if (n > 0)
-          dspark_loss_backward(conf->v() + r, n, V, targets->get() + r, loss->rho->get() + r, loss->kappa[size_t(b)],
-                               loss->labels(r, V), loss->p->get() + r * V, float(a.ce), float(a.tv), float(a.conf), dspark_weight,
-                               z->g() + r * V, conf->g() + r);
-      }
+      dspark_loss_backward(conf->v(), R, c_.vocab_size, targets->get(), loss->rho->get(), loss->kappa->get(), loss->labels(),
+                           loss->p->get(), float(a.ce), float(a.tv), float(a.conf), dspark_weight, z->g(), conf->g());
     });
   }
 
@@ -835,15 +820,12 @@ class CudaTrainOps {
     Tensor q, w, keys;  // [R, heads, index_head_dim], [R, heads], [entries, index_head_dim]
     int64_t k = 0, n = 0;
   };
-  // DSpark's loss, kept for its backward: the target's probabilities, the rows' shares, the labels
-  // the forward wrote (the signs of p − q and c*), p = softmax(z).
+  // DSpark's loss, kept for its backward: the target's probabilities, the rows' shares (ρ and κ), the
+  // labels the forward wrote (the signs of p − q and c*), p = softmax(z).
   struct DraftLoss {
-    Buffer<float> q, rho, target, p;
+    Buffer<float> q, rho, kappa, target, p;
     Buffer<int8_t> signs;
-    std::vector<float> kappa;     // each sequence's
-    std::vector<int64_t> begin;   // each sequence's first row (row_begin_)
-    // The labels of the rows from r on.
-    DSparkLabels labels(int64_t r, int64_t vocab) const { return {signs->get() + r * vocab, target->get() + r, false}; }
+    DSparkLabels labels() const { return {signs->get(), target->get(), false}; }
   };
   struct Gate {
     Buffer<float> logits, scores;  // [R, experts]
@@ -939,21 +921,14 @@ class CudaTrainOps {
     Buffer<int64_t> idx = on_device(uploads_, chosen);
     indexer_scores_forward(ix.q->v(), ix.w->v(), ix.keys->v(), idx->get(), R_, heads, ihd, k, scores->get());
     // Each sequence's loss, the mean over its rows.
-    for (int64_t b = 0; b < B_; ++b)
-      index_distillation_loss(scores->get() + row_begin_[size_t(b)] * k, target->get() + row_begin_[size_t(b)] * k, rows_of(b), k,
-                              loss->get() + b, nullptr);
+    index_distillation_loss(scores->get(), target->get(), R_, k, row_begin_device_->get(), B_, loss->get());
     const std::vector<float> sums = on_host(loss->get(), B_);
     for (int64_t b = 0; b < B_; ++b)
       if (rows_of(b) > 0) losses[size_t(b)].indexer += double(sums[size_t(b)]) / double(rows_of(b));
-    tape_.record([this, ix, target, idx, scores, loss, R = R_, begin = row_begin_] {
+    tape_.record([this, ix, target, idx, scores, R = R_, begin = row_begin_device_] {
       const int64_t k = ix.k;
-      Buffer<float> dscores = zeros<float>(R * k), weighted = zeros<float>(R * k);
-      for (int64_t b = 0; b < B_; ++b) {
-        const int64_t r = begin[size_t(b)], n = begin[size_t(b) + 1] - r;
-        if (n == 0) continue;
-        index_distillation_loss(scores->get() + r * k, target->get() + r * k, n, k, loss->get() + b, dscores->get() + r * k);
-        add_scaled_into(dscores->get() + r * k, n * k, indexer_weight / float(n), weighted->get() + r * k);
-      }
+      Buffer<float> weighted = zeros<float>(R * k);
+      index_distillation_backward(scores->get(), target->get(), R, k, begin->get(), B_, indexer_weight, weighted->get());
       indexer_scores_backward(ix.q->v(), ix.w->v(), ix.keys->v(), ix.n, idx->get(), R, c_.index_n_heads, c_.index_head_dim, k,
                               weighted->get(), ix.q->g(), ix.w->g(), ix.keys->g());
     });
@@ -962,11 +937,13 @@ class CudaTrainOps {
   // The current row of sequence b's position t (−1: cut).
   int64_t row_at(int64_t b, int64_t t) const { return row_at_.empty() ? b * L_ + t : row_at_[size_t(b * L_ + t)]; }
 
-  // row_begin_ from seq_host_: the rows of each sequence follow each other, in sequence order.
+  // row_begin_ from seq_host_: the rows of each sequence follow each other, in sequence order. Its
+  // copy on the device delimits the sequences for the losses, each one set of launches for the batch.
   void find_segments() {
     row_begin_.assign(size_t(B_ + 1), 0);
     for (int64_t b : seq_host_) ++row_begin_[size_t(b + 1)];
     for (int64_t b = 0; b < B_; ++b) row_begin_[size_t(b + 1)] += row_begin_[size_t(b)];
+    row_begin_device_ = on_device(uploads_, row_begin_);
   }
   int64_t rows_of(int64_t b) const { return row_begin_[size_t(b + 1)] - row_begin_[size_t(b)]; }
 
@@ -1082,6 +1059,7 @@ class CudaTrainOps {
   std::vector<std::vector<int64_t>>& load_;
   // Each running row's position and sequence; each sequence's first row (and the rows' end).
   std::vector<int64_t> positions_host_, seq_host_, row_begin_;
+  Buffer<int64_t> row_begin_device_;  // row_begin_ on the device
   std::vector<std::vector<int64_t>> tokens_host_;  // each sequence's
   Buffer<int64_t> inputs_, targets_, positions_, prev_;  // prev_: the drafter's Markov tokens
   // Decoder bounded replay, by sequence b and position t at b·L + t (empty when no sequence is served
