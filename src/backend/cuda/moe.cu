@@ -165,17 +165,22 @@ constexpr int kCombineThreads = 128;  // two columns each
 // i, at list[offset[e] ...]; the experts' lists one after another in ascending e; and tiles[t] =
 // (e, first list position, count ≤ tile) cutting each list into runs of `tile`, in list order,
 // with their number in *tile_count; with `slot` (the tensor-core path, tile = gemm::kTileRows)
-// also each list position's slot, t·tile + i, and -1 past the live entries. One block: counts by shared-memory atomics, one block-wide
-// scan over the experts, then warp 0 places the entries 32 at a time in entry order (a lane's
-// place among the equal ids of its 32 from __match_any_sync), so the lists come out sorted with
-// no second pass. Shapes: experts [n] → list [n], tiles [≤ n], smem E ints. Traffic: experts
-// twice (n·4 bytes), list and tiles once; at decode (n = k = 6) one launch's latency, at n = 1800
-// (300 rows) about 60 serial steps of warp 0.
+// also each list position's slot, t·tile + i, and -1 past the live entries. One block: counts by
+// shared-memory atomics, one block-wide scan over the experts; then P warps place the entries,
+// warp w those of its own chunk of n / P entries: each warp counts its chunk's entries per expert,
+// a scan over the warps (in chunk order) gives each warp its first position in every expert's
+// list, and the warp places its chunk 32 at a time in entry order (a lane's place among the equal
+// ids of its 32 from __match_any_sync) — so every list comes out sorted, the same list whatever P
+// is. Shapes: experts [n] → list [n], tiles [≤ n], smem (1 + P)·E ints (bucket_warps). Traffic:
+// experts three times (n·4 bytes), list and tiles once; at decode (n = k·rows) one launch's
+// latency; at an exact 4K prefill (n = 24,576) 24 steps of each warp where warp 0 alone took 768
+// (an H100: 48 µs a call, against 255 with warp 0 alone).
 __global__ void __launch_bounds__(kBucketThreads) bucket_kernel(const int32_t* __restrict__ experts, int n, int E,
-                                                                int tile, int32_t* __restrict__ list,
+                                                                int tile, int P, int32_t* __restrict__ list,
                                                                 int4* __restrict__ tiles, int* __restrict__ tile_count,
                                                                 int32_t* __restrict__ slot) {
-  extern __shared__ int counts[];  // [E]: the count, then the next free list position
+  extern __shared__ int counts[];  // [E]: the count, then the list's first position
+  int* next_at = counts + E;       // [P][E]: warp w's count of each expert, then its next position
   __shared__ int warp_entries[kBucketThreads / 32], warp_tiles[kBucketThreads / 32];
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   for (int e = int(threadIdx.x); e < E; e += kBucketThreads) counts[e] = 0;
@@ -224,18 +229,40 @@ __global__ void __launch_bounds__(kBucketThreads) bucket_kernel(const int32_t* _
   }
   __syncthreads();
 
-  if (warp == 0) {
-    int next = lane < n ? experts[lane] : -1;
-    for (int base = 0; base < n; base += 32) {
+  // Each placing warp's chunk: whole steps of 32 entries.
+  const int chunk = ((n + P - 1) / P + 31) / 32 * 32;
+  const int begin = warp * chunk, end = min(n, begin + chunk);
+  for (int i = int(threadIdx.x); i < P * E; i += kBucketThreads) next_at[i] = 0;
+  __syncthreads();
+  if (warp < P)
+    for (int i = begin + lane; i < end; i += 32) {
+      const int e = experts[i];
+      if (e >= 0 && e < E) atomicAdd(&next_at[warp * E + e], 1);
+    }
+  __syncthreads();
+  for (int e = int(threadIdx.x); e < E; e += kBucketThreads) {
+    int at = counts[e];
+    for (int w = 0; w < P; ++w) {
+      const int c = next_at[w * E + e];
+      next_at[w * E + e] = at;
+      at += c;
+    }
+  }
+  __syncthreads();
+
+  if (warp < P) {
+    int* mine = next_at + warp * E;
+    int next = begin + lane < end ? experts[begin + lane] : -1;
+    for (int base = begin; base < end; base += 32) {
       int e = next;
-      next = base + 32 + lane < n ? experts[base + 32 + lane] : -1;  // the next step's load in flight
+      next = base + 32 + lane < end ? experts[base + 32 + lane] : -1;  // the next step's load in flight
       if (e < 0 || e >= E) e = -1;
       const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
       const int leader = __ffs(peers) - 1;
       int start = 0;
       if (e >= 0 && lane == leader) {
-        start = counts[e];
-        counts[e] = start + __popc(peers);
+        start = mine[e];
+        mine[e] = start + __popc(peers);
       }
       start = __shfl_sync(0xFFFFFFFFu, start, leader);
       if (e >= 0) list[start + __popc(peers & ((1u << lane) - 1))] = base + lane;
@@ -243,6 +270,11 @@ __global__ void __launch_bounds__(kBucketThreads) bucket_kernel(const int32_t* _
     }
   }
 }
+
+// How many warps bucket_kernel places with: as many as its shared memory holds ((1 + P)·E ints
+// beside its 256 bytes of static arrays, within the 48 KB a launch has without opting in), at most
+// the block's 32 (V4.1's E = 256: 32; E = 4096: 1).
+int bucket_warps(int E) { return std::clamp((12 * 1024 - 64 - E) / E, 1, kBucketThreads / 32); }
 
 // The 16-byte chunk of a weight row, decoded to floats in a fixed permutation of its K positions,
 // and the matching layout of x in shared memory as float4 "parts" (part p holds the x of decoded
@@ -837,8 +869,9 @@ void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, c
     launch_route(logits, rows, E, b, opt, experts, weights, stream, forced, vl, image_rows, {list, tiles, tile_count});
   } else {
     route_from_logits(logits, rows, E, b, opt, experts, weights, stream, forced, vl, image_rows);
-    bucket_kernel<<<1, kBucketThreads, size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, list, tiles,
-                                                                           tile_count, slot);
+    const int P = bucket_warps(E);
+    bucket_kernel<<<1, kBucketThreads, size_t(1 + P) * size_t(E) * sizeof(int), stream>>>(experts, int(n), E, tile, P,
+                                                                                         list, tiles, tile_count, slot);
     check_launch("cuda::moe bucket");
   }
 
