@@ -1,6 +1,6 @@
 #pragma once
 // The forward against DeepSeek's reference on the golden fixtures: the harness of
-// forward_fixture_test.cpp (CPU) and tests/cuda/forward_device_test.cu (GPU), which run the same
+// forward_fixture_test.cpp (CPU) and tests/cuda/forward_device_test.cpp (GPU), which run the same
 // checks on their own forward. Each fixture's README (shared/fixtures/<name>/README.md) lists its
 // tensors and the reference's call sequence: a prefill of the whole prompt at position 0, then 8
 // teacher-forced decode steps.

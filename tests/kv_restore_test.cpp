@@ -68,7 +68,7 @@ TEST(KvRestore, GlobalBlocksAloneHoldTheGlobalKv) {
 }
 
 // The CPU executor's sequences restore from the tiers' pieces as materialize() does
-// (tests/restore_check.h; tests/cuda/forward_device_test.cu runs the same for CUDA).
+// (tests/restore_check.h; tests/cuda/forward_device_test.cpp runs the same for CUDA).
 TEST(KvRestore, ExecutorRestoresTheTiersPiecesAsTheHost) {
   auto model = Model::load(fixture_dir("v41-tiny"));
   CpuExecutor executor(*model);

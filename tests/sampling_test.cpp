@@ -1,5 +1,5 @@
 // The CPU's token choice (backend/cpu/sampling.h), the reference the device's is held to
-// (tests/cuda/ops_sampling_test.cu).
+// (tests/cuda/ops_sampling_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -576,7 +576,7 @@ TEST_P(DeviceForwardFixture, ExecutorDecodeStepsKeepEachRowsDecoderStart) {
       ForwardOptions options;
       options.decoder_from = pos;  // the decoder starts at this very row: its window holds it alone
       const std::span<const int> t = std::span<const int>(prompts[i]).subspan(size_t(pos), 1);
-      requests[i] = SampleRequest{{}, 0, c.vocab_size, 3, {}};
+      requests[i] = SampleRequest{{}, 0, c.vocab_size, 3, {}, nullptr};
       batch.push_back(BatchItem{graphed[i].get(), t, f.ids(hashes[i], pos), options, &requests[i], &choices[i]});
       items.push_back(cuda::DeviceItem{plain[i].get(), t, f.ids(hashes[i], pos), options});
     }

@@ -243,7 +243,7 @@ TEST(CudaIndexer, RowsOverTheirOwnCachesEqualTheCpu) {
   const int topk = 512, topk_blocks = 64, block_size = 8;
   const std::vector<std::vector<int64_t>> batches = {{1000, 0, 37, 4099, 1, 40000}, {300, 0, 5, 2000}};
   uint32_t seed = 4242;
-  for (const auto [heads, hd] : {std::pair{32, 128}, std::pair{8, 64}})
+  for (const auto& [heads, hd] : {std::pair{32, 128}, std::pair{8, 64}})
     for (const std::vector<int64_t>& counts : batches) {
       const int rows = int(counts.size());
       const int64_t n_max = *std::max_element(counts.begin(), counts.end()) + 3;

@@ -8,7 +8,7 @@
 //  * The momentum: the same bits at every step (the Nesterov step is element by element and the
 //    gradients are the same; nesterov.cuh's operations are the CPU's).
 //  * The weights: their movement W₄ − W₀ against the CPU's, as an NMSE. The updates differ only
-//    through Newton–Schulz, NMSE ≤ 1e-10 of each step's O (newton_schulz_test.cu argues it, for
+//    through Newton–Schulz, NMSE ≤ 1e-10 of each step's O (newton_schulz_test.cpp argues it, for
 //    the full-rank gradients here); at lr 0.02 each step moves W by about 0.0036 RMS (γη) plus the
 //    decay's 0.002 · W, and four steps by more than one, so four steps' errors, added in the worst
 //    case, stay below 16 · 1e-10 of the movement. The weights' own rounding (half a unit of 2⁻²³ of

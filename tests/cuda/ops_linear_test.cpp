@@ -197,7 +197,9 @@ TEST(CudaLinear, GroupedWidenedIsTheBf16Weights) {
     const double e = test::nmse(got, want);
     std::printf("linear_grouped_widened %d×%d groups of %d×%d NMSE %.3g\n", c.M, c.groups, c.r, c.K, e);
     EXPECT_LT(e, 1e-7) << "M=" << c.M;
-    if (c.M > cuda::gemm_bf16::kSwapRows) EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)), 0) << "M=" << c.M;
+    if (c.M > cuda::gemm_bf16::kSwapRows) {
+      EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)), 0) << "M=" << c.M;
+    }
   }
   const uint8_t bytes[1] = {};  // never read: the shape is refused first
   const Weight odd{WeightFormat::FP8, 64, 96, bytes, bytes};  // K not a multiple of 64

@@ -29,17 +29,23 @@ struct Case {
   int top_logprobs;
 };
 
+SamplingParams params(float temperature, int top_k, float top_p, float min_p) {
+  SamplingParams p;
+  p.temperature = temperature, p.top_k = top_k, p.top_p = top_p, p.min_p = min_p;
+  return p;
+}
+
 TEST(CudaSampling, ChoosesWhatTheCpuChooses) {
   DSV41_REQUIRE_DEVICE();
   std::mt19937_64 rng(7);
   const std::vector<Case> cases = {
-      {{0.0f, 0, 1.0f, 0.0f}, -1},    // greedy: the argmax path
-      {{0.0f, 0, 1.0f, 0.0f}, 5},     // greedy with logprobs: the sorted path
-      {{1.0f, 0, 1.0f, 0.0f}, -1},    // the whole vocabulary
-      {{0.7f, 40, 1.0f, 0.0f}, 3},    // top-k
-      {{1.3f, 0, 0.9f, 0.0f}, -1},    // top-p
-      {{1.0f, 0, 1.0f, 0.05f}, 20},   // min-p
-      {{0.6f, 100, 0.95f, 0.01f}, 1}  // all three
+      {params(0.0f, 0, 1.0f, 0.0f), -1},    // greedy: the argmax path
+      {params(0.0f, 0, 1.0f, 0.0f), 5},     // greedy with logprobs: the sorted path
+      {params(1.0f, 0, 1.0f, 0.0f), -1},    // the whole vocabulary
+      {params(0.7f, 40, 1.0f, 0.0f), 3},    // top-k
+      {params(1.3f, 0, 0.9f, 0.0f), -1},    // top-p
+      {params(1.0f, 0, 1.0f, 0.05f), 20},   // min-p
+      {params(0.6f, 100, 0.95f, 0.01f), 1}  // all three
   };
   for (const int64_t vocab : {int64_t(50), int64_t(129280)}) {
     const int64_t stride = vocab + 3;  // rows apart by more than the sampled ids, as a tokenizer's smaller vocabulary
@@ -58,7 +64,7 @@ TEST(CudaSampling, ChoosesWhatTheCpuChooses) {
       std::vector<SampleRequest> requests;
       for (int r = rows - 1; r >= 0; --r) {  // out of order, as a batch's sampled rows may be
         row_of.push_back(r);
-        requests.push_back(SampleRequest{c.params, uniform(rng), vocab, c.top_logprobs, {}});
+        requests.push_back(SampleRequest{c.params, uniform(rng), vocab, c.top_logprobs, {}, nullptr});
         if (!edit) continue;
         // Logit edits on a row's first tokens and its best one: biases, repetition penalties,
         // subtractions (a penalized reply), every sign.
@@ -92,10 +98,10 @@ TEST(CudaSampling, RefusesWhatItCannotTake) {
   DSV41_REQUIRE_DEVICE();
   DeviceArray<float> device(std::vector<float>(8, 0.0f));
   const std::vector<int64_t> row = {0};
-  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 9, -1, {}}}, nullptr), Error);
-  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, 21, {}}}, nullptr), Error);
-  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, -1, {{3}, {3}}}}, nullptr), Error);
-  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, -1, {{8}}}}, nullptr), Error);
+  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 9, -1, {}, nullptr}}, nullptr), Error);
+  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, 21, {}, nullptr}}, nullptr), Error);
+  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, -1, {{3}, {3}}, nullptr}}, nullptr), Error);
+  EXPECT_THROW(cuda::choose(device.get(), 8, row, std::vector<SampleRequest>{SampleRequest{{}, 0, 8, -1, {{8}}, nullptr}}, nullptr), Error);
 }
 
 
@@ -128,7 +134,9 @@ TEST(CudaSampling, MaskedRowsChooseAsTheCpu) {
     for (size_t i = 0; i < requests.size(); ++i) {
       const TokenChoice want = choose(logits.data() + row_of[i] * stride, requests[i]);
       EXPECT_EQ(got[i].token, want.token) << "row " << i;
-      if (requests[i].allowed) EXPECT_TRUE(allows(*requests[i].allowed, got[i].token)) << "row " << i;
+      if (requests[i].allowed) {
+        EXPECT_TRUE(allows(*requests[i].allowed, got[i].token)) << "row " << i;
+      }
       ASSERT_EQ(got[i].top.size(), want.top.size()) << "row " << i;
       for (size_t j = 0; j < want.top.size(); ++j) EXPECT_EQ(got[i].top[j].first, want.top[j].first) << "row " << i;
     }

@@ -116,8 +116,9 @@ TEST(TrainCudaCrossEntropy, MatchesTheCpuLossOnExactLogits) {
     EXPECT_EQ(got.counted, float(saved.counted));
     EXPECT_LT(e, 1e-9);
     for (int64_t r = 0; r < c.rows; ++r)
-      if (targets[size_t(r)] < 0)
+      if (targets[size_t(r)] < 0) {
         for (int64_t v = 0; v < c.vocab; ++v) ASSERT_EQ(got.dz[size_t(r * c.vocab + v)], 0.0f) << "row without a target";
+      }
     // The probabilities of rows picked out (backwards, the first twice): the CPU's saved softmax,
     // within dz's bound.
     std::vector<int64_t> picked;

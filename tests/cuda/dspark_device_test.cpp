@@ -117,7 +117,9 @@ TEST(DSparkDevice, ShortPromptDraftsAreTheReferences) {
         EXPECT_NEAR(d.confidence[size_t(i)], conf[k * G + i], 2e-4) << name << " step " << k << " position " << i;
       }
     }
-    if (f.config().quantized()) EXPECT_GE(compared, 8 * G / 2) << name << ": rows whose logits agree";
+    if (f.config().quantized()) {
+      EXPECT_GE(compared, 8 * G / 2) << name << ": rows whose logits agree";
+    }
   }
 }
 
