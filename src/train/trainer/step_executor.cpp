@@ -13,7 +13,6 @@
 #include "train/cuda/model/device_parameters.h"
 #include "train/cuda/optim/expert_bias.h"
 #include "train/cuda/optim/optimizer.h"
-#include "train/cuda/pinned_uploads.h"
 #endif
 
 namespace dsv41::train {
@@ -97,7 +96,7 @@ class CpuStepExecutor final : public StepExecutor {
 class CudaStepExecutor final : public StepExecutor {
  public:
   CudaStepExecutor(Parameters<float>& params, const TrainConfig& cfg)
-      : params_(params), cfg_(cfg), device_(params), model_(params, device_, cfg.qat), uploads_(device_.stream()) {
+      : params_(params), cfg_(cfg), device_(params), model_(params, device_, cfg.qat) {
     device_.upload();
     optimizer_ = std::make_unique<train_cuda::optim::Optimizer>(
         cfg.model, device_.optimizer_parameters([&](const std::string& name) { return optimized(cfg, name); }), cfg.optimizer);
@@ -127,7 +126,7 @@ class CudaStepExecutor final : public StepExecutor {
     optimizer_->step();
     for_each_gate_bias(cfg_, params_, [&](Param<float>& bias, int l) {
       train_cuda::optim::update_expert_bias_by_host_loads(device_.value(bias), model_.expert_load()[size_t(l)],
-                                                          float(cfg_.expert_bias_rate), uploads_);
+                                                          float(cfg_.expert_bias_rate), model_.uploads());
     });
     device_.cast_weights();
     cuda::check(cudaDeviceSynchronize(), "train update");
@@ -144,7 +143,6 @@ class CudaStepExecutor final : public StepExecutor {
   const TrainConfig& cfg_;
   train_cuda::DeviceParameters device_;
   train_cuda::CudaTrainModel model_;
-  train_cuda::PinnedUploads uploads_;  // the gate biases' loads
   std::unique_ptr<train_cuda::optim::Optimizer> optimizer_;
 };
 #endif

@@ -73,6 +73,8 @@ class CudaTrainModel {
   // Rows routed to each expert of each layer since the last reset ([layer][expert]), as the CPU's.
   const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
   void reset_expert_load();
+  // The page-locked ring every upload of the model goes through; its stream is the model's.
+  PinnedUploads& uploads() { return uploads_; }
 
   struct Constants;  // what every forward reads (cuda_train_model.cpp)
 
