@@ -41,7 +41,11 @@ class Browser {
     this.proc = spawn(args.chromium, ['--headless=new', '--remote-debugging-pipe', ...sandbox, '--disable-gpu',
                                       '--no-first-run', '--no-default-browser-check', '--hide-scrollbars',
                                       `--user-data-dir=${this.profile}`, 'about:blank'],
-                      { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
+                      { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'], detached: true });
+    // Chromium's helpers (zygote, network and storage services) share its process group, led by
+    // the browser (detached): close() and an early exit end them all at once.
+    this.killGroup = () => { try { process.kill(-this.proc.pid, 'SIGKILL'); } catch {} };
+    process.on('exit', this.killGroup);
     this.stderr = '';
     this.proc.stderr.on('data', (d) => { this.stderr = (this.stderr + d).slice(-4000); });
     this.exited = new Promise((resolve) => this.proc.on('exit', resolve));
@@ -105,14 +109,22 @@ class Browser {
     for (const type of ['keyDown', 'keyUp'])
       await this.send('Input.dispatchKeyEvent', { type, key: 'Backspace', code: 'Backspace', windowsVirtualKeyCode: 8 });
   }
-  // Browser.close ends every Chromium process: a SIGTERM to the browser alone left its children
-  // writing to the profile's cache while it was being removed (rmdir: ENOTEMPTY, a failed run after
-  // the test had passed). The kill is for a browser that does not answer; the removal retries.
+  // Browser.close asks every Chromium process to end; then the whole process group is killed: a
+  // SIGTERM to the browser alone left its helpers writing to the profile's cache while it was being
+  // removed (rmdir: ENOTEMPTY, a failed run after the test had passed). A helper can still be
+  // flushing as it dies, so the removal lists the profile again on each of its tries.
   async close() {
     await Promise.race([this.send('Browser.close', {}, null).catch(() => {}), new Promise((r) => setTimeout(r, 3000).unref())]);
-    this.proc.kill();
+    this.killGroup();
     await this.exited;
-    fs.rmSync(this.profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
+    for (let tries = 1; ; ++tries) {
+      try {
+        return fs.rmSync(this.profile, { recursive: true, force: true });
+      } catch (e) {
+        if (tries === 50) return process.stderr.write(`${script}: left ${this.profile} behind (${e.message})\n`);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
   }
 }
 
