@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -12,7 +13,7 @@
 
 namespace dsv41::test {
 
-inline std::string fixture_dir(const std::string& name) { return std::string(DSV41_TEST_DATA) + "/fixtures/" + name; }
+inline std::string fixture_dir(const std::string& name) { return (std::filesystem::path(DSV41_TEST_DATA) / "fixtures" / name).string(); }
 
 // The fixtures every parity test runs on, and their names as gtest parameter names.
 inline const std::vector<std::string> kFixtures = {"v41-tiny", "v41-tiny-bf16", "v41-tiny-noengram"};

@@ -891,8 +891,8 @@ TEST(Server, ThinkingOffByDefaultAnswersInContent) {
 TEST(Server, OpenAiClientScripts) {
   Running server(ServerOptions{});
   for (const char* script : {"chat", "stream", "completions", "choices", "errors", "sse"}) {
-    const std::string cmd = std::string("node ") + DSV41_SOURCE_DIR + "/tests/e2e/" + script + ".mjs --base-url http://127.0.0.1:" +
-                            std::to_string(server.port()) + " --model v41-tiny > /dev/null";
+    const std::string cmd = "node " + (std::filesystem::path(DSV41_SOURCE_DIR) / "tests/e2e" / script).string() +
+                            ".mjs --base-url http://127.0.0.1:" + std::to_string(server.port()) + " --model v41-tiny > /dev/null";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << script;
   }
 }

@@ -50,8 +50,9 @@ TEST(WebChat, ChromiumChatsThroughThePage) {
   std::filesystem::create_directories(dir.path());
   const char* keep = std::getenv("DSV41_WEB_SCREENSHOT");
   const std::string screenshot = keep ? keep : (dir / "web-chat.png").string();
-  const std::string cmd = std::string("node ") + DSV41_SOURCE_DIR + "/tests/web/chat_page.mjs --base-url http://127.0.0.1:" +
-                          std::to_string(server.port()) + " --model v41-tiny --api-key " + kKey + " --screenshot " + screenshot;
+  const std::string cmd = "node " + (std::filesystem::path(DSV41_SOURCE_DIR) / "tests/web/chat_page.mjs").string() +
+                          " --base-url http://127.0.0.1:" + std::to_string(server.port()) + " --model v41-tiny --api-key " + kKey +
+                          " --screenshot " + screenshot;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   EXPECT_EQ(test::read_text(screenshot).substr(1, 3), "PNG");
   // The stopped reply: the server saw its client go and cancelled it.
