@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "forward/dspark.h"
+#include "forward/executor.h"
 #include "forward/forward.h"
 #include "numerics/codecs.h"
 #include "forward_fixture.h"
@@ -82,6 +85,48 @@ inline SequenceState scribbled(const Config& c, const SequenceState& state, int6
       std::copy_n(state.window[size_t(l)].begin() + int64_t(((end - 1) % W) * bytes), bytes, s.window[size_t(l)].begin() + int64_t((p % W) * bytes));
   s.decoder_window_floor = floor;
   return s;
+}
+
+// A prompt's drafts on `executor` after each decode step, the target's choices the reference's
+// (force) or its own: the prefill in chunks of `chunk` tokens (0: at once), then the
+// teacher-forced decode tokens, each call's context features ingested (as a session with drafting
+// on does), each draft greedy. `final_state`, when set, receives the sequence's host state.
+inline std::vector<Draft> run_drafts(Executor& executor, const Fixture& f, int prompt, bool force, int64_t chunk = 0,
+                                     SequenceState* final_state = nullptr) {
+  const std::string p = f.prefix(prompt);
+  const std::vector<int> tokens = f.tokens(prompt);
+  const std::vector<int64_t> prefill_ids = f.hashes(prompt), decode_ids = f.hashes(prompt, true);
+  std::unique_ptr<Sequence> sequence = executor.new_sequence();
+  std::vector<float> hidden;
+  auto call = [&](std::span<const int> t, const int64_t* ids, bool decode, int64_t first) {
+    Trace trace;
+    Choices choices;
+    ForwardOptions opt;
+    opt.dspark_hidden = &hidden;
+    if (force) {
+      choices = f.recorded(prompt, decode, first, int64_t(t.size()));
+      trace.forced_topk = &choices.topk;
+      trace.forced_experts = &choices.experts;
+      opt.trace = &trace;
+    }
+    const int64_t at = sequence->length();
+    executor.forward_batch({BatchItem{sequence.get(), t, ids, opt}});
+    executor.dspark_ingest(*sequence, at, hidden, int64_t(t.size()));
+  };
+  const int64_t P = int64_t(tokens.size()), step = chunk > 0 ? chunk : P;
+  for (int64_t s = 0; s < P; s += step) {
+    const int64_t n = std::min(step, P - s);
+    call(std::span<const int>(tokens).subspan(size_t(s), size_t(n)), f.ids(prefill_ids, s), false, s);
+  }
+  const std::vector<int64_t> decode = f.ex.ints(p + "decode.tokens"), next = f.ex.ints(p + "decode.next_tokens");
+  std::vector<Draft> out;
+  for (size_t k = 0; k < decode.size(); ++k) {
+    const int t = int(decode[k]);
+    call(std::span<const int>(&t, 1), f.ids(decode_ids, int64_t(k)), true, int64_t(k));
+    out.push_back(executor.dspark_draft(*sequence, int(next[k]), draft_argmax));
+  }
+  if (final_state) *final_state = sequence->host();
+  return out;
 }
 
 }  // namespace dsv41::test

@@ -26,47 +26,6 @@ namespace {
 
 const char* const kFixtures[] = {"v41-tiny", "v41-tiny-bf16", "v41-tiny-noengram"};
 
-// A prompt's drafts after each decode step, the target's choices imposed (force) or its own; the
-// prefill in chunks of `chunk` tokens (0: at once).
-std::vector<Draft> run_drafts(const Fixture& f, int prompt, bool force, int64_t chunk = 0, SequenceState* final_state = nullptr) {
-  const Model& model = *f.model;
-  const Config& c = model.config();
-  const std::string p = f.prefix(prompt);
-  const std::vector<int> tokens = f.tokens(prompt);
-  const std::vector<int64_t> prefill_ids = f.hashes(prompt), decode_ids = f.hashes(prompt, true);
-  SequenceState state(c);
-  std::vector<float> hidden;
-  auto call = [&](std::span<const int> t, const int64_t* ids, bool decode, int64_t first) {
-    Trace trace;
-    Choices choices;
-    ForwardOptions opt;
-    opt.dspark_hidden = &hidden;
-    if (force) {
-      choices = f.recorded(prompt, decode, first, int64_t(t.size()));
-      trace.forced_topk = &choices.topk;
-      trace.forced_experts = &choices.experts;
-      opt.trace = &trace;
-    }
-    const int64_t at = state.length;
-    forward(model, state, t, ids, opt);
-    dspark_ingest(model, state, at, hidden, int64_t(t.size()));
-  };
-  const int64_t P = int64_t(tokens.size()), step = chunk > 0 ? chunk : P;
-  for (int64_t s = 0; s < P; s += step) {
-    const int64_t n = std::min(step, P - s);
-    call(std::span<const int>(tokens).subspan(size_t(s), size_t(n)), f.ids(prefill_ids, s), false, s);
-  }
-  const std::vector<int64_t> decode = f.ex.ints(p + "decode.tokens"), next = f.ex.ints(p + "decode.next_tokens");
-  std::vector<Draft> out;
-  for (size_t k = 0; k < decode.size(); ++k) {
-    const int t = int(decode[k]);
-    call(std::span<const int>(&t, 1), f.ids(decode_ids, int64_t(k)), true, int64_t(k));
-    out.push_back(dspark_draft(model, state, int(next[k])));
-  }
-  if (final_state) *final_state = state;
-  return out;
-}
-
 // Exact level: the 5-token prompt, where the target makes no near-tied choice (forward_parity_test
 // ShortPromptEndToEnd). Every draft token is the reference's; the logits are within the
 // reference's own CUDA-vs-CPU figures or our summation variants' spread (on v41-tiny one fp8
@@ -79,12 +38,13 @@ std::vector<Draft> run_drafts(const Fixture& f, int prompt, bool force, int64_t 
 TEST(DSpark, ShortPromptDraftsAreTheReferences) {
   for (const char* name : kFixtures) {
     Fixture f(name);
+    CpuExecutor cpu(*f.model);
     const int64_t V = f.config().vocab_size, G = f.config().dspark_block_size;
     std::vector<std::vector<float>> runs;
     std::vector<std::vector<Draft>> drafts;
     for (int v = 0; v < kVariants; ++v) {
       VariantScope scope(v);
-      drafts.push_back(run_drafts(f, 0, false));
+      drafts.push_back(run_drafts(cpu, f, 0, false));
       runs.push_back(logits_of(drafts.back()));
     }
     const LogitStats sp = spread(runs, V);
@@ -124,6 +84,7 @@ TEST(DSpark, ShortPromptDraftsAreTheReferences) {
 TEST(DSpark, DraftsWithinTheBaseline) {
   for (const char* name : kFixtures) {
     Fixture f(name);
+    CpuExecutor cpu(*f.model);
     const int64_t V = f.config().vocab_size, G = f.config().dspark_block_size;
     for (const bool force : {false, true}) {
       const std::string mode = force ? "forced_topk_routing" : "free";
@@ -138,7 +99,7 @@ TEST(DSpark, DraftsWithinTheBaseline) {
         std::vector<Draft> first;
         for (int v = 0; v < kVariants; ++v) {
           VariantScope scope(v);
-          std::vector<Draft> d = run_drafts(f, prompt, force);
+          std::vector<Draft> d = run_drafts(cpu, f, prompt, force);
           if (v == 0) first = d;
           runs.push_back(logits_of(d));
         }
@@ -162,9 +123,10 @@ TEST(DSpark, DraftsWithinTheBaseline) {
 // the drafts. A draft changes nothing in the state.
 TEST(DSpark, ContextDoesNotDependOnTheChunks) {
   Fixture f("v41-tiny");
+  CpuExecutor cpu(*f.model);
   const Config& c = f.config();
   SequenceState whole(c), chunked(c);
-  const std::vector<Draft> a = run_drafts(f, 1, false, 0, &whole), b = run_drafts(f, 1, false, 7, &chunked);
+  const std::vector<Draft> a = run_drafts(cpu, f, 1, false, 0, &whole), b = run_drafts(cpu, f, 1, false, 7, &chunked);
   for (int l = c.n_layers; l < c.n_total_layers(); ++l) EXPECT_EQ(whole.window[size_t(l)], chunked.window[size_t(l)]) << "stage ring " << l;
   ASSERT_EQ(a.size(), b.size());
   for (size_t k = 0; k < a.size(); ++k) {

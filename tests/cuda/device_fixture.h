@@ -2,10 +2,13 @@
 // The device tests' view of the golden fixtures (forward_fixture.h): their sequences on the CUDA
 // executor, and the CPU forward's choices from its traces, imposed on the device to compare the
 // two forwards under the same discrete choices.
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "../forward_fixture.h"
 #include "forward/device/cuda_executor.h"
+#include "forward/device/device_forward.h"
 
 namespace dsv41::test {
 
@@ -24,5 +27,23 @@ inline ChoiceSource choices_of(const std::vector<Trace>& traces, int k) {
     return ch;
   };
 }
+
+// Sequences prefilled in pairs (a graphed one and its twin) with the first `lengths[i]` tokens of
+// `tokens`: a DecodeGraph steps the graphed ones, forward_batch their twins, to compare the two.
+struct GraphTwins {
+  std::vector<std::unique_ptr<cuda::DeviceSequence>> graphed, twins;
+  std::vector<cuda::DeviceSequence*> graphed_ptrs;
+
+  GraphTwins(const cuda::DeviceModel& dm, const Config& c, const std::vector<int>& tokens, const int64_t* ids,
+             const std::vector<int64_t>& lengths) {
+    for (int64_t n : lengths) {
+      for (auto* list : {&graphed, &twins}) {
+        list->push_back(std::make_unique<cuda::DeviceSequence>(c, c.max_seq_len));
+        cuda::forward_batch(dm, {cuda::DeviceItem{list->back().get(), std::span<const int>(tokens).first(size_t(n)), ids}});
+      }
+      graphed_ptrs.push_back(graphed.back().get());
+    }
+  }
+};
 
 }  // namespace dsv41::test

@@ -22,6 +22,7 @@
 #include "../forward_fixture.h"
 #include "../same_state.h"
 #include "base/error.h"
+#include "device_fixture.h"
 #include "device_util.h"
 #include "forward/device/cuda_executor.h"
 #include "forward/device/decode_graph.h"
@@ -34,41 +35,6 @@ namespace {
 using namespace dsv41::test;
 
 const char* const kFixtures[] = {"v41-tiny", "v41-tiny-bf16", "v41-tiny-noengram"};
-
-// A prompt's drafts on `executor` after each decode step, the target's choices the reference's
-// (force) or its own: the prefill at once, then the teacher-forced decode tokens, each call's
-// context features ingested (as a session with drafting on does), each draft greedy.
-std::vector<Draft> run_drafts(Executor& executor, const Fixture& f, int prompt, bool force) {
-  const std::string p = f.prefix(prompt);
-  const std::vector<int> tokens = f.tokens(prompt);
-  const std::vector<int64_t> prefill_ids = f.hashes(prompt), decode_ids = f.hashes(prompt, true);
-  std::unique_ptr<Sequence> sequence = executor.new_sequence();
-  std::vector<float> hidden;
-  auto call = [&](std::span<const int> t, const int64_t* ids, bool decode, int64_t first) {
-    Trace trace;
-    Choices choices;
-    ForwardOptions opt;
-    opt.dspark_hidden = &hidden;
-    if (force) {
-      choices = f.recorded(prompt, decode, first, int64_t(t.size()));
-      trace.forced_topk = &choices.topk;
-      trace.forced_experts = &choices.experts;
-      opt.trace = &trace;
-    }
-    const int64_t at = sequence->length();
-    executor.forward_batch({BatchItem{sequence.get(), t, ids, opt}});
-    executor.dspark_ingest(*sequence, at, hidden, int64_t(t.size()));
-  };
-  call(tokens, f.ids(prefill_ids, 0), false, 0);
-  const std::vector<int64_t> decode = f.ex.ints(p + "decode.tokens"), next = f.ex.ints(p + "decode.next_tokens");
-  std::vector<Draft> out;
-  for (size_t k = 0; k < decode.size(); ++k) {
-    const int t = int(decode[k]);
-    call(std::span<const int>(&t, 1), f.ids(decode_ids, int64_t(k)), true, int64_t(k));
-    out.push_back(executor.dspark_draft(*sequence, int(next[k]), draft_argmax));
-  }
-  return out;
-}
 
 // The CPU executor's drafts under each summation variant (forward_fixture.h kVariants): how far
 // two correct orders part.
@@ -400,15 +366,8 @@ TEST(DSparkDevice, DecodeGraphRecordsTheUncapturedFeatures) {
   const std::vector<int64_t> hashes = f.hashes(2);
   auto ids = [&](int64_t pos) { return f.ids(hashes, pos); };
   const std::vector<int64_t> lengths = {5, 40, 100};
-  std::vector<std::unique_ptr<cuda::DeviceSequence>> graphed, twins;
-  std::vector<cuda::DeviceSequence*> graphed_ptrs;
-  for (int64_t n : lengths) {
-    for (auto* list : {&graphed, &twins}) {
-      list->push_back(std::make_unique<cuda::DeviceSequence>(c, c.max_seq_len));
-      cuda::forward_batch(dm, {cuda::DeviceItem{list->back().get(), std::span<const int>(tokens).first(size_t(n)), ids(0)}});
-    }
-    graphed_ptrs.push_back(graphed.back().get());
-  }
+  GraphTwins pairs(dm, c, tokens, ids(0), lengths);
+  auto& [graphed, twins, graphed_ptrs] = pairs;
   cuda::DecodeGraph graph(dm, graphed_ptrs, /*features=*/true);
   const int64_t width = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
   for (int step = 0; step < 8; ++step) {

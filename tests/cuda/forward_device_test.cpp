@@ -164,15 +164,8 @@ TEST_P(DeviceForwardFixture, DecodeGraphEqualsUncapturedSteps) {
   const std::vector<int64_t> hashes = f.hashes(2);
   auto ids = [&](int64_t pos) { return f.ids(hashes, pos); };
   const std::vector<int64_t> lengths = {5, 40, 100};
-  std::vector<std::unique_ptr<cuda::DeviceSequence>> graphed, twins;
-  std::vector<cuda::DeviceSequence*> graphed_ptrs;
-  for (int64_t n : lengths) {
-    for (auto* list : {&graphed, &twins}) {
-      list->push_back(std::make_unique<cuda::DeviceSequence>(c, c.max_seq_len));
-      cuda::forward_batch(dm, {cuda::DeviceItem{list->back().get(), std::span<const int>(tokens).first(size_t(n)), ids(0)}});
-    }
-    graphed_ptrs.push_back(graphed.back().get());
-  }
+  GraphTwins pairs(dm, c, tokens, ids(0), lengths);
+  auto& [graphed, twins, graphed_ptrs] = pairs;
   cuda::DecodeGraph graph(dm, graphed_ptrs);
   for (int step = 0; step < 12; ++step) {
     std::vector<int32_t> next;
