@@ -44,7 +44,8 @@ void DecodeGraph::launch(std::span<const int32_t> tokens, std::span<const int64_
   for (size_t b = 0; b < B; ++b)
     rows.push_back(DecodeRow{sequences_[b], tokens[b], engram_ids.empty() ? nullptr : engram_ids[b],
                              decoder_from.empty() ? 0 : decoder_from[b]});
-  const DecodePlan plan = plan_decode(model_.config(), rows);
+  plan_decode(model_.config(), rows, plan_);
+  const DecodePlan& plan = plan_;
 
   if (!exec_) {
     if (!plan_host_) {  // a capture that failed before keeps its buffers

@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "forward/device/decode_plan.h"
 #include "forward/device/device_forward.h"
 
 namespace dsv41::cuda {
@@ -46,6 +47,7 @@ class DecodeGraph {
   const DeviceModel& model_;
   std::vector<DeviceSequence*> sequences_;
   cudaStream_t stream_ = nullptr;
+  DecodePlan plan_;               // the last step's, its buffers reused by the next
   uint8_t* plan_host_ = nullptr;  // pinned, the plan block the graph's first node copies
   size_t plan_bytes_ = 0;
   DeviceBuffer<uint8_t> plan_device_;

@@ -15,15 +15,22 @@ namespace dsv41::cuda {
 
 namespace {
 
+// The block's fields, each at the next 16-byte boundary. A field is filled in place through the
+// pointer fill() gives right after it is added (a later add may move the bytes), with no list built
+// first. The bytes' capacity is kept from one step's plan to the next (DecodeGraph reuses its plan):
+// a batch-64 step's block is ~150 KB, built on the host between two steps.
 class Block {
  public:
-  explicit Block(std::vector<uint8_t>& bytes) : bytes_(bytes) {}
+  explicit Block(std::vector<uint8_t>& bytes) : bytes_(bytes) { bytes_.clear(); }
   template <class T>
-  size_t add(const std::vector<T>& values) {
+  size_t add(size_t count) {
     const size_t at = (bytes_.size() + 15) / 16 * 16;
-    bytes_.resize(at + values.size() * sizeof(T));
-    if (!values.empty()) std::memcpy(bytes_.data() + at, values.data(), values.size() * sizeof(T));
+    bytes_.resize(at + count * sizeof(T));
     return at;
+  }
+  template <class T>
+  T* fill(size_t offset) {
+    return reinterpret_cast<T*>(bytes_.data() + offset);
   }
 
  private:
@@ -34,14 +41,23 @@ class Block {
 
 DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
   DecodePlan p;
+  plan_decode(c, rows, p);
+  return p;
+}
+
+void plan_decode(const Config& c, const std::vector<DecodeRow>& rows, DecodePlan& p) {
+  p.sequences.clear();
+  p.items.clear();
+  p.engram_ids.clear();
+  p.rings.clear();
+  p.swa_dest.clear();
+  p.compressed.clear();
   Block block(p.block);
+  const size_t B = rows.size();
   const int64_t W = c.window_size;
   const size_t slot = swa_fp8::bytes(int(c.head_dim));
 
-  std::vector<int32_t> tokens;
-  std::vector<int64_t> positions;
-  std::vector<float> pre_mix(rows.size() * size_t(c.hc_mult), 0.0f);
-  for (size_t b = 0; b < rows.size(); ++b) {
+  for (size_t b = 0; b < B; ++b) {
     const DecodeRow& r = rows[b];
     const DeviceSequence& s = *r.sequence;
     if (r.token < 0 || r.token >= c.vocab_size)
@@ -59,83 +75,90 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
     ForwardOptions options;
     options.decoder_from = r.decoder_from;
     p.items.push_back(plan_item(c, s, 1, options));
-    tokens.push_back(r.token);
-    positions.push_back(s.length);
-    pre_mix[b * size_t(c.hc_mult)] = 1.0f;
   }
-  p.tokens = block.add(tokens);
-  p.positions = block.add(positions);
-  p.pre_mix = block.add(pre_mix);
+  p.tokens = block.add<int32_t>(B);
+  for (size_t b = 0; b < B; ++b) block.fill<int32_t>(p.tokens)[b] = rows[b].token;
+  p.positions = block.add<int64_t>(B);
+  for (size_t b = 0; b < B; ++b) block.fill<int64_t>(p.positions)[b] = rows[b].sequence->length;
+  const size_t hc = size_t(c.hc_mult);
+  p.pre_mix = block.add<float>(B * hc);
+  for (size_t i = 0; i < B * hc; ++i) block.fill<float>(p.pre_mix)[i] = i % hc == 0 ? 1.0f : 0.0f;
 
   const int cols = c.engram_hash_columns(), n_engram = int(c.engram_layer_ids.size());
   for (int e = 0; e < n_engram; ++e) {
-    std::vector<int64_t> ids;
-    for (const DecodeRow& r : rows) ids.insert(ids.end(), r.engram_ids + e * cols, r.engram_ids + (e + 1) * cols);
-    p.engram_ids.push_back(block.add(ids));
+    p.engram_ids.push_back(block.add<int64_t>(B * size_t(cols)));
+    for (size_t b = 0; b < B; ++b)
+      std::copy_n(rows[b].engram_ids + e * cols, cols, block.fill<int64_t>(p.engram_ids.back()) + b * size_t(cols));
   }
 
   for (int l = 0; l < c.n_layers; ++l) {
-    std::vector<uint8_t*> rings, dest;
-    for (const DecodeRow& r : rows) {
-      uint8_t* ring = r.sequence->window[size_t(l)].get();
-      rings.push_back(ring);
-      dest.push_back(ring + (r.sequence->length % W) * int64_t(slot));
+    p.rings.push_back(block.add<uint8_t*>(B));
+    p.swa_dest.push_back(block.add<uint8_t*>(B));
+    for (size_t b = 0; b < B; ++b) {
+      uint8_t* ring = rows[b].sequence->window[size_t(l)].get();
+      block.fill<uint8_t*>(p.rings.back())[b] = ring;
+      block.fill<uint8_t*>(p.swa_dest.back())[b] = ring + (rows[b].sequence->length % W) * int64_t(slot);
     }
-    p.rings.push_back(block.add(rings));
-    p.swa_dest.push_back(block.add(dest));
   }
 
   // Window slots: the W positions up to the row's own, those below the phase's floor empty.
   std::vector<int64_t> positions_in_window;
   for (int phase = 0; phase < 2; ++phase) {
-    std::vector<int32_t> list;
-    for (const ItemPlan& item : p.items) {
-      const int64_t floor = phase ? item.decoder_floor : item.encoder_floor;
-      window_positions(item.start, item.start, 1, W, floor, positions_in_window);
-      for (int64_t t : positions_in_window) list.push_back(int32_t(t == kEmptySlot ? -1 : t % W));
+    p.window[phase] = block.add<int32_t>(B * size_t(W));
+    for (size_t b = 0; b < B; ++b) {
+      const ItemPlan& item = p.items[b];
+      window_positions(item.start, item.start, 1, W, phase ? item.decoder_floor : item.encoder_floor, positions_in_window);
+      int32_t* list = block.fill<int32_t>(p.window[phase]) + b * size_t(W);
+      // Ring slot t % W, stepped along the consecutive positions (a 64-bit division per slot
+      // was most of a batch-64 plan's time).
+      int64_t last = -2, at = 0;
+      for (size_t j = 0; j < positions_in_window.size(); ++j) {
+        const int64_t t = positions_in_window[j];
+        if (t == kEmptySlot) {
+          list[j] = -1;
+          continue;
+        }
+        at = t == last + 1 ? (at + 1 == W ? 0 : at + 1) : t % W;
+        last = t;
+        list[j] = int32_t(at);
+      }
     }
-    p.window[phase] = block.add(list);
   }
 
   const size_t kv_bytes = kv_fp4::bytes(int(c.head_dim)), index_bytes = mxfp4::bytes(int(c.index_head_dim));
   for (int l = 0; l < c.n_layers; ++l) {
     if (!c.is_kv_source(l)) continue;
-    std::vector<uint8_t*> caches, index_caches, kv_dest, index_dest;
-    std::vector<float*> open_kv, open_score;
-    std::vector<int32_t> open_rows;
-    std::vector<int64_t> group_pos, entries, visible;
-    for (size_t b = 0; b < rows.size(); ++b) {
-      const DecodeRow& r = rows[b];
-      DeviceCompressed& cache = r.sequence->compressed.at(l);
+    DecodePlan::Compressed& f = p.compressed[l];
+    f.caches = block.add<uint8_t*>(B);
+    f.index_caches = block.add<uint8_t*>(B);
+    f.open_kv = block.add<float*>(B);
+    f.open_score = block.add<float*>(B);
+    f.open_rows = block.add<int32_t>(B);
+    f.kv_dest = block.add<uint8_t*>(B);
+    f.index_dest = block.add<uint8_t*>(B);
+    f.group_pos = block.add<int64_t>(B);
+    f.entries = block.add<int64_t>(B);
+    f.visible = block.add<int64_t>(B);
+    for (size_t b = 0; b < B; ++b) {
+      const DeviceSequence& s = *rows[b].sequence;
+      const DeviceCompressed& cache = s.compressed.at(l);
       const CompressorPlan& g = p.items[b].compressors.at(l);
       const bool closes = g.groups == 1;
-      if (g.entries_after() > r.sequence->entry_capacity(l))
-        fail("cuda decode step", "a compressed cache within its capacity (" + std::to_string(r.sequence->entry_capacity(l)) + ")",
+      if (g.entries_after() > s.entry_capacity(l))
+        fail("cuda decode step", "a compressed cache within its capacity (" + std::to_string(s.entry_capacity(l)) + ")",
              std::to_string(g.entries_after()) + " entries at layer " + std::to_string(l));
-      caches.push_back(cache.kv.get());
-      index_caches.push_back(cache.index_k.get());
-      open_kv.push_back(cache.pending_kv.get());
-      open_score.push_back(cache.pending_score.get());
-      open_rows.push_back(cache.pending);
-      kv_dest.push_back(closes ? cache.kv.get() + cache.entries * int64_t(kv_bytes) : nullptr);
-      index_dest.push_back(closes ? cache.index_k.get() + cache.entries * int64_t(index_bytes) : nullptr);
-      group_pos.push_back(g.group_pos(0));
-      entries.push_back(g.entries_after());
-      visible.push_back((r.sequence->length + 1) / g.ratio);
+      block.fill<uint8_t*>(f.caches)[b] = cache.kv.get();
+      block.fill<uint8_t*>(f.index_caches)[b] = cache.index_k.get();
+      block.fill<float*>(f.open_kv)[b] = cache.pending_kv.get();
+      block.fill<float*>(f.open_score)[b] = cache.pending_score.get();
+      block.fill<int32_t>(f.open_rows)[b] = cache.pending;
+      block.fill<uint8_t*>(f.kv_dest)[b] = closes ? cache.kv.get() + cache.entries * int64_t(kv_bytes) : nullptr;
+      block.fill<uint8_t*>(f.index_dest)[b] = closes ? cache.index_k.get() + cache.entries * int64_t(index_bytes) : nullptr;
+      block.fill<int64_t>(f.group_pos)[b] = g.group_pos(0);
+      block.fill<int64_t>(f.entries)[b] = g.entries_after();
+      block.fill<int64_t>(f.visible)[b] = (s.length + 1) / g.ratio;
     }
-    DecodePlan::Compressed& f = p.compressed[l];
-    f.caches = block.add(caches);
-    f.index_caches = block.add(index_caches);
-    f.open_kv = block.add(open_kv);
-    f.open_score = block.add(open_score);
-    f.open_rows = block.add(open_rows);
-    f.kv_dest = block.add(kv_dest);
-    f.index_dest = block.add(index_dest);
-    f.group_pos = block.add(group_pos);
-    f.entries = block.add(entries);
-    f.visible = block.add(visible);
   }
-  return p;
 }
 
 }  // namespace dsv41::cuda
