@@ -4,7 +4,7 @@
 #include "forward/device/decode_plan.h"
 
 #include <algorithm>
-#include <cstring>
+#include <utility>
 #include <string>
 
 #include "base/error.h"
@@ -46,12 +46,9 @@ DecodePlan plan_decode(const Config& c, const std::vector<DecodeRow>& rows) {
 }
 
 void plan_decode(const Config& c, const std::vector<DecodeRow>& rows, DecodePlan& p) {
-  p.sequences.clear();
-  p.items.clear();
-  p.engram_ids.clear();
-  p.rings.clear();
-  p.swa_dest.clear();
-  p.compressed.clear();
+  std::vector<uint8_t> bytes = std::move(p.block);  // its capacity, for this plan's block
+  p = DecodePlan();
+  p.block = std::move(bytes);
   Block block(p.block);
   const size_t B = rows.size();
   const int64_t W = c.window_size;
@@ -109,18 +106,9 @@ void plan_decode(const Config& c, const std::vector<DecodeRow>& rows, DecodePlan
       const ItemPlan& item = p.items[b];
       window_positions(item.start, item.start, 1, W, phase ? item.decoder_floor : item.encoder_floor, positions_in_window);
       int32_t* list = block.fill<int32_t>(p.window[phase]) + b * size_t(W);
-      // Ring slot t % W, stepped along the consecutive positions (a 64-bit division per slot
-      // was most of a batch-64 plan's time).
-      int64_t last = -2, at = 0;
       for (size_t j = 0; j < positions_in_window.size(); ++j) {
         const int64_t t = positions_in_window[j];
-        if (t == kEmptySlot) {
-          list[j] = -1;
-          continue;
-        }
-        at = t == last + 1 ? (at + 1 == W ? 0 : at + 1) : t % W;
-        last = t;
-        list[j] = int32_t(at);
+        list[j] = int32_t(t == kEmptySlot ? -1 : t % W);
       }
     }
   }

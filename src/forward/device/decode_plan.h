@@ -55,8 +55,8 @@ struct DecodePlan {
 // The plan of one decode step over `rows`; checks every row (tokens in the vocabulary, room in
 // every cache, a decoder_from that cuts nothing) and names what it found.
 DecodePlan plan_decode(const Config& config, const std::vector<DecodeRow>& rows);
-// The same into `plan`, whose block and lists keep their capacity from the plan it held (a
-// DecodeGraph's steps reuse one).
+// The same into `plan`, whose block keeps its capacity from the plan it held (a DecodeGraph's
+// steps reuse one).
 void plan_decode(const Config& config, const std::vector<DecodeRow>& rows, DecodePlan& plan);
 
 
