@@ -216,6 +216,29 @@ TEST(NumericsBF16, RoundTripsEveryBF16Value) {
   }
 }
 
+// Every finite fp32 pattern of a random sweep, and each one's neighbours at the rounding point
+// (the halfway pattern and one unit either side), encodes to the nearer of the two bf16 values
+// around it, ties to the even code, measured in double; past the largest bf16 value the upper
+// neighbour is 2^128, where IEEE rounding puts infinity.
+TEST(NumericsBF16, EncodeIsTheNearestValueOnASweep) {
+  auto value = [](uint32_t code) {
+    const double magnitude = (code & 0x7FFFu) == 0x7F80u ? std::ldexp(1.0, 128) : double(bf16_to_float(uint16_t(code & 0x7FFFu)));
+    return code & 0x8000u ? -magnitude : magnitude;
+  };
+  std::mt19937 rng(7);
+  for (int n = 0; n < 200000; ++n) {
+    const uint32_t base = rng();
+    for (uint32_t bits : {base, (base & 0xFFFF0000u) | 0x8000u, (base & 0xFFFF0000u) | 0x7FFFu, (base & 0xFFFF0000u) | 0x8001u}) {
+      const float x = float_from_bits(bits);
+      if (std::isnan(x) || std::isinf(x)) continue;
+      const uint32_t lo = bits >> 16, hi = lo + 1;  // toward zero and away from it, same sign
+      const double below = std::abs(double(x) - value(lo)), above = std::abs(value(hi) - double(x));
+      const uint32_t nearest = below < above ? lo : above < below ? hi : (lo & 1u ? hi : lo);
+      ASSERT_EQ(bf16_from_float(x), nearest) << std::hex << bits;
+    }
+  }
+}
+
 // ---- ue8m0 and the power-of-two rule ----
 
 TEST(NumericsE8M0, DecodesAndEncodesEveryCode) {
