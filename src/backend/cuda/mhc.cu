@@ -201,12 +201,6 @@ constexpr int64_t kMegaFusedRows = 512;
 constexpr int64_t kMegaRowsPerBlock = 16;
 __device__ unsigned mega_arrivals[kMegaFusedRows];  // zero at load; the last block resets its row's
 
-__device__ inline float norm_weight_at(const uint8_t* w, WeightFormat f, int64_t i) {
-  if (!w) return 1.0f;
-  if (f == WeightFormat::BF16) return bf16_to_float(reinterpret_cast<const uint16_t*>(w)[i]);
-  return reinterpret_cast<const float*>(w)[i];
-}
-
 // Where a Mega-mHC call reads and writes (mhc.h mega_mhc_rows), its rows from 0.
 struct MegaArgs {
   const float *f, *X, *post, *comb, *pre_in;
@@ -265,6 +259,27 @@ __device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const flo
   }
 }
 
+// rms_norm of a row's h in place, h[i] = round_bf16(g(i) · (h[i] · inv)), by one block; g(i) is the
+// norm weight's value i in its format (one instance per format: the block runs one, whose code it
+// fetches cold, so none tests the format per element). kBatch loads in flight per thread: one at a
+// time, d / 128 L2 round trips in a row were most of the call at one row; 20 take V4.1's d = 5120
+// in two round trips at the kernel's 128 registers (40, one round trip, took 144: a block fewer an
+// SM). Whole batches run unguarded, the rest one element at a time.
+template <class G>
+__device__ void normalize_h(float* hr, int64_t d, float inv, G g) {
+  constexpr int kBatch = 20;
+  constexpr int64_t stride = kMegaThreads;
+  int64_t i0 = threadIdx.x;
+  for (; i0 + (kBatch - 1) * stride < d; i0 += kBatch * stride) {
+    float v[kBatch], w[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) v[j] = __ldcg(hr + i0 + j * stride), w[j] = g(i0 + j * stride);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) hr[i0 + j * stride] = round_bf16(__fmul_rn(w[j], __fmul_rn(v[j], inv)));
+  }
+  for (; i0 < d; i0 += stride) hr[i0] = round_bf16(__fmul_rn(g(i0), __fmul_rn(__ldcg(hr + i0), inv)));
+}
+
 // A row's end, by one block of kMegaThreads once every slot of its partials is written: the
 // totals over the slots, the row's normalized mixes to m (mhc_coefficients makes pre, post and
 // comb of them, later or beside), the rms_norm of h by every warp.
@@ -293,26 +308,16 @@ __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int 
     const float inv = 1.0f / sqrtf(totals[kMaxMix] / float(n) + a.eps);  // rms_inverse over hc·d
     a.m[row * n_mix + threadIdx.x] = totals[threadIdx.x] * inv;
   }
-  // The row's h needs only Σ h²: kBatch loads in flight per thread (one at a time, d / 128 L2 round
-  // trips in a row were most of the call at one row); 20: V4.1's d = 5120 in two round trips, not
-  // three, at the kernel's 128 registers (40, one round trip, took 144: a block fewer an SM).
-  constexpr int kBatch = 20;
   const float inv_h = 1.0f / sqrtf(totals[kMaxMix + 1] / float(d) + a.eps);  // rms_norm's, as norm.cu
-  constexpr int64_t stride = kMegaThreads;
   float* hr = a.h + row * d;
-  for (int64_t i0 = threadIdx.x; i0 < d; i0 += stride * kBatch) {
-    float v[kBatch], g[kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int64_t i = i0 + j * stride;
-      v[j] = i < d ? __ldcg(hr + i) : 0.0f;
-      g[j] = i < d ? norm_weight_at(a.norm, a.norm_format, i) : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int64_t i = i0 + j * stride;
-      if (i < d) hr[i] = round_bf16(__fmul_rn(g[j], __fmul_rn(v[j], inv_h)));
-    }
+  if (!a.norm) {
+    normalize_h(hr, d, inv_h, [](int64_t) { return 1.0f; });
+  } else if (a.norm_format == WeightFormat::BF16) {
+    const uint16_t* g = reinterpret_cast<const uint16_t*>(a.norm);
+    normalize_h(hr, d, inv_h, [g](int64_t i) { return bf16_to_float(__ldg(g + i)); });
+  } else {
+    const float* g = reinterpret_cast<const float*>(a.norm);
+    normalize_h(hr, d, inv_h, [g](int64_t i) { return __ldg(g + i); });
   }
 }
 
