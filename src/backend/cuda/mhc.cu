@@ -260,11 +260,11 @@ __device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const flo
 }
 
 // rms_norm of a row's h in place, h[i] = round_bf16(g(i) · (h[i] · inv)), by one block; g(i) is the
-// norm weight's value i in its format (one instance per format: the block runs one, whose code it
-// fetches cold, so none tests the format per element). kBatch loads in flight per thread: one at a
-// time, d / 128 L2 round trips in a row were most of the call at one row; 20 take V4.1's d = 5120
-// in two round trips at the kernel's 128 registers (40, one round trip, took 144: a block fewer an
-// SM). Whole batches run unguarded, the rest one element at a time.
+// norm weight's value i in its format (one instance per format, chosen once: with the format
+// tested per element each load sat behind its branch and the loads went out one round trip at a
+// time, from HBM in the decode step: 29 µs a call, against 11–13 now). kBatch loads in flight per
+// thread: 20 take V4.1's d = 5120 in two round trips at the kernel's 128 registers (40, one round
+// trip, took 144: a block fewer an SM). Whole batches run unguarded, the rest one element at a time.
 template <class G>
 __device__ void normalize_h(float* hr, int64_t d, float inv, G g) {
   constexpr int kBatch = 20;
