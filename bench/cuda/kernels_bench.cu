@@ -197,11 +197,8 @@ void BM_LinearGraph(benchmark::State& state) { linear_bench(state, true); }
 // (2·hc + 2)·d·4 per token (X read, Xo written, f read, h written) plus hc_fn (24 × 20480 fp32,
 // 1.97 MB) once per call. Every input, hc_fn included, rotates over copies spanning ≥ 512 MB, as
 // a forward reads a different layer's hc_fn at each call.
-// Mega-mHC at `rows` rows: the whole call (halves = 0), or its first half alone (halves = 1), which is
-// what the forward's critical path pays while the Sinkhorn half runs beside the next sub-layer.
 void BM_MegaMhc(benchmark::State& state) {
   const int rows = int(state.range(0)), hc = 4, d = 5120, n = hc * d, n_mix = (2 + hc) * hc;
-  const bool first_half = state.range(1) == 1;
   const size_t act = size_t(rows) * (2 * hc + 2) * d * 4, fn_bytes = size_t(n_mix) * n * 4;
   const int copies = int(std::max<size_t>(4, kRotateBytes / (act + fn_bytes)));
   std::mt19937 rng(11);
@@ -234,21 +231,15 @@ void BM_MegaMhc(benchmark::State& state) {
   float *pre = nullptr, *post = nullptr, *comb = nullptr;
   check(cudaMalloc(&pre, size_t(rows) * hc * 4), "alloc"), check(cudaMalloc(&post, size_t(rows) * hc * 4), "alloc");
   check(cudaMalloc(&comb, size_t(rows) * hc * hc * 4), "alloc");
-  float* m = nullptr;
-  check(cudaMalloc(&m, size_t(rows) * n_mix * 4), "alloc");
   const Weight nw{WeightFormat::F32, 1, d, reinterpret_cast<const uint8_t*>(norm), nullptr};
   time_graph(state, double(act + fn_bytes), copies, [&](int i, cudaStream_t stream) {
     const Set& s = sets[size_t(i % copies)];
     const HcWeights w{Weight{WeightFormat::F32, n_mix, n, reinterpret_cast<const uint8_t*>(s.fn), nullptr},
                       Weight{WeightFormat::F32, 1, n_mix, reinterpret_cast<const uint8_t*>(base), nullptr},
                       Weight{WeightFormat::F32, 1, 3, reinterpret_cast<const uint8_t*>(scale), nullptr}};
-    if (first_half)
-      cuda::mega_mhc_rows(s.f, s.X, s.post, s.comb, s.pre_in, rows, hc, d, w, &nw, 1e-6f, s.Xo, s.h, m, stream);
-    else
-      cuda::mega_mhc(s.f, s.X, s.post, s.comb, s.pre_in, rows, hc, d, w, &nw, 1e-6f, 20, 1e-6f, s.Xo, s.h, pre, post,
-                     comb, stream);
+    cuda::mega_mhc(s.f, s.X, s.post, s.comb, s.pre_in, rows, hc, d, w, &nw, 1e-6f, 20, 1e-6f, s.Xo, s.h, pre, post, comb,
+                   stream);
   });
-  cudaFree(m);
   for (const Set& s : sets)
     for (float* p : {s.X, s.f, s.post, s.comb, s.pre_in, s.fn, s.Xo, s.h}) cudaFree(p);
   cudaFree(base), cudaFree(scale), cudaFree(norm), cudaFree(pre), cudaFree(post), cudaFree(comb);
@@ -666,7 +657,7 @@ BENCHMARK(BM_LinearGraph)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.2);
-BENCHMARK(BM_MegaMhc)->ArgsProduct({{1, 8, 64, 4096}, {0, 1}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_MegaMhc)->ArgsProduct({{1, 8, 64, 4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_SparseAttention)
     ->Args({1, 0})
     ->Args({1, 5})

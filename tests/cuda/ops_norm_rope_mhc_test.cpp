@@ -14,7 +14,7 @@
 //    same boundary argument gives NMSE ≪ 1e-8, the bound.
 //  * hc_mixes: the 24 projections over hc·d = 20480 and the sum of squares are fp32 sums in another
 //    order (relative error ~ sqrt(n) fp32 units ≈ 1e-5 of the sum of |terms| in the worst case,
-//    far less typically); Sinkhorn's 20 normalizations are the CPU's own code and expf may differ in
+//    far less typically); Sinkhorn's 20 normalizations are the CPU's steps in its order and expf may differ in
 //    the last bit. NMSE bound 1e-9 on pre, post and comb (outputs O(1), unrounded).
 //  * mega_mhc against the CPU composition hc_post → hc_mixes, hc_pre → rms_norm: the updated
 //    residual bit for bit (hc_post's operations), the coefficients under hc_mixes' bound (1e-9),
@@ -227,26 +227,6 @@ struct MegaCase {
                    dh->get() + r0 * d, dpre->get() + r0 * hc, dpost2->get() + r0 * hc, dcomb2->get() + r0 * hc * hc);
   }
 
-  // As run, in mega_mhc's two halves: mega_mhc_rows on stream `a`, then mhc_coefficients on stream
-  // `b` once an event says the first half is done (the forward's side stream).
-  void run_halves(int rows, cudaStream_t a, cudaStream_t b) {
-    const HcWeights dw = device_hc();
-    const Weight dnw = device_norm();
-    DeviceArray<float> m(size_t(rows) * cuda::mix_count(c.hc));
-    m.poison();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the poison is on the legacy stream, which a and b do not wait for
-    cuda::mega_mhc_rows(df->get(), dX->get(), dpost->get(), dcomb->get(), dpre_in->get(), rows, c.hc, c.d, dw, &dnw, kEps,
-                        dXo->get(), dh->get(), m.get(), a);
-    cudaEvent_t done;
-    ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
-    ASSERT_EQ(cudaEventRecord(done, a), cudaSuccess);
-    ASSERT_EQ(cudaStreamWaitEvent(b, done, 0), cudaSuccess);
-    cuda::mhc_coefficients(m.get(), rows, c.hc, dw, 20, 1e-6f, dpre->get(), dpost2->get(), dcomb2->get(), b);
-    ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
-    cudaEventDestroy(done);
-  }
-
   // Every device output, downloaded.
   std::vector<std::vector<float>> outputs() const {
     return {dXo->download(), dh->download(), dpre->download(), dpost2->download(), dcomb2->download()};
@@ -320,29 +300,6 @@ TEST(CudaMhc, MegaMhcRowsDoNotDependOnTheCall) {
     for (const int n : {64, 37, 130, 200, 84}) m.run(r0, n), r0 += n;
     expect_whole("calls of 37 to 200 rows");
   }
-}
-
-// The forward runs Mega-mHC's halves on two streams (Sinkhorn beside the next sub-layer): the same
-// bits as the one-stream call, every output, in both forms (decode: 1 and 64 rows; prefill: 520).
-TEST(CudaMhc, MegaMhcHalvesOnTwoStreamsEqualTheWholeCall) {
-  DSV41_REQUIRE_DEVICE();
-  cudaStream_t a, b;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
-  for (const HcCase c : {HcCase{1, 4, 5120}, HcCase{64, 4, 5120}, HcCase{520, 4, 5120}, HcCase{3, 2, 96}}) {
-    MegaCase m(c, 1300);
-    m.run(0, c.rows);
-    const std::vector<std::vector<float>> whole = m.outputs();
-    m.poison();
-    m.run_halves(c.rows, a, b);
-    const std::vector<std::vector<float>> halves = m.outputs();
-    for (size_t o = 0; o < whole.size(); ++o) {
-      size_t differ = 0;
-      for (size_t i = 0; i < whole[o].size(); ++i) differ += float_bits(whole[o][i]) != float_bits(halves[o][i]);
-      EXPECT_EQ(differ, 0u) << "output " << o << " of " << c.rows << "x" << c.hc << "x" << c.d;
-    }
-  }
-  cudaStreamDestroy(a), cudaStreamDestroy(b);
 }
 
 }  // namespace

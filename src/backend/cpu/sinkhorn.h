@@ -2,7 +2,8 @@
 // The per-token tail of mHC's coefficient prediction (kernel.py hc_split_sinkhorn), shared by the
 // CPU op and the CUDA kernels so that both run the same scalar steps. Its steps are per row or per
 // column of the hc × hc matrix, each independent of the other rows (columns) of its step: the CPU
-// runs them one after another, a GPU warp one row (column) per lane, with the same results.
+// runs them one after another; a GPU warp (backend/cuda/mhc.cu sinkhorn_warp) holds one element a
+// lane and runs the same adds, in the same order, and divisions, with the same results.
 #include <math.h>
 
 #include "numerics/types.h"

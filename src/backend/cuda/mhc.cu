@@ -5,24 +5,25 @@
 // (2 + hc)·hc = 24 dot products with hc_fn's rows over it; traffic per token: hc·d·4 (X) plus
 // 24·hc·d·4 (hc_fn, 2 MB, shared by all tokens through L2). mix_finish: one warp per token adds
 // the slices in order, applies the RMS and runs split_sinkhorn's steps (backend/cpu/sinkhorn.h),
-// one lane per row and column of comb (sinkhorn_warp). hc_pre and hc_post are elementwise, one
-// thread per output, with the CPU's operation order and no FMA contraction, so they match the CPU bit for bit; traffic (hc + 1)·d·4 read and
-// d·4 written (pre), 2·hc·d·4 + d·4 read and hc·d·4 written (post).
+// one lane per element of comb (sinkhorn_warp). hc_pre and hc_post are elementwise, one thread per
+// output, with the CPU's operation order and no FMA contraction, so they match the CPU bit for
+// bit; traffic (hc + 1)·d·4 read and d·4 written (pre), 2·hc·d·4 + d·4 read and hc·d·4 written
+// (post).
 //
 // mega_mhc fuses hc_post, hc_mixes, hc_pre and rms_norm (see mhc.h): one thread per column k of a
 // token, 128 columns a block. A thread reads X[·][k] and f[k], writes Xo[·][k] (hc_post's
 // operations), forms h[k] from those Xo values (hc_pre's) and writes it unnormalized, and adds
 // Xo[·][k] into the 24 mix dot products, the sum of squares of Xo and that of h. The block's 26
-// sums go to a scratch slot; a row's finish adds its slots (a fixed order), writes the row's 24
-// normalized mixes and rescales its h in place (2·d·4 bytes that L2 serves); Sinkhorn is a launch
-// of its own (coefficients_kernel, one warp a row: sinkhorn_warp), which the forward runs on a side
-// stream beside the next sub-layer, since only the next boundary reads its results. Below 512 rows (decode) one launch, grid (d / 128, rows): the row's last block
-// to arrive (an atomic counter per row) finishes it. From 512 rows (prefill) a block takes 16 rows
-// of its columns with their hc_fn values in registers, and a second launch finishes every row;
-// both forms compute every sum in the same order, so a row's results do not depend on the rows
-// beside it in the call. HBM traffic per token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4
-// written (h) = (2·hc + 2)·d·4, plus hc_fn (24·hc·d·4 = 1.97 MB in V4.1) once per call, from L2
-// when several rows or a warm cache share it.
+// sums go to a scratch slot; a row's finish adds its slots (a fixed order), normalizes the row's
+// 24 mixes, and then runs Sinkhorn on them in one warp (sinkhorn_warp: the next pre, post, comb)
+// while the other warps rescale its h in place (2·d·4 bytes that L2 serves). Below 512 rows
+// (decode) one launch, grid (d / 128, rows): the row's last block to arrive (an atomic counter per
+// row) finishes it. From 512 rows (prefill) a block takes 16 rows of its columns with their hc_fn
+// values in registers, and a second launch finishes every row; both forms compute every sum in the
+// same order, so a row's results do not depend on the rows beside it in the call. HBM traffic per
+// token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4 written (h) = (2·hc + 2)·d·4,
+// plus hc_fn (24·hc·d·4 = 1.97 MB in V4.1) once per call, from L2 when several rows or a warm cache
+// share it.
 #include "backend/cuda/mhc.h"
 
 #include <string>
@@ -106,64 +107,60 @@ __global__ void __launch_bounds__(kThreads) mix_partials(const float* X, int64_t
   block_sums<kSums, kThreads>(acc, partials + (row * gridDim.y + slice) * kSums);
 }
 
-// split_sinkhorn by one warp: lane j < hc runs the CPU's steps for row j and column j
-// (backend/cpu/sinkhorn.h; a step's rows, or columns, are independent of each other), so its
-// 20 iterations of divisions run hc at a time; the matrix lives in shared memory (comb_s, hc·hc
-// floats). Same operations per element as the CPU's loop, so the same bits. On one thread, over
-// global memory, the iterations took ~90 µs per call (measured, H200); in registers ~50.
-// m: the lane's copy of the token's mixes. Every lane of the warp calls it.
+// split_sinkhorn by one warp, one element of comb a lane: lane l < hc·hc holds comb[l / hc][l % hc]
+// in a register and gathers its row (column) by shuffles, then adds it in index order and divides
+// as sinkhorn.h's steps do, so the results are theirs bit for bit; lanes j < hc make pre[j] and
+// post[j] by sinkhorn::pre_post. A step is a few shuffles, adds and one division on the critical
+// path: with one lane per row and column and the matrix in shared memory a call took 17.7 µs in the
+// decode step (H100), most of it not hidden beside the next sub-layer. m: the token's normalized mixes
+// (global or shared memory). Every lane of the warp calls it.
 __device__ void sinkhorn_warp(const float* m, const float* scale, const float* base, int hc, int iters, float hc_eps,
-                              float* comb_s, float* pre, float* post, float* comb) {
-  const int lane = threadIdx.x % 32;
-  const bool mine = lane < hc;
-  if (mine) {
-    sinkhorn::pre_post(m, scale, base, hc, hc_eps, lane, pre, post);
-    sinkhorn::softmax_row(m, scale, base, hc, hc_eps, lane, comb_s);
+                              float* pre, float* post, float* comb) {
+  const int lane = threadIdx.x % 32, i = lane / hc, j = lane % hc;
+  const bool mine = lane < hc * hc;
+  if (lane < hc) sinkhorn::pre_post(m, scale, base, hc, hc_eps, lane, pre, post);
+  // Lanes past hc·hc compute garbage from in-range lanes (their shuffles' sources wrap mod 32).
+  auto sum_of = [&](float v, int first, int stride) {
+    float sum = 0;
+    for (int k = 0; k < hc; ++k) sum += __shfl_sync(0xFFFFFFFFu, v, first + k * stride);
+    return sum;
+  };
+  // softmax_row: the row's max and sum of exponentials, in index order.
+  const float z = mine ? m[2 * hc + lane] * scale[2] + base[2 * hc + lane] : 0.0f;
+  float mx = -INFINITY;
+  for (int k = 0; k < hc; ++k) {
+    const float r = __shfl_sync(0xFFFFFFFFu, z, i * hc + k);
+    mx = r > mx ? r : mx;
   }
-  __syncwarp();
-  if (mine) sinkhorn::normalize_column(comb_s, hc, hc_eps, lane);
-  __syncwarp();
+  const float e = expf(z - mx);
+  float c = e / sum_of(e, i * hc, 1) + hc_eps;
+  c /= sum_of(c, j, hc) + hc_eps;  // normalize_column
   for (int t = 0; t < iters - 1; ++t) {
-    if (mine) sinkhorn::normalize_row(comb_s, hc, hc_eps, lane);
-    __syncwarp();
-    if (mine) sinkhorn::normalize_column(comb_s, hc, hc_eps, lane);
-    __syncwarp();
+    c /= sum_of(c, i * hc, 1) + hc_eps;  // normalize_row
+    c /= sum_of(c, j, hc) + hc_eps;      // normalize_column
   }
-  if (mine)
-    for (int i = 0; i < hc; ++i) comb[i * hc + lane] = comb_s[i * hc + lane];
+  if (mine) comb[lane] = c;
 }
 
 // One warp per token: the slices' sums (every lane adds them, in order), the RMS, then Sinkhorn.
 __global__ void mix_finish(const float* partials, int64_t rows, int slices, int64_t n, int hc, const float* scale,
                            const float* base, float norm_eps, int iters, float hc_eps, float* pre, float* post,
                            float* comb) {
-  __shared__ float comb_s[kMixWarps][kMaxHc * kMaxHc];
+  __shared__ float ms[kMixWarps][kMaxMix];
   const int64_t row = int64_t(blockIdx.x) * kMixWarps + threadIdx.x / 32;
   if (row >= rows) return;  // whole warps leave
-  const int n_mix = (2 + hc) * hc;
+  const int n_mix = (2 + hc) * hc, lane = int(threadIdx.x) % 32;
   float m[kSums];
   for (int k = 0; k < kSums; ++k) m[k] = 0;
   for (int s = 0; s < slices; ++s)
     for (int k = 0; k < kSums; ++k) m[k] += partials[(row * slices + s) * kSums + k];
   const float inv = 1.0f / sqrtf(m[kMaxMix] / float(n) + norm_eps);  // rms_inverse
-  for (int k = 0; k < n_mix; ++k) m[k] *= inv;
-  sinkhorn_warp(m, scale, base, hc, iters, hc_eps, comb_s[threadIdx.x / 32], pre + row * hc, post + row * hc,
-                comb + row * hc * hc);
-}
-
-// Sinkhorn from each row's normalized mixes m [rows, (2 + hc)·hc], one warp per row: mega_mhc's
-// second half (mhc.h mhc_coefficients).
-__global__ void coefficients_kernel(const float* mixes, int64_t rows, int hc, const float* scale, const float* base,
-                                    int iters, float hc_eps, float* pre, float* post, float* comb) {
-  __shared__ float comb_s[kMixWarps][kMaxHc * kMaxHc];
-  wait_for_inputs();
-  const int64_t row = int64_t(blockIdx.x) * kMixWarps + threadIdx.x / 32;
-  if (row >= rows) return;  // whole warps leave
-  const int n_mix = (2 + hc) * hc;
-  float m[kMaxMix];
-  for (int k = 0; k < n_mix; ++k) m[k] = mixes[row * n_mix + k];
-  sinkhorn_warp(m, scale, base, hc, iters, hc_eps, comb_s[threadIdx.x / 32], pre + row * hc, post + row * hc,
-                comb + row * hc * hc);
+  float* mw = ms[threadIdx.x / 32];
+#pragma unroll
+  for (int k = 0; k < kMaxMix; ++k)
+    if (k == lane && k < n_mix) mw[k] = m[k] * inv;
+  __syncwarp();
+  sinkhorn_warp(mw, scale, base, hc, iters, hc_eps, pre + row * hc, post + row * hc, comb + row * hc * hc);
 }
 
 __global__ void hc_pre_kernel(const float* X, const float* pre, int64_t rows, int hc, int64_t d, float* y) {
@@ -201,7 +198,7 @@ constexpr int64_t kMegaFusedRows = 512;
 constexpr int64_t kMegaRowsPerBlock = 16;
 __device__ unsigned mega_arrivals[kMegaFusedRows];  // zero at load; the last block resets its row's
 
-// Where a Mega-mHC call reads and writes (mhc.h mega_mhc_rows), its rows from 0.
+// Where a Mega-mHC call reads and writes (mhc.h mega_mhc), its rows from 0.
 struct MegaArgs {
   const float *f, *X, *post, *comb, *pre_in;
   int64_t d;
@@ -210,7 +207,11 @@ struct MegaArgs {
   WeightFormat norm_format;
   float eps;
   float* partials;  // [rows][slices][kMegaSums]
-  float *Xo, *h, *m;
+  float *Xo, *h;
+  const float *scale, *base;  // hc_scale, hc_base
+  int iters;
+  float hc_eps;
+  float *pre_out, *post_out, *comb_out;  // the next coefficients
 };
 
 // Column k's hc_fn values, fn[t][j] = hc_fn[t, j·d + k]: loaded once per block, for all its rows.
@@ -259,34 +260,38 @@ __device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const flo
   }
 }
 
-// rms_norm of a row's h in place, h[i] = round_bf16(g(i) · (h[i] · inv)), by one block; g(i) is the
-// norm weight's value i in its format (one instance per format, chosen once: with the format
-// tested per element each load sat behind its branch and the loads went out one round trip at a
-// time, from HBM in the decode step: 29 µs a call, against 11–13 now). kBatch loads in flight per
-// thread: 20 take V4.1's d = 5120 in two round trips at the kernel's 128 registers (40, one round
-// trip, took 144: a block fewer an SM). Whole batches run unguarded, the rest one element at a time.
+// rms_norm of a row's h in place, h[i] = round_bf16(g(i) · (h[i] · inv)), by the block's threads
+// from `first` on, `stride` of them; g(i) is the norm weight's value i in its format (one instance
+// per format, chosen once: with the format tested per element, each load sat behind its branch and
+// the loads went out one round trip at a time — from HBM in the decode step, 29 µs a call).
+// kBatch loads of each in flight per thread: V4.1's d = 5120 over 96 threads in two round trips.
 template <class G>
-__device__ void normalize_h(float* hr, int64_t d, float inv, G g) {
-  constexpr int kBatch = 20;
-  constexpr int64_t stride = kMegaThreads;
-  int64_t i0 = threadIdx.x;
-  for (; i0 + (kBatch - 1) * stride < d; i0 += kBatch * stride) {
+__device__ void normalize_h(float* hr, int64_t d, float inv, G g, int first, int stride) {
+  constexpr int kBatch = 27;
+  for (int64_t i0 = first; i0 < d; i0 += int64_t(kBatch) * stride) {
     float v[kBatch], w[kBatch];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) v[j] = __ldcg(hr + i0 + j * stride), w[j] = g(i0 + j * stride);
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = i0 + int64_t(j) * stride;
+      v[j] = i < d ? __ldcg(hr + i) : 0.0f;
+      w[j] = i < d ? g(i) : 0.0f;
+    }
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) hr[i0 + j * stride] = round_bf16(__fmul_rn(w[j], __fmul_rn(v[j], inv)));
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = i0 + int64_t(j) * stride;
+      if (i < d) hr[i] = round_bf16(__fmul_rn(w[j], __fmul_rn(v[j], inv)));
+    }
   }
-  for (; i0 < d; i0 += stride) hr[i0] = round_bf16(__fmul_rn(g(i0), __fmul_rn(__ldcg(hr + i0), inv)));
 }
 
 // A row's end, by one block of kMegaThreads once every slot of its partials is written: the
-// totals over the slots, the row's normalized mixes to m (mhc_coefficients makes pre, post and
-// comb of them, later or beside), the rms_norm of h by every warp.
+// totals over the slots and the row's normalized mixes, then at once split_sinkhorn of those
+// (warp 0: the next coefficients pre, post, comb) and the rms_norm of h (the other warps).
+// Sinkhorn's ~40 dependent steps take about as long as h's two round trips through L2.
 __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int hc) {
   const int64_t d = a.d, n = hc * d;
   const int n_mix = (2 + hc) * hc;
-  __shared__ float totals[kMegaSums];
+  __shared__ float totals[kMegaSums], mix[kMaxMix];
   // Warp w adds sums w, w + 4, ... over the slots (lane l: slots l, l + 32, ...; every sum's
   // loads of a pass in flight together), then a fixed shuffle tree: the same bits on every run.
   constexpr int kWarps = kMegaThreads / 32, kPerWarp = (kMegaSums + kWarps - 1) / kWarps;
@@ -304,20 +309,27 @@ __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int 
     if (lane == 0 && warp + q * kWarps < kMegaSums) totals[warp + q * kWarps] = s[q];
   }
   __syncthreads();
-  if (int(threadIdx.x) < n_mix) {
-    const float inv = 1.0f / sqrtf(totals[kMaxMix] / float(n) + a.eps);  // rms_inverse over hc·d
-    a.m[row * n_mix + threadIdx.x] = totals[threadIdx.x] * inv;
+  if (warp == 0) {
+    if (lane < n_mix) {
+      const float inv = 1.0f / sqrtf(totals[kMaxMix] / float(n) + a.eps);  // rms_inverse over hc·d
+      mix[lane] = totals[lane] * inv;
+    }
+    __syncwarp();
+    sinkhorn_warp(mix, a.scale, a.base, hc, a.iters, a.hc_eps, a.pre_out + row * hc, a.post_out + row * hc,
+                  a.comb_out + row * hc * hc);
+    return;
   }
   const float inv_h = 1.0f / sqrtf(totals[kMaxMix + 1] / float(d) + a.eps);  // rms_norm's, as norm.cu
   float* hr = a.h + row * d;
+  const int first = int(threadIdx.x) - 32, stride = kMegaThreads - 32;
   if (!a.norm) {
-    normalize_h(hr, d, inv_h, [](int64_t) { return 1.0f; });
+    normalize_h(hr, d, inv_h, [](int64_t) { return 1.0f; }, first, stride);
   } else if (a.norm_format == WeightFormat::BF16) {
     const uint16_t* g = reinterpret_cast<const uint16_t*>(a.norm);
-    normalize_h(hr, d, inv_h, [g](int64_t i) { return bf16_to_float(__ldg(g + i)); });
+    normalize_h(hr, d, inv_h, [g](int64_t i) { return bf16_to_float(__ldg(g + i)); }, first, stride);
   } else {
     const float* g = reinterpret_cast<const float*>(a.norm);
-    normalize_h(hr, d, inv_h, [g](int64_t i) { return __ldg(g + i); });
+    normalize_h(hr, d, inv_h, [g](int64_t i) { return __ldg(g + i); }, first, stride);
   }
 }
 
@@ -400,17 +412,20 @@ auto for_hc(int hc, Make make) {
 
 }  // namespace
 
-void mega_mhc_rows(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
-                   int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, float* Xo, float* h, float* m,
-                   cudaStream_t stream) {
+void mega_mhc(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
+              int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, int sinkhorn_iters, float hc_eps,
+              float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream) {
   if (rows <= 0 || d <= 0) return;
   if (hc < 1 || hc > kMaxHc) fail("cuda::mega_mhc", "hc_mult from 1 to 4", std::to_string(hc));
-  if (w.fn.format != WeightFormat::F32) fail("cuda::mega_mhc", "an F32 hc_fn", "another format");
+  if (w.fn.format != WeightFormat::F32 || w.base.format != WeightFormat::F32 || w.scale.format != WeightFormat::F32)
+    fail("cuda::mega_mhc", "F32 hc_fn, hc_base and hc_scale", "another format");
   if (norm && norm->format != WeightFormat::F32 && norm->format != WeightFormat::BF16)
     fail("cuda::mega_mhc", "an F32 or BF16 norm weight", "a quantized one");
   const int slices = int((d + kMegaThreads - 1) / kMegaThreads);
   MegaArgs a{f, X, post, comb, pre_in, d, reinterpret_cast<const float*>(w.fn.data), norm ? norm->data : nullptr,
-             norm ? norm->format : WeightFormat::F32, eps, nullptr, Xo, h, m};
+             norm ? norm->format : WeightFormat::F32, eps, nullptr, Xo, h,
+             reinterpret_cast<const float*>(w.scale.data), reinterpret_cast<const float*>(w.base.data),
+             sinkhorn_iters, hc_eps, pre_out, post_out, comb_out};
   keep_scratch_pool();
   check(cudaMallocAsync(reinterpret_cast<void**>(&a.partials), size_t(rows * slices * kMegaSums) * sizeof(float),
                         stream),
@@ -426,31 +441,6 @@ void mega_mhc_rows(const float* f, const float* X, const float* post, const floa
                  unsigned(rows), kMegaThreads, 0, stream, a, slices);
   }
   check(cudaFreeAsync(a.partials, stream), "cuda::mega_mhc");
-}
-
-void mhc_coefficients(const float* m, int64_t rows, int hc, const HcWeights& w, int sinkhorn_iters, float hc_eps,
-                      float* pre, float* post, float* comb, cudaStream_t stream) {
-  if (rows <= 0) return;
-  if (hc < 1 || hc > kMaxHc) fail("cuda::mhc_coefficients", "hc_mult from 1 to 4", std::to_string(hc));
-  if (w.base.format != WeightFormat::F32 || w.scale.format != WeightFormat::F32)
-    fail("cuda::mhc_coefficients", "F32 hc_base and hc_scale", "another format");
-  launch_early("cuda::mhc_coefficients", coefficients_kernel, unsigned((rows + kMixWarps - 1) / kMixWarps),
-               32 * kMixWarps, 0, stream, m, rows, hc, reinterpret_cast<const float*>(w.scale.data),
-               reinterpret_cast<const float*>(w.base.data), sinkhorn_iters, hc_eps, pre, post, comb);
-}
-
-void mega_mhc(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
-              int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, int sinkhorn_iters, float hc_eps,
-              float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream) {
-  if (rows <= 0 || d <= 0) return;
-  if (hc < 1 || hc > kMaxHc) fail("cuda::mega_mhc", "hc_mult from 1 to 4", std::to_string(hc));
-  float* m = nullptr;
-  keep_scratch_pool();
-  check(cudaMallocAsync(reinterpret_cast<void**>(&m), size_t(rows * mix_count(hc)) * sizeof(float), stream),
-        "cuda::mega_mhc");
-  mega_mhc_rows(f, X, post, comb, pre_in, rows, hc, d, w, norm, eps, Xo, h, m, stream);
-  mhc_coefficients(m, rows, hc, w, sinkhorn_iters, hc_eps, pre_out, post_out, comb_out, stream);
-  check(cudaFreeAsync(m, stream), "cuda::mega_mhc");
 }
 
 void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& w, float norm_eps, int sinkhorn_iters,

@@ -31,21 +31,8 @@ void hc_post(const float* f, const float* X, const float* post, const float* com
 // residual is read once and written once: (2·hc + 2)·d floats per token (X, Xo, f, h), plus hc_fn
 // ((2 + hc)·hc·hc·d floats, shared by the rows). Calls on different streams must not overlap
 // (the blocks of a row meet at a per-row arrival counter in device memory).
-// It is mega_mhc_rows then mhc_coefficients on one stream.
 void mega_mhc(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
               int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, int sinkhorn_iters, float hc_eps,
               float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream = nullptr);
-
-// Mega-mHC's two halves. The coefficients are read only at the next boundary, so a caller may run
-// the second half beside the sub-layer that h feeds (on a side stream) and join it before then:
-// Sinkhorn's 20 dependent steps leave the critical path. mega_mhc_rows writes Xo, h and each row's
-// normalized mixes m [rows, mix_count(hc)] (w: hc_fn); mhc_coefficients makes pre_out, post_out and
-// comb_out of m (w: hc_scale, hc_base; split_sinkhorn's steps).
-constexpr int mix_count(int hc) { return (2 + hc) * hc; }
-void mega_mhc_rows(const float* f, const float* X, const float* post, const float* comb, const float* pre_in, int64_t rows,
-                   int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, float* Xo, float* h, float* m,
-                   cudaStream_t stream = nullptr);
-void mhc_coefficients(const float* m, int64_t rows, int hc, const HcWeights& w, int sinkhorn_iters, float hc_eps,
-                      float* pre_out, float* post_out, float* comb_out, cudaStream_t stream = nullptr);
 
 }  // namespace dsv41::cuda

@@ -32,7 +32,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <string>
 #include <span>
 
@@ -48,7 +47,6 @@
 #include "backend/cuda/op_times.h"
 #include "backend/cuda/rope.h"
 #include "backend/cuda/sampling.h"
-#include "backend/cuda/side_stream.h"
 #include "backend/cuda/sparse_attention.h"
 #include "base/error.h"
 #include "forward/call_plan.h"
@@ -188,7 +186,6 @@ class Call {
   // A draft Call's block through the stages (run_drafter): the base logits and the folded streams.
   DraftBlock draft() {
     run_drafter(c_, *this);
-    settle_coefficients();
     return DraftBlock{std::move(logits_buffer_), std::move(folded_)};
   }
 
@@ -246,19 +243,9 @@ class Call {
   struct Mix {
     Floats pre, post, comb;  // [T, hc], [T, hc], [T, hc, hc]
   };
-  // Every read or write of a mix goes through these, which first join the coefficients that the last
-  // boundary computes on a side stream.
-  Mix& mixes(Sub s) {
-    settle_coefficients();
-    return mix_[size_t(s)];
-  }
+  Mix& mixes(Sub s) { return mix_[size_t(s)]; }
   // The mix whose `pre` gives sub-layer s its input: the FFN's for attention, the attention's for the FFN.
   Mix& before(Sub s) { return mixes(s == Sub::Attention ? Sub::Ffn : Sub::Attention); }
-  void settle_coefficients() {
-    if (!coefficients_) return;
-    coefficients_->join();
-    coefficients_.reset();
-  }
   bool decode() const { return plan_ != nullptr; }
   // The span of an op in the call's op times, if it keeps them.
   OpTimes::Span timed(std::string_view name) const { return {times_, name, stream_}; }
@@ -287,9 +274,6 @@ class Call {
 
   Floats X_, X2_, h_, y_;  // X [T, hc, dim] the residual streams (X2 the next ones); h a sub-layer's input; y its output
   Mix mix_[2];
-  // A boundary's Sinkhorn, beside the sub-layer after it (boundary()); m_mix_ [T, mix_count] its input.
-  std::optional<Branch> coefficients_;
-  Floats m_mix_;
   DeviceBuffer<int64_t> positions_buffer_;
   const int64_t* positions_ = nullptr;  // [T]
   // [T] 1 for a row of an image span (its gates rank with bias_vl, its Engram gate is shut), on the
@@ -380,15 +364,10 @@ void Call::boundary(int l, Sub from, Sub to) {
   Mix& t = mixes(to);
   const bool attn = to == Sub::Attention;
   const HcWeights& w = attn ? L.hc_attn : L.hc_ffn;
-  if (!m_mix_.get()) m_mix_ = scratch<float>(T_ * mix_count(int(c_.hc_mult)), stream_);
-  mega_mhc_rows(y_.get(), X_.get(), f.post.get(), f.comb.get(), before(to).pre.get(), T_, c_.hc_mult, c_.dim, w,
-                attn ? &L.attn_norm : &L.ffn_norm, eps(), X2_.get(), h_.get(), m_mix_.get(), stream_);
+  mega_mhc(y_.get(), X_.get(), f.post.get(), f.comb.get(), before(to).pre.get(), T_, c_.hc_mult, c_.dim, w,
+           attn ? &L.attn_norm : &L.ffn_norm, eps(), c_.hc_sinkhorn_iters, float(c_.hc_eps), X2_.get(), h_.get(),
+           t.pre.get(), t.post.get(), t.comb.get(), stream_);
   std::swap(X_, X2_);
-  // t's coefficients are read at the next boundary (write_back of `to`, the input after it): their
-  // Sinkhorn runs beside sub-layer `to`, joined by the next read of a mix.
-  coefficients_.emplace(stream_);
-  mhc_coefficients(m_mix_.get(), T_, c_.hc_mult, w, c_.hc_sinkhorn_iters, float(c_.hc_eps), t.pre.get(), t.post.get(),
-                   t.comb.get(), coefficients_->side());
 }
 
 void Call::impose_input(int l) {
@@ -443,7 +422,6 @@ void Call::enqueue(float* logits_out, float* features_out) {
     trace_->topk.clear();
   }
   run_network(c_, *this, trace_);
-  settle_coefficients();  // nothing of the call left on the side stream (a captured step must join it)
 }
 
 // The residual: hc copies of each embedding row; the first input mix is e0.
