@@ -112,6 +112,16 @@ struct QFormat<WeightFormat::FP4> {
   }
 };
 
+// A weight block's scale, times the format's kUnscale, from its ue8m0 code. The GEMV kernels load
+// the codes with their weight chunks, under the same guards, and convert them here where a chunk is
+// used: converted inside its guarded block, a code's load is waited for before the next guarded
+// load goes out, which made Mega-mHC's norm-weight loads one round trip at a time
+// (docs/benchmarks.md, 2026-12-07).
+template <WeightFormat F>
+__device__ __forceinline__ float weight_scale(uint8_t code) {
+  return e8m0_to_float(code) * QFormat<F>::kUnscale;
+}
+
 // The activation quantization's view of x (act_quant_fp8 per 32): each lane holds 8 consecutive
 // values (zeros where not live), four neighbouring lanes one 32-value block; block_amax8 returns
 // the block's amax, load8_block_amax loads the lane's values from x8 first. Every lane of the

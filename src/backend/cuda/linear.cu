@@ -239,11 +239,11 @@ __device__ void quantize_slice(const float* __restrict__ x, int64_t K, int M, in
 }
 
 // One chunk c (of C in the slice) of R rows against the MT quantized x rows: the block partials
-// (exact products summed in fp32), times the weight block scale (which carries kUnscale) into acc.
+// (exact products summed in fp32), times the weight block scale (weight_scale of its code ws) into acc.
 // An fp8 chunk is half a 32-block: its two halves are scaled separately, exactly (the scale is a
 // power of two), so only the order of the fp32 additions differs from the CPU's.
 template <WeightFormat F, int MT, int R>
-__device__ __forceinline__ void chunk_fma(const uint4 (&wv)[R], const float (&ws)[R], const float4* xs, int C, int c,
+__device__ __forceinline__ void chunk_fma(const uint4 (&wv)[R], const uint8_t (&ws)[R], const float4* xs, int C, int c,
                                           int M, float (&acc)[R][MT]) {
   constexpr int P = QFormat<F>::kElems / 4;
   float p[R][MT];
@@ -290,11 +290,13 @@ __device__ __forceinline__ void chunk_fma(const uint4 (&wv)[R], const float (&ws
       }
     }
   }
-  // p·ws is exact (ws a power of two), so the fused add rounds once, as the CPU's acc += dot·s.
+  // p·s is exact (s a power of two), so the fused add rounds once, as the CPU's acc += dot·s.
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
+    const float s = weight_scale<F>(ws[r]);
 #pragma unroll
-    for (int m = 0; m < MT; ++m) acc[r][m] = fmaf(p[r][m], ws[r], acc[r][m]);
+    for (int m = 0; m < MT; ++m) acc[r][m] = fmaf(p[r][m], s, acc[r][m]);
+  }
 }
 
 // y[m, n] = bf16(Σ_K xq[m]·W[n]) for m < M ≤ MT. Groups of L lanes (a divisor of 32) each own R
@@ -320,12 +322,12 @@ __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restric
   const int lane = int(threadIdx.x) % L;
   const int64_t row_chunks = K / E, blocks = K / kBlock, row_groups = (N + kGroups * R - 1) / (kGroups * R);
   uint4 wv[U][R], nv[U][R];  // this step's chunks, the next step's (in flight during this one's math)
-  float ws[U][R], ns[U][R];
+  uint8_t ws[U][R], ns[U][R];  // their blocks' scale codes
   const uint4* wrow[R];
   bool live[R];
   int64_t n0 = 0;
   // The U·R chunks of the lane's step from chunk c0 + c of its rows on (zeros past C or N).
-  auto fetch = [&](int64_t c0, int c, int C, uint4 (&wv)[U][R], float (&ws)[U][R]) {
+  auto fetch = [&](int64_t c0, int c, int C, uint4 (&wv)[U][R], uint8_t (&ws)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int cu = c + u * L;
@@ -337,7 +339,7 @@ __global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restric
         // row × 32 columns (= one chunk).
         const int64_t s = F == WeightFormat::FP8 ? (n0 / kBlock) * blocks + (c0 + cu) * E / kBlock
                                                  : (n0 + r) * blocks + c0 + cu;
-        ws[u][r] = ok ? e8m0_to_float(__ldg(scale + s)) * Fmt::kUnscale : 0.0f;
+        ws[u][r] = ok ? scale[s] : uint8_t(0);
       }
     }
   };

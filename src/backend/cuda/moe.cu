@@ -335,11 +335,11 @@ __device__ void load_slice(const float* const* rowp, int64_t k0, int M, int kn, 
 }
 
 // One chunk c (of C in the slice) of the group's two weight rows against the tile's M ≤ MT x rows:
-// the block partials (exact products summed in fp32), times the weight block scale (which carries
-// kUnscale; 1 for BF16) into acc. p·ws is exact (ws a power of two), so the fused add rounds once,
+// the block partials (exact products summed in fp32), times the weight block scale (weight_scale of
+// its code ws; 1 for BF16) into acc. p·s is exact (s a power of two), so the fused add rounds once,
 // as the CPU's acc += dot·s. Rows m ≥ M are skipped (M is the same in the whole block).
 template <WeightFormat F, int MT>
-__device__ __forceinline__ void chunk_fma(const uint4 (&wv)[2], const float (&ws)[2], const float4* xs, int C, int c,
+__device__ __forceinline__ void chunk_fma(const uint4 (&wv)[2], const uint8_t (&ws)[2], const float4* xs, int C, int c,
                                           int M, float (&acc)[2][MT]) {
   using Fmt = GFormat<F>;
   constexpr int P = Fmt::kElems / 4;
@@ -398,10 +398,13 @@ __device__ __forceinline__ void chunk_fma(const uint4 (&wv)[2], const float (&ws
     }
   }
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < 2; ++r) {
+    float s = 1.0f;
+    if constexpr (F != WeightFormat::BF16) s = weight_scale<F>(ws[r]);
 #pragma unroll
     for (int m = 0; m < MT; ++m)
-      if (m < M) acc[r][m] = fmaf(p[r][m], ws[r], acc[r][m]);
+      if (m < M) acc[r][m] = fmaf(p[r][m], s, acc[r][m]);
+  }
 }
 
 // What one grouped_kernel launch works on. Routed: tile t of bucket_kernel's (exit when t ≥
@@ -491,10 +494,10 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   const int64_t step = int64_t(L) * E, fit = int64_t(kGSmemBytes / 4 / M) / step * step;
   const int64_t slice = a.K < fit ? a.K : fit;
   uint4 wv[U][2], nv[U][2];  // this step's chunks, the next step's (in flight during this one's math)
-  float ws[U][2], ns[U][2];
+  uint8_t ws[U][2], ns[U][2];  // their blocks' scale codes (none for BF16)
   float acc[2][MT];
   // The U·2 chunks of one step of the lane, from global chunk c0 + c on (zeros past C or N).
-  auto fetch = [&](int64_t c0, int c, int C, uint4 (&wv)[U][2], float (&ws)[U][2]) {
+  auto fetch = [&](int64_t c0, int c, int C, uint4 (&wv)[U][2], uint8_t (&ws)[U][2]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int cu = c + u * L;
@@ -503,11 +506,11 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
         const bool ok = cu < C && live[r];
         wv[u][r] = ok ? load_stream(wrow[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
         if constexpr (F == WeightFormat::BF16) {
-          ws[u][r] = 1.0f;
+          ws[u][r] = 0;
         } else {
           // fp8: one scale per 32 rows × 32 columns; fp4: one per row × 32 columns (= a chunk).
           const int64_t s = F == WeightFormat::FP8 ? (n[r] / 32) * blocks + (c0 + cu) * E / 32 : n[r] * blocks + c0 + cu;
-          ws[u][r] = ok ? e8m0_to_float(__ldg(scale[r] + s)) * Fmt::kUnscale : 0.0f;
+          ws[u][r] = ok ? scale[r][s] : uint8_t(0);
         }
       }
     }
