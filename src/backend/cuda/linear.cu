@@ -126,14 +126,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict_
   for (int64_t i = 0; i < iterations; ++i) {
     const int64_t c = t + i * T;
     const bool valid = c < chunks;
+    // Every row's chunk loaded (zeros where none), then decoded: decoded inside its guard, a chunk
+    // was waited for before the next row's load went out.
+    uint4 raw[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw[r] = valid && n0 + r < N ? __ldg(wrow[r] + c) : make_uint4(0, 0, 0, 0);
     float v[R][E];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (valid && n0 + r < N) Fmt::decode(__ldg(wrow[r] + c), v[r]);
-      else
-#pragma unroll
-        for (int e = 0; e < E; ++e) v[r][e] = 0;
-    }
+    for (int r = 0; r < R; ++r) Fmt::decode(raw[r], v[r]);
     float partial[R][MT];
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
