@@ -237,8 +237,8 @@ void BM_MegaMhc(benchmark::State& state) {
     const HcWeights w{Weight{WeightFormat::F32, n_mix, n, reinterpret_cast<const uint8_t*>(s.fn), nullptr},
                       Weight{WeightFormat::F32, 1, n_mix, reinterpret_cast<const uint8_t*>(base), nullptr},
                       Weight{WeightFormat::F32, 1, 3, reinterpret_cast<const uint8_t*>(scale), nullptr}};
-    cuda::mega_mhc(s.f, s.X, s.post, s.comb, s.pre_in, rows, hc, d, w, &nw, 1e-6f, 20, 1e-6f, s.Xo, s.h, pre, post, comb,
-                   stream);
+    cuda::mega_mhc(s.f, s.X, s.post, s.comb, s.pre_in, rows, hc, d, w, &nw, 1e-6f, 20, 1e-6f, s.Xo, s.h, pre, post,
+                   comb, stream);
   });
   for (const Set& s : sets)
     for (float* p : {s.X, s.f, s.post, s.comb, s.pre_in, s.fn, s.Xo, s.h}) cudaFree(p);
