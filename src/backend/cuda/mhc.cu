@@ -142,7 +142,8 @@ __device__ void sinkhorn_warp(const float* m, const float* scale, const float* b
   if (mine) comb[lane] = c;
 }
 
-// One warp per token: the slices' sums (every lane adds them, in order), the RMS, then Sinkhorn.
+// One warp per token: lane k < n_mix adds mix k over the slices in order, every lane the sum of
+// squares (the RMS), then Sinkhorn on the normalized mixes.
 __global__ void mix_finish(const float* partials, int64_t rows, int slices, int64_t n, int hc, const float* scale,
                            const float* base, float norm_eps, int iters, float hc_eps, float* pre, float* post,
                            float* comb) {
@@ -150,15 +151,14 @@ __global__ void mix_finish(const float* partials, int64_t rows, int slices, int6
   const int64_t row = int64_t(blockIdx.x) * kMixWarps + threadIdx.x / 32;
   if (row >= rows) return;  // whole warps leave
   const int n_mix = (2 + hc) * hc, lane = int(threadIdx.x) % 32;
-  float m[kSums];
-  for (int k = 0; k < kSums; ++k) m[k] = 0;
-  for (int s = 0; s < slices; ++s)
-    for (int k = 0; k < kSums; ++k) m[k] += partials[(row * slices + s) * kSums + k];
-  const float inv = 1.0f / sqrtf(m[kMaxMix] / float(n) + norm_eps);  // rms_inverse
+  const float* slots = partials + row * slices * kSums;
+  float mix = 0, squares = 0;
+  for (int s = 0; s < slices; ++s) {
+    if (lane < n_mix) mix += slots[s * kSums + lane];
+    squares += slots[s * kSums + kMaxMix];
+  }
   float* mw = ms[threadIdx.x / 32];
-#pragma unroll
-  for (int k = 0; k < kMaxMix; ++k)
-    if (k == lane && k < n_mix) mw[k] = m[k] * inv;
+  if (lane < n_mix) mw[lane] = mix * (1.0f / sqrtf(squares / float(n) + norm_eps));  // rms_inverse
   __syncwarp();
   sinkhorn_warp(mw, scale, base, hc, iters, hc_eps, pre + row * hc, post + row * hc, comb + row * hc * hc);
 }
@@ -286,8 +286,8 @@ __device__ void normalize_h(float* hr, int64_t d, float inv, G g, int first, int
 
 // A row's end, by one block of kMegaThreads once every slot of its partials is written: the
 // totals over the slots and the row's normalized mixes, then at once split_sinkhorn of those
-// (warp 0: the next coefficients pre, post, comb) and the rms_norm of h (the other warps).
-// Sinkhorn's ~40 dependent steps take about as long as h's two round trips through L2.
+// (warp 0: the next coefficients pre, post, comb) and the rms_norm of h (the other warps), so that
+// Sinkhorn's ~40 dependent steps overlap h's round trips through L2.
 __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int hc) {
   const int64_t d = a.d, n = hc * d;
   const int n_mix = (2 + hc) * hc;
