@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/dequant.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -112,24 +113,48 @@ void encode(const char* name, const float* x, int64_t entries, int d, Dest dest,
   check_launch(name);
 }
 
-// SWA-FP8: one warp per entry, one lane per 32-value block (e4m3 codes, a power-of-two scale),
-// each entry to its own destination (a ring slot, or a row of a forward call's window buffer).
-// Traffic: d·4 bytes in, bytes(d) out per entry (2 KB → 528 B at d = 512).
+// SWA-FP8: one warp per entry, 16 values a lane, so a 32-value block is two neighbouring lanes
+// (its amax by one shuffle) and a lane's codes are one 16-byte store. x / scale is x times the
+// exact reciprocal of the power-of-two scale, rounded by the hardware's e4m3 conversion: the
+// CPU encoder's codes (numerics_test). Each entry to its own destination (a ring slot, or a row
+// of a forward call's window buffer). Traffic: d·4 bytes in, bytes(d) out per entry (2 KB → 528 B
+// at d = 512).
 __global__ void swa_fp8_encode_kernel(const float* x, int64_t entries, int d, uint8_t* const* out) {
   const int64_t e = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (e >= entries) return;
+  if (e >= entries) return;  // a whole warp: e is the warp's
+  const int lane = int(threadIdx.x % 32), halves = d / 16;
   const float* xe = x + e * d;
   uint8_t* oe = out[e];
-  for (int b = threadIdx.x % 32; b < d / swa_fp8::kBlock; b += 32) {
-    const float* v = xe + b * swa_fp8::kBlock;
+  const bool aligned = reinterpret_cast<uintptr_t>(oe) % 16 == 0;
+  for (int h0 = 0; h0 < halves; h0 += 32) {  // the same trip count in every lane: the shuffle stays whole
+    const int h = h0 + lane;
+    const bool on = h < halves;
+    float v[16] = {};
+    if (on)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float4 f = reinterpret_cast<const float4*>(xe + 16 * h)[q];
+        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+      }
     float amax = 0.0f;
-    for (int i = 0; i < swa_fp8::kBlock; ++i) {
-      const float a = v[i] < 0.0f ? -v[i] : v[i];
-      amax = a > amax ? a : amax;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+    if (!on) continue;
+    const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w)
+      words[w] = uint32_t(e4m3x2_codes(v[4 * w] * inv, v[4 * w + 1] * inv)) |
+                 uint32_t(e4m3x2_codes(v[4 * w + 2] * inv, v[4 * w + 3] * inv)) << 16;
+    uint8_t* codes = oe + 16 * h;
+    if (aligned) {
+      *reinterpret_cast<uint4*>(codes) = make_uint4(words[0], words[1], words[2], words[3]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) codes[i] = uint8_t(words[i / 4] >> (8 * (i % 4)));
     }
-    const float scale = swa_fp8::block_scale(amax);
-    oe[swa_fp8::scales_offset(d) + b] = e8m0_from_pow2(scale);
-    for (int i = 0; i < swa_fp8::kBlock; ++i) oe[b * swa_fp8::kBlock + i] = e4m3_from_float(v[i] / scale);
+    if (h % 2 == 0) oe[swa_fp8::scales_offset(d) + h / 2] = e8m0_from_pow2(scale);
   }
 }
 

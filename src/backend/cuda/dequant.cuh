@@ -65,9 +65,15 @@ __device__ __forceinline__ void e2m1x8(uint32_t word, float* out) {
 // cvt.rn.satfinite.e4m3x2.f32 and cvt.rn.f16x2.e4m3x2 (sm_89+), one instruction each per pair
 // where the integer encoder e4m3_from_float takes ~20. numerics_test checks this against
 // e4m3_to_float(e4m3_from_float(v)) for every non-NaN fp32 value.
-__device__ __forceinline__ float2 e4m3_round2(float a, float b) {
+// e4m3x2_codes gives the two codes themselves (a's in the low byte): e4m3_from_float's, since the
+// codes and the values they decode to correspond one to one (NaN aside).
+__device__ __forceinline__ uint16_t e4m3x2_codes(float a, float b) {
   uint16_t codes;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(codes) : "f"(b), "f"(a));  // a in the low byte
+  return codes;
+}
+__device__ __forceinline__ float2 e4m3_round2(float a, float b) {
+  const uint16_t codes = e4m3x2_codes(a, b);
   uint32_t halves;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(codes));  // low byte to the low half
   return half2_bits_to_float2(halves);
