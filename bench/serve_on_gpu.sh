@@ -29,7 +29,9 @@ model=/tmp/bench-1gpu
 serve="--model $model --device cuda --random-weights 1 --max-running 64 --max-queued 1024 --step-tokens 8192 --speculative off"
 if [ "${AGENT_ONLY:-0}" != 1 ]; then
 "$build/bench/cuda_forward_bench" --batches 64 --contexts 4096 --prefill , --steps 8 > "$logs/raw.txt" 2>&1
-raw=$(awk -F'|' '$2 ~ /^ *64 *$/ && $3 ~ /^ *4,?096 *$/ {gsub(/[ ,]/, "", $7); print $7}' "$logs/raw.txt")
+# the tokens/s column found by its header (the table gains columns)
+raw=$(awk -F'|' '/^\| batch /{for (i = 2; i < NF; ++i) if ($i ~ /^ *tokens\/s *$/) c = i}
+  c && $2 ~ /^ *64 *$/ && $3 ~ /^ *4,?096 *$/ {gsub(/[ ,]/, "", $c); print $c}' "$logs/raw.txt")
 echo "{\"scenario\":\"raw\",\"raw_batch64_tokens_per_s\":${raw:-null}}" >> "$out"
 cat "$logs/raw.txt"
 
