@@ -223,31 +223,59 @@ __device__ void load_fn_column(const float* fn, int64_t d, int64_t k, float (&fn
     for (int j = 0; j < HC; ++j) fnk[t][j] = k < d ? fn[t * HC * d + j * d + k] : 0.0f;
 }
 
-// One token's column k (one thread): Xo[·][k] (hc_post's operations), h[k] unnormalized (hc_pre's),
-// and this column's part of the row's sums in acc: the mixes, Σ Xo², Σ h² (zeros past d).
+// One token's column k (one thread) of the streams and of f: its loads, issued together (zeros past d).
 template <int HC>
-__device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const float (&fnk)[(2 + HC) * HC][HC],
+__device__ __forceinline__ void load_column(const MegaArgs& a, int64_t row, int64_t k, float (&x)[HC], float& fk) {
+#pragma unroll
+  for (int i = 0; i < HC; ++i) x[i] = 0.0f;
+  fk = 0.0f;
+  if (k < a.d) {
+#pragma unroll
+    for (int i = 0; i < HC; ++i) x[i] = a.X[(row * HC + i) * a.d + k];
+    fk = a.f[row * a.d + k];
+  }
+}
+
+// Rows first .. first + n − 1's comb, post and pre_in into coef[r] (kCoefficients values a row), by
+// the block's threads in one round trip; the caller syncs before reading them.
+template <int HC>
+constexpr int kCoefficients = HC * HC + 2 * HC;
+template <int HC>
+__device__ void load_coefficients(const MegaArgs& a, int64_t first, int n, float (*coef)[kCoefficients<HC>]) {
+  constexpr int C = kCoefficients<HC>;
+  for (int i = int(threadIdx.x); i < n * C; i += int(blockDim.x)) {
+    const int r = i / C, t = i % C;
+    const int64_t row = first + r;
+    coef[r][t] = t < HC * HC        ? a.comb[row * HC * HC + t]
+                 : t < HC * HC + HC ? a.post[row * HC + t - HC * HC]
+                                    : a.pre_in[row * HC + t - HC * HC - HC];
+  }
+}
+
+// One token's column k from its loads and its row's coefficients (load_coefficients' row): Xo[·][k]
+// (hc_post's operations), h[k] unnormalized (hc_pre's), and this column's part of the row's sums in
+// acc: the mixes, Σ Xo², Σ h² (zeros past d).
+template <int HC>
+__device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const float (&x)[HC], float fk,
+                            const float (&coef)[kCoefficients<HC>], const float (&fnk)[(2 + HC) * HC][HC],
                             float (&acc)[kMegaSums]) {
+  const float *comb = coef, *post = coef + HC * HC, *pre = coef + HC * HC + HC;
   constexpr int hc = HC, n_mix = (2 + HC) * HC;
   const int64_t d = a.d;
 #pragma unroll
   for (int t = 0; t < kMegaSums; ++t) acc[t] = 0;
   if (k < d) {
-    const float* c = a.comb + row * hc * hc;
-    float x[HC], xo[HC];
-#pragma unroll
-    for (int i = 0; i < HC; ++i) x[i] = a.X[(row * hc + i) * d + k];
-    const float fk = a.f[row * d + k];
+    float xo[HC];
     // hc_post, then hc_pre on its outputs: the CPU's operations in its order, each rounded.
     float hk = 0;
 #pragma unroll
     for (int j = 0; j < HC; ++j) {
       float mix = 0;
 #pragma unroll
-      for (int i = 0; i < HC; ++i) mix = __fadd_rn(mix, __fmul_rn(c[i * hc + j], x[i]));
-      xo[j] = round_bf16(__fadd_rn(__fmul_rn(a.post[row * hc + j], fk), mix));
+      for (int i = 0; i < HC; ++i) mix = __fadd_rn(mix, __fmul_rn(comb[i * hc + j], x[i]));
+      xo[j] = round_bf16(__fadd_rn(__fmul_rn(post[j], fk), mix));
       a.Xo[(row * hc + j) * d + k] = xo[j];
-      hk = __fadd_rn(hk, __fmul_rn(a.pre_in[row * hc + j], xo[j]));
+      hk = __fadd_rn(hk, __fmul_rn(pre[j], xo[j]));
       acc[kMaxMix] = fmaf(xo[j], xo[j], acc[kMaxMix]);
     }
     hk = round_bf16(hk);
@@ -341,8 +369,12 @@ __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);  // a weight: read while the kernel before this one ends
   wait_for_inputs();
-  float acc[kMegaSums];
-  mega_column<HC>(a, row, k, fnk, acc);
+  float x[HC], fk, acc[kMegaSums];
+  load_column<HC>(a, row, k, x, fk);
+  __shared__ float coef[1][kCoefficients<HC>];  // the row's comb, post, pre_in
+  load_coefficients<HC>(a, row, 1, coef);
+  __syncthreads();
+  mega_column<HC>(a, row, k, x, fk, coef[0], fnk, acc);
   block_sums<kMegaSums, kMegaThreads>(acc, a.partials + (row * gridDim.x + blockIdx.x) * kMegaSums);
   // Publish this block's sums, Xo and h, then count it in; the last block of the row goes on.
   __shared__ bool last;
@@ -358,25 +390,40 @@ __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a
 
 // kMegaFusedRows rows or more (prefill): grid (slices, row groups of kMegaRowsPerBlock). A block
 // keeps its column's hc_fn values in registers for all its rows, so hc_fn comes from L2 once per
-// group instead of once per row (2 MB a row in V4.1: at 8K rows, 16 GB of L2 reads). Every row's
-// sums are those of mega_mhc_kernel, bit for bit; mega_finish_kernel ends the rows.
+// group instead of once per row (2 MB a row in V4.1: at 8K rows, 16 GB of L2 reads). Its rows'
+// coefficients go to shared memory in one round trip, and their columns' loads go out kRowBatch rows
+// at a time (a row at a time, each row's loads waited for the row before: 583 µs a call at 4K rows
+// on an H100, ~47% of the copy bandwidth, at 3 blocks an SM). Every row's sums are those of
+// mega_mhc_kernel, bit for bit; mega_finish_kernel ends the rows.
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs a, int64_t rows) {
+  constexpr int kRowBatch = 4;
   const int64_t k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);
   wait_for_inputs();
   const int64_t first = int64_t(blockIdx.y) * kMegaRowsPerBlock;
   const int n = int(rows - first < kMegaRowsPerBlock ? rows - first : kMegaRowsPerBlock);
+  __shared__ float coef[kMegaRowsPerBlock][kCoefficients<HC>];  // comb, post, pre_in of each row
+  load_coefficients<HC>(a, first, n, coef);
+  __syncthreads();
   // Each row's warp totals wait here, and the warps' sums (block_sums' order) are taken once for all
   // rows after one barrier, instead of two barriers a row.
   __shared__ float part[kMegaRowsPerBlock][kMegaThreads / 32][kMegaSums];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  for (int r = 0; r < n; ++r) {
-    float acc[kMegaSums];
-    mega_column<HC>(a, first + r, k, fnk, acc);
-    const float total = warp_totals(acc);
-    if (lane < kMegaSums) part[r][warp][lane] = total;
+  for (int r0 = 0; r0 < n; r0 += kRowBatch) {
+    float x[kRowBatch][HC], fk[kRowBatch];
+#pragma unroll
+    for (int b = 0; b < kRowBatch; ++b) load_column<HC>(a, first + (r0 + b < n ? r0 + b : r0), k, x[b], fk[b]);
+#pragma unroll
+    for (int b = 0; b < kRowBatch; ++b) {
+      const int r = r0 + b;
+      if (r >= n) break;  // block-uniform: the shuffles stay whole
+      float acc[kMegaSums];
+      mega_column<HC>(a, first + r, k, x[b], fk[b], coef[r], fnk, acc);
+      const float total = warp_totals(acc);
+      if (lane < kMegaSums) part[r][warp][lane] = total;
+    }
   }
   __syncthreads();
   for (int i = int(threadIdx.x); i < n * kMegaSums; i += kMegaThreads) {
