@@ -48,9 +48,20 @@ __global__ void stream_mean_kernel(const float* __restrict__ X, int64_t rows, in
   out[r * stride + k] = round_bf16(sum / float(hc));
 }
 
-__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, uint16_t* __restrict__ out) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = bf16_from_float(x[i]);
+// kToBf16 values a thread: its two 16-byte loads and one 16-byte store (with one value a thread,
+// 4 bytes a thread were in flight: ~half the copy bandwidth on a prefill's [4096, 32768] wo_a input).
+// `vector`: x and out 16-byte aligned; the values past the last whole group, one by one.
+constexpr int kToBf16 = 8;
+__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, uint16_t* __restrict__ out, bool vector) {
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kToBf16;
+  if (i >= n) return;
+  if (vector && i + kToBf16 <= n) {
+    const float4 a = reinterpret_cast<const float4*>(x + i)[0], b = reinterpret_cast<const float4*>(x + i)[1];
+    const auto pair = [](float lo, float hi) { return uint32_t(bf16_from_float(lo)) | uint32_t(bf16_from_float(hi)) << 16; };
+    *reinterpret_cast<uint4*>(out + i) = make_uint4(pair(a.x, a.y), pair(a.z, a.w), pair(b.x, b.y), pair(b.z, b.w));
+    return;
+  }
+  for (int64_t j = i; j < n && j < i + kToBf16; ++j) out[j] = bf16_from_float(x[j]);
 }
 
 __global__ void sum_splits_kernel(const float* __restrict__ partial, int splits, int64_t n, float* __restrict__ y,
@@ -115,7 +126,8 @@ void gather_rows(const float* src, const int32_t* index, int64_t n, int64_t widt
 
 void to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
   if (n <= 0) return;
-  to_bf16_kernel<<<blocks(n), kThreads, 0, stream>>>(x, n, out);
+  const bool vector = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  to_bf16_kernel<<<blocks((n + kToBf16 - 1) / kToBf16), kThreads, 0, stream>>>(x, n, out, vector);
   check_launch("cuda::to_bf16");
 }
 
