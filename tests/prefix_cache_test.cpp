@@ -268,11 +268,14 @@ TEST_F(PrefixCacheTest, DiskThenHostAfterRestart) {
   EXPECT_EQ(use.disk_blocks, 3);
   EXPECT_EQ(use.host_blocks, 0);
   EXPECT_EQ(use.global_tokens, 192);
+  const double read = cache.stats().counters.store_read_seconds;  // three files read and checked
+  EXPECT_GT(read, 0.0);
   clock.advance_ms(60'000);
   Session d(*model, &tokenizer);
   d.prefill_prompt(prompt, &cache, &use);
   EXPECT_EQ(use.host_blocks, 4);  // b stored its fourth block too
   EXPECT_EQ(use.disk_blocks, 0);
+  EXPECT_EQ(cache.stats().counters.store_read_seconds, read);  // a host hit reads no file
   EXPECT_EQ(cache.stats().counters.disk_tokens, 192);
   EXPECT_EQ(cache.stats().counters.host_tokens, 256);
 }

@@ -291,6 +291,7 @@ TEST(Server, ARestartedServerServesThePrefixFromDisk) {
   EXPECT_GE(second.metric("dsv41_cache_hit_tokens_total{tier=\"disk\"}"), 256);
   EXPECT_EQ(second.metric("dsv41_cache_hit_tokens_total{tier=\"host\"}"), 0);
   EXPECT_EQ(second.metric("dsv41_cache_replayed_tokens_total"), 16);  // W of v41-tiny
+  EXPECT_GT(second.metric("dsv41_store_read_seconds_total"), 0);      // the lookup's reads of the store
 }
 
 // A damaged block file in the store is dropped when the server opens it, and counted where an

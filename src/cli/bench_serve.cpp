@@ -220,10 +220,11 @@ class Client {
     for (const auto& [labels, v] : metrics("dsv41_cache_hit_tokens_total{tier=\"")) tiers[labels.substr(0, labels.find('"'))] = v;
     return tiers;
   }
-  // The server's time by what it did: parsing and queueing, lookup (and restore), store, prefill and decode steps.
+  // The server's time by what it did: parsing and queueing, lookup (and restore; store_read: its reads of
+  // the persistent store), store, prefill and decode steps.
   std::map<std::string, double> seconds() const {
     std::map<std::string, double> out;
-    for (const char* what : {"request_parse", "queue_wait", "prompt_lookup", "kv_store", "prefill", "decode"}) {
+    for (const char* what : {"request_parse", "queue_wait", "prompt_lookup", "store_read", "kv_store", "prefill", "decode"}) {
       const auto m = metrics(std::string("dsv41_") + what + "_seconds_total");
       if (m.count("")) out[what] = m.at("");
     }

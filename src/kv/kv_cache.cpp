@@ -1,6 +1,7 @@
 #include "kv/kv_cache.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 
 #include "kv/sequence_blocks.h"
@@ -86,6 +87,7 @@ BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks, s
   std::vector<std::optional<std::vector<uint8_t>>> payloads(found.size());
   std::vector<std::exception_ptr> errors(found.size());
   const auto reads = std::count_if(found.begin(), found.end(), [](const Found& f) { return !f.host; });
+  const auto read_start = std::chrono::steady_clock::now();
 #pragma omp parallel for schedule(dynamic, 1) if (reads > 1)
   for (size_t i = 0; i < found.size(); ++i) {
     if (found[i].host) continue;
@@ -94,6 +96,11 @@ BlockRun KvCache::find_blocks(std::span<const int> tokens, int64_t max_blocks, s
     } catch (...) {
       errors[i] = std::current_exception();
     }
+  }
+  if (reads > 0) {
+    const std::chrono::duration<double> read = std::chrono::steady_clock::now() - read_start;
+    std::lock_guard lock(mutex_);
+    counters_.store_read_seconds += read.count();
   }
   BlockRun run;
   for (size_t i = 0; i < found.size(); ++i) {
@@ -169,6 +176,7 @@ void KvCache::count(const KvCacheCounters& d) {
   counters_.replay_seconds += d.replay_seconds;
   counters_.short_hits += d.short_hits;
   counters_.store_errors += d.store_errors;
+  counters_.store_read_seconds += d.store_read_seconds;
 }
 
 KvCacheStats KvCache::stats() const {

@@ -56,6 +56,7 @@ struct KvCacheCounters {
   double replay_seconds = 0;    // wall time of the prefill calls that replayed
   int64_t short_hits = 0;       // global hits not adopted: no longer than the window
   int64_t store_errors = 0;     // blocks the persistent store failed to write (disk full, I/O)
+  double store_read_seconds = 0;  // wall time reading prompt blocks from the store (part of a lookup)
 };
 
 struct KvCacheStats {
