@@ -5,10 +5,10 @@
 // (2 + hc)·hc = 24 dot products with hc_fn's rows over it; traffic per token: hc·d·4 (X) plus
 // 24·hc·d·4 (hc_fn, 2 MB, shared by all tokens through L2). mix_finish: one warp per token adds
 // the slices in order, applies the RMS and runs split_sinkhorn's steps (backend/cpu/sinkhorn.h),
-// one lane per element of comb (sinkhorn_warp). hc_pre and hc_post are elementwise, one thread per
-// output, with the CPU's operation order and no FMA contraction, so they match the CPU bit for
-// bit; traffic (hc + 1)·d·4 read and d·4 written (pre), 2·hc·d·4 + d·4 read and hc·d·4 written
-// (post).
+// one lane per element of comb (sinkhorn_warp). hc_pre and hc_post take one thread per token and
+// column (hc_post's makes the column's hc outputs), with the CPU's operation order and no FMA
+// contraction, so they match the CPU bit for bit; traffic (hc + 1)·d·4 read and d·4 written (pre),
+// (hc + 1)·d·4 read and hc·d·4 written (post).
 //
 // mega_mhc fuses hc_post, hc_mixes, hc_pre and rms_norm (see mhc.h): one thread per column k of a
 // token, 128 columns a block. A thread reads X[·][k] and f[k], writes Xo[·][k] (hc_post's
@@ -163,26 +163,48 @@ __global__ void mix_finish(const float* partials, int64_t rows, int slices, int6
   sinkhorn_warp(mw, scale, base, hc, iters, hc_eps, pre + row * hc, post + row * hc, comb + row * hc * hc);
 }
 
-__global__ void hc_pre_kernel(const float* X, const float* pre, int64_t rows, int hc, int64_t d, float* y) {
+// hc_post of one token's column: xo[j] = bf16(post[j]·f + Σ_i comb[i·hc + j]·x[i]), the CPU's
+// operations in its order, each product rounded (hc_post_kernel's and Mega-mHC's).
+template <int HC>
+__device__ __forceinline__ void hc_post_column(const float (&x)[HC], float fk, const float* comb, const float* post,
+                                               float (&xo)[HC]) {
+#pragma unroll
+  for (int j = 0; j < HC; ++j) {
+    float mix = 0;
+#pragma unroll
+    for (int i = 0; i < HC; ++i) mix = __fadd_rn(mix, __fmul_rn(comb[i * HC + j], x[i]));
+    xo[j] = round_bf16(__fadd_rn(__fmul_rn(post[j], fk), mix));
+  }
+}
+
+// One thread per (token, column), hc a constant: the column's hc loads go out together.
+template <int HC>
+__global__ void hc_pre_kernel(const float* X, const float* pre, int64_t rows, int64_t d, float* y) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * d) return;
   const int64_t r = id / d, k = id % d;
-  const float* x = X + r * hc * d + k;
+  const float* x = X + r * HC * d + k;
   float sum = 0;
-  for (int i = 0; i < hc; ++i) sum = __fadd_rn(sum, __fmul_rn(pre[r * hc + i], x[i * d]));
+#pragma unroll
+  for (int i = 0; i < HC; ++i) sum = __fadd_rn(sum, __fmul_rn(pre[r * HC + i], x[i * d]));
   y[id] = round_bf16(sum);
 }
 
+// One thread per (token, column): its hc stream values read once for all hc outputs (one thread
+// per output read each of them hc times, one load at a time: 953 µs a call at 4K rows on an H100,
+// ~38% of the copy bandwidth).
+template <int HC>
 __global__ void hc_post_kernel(const float* f, const float* X, const float* post, const float* comb, int64_t rows,
-                               int hc, int64_t d, float* out) {
+                               int64_t d, float* out) {
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (id >= rows * hc * d) return;
-  const int64_t k = id % d, j = id / d % hc, r = id / d / hc;
-  const float* x = X + r * hc * d + k;
-  const float* c = comb + r * hc * hc;
-  float mix = 0;
-  for (int i = 0; i < hc; ++i) mix = __fadd_rn(mix, __fmul_rn(c[i * hc + j], x[i * d]));
-  out[id] = round_bf16(__fadd_rn(__fmul_rn(post[r * hc + j], f[r * d + k]), mix));
+  if (id >= rows * d) return;
+  const int64_t r = id / d, k = id % d;
+  float x[HC], xo[HC];
+#pragma unroll
+  for (int i = 0; i < HC; ++i) x[i] = X[(r * HC + i) * d + k];
+  hc_post_column<HC>(x, f[id], comb + r * HC * HC, post + r * HC, xo);
+#pragma unroll
+  for (int j = 0; j < HC; ++j) out[(r * HC + j) * d + k] = xo[j];
 }
 
 constexpr int kMegaThreads = 128;           // columns of a token per block
@@ -265,15 +287,12 @@ __device__ void mega_column(const MegaArgs& a, int64_t row, int64_t k, const flo
 #pragma unroll
   for (int t = 0; t < kMegaSums; ++t) acc[t] = 0;
   if (k < d) {
-    float xo[HC];
     // hc_post, then hc_pre on its outputs: the CPU's operations in its order, each rounded.
+    float xo[HC];
+    hc_post_column<HC>(x, fk, comb, post, xo);
     float hk = 0;
 #pragma unroll
     for (int j = 0; j < HC; ++j) {
-      float mix = 0;
-#pragma unroll
-      for (int i = 0; i < HC; ++i) mix = __fadd_rn(mix, __fmul_rn(comb[i * hc + j], x[i]));
-      xo[j] = round_bf16(__fadd_rn(__fmul_rn(post[j], fk), mix));
       a.Xo[(row * hc + j) * d + k] = xo[j];
       hk = __fadd_rn(hk, __fmul_rn(pre[j], xo[j]));
       acc[kMaxMix] = fmaf(xo[j], xo[j], acc[kMaxMix]);
@@ -515,14 +534,22 @@ void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& 
 
 void hc_pre(const float* X, const float* pre, int64_t rows, int hc, int64_t d, float* y, cudaStream_t stream) {
   if (rows * d <= 0) return;
-  hc_pre_kernel<<<blocks_for(rows * d), kThreads, 0, stream>>>(X, pre, rows, hc, d, y);
+  if (hc < 1 || hc > kMaxHc) fail("cuda::hc_pre", "hc_mult from 1 to 4", std::to_string(hc));
+  for_hc(hc, [&](auto HC) {
+    hc_pre_kernel<decltype(HC)::value><<<blocks_for(rows * d), kThreads, 0, stream>>>(X, pre, rows, d, y);
+    return 0;
+  });
   check_launch("cuda::hc_pre");
 }
 
 void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t rows, int hc, int64_t d,
              float* out, cudaStream_t stream) {
   if (rows * d <= 0) return;
-  hc_post_kernel<<<blocks_for(rows * hc * d), kThreads, 0, stream>>>(f, X, post, comb, rows, hc, d, out);
+  if (hc < 1 || hc > kMaxHc) fail("cuda::hc_post", "hc_mult from 1 to 4", std::to_string(hc));
+  for_hc(hc, [&](auto HC) {
+    hc_post_kernel<decltype(HC)::value><<<blocks_for(rows * d), kThreads, 0, stream>>>(f, X, post, comb, rows, d, out);
+    return 0;
+  });
   check_launch("cuda::hc_post");
 }
 
