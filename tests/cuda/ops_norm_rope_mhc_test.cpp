@@ -77,7 +77,9 @@ TEST(CudaRope, MatchesCpuForwardAndInverse) {
     int64_t max_pos;
   };
   uint32_t seed = 50;
-  for (const Case c : {Case{3, 64, 512, 64, 1 << 20}, Case{5, 1, 512, 64, 70000}, Case{4, 8, 32, 16, 100}}) {
+  // Heads in groups of 8, 1, 8, 2 and 4 a thread (rope.cu).
+  for (const Case c : {Case{3, 64, 512, 64, 1 << 20}, Case{5, 1, 512, 64, 70000}, Case{4, 8, 32, 16, 100},
+                       Case{2, 6, 64, 32, 5000}, Case{3, 12, 64, 16, 300}}) {
     const RopeTable table(c.rope_dim, 10000, 65536, 16, 32, 1);
     std::mt19937 rng(seed);
     std::vector<int64_t> pos(static_cast<size_t>(c.rows));
