@@ -11,24 +11,31 @@
 # and a 4K prefill, 8 steps), printing the step and prefill rows; TRACE=1 adds one --kernel-trace
 # run of each to $LOGS. TESTS, if set, names test binaries of this tree to build and run first.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 : "${PATCH:?PATCH: the diff from the baseline to this tree}"
 patch_file=$(realpath "$PATCH")
 logs=${LOGS:-gpu-logs}
-args=${ARGS:---batches 1,8,64 --contexts 4096 --prefill 4096 --steps 8}
+read -r -a args <<< "${ARGS:---batches 1,8,64 --contexts 4096 --prefill 4096 --steps 8}"
+read -r -a tests <<< "${TESTS:-}"
 mkdir -p "$logs"
 nvidia-smi --query-gpu=name --format=csv,noheader
 base=/tmp/forward-ab-base
 rm -rf "$base" && mkdir -p "$base"
-cp -r $(ls -A | grep -v -E '^(build-ab|\.git|\.gpu)$') "$base"/ && (cd "$base" && patch -R -p1 -s < "$patch_file") ||
-  { echo "forward_ab_on_gpu: $PATCH does not reverse onto this tree"; exit 1; }
+shopt -s dotglob nullglob
+for entry in *; do
+  case $entry in build-ab | .git | .gpu) ;; *) cp -r "$entry" "$base"/ ;; esac
+done
+if ! (cd "$base" && patch -R -p1 -s < "$patch_file"); then
+  echo "forward_ab_on_gpu: $PATCH does not reverse onto this tree"
+  exit 1
+fi
 (cd "$base" && cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null &&
   ninja -C build-ab -j"$(( $(nproc) / 2 ))" cuda_forward_bench > "$logs/base-build.log" 2>&1) &
 cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release > "$logs/configure.log" 2>&1 || { tail -20 "$logs/configure.log"; exit 1; }
-ninja -C build-ab -j"$(( $(nproc) / 2 ))" cuda_forward_bench ${TESTS:-} > "$logs/build.log" 2>&1 ||
+ninja -C build-ab -j"$(( $(nproc) / 2 ))" cuda_forward_bench "${tests[@]}" > "$logs/build.log" 2>&1 ||
   { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
-for t in ${TESTS:-}; do
-  build-ab/tests/$t > "$logs/$t.log" 2>&1
+for t in "${tests[@]}"; do
+  "build-ab/tests/$t" > "$logs/$t.log" 2>&1
   echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$logs/$t.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \]|Failure" "$logs/$t.log" | head -8
 done
@@ -39,13 +46,10 @@ for r in $(seq 1 "${RUNS:-2}"); do
     bin=build-ab/bench/cuda_forward_bench
     [ $v = base ] && bin=$base/build-ab/bench/cuda_forward_bench
     echo "== $v, run $r"
-    # shellcheck disable=SC2086
-    $bin $args 2>&1 | grep -E "^device-to-device|^\| [0-9]+ \| [0-9]+ \||^\| [0-9]+ \| (exact|default) \|"
+    "$bin" "${args[@]}" 2>&1 | grep -E "^device-to-device|^\| [0-9]+ \| [0-9]+ \||^\| [0-9]+ \| (exact|default) \|"
   done
 done
 if [ "${TRACE:-0}" = 1 ]; then
-  # shellcheck disable=SC2086
-  build-ab/bench/cuda_forward_bench $args --kernel-trace > "$logs/trace-this.txt" 2>&1
-  # shellcheck disable=SC2086
-  "$base/build-ab/bench/cuda_forward_bench" $args --kernel-trace > "$logs/trace-base.txt" 2>&1
+  build-ab/bench/cuda_forward_bench "${args[@]}" --kernel-trace > "$logs/trace-this.txt" 2>&1
+  "$base/build-ab/bench/cuda_forward_bench" "${args[@]}" --kernel-trace > "$logs/trace-base.txt" 2>&1
 fi
