@@ -48,16 +48,18 @@ __global__ void stream_mean_kernel(const float* __restrict__ X, int64_t rows, in
   out[r * stride + k] = round_bf16(sum / float(hc));
 }
 
-// kToBf16 values a thread: its two 16-byte loads and one 16-byte store (with one value a thread,
-// 4 bytes a thread were in flight: ~half the copy bandwidth on a prefill's [4096, 32768] wo_a input).
-// `vector`: x and out 16-byte aligned; the values past the last whole group, one by one.
+// kToBf16 values a thread: its two 16-byte loads and one 16-byte store (with one value a thread, 4
+// bytes a thread in flight: 24.5 ms of an exact 4K prefill in 139 calls on an H100). `vector`: x
+// and out 16-byte aligned; else, and past the last whole group, one value at a time.
 constexpr int kToBf16 = 8;
 __global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, uint16_t* __restrict__ out, bool vector) {
   const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kToBf16;
   if (i >= n) return;
   if (vector && i + kToBf16 <= n) {
     const float4 a = reinterpret_cast<const float4*>(x + i)[0], b = reinterpret_cast<const float4*>(x + i)[1];
-    const auto pair = [](float lo, float hi) { return uint32_t(bf16_from_float(lo)) | uint32_t(bf16_from_float(hi)) << 16; };
+    const auto pair = [](float lo, float hi) {
+      return uint32_t(bf16_from_float(lo)) | uint32_t(bf16_from_float(hi)) << 16;
+    };
     *reinterpret_cast<uint4*>(out + i) = make_uint4(pair(a.x, a.y), pair(a.z, a.w), pair(b.x, b.y), pair(b.z, b.w));
     return;
   }
