@@ -177,6 +177,21 @@ __device__ __forceinline__ void hc_post_column(const float (&x)[HC], float fk, c
   }
 }
 
+// One token's column k (one thread) of the streams X [rows, hc, d] and of f [rows, d]: its loads,
+// issued together (zeros past d). hc_post_kernel's and Mega-mHC's.
+template <int HC>
+__device__ __forceinline__ void load_column(const float* X, const float* f, int64_t d, int64_t row, int64_t k,
+                                            float (&x)[HC], float& fk) {
+#pragma unroll
+  for (int i = 0; i < HC; ++i) x[i] = 0.0f;
+  fk = 0.0f;
+  if (k < d) {
+#pragma unroll
+    for (int i = 0; i < HC; ++i) x[i] = X[(row * HC + i) * d + k];
+    fk = f[row * d + k];
+  }
+}
+
 // One thread per (token, column), hc a constant: the column's hc loads go out together.
 template <int HC>
 __global__ void hc_pre_kernel(const float* X, const float* pre, int64_t rows, int64_t d, float* y) {
@@ -199,10 +214,9 @@ __global__ void hc_post_kernel(const float* f, const float* X, const float* post
   const int64_t id = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= rows * d) return;
   const int64_t r = id / d, k = id % d;
-  float x[HC], xo[HC];
-#pragma unroll
-  for (int i = 0; i < HC; ++i) x[i] = X[(r * HC + i) * d + k];
-  hc_post_column<HC>(x, f[id], comb + r * HC * HC, post + r * HC, xo);
+  float x[HC], fk, xo[HC];
+  load_column<HC>(X, f, d, r, k, x, fk);
+  hc_post_column<HC>(x, fk, comb + r * HC * HC, post + r * HC, xo);
 #pragma unroll
   for (int j = 0; j < HC; ++j) out[(r * HC + j) * d + k] = xo[j];
 }
@@ -243,19 +257,6 @@ __device__ void load_fn_column(const float* fn, int64_t d, int64_t k, float (&fn
   for (int t = 0; t < (2 + HC) * HC; ++t)
 #pragma unroll
     for (int j = 0; j < HC; ++j) fnk[t][j] = k < d ? fn[t * HC * d + j * d + k] : 0.0f;
-}
-
-// One token's column k (one thread) of the streams and of f: its loads, issued together (zeros past d).
-template <int HC>
-__device__ __forceinline__ void load_column(const MegaArgs& a, int64_t row, int64_t k, float (&x)[HC], float& fk) {
-#pragma unroll
-  for (int i = 0; i < HC; ++i) x[i] = 0.0f;
-  fk = 0.0f;
-  if (k < a.d) {
-#pragma unroll
-    for (int i = 0; i < HC; ++i) x[i] = a.X[(row * HC + i) * a.d + k];
-    fk = a.f[row * a.d + k];
-  }
 }
 
 // Rows first .. first + n − 1's comb, post and pre_in into coef[r] (kCoefficients values a row), by
@@ -389,7 +390,7 @@ __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a
   load_fn_column<HC>(a.fn, a.d, k, fnk);  // a weight: read while the kernel before this one ends
   wait_for_inputs();
   float x[HC], fk, acc[kMegaSums];
-  load_column<HC>(a, row, k, x, fk);
+  load_column<HC>(a.X, a.f, a.d, row, k, x, fk);
   __shared__ float coef[1][kCoefficients<HC>];  // the row's comb, post, pre_in
   load_coefficients<HC>(a, row, 1, coef);
   __syncthreads();
@@ -433,7 +434,8 @@ __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs 
   for (int r0 = 0; r0 < n; r0 += kRowBatch) {
     float x[kRowBatch][HC], fk[kRowBatch];
 #pragma unroll
-    for (int b = 0; b < kRowBatch; ++b) load_column<HC>(a, first + (r0 + b < n ? r0 + b : r0), k, x[b], fk[b]);
+    for (int b = 0; b < kRowBatch; ++b)
+      load_column<HC>(a.X, a.f, a.d, first + (r0 + b < n ? r0 + b : r0), k, x[b], fk[b]);
 #pragma unroll
     for (int b = 0; b < kRowBatch; ++b) {
       const int r = r0 + b;
