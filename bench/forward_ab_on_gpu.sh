@@ -31,7 +31,8 @@ if ! (cd "$base" && patch -R -p1 -s < "$patch_file"); then
 fi
 (cd "$base" && cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null &&
   ninja -C build-ab -j"$(( $(nproc) / 2 ))" cuda_forward_bench > "$logs/base-build.log" 2>&1) &
-cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release > "$logs/configure.log" 2>&1 || { tail -20 "$logs/configure.log"; exit 1; }
+cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release > "$logs/configure.log" 2>&1 ||
+  { tail -20 "$logs/configure.log"; exit 1; }
 ninja -C build-ab -j"$(( $(nproc) / 2 ))" cuda_forward_bench "${tests[@]}" > "$logs/build.log" 2>&1 ||
   { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
 for t in "${tests[@]}"; do
@@ -40,7 +41,8 @@ for t in "${tests[@]}"; do
   grep -E "^\[  FAILED  \]|Failure" "$logs/$t.log" | head -8
 done
 wait
-[ -x "$base/build-ab/bench/cuda_forward_bench" ] || { grep -E "error|FAILED" "$logs/base-build.log" | head -30; exit 1; }
+[ -x "$base/build-ab/bench/cuda_forward_bench" ] ||
+  { grep -E "error|FAILED" "$logs/base-build.log" | head -30; exit 1; }
 for r in $(seq 1 "${RUNS:-2}"); do
   for v in this base; do
     bin=build-ab/bench/cuda_forward_bench

@@ -224,7 +224,8 @@ class Client {
   // the persistent store), store, prefill and decode steps.
   std::map<std::string, double> seconds() const {
     std::map<std::string, double> out;
-    for (const char* what : {"request_parse", "queue_wait", "prompt_lookup", "store_read", "kv_store", "prefill", "decode"}) {
+    for (const char* what :
+         {"request_parse", "queue_wait", "prompt_lookup", "store_read", "kv_store", "prefill", "decode"}) {
       const auto m = metrics(std::string("dsv41_") + what + "_seconds_total");
       if (m.count("")) out[what] = m.at("");
     }

@@ -649,7 +649,8 @@ std::string Server::State::render_metrics() {
   sync(m.counter("dsv41_cache_short_hits_total", "Global hits not adopted: no longer than the replay they would need"), double(k.counters.short_hits));
   sync(m.counter("dsv41_store_write_errors_total", "Blocks the persistent store failed to write (disk full, I/O)"),
        double(k.counters.store_errors));
-  sync(m.counter("dsv41_store_read_seconds_total", "Time reading prompt blocks from the persistent store (part of the prompt lookup)"),
+  sync(m.counter("dsv41_store_read_seconds_total",
+                 "Time reading prompt blocks from the persistent store (part of the prompt lookup)"),
        k.counters.store_read_seconds);
   m.gauge("dsv41_host_cache_bytes", "Bytes of global-KV blocks in the host cache").set(double(k.host.bytes));
   m.gauge("dsv41_host_cache_blocks", "Global-KV blocks in the host cache").set(double(k.host.blocks));

@@ -624,16 +624,21 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const int32_t*
   for (int q = 0; q < kMaxTopk; ++q)
     if (q < n) v[q] = *reinterpret_cast<const uint2*>(ye + (r * k + order[q]) * dim + d);
   const uint2 vs = *reinterpret_cast<const uint2*>(ys + r * dim + d);
-  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const auto unpack = [](uint2 quad, float (&f)[4]) {  // four bf16, in column order
+    f[0] = __uint_as_float(quad.x << 16), f[1] = __uint_as_float(quad.x & 0xFFFF0000u);
+    f[2] = __uint_as_float(quad.y << 16), f[3] = __uint_as_float(quad.y & 0xFFFF0000u);
+  };
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, t[4];
 #pragma unroll
   for (int q = 0; q < kMaxTopk; ++q)
     if (q < n) {
-      s[0] += __uint_as_float(v[q].x << 16), s[1] += __uint_as_float(v[q].x & 0xFFFF0000u);
-      s[2] += __uint_as_float(v[q].y << 16), s[3] += __uint_as_float(v[q].y & 0xFFFF0000u);
+      unpack(v[q], t);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[c] += t[c];
     }
+  unpack(vs, t);
   *reinterpret_cast<float4*>(y + r * dim + d) =
-      make_float4(round_bf16(s[0] + __uint_as_float(vs.x << 16)), round_bf16(s[1] + __uint_as_float(vs.x & 0xFFFF0000u)),
-                  round_bf16(s[2] + __uint_as_float(vs.y << 16)), round_bf16(s[3] + __uint_as_float(vs.y & 0xFFFF0000u)));
+      make_float4(round_bf16(s[0] + t[0]), round_bf16(s[1] + t[1]), round_bf16(s[2] + t[2]), round_bf16(s[3] + t[3]));
 }
 
 template <WeightFormat F, int MT, int L, bool kUp>

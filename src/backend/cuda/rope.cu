@@ -36,8 +36,8 @@ __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t row_strid
 }
 
 template <int G>
-void launch(float* x, int64_t rows, int heads, int64_t row_stride, int64_t head_stride, int dim, const int64_t* positions,
-            const float* freqs, bool inverse, cudaStream_t stream) {
+void launch(float* x, int64_t rows, int heads, int64_t row_stride, int64_t head_stride, int dim,
+            const int64_t* positions, const float* freqs, bool inverse, cudaStream_t stream) {
   const int64_t n = rows * (heads / G) * (dim / 2);
   launch_early("cuda::rope", rope_kernel<G>, unsigned((n + 255) / 256), 256, 0, stream, x, rows, heads, row_stride,
                head_stride, dim / 2, positions, freqs, inverse);
