@@ -9,7 +9,8 @@
 # Builds cuda_forward_bench twice (this tree, and a copy with the patch reversed) side by side, then
 # runs them alternately RUNS times (default 2) with ARGS (default: batches 1, 8, 64 at a 4K context
 # and a 4K prefill, 8 steps), printing the step and prefill rows; TRACE=1 adds one --kernel-trace
-# run of each to $LOGS. TESTS, if set, names test binaries of this tree to build and run first.
+# run of each to $LOGS. TESTS, if set, names test binaries of this tree to build and run first;
+# KERNELS, if set, is a --benchmark_filter for cuda_kernels_bench, built in both and run alternately too.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 : "${PATCH:?PATCH: the diff from the baseline to this tree}"
@@ -17,6 +18,8 @@ patch_file=$(realpath "$PATCH")
 logs=${LOGS:-gpu-logs}
 read -r -a args <<< "${ARGS:---batches 1,8,64 --contexts 4096 --prefill 4096 --steps 8}"
 read -r -a tests <<< "${TESTS:-}"
+targets=(cuda_forward_bench)
+[ -n "${KERNELS:-}" ] && targets+=(cuda_kernels_bench)
 mkdir -p "$logs"
 nvidia-smi --query-gpu=name --format=csv,noheader
 base=/tmp/forward-ab-base
@@ -30,10 +33,10 @@ if ! (cd "$base" && patch -R -p1 -s < "$patch_file"); then
   exit 1
 fi
 (cd "$base" && cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null &&
-  ninja -C build-ab -j"$(( $(nproc) / 2 ))" cuda_forward_bench > "$logs/base-build.log" 2>&1) &
+  ninja -C build-ab -j"$(( $(nproc) / 2 ))" "${targets[@]}" > "$logs/base-build.log" 2>&1) &
 cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release > "$logs/configure.log" 2>&1 ||
   { tail -20 "$logs/configure.log"; exit 1; }
-ninja -C build-ab -j"$(( $(nproc) / 2 ))" cuda_forward_bench "${tests[@]}" > "$logs/build.log" 2>&1 ||
+ninja -C build-ab -j"$(( $(nproc) / 2 ))" "${targets[@]}" "${tests[@]}" > "$logs/build.log" 2>&1 ||
   { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
 for t in "${tests[@]}"; do
   "build-ab/tests/$t" > "$logs/$t.log" 2>&1
@@ -43,6 +46,16 @@ done
 wait
 [ -x "$base/build-ab/bench/cuda_forward_bench" ] ||
   { grep -E "error|FAILED" "$logs/base-build.log" | head -30; exit 1; }
+if [ -n "${KERNELS:-}" ]; then
+  for r in 1 2; do
+    for v in this base; do
+      bin=build-ab/bench/cuda_kernels_bench
+      [ $v = base ] && bin=$base/build-ab/bench/cuda_kernels_bench
+      echo "== kernels, $v, run $r"
+      "$bin" --benchmark_filter="$KERNELS" 2>&1 | grep -E "^BM_"
+    done
+  done
+fi
 for r in $(seq 1 "${RUNS:-2}"); do
   for v in this base; do
     bin=build-ab/bench/cuda_forward_bench

@@ -51,13 +51,17 @@ struct Shape {
   int M, N, K;
 };
 
-// The V4.1-Flash projections read at decode (M = 1, 8 tokens) and two small odd shapes (M > 8
-// makes several passes over the weight; N not a multiple of the rows per block).
+// The V4.1-Flash projections read at decode (M = 1, 8 tokens) and small odd shapes for the
+// quantized GEMV (qgemv.cu: passes of two rows; N not a multiple of its 16-row tiles, a tile's
+// first rows past N; K not a multiple of its 128-column k-tiles; K beyond what one slice of x in
+// shared memory holds at one and two rows).
 const Shape kShapes[] = {
     {"wq_a 1x1280x5120", 1, 1280, 5120},    {"wkv 8x512x5120", 8, 512, 5120},
     {"wo_b 1x5120x8192", 1, 5120, 8192},    {"wq_b 2x32768x1280", 2, 32768, 1280},
     {"expert w1 5x2304x5120", 5, 2304, 5120}, {"expert w2 1x5120x2304", 1, 5120, 2304},
     {"odd 13x72x96", 13, 72, 96},            {"odd 3x33x4096", 3, 33, 4096},
+    {"odd 1x33x4096", 1, 33, 4096},          {"odd 2x40x160", 2, 40, 160},
+    {"sliced 2x48x12320", 2, 48, 12320},     {"sliced 1x24x24608", 1, 24, 24608},
 };
 
 double run(WeightFormat format, const Shape& s, bool f32, uint32_t seed) {

@@ -1,0 +1,297 @@
+// The GEMV of cuda::linear over fp8/fp4 weights at one or two activation rows (decode at batch 1):
+// y[m, n] = bf16(Σ_b sw[n, b]·sx[m, b]·Σ_{k ∈ b} x_q[m, k]·w_q[n, k]) over the 32-blocks b of K,
+// on the tensor cores, the activation quantization folded in.
+//
+// The product. A warp multiplies a tile of 16 weight rows by x with mma.sync m16n8k16 (f16
+// operands, fp32 accumulation). A, the weights: per k-tile of 128 (four 32-blocks) thread (g, t)
+// of the warp loads 32-block t of rows g and g + 8 (32 bytes of e4m3 or 16 of e2m1 a row, in
+// 16-byte loads of the weight's bytes in order) and gives from them its A fragments of the k-tile's
+// 8 k16 steps: the four values a step takes from a row are four of block t, so each step spans the
+// four blocks, one a thread of the quad. e4m3 codes become f16 by the hardware's conversion (the
+// value, exactly), e2m1 by moving bits (the value × 2^-14, exactly; dequant.cuh's QFormat). B, x:
+// its column n = 4m + b holds x row m's codes of block b (as f16, exact) at the k-columns of the
+// threads that hold block b, and zeros elsewhere — a block-diagonal B, which lane g = 4m + t of
+// the warp gives and the others give as zeros. So after the k-tile's 8 steps D[i, 4m + b] is
+// exactly the sum of block b's products for weight row i and x row m, in the tensor core's order,
+// and the promotion adds it times sw·sx (powers of two: exact) to an fp32 accumulator: only the
+// order of the fp32 sums differs from the CPU op (backend/cpu/linear.cpp), as in the GEMM
+// (gemm.cu). Thread (g, t) accumulates x row t / 2 and blocks 2(t % 2), 2(t % 2) + 1 of rows g and
+// g + 8; the two threads of a row's blocks add their sums at the end.
+//
+// Against the CUDA-core GEMV this replaced (a decode and an FMA per weight value and x row): per
+// k-tile a thread issues 4 loads, 32 conversions (e4m3) or ~64 bit moves (e2m1), 8 MMAs, 4 x
+// loads and ~10 instructions of scaling — ~1 instruction per weight byte for e4m3, ~4 for e2m1,
+// where decoding to fp32 and an FMA per value took ~4 and ~6 (docs/benchmarks.md).
+//
+// x: each block act-quantizes x into shared memory once (4 threads a 32-block: the CPU's
+// power-of-two scale, the hardware's e4m3 rounding), the codes as f16 in the order the B fragments
+// take them and the scales as fp32, for as much of K as fits (one slice at the model's shapes);
+// the grid is at most what the GPU holds at once, its blocks looping over the tiles.
+//
+// The grid. A tile's 16 rows are split over KS warps of a block along K (KS = 1..16: the fewest
+// that give every resident warp work — wq_b's 2,048 tiles KS = 1, wo_b's 320 KS = 8, wkv's 32 KS =
+// 16); the k-slices' sums meet in shared memory and are added in a fixed order. Each warp's next
+// k-tile loads are in flight while it multiplies the current one, and its first go out before the
+// block waits for x (and, launched early, for the kernel before it).
+//
+// Memory traffic: the weight's bytes and scales once, x (M·K·4 bytes) from L2 once per block, y
+// M·N·4 bytes. Speed of light: the weight's bytes at the copy bandwidth (wq_b, fp8 32768 × 1280,
+// 42 MB: 9.8 µs at the H200's 4.28 TB/s, 13.8 at the H100's 3.05).
+#include "backend/cuda/qgemv.cuh"
+
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/dequant.cuh"
+#include "backend/cuda/pdl.cuh"
+#include "numerics/codecs.h"
+#include "numerics/types.h"
+
+namespace dsv41::cuda::qgemv {
+
+namespace {
+
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileRows = 16;
+constexpr int kBlock = 32;                 // the quantization block along K
+constexpr int kTileK = 4 * kBlock;         // a k-tile: one block per thread of a quad
+constexpr int kSmemBytes = 48 * 1024;      // x's codes and scales, no opt-in needed
+
+// Four e4m3 codes (a word) → two f16 pairs (bytes 0, 1 and 2, 3; the lower byte in the lower half).
+__device__ __forceinline__ void e4m3x4_f16(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
+}
+
+// Two floats → the f16 pair of their e4m3 roundings (a in the lower half): exact.
+__device__ __forceinline__ uint32_t e4m3_f16x2(float a, float b) {
+  const uint16_t codes = e4m3x2_codes(a, b);
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(codes));
+  return h;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// D += A·B, m16n8k16, f16 operands, fp32 accumulator.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A format's block of a row as A fragments, and the order of x's codes that matches them. A
+// fragment of step s is {row g's pair at k-columns 2t, 2t + 1; row g + 8's; row g's at 2t + 8,
+// 2t + 9; row g + 8's}; B's pairs at those k-columns are x's codes `pair(s, 0)` and `pair(s, 1)`.
+template <WeightFormat F>
+struct Mma;
+template <>
+struct Mma<WeightFormat::FP8> {
+  static constexpr int kChunks = 2;        // 16-byte loads a row and block
+  static constexpr float kUnscale = 1.0f;  // the conversion gives the values themselves
+  // Step s takes word s of the block: bytes (0, 1) and (2, 3), so x's codes are in their order.
+  __device__ static void fragment(const uint4 (&r)[2], const uint4 (&r8)[2], int s, uint32_t (&a)[4]) {
+    e4m3x4_f16(word_of(r[s / 4], s % 4), a[0], a[2]);
+    e4m3x4_f16(word_of(r8[s / 4], s % 4), a[1], a[3]);
+  }
+  // A quantizing lane's 8 values (k offsets 8q..8q+7 of a block) as the 4 pairs in B's order.
+  __device__ static void order(const float (&v)[8], float inv, uint32_t (&p)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = e4m3_f16x2(v[2 * i] * inv, v[2 * i + 1] * inv);
+  }
+};
+template <>
+struct Mma<WeightFormat::FP4> {
+  static constexpr int kChunks = 1;
+  static constexpr float kUnscale = kE2m1Unscale;  // the bit moves give the values × 2^-14
+  // Steps 2j and 2j + 1 take word j of the block (nibbles n0..n7, n0 lowest): (n0, n4), (n1, n5),
+  // then (n2, n6), (n3, n7) — each pair one shift apart, 16 bits, as QFormat<FP4> decodes them.
+  __device__ static void pairs(uint32_t w, int odd, uint32_t& a, uint32_t& b) {
+    if (odd == 0) {
+      a = ((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u);
+      b = ((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u);
+    } else {
+      a = ((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u);
+      b = ((w >> 3) & 0x0E000E00u) | (w & 0x80008000u);
+    }
+  }
+  __device__ static void fragment(const uint4 (&r)[1], const uint4 (&r8)[1], int s, uint32_t (&a)[4]) {
+    pairs(word_of(r[0], s / 2), s % 2, a[0], a[2]);
+    pairs(word_of(r8[0], s / 2), s % 2, a[1], a[3]);
+  }
+  __device__ static void order(const float (&v)[8], float inv, uint32_t (&p)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = e4m3_f16x2(v[i] * inv, v[i + 4] * inv);
+  }
+};
+
+// act_quant of x[m, k0 .. k0 + kn) for m < MT into the slice's shared memory (padded with zeros to
+// `slice`, a multiple of kTileK): xs [MT][slice] codes as f16 in B's order, sx [MT][slice / 32]
+// scales. 4 threads a block, 8 values each; every thread runs the same trip count (the amax
+// shuffles stay whole).
+template <WeightFormat F, int MT>
+__device__ void quantize(const float* __restrict__ x, int64_t K, int64_t k0, int kn, int slice, uint4* xs, float* sx) {
+  const int per_row = slice / 8, items = MT * per_row;
+  for (int base = 0; base < items; base += kThreads) {
+    const int i = base + int(threadIdx.x);
+    const bool on = i < items;
+    const int m = on ? i / per_row : 0, k = on ? i % per_row * 8 : 0;
+    float v[8];
+    const float amax = load8_block_amax(x + m * K + k0 + k, on && k < kn, v);
+    if (!on) continue;
+    const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
+    uint32_t p[4];
+    Mma<F>::order(v, inv, p);
+    xs[(m * slice + k) / 8] = make_uint4(p[0], p[1], p[2], p[3]);
+    if (k % kBlock == 0) sx[(m * slice + k) / kBlock] = k < kn ? scale : 0.0f;
+  }
+}
+
+template <WeightFormat F, int MT>
+__global__ void __launch_bounds__(kThreads, 1) qgemv_kernel(const float* __restrict__ x, int64_t N, int64_t K, int KS,
+                                                          int slice, const uint8_t* __restrict__ w,
+                                                          const uint8_t* __restrict__ scale, float* __restrict__ y) {
+  using Fmt = Mma<F>;
+  constexpr int C = Fmt::kChunks;
+  extern __shared__ uint4 xs[];  // [MT][slice] f16 codes, then sx [MT][slice / 32]
+  float* sx = reinterpret_cast<float*>(xs + MT * slice / 8);
+  __shared__ float partial[kWarps][kTileRows * MT];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int per_round = kWarps / KS, kslice = warp % KS;
+  const int64_t blocks = K / kBlock, ktiles = (blocks + 3) / 4, row_chunks = blocks * C;
+  const int64_t rounds = ((N + kTileRows - 1) / kTileRows + per_round - 1) / per_round;
+  const bool b_lane = g % 4 == t && g / 4 < MT;    // gives x row g / 4's block t to B
+  const int am = t / 2, ab = 2 * (t % 2);          // the accumulators' x row and first block
+  const int sx_row = slice / kBlock;
+
+  struct Loads {
+    uint4 g[C], g8[C];  // block t of rows g and g + 8
+    uint8_t s[4];       // the accumulators' blocks' scale codes: fp8 the tile's (2), fp4 rows g, g + 8 (2 each)
+  };
+  int64_t n0 = 0;
+  bool live_g = false, live_g8 = false;
+  const uint4 *pg = nullptr, *pg8 = nullptr;
+  // Row tile n0's k-tile kt (none: zeros where kt ≥ end).
+  auto fetch = [&](int64_t kt, int64_t end, Loads& L) {
+    const int64_t b = kt * 4 + t, sb = kt * 4 + ab;
+    const bool in = kt < end, ok = in && b < blocks;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      L.g[c] = ok && live_g ? load_stream(pg + b * C + c) : make_uint4(0, 0, 0, 0);
+      L.g8[c] = ok && live_g8 ? load_stream(pg8 + b * C + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const bool sok = in && sb + i < blocks;
+      if constexpr (F == WeightFormat::FP8) {
+        L.s[i] = sok && live_g ? scale[(n0 / kBlock) * blocks + sb + i] : uint8_t(0);
+        L.s[2 + i] = L.s[i];
+      } else {
+        L.s[i] = sok && live_g ? scale[(n0 + g) * blocks + sb + i] : uint8_t(0);
+        L.s[2 + i] = sok && live_g8 ? scale[(n0 + g + 8) * blocks + sb + i] : uint8_t(0);
+      }
+    }
+  };
+
+  for (int64_t round = blockIdx.x; round < rounds; round += gridDim.x) {
+    const bool first = round == int64_t(blockIdx.x);
+    n0 = (round * per_round + warp / KS) * kTileRows;
+    live_g = n0 + g < N, live_g8 = n0 + g + 8 < N;
+    pg = reinterpret_cast<const uint4*>(w) + (live_g ? n0 + g : 0) * row_chunks;
+    pg8 = reinterpret_cast<const uint4*>(w) + (live_g8 ? n0 + g + 8 : 0) * row_chunks;
+    float acc_g = 0.0f, acc_g8 = 0.0f;
+    for (int64_t k0 = 0; k0 < K; k0 += slice) {
+      const int64_t kt0 = k0 / kTileK, end = ktiles < kt0 + slice / kTileK ? ktiles : kt0 + slice / kTileK;
+      Loads cur, next;
+      fetch(kt0 + kslice, end, cur);
+      if (first || slice < K) {  // block-uniform: the barriers are whole
+        if (first && k0 == 0) wait_for_inputs();
+        else __syncthreads();  // every warp is done with the previous slice's x
+        quantize<F, MT>(x, K, k0, int(K - k0 < slice ? K - k0 : slice), slice, xs, sx);
+        __syncthreads();
+      }
+      for (int64_t kt = kt0 + kslice; kt < end; kt += KS) {
+        fetch(kt + KS, end, next);
+        const int lt = int(kt - kt0);  // the k-tile within the slice
+        uint32_t bx[16];
+        const uint4* xb = xs + ((b_lane ? g / 4 : 0) * slice + (lt * 4 + t) * kBlock) / 8;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint4 v = b_lane ? xb[q] : make_uint4(0, 0, 0, 0);
+          bx[4 * q] = v.x, bx[4 * q + 1] = v.y, bx[4 * q + 2] = v.z, bx[4 * q + 3] = v.w;
+        }
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          uint32_t a[4];
+          Fmt::fragment(cur.g, cur.g8, s, a);
+          mma_f16(d, a, bx[2 * s], bx[2 * s + 1]);
+        }
+        // Block sums times sw·sx (exact: powers of two), fused into the accumulators.
+        const float x0 = am < MT ? sx[am * sx_row + lt * 4 + ab] : 0.0f;
+        const float x1 = am < MT ? sx[am * sx_row + lt * 4 + ab + 1] : 0.0f;
+        acc_g = fmaf(d[0], e8m0_to_float(cur.s[0]) * Fmt::kUnscale * x0, acc_g);
+        acc_g = fmaf(d[1], e8m0_to_float(cur.s[1]) * Fmt::kUnscale * x1, acc_g);
+        acc_g8 = fmaf(d[2], e8m0_to_float(cur.s[2]) * Fmt::kUnscale * x0, acc_g8);
+        acc_g8 = fmaf(d[3], e8m0_to_float(cur.s[3]) * Fmt::kUnscale * x1, acc_g8);
+        cur = next;
+      }
+    }
+    // The two threads of a row's blocks (t, t ^ 1), then the KS warps of the tile in order.
+    acc_g += __shfl_xor_sync(0xFFFFFFFFu, acc_g, 1);
+    acc_g8 += __shfl_xor_sync(0xFFFFFFFFu, acc_g8, 1);
+    if (t % 2 == 0 && am < MT) partial[warp][g * MT + am] = acc_g, partial[warp][(g + 8) * MT + am] = acc_g8;
+    __syncthreads();
+    for (int i = int(threadIdx.x); i < per_round * kTileRows * MT; i += kThreads) {
+      const int tile = i / (kTileRows * MT), e = i % (kTileRows * MT), r = e / MT, m = e % MT;
+      float sum = 0.0f;
+      for (int k = 0; k < KS; ++k) sum += partial[tile * KS + k][e];
+      const int64_t n = (round * per_round + tile) * kTileRows + r;
+      if (n < N) y[m * N + n] = round_bf16(sum);
+    }
+    __syncthreads();  // the partial sums are read before the next round writes them
+  }
+}
+
+template <WeightFormat F, int MT>
+void launch(const float* x, int64_t N, int64_t K, const Weight& w, float* y, cudaStream_t stream) {
+  const int64_t ktiles = (K / kBlock + 3) / 4;
+  // The slice: whole k-tiles of MT rows' f16 codes and fp32 block scales within kSmemBytes.
+  const int64_t fit = int64_t(kSmemBytes) / (MT * (2 * kTileK + 4 * 4)) * kTileK;
+  const int slice = int(std::min(ktiles * kTileK, fit));
+  const size_t smem = size_t(MT) * slice * 2 + size_t(MT) * (slice / kBlock) * 4;
+  static const int resident = resident_blocks(qgemv_kernel<F, MT>, kThreads, kSmemBytes, "cuda::linear");
+  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+  int KS = 1;
+  while (KS < kWarps && tiles * KS < int64_t(resident) * kWarps && 2 * KS <= ktiles) KS *= 2;
+  const int64_t rounds = (tiles + kWarps / KS - 1) / (kWarps / KS);
+  const unsigned grid = unsigned(slice < K ? rounds : std::min<int64_t>(rounds, resident));
+  launch_early("cuda::linear", qgemv_kernel<F, MT>, grid, kThreads, smem, stream, x, N, K, KS, slice, w.data, w.scale,
+               y);
+}
+
+template <WeightFormat F>
+void passes(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {
+  const int64_t N = w.rows, K = w.cols;
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+    if (M - m0 == 1) launch<F, 1>(x + m0 * K, N, K, w, y + m0 * N, stream);
+    else launch<F, 2>(x + m0 * K, N, K, w, y + m0 * N, stream);
+  }
+}
+
+}  // namespace
+
+void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {
+  if (w.cols % kBlock != 0)
+    fail("cuda::linear", "K a multiple of 32 for a quantized weight", "K = " + std::to_string(w.cols));
+  if (M <= 0 || w.rows <= 0) return;
+  if (w.format == WeightFormat::FP8) passes<WeightFormat::FP8>(x, M, w, y, stream);
+  else if (w.format == WeightFormat::FP4) passes<WeightFormat::FP4>(x, M, w, y, stream);
+  else fail("cuda::linear", "an fp8 or fp4 weight for the quantized GEMV", "another format");
+}
+
+}  // namespace dsv41::cuda::qgemv
