@@ -28,9 +28,9 @@
 // take them and the scales as fp32, for as much of K as fits (one slice at the model's shapes);
 // the grid is at most what the GPU holds at once, its blocks looping over the tiles.
 //
-// The grid. A tile's 16 rows are split over KS warps of a block along K (KS = 1..16: the fewest
-// that give every resident warp work — wq_b's 2,048 tiles KS = 1, wo_b's 320 KS = 8, wkv's 32 KS =
-// 16); the k-slices' sums meet in shared memory and are added in a fixed order. Each warp's next
+// The grid. A tile's 16 rows are split over KS warps of a block along K (KS = 1..16, the split
+// whose busiest block has least work — wq_b's 2,048 tiles KS = 1, wo_b's 320 KS = 16 on 132 SMs,
+// wkv's 32 KS = 16); the k-slices' sums meet in shared memory and are added in a fixed order. Each warp's next
 // k-tile loads are in flight while it multiplies the current one, and its first go out before the
 // block waits for x (and, launched early, for the kernel before it).
 //
@@ -265,10 +265,15 @@ void launch(const float* x, int64_t N, int64_t K, const Weight& w, float* y, cud
   const int slice = int(std::min(ktiles * kTileK, fit));
   const size_t smem = size_t(MT) * slice * 2 + size_t(MT) * (slice / kBlock) * 4;
   static const int resident = resident_blocks(qgemv_kernel<F, MT>, kThreads, kSmemBytes, "cuda::linear");
+  // KS: the split whose busiest block has the fewest tile-rows of work (its rounds times the
+  // tiles of a round), the smaller split on a tie; a k-slice gets at least one k-tile.
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+  auto rounds_of = [&](int ks) { return (tiles + kWarps / ks - 1) / (kWarps / ks); };
+  auto cost = [&](int ks) { return (rounds_of(ks) + resident - 1) / resident * (kWarps / ks); };
   int KS = 1;
-  while (KS < kWarps && tiles * KS < int64_t(resident) * kWarps && 2 * KS <= ktiles) KS *= 2;
-  const int64_t rounds = (tiles + kWarps / KS - 1) / (kWarps / KS);
+  for (int ks = 2; ks <= kWarps && ks <= ktiles; ks *= 2)
+    if (cost(ks) < cost(KS)) KS = ks;
+  const int64_t rounds = rounds_of(KS);
   const unsigned grid = unsigned(slice < K ? rounds : std::min<int64_t>(rounds, resident));
   launch_early("cuda::linear", qgemv_kernel<F, MT>, grid, kThreads, smem, stream, x, N, K, KS, slice, w.data, w.scale,
                y);
