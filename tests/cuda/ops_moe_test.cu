@@ -278,6 +278,7 @@ TEST(CudaMoe, SubLayerMatchesCpu) {
            MoeCase{"forced E=4", 4, 3, 200, 256, 128, 128, fp4, fp4, false, "sqrtsoftplus", true, 1.0f, 2.5f, 3.0f, true},
            MoeCase{"small fp8 sigmoid", 7, 3, 13, 160, 96, 64, fp8, bf16, false, "sigmoid", false, 1.3f, 1.0f, 2.0f, false},
            MoeCase{"small fp8 forced", 7, 3, 1, 160, 96, 64, fp8, bf16, false, "sigmoid", false, 1.3f, 1.0f, 2.0f, true},
+           MoeCase{"small fp8 one row", 7, 3, 1, 160, 96, 64, fp8, fp8, false, "sigmoid", false, 1.3f, 1.0f, 2.0f, false},
            MoeCase{"small bf16", 5, 2, 6, 64, 40, 64, bf16, fp4, false, "sqrtsoftplus", true, 1.0f, 1.0f, 0.0f, false},
        }) {
     seed += 17;

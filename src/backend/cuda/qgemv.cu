@@ -1,6 +1,7 @@
 // The GEMV of cuda::linear over fp8/fp4 weights at one or two activation rows (decode at batch 1):
 // y[m, n] = bf16(Σ_b sw[n, b]·sx[m, b]·Σ_{k ∈ b} x_q[m, k]·w_q[n, k]) over the 32-blocks b of K,
-// on the tensor cores, the activation quantization folded in.
+// on the tensor cores, the activation quantization folded in; and the same product as cuda::moe's
+// expert GEMVs at one token (a job per kind of launch: a weight, the experts' up or down).
 //
 // The product. A warp multiplies a tile of 16 weight rows by x with mma.sync m16n8k16 (f16
 // operands, fp32 accumulation). A, the weights: per k-tile of 128 (four 32-blocks) thread (g, t)
@@ -45,6 +46,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/swiglu.cuh"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
 
@@ -129,89 +131,188 @@ struct Mma<WeightFormat::FP4> {
   }
 };
 
-// act_quant of x[m, k0 .. k0 + kn) for m < MT into the slice's shared memory (padded with zeros to
+// act_quant of rows[m][k0 .. k0 + kn) for m < M into the slice's shared memory (padded with zeros to
 // `slice`, a multiple of kTileK): xs [MT][slice] codes as f16 in B's order, sx [MT][slice / 32]
 // scales. 4 threads a block, 8 values each; every thread runs the same trip count (the amax
 // shuffles stay whole).
 template <WeightFormat F, int MT>
-__device__ void quantize(const float* __restrict__ x, int64_t K, int64_t k0, int kn, int slice, uint4* xs, float* sx) {
+__device__ void quantize(const float* const (&rows)[MT], int M, int64_t k0, int kn, int slice, uint4* xs, float* sx) {
   const int per_row = slice / 8, items = MT * per_row;
   for (int base = 0; base < items; base += kThreads) {
     const int i = base + int(threadIdx.x);
     const bool on = i < items;
     const int m = on ? i / per_row : 0, k = on ? i % per_row * 8 : 0;
+    const float* row = rows[0];  // rows[m] by selects (an indexed array would go to local memory)
+#pragma unroll
+    for (int j = 1; j < MT; ++j) row = m == j ? rows[j] : row;
     float v[8];
-    const float amax = load8_block_amax(x + m * K + k0 + k, on && k < kn, v);
+    const float amax = load8_block_amax(row + k0 + k, on && m < M && k < kn, v);
     if (!on) continue;
     const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
     uint32_t p[4];
     Mma<F>::order(v, inv, p);
     xs[(m * slice + k) / 8] = make_uint4(p[0], p[1], p[2], p[3]);
-    if (k % kBlock == 0) sx[(m * slice + k) / kBlock] = k < kn ? scale : 0.0f;
+    if (k % kBlock == 0) sx[(m * slice + k) / kBlock] = m < M && k < kn ? scale : 0.0f;
   }
 }
 
-template <WeightFormat F, int MT>
-__global__ void __launch_bounds__(kThreads, 1) qgemv_kernel(const float* __restrict__ x, int64_t N, int64_t K, int KS,
-                                                          int slice, const uint8_t* __restrict__ w,
-                                                          const uint8_t* __restrict__ scale, float* __restrict__ y) {
+// ---- what a launch multiplies: a weight, or the experts of cuda::moe's one-token tiles ----------
+//
+// A job names the CTA's x rows (begin), the weight row behind each A row of an output tile (row),
+// and where a tile's sums go (store). kOut outputs a 16-row tile: 16, or 8 for the experts' up
+// product, whose tile is 8 rows of w1 over 8 rows of w3 for the same 8 outputs (so an output's g
+// and u meet in one thread's reduction, and SwiGLU follows at once). kEarly: the rows are known
+// before the kernel ahead has finished (a weight's; the experts' come from the route).
+
+struct RowRef {
+  const uint8_t* data;   // the row's codes
+  const uint8_t* scale;  // its matrix's block scales
+  int64_t n;             // the row in its matrix
+  bool live;
+};
+
+__device__ __forceinline__ int64_t scale_index(WeightFormat f, int64_t n, int64_t b, int64_t blocks) {
+  return f == WeightFormat::FP8 ? (n / kBlock) * blocks + b : n * blocks + b;
+}
+
+struct DenseJob {
+  static constexpr int kOut = 16;
+  static constexpr bool kEarly = true;
+  const float* x;
+  int64_t N, K;
+  const uint8_t* w;
+  const uint8_t* scale;
+  float* y;
+  int64_t row_bytes;
+  template <int MT>
+  __device__ int begin(const float* (&rows)[MT]) const {
+#pragma unroll
+    for (int m = 0; m < MT; ++m) rows[m] = x + m * K;
+    return MT;
+  }
+  __device__ RowRef row(int64_t tile, int r) const {
+    const int64_t n = tile * kOut + r;
+    const bool live = n < N;
+    return {w + (live ? n : 0) * row_bytes, scale, n, live};
+  }
+  __device__ void store(int64_t tile, int r, int m, float sum, float) const {
+    const int64_t n = tile * kOut + r;
+    if (n < N) y[m * N + n] = round_bf16(sum);
+  }
+};
+
+// The MoE's expert GEMVs at one token (GroupedArgs, qgemv.cuh): the CTA's entry is tile
+// blockIdx.y's (routed) or row blockIdx.y (the shared expert, tiles == nullptr).
+template <bool kUp>
+struct ExpertJob {
+  static constexpr int kOut = kUp ? 8 : 16;
+  static constexpr bool kEarly = false;
+  GroupedArgs a;
+  int64_t row_bytes;
+  ExpertPointers ep;
+  int64_t out_row;  // up: h's row (the entry's list position); down: ye's (the entry)
+  float weight;     // up: the entry's routing weight (1 for the shared expert)
+  template <int MT>
+  __device__ int begin(const float* (&rows)[MT]) {
+    int64_t pos;
+    int expert = 0;
+    if (a.tiles) {
+      if (int(blockIdx.y) >= *a.tile_count) return 0;
+      const int4 t = a.tiles[blockIdx.y];
+      if (t.z < 1) return 0;
+      expert = t.x, pos = t.y;
+    } else {
+      pos = blockIdx.y;
+    }
+    const int64_t entry = a.tiles ? a.list[pos] : pos;
+    ep = a.table ? a.table[expert] : a.fixed;
+    if constexpr (kUp) {
+      rows[0] = a.x + entry / a.k * a.K;
+      weight = a.weights ? a.weights[entry] : 1.0f;
+      out_row = pos;
+    } else {
+      rows[0] = a.x + pos * a.K;
+      out_row = entry;
+    }
+    return 1;
+  }
+  __device__ RowRef row(int64_t tile, int r) const {
+    const bool w3 = kUp && r >= 8;  // up: rows 0..7 of w1, 8..15 of w3; down: w2
+    const uint8_t* data = !kUp ? ep.data[1] : w3 ? ep.data[2] : ep.data[0];
+    const uint8_t* scale = !kUp ? ep.scale[1] : w3 ? ep.scale[2] : ep.scale[0];
+    const int64_t n = tile * kOut + (kUp ? r % 8 : r);
+    const bool live = n < a.N;
+    return {data + (live ? n : 0) * row_bytes, scale, n, live};
+  }
+  __device__ void store(int64_t tile, int r, int, float sum, float sum8) const {
+    const int64_t n = tile * kOut + r;
+    if (n >= a.N) return;
+    const float routing = weight;  // a local: the job itself stays in registers
+    if constexpr (kUp) a.h[out_row * a.N + n] = swiglu(round_bf16(sum), round_bf16(sum8), a.limit, a.weights ? &routing : nullptr);
+    else a.ye[out_row * a.N + n] = bf16_from_float(sum);
+  }
+};
+
+// The kernel: see the top. Grid (blocks over the output tiles' rounds, the jobs' entries).
+template <WeightFormat F, int MT, class Job>
+__global__ void __launch_bounds__(kThreads, 1) qgemv_kernel(const Job job_in, int64_t N, int64_t K, int KS, int slice) {
   using Fmt = Mma<F>;
   constexpr int C = Fmt::kChunks;
+  constexpr int kOut = Job::kOut;
   extern __shared__ uint4 xs[];  // [MT][slice] f16 codes, then sx [MT][slice / 32]
   float* sx = reinterpret_cast<float*>(xs + MT * slice / 8);
   __shared__ float partial[kWarps][kTileRows * MT];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int per_round = kWarps / KS, kslice = warp % KS;
-  const int64_t blocks = K / kBlock, ktiles = (blocks + 3) / 4, row_chunks = blocks * C;
-  const int64_t rounds = ((N + kTileRows - 1) / kTileRows + per_round - 1) / per_round;
+  const int64_t blocks = K / kBlock, ktiles = (blocks + 3) / 4;
+  const int64_t rounds = ((N + kOut - 1) / kOut + per_round - 1) / per_round;
   const bool b_lane = g % 4 == t && g / 4 < MT;    // gives x row g / 4's block t to B
   const int am = t / 2, ab = 2 * (t % 2);          // the accumulators' x row and first block
   const int sx_row = slice / kBlock;
+  if constexpr (!Job::kEarly) wait_for_inputs();
+  Job job = job_in;
+  const float* xrow[MT];
+  const int M = job.template begin<MT>(xrow);
+  if (M == 0) return;  // block-uniform
 
   struct Loads {
     uint4 g[C], g8[C];  // block t of rows g and g + 8
-    uint8_t s[4];       // the accumulators' blocks' scale codes: fp8 the tile's (2), fp4 rows g, g + 8 (2 each)
+    uint8_t s[4];       // the accumulators' blocks' scale codes, rows g (2) and g + 8 (2)
   };
-  int64_t n0 = 0;
-  bool live_g = false, live_g8 = false;
-  const uint4 *pg = nullptr, *pg8 = nullptr;
-  // Row tile n0's k-tile kt (none: zeros where kt ≥ end).
+  RowRef rg{}, rg8{};
+  // The output tile's k-tile kt (none: zeros where kt ≥ end).
   auto fetch = [&](int64_t kt, int64_t end, Loads& L) {
     const int64_t b = kt * 4 + t, sb = kt * 4 + ab;
     const bool in = kt < end, ok = in && b < blocks;
 #pragma unroll
     for (int c = 0; c < C; ++c) {
-      L.g[c] = ok && live_g ? load_stream(pg + b * C + c) : make_uint4(0, 0, 0, 0);
-      L.g8[c] = ok && live_g8 ? load_stream(pg8 + b * C + c) : make_uint4(0, 0, 0, 0);
+      L.g[c] = ok && rg.live ? load_stream(reinterpret_cast<const uint4*>(rg.data) + b * C + c) : make_uint4(0, 0, 0, 0);
+      L.g8[c] = ok && rg8.live ? load_stream(reinterpret_cast<const uint4*>(rg8.data) + b * C + c) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const bool sok = in && sb + i < blocks;
-      if constexpr (F == WeightFormat::FP8) {
-        L.s[i] = sok && live_g ? scale[(n0 / kBlock) * blocks + sb + i] : uint8_t(0);
-        L.s[2 + i] = L.s[i];
-      } else {
-        L.s[i] = sok && live_g ? scale[(n0 + g) * blocks + sb + i] : uint8_t(0);
-        L.s[2 + i] = sok && live_g8 ? scale[(n0 + g + 8) * blocks + sb + i] : uint8_t(0);
-      }
+      L.s[i] = sok && rg.live ? rg.scale[scale_index(F, rg.n, sb + i, blocks)] : uint8_t(0);
+      L.s[2 + i] = sok && rg8.live ? rg8.scale[scale_index(F, rg8.n, sb + i, blocks)] : uint8_t(0);
     }
   };
 
   for (int64_t round = blockIdx.x; round < rounds; round += gridDim.x) {
     const bool first = round == int64_t(blockIdx.x);
-    n0 = (round * per_round + warp / KS) * kTileRows;
-    live_g = n0 + g < N, live_g8 = n0 + g + 8 < N;
-    pg = reinterpret_cast<const uint4*>(w) + (live_g ? n0 + g : 0) * row_chunks;
-    pg8 = reinterpret_cast<const uint4*>(w) + (live_g8 ? n0 + g + 8 : 0) * row_chunks;
+    const int64_t tile = round * per_round + warp / KS;
+    rg = job.row(tile, g), rg8 = job.row(tile, g + 8);
     float acc_g = 0.0f, acc_g8 = 0.0f;
     for (int64_t k0 = 0; k0 < K; k0 += slice) {
       const int64_t kt0 = k0 / kTileK, end = ktiles < kt0 + slice / kTileK ? ktiles : kt0 + slice / kTileK;
       Loads cur, next;
       fetch(kt0 + kslice, end, cur);
       if (first || slice < K) {  // block-uniform: the barriers are whole
-        if (first && k0 == 0) wait_for_inputs();
-        else __syncthreads();  // every warp is done with the previous slice's x
-        quantize<F, MT>(x, K, k0, int(K - k0 < slice ? K - k0 : slice), slice, xs, sx);
+        if (first && k0 == 0) {
+          if constexpr (Job::kEarly) wait_for_inputs();
+        } else {
+          __syncthreads();  // every warp is done with the previous slice's x
+        }
+        quantize<F, MT>(xrow, M, k0, int(K - k0 < slice ? K - k0 : slice), slice, xs, sx);
         __syncthreads();
       }
       for (int64_t kt = kt0 + kslice; kt < end; kt += KS) {
@@ -246,46 +347,63 @@ __global__ void __launch_bounds__(kThreads, 1) qgemv_kernel(const float* __restr
     acc_g8 += __shfl_xor_sync(0xFFFFFFFFu, acc_g8, 1);
     if (t % 2 == 0 && am < MT) partial[warp][g * MT + am] = acc_g, partial[warp][(g + 8) * MT + am] = acc_g8;
     __syncthreads();
-    for (int i = int(threadIdx.x); i < per_round * kTileRows * MT; i += kThreads) {
-      const int tile = i / (kTileRows * MT), e = i % (kTileRows * MT), r = e / MT, m = e % MT;
-      float sum = 0.0f;
-      for (int k = 0; k < KS; ++k) sum += partial[tile * KS + k][e];
-      const int64_t n = (round * per_round + tile) * kTileRows + r;
-      if (n < N) y[m * N + n] = round_bf16(sum);
+    for (int i = int(threadIdx.x); i < per_round * kOut * MT; i += kThreads) {
+      const int at = i / (kOut * MT), e = i % (kOut * MT), r = e / MT, m = e % MT;
+      float sum = 0.0f, sum8 = 0.0f;
+      for (int k = 0; k < KS; ++k) sum += partial[at * KS + k][e];
+      if (kOut == 8)
+        for (int k = 0; k < KS; ++k) sum8 += partial[at * KS + k][e + 8 * MT];
+      if (m < M) job.store(round * per_round + at, r, m, sum, sum8);
     }
     __syncthreads();  // the partial sums are read before the next round writes them
   }
 }
 
-template <WeightFormat F, int MT>
-void launch(const float* x, int64_t N, int64_t K, const Weight& w, float* y, cudaStream_t stream) {
+// The launch of a job over N outputs of K inputs, `entries` grid rows of it (the experts' tiles;
+// 1 for a weight).
+template <WeightFormat F, int MT, class Job>
+void launch(const Job& job, int64_t N, int64_t K, int64_t entries, const char* where, cudaStream_t stream) {
   const int64_t ktiles = (K / kBlock + 3) / 4;
   // The slice: whole k-tiles of MT rows' f16 codes and fp32 block scales within kSmemBytes.
   const int64_t fit = int64_t(kSmemBytes) / (MT * (2 * kTileK + 4 * 4)) * kTileK;
   const int slice = int(std::min(ktiles * kTileK, fit));
   const size_t smem = size_t(MT) * slice * 2 + size_t(MT) * (slice / kBlock) * 4;
-  static const int resident = resident_blocks(qgemv_kernel<F, MT>, kThreads, kSmemBytes, "cuda::linear");
-  // KS: the split whose busiest block has the fewest tile-rows of work (its rounds times the
-  // tiles of a round), the smaller split on a tie; a k-slice gets at least one k-tile.
-  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+  static const int resident = resident_blocks(qgemv_kernel<F, MT, Job>, kThreads, kSmemBytes, where);
+  // The blocks each entry gets (the GPU's resident blocks shared out), and KS: the split whose
+  // busiest block has the fewest tile-rows of work (its rounds times the tiles of a round), the
+  // smaller split on a tie; a k-slice gets at least one k-tile.
+  const int64_t per_entry = std::max<int64_t>(1, resident / entries);
+  const int64_t tiles = (N + Job::kOut - 1) / Job::kOut;
   auto rounds_of = [&](int ks) { return (tiles + kWarps / ks - 1) / (kWarps / ks); };
-  auto cost = [&](int ks) { return (rounds_of(ks) + resident - 1) / resident * (kWarps / ks); };
+  auto cost = [&](int ks) { return (rounds_of(ks) + per_entry - 1) / per_entry * (kWarps / ks); };
   int KS = 1;
   for (int ks = 2; ks <= kWarps && ks <= ktiles; ks *= 2)
     if (cost(ks) < cost(KS)) KS = ks;
   const int64_t rounds = rounds_of(KS);
-  const unsigned grid = unsigned(slice < K ? rounds : std::min<int64_t>(rounds, resident));
-  launch_early("cuda::linear", qgemv_kernel<F, MT>, grid, kThreads, smem, stream, x, N, K, KS, slice, w.data, w.scale,
-               y);
+  if (entries > 65535) fail(where, "a grid within CUDA's limits", std::to_string(entries) + " entries");
+  const dim3 grid{unsigned(slice < K ? rounds : std::min<int64_t>(rounds, per_entry)), unsigned(entries)};
+  launch_early(where, qgemv_kernel<F, MT, Job>, grid, kThreads, smem, stream, job, N, K, KS, slice);
 }
 
 template <WeightFormat F>
 void passes(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {
-  const int64_t N = w.rows, K = w.cols;
+  const int64_t N = w.rows, K = w.cols, row_bytes = F == WeightFormat::FP8 ? K : K / 2;
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-    if (M - m0 == 1) launch<F, 1>(x + m0 * K, N, K, w, y + m0 * N, stream);
-    else launch<F, 2>(x + m0 * K, N, K, w, y + m0 * N, stream);
+    const DenseJob job{x + m0 * K, N, K, w.data, w.scale, y + m0 * N, row_bytes};
+    if (M - m0 == 1) launch<F, 1>(job, N, K, 1, "cuda::linear", stream);
+    else launch<F, 2>(job, N, K, 1, "cuda::linear", stream);
   }
+}
+
+template <bool kUp>
+void experts(WeightFormat f, const GroupedArgs& a, int64_t entries, cudaStream_t stream) {
+  if (a.K % kBlock != 0) fail("cuda::moe", "expert inputs a multiple of 32", std::to_string(a.K));
+  if (entries <= 0 || a.N <= 0) return;
+  const int64_t row_bytes = f == WeightFormat::FP8 ? a.K : a.K / 2;
+  const ExpertJob<kUp> job{a, row_bytes, {}, 0, 1.0f};
+  if (f == WeightFormat::FP8) launch<WeightFormat::FP8, 1>(job, a.N, a.K, entries, "cuda::moe", stream);
+  else if (f == WeightFormat::FP4) launch<WeightFormat::FP4, 1>(job, a.N, a.K, entries, "cuda::moe", stream);
+  else fail("cuda::moe", "fp8 or fp4 experts for the quantized GEMV", "another format");
 }
 
 }  // namespace
@@ -297,6 +415,14 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   if (w.format == WeightFormat::FP8) passes<WeightFormat::FP8>(x, M, w, y, stream);
   else if (w.format == WeightFormat::FP4) passes<WeightFormat::FP4>(x, M, w, y, stream);
   else fail("cuda::linear", "an fp8 or fp4 weight for the quantized GEMV", "another format");
+}
+
+void experts_up(WeightFormat f, const GroupedArgs& a, int64_t entries, cudaStream_t stream) {
+  experts<true>(f, a, entries, stream);
+}
+
+void experts_down(WeightFormat f, const GroupedArgs& a, int64_t entries, cudaStream_t stream) {
+  experts<false>(f, a, entries, stream);
 }
 
 }  // namespace dsv41::cuda::qgemv
