@@ -1,8 +1,18 @@
 // Weight GEMV/GEMM reading checkpoint formats directly (fp8 32x32-block, fp4 per-32, bf16, fp32).
 //
-// linear() over fp8/fp4 weights runs on the tensor cores: at M ≥ 2 (gemm::kMinRows) with K a
-// multiple of 128 the GEMM (gemm.cu), else the quantized GEMV (qgemv.cu, one or two rows a pass);
-// every product over a bf16 weight at M ≥ 2 (gemm_bf16::kMinRows) in gemm_bf16.cu.
+// Two kernels here, and the GEMMs on the tensor cores: linear() over fp8/fp4 weights at M ≥ 2
+// (gemm::kMinRows) with K a multiple of 128 runs in gemm.cu, every product over a bf16 weight at
+// M ≥ 2 (gemm_bf16::kMinRows) in gemm_bf16.cu.
+//
+// qgemv (linear() over fp8/fp4 weights: one row, or K not a multiple of 128): the activation quantization is folded
+// into the GEMV. Each block first act-quantizes its slice of x (≤ 8 rows) into shared memory,
+// then groups of L lanes each stream R weight rows in 16-byte loads (16 fp8 or 32 fp4 codes),
+// decode them in registers and multiply them against the quantized x. The weight never passes
+// through shared memory and is read exactly once; x is re-read from L2 by every block (N/rows per
+// block times M·K·4 bytes: 1/16–1/32 of the weight's bytes at M = 1). Memory traffic:
+// bytes(W) + scales + M·K·4 (x, from HBM once) + M·N·4 (y), so at M ≤ 8 the floor is
+// bytes(W) / HBM bandwidth; at M = 8 the 8 FMAs per weight element make it compute-bound on the
+// CUDA cores.
 //
 // gemv (linear() over bf16/fp32 weights, and linear_f32 in every format): each group of T threads
 // owns kRows output rows and walks them in 16-byte chunks (16 fp8, 32 fp4, 8 bf16 or 4 fp32
@@ -24,7 +34,7 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemm_bf16.cuh"
 #include "backend/cuda/pdl.cuh"
-#include "backend/cuda/qgemv.cuh"
+#include "numerics/codecs.h"
 #include "numerics/types.h"
 
 namespace dsv41::cuda {
@@ -193,6 +203,244 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const float* __restrict_
   }
 }
 
+// ---- qgemv: fp8/fp4 weights, act-quant folded in ----------------------------------------------
+
+constexpr int kQThreads = 256;
+constexpr int kQSmemBytes = 48 * 1024;  // the quantized x slice (fp32), no opt-in needed
+
+
+// act_quant of x[m, 0..kn) for m < M into xs (the layout above; C = kn / kElems chunks per row):
+// 4 threads per 32-block, 8 values each. Per value: one multiply by the exact reciprocal of the
+// power-of-two scale (equal to the CPU's division), the hardware e4m3 rounding, one multiply back.
+template <WeightFormat F>
+__device__ void quantize_slice(const float* __restrict__ x, int64_t K, int M, int kn, float4* xs) {
+  using Fmt = QFormat<F>;
+  constexpr int P = Fmt::kElems / 4;
+  const int per_row = kn / 8, C = kn / Fmt::kElems, items = M * per_row;  // items: a multiple of 4
+  for (int base = 0; base < items; base += kQThreads) {  // the same trip count in every thread: shuffles stay whole
+    const int i = base + int(threadIdx.x);
+    const bool on = i < items;
+    const int m = on ? i / per_row : 0, q = on ? i % per_row : 0;
+    float v[8];
+    const float amax = load8_block_amax(x + m * K + 8 * q, on, v);
+    if (!on) continue;
+    const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const float2 r = e4m3_round2(v[e] * inv, v[e + 1] * inv);
+      v[e] = r.x * scale, v[e + 1] = r.y * scale;
+    }
+    float4 lo, hi;
+    Fmt::parts(v, lo, hi);
+    const int c = 8 * q / Fmt::kElems, p = 8 * q % Fmt::kElems / 4;
+    xs[(m * P + p) * C + c] = lo;
+    xs[(m * P + p + 1) * C + c] = hi;
+  }
+}
+
+// One chunk c (of C in the slice) of R rows against the MT quantized x rows: the block partials
+// (exact products summed in fp32), times the weight block scale (weight_scale of its code ws) into acc.
+// An fp8 chunk is half a 32-block: its two halves are scaled separately, exactly (the scale is a
+// power of two), so only the order of the fp32 additions differs from the CPU's.
+template <WeightFormat F, int MT, int R>
+__device__ __forceinline__ void chunk_fma(const uint4 (&wv)[R], const uint8_t (&ws)[R], const float4* xs, int C, int c,
+                                          int M, float (&acc)[R][MT]) {
+  constexpr int P = QFormat<F>::kElems / 4;
+  float p[R][MT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) p[r][m] = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {  // the chunk's four 32-bit words
+    if constexpr (F == WeightFormat::FP8) {
+      float4 xv[MT];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) xv[m] = m < M ? xs[(m * P + j) * C + c] : make_float4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+        float2 a, b;
+        QFormat<F>::word(w, a, b);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          p[r][m] = fmaf(a.x, xv[m].x, p[r][m]), p[r][m] = fmaf(a.y, xv[m].y, p[r][m]);
+          p[r][m] = fmaf(b.x, xv[m].z, p[r][m]), p[r][m] = fmaf(b.y, xv[m].w, p[r][m]);
+        }
+      }
+    } else {
+      float4 xa[MT], xb[MT];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        xa[m] = m < M ? xs[(m * P + 2 * j) * C + c] : make_float4(0, 0, 0, 0);
+        xb[m] = m < M ? xs[(m * P + 2 * j + 1) * C + c] : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+        float2 a, b, cc, d;
+        QFormat<F>::word(w, a, b, cc, d);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          p[r][m] = fmaf(a.x, xa[m].x, p[r][m]), p[r][m] = fmaf(a.y, xa[m].y, p[r][m]);
+          p[r][m] = fmaf(b.x, xa[m].z, p[r][m]), p[r][m] = fmaf(b.y, xa[m].w, p[r][m]);
+          p[r][m] = fmaf(cc.x, xb[m].x, p[r][m]), p[r][m] = fmaf(cc.y, xb[m].y, p[r][m]);
+          p[r][m] = fmaf(d.x, xb[m].z, p[r][m]), p[r][m] = fmaf(d.y, xb[m].w, p[r][m]);
+        }
+      }
+    }
+  }
+  // p·s is exact (s a power of two), so the fused add rounds once, as the CPU's acc += dot·s.
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float s = weight_scale<F>(ws[r]);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = fmaf(p[r][m], s, acc[r][m]);
+  }
+}
+
+// y[m, n] = bf16(Σ_K xq[m]·W[n]) for m < M ≤ MT. Groups of L lanes (a divisor of 32) each own R
+// consecutive rows (R | 32, so an fp8 group's rows share one 32-row scale tile) and walk them in
+// steps of L·U chunks: U·R independent 16-byte loads in flight per lane, the next step's issued
+// before this step's are multiplied, the first before x is quantized. K is processed in
+// slices of `slice` values (x[:, slice] quantized into shared memory, then the weight's columns of
+// that slice), one slice whenever M·K·4 fits in 48 KB (always at M = 1 for K ≤ 12288).
+// Row groups: block b takes groups b, b + gridDim.x, ... of kQThreads / L · R rows. With one
+// slice the grid is what the GPU holds at once and each block quantizes x once for all its row
+// groups; its warps then stream independently (no barrier between row groups), so at one row
+// the SMs keep loads in flight instead of paying a block's start, x and barrier per ~16 rows.
+// With several slices every block has one row group (x is re-quantized per slice).
+template <WeightFormat F, int MT, int L, int R>
+__global__ void __launch_bounds__(kQThreads) qgemv_kernel(const float* __restrict__ x, int M, int64_t N, int64_t K,
+                                                         int slice, const uint8_t* __restrict__ w,
+                                                         const uint8_t* __restrict__ scale, float* __restrict__ y) {
+  using Fmt = QFormat<F>;
+  constexpr int E = Fmt::kElems;
+  constexpr int U = MT <= 2 ? 4 : 1;  // chunks per row and step: U·R loads in flight, twice over
+  constexpr int kGroups = kQThreads / L;
+  extern __shared__ float4 xs[];
+  const int lane = int(threadIdx.x) % L;
+  const int64_t row_chunks = K / E, blocks = K / kBlock, row_groups = (N + kGroups * R - 1) / (kGroups * R);
+  uint4 wv[U][R], nv[U][R];  // this step's chunks, the next step's (in flight during this one's math)
+  uint8_t ws[U][R], ns[U][R];  // their blocks' scale codes
+  const uint4* wrow[R];
+  bool live[R];
+  int64_t n0 = 0;
+  // The U·R chunks of the lane's step from chunk c0 + c of its rows on (zeros past C or N).
+  auto fetch = [&](int64_t c0, int c, int C, uint4 (&wv)[U][R], uint8_t (&ws)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int cu = c + u * L;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const bool ok = cu < C && live[r];
+        wv[u][r] = ok ? load_stream(wrow[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
+        // The weight block of chunk c0 + cu: fp8 one scale per 32 rows × 32 columns, fp4 one per
+        // row × 32 columns (= one chunk).
+        const int64_t s = F == WeightFormat::FP8 ? (n0 / kBlock) * blocks + (c0 + cu) * E / kBlock
+                                                 : (n0 + r) * blocks + c0 + cu;
+        ws[u][r] = ok ? scale[s] : uint8_t(0);
+      }
+    }
+  };
+  for (int64_t g = blockIdx.x; g < row_groups; g += gridDim.x) {
+    const bool first = g == int64_t(blockIdx.x);
+    n0 = (g * kGroups + threadIdx.x / L) * R;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      live[r] = n0 + r < N;
+      wrow[r] = reinterpret_cast<const uint4*>(w) + (live[r] ? n0 + r : 0) * row_chunks;
+    }
+    float acc[R][MT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < MT; ++m) acc[r][m] = 0;
+
+    for (int64_t k0 = 0; k0 < K; k0 += slice) {
+      const int kn = int(K - k0 < slice ? K - k0 : slice), C = kn / E;
+      const int64_t c0 = k0 / E;
+      fetch(c0, lane, C, wv, ws);  // the first step's loads go out before the block waits on x,
+      wait_for_inputs();           // and, launched early, before the kernel before it ends
+      if (first || slice < K) {    // block-uniform: the barriers below are whole
+        if (!first || k0 > 0) __syncthreads();  // every lane is done with the previous slice's x
+        quantize_slice<F>(x + k0, K, M, kn, xs);
+        __syncthreads();
+      }
+      for (int c = lane; c < C; c += L * U) {
+        fetch(c0, c + L * U, C, nv, ns);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (c + u * L < C) chunk_fma<F, MT, R>(wv[u], ws[u], xs, C, c + u * L, M, acc);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int r = 0; r < R; ++r) wv[u][r] = nv[u][r], ws[u][r] = ns[u][r];
+      }
+    }
+
+    // Sum over the group's L lanes; lane e % L writes output e = r·MT + m.
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int o = L / 2; o > 0; o /= 2) acc[r][m] += __shfl_xor_sync(0xFFFFFFFFu, acc[r][m], o);
+#pragma unroll
+    for (int e = 0; e < R * MT; ++e) {
+      const int r = e / MT, m = e % MT;
+      if (lane == e % L && m < M && live[r]) y[m * N + n0 + r] = round_bf16(acc[r][m]);
+    }
+  }
+}
+
+template <WeightFormat F, int MT, int L, int R>
+void qlaunch(const float* x, int M, int64_t N, int64_t K, const Weight& w, float* y, cudaStream_t stream) {
+  constexpr int chunk = L * QFormat<F>::kElems;  // K covered by one step of a group
+  const int64_t fit = kQSmemBytes / (MT * 4) / chunk * chunk;
+  const int slice = int(K < fit ? K : fit);
+  const int64_t rows_per_block = int64_t(kQThreads / L) * R;
+  const int64_t row_groups = (N + rows_per_block - 1) / rows_per_block;
+  static const int resident = resident_blocks(qgemv_kernel<F, MT, L, R>, kQThreads, kQSmemBytes, "cuda::linear");
+  const unsigned grid = unsigned(slice < K ? row_groups : std::min<int64_t>(row_groups, resident));
+  launch_early("cuda::linear", qgemv_kernel<F, MT, L, R>, grid, kQThreads, size_t(MT) * slice * 4, stream, x, M, N, K,
+               slice, w.data, w.scale, y);
+}
+
+template <WeightFormat F, int MT>
+void qlaunch_shape(const float* x, int M, int64_t N, int64_t K, const Weight& w, float* y, cudaStream_t stream) {
+  // L: the widest group whose steps waste at most 1/8 of their lanes on K (fp8 wq_b: 80 chunks,
+  // L = 16; fp4 w2: 72 chunks, L = 16; the 512/320/256/160-chunk rows: L = 32).
+  const int64_t chunks = K / QFormat<F>::kElems;
+  auto fits = [&](int64_t l) { return (chunks + l - 1) / l * l * 8 <= chunks * 9; };
+  const int L = fits(32) ? 32 : fits(16) ? 16 : 8;
+  // R = 2 (each x load serves two rows) while that still leaves two blocks per SM; else R = 1.
+  const int sms = multiprocessors("cuda::linear");
+  const bool two = N / (int64_t(kQThreads / L) * 2) >= 2 * sms;
+  switch (L * 2 + (two ? 1 : 0)) {
+    case 65: return qlaunch<F, MT, 32, 2>(x, M, N, K, w, y, stream);
+    case 64: return qlaunch<F, MT, 32, 1>(x, M, N, K, w, y, stream);
+    case 33: return qlaunch<F, MT, 16, 2>(x, M, N, K, w, y, stream);
+    case 32: return qlaunch<F, MT, 16, 1>(x, M, N, K, w, y, stream);
+    case 17: return qlaunch<F, MT, 8, 2>(x, M, N, K, w, y, stream);
+    default: return qlaunch<F, MT, 8, 1>(x, M, N, K, w, y, stream);
+  }
+}
+
+template <WeightFormat F>
+void qlinear(const float* x, int64_t M, int64_t N, int64_t K, const Weight& w, float* y, cudaStream_t stream) {
+  // Passes of up to kMaxRows activation rows; M > kMaxRows (prefill) re-reads W once per pass.
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+    const int rows = int(M - m0 < kMaxRows ? M - m0 : kMaxRows);
+    const float* xr = x + m0 * K;
+    float* yr = y + m0 * N;
+    if (rows == 1) qlaunch_shape<F, 1>(xr, rows, N, K, w, yr, stream);
+    else if (rows == 2) qlaunch_shape<F, 2>(xr, rows, N, K, w, yr, stream);
+    else if (rows <= 4) qlaunch_shape<F, 4>(xr, rows, N, K, w, yr, stream);
+    else qlaunch_shape<F, 8>(xr, rows, N, K, w, yr, stream);
+  }
+}
+
 template <WeightFormat F, int MT>
 void launch_rows(const float* x, int64_t ldx, int64_t group_rows, int64_t N, int64_t K, const Weight& w, float* y,
                  bool round, cudaStream_t stream) {
@@ -263,7 +511,8 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   if (M <= 0 || w.rows <= 0) return;
   // M ≥ gemm::kMinRows, K a multiple of 128: the tensor-core GEMM (gemm.cu), same precision flow.
   if (gemm::usable(M, w)) return gemm::linear(x, M, w, y, stream);
-  qgemv::linear(x, M, w, y, stream);
+  if (w.format == WeightFormat::FP8) qlinear<WeightFormat::FP8>(x, M, w.rows, w.cols, w, y, stream);
+  else qlinear<WeightFormat::FP4>(x, M, w.rows, w.cols, w, y, stream);
 }
 
 void linear_f32(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream) {

@@ -20,11 +20,9 @@
 //             order, cut into tiles of ≤ 8 (GEMV) or ≤ 128 (tensor cores) entries of one expert,
 //             and the tile count (one unforced row: route_kernel writes its k one-entry tiles)
 //   up        GEMV: grouped_kernel<up> over (tile, slice of inter): h = the SwiGLU of w1, w3 →
-//             h [entry]; tiles of one entry over fp8/fp4 experts (one token) qgemv::experts_up,
-//             on the tensor cores. Tensor cores: gemm::act_quant_slots of x by entry,
-//             gemm::grouped_up → g, u [slot]
-//   down      GEMV: grouped_kernel<down> over (tile, slice of dim), or qgemv::experts_down: ye
-//             [entry] = w2 h (bf16).
+//             h [entry]. Tensor cores: gemm::act_quant_slots of x by entry, gemm::grouped_up →
+//             g, u [slot]
+//   down      GEMV: grouped_kernel<down> over (tile, slice of dim): ye [entry] = w2 h (bf16).
 //             Tensor cores: gemm::act_quant_swiglu_slots (h of g, u, act-quantized in one pass),
 //             gemm::grouped_down → ye [entry]
 //   shared    on a side stream beside all of the above (side_stream.h), from the start: at one
@@ -54,7 +52,6 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/pdl.cuh"
-#include "backend/cuda/qgemv.cuh"
 #include "backend/cuda/rows.h"
 #include "backend/cuda/side_stream.h"
 #include "backend/cuda/swiglu.cuh"
@@ -64,8 +61,6 @@
 namespace dsv41::cuda {
 
 namespace {
-
-using qgemv::GroupedArgs;
 
 constexpr int kRouteThreads = 128;
 constexpr int kMaxExperts = 4096;
@@ -412,6 +407,25 @@ __device__ __forceinline__ void chunk_fma(const uint4 (&wv)[2], const uint8_t (&
   }
 }
 
+// What one grouped_kernel launch works on. Routed: tile t of bucket_kernel's (exit when t ≥
+// *tile_count), its entries at list[first ...], weights table[expert]. Dense (tiles == nullptr,
+// the shared expert): tile t = rows t·MT .. of dense_rows, entry = row, weights `fixed`.
+struct GroupedArgs {
+  const int4* tiles;
+  const int* tile_count;
+  const int32_t* list;
+  int64_t dense_rows;
+  int k;            // up: the x row of entry i is i / k (1 when dense)
+  const float* x;   // up: the layer's input [rows, K]; down: h [entries in list order, K]
+  int64_t K, N;     // the weights' input and output features
+  const ExpertPointers* table;
+  ExpertPointers fixed;
+  const float* weights;  // up: the routing weight of entry i, or nullptr (dense: none)
+  float limit;
+  float* h;        // up's output [entries in list order, N]
+  uint16_t* ye;    // down's output [entry, N], bf16
+};
+
 // The grouped GEMV: for one tile of ≤ MT entries of one expert, a slice of the output features.
 // up (kUp): h[pos, n] = swiglu(bf16(w1[n]·xq), bf16(w3[n]·xq)) with the entry's routing weight,
 // each group of L lanes owning output n of both w1 and w3 (two weight rows sharing each x load);
@@ -425,9 +439,9 @@ __device__ __forceinline__ void chunk_fma(const uint4 (&wv)[2], const uint8_t (&
 // its expert's weight rows once (the whole expert over the grid's y: 2 × inter × dim for up, dim ×
 // inter for down, at fp4 half a byte each plus a scale per 32), M rows of x from L2 per block, and
 // M·N outputs (up: fp32 h, down: bf16 ye). Blocks past the tile count read nothing.
-// At MT = 1 (bf16 experts at one token; fp8/fp4 go to qgemv::experts_up/down) three blocks per SM
-// (≤ 85 registers, no spills) keep more loads in flight. At MT = 8 two blocks (≤ 128 registers):
-// asked for one, ptxas takes 138 and batch-8 MoE ran 1.7× slower.
+// At MT = 1 (decode) the kernel waits on memory, not on its arithmetic: three blocks per SM (≤ 85
+// registers, no spills; ptxas chose ~117 and two blocks) keep more loads in flight. At MT = 8 two
+// blocks (≤ 128 registers): asked for one, ptxas takes 138 and batch-8 MoE ran 1.7× slower.
 template <WeightFormat F, int MT, int L, bool kUp>
 __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(const GroupedArgs a) {
   using Fmt = GFormat<F>;
@@ -655,11 +669,13 @@ void launch_grouped(const GroupedArgs& a, int64_t tiles, cudaStream_t stream) {
 template <bool kUp>
 void grouped(WeightFormat f, int tile, const GroupedArgs& a, int64_t tiles, cudaStream_t stream) {
   const bool one = tile == 1;
-  if (one && (f == WeightFormat::FP4 || f == WeightFormat::FP8))  // one token: the tensor-core GEMV
-    return kUp ? qgemv::experts_up(f, a, tiles, stream) : qgemv::experts_down(f, a, tiles, stream);
   switch (f) {
-    case WeightFormat::FP4: return launch_grouped<WeightFormat::FP4, kTile, kUp>(a, tiles, stream);
-    case WeightFormat::FP8: return launch_grouped<WeightFormat::FP8, kTile, kUp>(a, tiles, stream);
+    case WeightFormat::FP4:
+      return one ? launch_grouped<WeightFormat::FP4, 1, kUp>(a, tiles, stream)
+                 : launch_grouped<WeightFormat::FP4, kTile, kUp>(a, tiles, stream);
+    case WeightFormat::FP8:
+      return one ? launch_grouped<WeightFormat::FP8, 1, kUp>(a, tiles, stream)
+                 : launch_grouped<WeightFormat::FP8, kTile, kUp>(a, tiles, stream);
     case WeightFormat::BF16:
       return one ? launch_grouped<WeightFormat::BF16, 1, kUp>(a, tiles, stream)
                  : launch_grouped<WeightFormat::BF16, kTile, kUp>(a, tiles, stream);
