@@ -11,6 +11,7 @@
 # and a 4K prefill, 8 steps), printing the step and prefill rows; TRACE=1 adds one --kernel-trace
 # run of each to $LOGS. TESTS, if set, names test binaries of this tree to build and run first;
 # KERNELS, if set, is a --benchmark_filter for cuda_kernels_bench, built in both and run alternately too.
+# The test binaries' output goes to one file, $LOGS/tests.log (the device tool returns a few files).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 : "${PATCH:?PATCH: the diff from the baseline to this tree}"
@@ -39,9 +40,11 @@ cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release > "$logs/configure.lo
 ninja -C build-ab -j"$(( $(nproc) / 2 ))" "${targets[@]}" "${tests[@]}" > "$logs/build.log" 2>&1 ||
   { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
 for t in "${tests[@]}"; do
-  "build-ab/tests/$t" > "$logs/$t.log" 2>&1
-  echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$logs/$t.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED  \]|Failure" "$logs/$t.log" | head -8
+  "build-ab/tests/$t" > "$logs/test.log" 2>&1
+  echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$logs/test.log" | tr '\n' ' ')"
+  grep -E -A2 "^\[  FAILED  \]|Failure" "$logs/test.log" | head -12
+  { echo "==== $t"; cat "$logs/test.log"; } >> "$logs/tests.log"
+  rm "$logs/test.log"
 done
 wait
 [ -x "$base/build-ab/bench/cuda_forward_bench" ] ||
