@@ -51,10 +51,10 @@ struct Shape {
   int M, N, K;
 };
 
-// The V4.1-Flash projections read at decode (M = 1, 8 tokens) and small odd shapes for the
-// quantized GEMV (qgemv.cu: passes of two rows; N not a multiple of its 16-row tiles, a tile's
-// first rows past N; K not a multiple of its 128-column k-tiles; K beyond what one slice of x in
-// shared memory holds at one and two rows).
+// The V4.1-Flash projections read at decode (M = 1, 8 tokens) and small odd shapes (M > 8 makes
+// several passes over the weight; N not a multiple of the rows per block; K not a multiple of the
+// GEMM's 128, which leaves M = 2 to the quantized GEMV; K beyond what one slice of x in the GEMV's
+// shared memory holds, at one and two rows).
 const Shape kShapes[] = {
     {"wq_a 1x1280x5120", 1, 1280, 5120},    {"wkv 8x512x5120", 8, 512, 5120},
     {"wo_b 1x5120x8192", 1, 5120, 8192},    {"wq_b 2x32768x1280", 2, 32768, 1280},
