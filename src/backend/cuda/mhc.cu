@@ -463,7 +463,12 @@ __global__ void __launch_bounds__(kMegaThreads) mega_finish_kernel(const MegaArg
 
 unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
-// make(std::integral_constant<int, hc>) for hc from 1 to kMaxHc (callers check the range): the
+// The entry points' check of hc before for_hc.
+void check_hc(const char* where, int hc) {
+  if (hc < 1 || hc > kMaxHc) fail(where, "hc_mult from 1 to 4", std::to_string(hc));
+}
+
+// make(std::integral_constant<int, hc>) for hc from 1 to kMaxHc (callers check_hc first): the
 // kernels take hc as a constant, so that their loops over the streams and the 24 mixes unroll
 // with no guards and every hc_fn load is issued ahead of its use. With hc at run time each load
 // sat behind its guard and waited for the one before (Mega-mHC: 68 µs at one row, Nsight Compute
@@ -484,7 +489,7 @@ void mega_mhc(const float* f, const float* X, const float* post, const float* co
               int hc, int64_t d, const HcWeights& w, const Weight* norm, float eps, int sinkhorn_iters, float hc_eps,
               float* Xo, float* h, float* pre_out, float* post_out, float* comb_out, cudaStream_t stream) {
   if (rows <= 0 || d <= 0) return;
-  if (hc < 1 || hc > kMaxHc) fail("cuda::mega_mhc", "hc_mult from 1 to 4", std::to_string(hc));
+  check_hc("cuda::mega_mhc", hc);
   if (w.fn.format != WeightFormat::F32 || w.base.format != WeightFormat::F32 || w.scale.format != WeightFormat::F32)
     fail("cuda::mega_mhc", "F32 hc_fn, hc_base and hc_scale", "another format");
   if (norm && norm->format != WeightFormat::F32 && norm->format != WeightFormat::BF16)
@@ -514,7 +519,7 @@ void mega_mhc(const float* f, const float* X, const float* post, const float* co
 void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& w, float norm_eps, int sinkhorn_iters,
               float hc_eps, float* pre, float* post, float* comb, cudaStream_t stream) {
   if (rows <= 0) return;
-  if (hc < 1 || hc > kMaxHc) fail("cuda::hc_mixes", "hc_mult from 1 to 4", std::to_string(hc));
+  check_hc("cuda::hc_mixes", hc);
   if (w.fn.format != WeightFormat::F32 || w.base.format != WeightFormat::F32 || w.scale.format != WeightFormat::F32)
     fail("cuda::hc_mixes", "F32 hc_fn, hc_base and hc_scale", "another format");
   const int64_t n = hc * d;
@@ -536,7 +541,7 @@ void hc_mixes(const float* X, int64_t rows, int hc, int64_t d, const HcWeights& 
 
 void hc_pre(const float* X, const float* pre, int64_t rows, int hc, int64_t d, float* y, cudaStream_t stream) {
   if (rows * d <= 0) return;
-  if (hc < 1 || hc > kMaxHc) fail("cuda::hc_pre", "hc_mult from 1 to 4", std::to_string(hc));
+  check_hc("cuda::hc_pre", hc);
   for_hc(hc, [&](auto HC) {
     hc_pre_kernel<decltype(HC)::value><<<blocks_for(rows * d), kThreads, 0, stream>>>(X, pre, rows, d, y);
     return 0;
@@ -547,7 +552,7 @@ void hc_pre(const float* X, const float* pre, int64_t rows, int hc, int64_t d, f
 void hc_post(const float* f, const float* X, const float* post, const float* comb, int64_t rows, int hc, int64_t d,
              float* out, cudaStream_t stream) {
   if (rows * d <= 0) return;
-  if (hc < 1 || hc > kMaxHc) fail("cuda::hc_post", "hc_mult from 1 to 4", std::to_string(hc));
+  check_hc("cuda::hc_post", hc);
   for_hc(hc, [&](auto HC) {
     hc_post_kernel<decltype(HC)::value><<<blocks_for(rows * d), kThreads, 0, stream>>>(f, X, post, comb, rows, d, out);
     return 0;
