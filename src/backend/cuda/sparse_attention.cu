@@ -138,7 +138,7 @@ __device__ __forceinline__ void decode_kv_fp4(const Raw<D>& raw, int lane, At at
   for (int i = 0; i < kKvSteps<D>; ++i) {
     const int c = 8 * lane + 256 * i;
     if (c >= D) break;
-    const uint32_t h = bf16_from_float(e4m3_to_float(uint8_t(raw.scale[i]))), scale = h | h << 16;
+    const uint32_t scale = e4m3_to_bf16x2(raw.scale[i]);
     uint32_t v0, v1, v2, v3;
     e2m1x4_to_bf16<0>(raw.word[i], v0, v1);
     e2m1x4_to_bf16<1>(raw.word[i], v2, v3);
@@ -851,10 +851,24 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAt
   // Tiles 0 and 1 on their way, then q [64 heads, D] as bf16 (exact: q holds bf16 values).
   for (int i = 0; i < 2; ++i)
     stage_tile<D>(batch, ring, cache, i * kTile, i < T ? entry_index(batch, b, i * kTile, tile_n(i), tid / 4) : -1, sm, i);
-  for (int k = tid; k < kWgHeads * D / 4; k += kWgThreads) {
-    const int h = k / (D / 4), c = k % (D / 4) * 4;
-    const float4 v = __ldg(reinterpret_cast<const float4*>(q + (b * H + h0 + h) * D + c));
-    *reinterpret_cast<uint2*>(&sm.q[c / 64][panel_at(h, c % 64)]) = make_uint2(bf16_pair(v.x, v.y), bf16_pair(v.z, v.w));
+  // q's 128 KB in two rounds of 16 loads a thread, all in flight before any is stored (a load,
+  // convert and store at a time left each round trip exposed: ~10% of the kernel's stall samples).
+  constexpr int kQLoads = kWgHeads * D / 4 / kWgThreads, kQRound = 16;
+  static_assert(kQLoads % kQRound == 0, "whole rounds");
+#pragma unroll
+  for (int k0 = 0; k0 < kQLoads; k0 += kQRound) {
+    float4 v[kQRound];
+#pragma unroll
+    for (int u = 0; u < kQRound; ++u) {
+      const int k = tid + (k0 + u) * kWgThreads, h = k / (D / 4), c = k % (D / 4) * 4;
+      v[u] = __ldg(reinterpret_cast<const float4*>(q + (b * H + h0 + h) * D + c));
+    }
+#pragma unroll
+    for (int u = 0; u < kQRound; ++u) {
+      const int k = tid + (k0 + u) * kWgThreads, h = k / (D / 4), c = k % (D / 4) * 4;
+      *reinterpret_cast<uint2*>(&sm.q[c / 64][panel_at(h, c % 64)]) =
+          make_uint2(bf16_pair(v[u].x, v[u].y), bf16_pair(v[u].z, v[u].w));
+    }
   }
 
   // This thread's heads: 16·warp + g + 8r (r = 0, 1), the rows of its accumulators' fragments.
@@ -863,7 +877,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAt
   for (int k = 0; k < 128; ++k) o[k] = 0;
   keep(o);
   float m[2] = {kInitialMax, kInitialMax}, l[2] = {0, 0};  // running maximum, this half's denominator
-  const uint32_t q0 = ptx::smem_addr(&sm.q[0][0]), t0 = ptx::smem_addr(&sm.tile[0][0]), p0 = ptx::smem_addr(sm.p);
+  // The MMAs' descriptors: each k16 step's is its base's plus the step's byte offset / 16 (shared
+  // memory addresses stay below 256 KB, so the 14-bit address field never carries).
+  const uint32_t t0 = ptx::smem_addr(&sm.tile[0][0]);
+  const uint64_t q_desc = kmajor_sw128(ptx::smem_addr(&sm.q[0][0])), t_desc = kmajor_sw128(t0 + wg * 32 * 128),
+                 p_desc = kmajor_sw128(ptx::smem_addr(sm.p)),
+                 v_desc = mnmajor_sw128(t0 + wg * 4 * kPanelBytes, kPanelBytes);
 
   for (int i = 0; i < T; ++i) {
     const int s = i % 2, e0 = i * kTile, n = tile_n(i);
@@ -902,7 +921,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAt
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t at = (kk / 4) * kPanelBytes + (kk % 4) * 32;  // panel kk/4, its k16 step
-      mma_ss<32>(sc, kmajor_sw128(q0 + at), kmajor_sw128(t0 + at + wg * 32 * 128));
+      mma_ss<32>(sc, q_desc + at / 16, t_desc + at / 16);
     }
     mma_commit();
     mma_wait<0>();
@@ -950,15 +969,18 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAt
     fence_proxy_async();
     __syncthreads();  // both halves of P written; both read half_max before the next tile rewrites it
 
+    // A running maximum that did not move gives rescale = expf(0) = 1 exactly, and o · 1 = o: the
+    // 128 multiplies are skipped, with the same bits.
+    if (rescale[0] != 1.0f || rescale[1] != 1.0f) {
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
-      o[4 * k] *= rescale[0], o[4 * k + 1] *= rescale[0];
-      o[4 * k + 2] *= rescale[1], o[4 * k + 3] *= rescale[1];
+      for (int k = 0; k < 32; ++k) {
+        o[4 * k] *= rescale[0], o[4 * k + 1] *= rescale[0];
+        o[4 * k + 2] *= rescale[1], o[4 * k + 3] *= rescale[1];
+      }
     }
     mma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk)
-      mma_ss_tb<256>(o, kmajor_sw128(p0 + kk * 32), mnmajor_sw128(t0 + wg * 4 * kPanelBytes + kk * 16 * 128, kPanelBytes));
+    for (int kk = 0; kk < kTile / 16; ++kk) mma_ss_tb<256>(o, p_desc + kk * 32 / 16, v_desc + kk * 16 * 128 / 16);
     mma_commit();
     mma_wait<0>();  // the tile, P and valid are rewritten by the next tile
     keep(o);
