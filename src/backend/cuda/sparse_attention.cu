@@ -790,6 +790,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_mma_pv_kernel(SparseAttenti
 // entries once for its 64 heads, q, and writes out.
 constexpr int kWgHeads = 64;           // the MMAs' M
 constexpr int kWgThreads = 256;
+constexpr int kWgWarps = kWgThreads / 32;
 constexpr int kPanelBytes = 64 * 128;  // [64 rows][64 bf16]: a panel of Q, of the tile, and P
 static_assert(kWgHeads == kTile, "Q's panels and the tile's have one size");
 
@@ -844,6 +845,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAt
   const int h0 = blockIdx.y * kWgHeads;
   const int H = batch.heads, E = batch.W + batch.K, T = (E + kTile - 1) / kTile;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int warp8 = tid / 32;  // of the block's kWgWarps
   const uint8_t* ring = batch.rings[b];
   const uint8_t* cache = batch.K > 0 ? batch.caches[b] : nullptr;
   const auto tile_n = [E](int i) { return E - i * kTile < kTile ? E - i * kTile : kTile; };
@@ -892,21 +894,47 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAt
     __syncthreads();
 
     // Decode: warp w (of 8) entries w, w + 8, ...; rows past the tile's end and empty slots zero
-    // (they take part in P·V with p = 0).
-    for (int j = tid / 32; j < kTile; j += kWgThreads / 32) {
-      const int32_t idx = j < n ? sm.index[s][j] : -1;
-      const auto at = [&sm, j](int c) { return &sm.tile[c / 64][panel_at(j, c % 64)]; };
-      Raw<D> raw;
-      if (idx < 0) {
-        for (int c = 4 * lane; c < D; c += 128) *reinterpret_cast<uint2*>(at(c)) = make_uint2(0, 0);
-      } else if (e0 + j < batch.W) {
-        load_swa_fp8<D>(sm.staged[s][j], lane, raw);
-        decode_swa_fp8<D>(raw, lane, at);
-      } else {
-        load_kv_fp4<D>(sm.staged[s][j], lane, raw);
-        decode_kv_fp4<D>(raw, lane, at);
+    // (they take part in P·V with p = 0). A tile of compressed entries only (all but the window's)
+    // takes its warp's 8 entries four at a time, their staged bytes read before any is decoded, an
+    // empty slot's codes and scale masked to zero (e2m1 +0 times +0: the zero row, bit for bit).
+    if (e0 >= batch.W) {
+      constexpr int kRound = 4;
+#pragma unroll
+      for (int q0 = 0; q0 < kTile / kWgWarps; q0 += kRound) {
+        Raw<D> raw[kRound];
+        bool live[kRound];
+#pragma unroll
+        for (int u = 0; u < kRound; ++u) {
+          const int j = warp8 + kWgWarps * (q0 + u);
+          live[u] = j < n && sm.index[s][j] >= 0;
+          load_kv_fp4<D>(sm.staged[s][j], lane, raw[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kRound; ++u) {
+          const int j = warp8 + kWgWarps * (q0 + u);
+#pragma unroll
+          for (int k = 0; k < kKvSteps<D>; ++k)
+            raw[u].word[k] = live[u] ? raw[u].word[k] : 0u, raw[u].scale[k] = live[u] ? raw[u].scale[k] : 0u;
+          decode_kv_fp4<D>(raw[u], lane, [&sm, j](int c) { return &sm.tile[c / 64][panel_at(j, c % 64)]; });
+          if (lane == 0) sm.valid[j] = live[u];
+        }
       }
-      if (lane == 0) sm.valid[j] = idx >= 0;
+    } else {
+      for (int j = warp8; j < kTile; j += kWgWarps) {
+        const int32_t idx = j < n ? sm.index[s][j] : -1;
+        const auto at = [&sm, j](int c) { return &sm.tile[c / 64][panel_at(j, c % 64)]; };
+        Raw<D> raw;
+        if (idx < 0) {
+          for (int c = 4 * lane; c < D; c += 128) *reinterpret_cast<uint2*>(at(c)) = make_uint2(0, 0);
+        } else if (e0 + j < batch.W) {
+          load_swa_fp8<D>(sm.staged[s][j], lane, raw);
+          decode_swa_fp8<D>(raw, lane, at);
+        } else {
+          load_kv_fp4<D>(sm.staged[s][j], lane, raw);
+          decode_kv_fp4<D>(raw, lane, at);
+        }
+        if (lane == 0) sm.valid[j] = idx >= 0;
+      }
     }
     fence_proxy_async();
     __syncthreads();
