@@ -833,6 +833,41 @@ __device__ __forceinline__ void stage_tile(const SparseAttentionBatch& batch, co
   ptx::cp_async_commit();
 }
 
+// The decode of a staged tile whose entries are all of one kind (kSwa: window entries, SWA-FP8;
+// else compressed, KV-FP4) into the bf16 tile: warp `warp8` takes entries warp8, warp8 + 8, ...,
+// kRound at a time, their staged bytes read before any is decoded (a branch and a dependent chain
+// an entry took ~30% of the kernel's issue slots, Nsight Compute). An empty slot (or one past the
+// tile's n) is decoded from masked bytes: +0 codes times a finite scale (ue8m0 2^0, e4m3 +0) give
+// the +0 row the mixed-tile path writes, bit for bit.
+template <int D, bool kSwa>
+__device__ __forceinline__ void decode_uniform_tile(WgSmem<D>& sm, int s, int n, int warp8, int lane) {
+  constexpr int kRound = kSwa ? 2 : 4, kSteps = kSwa ? kSwaSteps<D> : kKvSteps<D>;
+  constexpr uint32_t kEmptyScale = kSwa ? 127u : 0u;
+#pragma unroll
+  for (int q0 = 0; q0 < kTile / kWgWarps; q0 += kRound) {
+    Raw<D> raw[kRound];
+    bool live[kRound];
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int j = warp8 + kWgWarps * (q0 + u);
+      live[u] = j < n && sm.index[s][j] >= 0;
+      if constexpr (kSwa) load_swa_fp8<D>(sm.staged[s][j], lane, raw[u]);
+      else load_kv_fp4<D>(sm.staged[s][j], lane, raw[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int j = warp8 + kWgWarps * (q0 + u);
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k)
+        raw[u].word[k] = live[u] ? raw[u].word[k] : 0u, raw[u].scale[k] = live[u] ? raw[u].scale[k] : kEmptyScale;
+      const auto at = [&sm, j](int c) { return &sm.tile[c / 64][panel_at(j, c % 64)]; };
+      if constexpr (kSwa) decode_swa_fp8<D>(raw[u], lane, at);
+      else decode_kv_fp4<D>(raw[u], lane, at);
+      if (lane == 0) sm.valid[j] = live[u];
+    }
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAttentionBatch batch, const float* q,
                                                                          const float* sink, float scale, float* out) {
@@ -894,31 +929,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_attention_kernel(SparseAt
     __syncthreads();
 
     // Decode: warp w (of 8) entries w, w + 8, ...; rows past the tile's end and empty slots zero
-    // (they take part in P·V with p = 0). A tile of compressed entries only (all but the window's)
-    // takes its warp's 8 entries four at a time, their staged bytes read before any is decoded, an
-    // empty slot's codes and scale masked to zero (e2m1 +0 times +0: the zero row, bit for bit).
+    // (they take part in P·V with p = 0). A tile of one kind of entry (every tile but one that
+    // straddles the window's end) takes the branch-free rounds of decode_uniform_tile.
     if (e0 >= batch.W) {
-      constexpr int kRound = 4;
-#pragma unroll
-      for (int q0 = 0; q0 < kTile / kWgWarps; q0 += kRound) {
-        Raw<D> raw[kRound];
-        bool live[kRound];
-#pragma unroll
-        for (int u = 0; u < kRound; ++u) {
-          const int j = warp8 + kWgWarps * (q0 + u);
-          live[u] = j < n && sm.index[s][j] >= 0;
-          load_kv_fp4<D>(sm.staged[s][j], lane, raw[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < kRound; ++u) {
-          const int j = warp8 + kWgWarps * (q0 + u);
-#pragma unroll
-          for (int k = 0; k < kKvSteps<D>; ++k)
-            raw[u].word[k] = live[u] ? raw[u].word[k] : 0u, raw[u].scale[k] = live[u] ? raw[u].scale[k] : 0u;
-          decode_kv_fp4<D>(raw[u], lane, [&sm, j](int c) { return &sm.tile[c / 64][panel_at(j, c % 64)]; });
-          if (lane == 0) sm.valid[j] = live[u];
-        }
-      }
+      decode_uniform_tile<D, false>(sm, s, n, warp8, lane);
+    } else if (e0 + kTile <= batch.W) {
+      decode_uniform_tile<D, true>(sm, s, n, warp8, lane);
     } else {
       for (int j = warp8; j < kTile; j += kWgWarps) {
         const int32_t idx = j < n ? sm.index[s][j] : -1;
