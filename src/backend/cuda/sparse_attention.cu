@@ -835,8 +835,9 @@ __device__ __forceinline__ void stage_tile(const SparseAttentionBatch& batch, co
 
 // The decode of a staged tile whose entries are all of one kind (kSwa: window entries, SWA-FP8;
 // else compressed, KV-FP4) into the bf16 tile: warp `warp8` takes entries warp8, warp8 + 8, ...,
-// kRound at a time, their staged bytes read before any is decoded (a branch and a dependent chain
-// an entry took ~30% of the kernel's issue slots, Nsight Compute). An empty slot (or one past the
+// kRound at a time, their staged bytes read before any is decoded (Nsight Compute: the decode was
+// ~47% of the kernel's instructions, ~30 of a KV-FP4 entry's ~140 a lane its loop's index load,
+// tests and branches, each entry's chain waited for alone). An empty slot (or one past the
 // tile's n) is decoded from masked bytes: +0 codes times a finite scale (ue8m0 2^0, e4m3 +0) give
 // the +0 row the mixed-tile path writes, bit for bit.
 template <int D, bool kSwa>
