@@ -237,16 +237,4 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16(uint32_t codes) {
   return d;
 }
 
-// One e4m3 code (the low byte) as a bf16 pair holding its value twice, exactly: a KV-FP4 block
-// scale ready for mul_bf16x2. The hardware's conversion, branch-free (e4m3_to_float's subnormal
-// and NaN tests took ~25 instructions a scale in the attention's decode).
-__device__ __forceinline__ uint32_t e4m3_to_bf16x2(uint32_t code) {
-  uint32_t halves;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(uint16_t(code & 0xFFu)));
-  const float v = half2_bits_to_float2(halves).x;
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %1;\n" : "=r"(d) : "f"(v));
-  return d;
-}
-
 }  // namespace dsv41::cuda
