@@ -41,7 +41,7 @@
 // Tilings (gemm.cuh): wide, MSub = 2 and BN = 128 (256 weight rows × 128 activation rows, 4 fp4
 // or 3 fp8 stages of 48-64 KB); narrow, MSub = 1 and BN = 16, 32, 48 or 64, up to 12 stages so that
 // the weights' bytes in flight cover the memory's latency when the MMAs are few (decode). The
-// narrow BN ≤ 48 forms run two CTAs an SM (≤ 110 KB of stages each, 80 registers a thread).
+// narrow BN ≤ 48 forms run two CTAs an SM (≤ 100 KB of stages each, 80 registers a thread).
 //
 // Split-K (dense, automatic tiling only): when the output tiles would leave most SMs idle (a
 // decode batch's small weights: wkv 4 tiles, the shared expert's w1 18), K is cut into ranges of
@@ -99,10 +99,7 @@ constexpr int kConsumers = 2;     // consumer warpgroups
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 128·56 + 256·224 ≤ 64K registers
 constexpr int kSmemBudget = 210 * 1024;                  // one CTA an SM
-// Two CTAs an SM (≤ 113 KB each with the barriers and the alignment): 110 KB gives the fp4 narrow
-// tiles one stage more than 100 did (BN = 32: 6 of 17 KB), since the batch-64 MoE's consumers
-// waited on stages not yet full (18% of the stall samples, docs/benchmarks.md session 20).
-constexpr int kSmemBudgetPair = 110 * 1024;
+constexpr int kSmemBudgetPair = 100 * 1024;              // two CTAs an SM (≤ 113 KB each)
 constexpr int kQuantThreads = 256;
 constexpr int kMinSplitTiles = 2;  // k-tiles per split of K, at least (a split's pipeline fills)
 
@@ -126,7 +123,6 @@ struct Cta {
   static constexpr int kStages = kBudget / kStage < 12 ? kBudget / kStage : 12;
   static constexpr int kBytes = kStages * kStage + 2 * kStages * 8 + 1024;  // + barriers, + alignment
   static_assert(kStages >= 2 && kPanel % 1024 == 0, "tile shapes");
-  static_assert(kPerSm == 1 || kBytes <= 113 * 1024, "two CTAs in an SM's 228 KB (1 KB each reserved)");
 };
 
 // ---- widening the weights ----
