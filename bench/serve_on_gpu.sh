@@ -8,7 +8,8 @@
 #   agent        `dsv41 bench serve --agent` (its own server: the disk phase restarts it)
 #   c64_32k      (LONG_SESSIONS=1) 64 concurrent 32K-token sessions: device memory and KV held
 # Every result is a JSON line in $LOGS/serve.jsonl as soon as it is measured; AGENT_SESSIONS,
-# PREFIX_TOKENS size the agent run; AGENT_ONLY=1 runs the agent workload alone.
+# PREFIX_TOKENS size the agent run; AGENT_ONLY=1 runs the agent workload alone; SERVE_ARGS are
+# added to every `dsv41 serve` (an A/B of a server flag: SERVE_ARGS='--warm-up off').
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${LOGS:-gpu-logs}
@@ -26,7 +27,7 @@ model=/tmp/bench-1gpu
 [ -f $model/config.json ] || $dsv41 init-random --preset bench-1gpu --layout-only --out $model > "$logs/init.log" 2>&1
 # Speculation off: the scenarios are compared with the raw forward's plain decode (issue 15), and
 # random weights accept no draft (DSpark's own figures: `dsv41 bench spec`).
-serve="--model $model --device cuda --random-weights 1 --max-running 64 --max-queued 1024 --step-tokens 8192 --speculative off"
+serve="--model $model --device cuda --random-weights 1 --max-running 64 --max-queued 1024 --step-tokens 8192 --speculative off ${SERVE_ARGS:-}"
 if [ "${AGENT_ONLY:-0}" != 1 ]; then
 "$build/bench/cuda_forward_bench" --batches 64 --contexts 4096 --prefill , --steps 8 > "$logs/raw.txt" 2>&1
 # the tokens/s column found by its header (the table gains columns)

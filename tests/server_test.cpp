@@ -133,8 +133,36 @@ TEST(Server, LoadingReportsItsSteps) {
   Running server(options);
   std::lock_guard lock(mutex);
   const std::vector<std::tuple<std::string, int, int>> expected = {
-      {"the checkpoint", 0, 4}, {"the weights to the executor", 1, 4}, {"the tokenizer", 2, 4}, {"the KV tiers", 3, 4}, {"ready", 4, 4}};
+      {"the checkpoint", 0, 5}, {"the weights to the executor", 1, 5}, {"the tokenizer", 2, 5}, {"the KV tiers", 3, 5},
+      {"the warm-up", 4, 5}, {"ready", 5, 5}};
   EXPECT_EQ(steps, expected);
+}
+
+// The warm-up (engine/warm_up.h) serves its requests before the server says ready, and leaves no
+// trace but its time: no request, prompt token or generated token in the metrics, no block in the
+// host cache or the store, nothing running or idle; the first client's request is served as on a
+// server without it. Forced on here (auto runs it on CUDA only).
+TEST(Server, TheWarmUpLeavesNothingBehind) {
+  test::TempDir dir("server_warm_up");
+  ServerOptions options;
+  options.warm_up = ServerOptions::WarmUp::On;
+  options.cache.store_dir = dir.string();
+  options.cache.store_budget_bytes = 64 << 20;
+  Running server(options);
+  EXPECT_GT(server.metric("dsv41_warm_up_seconds"), 0);
+  EXPECT_EQ(server.metric("dsv41_requests_total"), 0);
+  EXPECT_EQ(server.metric("dsv41_prompt_tokens_total"), 0);
+  EXPECT_EQ(server.metric("dsv41_generation_tokens_total"), 0);
+  EXPECT_EQ(server.metric("dsv41_host_cache_blocks"), 0);
+  EXPECT_EQ(server.metric("dsv41_store_blocks"), 0);
+  EXPECT_EQ(server.metric("dsv41_running_sequences"), 0);
+  EXPECT_EQ(server.metric("dsv41_idle_sequences"), 0);
+  std::vector<int> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = 3 + int(i * 7919 % 400);
+  json r = server.post("/v1/completions", {{"model", "v41-tiny"}, {"prompt", prompt}, {"max_tokens", 3}});
+  EXPECT_EQ(r["usage"]["completion_tokens"], 3) << r;
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << r;
+  EXPECT_EQ(server.metric("dsv41_requests_total"), 1);
 }
 
 TEST(Server, RefusesBadRequestsAndKeepsServing) {

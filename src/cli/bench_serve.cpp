@@ -349,7 +349,7 @@ json run_agent(const Args& a, Client& client, std::unique_ptr<ServerProcess>& se
     json server_ms = json::object();
     for (const auto& [what, v] : client.seconds())
       server_ms[what] = 1e3 * (v - (seconds_before.count(what) ? seconds_before.at(what) : 0)) / double(std::max<size_t>(1, ttft.size()));
-    phases[kind] = {{"ttft_ms", percentiles(ttft)}, {"cached_tokens", cached},
+    phases[kind] = {{"ttft_ms", percentiles(ttft)}, {"ttft_ms_each", ttft}, {"cached_tokens", cached},
                     {"cached_tokens_by_tier", tier_delta(tiers_before, client.hit_tokens())},
                     {"server_ms_per_turn", server_ms}};
     p99[kind] = quantile(ttft, 0.99);

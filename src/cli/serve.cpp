@@ -1,5 +1,5 @@
 // dsv41 serve --model DIR [--host 127.0.0.1] [--port 8080] [--api-key K | --api-key-file F] [--exact]
-//             [--device auto|cpu|cuda] [--random-weights SEED] [--speculative auto|dspark|off]
+//             [--device auto|cpu|cuda] [--random-weights SEED] [--speculative auto|dspark|off] [--warm-up auto|on|off]
 //             [--fetch-image-urls [--image-fetch-max-mb M] [--image-fetch-timeout S]] [scheduler and cache flags]
 //
 // The OpenAI-compatible server (server/server.h). Stops on SIGINT or SIGTERM.
@@ -58,6 +58,14 @@ void add_serve(CLI::App& app) {
                   "KV the sequences may hold, GB (default: CUDA half the device memory free after the weights, CPU none; 0: none)")
       ->check(CLI::NonNegativeNumber)
       ->default_str("");
+  cmd->add_option("--warm-up", o.warm_up,
+                  "Serve a few requests to itself before it says ready, so that the first users' requests do not "
+                  "load kernels: auto (on with CUDA), on or off")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, ServerOptions::WarmUp>{{"auto", ServerOptions::WarmUp::Auto},
+                                                                                       {"on", ServerOptions::WarmUp::On},
+                                                                                       {"off", ServerOptions::WarmUp::Off}},
+                                          CLI::ignore_case))
+      ->default_str("auto");
   add_cache_flags(*cmd, args->cache);
   add_device_flag(*cmd, o.device, &o.ranks);
   cmd->add_option("--speculative", args->speculative,

@@ -23,6 +23,7 @@
 #include "base/error.h"
 #include "engine/chat_format.h"
 #include "engine/grammar/structured.h"
+#include "engine/warm_up.h"
 #include "kv/checkpoint_identity.h"
 #include "server/metrics.h"
 #include "server/image_url.h"
@@ -207,6 +208,7 @@ struct Server::State {
   ApiConfig api;
   int64_t created = 0;
   int64_t kv_budget = 0;  // the scheduler's
+  double warm_up_seconds = 0;  // engine/warm_up.h; 0 when it did not run
 
   MetricsRegistry metrics;
   std::mutex scrape;  // a scrape raises counters to the engine's totals: one at a time
@@ -269,7 +271,7 @@ std::vector<int> Server::State::chat_prompt(const ChatRequest& r, bool& thinking
 
 void Server::State::load() {
   const std::string& dir = options.model_dir;
-  constexpr int kSteps = 4;
+  constexpr int kSteps = 5;
   const auto step = [&](const char* what, int done) {
     if (options.on_load_step) options.on_load_step(what, done, kSteps);
   };
@@ -297,6 +299,15 @@ void Server::State::load() {
   scheduler_options.idle_ttl_ms = cache_options.swa.ttl_ms;
   scheduler_options.kv_budget_bytes = options.kv_budget_gb < 0 ? executor->default_kv_budget() : int64_t(options.kv_budget_gb * 1e9);
   kv_budget = scheduler_options.kv_budget_bytes;
+  step("the warm-up", 4);
+  const bool warm = options.warm_up == ServerOptions::WarmUp::On ||
+                    (options.warm_up == ServerOptions::WarmUp::Auto && executor->name() == "cuda");
+  if (warm) {
+    const WarmUpResult w = warm_up(*executor, &*tokenizer, options.mode, scheduler_options);
+    warm_up_seconds = w.seconds;
+    std::fprintf(stderr, "dsv41: warmed up in %.2f s (%lld requests, %lld prompt tokens, %lld generated)\n", w.seconds,
+                 (long long)w.requests, (long long)w.prompt_tokens, (long long)w.output_tokens);
+  }
   scheduler = std::make_unique<Scheduler>(*executor, &*tokenizer, options.mode, cache.get(), scheduler_options);
   step("ready", kSteps);
   std::fprintf(stderr, "dsv41: the model runs on %s\n", executor->name().c_str());
@@ -593,6 +604,7 @@ std::string Server::State::render_metrics() {
   m.gauge("dsv41_ready", "1 once the model is loaded").set(ready ? 1 : 0);
   if (!ready) return m.render();
   m.gauge("dsv41_executor_info", "1, labelled with the executor the model runs on", {{"device", executor->name()}}).set(1);
+  m.gauge("dsv41_warm_up_seconds", "The warm-up's time before the server said ready (0: none ran)").set(warm_up_seconds);
   const SchedulerStats s = scheduler->stats();
   sync(m.counter("dsv41_requests_total", "Requests admitted to the scheduler"), double(s.requests));
   sync(m.counter("dsv41_requests_refused_total", "Requests refused with 503: the queue was full"), double(s.refused));

@@ -38,6 +38,9 @@ struct ServerOptions {
   // plain one when nothing is drafted: docs/benchmarks.md); on the CPU, off.
   bool speculative_auto = false;
   double kv_budget_gb = -1;  // the sequences' KV budget; -1: the executor's default; 0: none
+  // A few requests served to itself before it says ready (engine/warm_up.h). Auto: on CUDA, whose
+  // kernels load at their first launch; not on the CPU, where it would only cost time.
+  enum class WarmUp { Auto, On, Off } warm_up = WarmUp::Auto;
   // A stream silent this long (a long prefill, a slow step) gets a ": keep-alive" comment, a
   // non-streamed reply a space: a byte that costs the client nothing, to learn if it is still there.
   int heartbeat_ms = 1000;
