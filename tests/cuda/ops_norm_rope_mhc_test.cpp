@@ -239,8 +239,10 @@ struct MegaCase {
 TEST(CudaMhc, MegaMhcMatchesTheCpuComposition) {
   DSV41_REQUIRE_DEVICE();
   uint32_t seed = 400;
-  // 520 rows take the prefill form (blocks of 16 rows, the last group partial), the others the decode form.
-  for (const HcCase c : {HcCase{1, 4, 5120}, HcCase{5, 4, 5120}, HcCase{2, 4, 200}, HcCase{3, 2, 96}, HcCase{520, 4, 5120}}) {
+  // 520 rows take the prefill form (blocks of 16 rows, the last group partial), 66 the middle one
+  // (blocks of 4, the last partial), the others the decode form.
+  for (const HcCase c : {HcCase{1, 4, 5120}, HcCase{5, 4, 5120}, HcCase{2, 4, 200}, HcCase{3, 2, 96}, HcCase{66, 4, 5120},
+                         HcCase{520, 4, 5120}}) {
     MegaCase m(c, seed);
     seed += 16;
     const int n = m.n;
@@ -277,8 +279,8 @@ TEST(CudaMhc, MegaMhcMatchesTheCpuComposition) {
 }
 
 // A row's results do not depend on the rows called with it: 515 rows in one call (the prefill form:
-// groups of 16, the last partial) equal, bit for bit, the same rows in calls of 1 to 5 rows and in
-// calls of 37 to 200 rows (the decode form), every output. A sum taken in another order, a group
+// groups of 16, the last partial) equal, bit for bit, the same rows in calls of 1 to 5 rows (the
+// decode form) and in calls of 37 to 200 rows (the middle form: groups of 4), every output. A sum taken in another order, a group
 // bound off by one or a row finished before its sums were all in shows up as differing bits.
 TEST(CudaMhc, MegaMhcRowsDoNotDependOnTheCall) {
   DSV41_REQUIRE_DEVICE();

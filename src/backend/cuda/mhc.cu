@@ -16,11 +16,11 @@
 // Xo[·][k] into the 24 mix dot products, the sum of squares of Xo and that of h. The block's 26
 // sums go to a scratch slot; a row's finish adds its slots (a fixed order), normalizes the row's
 // 24 mixes, and then runs Sinkhorn on them in one warp (sinkhorn_warp: the next pre, post, comb)
-// while the other warps rescale its h in place (2·d·4 bytes that L2 serves). Below 512 rows
+// while the other warps rescale its h in place (2·d·4 bytes that L2 serves). Below 32 rows
 // (decode) one launch, grid (d / 128, rows): the row's last block to arrive (an atomic counter per
-// row) finishes it. From 512 rows (prefill) a block takes 16 rows of its columns with their hc_fn
-// values in registers, and a second launch finishes every row; both forms compute every sum in the
-// same order, so a row's results do not depend on the rows beside it in the call. HBM traffic per
+// row) finishes it. From 32 rows a block takes 4 rows of its columns (16 from 512 rows: prefill)
+// with their hc_fn values in registers, and a second launch finishes every row; every form computes
+// every sum in the same order, so a row's results do not depend on the rows beside it in the call. HBM traffic per
 // token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4 written (h) = (2·hc + 2)·d·4,
 // plus hc_fn (24·hc·d·4 = 1.97 MB in V4.1) once per call, from L2 when several rows or a warm cache
 // share it.
@@ -223,16 +223,21 @@ __global__ void hc_post_kernel(const float* f, const float* X, const float* post
 
 constexpr int kMegaThreads = 128;           // columns of a token per block
 constexpr int kMegaSums = kMaxMix + 2;        // the mixes, Σ Xo², Σ h²
-// Calls of fewer rows run mega_mhc_kernel, more mega_rows_kernel in blocks of kMegaRowsPerBlock rows.
-// Measured on the H200 (docs/benchmarks.md): at 64 rows the one-launch form is faster (44 against
-// 61 µs a call: its grid is 16× larger), at 8,192 rows the row blocks (1.8 against 2.4 ms); the
-// crossover between them is not measured. The one-launch form with 2 or 4 rows a block (hc_fn
-// from L2 half or a quarter as often, the group's last block finishing its rows in turn) was
-// slower at 8 and 64 rows (be24a57: 32 and 58 µs at 8, 50 and 72 at 64, against 19 and 43) and
-// 13% faster at 256: a call's time is the finish's latency, not hc_fn's reads.
+// Calls of fewer than kMegaMidRows rows run mega_mhc_kernel, more mega_rows_kernel in blocks of
+// kMegaMidRowsPerBlock rows, and from kMegaFusedRows on in blocks of kMegaRowsPerBlock, each then
+// mega_finish_kernel. Measured on the H200 (docs/benchmarks.md): at 64 rows the one-launch form was
+// faster than blocks of 16 rows (44 against 61 µs a call: its grid is 16× larger), at 8,192 rows
+// the blocks of 16 (1.8 against 2.4 ms). The one-launch form with 2 or 4 rows a block (the
+// group's last block finishing its rows in turn) was slower at 8 and 64 rows (be24a57: 32 and
+// 58 µs at 8, 50 and 72 at 64, against 19 and 43): the finishes in turn cost more than hc_fn's
+// reads saved. Blocks of 4 rows with the finishes in a second launch, one block a row, take both:
+// at 64 rows 640 blocks read hc_fn (48 KB a block from L2) where the one-launch form's 2,560 read
+// 123 MB, and every row finishes at once.
+constexpr int64_t kMegaMidRows = 32;
 constexpr int64_t kMegaFusedRows = 512;
-constexpr int64_t kMegaRowsPerBlock = 16;
-__device__ unsigned mega_arrivals[kMegaFusedRows];  // zero at load; the last block resets its row's
+constexpr int kMegaMidRowsPerBlock = 4;
+constexpr int kMegaRowsPerBlock = 16;
+__device__ unsigned mega_arrivals[kMegaMidRows];  // zero at load; the last block resets its row's
 
 // Where a Mega-mHC call reads and writes (mhc.h mega_mhc), its rows from 0.
 struct MegaArgs {
@@ -381,7 +386,7 @@ __device__ void mega_finish_row(const MegaArgs& a, int64_t row, int slices, int 
   }
 }
 
-// Fewer than kMegaFusedRows rows (decode): grid (slices, rows), one launch. Each block publishes its
+// Fewer than kMegaMidRows rows (decode): grid (slices, rows), one launch. Each block publishes its
 // sums and counts itself in at the row's arrival counter; the row's last block finishes it.
 template <int HC>
 __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a) {
@@ -408,28 +413,28 @@ __global__ void __launch_bounds__(kMegaThreads) mega_mhc_kernel(const MegaArgs a
   mega_finish_row(a, row, int(gridDim.x), HC);
 }
 
-// kMegaFusedRows rows or more (prefill): grid (slices, row groups of kMegaRowsPerBlock). A block
-// keeps its column's hc_fn values in registers for all its rows, so hc_fn comes from L2 once per
-// group instead of once per row (2 MB a row in V4.1: at 8K rows, 16 GB of L2 reads). Its rows'
-// coefficients go to shared memory in one round trip, and their columns' loads go out kRowBatch rows
-// at a time (a row at a time, each row's loads waited for the row before: 583 µs a call at 4K rows
-// on an H100, ~47% of the copy bandwidth, at 3 blocks an SM). Every row's sums are those of
-// mega_mhc_kernel, bit for bit; mega_finish_kernel ends the rows.
-template <int HC>
+// kMegaMidRows rows or more: grid (slices, row groups of Rows). A block keeps its column's hc_fn
+// values in registers for all its rows, so hc_fn comes from L2 once per group instead of once per
+// row (2 MB a row in V4.1: at 8K rows, 16 GB of L2 reads). Its rows' coefficients go to shared
+// memory in one round trip, and their columns' loads go out kRowBatch rows at a time (a row at a
+// time, each row's loads waited for the row before: 583 µs a call at 4K rows on an H100, ~47% of
+// the copy bandwidth, at 3 blocks an SM). Every row's sums are those of mega_mhc_kernel, bit for
+// bit; mega_finish_kernel ends the rows.
+template <int HC, int Rows>
 __global__ void __launch_bounds__(kMegaThreads) mega_rows_kernel(const MegaArgs a, int64_t rows) {
   constexpr int kRowBatch = 4;
   const int64_t k = int64_t(blockIdx.x) * kMegaThreads + threadIdx.x;
   float fnk[(2 + HC) * HC][HC];
   load_fn_column<HC>(a.fn, a.d, k, fnk);
   wait_for_inputs();
-  const int64_t first = int64_t(blockIdx.y) * kMegaRowsPerBlock;
-  const int n = int(rows - first < kMegaRowsPerBlock ? rows - first : kMegaRowsPerBlock);
-  __shared__ float coef[kMegaRowsPerBlock][kCoefficients<HC>];  // comb, post, pre_in of each row
+  const int64_t first = int64_t(blockIdx.y) * Rows;
+  const int n = int(rows - first < Rows ? rows - first : Rows);
+  __shared__ float coef[Rows][kCoefficients<HC>];  // comb, post, pre_in of each row
   load_coefficients<HC>(a, first, n, coef);
   __syncthreads();
   // Each row's warp totals wait here, and the warps' sums (block_sums' order) are taken once for all
   // rows after one barrier, instead of two barriers a row.
-  __shared__ float part[kMegaRowsPerBlock][kMegaThreads / 32][kMegaSums];
+  __shared__ float part[Rows][kMegaThreads / 32][kMegaSums];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   for (int r0 = 0; r0 < n; r0 += kRowBatch) {
     float x[kRowBatch][HC], fk[kRowBatch];
@@ -503,13 +508,18 @@ void mega_mhc(const float* f, const float* X, const float* post, const float* co
   check(cudaMallocAsync(reinterpret_cast<void**>(&a.partials), size_t(rows * slices * kMegaSums) * sizeof(float),
                         stream),
         "cuda::mega_mhc");
-  if (rows < kMegaFusedRows) {
+  if (rows < kMegaMidRows) {
     launch_early("cuda::mega_mhc", for_hc(hc, [](auto HC) { return &mega_mhc_kernel<decltype(HC)::value>; }),
                  dim3(unsigned(slices), unsigned(rows)), kMegaThreads, 0, stream, a);
   } else {
-    const dim3 grid(unsigned(slices), unsigned((rows + kMegaRowsPerBlock - 1) / kMegaRowsPerBlock));
-    launch_early("cuda::mega_mhc rows", for_hc(hc, [](auto HC) { return &mega_rows_kernel<decltype(HC)::value>; }), grid,
-                 kMegaThreads, 0, stream, a, rows);
+    const bool mid = rows < kMegaFusedRows;
+    const int per_block = mid ? kMegaMidRowsPerBlock : kMegaRowsPerBlock;
+    const dim3 grid(unsigned(slices), unsigned((rows + per_block - 1) / per_block));
+    const auto kernel = for_hc(hc, [mid](auto HC) {
+      constexpr int H = decltype(HC)::value;
+      return mid ? &mega_rows_kernel<H, kMegaMidRowsPerBlock> : &mega_rows_kernel<H, kMegaRowsPerBlock>;
+    });
+    launch_early("cuda::mega_mhc rows", kernel, grid, kMegaThreads, 0, stream, a, rows);
     launch_early("cuda::mega_mhc finish", for_hc(hc, [](auto HC) { return &mega_finish_kernel<decltype(HC)::value>; }),
                  unsigned(rows), kMegaThreads, 0, stream, a, slices);
   }
