@@ -34,6 +34,7 @@ WarmUpResult warm_up(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
   options.max_running = std::max(options.max_running, 2);
   options.max_queued = std::max(options.max_queued, 2);
   options.max_idle = 0;
+  options.kv_budget_bytes = 0;  // its few thousand tokens' KV, gone with it: a small budget is no reason to fail
   Scheduler scheduler(executor, tokenizer, mode, /*cache=*/nullptr, options);
 
   const int64_t room = c.max_seq_len - kOutputTokens;
