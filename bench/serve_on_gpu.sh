@@ -18,7 +18,9 @@ mkdir -p "$logs"
 source scripts/gpu-env.sh > "$logs/machine.txt" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$logs/machine.txt" 2>&1
 cmake -S . -B "$build" -G Ninja -DDSV41_REQUIRE_ALL=ON -DDSV41_TESTS=OFF > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
-ninja -C "$build" -j"$(nproc)" dsv41 cuda_forward_bench > "$logs/build.log" 2>&1 || { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
+targets=(dsv41)
+[ "${AGENT_ONLY:-0}" != 1 ] && targets+=(cuda_forward_bench)
+ninja -C "$build" -j"$(nproc)" "${targets[@]}" > "$logs/build.log" 2>&1 || { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
 dsv41=$build/dsv41
 out=$logs/serve.jsonl
 : > "$out"
