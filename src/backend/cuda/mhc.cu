@@ -20,10 +20,10 @@
 // (decode) one launch, grid (d / 128, rows): the row's last block to arrive (an atomic counter per
 // row) finishes it. From 32 rows a block takes 4 rows of its columns (16 from 512 rows: prefill)
 // with their hc_fn values in registers, and a second launch finishes every row; every form computes
-// every sum in the same order, so a row's results do not depend on the rows beside it in the call. HBM traffic per
-// token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4 written (h) = (2·hc + 2)·d·4,
-// plus hc_fn (24·hc·d·4 = 1.97 MB in V4.1) once per call, from L2 when several rows or a warm cache
-// share it.
+// every sum in the same order, so a row's results do not depend on the rows beside it in the call.
+// HBM traffic per token: hc·d·4 read (X) + d·4 read (f) + hc·d·4 written (Xo) + d·4 written (h) =
+// (2·hc + 2)·d·4, plus hc_fn (24·hc·d·4 = 1.97 MB in V4.1) once per call, from L2 when several rows
+// or a warm cache share it.
 #include "backend/cuda/mhc.h"
 
 #include <string>
