@@ -31,8 +31,7 @@ WarmUpResult warm_up(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
   const Config& c = executor.model().config();
   const int64_t vocab = sampling_vocab(c, tokenizer);
   options.speculative = false;
-  options.max_running = std::max(options.max_running, 2);
-  options.max_queued = std::max(options.max_queued, 2);
+  options.max_queued = std::max(options.max_queued, 1);
   options.max_idle = 0;
   options.kv_budget_bytes = 0;  // its few thousand tokens' KV, gone with it: a small budget is no reason to fail
   Scheduler scheduler(executor, tokenizer, mode, /*cache=*/nullptr, options);
@@ -49,14 +48,13 @@ WarmUpResult warm_up(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
   sampled.seeded = true;
   sampled.top_logprobs = 2;
 
+  // One after the other: together they would be one call of both prompts' rows, and a turn's few
+  // rows alone take other kernels' forms than a long prompt's many.
   WarmUpResult result;
-  std::vector<std::shared_ptr<Generation>> running;
-  for (GenerationRequest* r : {&greedy, &sampled}) {
+  for (const GenerationRequest* r : {&greedy, &sampled}) {
     result.prompt_tokens += int64_t(r->prompt.size());
-    running.push_back(scheduler.submit(*r));
-    if (!running.back()) fail("warm-up", "its requests queued", "a refusal");
-  }
-  for (const std::shared_ptr<Generation>& g : running) {
+    const std::shared_ptr<Generation> g = scheduler.submit(*r);
+    if (!g) fail("warm-up", "its request queued", "a refusal");
     for (;;) {
       const GenerationEvent e = g->next();
       if (e.kind == GenerationEvent::Kind::Token) result.output_tokens += 1;
@@ -64,9 +62,9 @@ WarmUpResult warm_up(Executor& executor, const Tokenizer* tokenizer, Mode mode, 
       if (e.finish == FinishKind::Error) fail("warm-up", "its requests served", "an error: " + e.error);
       break;
     }
+    result.requests += 1;
   }
   scheduler.stop();
-  result.requests = int64_t(running.size());
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -17,9 +17,9 @@ struct WarmUpResult {
   double seconds = 0;
 };
 
-// Serves, together: a prompt long enough that the encoder's layers run the prefill's many-row
-// kernels while the decoder's run bounded replay's W rows, a short one (a turn's rows), one chosen
-// greedily and one sampled with top-k, top-p and logprobs; then a few decode steps of both.
+// Serves, one after the other: a prompt long enough that the encoder's layers run the prefill's
+// many-row kernels while the decoder's run bounded replay's W rows, chosen greedily, then a short
+// one (a turn's rows) sampled with top-k, top-p and logprobs; a few decode steps each.
 // `options` are the server's scheduler's (speculation aside: a speculating scheduler measures its
 // step rates, which runs its kernels, when it is made). Throws dsv41::Error if a request fails.
 WarmUpResult warm_up(Executor& executor, const Tokenizer* tokenizer, Mode mode, SchedulerOptions options);
