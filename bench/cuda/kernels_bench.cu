@@ -976,8 +976,10 @@ void gemm_bf16_bench(benchmark::State& state, Bf16Peer peer) {
 
 // wo_a (8 groups of 1024 × 4096) at `rows` rows read as the bf16 weight (linear_grouped: the gemv
 // at one row, mma.sync from two, the warpgroup MMA from 256) or as the checkpoint's fp8 codes
-// widened as they load (linear_grouped_widened: the same bits from half the bytes), in a CUDA graph
-// of 8 calls over 4 copies of the weight (more than L2 holds). Bytes: the weight as read, x, y.
+// widened as they load (linear_grouped_widened: the swapped form to 8 rows, the fp8 GEMM's narrow
+// tiles over x's bf16 values below 256, then the bf16 weight's bits from half the bytes), in a
+// CUDA graph of 8 calls over 4 copies of the weight (more than L2 holds). Bytes: the weight as
+// read, x, y.
 void BM_WoA(benchmark::State& state) {
   const int M = int(state.range(0)), groups = 8, r = 1024, K = 4096, N = groups * r;
   const bool fp8 = state.range(1) == 1;

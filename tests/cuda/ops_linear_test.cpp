@@ -159,12 +159,12 @@ TEST(CudaLinear, GroupedProductIsEachGroupsLinear) {
 }
 
 // wo_a on the device (linear_grouped_widened): an fp8 weight read as its codes and multiplied as
-// its bf16 values gives, above gemm_bf16::kSwapRows, the bits linear_grouped gives over those bf16
-// values (the same tensor-core products and sums: mma.sync below gemm_bf16::kWgRows, the warpgroup
-// MMA from it), and at every M (the swapped form's included, whose fp32 sums run in another order)
-// the CPU's grouped product within the GEMM's bound. The shapes: wo_a's at decode and
-// prefill sizes (scaled down), groups of 96 rows (a 128-row tile's last warp past the group's end),
-// one group.
+// its bf16 values gives, from gemm_bf16::kWgRows, the bits linear_grouped gives over those bf16
+// values (the same warpgroup products and sums), and at every M (the swapped form's and the fp8
+// GEMM's narrow tiles in between included, whose fp32 sums run in other orders) the CPU's grouped
+// product within the GEMM's bound. The shapes: wo_a's at decode and prefill sizes (scaled down),
+// groups of 96 rows (a 128-row tile's last warp past the group's end), one group, K not a multiple
+// of 128 between the two (gemm_bf16's mma.sync form).
 TEST(CudaLinear, GroupedWidenedIsTheBf16Weights) {
   DSV41_REQUIRE_DEVICE();
   uint32_t seed = 1500;
@@ -172,8 +172,8 @@ TEST(CudaLinear, GroupedWidenedIsTheBf16Weights) {
     int M, groups, r, K;
   };
   for (const Case c : {Case{1, 8, 256, 1024}, Case{2, 8, 256, 1024}, Case{8, 4, 64, 256}, Case{9, 8, 128, 512},
-                       Case{64, 3, 96, 128}, Case{80, 8, 128, 512}, Case{300, 8, 128, 512}, Case{5, 1, 32, 64},
-                       Case{3, 2, 32, 4096}}) {
+                       Case{64, 3, 96, 128}, Case{64, 8, 256, 1024}, Case{80, 8, 128, 512}, Case{300, 8, 128, 512},
+                       Case{5, 1, 32, 64}, Case{3, 2, 32, 4096}, Case{16, 2, 64, 192}}) {
     const int N = c.groups * c.r;
     const std::vector<float> x = test::bf16_normal(size_t(c.M) * c.groups * c.K, 1.0, seed += 7);
     const std::vector<float> wv = test::bf16_normal(size_t(N) * c.K, 0.05, seed + 1);
@@ -201,7 +201,7 @@ TEST(CudaLinear, GroupedWidenedIsTheBf16Weights) {
     const double e = test::nmse(got, want);
     std::printf("linear_grouped_widened %d×%d groups of %d×%d NMSE %.3g\n", c.M, c.groups, c.r, c.K, e);
     EXPECT_LT(e, 1e-7) << "M=" << c.M;
-    if (c.M > cuda::gemm_bf16::kSwapRows) {
+    if (c.M >= cuda::gemm_bf16::kWgRows || (c.M > cuda::gemm_bf16::kSwapRows && c.K % 128 != 0)) {
       EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)), 0) << "M=" << c.M;
     }
   }

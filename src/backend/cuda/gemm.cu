@@ -168,8 +168,10 @@ struct Rows {
 
 // Where act_quant's row m comes from and goes: x row m to xq row m (dense, slot == nullptr), or,
 // m a list position of cuda::moe's entries, its entry's token row to its slot; from = -1 past the
-// live entries.
+// live entries. PlainRowSource: x's bf16 values as they are, not quantized (linear_groups'
+// `quantize` false: wo_a), into the same permuted places.
 struct RowSource {
+  static constexpr bool kQuantize = true;
   const float* x = nullptr;
   const int32_t* slot = nullptr;
   const int32_t* list = nullptr;
@@ -189,9 +191,14 @@ struct RowSource {
   }
 };
 
+struct PlainRowSource : RowSource {
+  static constexpr bool kQuantize = false;
+};
+
 // The hidden values of cuda::moe's entries, formed as they are read: list position m's slot row of
 // g and u (the up GEMM's outputs) through the SwiGLU with its entry's routing weight.
 struct SwigluSource {
+  static constexpr bool kQuantize = true;
   const float *g, *u;
   const int32_t *slot, *list;
   const float* weights;
@@ -228,16 +235,22 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(const Source s
   const bool live = from >= 0;
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (live) src.load8(m, from, 8 * q8, K, v);
-  const float amax = block_amax8(v);
-  if (!live) return;
-  const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
-  const int64_t k0 = 8 * q8;
   uint32_t b[8];
+  if constexpr (Source::kQuantize) {
+    const float amax = block_amax8(v);
+    if (!live) return;
+    const float scale = swa_fp8::block_scale(amax), inv = 1.0f / scale;  // a power of two: inv is exact
 #pragma unroll
-  for (int e = 0; e < 8; e += 2) {
-    const float2 r = e4m3_round2(v[e] * inv, v[e + 1] * inv);
-    b[e] = bf16_from_float(r.x * scale), b[e + 1] = bf16_from_float(r.y * scale);
+    for (int e = 0; e < 8; e += 2) {
+      const float2 r = e4m3_round2(v[e] * inv, v[e + 1] * inv);
+      b[e] = bf16_from_float(r.x * scale), b[e + 1] = bf16_from_float(r.y * scale);
+    }
+  } else {
+    if (!live) return;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) b[e] = bf16_from_float(v[e]);  // bf16 values already: exact
   }
+  const int64_t k0 = 8 * q8;
   // Values e and e + 2 (e % 4 < 2) sit in two consecutive slots.
 #pragma unroll
   for (int e : {0, 1, 4, 5}) *reinterpret_cast<uint32_t*>(xq + value_offset(to, k0 + e, K)) = b[e] | b[e + 2] << 16;
@@ -255,11 +268,13 @@ void launch_act_quant(const Source& src, int64_t rows, int64_t K, uint16_t* xq, 
 // What one launch computes. Dense: y [M, N] = A · Wᵀ (fp32 holding bf16 values), CTA x = (row
 // tile, column tile) with the row tiles fastest, y = the split of K (k-tiles y·per .. of K/128):
 // with more than one split (split_k, rows.h) each writes its fp32 sums to partial [splits, M, N]
-// unrounded, and sum_splits finishes y. Grouped (cuda::moe): CTA x = (t · subs + sub) +
+// unrounded, and sum_splits finishes y. Groups (linear_groups): Dense by groups, z the group, whose
+// A columns are z·K .., weight rows z·N .. and y columns z·N .. of rows gridDim.z·N long (a form of
+// its own: the offsets cost the producer registers it does not have to spare in the wide tile). Grouped (cuda::moe): CTA x = (t · subs + sub) +
 // tiles.max · subs · (N tile), z = which of `matrix`; rows sub·BN .. of tile t's rows of A (slots
 // t·128 ..), the weight table[expert].data[matrix[z]], out to slots[z] (slot order, fp32 holding
 // bf16 values) or to the bf16 bits of entries' rows list[first + i].
-enum class Out { Dense, Slots, Entries };
+enum class Out { Dense, Groups, Slots, Entries };
 struct GemmArgs {
   int M, N, K;
   const uint8_t* w;  // dense
@@ -287,8 +302,9 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
   const int tid = int(threadIdx.x), wg = tid / 128;
   const int N = a.N, K = a.K;
   // This CTA's k-tiles: kt0 .. kt0 + KT (the grouped forms take the whole of K).
-  const int kt0 = kOut == Out::Dense ? int(blockIdx.y) * a.per : 0;
-  const int KT = kOut == Out::Dense ? min(K / kBK - kt0, a.per) : K / kBK;
+  constexpr bool kDense = kOut == Out::Dense || kOut == Out::Groups;
+  const int kt0 = kDense ? int(blockIdx.y) * a.per : 0;
+  const int KT = kDense ? min(K / kBK - kt0, a.per) : K / kBK;
   wait_for_inputs();
 
   // The CTA's tile: weight rows n0 .., activation rows r0 .. r0 + rows (of the map; fewer than BN
@@ -296,10 +312,10 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
   int n0, r0, rows, first = 0;
   const uint8_t* __restrict__ w;
   const uint8_t* __restrict__ wscale;
-  if constexpr (kOut == Out::Dense) {
+  if constexpr (kDense) {
     const int tiles_m = int((int64_t(a.M) + BN - 1) / BN);  // M < 2^31 (usable): no overflow on the way
     r0 = int(blockIdx.x) % tiles_m * BN, n0 = int(blockIdx.x) / tiles_m * kBM, rows = a.M - r0;
-    w = a.w, wscale = a.wscale;
+    w = a.w, wscale = a.wscale;  // group z's from the producer's offsets below
   } else {
     // One expert's CTAs are consecutive in x, so those that read its weight tile run together.
     const int per = int(a.tiles.max) * a.subs, i = int(blockIdx.x) % per, tt = i / a.subs, sub = i % a.subs;
@@ -328,6 +344,11 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
     if constexpr (C::kPerSm == 1) regs_shrink<kProducerRegs>();
     const int t = tid - 128 * kConsumers;
     const int64_t row_bytes = kFp4 ? K / 2 : K, kblocks = K / 32;
+    // Groups: group z's first column of A and weight row (fp8's scale rows are 32 weight rows
+    // each: N % 32 == 0 with groups).
+    const int x0 = kOut == Out::Groups ? int(blockIdx.z) * K : 0;
+    const int64_t nz = kOut == Out::Groups ? int64_t(blockIdx.z) * N : 0;
+
     constexpr int kChunksPerRow = C::kRowBytes / 16, kChunks = kBM * kChunksPerRow / 128;
     for (int i = 0; i < KT; ++i) {
       const int s = i % kStages, kt = kt0 + i;
@@ -335,8 +356,8 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
       const uint32_t base = smem0 + uint32_t(s * C::kStage), full = full0 + 8 * s;
       if (t == 0) {
         barrier_arrive_expect(full, C::kX);
-        tma_load_2d(base, &xmap, kt * kBK, r0, full);
-        tma_load_2d(base + C::kPanel, &xmap, kt * kBK + 64, r0, full);
+        tma_load_2d(base, &xmap, x0 + kt * kBK, r0, full);
+        tma_load_2d(base + C::kPanel, &xmap, x0 + kt * kBK + 64, r0, full);
       }
       // Weight rows past N read row N - 1 (their outputs are not stored). fp8 rows' chunk c sits at
       // c ^ (row & 1): the consumers' 32-byte reads of rows g, g+1 then hit distinct banks.
@@ -345,18 +366,18 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
         const int c = t + 128 * i, row = c / kChunksPerRow, ch = c % kChunksPerRow;
         const int64_t n = min(n0 + row, N - 1);
         const uint32_t at = uint32_t(row * C::kRowBytes + ((kFp4 ? ch : ch ^ (row & 1)) << 4));
-        cp_async16(base + uint32_t(C::kX) + at, w + n * row_bytes + int64_t(kt) * C::kRowBytes + ch * 16, true);
+        cp_async16(base + uint32_t(C::kX) + at, w + (nz + n) * row_bytes + int64_t(kt) * C::kRowBytes + ch * 16, true);
       }
       if constexpr (kFp4) {
 #pragma unroll
         for (int i = 0; i < kBM / 128; ++i) {
           const int row = t + 128 * i;
           const int64_t n = min(n0 + row, N - 1);
-          cp_async4(base + uint32_t(C::kX + C::kW + 4 * row), wscale + n * kblocks + 4 * kt);
+          cp_async4(base + uint32_t(C::kX + C::kW + 4 * row), wscale + (nz + n) * kblocks + 4 * kt);
         }
       } else if (t < kBM / 32) {
         const int64_t n = min(n0 + 32 * t, N - 1);
-        cp_async4(base + uint32_t(C::kX + C::kW + 4 * t), wscale + n / 32 * kblocks + 4 * kt);
+        cp_async4(base + uint32_t(C::kX + C::kW + 4 * t), wscale + (nz + n) / 32 * kblocks + 4 * kt);
       }
       barrier_arrive_cp_async(full);
     }
@@ -477,7 +498,11 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
   for (int s = 0; s < MSub; ++s) keep(acc[s]);
 
   // y: weight row (feature) n0 + row0 + 64s + 8h, activation row (token) 8i + 2t + e of the tile,
-  // from acc[s][4i + 2h + e].
+  // from acc[s][4i + 2h + e]. Groups: group z's columns of y's rows (or of the split's partial).
+  const int ldy = kOut == Out::Groups ? int(gridDim.z) * N : N;
+  float* const dense = !kDense ? nullptr
+                       : (a.partial ? a.partial + int64_t(blockIdx.y) * a.M * ldy : a.y) +
+                             (kOut == Out::Groups ? int64_t(blockIdx.z) * N : 0);
 #pragma unroll
   for (int s = 0; s < MSub; ++s)
 #pragma unroll
@@ -495,10 +520,8 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
             a.entries[int64_t(a.tiles.list[first + m]) * N + n] = bf16_from_float(v);
           } else if constexpr (kOut == Out::Slots) {
             (blockIdx.z == 0 ? a.slots[0] : a.slots[1])[int64_t(r0 + m) * N + n] = round_bf16(v);
-          } else if (a.partial) {
-            a.partial[(int64_t(blockIdx.y) * a.M + r0 + m) * N + n] = v;
           } else {
-            a.y[int64_t(r0 + m) * N + n] = round_bf16(v);
+            dense[int64_t(r0 + m) * ldy + n] = a.partial ? v : round_bf16(v);
           }
         }
     }
@@ -540,7 +563,9 @@ void launch_for(WeightFormat f, Shape shape, const CUtensorMap& map, const GemmA
   };
   using I = std::integral_constant<int, 1>;
   switch (shape.bn) {
-    case 128: return launch(std::integral_constant<int, 128>{}, std::integral_constant<int, 2>{});
+    case 128:
+      if constexpr (kOut == Out::Groups) fail("cuda::linear gemm", "the narrow tiling with groups", "the wide one");
+      else return launch(std::integral_constant<int, 128>{}, std::integral_constant<int, 2>{});
     case 64: return launch(std::integral_constant<int, 64>{}, I{});
     case 48: return launch(std::integral_constant<int, 48>{}, I{});
     case 32: return launch(std::integral_constant<int, 32>{}, I{});
@@ -592,26 +617,45 @@ Tiling dense_tiling(int64_t M, int64_t N) {
 }
 
 void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream, Tiling tiling) {
-  if (!usable(M, w))
-    fail("cuda::linear gemm", "an fp8/fp4 weight (aligned), M >= " + std::to_string(kMinRows) + ", K % 128 == 0", "another shape");
-  const int64_t K = w.cols;
+  linear_groups(x, M, 1, w, y, true, stream, tiling);
+}
+
+void linear_groups(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool quantize,
+                   cudaStream_t stream, Tiling tiling) {
+  const int64_t N = groups > 0 ? w.rows / groups : 0, K = w.cols;
+  Weight group = w;
+  group.rows = N;
+  if (groups < 1 || groups >= 65536 || N * groups != w.rows || (w.format == WeightFormat::FP8 && groups > 1 && N % 32 != 0) ||
+      !usable(M, group) || M * groups * K >= (int64_t(1) << 31))
+    fail("cuda::linear gemm",
+         "an fp8/fp4 weight (aligned) in groups of whole 32-row blocks, M >= " + std::to_string(kMinRows) + ", K % 128 == 0",
+         std::to_string(w.rows) + "x" + std::to_string(K) + " in " + std::to_string(groups) + " groups at " + std::to_string(M) +
+             " rows");
   const bool automatic = tiling == Tiling::automatic;
-  if (automatic) tiling = dense_tiling(M, w.rows);
+  if (automatic) tiling = groups > 1 ? Tiling::narrow : dense_tiling(M, w.rows);  // groups: narrow alone (gemm.cuh)
   const Shape shape = shape_of(tiling, M);
   keep_scratch_pool();
   uint16_t* xq = nullptr;
-  check(cudaMallocAsync(reinterpret_cast<void**>(&xq), size_t(M * K) * 2, stream), "cuda::linear gemm");
-  act_quant(x, M, K, xq, stream);
-  const CUtensorMap map = bf16_tile_map(xq, M, K, shape.bn, "cuda::linear gemm");
+  check(cudaMallocAsync(reinterpret_cast<void**>(&xq), size_t(M * groups * K) * 2, stream), "cuda::linear gemm");
+  if (quantize) {
+    act_quant(x, M, groups * K, xq, stream);
+  } else {
+    PlainRowSource src;
+    src.x = x;
+    launch_act_quant(src, M, groups * K, xq, stream);
+  }
+  const CUtensorMap map = bf16_tile_map(xq, M, groups * K, shape.bn, "cuda::linear gemm");
   GemmArgs a{};
-  a.M = int(M), a.N = int(w.rows), a.K = int(K), a.w = w.data, a.wscale = w.scale, a.y = y;
-  const int64_t tiles = shape.tiles(M, w.rows);
-  const SplitK split = automatic ? split_k(tiles, K / kBK, kMinSplitTiles) : SplitK{1, int(K / kBK)};
+  a.M = int(M), a.N = int(N), a.K = int(K), a.w = w.data, a.wscale = w.scale, a.y = y;
+  const int64_t tiles = shape.tiles(M, N);
+  const SplitK split = automatic ? split_k(tiles * groups, K / kBK, kMinSplitTiles) : SplitK{1, int(K / kBK)};
   a.per = split.per;
   if (split.splits > 1)
     check(cudaMallocAsync(reinterpret_cast<void**>(&a.partial), size_t(split.splits * M * w.rows) * 4, stream),
           "cuda::linear gemm");
-  launch_for<Out::Dense>(w.format, shape, map, a, dim3{unsigned(tiles), unsigned(split.splits)}, stream);
+  const dim3 grid{unsigned(tiles), unsigned(split.splits), unsigned(groups)};
+  if (groups == 1) launch_for<Out::Dense>(w.format, shape, map, a, grid, stream);
+  else launch_for<Out::Groups>(w.format, shape, map, a, grid, stream);
   if (split.splits > 1) {
     sum_splits(a.partial, split.splits, M * w.rows, y, true, stream);
     check(cudaFreeAsync(a.partial, stream), "cuda::linear gemm");

@@ -44,6 +44,15 @@ Tiling dense_tiling(int64_t M, int64_t N);
 // `stream`. A forced tiling never splits K.
 void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t stream,
             Tiling tiling = Tiling::automatic);
+// linear by groups (cuda::linear_grouped's contract): w's rows in `groups` groups of N = rows /
+// groups (fp8: whole 32-row scale blocks), group g's product y[:, gN .. gN + N) = x[:, gK .. gK + K)
+// · W_gᵀ, in one launch (grid z the group). `quantize` false: x's bf16 values multiplied as they
+// are, not act-quantized (wo_a, which the reference multiplies in bf16 by its weight's
+// dequantization: the products are those of gemm_bf16 over the widened weight, summed in this
+// kernel's order). Groups take the narrow tiling alone (several row tiles past 64 rows: for
+// decode-sized M). Scratch as linear's, M·groups·K·2 bytes of x.
+void linear_groups(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool quantize,
+                   cudaStream_t stream, Tiling tiling = Tiling::automatic);
 // ---- the grouped form: cuda::moe's routed experts --------------------------------------------
 
 // The device array an ExpertTable owns (moe.h): expert e's weights, index 0 = w1, 1 = w2, 2 = w3.

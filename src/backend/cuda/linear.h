@@ -27,9 +27,10 @@ void linear_f32(const float* x, int64_t M, const Weight& w, float* y, cudaStream
 void linear_grouped(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, cudaStream_t stream = nullptr);
 // linear_grouped over a weight the checkpoint stores as fp8 (32 × 32 block scales) and the model
 // multiplies as its bf16 dequantization (wo_a: convert.py's), read as the codes, half the bytes,
-// and widened to the same bf16 values as they load (gemm_bf16::linear_fp8): at decode's few rows
-// the tensor cores with the weight's rows as the MMA's rows, above them the bf16 weight's products
-// and sums bit for bit.
+// and widened to the same bf16 values as they load: at decode's few rows (gemm_bf16::linear_fp8's
+// swapped form) the tensor cores with the weight's rows as the MMA's rows, then up to
+// gemm_bf16::kWgRows the fp8 GEMM's warpgroup tiles over x's bf16 values (gemm::linear_groups),
+// from there the bf16 weight's products and sums bit for bit (gemm_bf16's warpgroup form).
 void linear_grouped_widened(const float* x, int64_t M, int64_t groups, const Weight& w, float* y,
                             cudaStream_t stream = nullptr);
 // Whether linear_grouped_widened takes w in `groups` groups: fp8 with its scales, groups of whole
