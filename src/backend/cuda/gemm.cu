@@ -48,6 +48,11 @@
 // at least 2 k-tiles so that the CTAs fill the SMs once; each range's fp32 sums go to a partial
 // buffer and rows.h sum_splits adds them in a fixed order, then rounds.
 //
+// By groups (linear_groups: wo_a between the swapped GEMV's rows and prefill's): the dense form for
+// each group of the weight's rows in one launch (grid z, Out::Groups), each group's columns of A its
+// own, narrow tiles alone; x's bf16 values as they are, not act-quantized (PlainRowSource: the
+// same permuted places), which the reference multiplies by wo_a's bf16 dequantization.
+//
 // The grouped form (cuda::moe's routed experts): the same kernel over device-made tiles of ≤ 128
 // rows of one expert each (gemm.cuh Tiles), the activations gathered by act_quant_slots into slot
 // order, the weight looked up in the expert table per CTA, the output to slot rows (up: g, u) or
