@@ -55,8 +55,9 @@
 //
 // The grouped form (cuda::moe's routed experts): the same kernel over device-made tiles of ≤ 128
 // rows of one expert each (gemm.cuh Tiles), the activations gathered by act_quant_slots into slot
-// order, the weight looked up in the expert table per CTA, the output to slot rows (up: g, u) or
-// to the entries' rows (down: bf16 ye).
+// order, the weight looked up in the expert table per CTA and read in gemm.cuh's tile layout (a
+// stage's 128 rows one contiguous run), the output to slot rows (up: g, u) or to the entries' rows
+// (down: bf16 ye).
 //
 // Speed of light (H200: ~990 TFLOP/s dense bf16 by the datasheet, ~790 measured; 4.8 TB/s HBM,
 // ~4.3 measured copy): expert w1 (fp4, 2048 × 4096) at M = 4096: 69 GFLOP → 87 µs at 790; wq_b
@@ -355,6 +356,10 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
     const int64_t nz = kOut == Out::Groups ? int64_t(blockIdx.z) * N : 0;
 
     constexpr int kChunksPerRow = C::kRowBytes / 16, kChunks = kBM * kChunksPerRow / 128;
+    // Grouped: the expert's matrix in gemm.cuh's tile layout (a wide tile's second half may lie
+    // past the last tile of rows: it reads that tile's last row, as dense rows past N read row N - 1).
+    const TileLayout tiled{kFp4, N, K};
+    const int64_t last = tiled.n_tiles() * kTileRows - 1;
     for (int i = 0; i < KT; ++i) {
       const int s = i % kStages, kt = kt0 + i;
       if (i >= kStages) barrier_wait(empty0 + 8 * s, (i / kStages - 1) & 1);
@@ -369,20 +374,22 @@ __global__ void __launch_bounds__(kThreads, (Cta<F, BN, MSub>::kPerSm)) gemm_ker
 #pragma unroll
       for (int i = 0; i < kChunks; ++i) {
         const int c = t + 128 * i, row = c / kChunksPerRow, ch = c % kChunksPerRow;
-        const int64_t n = min(n0 + row, N - 1);
         const uint32_t at = uint32_t(row * C::kRowBytes + ((kFp4 ? ch : ch ^ (row & 1)) << 4));
-        cp_async16(base + uint32_t(C::kX) + at, w + (nz + n) * row_bytes + int64_t(kt) * C::kRowBytes + ch * 16, true);
+        const int64_t from = kDense ? (nz + min(n0 + row, N - 1)) * row_bytes + int64_t(kt) * C::kRowBytes
+                                    : tiled.code(min(int64_t(n0 + row), last), kt);
+        cp_async16(base + uint32_t(C::kX) + at, w + from + ch * 16, true);
       }
       if constexpr (kFp4) {
 #pragma unroll
         for (int i = 0; i < kBM / 128; ++i) {
           const int row = t + 128 * i;
-          const int64_t n = min(n0 + row, N - 1);
-          cp_async4(base + uint32_t(C::kX + C::kW + 4 * row), wscale + (nz + n) * kblocks + 4 * kt);
+          const int64_t from = kDense ? (nz + min(n0 + row, N - 1)) * kblocks + 4 * kt : tiled.scale(min(int64_t(n0 + row), last), kt);
+          cp_async4(base + uint32_t(C::kX + C::kW + 4 * row), wscale + from);
         }
       } else if (t < kBM / 32) {
-        const int64_t n = min(n0 + 32 * t, N - 1);
-        cp_async4(base + uint32_t(C::kX + C::kW + 4 * t), wscale + (nz + n) / 32 * kblocks + 4 * kt);
+        const int64_t from =
+            kDense ? (nz + min(n0 + 32 * t, N - 1)) / 32 * kblocks + 4 * kt : tiled.scale(min(int64_t(n0 + 32 * t), last), kt);
+        cp_async4(base + uint32_t(C::kX + C::kW + 4 * t), wscale + from);
       }
       barrier_arrive_cp_async(full);
     }

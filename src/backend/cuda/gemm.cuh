@@ -55,7 +55,35 @@ void linear_groups(const float* x, int64_t M, int64_t groups, const Weight& w, f
                    cudaStream_t stream, Tiling tiling = Tiling::automatic);
 // ---- the grouped form: cuda::moe's routed experts --------------------------------------------
 
-// The device array an ExpertTable owns (moe.h): expert e's weights, index 0 = w1, 1 = w2, 2 = w3.
+// The routed experts' tile layout (docs/formats.md, "Routed experts on the device"). An ExpertTable
+// stores each fp8/fp4 matrix [N, K] as tiles of kTileRows rows × one k-tile of kTileK values: tile
+// (nt, kt) is the kt-th segment (64 bytes of e2m1, 128 of e4m3) of rows nt·128 .. nt·128 + 127,
+// one after another, and the tiles run kt fastest. The grouped GEMM's stage (128 rows, one k-tile)
+// is then one contiguous run of 8 or 16 KB where row-major rows gave 64- or 128-byte pieces K/2 or
+// K bytes apart: 1.8–2.0 TB/s against 3.0 for contiguous runs on an H100 (docs/benchmarks.md,
+// session 22). N and K are padded to whole tiles with zero bytes. The scale bytes alike, one run
+// per tile: fp4's four a row ([128 rows][4 blocks]), fp8's 4 × 4 ([4 row blocks of 32][4 blocks]).
+struct TileLayout {
+  bool fp4;
+  int64_t N, K;
+  DSV41_HD int64_t row_bytes() const { return fp4 ? kTileK / 2 : kTileK; }  // a row's segment of one tile
+  DSV41_HD int64_t k_tiles() const { return (K + kTileK - 1) / kTileK; }
+  DSV41_HD int64_t n_tiles() const { return (N + kTileRows - 1) / kTileRows; }
+  DSV41_HD int64_t tile_scales() const { return fp4 ? kTileRows * 4 : 16; }
+  DSV41_HD int64_t code_bytes() const { return n_tiles() * k_tiles() * kTileRows * row_bytes(); }
+  DSV41_HD int64_t scale_bytes() const { return n_tiles() * k_tiles() * tile_scales(); }
+  // Row n's segment of k-tile kt, and the first of its scale bytes there (fp4: its 4 blocks; fp8:
+  // the 4 blocks of its 32-row block).
+  DSV41_HD int64_t code(int64_t n, int64_t kt) const {
+    return ((n / kTileRows) * k_tiles() + kt) * kTileRows * row_bytes() + (n % kTileRows) * row_bytes();
+  }
+  DSV41_HD int64_t scale(int64_t n, int64_t kt) const {
+    return ((n / kTileRows) * k_tiles() + kt) * tile_scales() + (n % kTileRows) / (fp4 ? 1 : 32) * 4;
+  }
+};
+
+// The device array an ExpertTable owns (moe.h): expert e's weights, index 0 = w1, 1 = w2, 2 = w3,
+// fp8/fp4 ones in the tile layout above, bf16 ones row-major.
 struct ExpertPointers {
   const uint8_t* data[3];
   const uint8_t* scale[3];

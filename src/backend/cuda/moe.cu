@@ -442,7 +442,7 @@ struct GroupedArgs {
 // At MT = 1 (decode) the kernel waits on memory, not on its arithmetic: three blocks per SM (≤ 85
 // registers, no spills; ptxas chose ~117 and two blocks) keep more loads in flight. At MT = 8 two
 // blocks (≤ 128 registers): asked for one, ptxas takes 138 and batch-8 MoE ran 1.7× slower.
-template <WeightFormat F, int MT, int L, bool kUp>
+template <WeightFormat F, int MT, int L, bool kUp, bool kTiled>
 __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(const GroupedArgs a) {
   using Fmt = GFormat<F>;
   constexpr int E = Fmt::kElems;
@@ -478,6 +478,15 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
   }
   bool live[2];
   const uint4* wrow[2];
+  const uint8_t* srow[2];
+  // Where chunk c of a row lies: the c / kSeg-th segment of kSeg chunks (one k-tile) at `stride`
+  // chunks from the last, scale block c·E/32 in the (c·E/32 / 4)-th group of 4 at `sstride` bytes.
+  // kTiled (the table's quantized experts): gemm.cuh's tile layout, segments 128 rows apart and
+  // scales a tile's run apart; else (the shared expert, bf16 experts) row-major, both adjacent.
+  constexpr int kSeg = gemm::kTileK / E;
+  const gemm::TileLayout layout{F == WeightFormat::FP4, a.N, a.K};
+  constexpr int stride = kTiled ? int(gemm::kTileRows) * kSeg : kSeg;
+  constexpr int sstride = kTiled ? (F == WeightFormat::FP4 ? int(gemm::kTileRows) * 4 : 16) : 4;
   // The group's weight rows in row group g: up, output g·kGroups + group of both w1 and w3;
   // down, outputs 2(g·kGroups + group) and the next of w2.
   auto select = [&](int64_t g) {
@@ -486,7 +495,11 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       live[r] = n[r] < a.N;
-      wrow[r] = reinterpret_cast<const uint4*>(base[r]) + (live[r] ? n[r] : 0) * row_chunks;
+      const int64_t nr = live[r] ? n[r] : 0;
+      wrow[r] = reinterpret_cast<const uint4*>(base[r] + (kTiled ? layout.code(nr, 0) : nr * row_chunks * 16));
+      srow[r] = scale[r] + (kTiled                        ? layout.scale(nr, 0)
+                            : F == WeightFormat::FP8 ? (nr / 32) * blocks
+                                                     : nr * blocks);
     }
   };
 
@@ -504,13 +517,14 @@ __global__ void __launch_bounds__(kGThreads, MT == 1 ? 3 : 2) grouped_kernel(con
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const bool ok = cu < C && live[r];
-        wv[u][r] = ok ? load_stream(wrow[r] + c0 + cu) : make_uint4(0, 0, 0, 0);
+        const int64_t c = c0 + cu;
+        wv[u][r] = ok ? load_stream(wrow[r] + c / kSeg * stride + c % kSeg) : make_uint4(0, 0, 0, 0);
         if constexpr (F == WeightFormat::BF16) {
           ws[u][r] = 0;
         } else {
           // fp8: one scale per 32 rows × 32 columns; fp4: one per row × 32 columns (= a chunk).
-          const int64_t s = F == WeightFormat::FP8 ? (n[r] / 32) * blocks + (c0 + cu) * E / 32 : n[r] * blocks + c0 + cu;
-          ws[u][r] = ok ? scale[r][s] : uint8_t(0);
+          const int64_t b = c * E / 32;
+          ws[u][r] = ok ? srow[r][b / 4 * sstride + b % 4] : uint8_t(0);
         }
       }
     }
@@ -641,29 +655,37 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const int32_t*
       make_float4(round_bf16(s[0] + t[0]), round_bf16(s[1] + t[1]), round_bf16(s[2] + t[2]), round_bf16(s[3] + t[3]));
 }
 
-template <WeightFormat F, int MT, int L, bool kUp>
+template <WeightFormat F, int MT, int L, bool kUp, bool kTiled>
 void launch_grouped_l(const GroupedArgs& a, int64_t tiles, cudaStream_t stream) {
   const int64_t per_block = int64_t(kGThreads / L) * (kUp ? 1 : 2);
   const int64_t row_groups = (a.N + per_block - 1) / per_block;
   if (tiles > INT_MAX) fail("cuda::moe", "a grid within CUDA's limits", std::to_string(tiles) + " tiles");
   // Each tile's blocks loop over its row groups when one slice of x serves them all (MT·K·4 bytes
   // fit): together the grid's blocks are what the GPU holds at once. Else one block per row group.
-  static const int resident = resident_blocks(grouped_kernel<F, MT, L, kUp>, kGThreads, kGSmemBytes, "cuda::moe");
+  static const int resident = resident_blocks(grouped_kernel<F, MT, L, kUp, kTiled>, kGThreads, kGSmemBytes, "cuda::moe");
   const bool one_slice = int64_t(MT) * a.K * 4 <= kGSmemBytes;
   const int64_t per_tile = one_slice ? std::min(row_groups, std::max<int64_t>(1, resident / tiles)) : row_groups;
   if (per_tile > 65535) fail("cuda::moe", "a grid within CUDA's limits", std::to_string(a.N) + " outputs");
   const dim3 grid{unsigned(tiles), unsigned(per_tile)};
   const size_t smem = size_t(MT * a.K * 4 < kGSmemBytes ? MT * a.K * 4 : kGSmemBytes);
-  launch_early("cuda::moe grouped", grouped_kernel<F, MT, L, kUp>, grid, kGThreads, smem, stream, a);
+  launch_early("cuda::moe grouped", grouped_kernel<F, MT, L, kUp, kTiled>, grid, kGThreads, smem, stream, a);
 }
 
 template <WeightFormat F, int MT, bool kUp>
 void launch_grouped(const GroupedArgs& a, int64_t tiles, cudaStream_t stream) {
   // L: 32 lanes per group unless that wastes more than 1/8 of their steps on K (inter 2304 at fp4:
   // 72 chunks, L = 16), as linear.cu.
+  // The table's quantized experts are tiled (gemm.cuh), the shared expert's weights row-major.
   const int64_t chunks = a.K / GFormat<F>::kElems;
-  if ((chunks + 31) / 32 * 32 * 8 <= chunks * 9) launch_grouped_l<F, MT, 32, kUp>(a, tiles, stream);
-  else launch_grouped_l<F, MT, 16, kUp>(a, tiles, stream);
+  const bool wide = (chunks + 31) / 32 * 32 * 8 <= chunks * 9;
+  constexpr bool kQuantized = F != WeightFormat::BF16;
+  if (a.table && kQuantized) {
+    if (wide) launch_grouped_l<F, MT, 32, kUp, kQuantized>(a, tiles, stream);
+    else launch_grouped_l<F, MT, 16, kUp, kQuantized>(a, tiles, stream);
+  } else {
+    if (wide) launch_grouped_l<F, MT, 32, kUp, false>(a, tiles, stream);
+    else launch_grouped_l<F, MT, 16, kUp, false>(a, tiles, stream);
+  }
 }
 
 template <bool kUp>
@@ -728,6 +750,29 @@ void launch_route(const float* logits, int64_t rows, int n_experts, const float*
                opt.route_scale, forced, experts, weights, bias_vl, image_rows, one);
 }
 
+// Byte i of a matrix's tile layout (gemm.cuh TileLayout) from its row-major codes, or with `scales`
+// from its row-major scales (fp4 [N][K/32], fp8 [⌈N/32⌉][⌈K/32⌉]); zero where the tiles pad N or K.
+// A load-time copy, one thread a byte: the source need not be aligned.
+__global__ void tile_kernel(const uint8_t* __restrict__ src, gemm::TileLayout l, bool scales, int64_t bytes,
+                            uint8_t* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= bytes) return;
+  const int64_t per = scales ? l.tile_scales() : gemm::kTileRows * l.row_bytes(), tile = i / per, within = i % per;
+  const int64_t nt = tile / l.k_tiles(), kt = tile % l.k_tiles();
+  int64_t row, col, rows, cols;  // the source's [rows][cols] bytes and this byte's place there
+  if (!scales) {
+    row = nt * gemm::kTileRows + within / l.row_bytes(), col = kt * l.row_bytes() + within % l.row_bytes();
+    rows = l.N, cols = l.fp4 ? l.K / 2 : l.K;
+  } else if (l.fp4) {
+    row = nt * gemm::kTileRows + within / 4, col = kt * 4 + within % 4;
+    rows = l.N, cols = l.K / 32;
+  } else {
+    row = nt * (gemm::kTileRows / 32) + within / 4, col = kt * 4 + within % 4;
+    rows = (l.N + 31) / 32, cols = (l.K + 31) / 32;
+  }
+  out[i] = row < rows && col < cols ? src[row * cols + col] : uint8_t(0);
+}
+
 }  // namespace
 
 void route_from_logits(const float* logits, int64_t rows, int n_experts, const float* bias, const GateOptions& opt,
@@ -786,14 +831,47 @@ ExpertTable::ExpertTable(const std::vector<Weight>& w1, const std::vector<Weight
     if (w1[e].format != w1_.format || w3[e].format != w1_.format || w2[e].format != w2_.format)
       fail("cuda::ExpertTable", "one format for every expert's w1 and w3, one for every w2", "mixed formats");
     host[e] = ExpertPointers{{w1[e].data, w2[e].data, w3[e].data}, {w1[e].scale, w2[e].scale, w3[e].scale}};
-    for (int m = 0; m < 3; ++m) aligned_ = aligned_ && gemm::aligned(host[e].data[m], host[e].scale[m]);
   }
+  // The quantized matrices' tile-layout copies, each part 256-byte aligned, in one allocation.
+  const Weight* first[3] = {&w1_, &w2_, &w3_};
+  auto layout = [&](int m) { return gemm::TileLayout{first[m]->format == WeightFormat::FP4, first[m]->rows, first[m]->cols}; };
+  auto round = [](int64_t b) { return (b + 255) / 256 * 256; };
+  int64_t per_expert = 0;
+  for (int m = 0; m < 3; ++m)
+    if (first[m]->quantized()) per_expert += round(layout(m).code_bytes()) + round(layout(m).scale_bytes());
+  bytes_ = per_expert * int64_t(n);
+  if (bytes_ > 0) check(cudaMalloc(&tiles_, size_t(bytes_)), "cuda::ExpertTable");
+  const std::vector<Weight>* from[3] = {&w1, &w2, &w3};
+  constexpr int kThreads = 256;
+  auto copy = [&](const uint8_t* src, const gemm::TileLayout& l, bool scales, int64_t bytes, uint8_t* out) {
+    tile_kernel<<<unsigned((bytes + kThreads - 1) / kThreads), kThreads>>>(src, l, scales, bytes, out);
+    check_launch("cuda::ExpertTable tiles");
+  };
+  uint8_t* at = tiles_;
+  for (size_t e = 0; e < n; ++e)
+    for (int m = 0; m < 3; ++m) {
+      if (!first[m]->quantized()) continue;
+      const gemm::TileLayout l = layout(m);
+      const Weight& w = (*from[m])[e];
+      copy(w.data, l, false, l.code_bytes(), at);
+      host[e].data[m] = at;
+      at += round(l.code_bytes());
+      copy(w.scale, l, true, l.scale_bytes(), at);
+      host[e].scale[m] = at;
+      at += round(l.scale_bytes());
+    }
+  for (size_t e = 0; e < n; ++e)
+    for (int m = 0; m < 3; ++m) aligned_ = aligned_ && gemm::aligned(host[e].data[m], host[e].scale[m]);
   check(cudaMalloc(&table_, n * sizeof(ExpertPointers)), "cuda::ExpertTable");
   check(cudaMemcpy(table_, host.data(), n * sizeof(ExpertPointers), cudaMemcpyHostToDevice), "cuda::ExpertTable");
+  check(cudaDeviceSynchronize(), "cuda::ExpertTable");  // the copies done: the caller may free the sources
   experts_ = int(n);
 }
 
-ExpertTable::~ExpertTable() { cudaFree(table_); }
+ExpertTable::~ExpertTable() {
+  cudaFree(table_);
+  cudaFree(tiles_);
+}
 
 void moe(const float* x, int64_t rows, const Weight& gate, const Weight& bias, const GateOptions& opt,
          const ExpertTable& routed, const Weight& s1, const Weight& s2, const Weight& s3, float limit,

@@ -36,9 +36,11 @@ void expert_ffn(const float* x, int64_t rows, const Weight& w1, const Weight& w2
                 const float* row_weights, float* y, cudaStream_t stream = nullptr);
 
 // The routed experts of one layer: their weights' device pointers in a device array, which moe()
-// indexes by the expert ids the routing wrote (made once per layer; owns that array, not the
-// weights). Every expert has the same formats and shapes: w1, w3 [inter, dim] and w2 [dim, inter],
-// w1 and w3 in one format, each of FP4, FP8 or BF16. Copying the array to the device synchronizes.
+// indexes by the expert ids the routing wrote (made once per layer). The fp8/fp4 matrices are
+// copied into gemm.cuh's tile layout, which the table owns (the given weights may be freed once it
+// is made; docs/formats.md); bf16 ones are read where they are. Every expert has the same formats
+// and shapes: w1, w3 [inter, dim] and w2 [dim, inter], w1 and w3 in one format, each of FP4, FP8
+// or BF16. Making the table synchronizes the device.
 class ExpertTable {
  public:
   ExpertTable(const std::vector<Weight>& w1, const std::vector<Weight>& w2, const std::vector<Weight>& w3);
@@ -56,12 +58,15 @@ class ExpertTable {
   const void* device() const { return table_; }  // gemm::ExpertPointers[experts] (gemm.cuh)
   // Every expert's weights readable by the tensor-core path (gemm::aligned).
   bool aligned() const { return aligned_; }
+  int64_t bytes() const { return bytes_; }  // the tile-layout copies' device bytes
 
  private:
   int experts_ = 0;
   bool aligned_ = true;
   Weight w1_, w2_, w3_;
   void* table_ = nullptr;
+  uint8_t* tiles_ = nullptr;
+  int64_t bytes_ = 0;
 };
 
 // y [rows, dim] (bf16 values) = the MoE sub-layer as forward.cpp's moe(): route each row of x

@@ -94,19 +94,35 @@ DeviceModel::DeviceModel(const Model& model, Values values, uint64_t seed) : mod
     LayerWeights& d = layers_[size_t(i)];
     d.id = h.id;
     const std::string prefix = i < c.n_layers ? "layers." + std::to_string(i) + "." : "mtp." + std::to_string(i - c.n_layers) + ".";
+    std::vector<size_t> routed;  // buffers_ indices of the routed experts' row-major bytes
     for_each_block_tensor(
         c, prefix, i,
         [&](const BlockTensor& t, const auto& from, auto& to) {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(from)>, Weight>)
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(from)>, Weight>) {
+            const size_t before = buffers_.size();
             to = place(&from == &h.attn.wo_a ? placed_wo_a(h.attn, c.o_groups) : from, random_fill(t));
-          else  // the Engram table and its scales: unit-variance rows (cols 1)
+            if (t.expert >= 0 && to.quantized())
+              for (size_t b = before; b < buffers_.size(); ++b) routed.push_back(b);
+          } else {  // the Engram table and its scales: unit-variance rows (cols 1)
             to = place_bytes(from, tensor_bytes(t), Fill::Matrix, WeightFormat::FP8, 1, t.role == WeightRole::Scale);
+          }
         },
         h, d);
     sink_[size_t(i)] = reinterpret_cast<const float*>(d.attn.attn_sink.data);
     std::vector<Weight> w1, w2, w3;
     for (const ExpertWeights& e : d.experts) w1.push_back(e.w1), w2.push_back(e.w2), w3.push_back(e.w3);
     experts_.push_back(std::make_unique<ExpertTable>(w1, w2, w3));
+    // The table holds the quantized experts in its tile layout: their row-major bytes go, and the
+    // layer's expert weights keep their shapes and formats but no bytes (bf16 experts stay: the
+    // table reads them in place).
+    for (ExpertWeights& e : d.experts)
+      for (Weight* w : {&e.w1, &e.w2, &e.w3})
+        if (w->quantized()) w->data = w->scale = nullptr;
+    for (const size_t b : routed) {
+      bytes_ -= buffers_[b].bytes();
+      buffers_[b] = DeviceBuffer<uint8_t>();
+    }
+    bytes_ += experts_.back()->bytes();
     if (h.engram) engram_qk_[size_t(i)] = place_floats(h.engram->qk, Fill::Ones);
   }
   for (int j = 0; j < (c.has_dspark() ? c.n_mtp_layers : 0); ++j)

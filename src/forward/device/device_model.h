@@ -29,7 +29,9 @@ class DeviceModel {
   // engram_qk() holds it.
   const LayerWeights& layer(int i) const { return layers_[size_t(i)]; }
   const float* engram_qk(int i) const { return engram_qk_[size_t(i)]; }
-  const ExpertTable& experts(int i) const { return *experts_[size_t(i)]; }  // the layer's routed experts
+  // The layer's routed experts. Their fp8/fp4 matrices live in the table alone (gemm.cuh's tile
+  // layout): layer(i).experts keeps their shapes and formats with null pointers.
+  const ExpertTable& experts(int i) const { return *experts_[size_t(i)]; }
   // DSpark's own tensors (main_proj, main_norm, norm, the Markov and confidence heads) as device
   // Weights; layer(i), experts(i), attn_sink(i) and rope_freqs(i) hold its stages at i ≥ n_layers.
   const DSparkWeights& dspark() const { return dspark_; }
