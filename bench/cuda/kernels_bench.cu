@@ -645,7 +645,52 @@ void BM_GraphChain(benchmark::State& state) {
   cudaFree(w), cudaFree(links);
 }
 
+// The grouped GEMM's stage loads alone (docs/formats.md, "Routed experts on the device"): 576 CTAs
+// of 128 threads (the batch-64 up GEMM's count), each streaming its 128 weight rows of 2,560 bytes
+// (fp4 at K = 5120; 189 MB in all) through a ring of 6 cp.async stages and computing nothing. A
+// stage is 128 rows × `piece` bytes of row-major rows (piece 64: fp4's k-tile, 128: fp8's), or one
+// contiguous run of 128 × 64 bytes (the tile layout). The speed of light of the GEMM's producer.
+template <int kStages>
+__global__ void __launch_bounds__(128) stage_stream_kernel(const uint8_t* __restrict__ w, int piece, bool runs,
+                                                           int64_t row_bytes, float* sink) {
+  extern __shared__ uint8_t ring[];
+  const int t = int(threadIdx.x), stage_bytes = 128 * piece, tiles = int(row_bytes / piece), per = piece / 16;
+  const uint8_t* rows = w + int64_t(blockIdx.x) * 128 * row_bytes;
+  const uint32_t ring0 = uint32_t(__cvta_generic_to_shared(ring));
+  for (int i = 0; i < tiles + kStages - 1; ++i) {
+    if (i < tiles)
+      for (int c = t; c < stage_bytes / 16; c += 128) {
+        const uint8_t* from = runs ? rows + int64_t(i) * stage_bytes + c * 16 : rows + (c / per) * row_bytes + int64_t(i) * piece + c % per * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(ring0 + (i % kStages) * stage_bytes + c * 16), "l"(from));
+      }
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1));
+    __syncthreads();
+  }
+  if (t == 0 && ring[0] == 0x5A && ring[1] == 0xA5) sink[blockIdx.x] = 1.0f;  // keeps the loads
+}
+
+void BM_StageStream(benchmark::State& state) {
+  const int pattern = int(state.range(0)), ctas = 576, piece = pattern == 1 ? 128 : 64;
+  const int64_t row_bytes = 2560, bytes = int64_t(ctas) * 128 * row_bytes;
+  const int copies = int((kRotateBytes + bytes - 1) / bytes);
+  auto* w = static_cast<uint8_t*>(device_random(size_t(bytes) * copies, 5));
+  float* sink = nullptr;
+  check(cudaMalloc(&sink, ctas * sizeof(float)), "alloc");
+  constexpr int kStages = 6;
+  const int smem = kStages * 128 * piece;
+  check(cudaFuncSetAttribute(stage_stream_kernel<kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem");
+  time_calls(state, double(bytes), [&](int i) {
+    stage_stream_kernel<kStages><<<ctas, 128, smem>>>(w + int64_t(i % copies) * bytes, piece, pattern == 2, row_bytes, sink);
+    check(cudaGetLastError(), "stage stream");
+  });
+  const char* names[] = {"128 rows x 64 B (fp4 row-major)", "128 rows x 128 B (fp8 row-major)", "8 KB runs (tile layout)"};
+  state.SetLabel(names[pattern]);
+  cudaFree(w), cudaFree(sink);
+}
+
 BENCHMARK(BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(BM_StageStream)->DenseRange(0, 2)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_GraphChain)->ArgsProduct({{0, 1, 2, 3, 4}, {0, 256, 4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_Linear)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1}})
