@@ -426,6 +426,9 @@ TEST(CudaMoe, SubLayerCapturesInGraph) {
     DeviceArray<float> x(test::bf16_normal(calls * n, 1.0, 40 + rows));
     DeviceArray<float> y_direct(calls * n), y_graph(calls * n), weights(calls * nk);
     DeviceArray<int32_t> e_direct(calls * nk), e_graph(calls * nk);
+    // The uploads above are on the legacy stream, and a copy from pageable memory may still be on
+    // its way when cudaMemcpy returns: the calls below run on another stream.
+    cuda::check(cudaDeviceSynchronize(), "upload");
     auto call = [&](int i, float* y, int32_t* experts) {
       cuda::moe(x.get() + i * n, rows, dgate.w, bias_w, opt, table, s1, s2, s3, 10.0f, nullptr, experts + i * nk,
                 weights.get() + i * nk, y + i * n, stream, run.path);
