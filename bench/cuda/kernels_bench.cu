@@ -702,7 +702,7 @@ BENCHMARK(BM_LinearGraph)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.2);
-BENCHMARK(BM_MegaMhc)->ArgsProduct({{1, 8, 64, 256, 4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+BENCHMARK(BM_MegaMhc)->ArgsProduct({{1, 8, 16, 31, 32, 64, 256, 4096}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 BENCHMARK(BM_SparseAttention)
     ->Args({1, 0})
     ->Args({1, 5})

@@ -232,8 +232,9 @@ constexpr int kMegaSums = kMaxMix + 2;        // the mixes, Σ Xo², Σ h²
 // 58 µs at 8, 50 and 72 at 64, against 19 and 43): the finishes in turn cost more than hc_fn's
 // reads saved. Blocks of 4 rows with the finishes in a second launch, one block a row, take both:
 // at 64 rows 640 blocks read hc_fn (48 KB a block from L2) where the one-launch form's 2,560 read
-// 123 MB, and every row finishes at once. The bound of 32 rows is not measured yet: between 8 rows
-// (one launch, the finish's latency is the call's) and 64 (hc_fn's reads are: BM_MegaMhc/64/1).
+// 123 MB, and every row finishes at once (BM_MegaMhc/64 on an H100: 35.8 → 23.0 µs). The bound of
+// 32 rows is not measured yet: between 8 rows (one launch, the finish's latency is the call's) and
+// 64 (hc_fn's reads are); BM_MegaMhc/16, /31 and /32 straddle it.
 constexpr int64_t kMegaMidRows = 32;
 constexpr int64_t kMegaFusedRows = 512;
 constexpr int kMegaMidRowsPerBlock = 4;
