@@ -632,13 +632,18 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
   linear_groups(x, M, 1, w, y, true, stream, tiling);
 }
 
+bool usable_groups(int64_t M, int64_t groups, const Weight& w) {
+  if (groups < 1 || groups >= 65536 || w.rows % groups != 0) return false;
+  Weight group = w;
+  group.rows = w.rows / groups;
+  return (w.format != WeightFormat::FP8 || groups == 1 || group.rows % 32 == 0) && usable(M, group) &&
+         M * groups * w.cols < (int64_t(1) << 31);
+}
+
 void linear_groups(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool quantize,
                    cudaStream_t stream, Tiling tiling) {
   const int64_t N = groups > 0 ? w.rows / groups : 0, K = w.cols;
-  Weight group = w;
-  group.rows = N;
-  if (groups < 1 || groups >= 65536 || N * groups != w.rows || (w.format == WeightFormat::FP8 && groups > 1 && N % 32 != 0) ||
-      !usable(M, group) || M * groups * K >= (int64_t(1) << 31))
+  if (!usable_groups(M, groups, w))
     fail("cuda::linear gemm",
          "an fp8/fp4 weight (aligned) in groups of whole 32-row blocks, M >= " + std::to_string(kMinRows) + ", K % 128 == 0",
          std::to_string(w.rows) + "x" + std::to_string(K) + " in " + std::to_string(groups) + " groups at " + std::to_string(M) +

@@ -53,6 +53,9 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, cudaStream_t s
 // decode-sized M). Scratch as linear's, M·groups·K·2 bytes of x.
 void linear_groups(const float* x, int64_t M, int64_t groups, const Weight& w, float* y, bool quantize,
                    cudaStream_t stream, Tiling tiling = Tiling::automatic);
+// Whether linear_groups takes w in `groups` groups at M rows (usable for one group's rows, fp8
+// groups of whole 32-row scale blocks, the x of all groups within 32-bit offsets).
+bool usable_groups(int64_t M, int64_t groups, const Weight& w);
 // ---- the grouped form: cuda::moe's routed experts --------------------------------------------
 
 // The routed experts' tile layout (docs/formats.md, "Routed experts on the device"). An ExpertTable

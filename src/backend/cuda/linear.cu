@@ -524,11 +524,9 @@ void linear_grouped_widened(const float* x, int64_t M, int64_t groups, const Wei
   // Between the swapped form's few rows and prefill's warpgroup GEMM (decode batches, short turns):
   // the fp8 GEMM's narrow warpgroup tiles with x as it is, one weight tile widened for up to 64
   // rows, where gemm_bf16's mma.sync tile of 128 rows ran half empty at batch 64.
-  if (M > gemm_bf16::kSwapRows && M < gemm_bf16::kWgRows && w.cols % gemm::kTileK == 0 && gemm_bf16::usable_fp8(w, groups)) {
-    Weight group = w;
-    group.rows = w.rows / groups;
-    if (gemm::usable(M, group)) return gemm::linear_groups(x, M, groups, w, y, /*quantize=*/false, stream);
-  }
+  if (M > gemm_bf16::kSwapRows && M < gemm_bf16::kWgRows && gemm_bf16::usable_fp8(w, groups) &&
+      gemm::usable_groups(M, groups, w))
+    return gemm::linear_groups(x, M, groups, w, y, /*quantize=*/false, stream);
   gemm_bf16::linear_fp8(x, M, groups, w, y, true, stream);
 }
 

@@ -45,6 +45,7 @@
 #include <climits>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -678,14 +679,13 @@ void launch_grouped(const GroupedArgs& a, int64_t tiles, cudaStream_t stream) {
   // The table's quantized experts are tiled (gemm.cuh), the shared expert's weights row-major.
   const int64_t chunks = a.K / GFormat<F>::kElems;
   const bool wide = (chunks + 31) / 32 * 32 * 8 <= chunks * 9;
-  constexpr bool kQuantized = F != WeightFormat::BF16;
-  if (a.table && kQuantized) {
-    if (wide) launch_grouped_l<F, MT, 32, kUp, kQuantized>(a, tiles, stream);
-    else launch_grouped_l<F, MT, 16, kUp, kQuantized>(a, tiles, stream);
-  } else {
-    if (wide) launch_grouped_l<F, MT, 32, kUp, false>(a, tiles, stream);
-    else launch_grouped_l<F, MT, 16, kUp, false>(a, tiles, stream);
-  }
+  const auto launch = [&](auto tiled) {
+    constexpr bool kTiled = decltype(tiled)::value;
+    if (wide) launch_grouped_l<F, MT, 32, kUp, kTiled>(a, tiles, stream);
+    else launch_grouped_l<F, MT, 16, kUp, kTiled>(a, tiles, stream);
+  };
+  if (a.table) launch(std::bool_constant<F != WeightFormat::BF16>{});
+  else launch(std::false_type{});
 }
 
 template <bool kUp>
