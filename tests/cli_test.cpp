@@ -463,7 +463,7 @@ TEST(Cli, SigtermEndsEveryStreamCleanlyAndExitsZero) {
       httplib::Request req;
       req.method = "POST";
       req.path = "/v1/completions";
-      req.body = json{{"model", "v41-tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 3000}, {"stream", true}}.dump();
+      req.body = json{{"model", "v41-tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 3000}, {"stream", true}, {"ignore_eos", true}}.dump();
       req.set_header("Content-Type", "application/json");
       bool counted = false;
       req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
