@@ -8,15 +8,23 @@
 //
 // Counters: tokens/s of forward + backward, the forward's and the backward's ms, and the model's
 // TFLOP/s as 6 × the parameters a token's products read × tokens over the step's time — the figure
-// docs/benchmarks.md compares with the bf16 tensor peak.
+// docs/benchmarks.md compares with the bf16 tensor peak. Batches of 32 (the default's step) and 128
+// sequences: how the step's time grows with its rows says how much of it is per launch and per
+// download rather than per row.
+//
+// --kernel-trace: after each batch's timed steps, one more under CUPTI (kernel_trace.h), its
+// kernels' table printed: where a step's device time goes, and how much of the step the device idles.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cstdio>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "kernel_trace.h"
 #include "model/config.h"
 #include "train/cuda/model/cuda_train_model.h"
 #include "train/cuda/model/device_parameters.h"
@@ -26,6 +34,8 @@
 namespace {
 
 using namespace dsv41;
+
+bool kernel_trace = false;
 
 // The parameters one token's products read in the target model: its Dense and Head matrices, the
 // routed experts at top-k of n_routed_experts; not lookups (embeddings, Engram tables), vectors,
@@ -90,10 +100,36 @@ void BM_TrainStep(benchmark::State& state) {
   state.counters["backward_ms"] = 1e3 * backward / steps;
   state.counters["tokens_per_s"] = tokens * steps / (forward + backward);
   state.counters["model_tflops"] = 6.0 * active_matrix_parameters(host, c) * tokens * steps / (forward + backward) / 1e12;
+  if (kernel_trace) {
+    bench::KernelTrace trace;
+    trace.start();
+    step(&f, &b);
+    trace.stop();
+    std::printf("\n## BM_TrainStep/%lld: one step's kernels (forward %.1f ms, backward %.1f ms)\n\n%s\n",
+                static_cast<long long>(B), 1e3 * f, 1e3 * b, trace.table(1).c_str());
+  }
 }
 
 }  // namespace
 
-BENCHMARK(BM_TrainStep)->Arg(32)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK(BM_TrainStep)->Arg(32)->Arg(128)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  std::vector<char*> args;  // Google Benchmark's flags, without ours
+  for (int i = 0; i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--kernel-trace") {
+      args.push_back(argv[i]);
+      continue;
+    }
+    if (!dsv41::bench::KernelTrace::available()) {
+      std::fprintf(stderr, "cuda_train_step_bench: --kernel-trace needs a build with CUPTI (CUDA::cupti not found at configure time)\n");
+      return 2;
+    }
+    kernel_trace = true;
+  }
+  int n = int(args.size());
+  benchmark::Initialize(&n, args.data());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
