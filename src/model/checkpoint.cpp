@@ -249,8 +249,7 @@ void ShardedWriter::finish() {
   for (const auto& [name, shard] : shard_of_) index["weight_map"][name] = numbered_shard_name(shard, count);
   const std::string text = index.dump(2) + "\n";
   // The index goes last and atomically (which also makes the renames above durable).
-  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text.data()), text.size());
-  write_file_atomically(join(dir_, kIndexName), std::span(&bytes, 1));
+  write_text_atomically(join(dir_, kIndexName), text);
 }
 
 }  // namespace dsv41

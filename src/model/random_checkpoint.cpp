@@ -11,6 +11,7 @@
 #include "model/layout_checkpoint.h"
 #include "model/random_tokenizer.h"
 #include "model/random_weights.h"
+#include "model/safetensors.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace dsv41 {
@@ -81,8 +82,8 @@ void write_layout_checkpoint_with_tokenizer(const Config& config, const std::str
   const Config c = random_checkpoint_config(config, /*quantized=*/true, tokenizer.tokenizer);
   validate(c);
   std::filesystem::create_directories(dir);
-  write_text_file(dir + "/tokenizer.json", tokenizer.tokenizer_json);
-  write_text_file(dir + "/tokenizer_config.json", tokenizer.tokenizer_config_json);
+  write_text_atomically(dir + "/tokenizer.json", tokenizer.tokenizer_json);
+  write_text_atomically(dir + "/tokenizer_config.json", tokenizer.tokenizer_config_json);
   write_layout_checkpoint(c, dir);  // config.json last
 }
 

@@ -2,13 +2,12 @@
 
 #include <cmath>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "base/counter_random.h"
 #include "base/error.h"
 #include "model/checkpoint.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
@@ -138,16 +137,6 @@ void write_tensor(ShardedWriter& out, const Config& c, const TensorSpec& t, cons
 
 }  // namespace
 
-void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    if (!f) fail(tmp, "a writable file", "a write error");
-  }
-  std::filesystem::rename(tmp, path);
-}
-
 void write_random_weights(const Config& c, const std::string& dir, const RandomWeightsOptions& opt) {
   validate(c);
   const int64_t token_ids = opt.token_ids < 0 ? c.vocab_size : opt.token_ids;
@@ -168,8 +157,8 @@ void write_random_weights(const Config& c, const std::string& dir, const RandomW
     if (opt.progress) opt.progress(done, total);
   }
   out.finish();
-  for (const auto& [name, text] : opt.files) write_text_file(dir + "/" + name, text);
-  write_text_file(dir + "/config.json", to_official_json(c));  // last: a directory with a config is complete
+  for (const auto& [name, text] : opt.files) write_text_atomically(dir + "/" + name, text);
+  write_text_atomically(dir + "/config.json", to_official_json(c));  // last: a directory with a config is complete
 }
 
 }  // namespace dsv41

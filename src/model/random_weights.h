@@ -31,7 +31,4 @@ struct RandomWeightsOptions {
 // directory that holds a checkpoint is refused before anything is written.
 void write_random_weights(const Config& config, const std::string& dir, const RandomWeightsOptions& options);
 
-// A text file written whole or not at all (a temporary beside it, then renamed over it).
-void write_text_file(const std::string& path, const std::string& text);
-
 }  // namespace dsv41

@@ -1,11 +1,10 @@
 #include "train/trainer/release_checkpoint.h"
 
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "base/error.h"
 #include "model/checkpoint.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
 #include "numerics/codecs.h"
 #include "numerics/types.h"
@@ -51,16 +50,6 @@ void add_tensor(ShardedWriter& out, const TensorSpec& t, const TensorSpec* scale
   if (scale) out.add(scale->name, scale->dtype, scale->shape, std::move(scales));
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream f(partial, std::ios::binary | std::ios::trunc);
-    f << text;
-    if (!f) fail(partial, "a file we can write", "a write error");
-  }
-  std::filesystem::rename(partial, path);
-}
-
 }  // namespace
 
 void write_release_checkpoint(const Parameters<float>& params, const std::string& dir, const ReleaseFiles& files) {
@@ -78,9 +67,9 @@ void write_release_checkpoint(const Parameters<float>& params, const std::string
     add_tensor(out, t, scale, params.at(t.name).value);
   }
   out.finish();
-  write_text(dir + "/tokenizer.json", files.tokenizer_json);
-  write_text(dir + "/tokenizer_config.json", files.tokenizer_config_json);
-  write_text(dir + "/config.json", to_official_json(c));
+  write_text_atomically(dir + "/tokenizer.json", files.tokenizer_json);
+  write_text_atomically(dir + "/tokenizer_config.json", files.tokenizer_config_json);
+  write_text_atomically(dir + "/config.json", to_official_json(c));
 }
 
 }  // namespace dsv41::train
