@@ -12,6 +12,7 @@
 # run of each to $LOGS. TESTS, if set, names test binaries of this tree to build and run first;
 # KERNELS, if set, is a --benchmark_filter for cuda_kernels_bench, built in both and run alternately too.
 # The test binaries' output goes to one file, $LOGS/tests.log (the device tool returns a few files).
+# BUILD, if set, names more targets of this tree to build with the rest (for commands after this one).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 : "${PATCH:?PATCH: the diff from the baseline to this tree}"
@@ -37,8 +38,9 @@ fi
   ninja -C build-ab -j"$(( $(nproc) / 2 ))" "${targets[@]}" > "$logs/base-build.log" 2>&1) &
 cmake -S . -B build-ab -G Ninja -DCMAKE_BUILD_TYPE=Release > "$logs/configure.log" 2>&1 ||
   { tail -20 "$logs/configure.log"; exit 1; }
-ninja -C build-ab -j"$(( $(nproc) / 2 ))" "${targets[@]}" "${tests[@]}" > "$logs/build.log" 2>&1 ||
-  { grep -E "error|FAILED" "$logs/build.log" | head -30; exit 1; }
+read -r -a more <<< "${BUILD:-}"
+ninja -C build-ab -j"$(( $(nproc) / 2 ))" "${targets[@]}" "${tests[@]}" "${more[@]}" > "$logs/build.log" 2>&1 ||
+  { grep -E "error|FAILED|undefined reference" "$logs/build.log" | head -30; exit 1; }
 for t in "${tests[@]}"; do
   "build-ab/tests/$t" > "$logs/test.log" 2>&1
   echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$logs/test.log" | tr '\n' ' ')"
