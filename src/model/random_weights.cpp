@@ -1,5 +1,6 @@
 #include "model/random_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -8,9 +9,8 @@
 #include "base/error.h"
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
+#include "model/stored_tensor.h"
 #include "model/weights.h"
-#include "numerics/codecs.h"
-#include "numerics/types.h"
 
 namespace dsv41 {
 
@@ -78,59 +78,21 @@ std::string scale_name(const std::string& weight_name) {
 void write_tensor(ShardedWriter& out, const Config& c, const TensorSpec& t, const TensorSpec* scale, uint64_t seed,
                   int64_t token_ids) {
   const Fill fill = fill_for(c, t, seed, token_ids);
-  // Logical [height, width]: an fp4 byte holds two values of a row; a vector is one row.
-  const bool matrix = t.shape.size() == 2;
-  const int64_t height = matrix ? t.shape[0] : 1;
-  const int64_t width = matrix ? t.shape[1] * (t.dtype == DType::I8 ? 2 : 1) : (t.shape.empty() ? 1 : t.shape[0]);
-  std::vector<uint8_t> bytes(size_t(t.nbytes()));
-  std::vector<uint8_t> scales;
+  StoredTensor stored(t);
   std::vector<float> stripe;
   constexpr int64_t kStripe = 32;
-
-  for (int64_t r0 = 0; r0 < height; r0 += kStripe) {
-    const int64_t h = std::min(kStripe, height - r0);
-    stripe.resize(size_t(h * width));
-    for (int64_t i = 0; i < h * width; ++i) stripe[i] = fill.at(r0 * width + i);
-    const size_t base = size_t(r0 * width);
-    switch (t.dtype) {
-      case DType::F32: std::memcpy(bytes.data() + base * 4, stripe.data(), stripe.size() * 4); break;
-      case DType::BF16:
-        for (size_t i = 0; i < stripe.size(); ++i) {
-          uint16_t b = bf16_from_float(stripe[i]);
-          std::memcpy(bytes.data() + (base + i) * 2, &b, 2);
-        }
-        break;
-      case DType::F8_E4M3:
-        if (t.role == WeightRole::Lookup) {
-          // Engram table rows: e4m3 with a ue8m0 scale per 32 values of a row (scale [rows, d/32]).
-          // That is the SWA-FP8 rule; its entry layout is [d e4m3 | d/32 scales].
-          scales.resize(size_t(height * (width / 32)));
-          std::vector<uint8_t> entry(swa_fp8::bytes(int(width)));
-          for (int64_t r = 0; r < h; ++r) {
-            swa_fp8::encode(stripe.data() + r * width, int(width), entry.data());
-            std::memcpy(bytes.data() + base + size_t(r * width), entry.data(), size_t(width));
-            std::memcpy(scales.data() + size_t((r0 + r) * (width / 32)), entry.data() + width, size_t(width / 32));
-          }
-        } else {
-          scales.resize(fp8_weight_scale_count(int(height), int(width)));
-          quantize_fp8_weight(stripe.data(), int(h), int(width), bytes.data() + base,
-                              scales.data() + size_t(r0 / 32) * size_t((width + 31) / 32));
-        }
-        break;
-      case DType::I8:
-        scales.resize(fp4_weight_scale_count(int(height), int(width)));
-        quantize_fp4_weight(stripe.data(), int(h), int(width), bytes.data() + base / 2,
-                            scales.data() + size_t(r0) * size_t(width / 32));
-        break;
-      default: fail(t.name, "a weight dtype (F32, BF16, F8_E4M3, I8)", dtype_name(t.dtype));
-    }
+  for (int64_t r0 = 0; r0 < stored.rows; r0 += kStripe) {
+    const int64_t h = std::min(kStripe, stored.rows - r0);
+    stripe.resize(size_t(h * stored.width));
+    for (int64_t i = 0; i < h * stored.width; ++i) stripe[size_t(i)] = fill.at(r0 * stored.width + i);
+    stored.encode_rows(stripe.data(), r0, h);
   }
-  out.add(t.name, t.dtype, t.shape, std::move(bytes));
+  out.add(t.name, t.dtype, t.shape, std::move(stored.bytes));
   if (scale) {
-    if (int64_t(scales.size()) != scale->nbytes())
-      fail(scale->name, std::to_string(scale->nbytes()) + " scale bytes", std::to_string(scales.size()));
-    out.add(scale->name, scale->dtype, scale->shape, std::move(scales));
-  } else if (!scales.empty()) {
+    if (int64_t(stored.scales.size()) != scale->nbytes())
+      fail(scale->name, std::to_string(scale->nbytes()) + " scale bytes", std::to_string(stored.scales.size()));
+    out.add(scale->name, scale->dtype, scale->shape, std::move(stored.scales));
+  } else if (!stored.scales.empty()) {
     fail(t.name, "a scale tensor after it in the weights map", "none");
   }
 }

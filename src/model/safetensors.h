@@ -113,7 +113,7 @@ class SafetensorsWriter {
 void write_file_atomically(const std::string& path, std::span<const std::span<const uint8_t>> parts, size_t zeros = 0,
                            unsigned mode = 0644, const std::string& temporary = {});
 
-// One text file so (a checkpoint's config.json, its tokenizer's files).
+// The same for one text (a checkpoint's config.json, its tokenizer's files).
 inline void write_text_atomically(const std::string& path, std::string_view text) {
   const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text.data()), text.size());
   write_file_atomically(path, std::span(&bytes, 1));
